@@ -1,0 +1,296 @@
+"""Config loading and validation.
+
+Every invalid value or combination raises a `ConfigError` whose message is one line naming the key,
+the bad value and what is allowed, before anything is built or compiled.
+"""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import sys
+from typing import Any, Iterable, Mapping
+
+from ml_collections import config_dict
+
+from mllm.layers.ffn import FFNS
+from mllm.layers.norms import NORMS, PLACEMENTS
+from mllm.layers.positions import POSITIONS, ROPE_LAYOUTS, ROPE_SCALINGS
+from mllm.ops.attention import ATTENTION_IMPLS
+
+DTYPES = ('float32', 'bfloat16')
+
+# Short names accepted in `--config=configs/base.py:pos=alibi,ffn=geglu,...`. Any dotted path
+# (`model.n_layers=4`) and any leaf name that is unique in the config (`n_kv_heads=2`) work too.
+CHOICES = {
+    'pos': 'model.position.kind',
+    'ffn': 'model.ffn.kind',
+    'norm': 'model.norm.kind',
+    'placement': 'model.norm.placement',
+    'attn': 'model.attention.impl',
+    'window': 'model.attention.sliding_window',
+    'rope_scaling': 'model.position.rope_scaling',
+}
+
+
+class ConfigError(ValueError):
+  """A bad config value: `key=value: what is wrong and what is allowed`, on one line."""
+
+  def __init__(self, key: str, value: Any, allowed: str):
+    self.key, self.value, self.allowed = key, value, allowed
+    super().__init__(f'{key}={value!r}: {allowed}')
+
+
+# --------------------------------------------------------------------------------------------
+# Reading and writing dotted keys.
+# --------------------------------------------------------------------------------------------
+
+def _leaf_paths(config: config_dict.ConfigDict, prefix: str = '') -> Iterable[str]:
+  for key in config.keys():
+    value = config[key]  # placeholders read as None, sub-configs as ConfigDicts
+    if isinstance(value, config_dict.ConfigDict):
+      yield from _leaf_paths(value, f'{prefix}{key}.')
+    else:
+      yield f'{prefix}{key}'
+
+
+def flatten(config: config_dict.ConfigDict) -> dict[str, Any]:
+  """{'model.n_layers': 4, ...} for every leaf."""
+  return {path: get_path(config, path) for path in _leaf_paths(config)}
+
+
+def get_path(config, path: str) -> Any:
+  node = config
+  for part in path.split('.'):
+    node = node[part]
+  return node
+
+
+def set_path(config: config_dict.ConfigDict, path: str, value: Any) -> None:
+  """config[path] = value, with a ConfigError naming the key for unknown keys or wrong types."""
+  *parents, leaf = path.split('.')
+  node = config
+  for i, part in enumerate(parents):
+    child = node.get(part) if isinstance(node, config_dict.ConfigDict) else None
+    if not isinstance(child, config_dict.ConfigDict):
+      where = '.'.join(parents[:i]) or 'the config'
+      raise ConfigError(path, value, f'no such key; keys under {where}: '
+                        + ', '.join(sorted(node.keys())))
+    node = child
+  if leaf not in node:
+    where = '.'.join(parents) or 'the config'
+    raise ConfigError(path, value, f'no such key; keys under {where}: ' + ', '.join(sorted(node)))
+  try:
+    with node.unlocked():
+      node[leaf] = value
+  except (TypeError, ValueError) as err:
+    expected = type(node[leaf]).__name__ if node[leaf] is not None else 'a value of the declared type'
+    raise ConfigError(path, value, f'wrong type, expected {expected} ({err})') from None
+
+
+def parse_value(text: str) -> Any:
+  """'4' → 4, '0.5' → 0.5, 'true' → True, 'none' → None, anything else stays a string."""
+  lowered = text.strip().lower()
+  if lowered in ('none', 'null'):
+    return None
+  if lowered in ('true', 'false'):
+    return lowered == 'true'
+  try:
+    return ast.literal_eval(text.strip())
+  except (ValueError, SyntaxError):
+    return text.strip()
+
+
+def resolve_choice_key(config: config_dict.ConfigDict, key: str) -> str:
+  """A choice key → the dotted path it sets (alias, dotted path, or unique leaf name)."""
+  if key in CHOICES:
+    return CHOICES[key]
+  paths = list(_leaf_paths(config))
+  if key in paths:
+    return key
+  matches = [p for p in paths if p.rsplit('.', 1)[-1] == key]
+  if len(matches) == 1:
+    return matches[0]
+  if len(matches) > 1:
+    raise ConfigError(key, None, 'ambiguous choice key; use one of ' + ', '.join(matches))
+  raise ConfigError(key, None, 'unknown choice key; allowed: ' + ', '.join(CHOICES)
+                    + ', a dotted path such as model.n_layers, or a unique leaf name')
+
+
+def join_choices(*args: str | None) -> str:
+  """Join comma-separated choice strings; later ones win (named configs put the user's last)."""
+  return ','.join(a for a in args if a)
+
+
+def apply_choices(config: config_dict.ConfigDict, arg: str | None) -> config_dict.ConfigDict:
+  """Apply `--config=path:arg` choices such as 'pos=alibi,ffn=geglu,n_layers=2'."""
+  for item in filter(None, (s.strip() for s in (arg or '').split(','))):
+    key, sep, text = item.partition('=')
+    if not sep:
+      raise ConfigError('config arg', item, 'expected key=value pairs, e.g. pos=alibi,ffn=geglu')
+    set_path(config, resolve_choice_key(config, key.strip()), parse_value(text))
+  return config
+
+
+# --------------------------------------------------------------------------------------------
+# Validation.
+# --------------------------------------------------------------------------------------------
+
+def _one_of(key: str, value: Any, allowed: Iterable[str], what: str) -> None:
+  allowed = list(allowed)
+  if value not in allowed:
+    raise ConfigError(key, value, f'unknown {what}; allowed: ' + ', '.join(allowed))
+
+
+def _positive(key: str, value: Any, optional: bool = False) -> None:
+  if optional and value is None:
+    return
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+    raise ConfigError(key, value, 'must be a positive number' + (' or None' if optional else ''))
+
+
+def _rate(key: str, value: Any) -> None:
+  if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+    raise ConfigError(key, value, 'a dropout rate must be in [0, 1)')
+
+
+def _divisors(n: int) -> str:
+  return ', '.join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
+  """Check the `model` part of a config; raise ConfigError on the first problem."""
+  p = prefix
+  for key in ('vocab_size', 'd_model', 'n_layers', 'n_heads', 'n_kv_heads', 'max_seq_len'):
+    value = m[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+      raise ConfigError(f'{p}.{key}', value, 'must be a positive integer')
+  _positive(f'{p}.head_dim', m.head_dim, optional=True)
+  _positive(f'{p}.init_std', m.init_std)
+  _one_of(f'{p}.dtype', m.dtype, DTYPES, 'compute dtype')
+  _one_of(f'{p}.param_dtype', m.param_dtype, DTYPES, 'parameter dtype')
+  _rate(f'{p}.dropout', m.dropout)
+  _rate(f'{p}.embed_dropout', m.embed_dropout)
+
+  if m.n_kv_heads > m.n_heads or m.n_heads % m.n_kv_heads:
+    raise ConfigError(f'{p}.n_kv_heads', m.n_kv_heads,
+                      f'must divide {p}.n_heads={m.n_heads}; allowed: {_divisors(m.n_heads)}')
+  if m.head_dim is None and m.d_model % m.n_heads:
+    raise ConfigError(f'{p}.n_heads', m.n_heads,
+                      f'must divide {p}.d_model={m.d_model} when {p}.head_dim is unset; allowed: '
+                      f'{_divisors(m.d_model)}, or set {p}.head_dim')
+  head_dim = m.head_dim or m.d_model // m.n_heads
+
+  a = m.attention
+  _one_of(f'{p}.attention.impl', a.impl, ATTENTION_IMPLS, 'attention implementation')
+  _positive(f'{p}.attention.sliding_window', a.sliding_window, optional=True)
+  _positive(f'{p}.attention.softmax_scale', a.softmax_scale, optional=True)
+  _rate(f'{p}.attention.dropout', a.dropout)
+
+  pos = m.position
+  _one_of(f'{p}.position.kind', pos.kind, POSITIONS, 'position scheme')
+  _one_of(f'{p}.position.rope_layout', pos.rope_layout, ROPE_LAYOUTS, 'RoPE layout')
+  _one_of(f'{p}.position.rope_scaling', pos.rope_scaling, ROPE_SCALINGS, 'RoPE scaling')
+  if pos.kind == 'rope':
+    _positive(f'{p}.position.rope_theta', pos.rope_theta)
+    if head_dim % 2:
+      raise ConfigError(f'{p}.head_dim', head_dim,
+                        'RoPE rotates pairs of features, so head_dim must be even')
+  if pos.rope_scaling != 'none':
+    if pos.kind != 'rope':
+      raise ConfigError(f'{p}.position.rope_scaling', pos.rope_scaling,
+                        f"RoPE scaling needs {p}.position.kind='rope' (it is {pos.kind!r}); "
+                        "allowed here: 'none'")
+    if not pos.rope_scaling_factor >= 1.0:
+      raise ConfigError(f'{p}.position.rope_scaling_factor', pos.rope_scaling_factor,
+                        'the context extension factor must be >= 1')
+    _positive(f'{p}.position.rope_original_max_len', pos.rope_original_max_len, optional=True)
+    if pos.rope_scaling == 'yarn' and not 0 < pos.yarn_beta_slow < pos.yarn_beta_fast:
+      raise ConfigError(f'{p}.position.yarn_beta_slow', pos.yarn_beta_slow,
+                        f'YaRN needs 0 < yarn_beta_slow < yarn_beta_fast={pos.yarn_beta_fast}')
+    if pos.rope_scaling == 'llama3' and not (
+        0 < pos.llama3_low_freq_factor < pos.llama3_high_freq_factor):
+      raise ConfigError(f'{p}.position.llama3_low_freq_factor', pos.llama3_low_freq_factor,
+                        'llama3 scaling needs 0 < low_freq_factor < llama3_high_freq_factor='
+                        f'{pos.llama3_high_freq_factor}')
+  if pos.kind == 'sinusoidal' and m.d_model % 2:
+    raise ConfigError(f'{p}.d_model', m.d_model, 'sinusoidal positions need an even d_model')
+  if pos.kind == 't5':
+    if not isinstance(pos.t5_num_buckets, int) or pos.t5_num_buckets < 2:
+      raise ConfigError(f'{p}.position.t5_num_buckets', pos.t5_num_buckets,
+                        'must be an integer >= 2')
+    if pos.t5_max_distance <= pos.t5_num_buckets // 2:
+      raise ConfigError(f'{p}.position.t5_max_distance', pos.t5_max_distance,
+                        f'must exceed t5_num_buckets // 2 = {pos.t5_num_buckets // 2}, where the '
+                        'exact buckets end')
+  if pos.kind == 'shaw' and (not isinstance(pos.shaw_max_distance, int)
+                             or pos.shaw_max_distance < 0):
+    raise ConfigError(f'{p}.position.shaw_max_distance', pos.shaw_max_distance,
+                      'the clipping distance k must be an integer >= 0')
+
+  f = m.ffn
+  _one_of(f'{p}.ffn.kind', f.kind, FFNS, 'FFN')
+  _positive(f'{p}.ffn.d_ff', f.d_ff, optional=True)
+  _positive(f'{p}.ffn.multiple_of', f.multiple_of)
+
+  n = m.norm
+  _one_of(f'{p}.norm.kind', n.kind, NORMS, 'norm')
+  _one_of(f'{p}.norm.placement', n.placement, PLACEMENTS, 'norm placement')
+  _positive(f'{p}.norm.eps', n.eps)
+  if not (isinstance(n.partial_p, (int, float)) and 0.0 < n.partial_p <= 1.0):
+    raise ConfigError(f'{p}.norm.partial_p', n.partial_p,
+                      'partial RMSNorm uses the first p fraction of features; allowed: 0 < p <= 1')
+
+
+def validate(config: config_dict.ConfigDict) -> None:
+  """Check a full config (model and the run settings); raise ConfigError on the first problem."""
+  validate_model(config.model)
+  _positive('data.seq_len', config.data.seq_len)
+  _positive('data.batch_size', config.data.batch_size)
+  if config.model.position.kind == 'learned' and config.data.seq_len > config.model.max_seq_len:
+    raise ConfigError('data.seq_len', config.data.seq_len,
+                      f'learned positions cover model.max_seq_len={config.model.max_seq_len} '
+                      'tokens; allowed: <= that, or raise model.max_seq_len')
+
+
+# --------------------------------------------------------------------------------------------
+# Loading.
+# --------------------------------------------------------------------------------------------
+
+def _import_config_file(path: str):
+  root = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+  if root not in sys.path:  # lets configs/x.py import configs.base from a checkout
+    sys.path.insert(0, root)
+  name = '_mllm_config_' + os.path.splitext(os.path.basename(path))[0]
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def load_config(spec: str, overrides: Mapping[str, Any] | None = None
+                ) -> config_dict.ConfigDict:
+  """What `--config=` takes (a path, optionally `:arg`) → a validated, locked ConfigDict.
+
+  overrides: {'model.n_layers': 2, ...}, applied after `get_config(arg)`.
+  """
+  path, sep, arg = spec.partition(':')
+  if not os.path.isfile(path):
+    raise ConfigError('config', spec, 'no such config file; allowed: a path such as '
+                      'configs/base.py, optionally followed by :choices')
+  module = _import_config_file(path)
+  if not hasattr(module, 'get_config'):
+    raise ConfigError('config', spec, 'the file defines no get_config(arg)')
+  config = module.get_config(arg) if sep else module.get_config()
+  for key, value in (overrides or {}).items():
+    set_path(config, key, value)
+  validate(config)
+  config.lock()
+  return config
+
+
+def config_diff(config: config_dict.ConfigDict, base: config_dict.ConfigDict
+                ) -> dict[str, tuple[Any, Any]]:
+  """{path: (base value, value)} for every leaf that differs from `base`."""
+  mine, theirs = flatten(config), flatten(base)
+  return {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k, object()) != v}

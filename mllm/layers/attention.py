@@ -1,0 +1,74 @@
+"""Causal self-attention with MHA / GQA / MQA heads, optional QK-norm, sliding window and dropout.
+
+The projections carry logical axis names; the score computation is `mllm.ops.attention.attend`, whose
+implementation (`model.attention.impl`) is a registry entry. Positional schemes reach in only
+through the `PositionContext` (rotations, shared biases) and an optional per-layer part (Shaw).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from mllm.layers.norms import RMSNorm
+from mllm.layers.positions import POSITIONS, PositionContext
+from mllm.ops.attention import AttentionMask, attend
+
+
+def head_dim_of(cfg) -> int:
+  return cfg.head_dim or cfg.d_model // cfg.n_heads
+
+
+class Attention(nnx.Module):
+  """Multi-head attention with n_kv_heads key/value heads (Shazeer 2019; Ainslie et al. 2023):
+  n_kv_heads = n_heads is MHA, 1 is MQA, anything between is GQA."""
+
+  def __init__(self, cfg, *, rngs: nnx.Rngs):
+    acfg = cfg.attention
+    d, n, k, h = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, head_dim_of(cfg)
+    dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
+    init = nnx.initializers.normal(cfg.init_std)
+    out_init = nnx.initializers.normal(out_projection_std(cfg))
+
+    def proj(spec, kernel_shape, axes, kernel_init):
+      bias_shape = kernel_shape[-2:] if spec.endswith('btnh') else kernel_shape[-1:]
+      return nnx.Einsum(spec, kernel_shape, bias_shape if acfg.use_bias else None, dtype=dtype,
+                        param_dtype=param_dtype, kernel_init=kernel_init, rngs=rngs,
+                        kernel_metadata={'logical_axes': axes},
+                        bias_metadata={'logical_axes': axes[-(len(bias_shape)):]})
+
+    self.query = proj('btd,dnh->btnh', (d, n, h), ('embed', 'heads', 'head_dim'), init)
+    self.key = proj('btd,dnh->btnh', (d, k, h), ('embed', 'kv_heads', 'head_dim'), init)
+    self.value = proj('btd,dnh->btnh', (d, k, h), ('embed', 'kv_heads', 'head_dim'), init)
+    self.out = proj('btnh,nhd->btd', (n, h, d), ('heads', 'head_dim', 'embed'), out_init)
+    # QK-norm (Qwen3, OLMo 2): RMSNorm over head_dim on q and k, before the rotation.
+    norm_kwargs = dict(eps=cfg.norm.eps, param_dtype=param_dtype, rngs=rngs)
+    self.query_norm = RMSNorm(h, **norm_kwargs) if acfg.qk_norm else None
+    self.key_norm = RMSNorm(h, **norm_kwargs) if acfg.qk_norm else None
+    self.relative = POSITIONS[cfg.position.kind].layer_part(cfg, rngs=rngs)
+    self.dropout = nnx.Dropout(acfg.dropout, rngs=rngs)
+    self.impl = acfg.impl
+    self.scale = acfg.softmax_scale if acfg.softmax_scale is not None else h ** -0.5
+
+  def __call__(self, x_BTD: jax.Array, context: PositionContext, mask: AttentionMask) -> jax.Array:
+    q_BTNH, k_BTKH, v_BTKH = self.query(x_BTD), self.key(x_BTD), self.value(x_BTD)
+    if self.query_norm is not None:
+      q_BTNH, k_BTKH = self.query_norm(q_BTNH), self.key_norm(k_BTKH)
+    q_BTNH, k_BTKH = context.rotate(q_BTNH), context.rotate(k_BTKH)
+    bias, rel_values = context.bias, None
+    if self.relative is not None:
+      bias, rel_values = self.relative(q_BTNH, context, self.scale)
+    dropout_rng = None
+    if self.dropout.rate > 0 and not self.dropout.deterministic:
+      dropout_rng = self.dropout.rngs()
+    out_BTNH = attend(q_BTNH, k_BTKH, v_BTKH, mask=mask, bias=bias, rel_values=rel_values,
+                      scale=self.scale, impl=self.impl, dropout_rate=self.dropout.rate,
+                      dropout_rng=dropout_rng)
+    return self.out(out_BTNH)
+
+
+def out_projection_std(cfg) -> float:
+  """GPT-2's depth-scaled init: residual-branch output projections get std / √(2·n_layers)."""
+  if cfg.depth_scaled_init:
+    return cfg.init_std / (2 * cfg.n_layers) ** 0.5
+  return cfg.init_std

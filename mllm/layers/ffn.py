@@ -1,0 +1,117 @@
+"""Every position-wise feed-forward network (`model.ffn.kind`).
+
+Two-matrix FFNs (Vaswani et al. 2017, eq. 2):  FFN(x) = act(x·W_up + b) · W_down + b
+Gated FFNs (Shazeer 2020, eqs. 5-6):           FFN(x) = (act(x·W_gate) ⊗ x·W_up) · W_down
+A gated FFN has three matrices; with `match_params` its hidden size is 2/3 of the ungated one (rounded
+to `multiple_of`), so both have the same parameter count, as in Shazeer's comparison.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+# GELU here is the exact x·Φ(x) (Hendrycks & Gimpel 2016), as in Shazeer's table; GPT-2 used tanh.
+gelu = functools.partial(jax.nn.gelu, approximate=False)
+
+
+def _linear(d_in, d_out, axes, *, use_bias, std, dtype, param_dtype, rngs):
+  return nnx.Linear(d_in, d_out, use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
+                    kernel_init=nnx.initializers.normal(std), rngs=rngs,
+                    kernel_metadata={'logical_axes': axes},
+                    bias_metadata={'logical_axes': axes[1:]})
+
+
+class MLP(nnx.Module):
+  """Two-matrix FFN; subclasses choose the activation."""
+  gated = False
+
+  @staticmethod
+  def activation(x):
+    raise NotImplementedError
+
+  def __init__(self, d_model: int, d_ff: int, *, use_bias: bool, init_std: float, out_std: float,
+               dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+    common = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.up = _linear(d_model, d_ff, ('embed', 'mlp'), std=init_std, **common)
+    self.down = _linear(d_ff, d_model, ('mlp', 'embed'), std=out_std, **common)
+
+  def __call__(self, x_BTD):
+    return self.down(self.activation(self.up(x_BTD)))
+
+
+class GatedMLP(nnx.Module):
+  """Three-matrix gated FFN; subclasses choose the gate's activation."""
+  gated = True
+
+  @staticmethod
+  def activation(x):
+    raise NotImplementedError
+
+  def __init__(self, d_model: int, d_ff: int, *, use_bias: bool, init_std: float, out_std: float,
+               dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+    common = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.gate = _linear(d_model, d_ff, ('embed', 'mlp'), std=init_std, **common)
+    self.up = _linear(d_model, d_ff, ('embed', 'mlp'), std=init_std, **common)
+    self.down = _linear(d_ff, d_model, ('mlp', 'embed'), std=out_std, **common)
+
+  def __call__(self, x_BTD):
+    return self.down(self.activation(self.gate(x_BTD)) * self.up(x_BTD))
+
+
+class ReLU(MLP):
+  """FFN_ReLU (Shazeer 2020, eq. 1)."""
+  activation = staticmethod(jax.nn.relu)
+
+
+class GELU(MLP):
+  """FFN_GELU (Shazeer 2020, eq. 2)."""
+  activation = staticmethod(gelu)
+
+
+class Swish(MLP):
+  """FFN_Swish with β = 1, i.e. SiLU (Shazeer 2020, eq. 3)."""
+  activation = staticmethod(jax.nn.silu)
+
+
+class GLU(GatedMLP):
+  """FFN_GLU: sigmoid gate (Dauphin et al. 2017; Shazeer 2020, eq. 5)."""
+  activation = staticmethod(jax.nn.sigmoid)
+
+
+class Bilinear(GatedMLP):
+  """FFN_Bilinear: no activation on the gate (Shazeer 2020, eq. 5)."""
+  activation = staticmethod(lambda x: x)
+
+
+class GEGLU(GatedMLP):
+  """FFN_GEGLU: GELU gate (Shazeer 2020, eq. 6)."""
+  activation = staticmethod(gelu)
+
+
+class SwiGLU(GatedMLP):
+  """FFN_SwiGLU: Swish gate (Shazeer 2020, eq. 6; Llama, Mistral, Qwen)."""
+  activation = staticmethod(jax.nn.silu)
+
+
+class ReGLU(GatedMLP):
+  """FFN_ReGLU: ReLU gate (Shazeer 2020, eq. 5)."""
+  activation = staticmethod(jax.nn.relu)
+
+
+FFNS: dict[str, type[nnx.Module]] = {
+    'relu': ReLU, 'gelu': GELU, 'swish': Swish,
+    'glu': GLU, 'bilinear': Bilinear, 'geglu': GEGLU, 'swiglu': SwiGLU, 'reglu': ReGLU,
+}
+
+
+def hidden_dim(ffn_cfg, d_model: int) -> int:
+  """The FFN's hidden size: d_ff (default 4·d_model), times 2/3 for a gated FFN with match_params,
+  rounded to the nearest multiple of `multiple_of`."""
+  d_ff = ffn_cfg.d_ff if ffn_cfg.d_ff is not None else 4 * d_model
+  if FFNS[ffn_cfg.kind].gated and ffn_cfg.match_params:
+    m = ffn_cfg.multiple_of
+    d_ff = max(m, m * round(2 * d_ff / 3 / m))
+  return d_ff

@@ -1,0 +1,97 @@
+"""Every normalization (`model.norm.kind`): layernorm, rmsnorm, partial_rmsnorm, none.
+
+All share one constructor signature, `(dim, *, eps, use_bias, fp32, partial_p, param_dtype, rngs)`, so
+the model builds whichever the config names from the `NORMS` registry.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+class _Norm(nnx.Module):
+  """Shared parameters: a learned gain γ (`scale`) and, optionally, a learned shift β (`bias`)."""
+
+  def __init__(self, dim: int, *, eps: float = 1e-6, use_bias: bool = False, fp32: bool = True,
+               partial_p: float = 1.0, param_dtype=jnp.float32, rngs: nnx.Rngs | None = None):
+    del rngs  # Deterministic init: γ = 1, β = 0.
+    self.eps = eps
+    self.fp32 = fp32
+    self.partial_p = partial_p
+    self.scale = nnx.Param(jnp.ones((dim,), param_dtype), logical_axes=('norm',))
+    self.bias = nnx.Param(jnp.zeros((dim,), param_dtype), logical_axes=('norm',)) if use_bias else None
+
+  def normalize(self, x: jax.Array) -> jax.Array:
+    raise NotImplementedError
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    # fp32=True is the notebook's `qwen3_compatible` flag: statistics in float32 whatever x's dtype.
+    in_dtype = x.dtype
+    if self.fp32:
+      x = x.astype(jnp.float32)
+    y = self.normalize(x) * self.scale[...].astype(x.dtype)
+    if self.bias is not None:
+      y = y + self.bias[...].astype(x.dtype)
+    return y.astype(in_dtype)
+
+
+class LayerNorm(_Norm):
+  """y = (x − E[x]) / √(Var[x] + ε) · γ + β  (Ba et al. 2016, eq. 4; biased variance, as PyTorch)."""
+
+  def __init__(self, dim: int, *, use_bias: bool = True, **kwargs):
+    super().__init__(dim, use_bias=use_bias, **kwargs)
+
+  def normalize(self, x):
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + self.eps)
+
+
+class RMSNorm(_Norm):
+  """y = x / √(mean(x²) + ε) · γ  (Zhang & Sennrich 2019, eq. 4; ε inside the root, as Llama/HF)."""
+
+  def normalize(self, x):
+    mean_square = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
+    return x * jax.lax.rsqrt(mean_square + self.eps)
+
+
+class PartialRMSNorm(_Norm):
+  """pRMSNorm: the RMS is estimated from the first k = ⌈p·d⌉ features only (Zhang & Sennrich 2019,
+  eq. 6); every feature is then divided by it. p = 1 is RMSNorm."""
+
+  def normalize(self, x):
+    k = max(1, math.ceil(self.partial_p * x.shape[-1]))
+    mean_square = jnp.mean(jnp.square(x[..., :k]), axis=-1, keepdims=True)
+    return x * jax.lax.rsqrt(mean_square + self.eps)
+
+
+class Identity(nnx.Module):
+  """No normalization (the 'Baseline' row of the RMSNorm paper)."""
+
+  def __init__(self, dim: int, **kwargs):
+    del dim, kwargs
+
+  def __call__(self, x):
+    return x
+
+
+NORMS: dict[str, type[nnx.Module]] = {
+    'layernorm': LayerNorm,
+    'rmsnorm': RMSNorm,
+    'partial_rmsnorm': PartialRMSNorm,
+    'none': Identity,
+}
+
+PLACEMENTS = ('pre', 'post')
+
+
+def make_norm(norm_cfg, dim: int, *, param_dtype=jnp.float32, rngs: nnx.Rngs) -> nnx.Module:
+  """The norm that `norm_cfg` (the config's `model.norm`) names, for vectors of size `dim`."""
+  kwargs = dict(eps=norm_cfg.eps, fp32=norm_cfg.fp32, partial_p=norm_cfg.partial_p,
+                param_dtype=param_dtype, rngs=rngs)
+  if norm_cfg.use_bias is not None:
+    kwargs['use_bias'] = norm_cfg.use_bias
+  return NORMS[norm_cfg.kind](dim, **kwargs)

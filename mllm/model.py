@@ -1,0 +1,116 @@
+"""The decoder-only transformer: embedding → N × Block → final norm → head.
+
+    Block (Pre-LN):  x = x + Attn(Norm(x));  x = x + FFN(Norm(x))        (Xiong et al. 2020)
+    Block (Post-LN): x = Norm(x + Attn(x));  x = Norm(x + FFN(x))        (Vaswani et al. 2017)
+
+Every variant is looked up by its config name in a registry (positions, FFNs, norms, attention
+implementations); this file only wires them together.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from mllm.layers.attention import Attention, out_projection_std
+from mllm.layers.ffn import FFNS, hidden_dim
+from mllm.layers.norms import make_norm
+from mllm.layers.positions import POSITIONS, PositionContext
+from mllm.ops.attention import AttentionMask
+
+
+class Block(nnx.Module):
+  """One transformer layer. Parameter names do not depend on the norm placement."""
+
+  def __init__(self, cfg, *, rngs: nnx.Rngs):
+    param_dtype = jnp.dtype(cfg.param_dtype)
+    self.attention_norm = make_norm(cfg.norm, cfg.d_model, param_dtype=param_dtype, rngs=rngs)
+    self.attention = Attention(cfg, rngs=rngs)
+    self.ffn_norm = make_norm(cfg.norm, cfg.d_model, param_dtype=param_dtype, rngs=rngs)
+    self.ffn = FFNS[cfg.ffn.kind](
+        cfg.d_model, hidden_dim(cfg.ffn, cfg.d_model), use_bias=cfg.ffn.use_bias,
+        init_std=cfg.init_std, out_std=out_projection_std(cfg), dtype=jnp.dtype(cfg.dtype),
+        param_dtype=param_dtype, rngs=rngs)
+    self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
+    self.pre_norm = cfg.norm.placement == 'pre'
+
+  def __call__(self, x_BTD, context: PositionContext, mask: AttentionMask):
+    if self.pre_norm:
+      x_BTD = x_BTD + self.dropout(self.attention(self.attention_norm(x_BTD), context, mask))
+      return x_BTD + self.dropout(self.ffn(self.ffn_norm(x_BTD)))
+    x_BTD = self.attention_norm(x_BTD + self.dropout(self.attention(x_BTD, context, mask)))
+    return self.ffn_norm(x_BTD + self.dropout(self.ffn(x_BTD)))
+
+
+class Transformer(nnx.Module):
+  """`model(tokens[B, T], positions=None, segment_ids=None) -> logits[B, T, vocab]` (float32).
+
+  positions default to 0..T−1; pass per-document positions for packed sequences (with segment_ids,
+  so no token attends across documents) or offset positions when continuing a sequence.
+  """
+
+  def __init__(self, cfg, *, rngs: nnx.Rngs):
+    dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
+    self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=param_dtype,
+                           embedding_init=nnx.initializers.normal(cfg.init_std), rngs=rngs,
+                           embedding_metadata={'logical_axes': ('vocab', 'embed')})
+    self.position = POSITIONS[cfg.position.kind](cfg, rngs=rngs)
+    self.embed_dropout = nnx.Dropout(cfg.embed_dropout, rngs=rngs)
+    self.scan_layers = cfg.scan_layers
+    if cfg.scan_layers:
+      # One Block whose parameters carry a leading 'layers' axis; __call__ scans over it, so XLA
+      # compiles one layer instead of n_layers copies.
+      @nnx.split_rngs(splits=cfg.n_layers)
+      @nnx.vmap(in_axes=(0,), out_axes=0)
+      def make_blocks(rngs):
+        return Block(cfg, rngs=rngs)
+      self.blocks = make_blocks(rngs)
+    else:
+      self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
+    self.final_norm = (make_norm(cfg.norm, cfg.d_model, param_dtype=param_dtype, rngs=rngs)
+                       if cfg.norm.final_norm else None)
+    self.head = None
+    if not cfg.tie_embeddings:
+      self.head = nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, dtype=dtype,
+                             param_dtype=param_dtype, rngs=rngs,
+                             kernel_init=nnx.initializers.normal(cfg.init_std),
+                             kernel_metadata={'logical_axes': ('embed', 'vocab')})
+    self.window = cfg.attention.sliding_window
+    self.max_seq_len = cfg.max_seq_len
+    self.learned_positions = cfg.position.kind == 'learned'
+
+  def __call__(self, tokens_BT: jax.Array, *, positions: jax.Array | None = None,
+               segment_ids: jax.Array | None = None) -> jax.Array:
+    B, T = tokens_BT.shape
+    if positions is None:
+      if self.learned_positions and T > self.max_seq_len:
+        raise ValueError(f'sequence length {T} exceeds model.max_seq_len={self.max_seq_len}, the '
+                         'size of the learned position table')
+      positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    x_BTD = self.embed(tokens_BT)
+    x_BTD = self.embed_dropout(self.position.embed(x_BTD, positions))
+    context = self.position.context(positions, positions)
+    mask = AttentionMask(causal=True, window=self.window, q_segment_ids=segment_ids,
+                         kv_segment_ids=segment_ids)
+    if self.scan_layers:
+      x_BTD = _scan_blocks(x_BTD, self.blocks, context, mask)
+    else:
+      for block in self.blocks:
+        x_BTD = block(x_BTD, context, mask)
+    if self.final_norm is not None:
+      x_BTD = self.final_norm(x_BTD)
+    logits_BTV = self.embed.attend(x_BTD) if self.head is None else self.head(x_BTD)
+    return logits_BTV.astype(jnp.float32)
+
+
+@nnx.scan(in_axes=(nnx.Carry, 0, None, None), out_axes=nnx.Carry)
+def _scan_blocks(x_BTD, block: Block, context, mask):
+  return block(x_BTD, context, mask)
+
+
+def build_model(config, *, rngs: nnx.Rngs) -> Transformer:
+  """Validate `config` (the full config or its `model` part) and build the transformer it names."""
+  from mllm.config import validate_model  # config imports the registries; avoid the cycle
+  model_cfg = config.model if 'model' in config else config
+  validate_model(model_cfg)
+  return Transformer(model_cfg, rngs=rngs)

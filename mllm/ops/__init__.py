@@ -1,0 +1,1 @@
+"""Low-level ops shared by the layers (attention implementations live here)."""
