@@ -36,7 +36,10 @@ CHOICES = {
 class ConfigError(ValueError):
   """A bad config value: `key=value: what is wrong and what is allowed`, on one line."""
 
-  def __init__(self, key: str, value: Any, allowed: str):
+  def __init__(self, key: str, value: Any = None, allowed: str | None = None):
+    if allowed is None:  # re-raised by a library with just the message (absl's flag parser does)
+      super().__init__(key)
+      return
     self.key, self.value, self.allowed = key, value, allowed
     super().__init__(f'{key}={value!r}: {allowed}')
 
@@ -101,7 +104,7 @@ def parse_value(text: str) -> Any:
     return text.strip()
 
 
-def resolve_choice_key(config: config_dict.ConfigDict, key: str) -> str:
+def resolve_choice_key(config: config_dict.ConfigDict, key: str, value: Any = None) -> str:
   """A choice key → the dotted path it sets (alias, dotted path, or unique leaf name)."""
   if key in CHOICES:
     return CHOICES[key]
@@ -112,8 +115,8 @@ def resolve_choice_key(config: config_dict.ConfigDict, key: str) -> str:
   if len(matches) == 1:
     return matches[0]
   if len(matches) > 1:
-    raise ConfigError(key, None, 'ambiguous choice key; use one of ' + ', '.join(matches))
-  raise ConfigError(key, None, 'unknown choice key; allowed: ' + ', '.join(CHOICES)
+    raise ConfigError(key, value, 'ambiguous choice key; use one of ' + ', '.join(matches))
+  raise ConfigError(key, value, 'unknown choice key; allowed: ' + ', '.join(CHOICES)
                     + ', a dotted path such as model.n_layers, or a unique leaf name')
 
 
@@ -128,7 +131,8 @@ def apply_choices(config: config_dict.ConfigDict, arg: str | None) -> config_dic
     key, sep, text = item.partition('=')
     if not sep:
       raise ConfigError('config arg', item, 'expected key=value pairs, e.g. pos=alibi,ffn=geglu')
-    set_path(config, resolve_choice_key(config, key.strip()), parse_value(text))
+    value = parse_value(text)
+    set_path(config, resolve_choice_key(config, key.strip(), value), value)
   return config
 
 
@@ -268,12 +272,8 @@ def _import_config_file(path: str):
   return module
 
 
-def load_config(spec: str, overrides: Mapping[str, Any] | None = None
-                ) -> config_dict.ConfigDict:
-  """What `--config=` takes (a path, optionally `:arg`) → a validated, locked ConfigDict.
-
-  overrides: {'model.n_layers': 2, ...}, applied after `get_config(arg)`.
-  """
+def read_config(spec: str) -> config_dict.ConfigDict:
+  """`get_config(arg)` of the file `spec` names (a path, optionally `:arg`), not yet validated."""
   path, sep, arg = spec.partition(':')
   if not os.path.isfile(path):
     raise ConfigError('config', spec, 'no such config file; allowed: a path such as '
@@ -281,7 +281,16 @@ def load_config(spec: str, overrides: Mapping[str, Any] | None = None
   module = _import_config_file(path)
   if not hasattr(module, 'get_config'):
     raise ConfigError('config', spec, 'the file defines no get_config(arg)')
-  config = module.get_config(arg) if sep else module.get_config()
+  return module.get_config(arg) if sep else module.get_config()
+
+
+def load_config(spec: str, overrides: Mapping[str, Any] | None = None
+                ) -> config_dict.ConfigDict:
+  """What `--config=` takes (a path, optionally `:arg`) → a validated, locked ConfigDict.
+
+  overrides: {'model.n_layers': 2, ...}, applied after `get_config(arg)`.
+  """
+  config = read_config(spec)
   for key, value in (overrides or {}).items():
     set_path(config, key, value)
   validate(config)

@@ -69,12 +69,10 @@ class Transformer(nnx.Module):
       self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
     self.final_norm = (make_norm(cfg.norm, cfg.d_model, param_dtype=param_dtype, rngs=rngs)
                        if cfg.norm.final_norm else None)
-    self.head = None
-    if not cfg.tie_embeddings:
-      self.head = nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, dtype=dtype,
-                             param_dtype=param_dtype, rngs=rngs,
-                             kernel_init=nnx.initializers.normal(cfg.init_std),
-                             kernel_metadata={'logical_axes': ('embed', 'vocab')})
+    self.head = None if cfg.tie_embeddings else nnx.Linear(
+        cfg.d_model, cfg.vocab_size, use_bias=False, dtype=dtype, param_dtype=param_dtype,
+        kernel_init=nnx.initializers.normal(cfg.init_std), rngs=rngs,
+        kernel_metadata={'logical_axes': ('embed', 'vocab')})
     self.window = cfg.attention.sliding_window
     self.max_seq_len = cfg.max_seq_len
     self.learned_positions = cfg.position.kind == 'learned'

@@ -1,0 +1,91 @@
+"""mllm entry point.
+
+    python launch.py --config=configs/rope_swiglu.py --mode=summary
+    python launch.py --config=configs/base.py:pos=alibi,ffn=geglu --config.model.n_layers=2
+
+Bad configs, overrides and modes print one line naming the key, the value and what is allowed, and
+exit with status 2: the config is read and checked before absl parses the flags, so no traceback.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from mllm.config import ConfigError, load_config, parse_value, read_config, set_path, validate
+
+DEFAULT_CONFIG = 'configs/rope_swiglu.py'
+
+
+def _summary(config, spec: str) -> None:
+  from mllm.summary import summarize
+  base = load_config('configs/base.py') if os.path.isfile('configs/base.py') else None
+  summarize(config, base, spec=spec)
+
+
+# The training, eval and generate issues add their modes here.
+MODES = {'summary': _summary}
+
+
+def _fail(message: str) -> None:
+  print(f'error: {message}', file=sys.stderr)
+  sys.exit(2)
+
+
+def _config_spec(argv: list[str]) -> str:
+  spec = DEFAULT_CONFIG
+  for i, arg in enumerate(argv):
+    if arg.startswith('--config='):
+      spec = arg.split('=', 1)[1]
+    elif arg == '--config' and i + 1 < len(argv):
+      spec = argv[i + 1]
+  return spec
+
+
+def preflight(argv: list[str]) -> None:
+  """Read the config and apply the `--config.key=value` overrides ourselves first, so that a bad
+  file, choice, key, type or combination is reported in one line instead of a flag-parser trace."""
+  spec = _config_spec(argv)
+  try:
+    config = read_config(spec)
+    for arg in argv[1:]:
+      if arg.startswith('--config.'):
+        key, sep, value = arg[len('--config.'):].partition('=')
+        if not sep:
+          raise ConfigError(f'--config.{key}', None, 'expected --config.key=value')
+        set_path(config, key, parse_value(value))
+    validate(config)
+  except ConfigError as err:
+    _fail(str(err))
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    _fail(f'unexpected arguments {argv[1:]!r}; flags look like --config=... --mode=...')
+  if _MODE.value not in MODES:
+    _fail(f"--mode={_MODE.value!r}: unknown mode; allowed: {', '.join(MODES)}")
+  logging.set_verbosity(logging.WARNING)  # keep JAX's backend probing out of the output
+  config = _CONFIG.value
+  try:
+    validate(config)
+  except ConfigError as err:
+    _fail(str(err))
+  MODES[_MODE.value](config, _config_spec(sys.argv))
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as err:
+    _fail(str(err).splitlines()[0])
+
+
+if __name__ == '__main__':
+  preflight(sys.argv)
+  _CONFIG = config_flags.DEFINE_config_file(
+      'config', DEFAULT_CONFIG, 'Config file, optionally with :choices.', lock_config=True)
+  _MODE = flags.DEFINE_string('mode', 'summary', 'What to do: ' + ', '.join(MODES) + '.')
+  _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory (checkpoints, metrics).')
+  app.run(main, flags_parser=_parse_flags)

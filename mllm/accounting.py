@@ -1,0 +1,74 @@
+"""Parameter counts and training FLOPs per token.
+
+FLOPs per token for one training step (forward + backward = 3 × forward, Kaplan et al. 2020, sec. 2.1;
+PaLM appendix B):
+    6 · N_matmul  +  12 · n_layers · n_heads · head_dim · keys_per_query
+N_matmul is every parameter used in a matrix multiply: the non-embedding parameters plus the output
+head (d_model · vocab, tied or not). Attention's QKᵀ and PV cost 2·2·head_dim FLOPs per head per
+(query, key) pair forward; with a causal mask a query sees on average (T + 1)/2 keys (about half),
+and with a sliding window W, mean_i min(i + 1, W). A gated FFN's third matrix is a parameter like any
+other, so it is counted. Norms, softmax and positional terms are O(d) per token and left out.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+from flax import nnx
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamCounts:
+  total: int
+  embedding: int  # token table, learned position table, untied output head
+  non_embedding: int
+
+
+def abstract_model(config) -> nnx.Module:
+  """The model with ShapeDtypeStructs instead of arrays: built without allocating or computing."""
+  from mllm.model import build_model
+  return nnx.eval_shape(lambda: build_model(config, rngs=nnx.Rngs(0)))
+
+
+def count_params(model_or_config) -> ParamCounts:
+  """Count the parameters of a model, or of the model a config describes (without building it)."""
+  model = model_or_config
+  if not isinstance(model, nnx.Module):
+    model = abstract_model(model_or_config)
+  embedding = total = 0
+  position_kind = type(getattr(model, 'position', None)).__name__
+  for path, leaf in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    size = int(np.prod(leaf.shape))
+    total += size
+    top = str(path[0])
+    if top in ('embed', 'head') or (top == 'position' and position_kind == 'LearnedPositions'):
+      embedding += size
+  return ParamCounts(total=total, embedding=embedding, non_embedding=total - embedding)
+
+
+def keys_per_query(seq_len: int, window: int | None) -> float:
+  """Mean number of keys a causal query attends to in a sequence of seq_len tokens."""
+  i = np.arange(1, seq_len + 1)
+  return float(np.mean(np.minimum(i, window) if window else i))
+
+
+@dataclasses.dataclass(frozen=True)
+class FlopCounts:
+  dense: float  # 6 · N_matmul
+  attention: float  # 12 · L · heads · head_dim · keys_per_query
+  total: float
+
+
+def training_flops_per_token(config, seq_len: int | None = None) -> FlopCounts:
+  """Training FLOPs per token for the model `config` describes, at sequence length `seq_len`."""
+  m = config.model if 'model' in config else config
+  seq_len = seq_len or m.max_seq_len
+  counts = count_params(config)
+  head_matmul = m.d_model * m.vocab_size
+  n_matmul = counts.non_embedding + head_matmul
+  head_dim = m.head_dim or m.d_model // m.n_heads
+  dense = 6.0 * n_matmul
+  attention = 12.0 * m.n_layers * m.n_heads * head_dim * keys_per_query(
+      seq_len, m.attention.sliding_window)
+  return FlopCounts(dense=dense, attention=attention, total=dense + attention)

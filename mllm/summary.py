@@ -1,0 +1,135 @@
+"""`launch.py --mode=summary`: what a config builds, how big it is, and one timed forward pass."""
+from __future__ import annotations
+
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from rich.console import Console
+from rich.table import Table
+
+from mllm.accounting import count_params, training_flops_per_token
+from mllm.config import config_diff
+from mllm.layers.ffn import hidden_dim
+from mllm.model import build_model
+
+
+def _attention_kind(m) -> str:
+  if m.n_kv_heads == m.n_heads:
+    kind = f'MHA {m.n_heads} heads'
+  elif m.n_kv_heads == 1:
+    kind = f'MQA {m.n_heads}q:1kv'
+  else:
+    kind = f'GQA {m.n_heads}q:{m.n_kv_heads}kv'
+  head_dim = m.head_dim or m.d_model // m.n_heads
+  extras = [f'd_head {head_dim}']
+  if m.attention.sliding_window:
+    extras.append(f'window {m.attention.sliding_window}')
+  if m.attention.qk_norm:
+    extras.append('qk-norm')
+  return f"{kind} ({', '.join(extras)})"
+
+
+def _position_kind(m) -> str:
+  p = m.position
+  if p.kind == 'rope':
+    text = f'rope θ={p.rope_theta:g} {p.rope_layout}'
+    if p.rope_scaling != 'none':
+      text += f' {p.rope_scaling}×{p.rope_scaling_factor:g}'
+    return text
+  if p.kind == 't5':
+    return f't5 {p.t5_num_buckets} buckets ≤{p.t5_max_distance}'
+  if p.kind == 'shaw':
+    return f'shaw k={p.shaw_max_distance}'
+  return p.kind
+
+
+def _module_params(state) -> int:
+  return sum(int(np.prod(leaf.shape)) for _, leaf in nnx.to_flat_state(state))
+
+
+def layer_table(config, model) -> Table:
+  """One row per module of the stack: embedding, each layer, final norm, head."""
+  m = config.model
+  params = nnx.state(model, nnx.Param)
+  table = Table(title='Layers', show_lines=False)
+  for column in ('module', 'attention', 'positions', 'ffn', 'norm', 'params'):
+    table.add_column(column, justify='right' if column == 'params' else 'left')
+  table.add_row('embed', '', '', '', '', f"{_module_params(params['embed']):,}")
+  if 'position' in params:
+    table.add_row('position', '', _position_kind(m), '', '', f"{_module_params(params['position']):,}")
+  ffn = f'{m.ffn.kind} d_ff={hidden_dim(m.ffn, m.d_model)}'
+  norm = f'{m.norm.kind} {m.norm.placement}-LN'
+  if m.scan_layers:
+    per_layer = [_module_params(params['blocks']) // m.n_layers] * m.n_layers
+  else:
+    per_layer = [_module_params(params['blocks'][i]) for i in range(m.n_layers)]
+  for i, count in enumerate(per_layer):
+    table.add_row(f'layer {i}', _attention_kind(m), _position_kind(m), ffn, norm, f'{count:,}')
+  if 'final_norm' in params:
+    table.add_row('final_norm', '', '', '', m.norm.kind, f"{_module_params(params['final_norm']):,}")
+  head = 'tied to embed' if m.tie_embeddings else f"{_module_params(params['head']):,}"
+  table.add_row('head', '', '', '', '', head)
+  return table
+
+
+def time_forward(model, tokens, repeats: int = 5) -> dict:
+  """Compile and run `model(tokens)` under jax.jit: compile time and median run time."""
+  model.eval()
+  graphdef, state = nnx.split(model)
+  forward = jax.jit(lambda state, tokens: nnx.merge(graphdef, state)(tokens))
+  start = time.perf_counter()
+  compiled = forward.lower(state, tokens).compile()
+  compile_s = time.perf_counter() - start
+  times, logits = [], None
+  for _ in range(repeats):
+    start = time.perf_counter()
+    logits = jax.block_until_ready(compiled(state, tokens))
+    times.append(time.perf_counter() - start)
+  return dict(compile_s=compile_s, run_s=statistics.median(times), logits=logits)
+
+
+def summarize(config, base_config=None, *, spec: str = '', console: Console | None = None,
+              run_forward: bool = True) -> dict:
+  """Print the config diff, layer table, parameter counts, FLOPs/token and a timed forward pass."""
+  console = console or Console(width=None if Console().is_terminal else 120)
+  m = config.model
+  console.rule(f'[bold]mllm summary[/] {spec}')
+  if base_config is not None:
+    diff = config_diff(config, base_config)
+    table = Table(title='Config vs configs/base.py')
+    for column in ('key', 'base', 'this config'):
+      table.add_column(column)
+    for key, (old, new) in sorted(diff.items()):
+      table.add_row(key, repr(old), repr(new))
+    if not diff:
+      table.add_row('(no differences)', '', '')
+    console.print(table)
+
+  model = build_model(config, rngs=nnx.Rngs(config.seed))
+  console.print(layer_table(config, model))
+  counts = count_params(model)
+  seq_len = config.data.seq_len
+  flops = training_flops_per_token(config, seq_len)
+  console.print(f'parameters: {counts.total:,} total = {counts.embedding:,} embedding + '
+                f'{counts.non_embedding:,} non-embedding')
+  console.print(f'training FLOPs/token at seq_len {seq_len}: {flops.total:.4g} '
+                f'(6·N {flops.dense:.4g} + attention {flops.attention:.4g})')
+  result = dict(params=counts, flops=flops)
+  if run_forward:
+    batch = config.data.batch_size
+    tokens = jax.random.randint(jax.random.key(config.seed), (batch, seq_len), 0, m.vocab_size,
+                                dtype=jnp.int32)
+    timing = time_forward(model, tokens)
+    logits = timing['logits']
+    finite = bool(jnp.all(jnp.isfinite(logits)))
+    console.print(
+        f'forward on random tokens [{batch}, {seq_len}] ({jax.default_backend()}): compile '
+        f"{timing['compile_s']:.2f} s, run {timing['run_s'] * 1e3:.1f} ms (median of 5), "
+        f"{batch * seq_len / timing['run_s']:,.0f} tokens/s; logits {list(logits.shape)} "
+        f"{logits.dtype}, {'all finite' if finite else 'NOT FINITE'}")
+    result.update(timing, finite=finite)
+  return result

@@ -1,0 +1,464 @@
+"""Positional schemes (mllm/layers/positions.py) against the papers' formulas in float64 NumPy."""
+from __future__ import annotations
+
+import math
+
+import chex
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from mllm.layers.positions import (PositionContext, ShawTables, alibi_slopes, apply_rope,
+                                   rope_angles, rope_frequencies_2d, rope_inverse_frequencies,
+                                   shaw_relative_index, sinusoidal_embedding, t5_relative_bucket)
+from mllm.ops.attention import AttentionMask, ScoreBias, attend
+
+
+def _rng(seed=0):
+  return np.random.default_rng(seed)
+
+
+# ---------------------------------------------------------------------------------------------
+# NumPy references.
+# ---------------------------------------------------------------------------------------------
+
+def _np_thetas(d, base=10000.0):
+  """θ_i = base^(−2(i−1)/d), i = 1..d/2 (Su et al. 2021, eq. 15), float64."""
+  i = np.arange(1, d // 2 + 1, dtype=np.float64)
+  return base ** (-2.0 * (i - 1) / d)
+
+
+def _np_rotation_matrix(m, d, layout, base=10000.0):
+  """The d×d block rotation R_{Θ,m}; for 'half' the 2-D planes are (i, i + d/2)."""
+  R = np.zeros((d, d), np.float64)
+  for i, th in enumerate(_np_thetas(d, base)):
+    c, s = math.cos(m * th), math.sin(m * th)
+    a, b = (2 * i, 2 * i + 1) if layout == 'interleaved' else (i, i + d // 2)
+    R[a, a], R[a, b] = c, -s
+    R[b, a], R[b, b] = s, c
+  return R
+
+
+def _np_rope(x, positions, layout, base=10000.0):
+  """x [B, T, N, H] float64, positions [B, T]: out[b,t,n] = R_{pos[b,t]} x[b,t,n]."""
+  x = np.asarray(x, np.float64)
+  B, T, N, H = x.shape
+  out = np.empty_like(x)
+  for b in range(B):
+    for t in range(T):
+      R = _np_rotation_matrix(float(positions[b, t]), H, layout, base)
+      out[b, t] = x[b, t] @ R.T
+  return out
+
+
+def _perm(x):
+  """P x = concat(x[0::2], x[1::2]) along head_dim."""
+  return np.concatenate([x[..., 0::2], x[..., 1::2]], axis=-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. Lecture worked examples.
+# ---------------------------------------------------------------------------------------------
+
+def test_rope_lecture_example_d4_m1():
+  x = jnp.asarray([1.0, 0.0, 0.0, 1.0], jnp.float32).reshape(1, 1, 1, 4)
+  out = apply_rope(x, jnp.asarray([[1]]), layout='interleaved')
+  chex.assert_shape(out, (1, 1, 1, 4))
+  np.testing.assert_allclose(np.asarray(out).reshape(4),
+                             [0.5403, 0.8415, -0.0099998, 0.99995], atol=1e-4)
+  # The first pair is exactly (cos 1, sin 1): check tighter than the printed digits.
+  np.testing.assert_allclose(np.asarray(out).reshape(4),
+                             [math.cos(1), math.sin(1), -math.sin(0.01), math.cos(0.01)],
+                             atol=1e-6)
+
+
+def test_rope_lecture_complex_form_example():
+  xq = jnp.asarray([[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 1.0, 0.0]], jnp.float32).reshape(1, 2, 1, 4)
+  out = np.asarray(apply_rope(xq, jnp.asarray([[0, 1]]), layout='interleaved')).reshape(2, 4)
+  np.testing.assert_allclose(out[0], [1.0, 0.0, 0.0, 1.0], atol=1e-6)
+  np.testing.assert_allclose(out[1], [-0.8415, 0.5403, 0.99995, 0.00999], atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------
+# 2-5. RoPE structure.
+# ---------------------------------------------------------------------------------------------
+
+def test_rope_half_and_interleaved_differ_by_permutation():
+  rng = _rng(1)
+  x = rng.normal(size=(2, 5, 3, 8)).astype(np.float32)
+  pos = rng.integers(0, 50, size=(2, 5))
+  half = apply_rope(jnp.asarray(_perm(x)), jnp.asarray(pos), layout='half')
+  inter = apply_rope(jnp.asarray(x), jnp.asarray(pos), layout='interleaved')
+  chex.assert_trees_all_close(np.asarray(half), _perm(np.asarray(inter)), atol=1e-6)
+  # And the two layouts are genuinely different maps on the same input.
+  other = apply_rope(jnp.asarray(x), jnp.asarray(pos), layout='half')
+  assert not np.allclose(np.asarray(other), np.asarray(inter), atol=1e-3)
+
+
+@pytest.mark.parametrize('layout', ['interleaved', 'half'])
+@pytest.mark.parametrize('base', [10000.0, 500.0])
+def test_rope_matches_rotation_matrix_reference(layout, base):
+  rng = _rng(2)
+  x = rng.normal(size=(2, 4, 3, 8))
+  pos = rng.integers(0, 40, size=(2, 4))
+  out = apply_rope(jnp.asarray(x, jnp.float32), jnp.asarray(pos), theta=base, layout=layout)
+  chex.assert_shape(out, x.shape)
+  assert out.dtype == jnp.float32
+  chex.assert_trees_all_close(np.asarray(out, np.float64), _np_rope(x, pos, layout, base),
+                              atol=2e-5, rtol=1e-5)
+
+
+def test_rope_positions_1d_broadcast():
+  rng = _rng(3)
+  x = rng.normal(size=(2, 4, 1, 6))
+  pos = np.array([3, 0, 7, 2])
+  out = apply_rope(jnp.asarray(x, jnp.float32), jnp.asarray(pos), layout='half')
+  ref = _np_rope(x, np.broadcast_to(pos, (2, 4)), 'half')
+  chex.assert_trees_all_close(np.asarray(out, np.float64), ref, atol=2e-5)
+
+
+@pytest.mark.parametrize('layout', ['interleaved', 'half'])
+def test_rope_scores_depend_only_on_relative_distance(layout):
+  rng = _rng(4)
+  d = 16
+  q = jnp.asarray(rng.normal(size=(1, 1, 1, d)), jnp.float32)
+  k = jnp.asarray(rng.normal(size=(1, 1, 1, d)), jnp.float32)
+
+  def score(m, n):
+    qm = apply_rope(q, jnp.asarray([[m]]), layout=layout)
+    kn = apply_rope(k, jnp.asarray([[n]]), layout=layout)
+    return float(jnp.sum(qm * kn))
+
+  for m, n in [(5, 2), (3, 9), (0, 0)]:
+    base_score = score(m, n)
+    for c in (1, 7, 100, 1000):
+      assert abs(score(m + c, n + c) - base_score) < 2e-3, (m, n, c)
+  # And the score does change with the distance (not trivially constant).
+  assert abs(score(5, 2) - score(5, 4)) > 1e-2
+
+
+@pytest.mark.parametrize('s', [2, 4])
+def test_rope_position_interpolation(s):
+  rng = _rng(5)
+  x = jnp.asarray(rng.normal(size=(2, 6, 2, 8)), jnp.float32)
+  pos = rng.integers(0, 100, size=(2, 6))
+  scaled = apply_rope(x, jnp.asarray(pos), scaling={'kind': 'linear', 'factor': s})
+  direct = apply_rope(x, jnp.asarray(pos / s, jnp.float32))
+  chex.assert_trees_all_close(scaled, direct, atol=1e-5)
+  # Against the float64 rotation-matrix reference at positions m / s.
+  chex.assert_trees_all_close(np.asarray(scaled, np.float64), _np_rope(x, pos / s, 'half'),
+                              atol=5e-5)
+  # Interpolation really changes the result.
+  assert not np.allclose(np.asarray(scaled), np.asarray(apply_rope(x, jnp.asarray(pos))),
+                         atol=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. NTK, YaRN, llama3 frequencies.
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('d,theta,s', [(128, 10000.0, 4.0), (64, 10000.0, 8.0),
+                                       (16, 500000.0, 2.0)])
+def test_ntk_inverse_frequencies(d, theta, s):
+  inv, attn = rope_inverse_frequencies(d, theta, {'kind': 'ntk', 'factor': s})
+  i = np.arange(d // 2, dtype=np.float64)
+  expected = 1.0 / (theta * s ** (d / (d - 2))) ** (2 * i / d)
+  assert inv.shape == (d // 2,)
+  np.testing.assert_allclose(inv, expected, rtol=1e-12)
+  assert attn == 1.0
+  # The highest frequency is untouched; the lowest is divided by (about) s.
+  assert inv[0] == 1.0
+  orig_lowest = 1.0 / theta ** ((d - 2) / d)
+  np.testing.assert_allclose(inv[-1], orig_lowest / s, rtol=1e-12)
+
+
+def test_no_scaling_inverse_frequencies():
+  inv, attn = rope_inverse_frequencies(32, 10000.0, None)
+  np.testing.assert_allclose(inv, _np_thetas(32), rtol=1e-12)
+  assert attn == 1.0
+
+
+def _np_yarn(d, theta, s, L, beta_fast=32.0, beta_slow=1.0):
+  """YaRN (Peng et al. 2023, and its reference code), written out in float64."""
+  pos_freqs = theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
+  extrap = 1.0 / pos_freqs
+  interp = 1.0 / (s * pos_freqs)
+
+  def corr_dim(num_rotations):
+    return (d * math.log(L / (num_rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+  low = max(math.floor(corr_dim(beta_fast)), 0)
+  high = min(math.ceil(corr_dim(beta_slow)), d - 1)
+  if low == high:
+    high += 0.001
+  ramp = np.array([min(max((j - low) / (high - low), 0.0), 1.0) for j in range(d // 2)])
+  extrap_factor = 1.0 - ramp
+  inv = interp * (1 - extrap_factor) + extrap * extrap_factor
+  mscale = 0.1 * math.log(s) + 1.0 if s > 1 else 1.0
+  return inv, mscale, low, high
+
+
+@pytest.mark.parametrize('d,theta,s,L', [(128, 10000.0, 4.0, 2048), (64, 10000.0, 16.0, 4096),
+                                         (128, 500000.0, 8.0, 8192)])
+def test_yarn_inverse_frequencies(d, theta, s, L):
+  inv, attn = rope_inverse_frequencies(
+      d, theta, {'kind': 'yarn', 'factor': s, 'original_max_len': L, 'beta_fast': 32.0,
+                 'beta_slow': 1.0})
+  ref, mscale, low, high = _np_yarn(d, theta, s, L)
+  np.testing.assert_allclose(inv, ref, rtol=1e-12)
+  np.testing.assert_allclose(attn, 0.1 * math.log(s) + 1.0, rtol=1e-12)
+  np.testing.assert_allclose(attn, mscale, rtol=1e-12)
+  orig = _np_thetas(d, theta)
+  # The ramp is non-trivial for these settings.
+  assert 0 < low < math.ceil(high) < d // 2
+  # High-frequency dims (below `low`) keep their frequency; the lowest are divided by s.
+  np.testing.assert_allclose(inv[:low + 1], orig[:low + 1], rtol=1e-12)
+  hi = int(math.ceil(high))
+  np.testing.assert_allclose(inv[hi:], orig[hi:] / s, rtol=1e-12)
+  # In between, strictly between the two.
+  mid = slice(low + 1, hi)
+  assert np.all(inv[mid] < orig[mid]) and np.all(inv[mid] > orig[mid] / s)
+
+
+def test_yarn_attention_factor_scales_cos_sin():
+  s = 4.0
+  scaling = {'kind': 'yarn', 'factor': s, 'original_max_len': 64}
+  cos, sin = rope_angles(jnp.arange(10)[None], 16, 10000.0, scaling)
+  chex.assert_shape(cos, (1, 10, 8))
+  np.testing.assert_allclose(np.asarray(cos) ** 2 + np.asarray(sin) ** 2,
+                             (0.1 * math.log(s) + 1.0) ** 2, rtol=1e-5)
+
+
+def _np_llama3(d, theta, factor, L, low, high):
+  """HF transformers' `_compute_llama3_parameters`, element by element."""
+  inv = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
+  low_wl, high_wl = L / low, L / high
+  out = []
+  for f in inv:
+    wl = 2 * math.pi / f
+    if wl < high_wl:
+      out.append(f)
+    elif wl > low_wl:
+      out.append(f / factor)
+    else:
+      smooth = (L / wl - low) / (high - low)
+      out.append((1 - smooth) * f / factor + smooth * f)
+  return np.array(out)
+
+
+def test_llama3_inverse_frequencies():
+  d, theta, factor, L, low, high = 128, 500000.0, 8.0, 8192, 1.0, 4.0
+  inv, attn = rope_inverse_frequencies(
+      d, theta, {'kind': 'llama3', 'factor': factor, 'original_max_len': L,
+                 'low_freq_factor': low, 'high_freq_factor': high})
+  ref = _np_llama3(d, theta, factor, L, low, high)
+  np.testing.assert_allclose(inv, ref, rtol=1e-12)
+  assert attn == 1.0
+  orig = _np_thetas(d, theta)
+  wl = 2 * math.pi / orig
+  # All three bands are present for these settings.
+  assert np.any(wl < L / high) and np.any(wl > L / low)
+  assert np.any((wl >= L / high) & (wl <= L / low))
+  np.testing.assert_allclose(inv[wl < L / high], orig[wl < L / high], rtol=1e-12)
+  np.testing.assert_allclose(inv[wl > L / low], orig[wl > L / low] / factor, rtol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. 2-D RoPE (Pixtral).
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('head_dim,height,width', [(16, 3, 5), (32, 4, 2)])
+def test_rope_frequencies_2d(head_dim, height, width):
+  theta = 10000.0
+  out = rope_frequencies_2d(head_dim, height, width, theta)
+  chex.assert_shape(out, (height, width, head_dim // 2))
+  freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+  fh = np.outer(np.arange(height), freqs[::2])
+  fw = np.outer(np.arange(width), freqs[1::2])
+  ref = np.concatenate([np.tile(fh[:, None, :], (1, width, 1)),
+                        np.tile(fw[None, :, :], (height, 1, 1))], axis=-1)
+  np.testing.assert_allclose(np.asarray(out, np.float64), ref, rtol=1e-6, atol=1e-7)
+  # Row index drives the first half, column index the second.
+  a = np.asarray(out)
+  q = head_dim // 4
+  assert np.all(a[:, 0, :q] == a[:, -1, :q]) and np.all(a[0, :, q:] == a[-1, :, q:])
+
+
+# ---------------------------------------------------------------------------------------------
+# 8-9. ALiBi.
+# ---------------------------------------------------------------------------------------------
+
+def _paper_get_slopes(n):
+  """Press et al.'s reference `get_slopes`."""
+  def get_slopes_power_of_2(n):
+    start = 2 ** (-2 ** -(math.log2(n) - 3))
+    ratio = start
+    return [start * ratio ** i for i in range(n)]
+  if math.log2(n).is_integer():
+    return get_slopes_power_of_2(n)
+  closest = 2 ** math.floor(math.log2(n))
+  return get_slopes_power_of_2(closest) + _paper_get_slopes(2 * closest)[0::2][: n - closest]
+
+
+def test_alibi_slopes_8_heads():
+  np.testing.assert_allclose(alibi_slopes(8), [1 / 2 ** h for h in range(1, 9)], rtol=1e-12)
+
+
+def test_alibi_slopes_16_heads():
+  np.testing.assert_allclose(alibi_slopes(16), [2.0 ** (-h / 2) for h in range(1, 17)],
+                             rtol=1e-12)
+
+
+@pytest.mark.parametrize('n', [1, 2, 3, 5, 6, 8, 12, 20, 32])
+def test_alibi_slopes_match_paper_code(n):
+  out = np.asarray(alibi_slopes(n))
+  assert out.shape == (n,)
+  np.testing.assert_allclose(out, _paper_get_slopes(n), rtol=1e-12)
+
+
+def test_alibi_bias_materialize():
+  rng = _rng(6)
+  n_heads = 6
+  slopes = np.asarray(_paper_get_slopes(n_heads))
+  q_pos = rng.integers(0, 20, size=(2, 3))
+  kv_pos = rng.integers(0, 20, size=(2, 5))
+  bias = ScoreBias(alibi_slopes=jnp.asarray(slopes, jnp.float32), q_positions=jnp.asarray(q_pos),
+                   kv_positions=jnp.asarray(kv_pos)).materialize()
+  chex.assert_shape(bias, (2, n_heads, 3, 5))
+  ref = slopes[None, :, None, None] * (kv_pos[:, None, None, :] - q_pos[:, None, :, None])
+  np.testing.assert_allclose(np.asarray(bias, np.float64), ref, rtol=1e-6, atol=1e-6)
+
+
+def test_alibi_bias_in_attention():
+  """attend() with ALiBi equals softmax(q·k·scale + m_h (j − i)) v under a causal mask."""
+  rng = _rng(7)
+  B, T, N, H = 1, 4, 2, 4
+  q, k, v = (rng.normal(size=(B, T, N, H)) for _ in range(3))
+  slopes = np.asarray(_paper_get_slopes(N))
+  pos = np.arange(T)[None]
+  bias = ScoreBias(alibi_slopes=jnp.asarray(slopes, jnp.float32), q_positions=jnp.asarray(pos),
+                   kv_positions=jnp.asarray(pos))
+  out = attend(*(jnp.asarray(a, jnp.float32) for a in (q, k, v)), mask=AttentionMask(), bias=bias)
+  scale = H ** -0.5
+  ref = np.zeros((B, T, N, H))
+  for n in range(N):
+    for i in range(T):
+      e = np.array([q[0, i, n] @ k[0, j, n] * scale + slopes[n] * (j - i) for j in range(i + 1)])
+      a = np.exp(e - e.max())
+      a /= a.sum()
+      ref[0, i, n] = a @ v[0, : i + 1, n]
+  np.testing.assert_allclose(np.asarray(out, np.float64), ref, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# 10. T5 buckets.
+# ---------------------------------------------------------------------------------------------
+
+def _hf_t5_bucket(relative_position, bidirectional, num_buckets, max_distance):
+  """HF T5's `_relative_position_bucket`, one Python int at a time (logs in float32, as HF)."""
+  bucket = 0
+  if bidirectional:
+    num_buckets //= 2
+    if relative_position > 0:
+      bucket += num_buckets
+    relative_position = abs(relative_position)
+  else:
+    relative_position = -min(relative_position, 0)
+  max_exact = num_buckets // 2
+  if relative_position < max_exact:
+    return bucket + relative_position
+  ratio = np.float32(relative_position) / np.float32(max_exact)
+  large = max_exact + int(np.float32(np.log(ratio, dtype=np.float32))
+                          / np.float32(math.log(max_distance / max_exact))
+                          * np.float32(num_buckets - max_exact))
+  return bucket + min(large, num_buckets - 1)
+
+
+@pytest.mark.parametrize('bidirectional', [True, False])
+def test_t5_relative_bucket(bidirectional):
+  rel = np.arange(-300, 301)
+  out = np.asarray(t5_relative_bucket(jnp.asarray(rel, jnp.int32), bidirectional=bidirectional,
+                                      num_buckets=32, max_distance=128))
+  ref = np.array([_hf_t5_bucket(int(r), bidirectional, 32, 128) for r in rel])
+  np.testing.assert_array_equal(out, ref)
+  # Sanity: buckets are in range and saturate beyond max_distance.
+  assert out.min() >= 0 and out.max() <= 31
+  if bidirectional:
+    assert out[rel == 300][0] == 31 and out[rel == -300][0] == 15 and out[rel == 0][0] == 0
+    assert out[rel == 1][0] == 17 and out[rel == -1][0] == 1
+  else:
+    assert np.all(out[rel >= 0] == 0) and out[rel == -300][0] == 31 and out[rel == -5][0] == 5
+
+
+# ---------------------------------------------------------------------------------------------
+# 11. Shaw et al. (2018).
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('k', [0, 1, 2, 4])
+def test_shaw_relative_index(k):
+  rng = _rng(8)
+  q_pos = rng.integers(0, 12, size=(2, 4))
+  kv_pos = rng.integers(0, 12, size=(2, 6))
+  out = shaw_relative_index(jnp.asarray(q_pos), jnp.asarray(kv_pos), k)
+  chex.assert_shape(out, (2, 4, 6))
+  assert out.dtype == jnp.int32
+  ref = np.empty((2, 4, 6), np.int64)
+  for b in range(2):
+    for i in range(4):
+      for j in range(6):
+        ref[b, i, j] = max(-k, min(k, kv_pos[b, j] - q_pos[b, i])) + k
+  np.testing.assert_array_equal(np.asarray(out), ref)
+
+
+@pytest.mark.parametrize('k,n_heads,n_kv', [(1, 2, 2), (2, 4, 2)])
+def test_shaw_attention_matches_paper_equations(k, n_heads, n_kv):
+  rng = _rng(9)
+  B, T, H = 2, 6, 4
+  q = rng.normal(size=(B, T, n_heads, H))
+  kk = rng.normal(size=(B, T, n_kv, H))
+  v = rng.normal(size=(B, T, n_kv, H))
+  pos = np.stack([np.arange(T), np.arange(T) + 3])  # absolute offset must not matter
+  tables = ShawTables(n_relative=2 * k + 1, head_dim=H, init_std=0.5, param_dtype=jnp.float32,
+                      rngs=nnx.Rngs(0))
+  aK = np.asarray(tables.key[...], np.float64)
+  aV = np.asarray(tables.value[...], np.float64)
+  context = PositionContext(relative_index=shaw_relative_index(jnp.asarray(pos), jnp.asarray(pos), k))
+  scale = H ** -0.5
+  qj = jnp.asarray(q, jnp.float32)
+  bias, rel_values = tables(qj, context, scale)
+  chex.assert_shape(bias.dense, (B, n_heads, T, T))
+  out = attend(qj, jnp.asarray(kk, jnp.float32), jnp.asarray(v, jnp.float32),
+               mask=AttentionMask(causal=True), bias=bias, rel_values=rel_values, scale=scale)
+  chex.assert_shape(out, (B, T, n_heads, H))
+
+  group = n_heads // n_kv
+  ref = np.zeros((B, T, n_heads, H))
+  for b in range(B):
+    for n in range(n_heads):
+      kvh = n // group
+      for i in range(T):
+        js = range(i + 1)
+        idx = [min(max(pos[b, j] - pos[b, i], -k), k) + k for j in js]
+        e = np.array([(q[b, i, n] @ kk[b, j, kvh] + q[b, i, n] @ aK[r]) * scale
+                      for j, r in zip(js, idx)])
+        alpha = np.exp(e - e.max())
+        alpha /= alpha.sum()
+        ref[b, i, n] = sum(a * (v[b, j, kvh] + aV[r]) for a, j, r in zip(alpha, js, idx))
+  np.testing.assert_allclose(np.asarray(out, np.float64), ref, atol=2e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# 12. Sinusoids.
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('d', [8, 32])
+def test_sinusoidal_embedding(d):
+  pos = np.array([[0, 1, 2, 7], [50, 3, 100, 11]])
+  out = sinusoidal_embedding(jnp.asarray(pos), d)
+  chex.assert_shape(out, (2, 4, d))
+  ref = np.zeros((2, 4, d))
+  for i in range(d // 2):
+    ref[..., 2 * i] = np.sin(pos / 10000 ** (2 * i / d))
+    ref[..., 2 * i + 1] = np.cos(pos / 10000 ** (2 * i / d))
+  np.testing.assert_allclose(np.asarray(out, np.float64), ref, atol=5e-5)
