@@ -14,7 +14,8 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from mllm.config import ConfigError, load_config, parse_value, read_config, set_path, validate
+from mllm.config import (ConfigError, get_path, load_config, parse_value, read_config, set_path,
+                         validate)
 
 DEFAULT_CONFIG = 'configs/rope_swiglu.py'
 
@@ -55,10 +56,17 @@ def preflight(argv: list[str]) -> None:
         key, sep, value = arg[len('--config.'):].partition('=')
         if not sep:
           raise ConfigError(f'--config.{key}', None, 'expected --config.key=value')
-        set_path(config, key, parse_value(value))
+        set_path(config, key, parse_value(value, _current(config, key)))
     validate(config)
   except ConfigError as err:
     _fail(str(err))
+
+
+def _current(config, key: str):
+  try:
+    return get_path(config, key)
+  except (KeyError, AttributeError, TypeError):
+    return None  # set_path reports the unknown key
 
 
 def main(argv: list[str]) -> None:

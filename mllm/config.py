@@ -38,6 +38,7 @@ class ConfigError(ValueError):
 
   def __init__(self, key: str, value: Any = None, allowed: str | None = None):
     if allowed is None:  # re-raised by a library with just the message (absl's flag parser does)
+      self.key = self.value = self.allowed = None
       super().__init__(key)
       return
     self.key, self.value, self.allowed = key, value, allowed
@@ -83,6 +84,9 @@ def set_path(config: config_dict.ConfigDict, path: str, value: Any) -> None:
   if leaf not in node:
     where = '.'.join(parents) or 'the config'
     raise ConfigError(path, value, f'no such key; keys under {where}: ' + ', '.join(sorted(node)))
+  if isinstance(node[leaf], config_dict.ConfigDict):
+    raise ConfigError(path, value, 'is a section, not a value; set one of its keys: '
+                      + ', '.join(f'{path}.{k}' for k in sorted(node[leaf])))
   try:
     with node.unlocked():
       node[leaf] = value
@@ -91,8 +95,14 @@ def set_path(config: config_dict.ConfigDict, path: str, value: Any) -> None:
     raise ConfigError(path, value, f'wrong type, expected {expected} ({err})') from None
 
 
-def parse_value(text: str) -> Any:
-  """'4' → 4, '0.5' → 0.5, 'true' → True, 'none' → None, anything else stays a string."""
+def parse_value(text: str, current: Any = None) -> Any:
+  """'4' → 4, '0.5' → 0.5, 'true' → True, 'none' → None, anything else stays a string.
+
+  When the field being set currently holds a string (a variant name), the text is taken as is, so
+  `pos=none` chooses the variant named 'none' rather than None.
+  """
+  if isinstance(current, str):
+    return text.strip()
   lowered = text.strip().lower()
   if lowered in ('none', 'null'):
     return None
@@ -100,7 +110,7 @@ def parse_value(text: str) -> Any:
     return lowered == 'true'
   try:
     return ast.literal_eval(text.strip())
-  except (ValueError, SyntaxError):
+  except Exception:  # literal_eval raises ValueError, SyntaxError, TypeError, MemoryError, ...
     return text.strip()
 
 
@@ -131,8 +141,8 @@ def apply_choices(config: config_dict.ConfigDict, arg: str | None) -> config_dic
     key, sep, text = item.partition('=')
     if not sep:
       raise ConfigError('config arg', item, 'expected key=value pairs, e.g. pos=alibi,ffn=geglu')
-    value = parse_value(text)
-    set_path(config, resolve_choice_key(config, key.strip(), value), value)
+    path = resolve_choice_key(config, key.strip(), parse_value(text))
+    set_path(config, path, parse_value(text, get_path(config, path)))
   return config
 
 
@@ -162,13 +172,31 @@ def _divisors(n: int) -> str:
   return ', '.join(str(d) for d in range(1, n + 1) if n % d == 0)
 
 
+# Model keys that may be None (meaning "derive it"); every other model key must be set.
+OPTIONAL_KEYS = ('head_dim', 'attention.sliding_window', 'attention.softmax_scale',
+                 'position.rope_original_max_len', 'ffn.d_ff', 'norm.use_bias')
+BOOL_KEYS = ('tie_embeddings', 'depth_scaled_init', 'scan_layers', 'attention.qk_norm',
+             'attention.use_bias', 'ffn.match_params', 'ffn.use_bias', 'norm.fp32',
+             'norm.final_norm', 'norm.use_bias')
+
+
 def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
   """Check the `model` part of a config; raise ConfigError on the first problem."""
   p = prefix
+  if not isinstance(m, config_dict.ConfigDict):
+    raise ConfigError(p, m, 'must be a config section (a ConfigDict)')
   for key in ('vocab_size', 'd_model', 'n_layers', 'n_heads', 'n_kv_heads', 'max_seq_len'):
     value = m[key]
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
       raise ConfigError(f'{p}.{key}', value, 'must be a positive integer')
+  for path, value in flatten(m).items():
+    if value is None and path not in OPTIONAL_KEYS:
+      raise ConfigError(f'{p}.{path}', value, 'must be set; None is allowed only for '
+                        + ', '.join(f'{p}.{k}' for k in OPTIONAL_KEYS))
+  for path in BOOL_KEYS:
+    value = get_path(m, path)
+    if not isinstance(value, bool) and not (value is None and path in OPTIONAL_KEYS):
+      raise ConfigError(f'{p}.{path}', value, 'must be true or false')
   _positive(f'{p}.head_dim', m.head_dim, optional=True)
   _positive(f'{p}.init_std', m.init_std)
   _one_of(f'{p}.dtype', m.dtype, DTYPES, 'compute dtype')
@@ -198,14 +226,15 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
   if pos.kind == 'rope':
     _positive(f'{p}.position.rope_theta', pos.rope_theta)
     if head_dim % 2:
+      derived = '' if m.head_dim else f' (derived as d_model // n_heads = {m.d_model} // {m.n_heads})'
       raise ConfigError(f'{p}.head_dim', head_dim,
-                        'RoPE rotates pairs of features, so head_dim must be even')
+                        f'RoPE rotates pairs of features, so head_dim must be even{derived}')
   if pos.rope_scaling != 'none':
     if pos.kind != 'rope':
       raise ConfigError(f'{p}.position.rope_scaling', pos.rope_scaling,
                         f"RoPE scaling needs {p}.position.kind='rope' (it is {pos.kind!r}); "
                         "allowed here: 'none'")
-    if not pos.rope_scaling_factor >= 1.0:
+    if not isinstance(pos.rope_scaling_factor, (int, float)) or not pos.rope_scaling_factor >= 1.0:
       raise ConfigError(f'{p}.position.rope_scaling_factor', pos.rope_scaling_factor,
                         'the context extension factor must be >= 1')
     _positive(f'{p}.position.rope_original_max_len', pos.rope_original_max_len, optional=True)
@@ -223,7 +252,7 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
     if not isinstance(pos.t5_num_buckets, int) or pos.t5_num_buckets < 2:
       raise ConfigError(f'{p}.position.t5_num_buckets', pos.t5_num_buckets,
                         'must be an integer >= 2')
-    if pos.t5_max_distance <= pos.t5_num_buckets // 2:
+    if not isinstance(pos.t5_max_distance, int) or pos.t5_max_distance <= pos.t5_num_buckets // 2:
       raise ConfigError(f'{p}.position.t5_max_distance', pos.t5_max_distance,
                         f'must exceed t5_num_buckets // 2 = {pos.t5_num_buckets // 2}, where the '
                         'exact buckets end')

@@ -173,8 +173,9 @@ def test_identity_norm():
 
 @pytest.mark.parametrize('kind', sorted(NORMS))
 def test_make_norm_builds_each_kind(kind):
-  cfg = mllm.load_config(f'configs/base.py:norm={kind}', {'model.norm.eps': 0.25,
-                                                          'model.norm.partial_p': 0.5})
+  # Overrides, not 'configs/base.py:norm=none': the choice string parses 'none' as None.
+  cfg = mllm.load_config('configs/base.py', {'model.norm.kind': kind, 'model.norm.eps': 0.25,
+                                             'model.norm.partial_p': 0.5})
   norm_cfg = cfg.model.norm
   d = 8
   norm = make_norm(norm_cfg, d, param_dtype=jnp.float32, rngs=nnx.Rngs(0))
