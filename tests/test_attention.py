@@ -7,7 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mllm.ops.attention import AttentionMask, RelativeValues, ScoreBias, attend
+from mllm.ops import attention as attention_ops
+from mllm.ops.attention import AttentionMask, RelativeValues, ScoreBias
+
+# One compiled program per test instead of dozens of eagerly dispatched small ops.
+attend = jax.jit(attention_ops.attend, static_argnames=('impl', 'scale', 'dropout_rate'))
 
 
 def reference_attention(q, k, v, *, causal=True, window=None, q_seg=None, kv_seg=None,
@@ -135,10 +139,10 @@ def test_bfloat16_inputs_accumulate_in_float32():
 def test_unknown_impl_and_bad_grouping_are_refused():
   q, k, v = _qkv(jax.random.key(0), 1, 2, 2, 3, 2, 4)
   with pytest.raises(ValueError, match='multiple of key/value heads'):
-    attend(q, k, v, mask=AttentionMask())
+    attention_ops.attend(q, k, v, mask=AttentionMask())
   q, k, v = _qkv(jax.random.key(0), 1, 2, 2, 2, 2, 4)
   with pytest.raises(ValueError, match="allowed: xla"):
-    attend(q, k, v, mask=AttentionMask(), impl='flash')
+    attention_ops.attend(q, k, v, mask=AttentionMask(), impl='flash')
 
 
 def test_dropout_is_inverted_and_keyed():

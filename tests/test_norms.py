@@ -173,7 +173,6 @@ def test_identity_norm():
 
 @pytest.mark.parametrize('kind', sorted(NORMS))
 def test_make_norm_builds_each_kind(kind):
-  # Overrides, not 'configs/base.py:norm=none': the choice string parses 'none' as None.
   cfg = mllm.load_config('configs/base.py', {'model.norm.kind': kind, 'model.norm.eps': 0.25,
                                              'model.norm.partial_p': 0.5})
   norm_cfg = cfg.model.norm

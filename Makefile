@@ -1,0 +1,37 @@
+# Two commands set everything up on a fresh machine with python3 >= 3.11 and make:
+#   make train   bootstrap .venv from pyproject.toml, then run the default config
+#   make test    bootstrap .venv, then run the test suite (slow tests excluded)
+PYTHON ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed-stamp
+CONFIG ?= configs/rope_swiglu.py
+ARGS ?=
+# -n 2: two pytest workers (pytest-xdist), one per core of the CI machine.
+PYTEST_ARGS ?= -n 2
+
+.PHONY: install train summary test test-slow clean
+
+# Re-created whenever pyproject.toml changes.
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "mllm needs python >= 3.11"'
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV)/bin/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+train: $(STAMP)
+	$(VENV)/bin/python launch.py --config=$(CONFIG) $(ARGS)
+
+summary: $(STAMP)
+	$(VENV)/bin/python launch.py --config=$(CONFIG) --mode=summary $(ARGS)
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS) tests
+
+test-slow: $(STAMP)
+	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS) -m slow tests
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache
