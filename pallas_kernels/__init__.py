@@ -1,0 +1,1 @@
+"""Pallas kernels (flash attention forward/backward); filled by the attention-kernels issue."""
