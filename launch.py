@@ -22,7 +22,8 @@ DEFAULT_CONFIG = 'configs/rope_swiglu.py'
 
 def _summary(config, spec: str) -> None:
   from mllm.summary import summarize
-  base = load_config('configs/base.py') if os.path.isfile('configs/base.py') else None
+  base_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'base.py')
+  base = load_config(base_path) if os.path.isfile(base_path) else None
   summarize(config, base, spec=spec)
 
 
@@ -95,5 +96,4 @@ if __name__ == '__main__':
   _CONFIG = config_flags.DEFINE_config_file(
       'config', DEFAULT_CONFIG, 'Config file, optionally with :choices.', lock_config=True)
   _MODE = flags.DEFINE_string('mode', 'summary', 'What to do: ' + ', '.join(MODES) + '.')
-  _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory (checkpoints, metrics).')
   app.run(main, flags_parser=_parse_flags)

@@ -4,10 +4,12 @@ from __future__ import annotations
 import math
 
 import chex
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from hypothesis import given, settings, strategies as st
 
 from mllm.layers.positions import (PositionContext, ShawTables, alibi_slopes, apply_rope,
                                    rope_angles, rope_frequencies_2d, rope_inverse_frequencies,
@@ -462,3 +464,41 @@ def test_sinusoidal_embedding(d):
     ref[..., 2 * i] = np.sin(pos / 10000 ** (2 * i / d))
     ref[..., 2 * i + 1] = np.cos(pos / 10000 ** (2 * i / d))
   np.testing.assert_allclose(np.asarray(out, np.float64), ref, atol=5e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Property tests (hypothesis): invariants that hold for any input, not just the sampled grids.
+# ---------------------------------------------------------------------------------------------
+
+
+
+@settings(max_examples=50, deadline=None)
+@given(num_buckets=st.integers(4, 64), max_distance=st.integers(40, 1000),
+       bidirectional=st.booleans())
+def test_t5_buckets_are_bounded_and_monotone_in_distance(num_buckets, max_distance,
+                                                         bidirectional):
+  rel = jnp.arange(-1500, 1501, dtype=jnp.int32)
+  buckets = np.asarray(t5_relative_bucket(rel, bidirectional=bidirectional,
+                                          num_buckets=num_buckets, max_distance=max_distance))
+  assert buckets.min() >= 0 and buckets.max() < num_buckets
+  past = buckets[:1501][::-1]  # distances 0, 1, 2, ... into the past
+  assert (np.diff(past) >= 0).all()
+  # Every distance beyond max_distance shares the last bucket of its direction.
+  assert len(set(past[max_distance:].tolist())) == 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(0, 5000), n=st.integers(0, 5000), shift=st.integers(0, 5000),
+       layout=st.sampled_from(['half', 'interleaved']))
+def test_rope_score_is_shift_invariant_for_any_positions(m, n, shift, layout):
+  key_q, key_k = jax.random.split(jax.random.key(m * 7919 + n))
+  q = jax.random.normal(key_q, (1, 1, 1, 16))
+  k = jax.random.normal(key_k, (1, 1, 1, 16))
+
+  def score(a, b):
+    qa = apply_rope(q, jnp.array([[a]]), layout=layout)
+    kb = apply_rope(k, jnp.array([[b]]), layout=layout)
+    return float(jnp.sum(qa * kb))
+
+  # float32 angles at positions up to 1e4 carry ~1e-3 rad error; scores are O(4).
+  assert abs(score(m, n) - score(m + shift, n + shift)) < 5e-2

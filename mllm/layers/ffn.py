@@ -24,8 +24,11 @@ def _linear(d_in, d_out, axes, *, use_bias, std, dtype, param_dtype, rngs):
                     bias_metadata={'logical_axes': axes[1:]})
 
 
-class MLP(nnx.Module):
-  """Two-matrix FFN; subclasses choose the activation."""
+class FeedForward(nnx.Module):
+  """The FFN of both families; a variant subclass sets `activation` and `gated`.
+
+  Ungated: down(act(up(x))). Gated: down(act(gate(x)) ⊗ up(x)). Parameter names are gate/up/down.
+  """
   gated = False
 
   @staticmethod
@@ -35,30 +38,25 @@ class MLP(nnx.Module):
   def __init__(self, d_model: int, d_ff: int, *, use_bias: bool, init_std: float, out_std: float,
                dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
     common = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.gate = (_linear(d_model, d_ff, ('embed', 'mlp'), std=init_std, **common)
+                 if self.gated else None)
     self.up = _linear(d_model, d_ff, ('embed', 'mlp'), std=init_std, **common)
     self.down = _linear(d_ff, d_model, ('mlp', 'embed'), std=out_std, **common)
 
   def __call__(self, x_BTD):
+    if self.gated:
+      return self.down(self.activation(self.gate(x_BTD)) * self.up(x_BTD))
     return self.down(self.activation(self.up(x_BTD)))
 
 
-class GatedMLP(nnx.Module):
-  """Three-matrix gated FFN; subclasses choose the gate's activation."""
+class MLP(FeedForward):
+  """Two-matrix FFN."""
+  gated = False
+
+
+class GatedMLP(FeedForward):
+  """Three-matrix gated FFN."""
   gated = True
-
-  @staticmethod
-  def activation(x):
-    raise NotImplementedError
-
-  def __init__(self, d_model: int, d_ff: int, *, use_bias: bool, init_std: float, out_std: float,
-               dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
-    common = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-    self.gate = _linear(d_model, d_ff, ('embed', 'mlp'), std=init_std, **common)
-    self.up = _linear(d_model, d_ff, ('embed', 'mlp'), std=init_std, **common)
-    self.down = _linear(d_ff, d_model, ('mlp', 'embed'), std=out_std, **common)
-
-  def __call__(self, x_BTD):
-    return self.down(self.activation(self.gate(x_BTD)) * self.up(x_BTD))
 
 
 class ReLU(MLP):
