@@ -18,7 +18,6 @@ import statistics
 import time
 
 import jax
-import jax.numpy as jnp
 import optax
 from flax import nnx
 from rich.console import Console

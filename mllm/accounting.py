@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import numpy as np
 from flax import nnx
+
+from mllm.layers import resolved_head_dim
+from mllm.layers.positions import LearnedPositions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,12 +39,12 @@ def count_params(model_or_config) -> ParamCounts:
   if not isinstance(model, nnx.Module):
     model = abstract_model(model_or_config)
   embedding = total = 0
-  position_kind = type(getattr(model, 'position', None)).__name__
+  learned_positions = isinstance(getattr(model, 'position', None), LearnedPositions)
   for path, leaf in nnx.to_flat_state(nnx.state(model, nnx.Param)):
     size = int(np.prod(leaf.shape))
     total += size
     top = str(path[0])
-    if top in ('embed', 'head') or (top == 'position' and position_kind == 'LearnedPositions'):
+    if top in ('embed', 'head') or (top == 'position' and learned_positions):
       embedding += size
   return ParamCounts(total=total, embedding=embedding, non_embedding=total - embedding)
 
@@ -67,7 +69,7 @@ def training_flops_per_token(config, seq_len: int | None = None) -> FlopCounts:
   counts = count_params(config)
   head_matmul = m.d_model * m.vocab_size
   n_matmul = counts.non_embedding + head_matmul
-  head_dim = m.head_dim or m.d_model // m.n_heads
+  head_dim = resolved_head_dim(m)
   dense = 6.0 * n_matmul
   attention = 12.0 * m.n_layers * m.n_heads * head_dim * keys_per_query(
       seq_len, m.attention.sliding_window)

@@ -13,6 +13,7 @@ from typing import Any, Iterable, Mapping
 
 from ml_collections import config_dict
 
+from mllm.layers import resolved_head_dim
 from mllm.layers.ffn import FFNS
 from mllm.layers.norms import NORMS, PLACEMENTS
 from mllm.layers.positions import POSITIONS, ROPE_LAYOUTS, ROPE_SCALINGS
@@ -211,7 +212,7 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
     raise ConfigError(f'{p}.n_heads', m.n_heads,
                       f'must divide {p}.d_model={m.d_model} when {p}.head_dim is unset; allowed: '
                       f'{_divisors(m.d_model)}, or set {p}.head_dim')
-  head_dim = m.head_dim or m.d_model // m.n_heads
+  head_dim = resolved_head_dim(m)
 
   a = m.attention
   _one_of(f'{p}.attention.impl', a.impl, ATTENTION_IMPLS, 'attention implementation')

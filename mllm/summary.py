@@ -13,6 +13,7 @@ from rich.table import Table
 
 from mllm.accounting import count_params, training_flops_per_token
 from mllm.config import config_diff
+from mllm.layers import resolved_head_dim
 from mllm.layers.ffn import hidden_dim
 from mllm.model import build_model
 
@@ -24,7 +25,7 @@ def _attention_kind(m) -> str:
     kind = f'MQA {m.n_heads}q:1kv'
   else:
     kind = f'GQA {m.n_heads}q:{m.n_kv_heads}kv'
-  head_dim = m.head_dim or m.d_model // m.n_heads
+  head_dim = resolved_head_dim(m)
   extras = [f'd_head {head_dim}']
   if m.attention.sliding_window:
     extras.append(f'window {m.attention.sliding_window}')

@@ -1,1 +1,6 @@
 """Building blocks of the transformer, one concept per file, each variant in a name → class registry."""
+
+
+def resolved_head_dim(model_cfg) -> int:
+  """`model.head_dim`, or d_model // n_heads when it is unset."""
+  return model_cfg.head_dim or model_cfg.d_model // model_cfg.n_heads

@@ -10,13 +10,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mllm.layers import resolved_head_dim
 from mllm.layers.norms import RMSNorm
 from mllm.layers.positions import POSITIONS, PositionContext
 from mllm.ops.attention import AttentionMask, attend
-
-
-def head_dim_of(cfg) -> int:
-  return cfg.head_dim or cfg.d_model // cfg.n_heads
 
 
 class Attention(nnx.Module):
@@ -25,7 +22,7 @@ class Attention(nnx.Module):
 
   def __init__(self, cfg, *, rngs: nnx.Rngs):
     acfg = cfg.attention
-    d, n, k, h = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, head_dim_of(cfg)
+    d, n, k, h = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, resolved_head_dim(cfg)
     dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
     init = nnx.initializers.normal(cfg.init_std)
     out_init = nnx.initializers.normal(out_projection_std(cfg))

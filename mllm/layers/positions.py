@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
+from mllm.layers import resolved_head_dim
 from mllm.ops.attention import RelativeValues, ScoreBias
 
 # ---------------------------------------------------------------------------------------------
@@ -270,7 +271,7 @@ class RotaryPositions(PositionScheme):
   def __init__(self, cfg, *, rngs):
     del rngs
     pos = cfg.position
-    self.head_dim = cfg.head_dim or cfg.d_model // cfg.n_heads
+    self.head_dim = resolved_head_dim(cfg)
     self.theta = pos.rope_theta
     self.layout = pos.rope_layout
     self.scaling = RopeScaling(
@@ -347,9 +348,8 @@ class ShawPositions(PositionScheme):
 
   @staticmethod
   def layer_part(cfg, *, rngs):
-    head_dim = cfg.head_dim or cfg.d_model // cfg.n_heads
-    return ShawTables(2 * cfg.position.shaw_max_distance + 1, head_dim, init_std=cfg.init_std,
-                      param_dtype=cfg.param_dtype, rngs=rngs)
+    return ShawTables(2 * cfg.position.shaw_max_distance + 1, resolved_head_dim(cfg),
+                      init_std=cfg.init_std, param_dtype=cfg.param_dtype, rngs=rngs)
 
 
 POSITIONS: dict[str, type[PositionScheme]] = {
