@@ -75,16 +75,13 @@ def set_path(config: config_dict.ConfigDict, path: str, value: Any) -> None:
   """config[path] = value, with a ConfigError naming the key for unknown keys or wrong types."""
   *parents, leaf = path.split('.')
   node = config
-  for i, part in enumerate(parents):
-    child = node.get(part) if isinstance(node, config_dict.ConfigDict) else None
-    if not isinstance(child, config_dict.ConfigDict):
-      where = '.'.join(parents[:i]) or 'the config'
-      raise ConfigError(path, value, f'no such key; keys under {where}: '
-                        + ', '.join(sorted(node.keys())))
-    node = child
-  if leaf not in node:
-    where = '.'.join(parents) or 'the config'
-    raise ConfigError(path, value, f'no such key; keys under {where}: ' + ', '.join(sorted(node)))
+  for depth, name in enumerate(parents + [leaf]):
+    child = node.get(name) if name in node else None
+    if name not in node or (depth < len(parents) and not isinstance(child, config_dict.ConfigDict)):
+      where = '.'.join(parents[:depth]) or 'the config'
+      raise ConfigError(path, value, f'no such key; keys under {where}: ' + ', '.join(sorted(node)))
+    if depth < len(parents):
+      node = child
   if isinstance(node[leaf], config_dict.ConfigDict):
     raise ConfigError(path, value, 'is a section, not a value; set one of its keys: '
                       + ', '.join(f'{path}.{k}' for k in sorted(node[leaf])))
