@@ -17,7 +17,6 @@ import numpy as np
 from flax import nnx
 
 from mllm.layers import resolved_head_dim
-from mllm.layers.positions import LearnedPositions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +38,7 @@ def count_params(model_or_config) -> ParamCounts:
   if not isinstance(model, nnx.Module):
     model = abstract_model(model_or_config)
   embedding = total = 0
-  learned_positions = isinstance(getattr(model, 'position', None), LearnedPositions)
+  learned_positions = getattr(getattr(model, 'position', None), 'max_positions', None) is not None
   for path, leaf in nnx.to_flat_state(nnx.state(model, nnx.Param)):
     size = int(np.prod(leaf.shape))
     total += size
@@ -62,11 +61,13 @@ class FlopCounts:
   total: float
 
 
-def training_flops_per_token(config, seq_len: int | None = None) -> FlopCounts:
-  """Training FLOPs per token for the model `config` describes, at sequence length `seq_len`."""
+def training_flops_per_token(config, seq_len: int | None = None,
+                             counts: ParamCounts | None = None) -> FlopCounts:
+  """Training FLOPs per token for the model `config` describes, at sequence length `seq_len`.
+  `counts`: the model's ParamCounts when the caller has them (saves building an abstract model)."""
   m = config.model if 'model' in config else config
   seq_len = seq_len or m.max_seq_len
-  counts = count_params(config)
+  counts = counts or count_params(config)
   head_matmul = m.d_model * m.vocab_size
   n_matmul = counts.non_embedding + head_matmul
   head_dim = resolved_head_dim(m)

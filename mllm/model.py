@@ -74,15 +74,14 @@ class Transformer(nnx.Module):
         kernel_init=nnx.initializers.normal(cfg.init_std), rngs=rngs,
         kernel_metadata={'logical_axes': ('embed', 'vocab')})
     self.window = cfg.attention.sliding_window
-    self.max_seq_len = cfg.max_seq_len
-    self.learned_positions = cfg.position.kind == 'learned'
 
   def __call__(self, tokens_BT: jax.Array, *, positions: jax.Array | None = None,
                segment_ids: jax.Array | None = None) -> jax.Array:
     B, T = tokens_BT.shape
     if positions is None:
-      if self.learned_positions and T > self.max_seq_len:
-        raise ValueError(f'sequence length {T} exceeds model.max_seq_len={self.max_seq_len}, the '
+      table = self.position.max_positions
+      if table is not None and T > table:
+        raise ValueError(f'sequence length {T} exceeds model.max_seq_len={table}, the '
                          'size of the learned position table')
       positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     x_BTD = self.embed(tokens_BT)

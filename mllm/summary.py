@@ -114,7 +114,7 @@ def summarize(config, base_config=None, *, spec: str = '', console: Console | No
   console.print(layer_table(config, model))
   counts = count_params(model)
   seq_len = config.data.seq_len
-  flops = training_flops_per_token(config, seq_len)
+  flops = training_flops_per_token(config, seq_len, counts)
   console.print(f'parameters: {counts.total:,} total = {counts.embedding:,} embedding + '
                 f'{counts.non_embedding:,} non-embedding')
   console.print(f'training FLOPs/token at seq_len {seq_len}: {flops.total:.4g} '

@@ -226,6 +226,7 @@ class PositionContext:
 
 class PositionScheme(nnx.Module):
   """Base scheme: acts nowhere (NoPE). Subclasses override what they need."""
+  max_positions: int | None = None  # size of a learned table of absolute positions, if any
 
   def __init__(self, cfg, *, rngs: nnx.Rngs):
     del cfg, rngs
@@ -251,6 +252,7 @@ class LearnedPositions(PositionScheme):
 
   def __init__(self, cfg, *, rngs):
     init = nnx.initializers.normal(cfg.init_std)
+    self.max_positions = cfg.max_seq_len
     self.table = nnx.Param(init(rngs.params(), (cfg.max_seq_len, cfg.d_model), cfg.param_dtype),
                            logical_axes=('positions', 'embed'))
 
