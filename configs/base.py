@@ -33,6 +33,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   model.param_dtype = 'float32'
   model.dtype = 'float32'  # compute dtype: float32 | bfloat16
   model.scan_layers = False  # nnx.scan over layers: faster compiles, same results
+  model.remat = 'none'  # none | full (recompute each layer in the backward) | dots (keep matmuls)
 
   attention = model.attention = config_dict.ConfigDict()
   attention.impl = 'xla'
@@ -73,11 +74,42 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   norm.partial_p = 0.0625  # partial_rmsnorm: fraction of features in the RMS (paper: 6.25%)
   norm.final_norm = True
 
-  # Filled in by the training issue; present now so configs and overrides keep one shape.
   data = config.data = config_dict.ConfigDict()
+  data.source = 'stdlib'  # stdlib (this Python's standard library) | text | jsonl | parquet | hf
+  data.path = placeholder(str)  # text/jsonl/parquet: a file or folder; hf: a dataset name or folder
+  data.text_field = 'text'  # jsonl / parquet / hf: the column holding the text
+  data.hf_config = placeholder(str)  # hf: the dataset's config name, if it has several
+  data.hf_split = 'train'  # hf: the split to read (mllm makes its own train/val split)
+  data.val_fraction = 0.02  # documents go to val by a hash of their path (or row id)
+  data.tokenizer = 'bpe'  # bpe (HF tokenizers, trained on the train split) | byte (256 + specials)
+  data.tokenizer_train_bytes = 8_000_000  # bpe: train on at most this much text
+  data.cache_dir = placeholder(str)  # None: $MLLM_CACHE_DIR or ~/.cache/mllm
+  data.document_mask = True  # packed documents: per-document positions, no cross-document attention
   data.seq_len = 256
-  data.batch_size = 8
+  data.batch_size = 8  # global batch, split over processes and the (data, fsdp) mesh axes
 
-  config.train = config_dict.ConfigDict()
-  config.mesh = config_dict.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  train = config.train = config_dict.ConfigDict()
+  train.steps = 500
+  train.learning_rate = 3e-3  # peak, after warm-up
+  train.schedule = 'cosine'  # cosine | linear | constant | inverse_sqrt (each after linear warm-up)
+  train.warmup_steps = 50
+  train.min_lr_ratio = 0.1  # cosine / linear decay to learning_rate * this
+  train.b1 = 0.9
+  train.b2 = 0.95
+  train.eps = 1e-8
+  train.weight_decay = 0.1  # AdamW, decoupled
+  train.decay_embeddings = False  # weight decay on embedding tables (and a tied head)
+  train.decay_norms_and_biases = False
+  train.grad_clip = 1.0  # global-norm clipping; 0 turns it off
+  train.grad_accum_steps = 1  # micro-batches per step; data.batch_size is split between them
+  train.log_every = 10
+  train.eval_every = 100  # and at the end; 0: only at the end
+  train.eval_batches = 16  # 0: the whole validation split
+  train.checkpoint_every = 100  # and at the end and on SIGTERM / SIGINT
+  train.max_to_keep = 3
+  train.async_checkpoint = True
+  train.peak_flops = placeholder(float)  # per device, for MFU; None: look the chip up
+  train.tensorboard = True
+
+  config.mesh = config_dict.ConfigDict(dict(data=-1, fsdp=1, tensor=1))  # -1: all devices left
   return apply_choices(config, arg)

@@ -20,6 +20,11 @@ from mllm.layers.positions import POSITIONS, ROPE_LAYOUTS, ROPE_SCALINGS
 from mllm.ops.attention import ATTENTION_IMPLS
 
 DTYPES = ('float32', 'bfloat16')
+REMAT_POLICIES = ('none', 'full', 'dots')
+DATA_SOURCES = ('stdlib', 'text', 'jsonl', 'parquet', 'hf')
+TOKENIZERS = ('bpe', 'byte')
+SCHEDULES = ('cosine', 'linear', 'constant', 'inverse_sqrt')
+MESH_AXES = ('data', 'fsdp', 'tensor')
 
 # Short names accepted in `--config=configs/base.py:pos=alibi,ffn=geglu,...`. Any dotted path
 # (`model.n_layers=4`) and any leaf name that is unique in the config (`n_kv_heads=2`) work too.
@@ -199,6 +204,7 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
   _positive(f'{p}.init_std', m.init_std)
   _one_of(f'{p}.dtype', m.dtype, DTYPES, 'compute dtype')
   _one_of(f'{p}.param_dtype', m.param_dtype, DTYPES, 'parameter dtype')
+  _one_of(f'{p}.remat', m.remat, REMAT_POLICIES, 'remat policy')
   _rate(f'{p}.dropout', m.dropout)
   _rate(f'{p}.embed_dropout', m.embed_dropout)
 
@@ -273,15 +279,91 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
                       'partial RMSNorm uses the first p fraction of features; allowed: 0 < p <= 1')
 
 
-def validate(config: config_dict.ConfigDict) -> None:
-  """Check a full config (model and the run settings); raise ConfigError on the first problem."""
-  validate_model(config.model)
-  _positive('data.seq_len', config.data.seq_len)
-  _positive('data.batch_size', config.data.batch_size)
-  if config.model.position.kind == 'learned' and config.data.seq_len > config.model.max_seq_len:
-    raise ConfigError('data.seq_len', config.data.seq_len,
+def _integer(key: str, value: Any, minimum: int = 1) -> None:
+  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    raise ConfigError(key, value, f'must be an integer >= {minimum}')
+
+
+def _number(key: str, value: Any, low: float, high: float, what: str) -> None:
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+    raise ConfigError(key, value, f'{what}; allowed: {low} <= value <= {high}')
+
+
+def validate_data(config: config_dict.ConfigDict) -> None:
+  d = config.data
+  _one_of('data.source', d.source, DATA_SOURCES, 'data source')
+  if d.source != 'stdlib' and not d.path:
+    raise ConfigError('data.path', d.path, f"data.source={d.source!r} reads data.path; allowed: "
+                      + ('a dataset name or a save_to_disk folder' if d.source == 'hf'
+                         else 'a file or a folder'))
+  if not isinstance(d.text_field, str) or not d.text_field:
+    raise ConfigError('data.text_field', d.text_field, 'must name the text column')
+  _number('data.val_fraction', d.val_fraction, 0.0, 0.5, 'the share of documents held out')
+  _one_of('data.tokenizer', d.tokenizer, TOKENIZERS, 'tokenizer')
+  _integer('data.tokenizer_train_bytes', d.tokenizer_train_bytes)
+  # Whether the tokenizer fits model.vocab_size is checked when the data is built.
+  if not isinstance(d.document_mask, bool):
+    raise ConfigError('data.document_mask', d.document_mask, 'must be true or false')
+  _positive('data.seq_len', d.seq_len)
+  _positive('data.batch_size', d.batch_size)
+  if config.model.position.kind == 'learned' and d.seq_len > config.model.max_seq_len:
+    raise ConfigError('data.seq_len', d.seq_len,
                       f'learned positions cover model.max_seq_len={config.model.max_seq_len} '
                       'tokens; allowed: <= that, or raise model.max_seq_len')
+
+
+def validate_train(config: config_dict.ConfigDict) -> None:
+  t = config.train
+  _integer('train.steps', t.steps)
+  _positive('train.learning_rate', t.learning_rate)
+  _one_of('train.schedule', t.schedule, SCHEDULES, 'learning-rate schedule')
+  _integer('train.warmup_steps', t.warmup_steps, 0)
+  if t.schedule in ('cosine', 'linear') and t.warmup_steps >= t.steps:
+    raise ConfigError('train.warmup_steps', t.warmup_steps,
+                      f'must be < train.steps={t.steps} for a {t.schedule} decay')
+  _number('train.min_lr_ratio', t.min_lr_ratio, 0.0, 1.0, 'a fraction of the peak rate')
+  _number('train.b1', t.b1, 0.0, 0.999999, 'an Adam moment decay')
+  _number('train.b2', t.b2, 0.0, 0.999999, 'an Adam moment decay')
+  _positive('train.eps', t.eps)
+  _number('train.weight_decay', t.weight_decay, 0.0, 10.0, 'the decoupled weight decay')
+  _number('train.grad_clip', t.grad_clip, 0.0, float('inf'), 'a global norm (0: off)')
+  for key in ('decay_embeddings', 'decay_norms_and_biases', 'async_checkpoint', 'tensorboard'):
+    if not isinstance(t[key], bool):
+      raise ConfigError(f'train.{key}', t[key], 'must be true or false')
+  _integer('train.grad_accum_steps', t.grad_accum_steps)
+  if config.data.batch_size % t.grad_accum_steps:
+    raise ConfigError('train.grad_accum_steps', t.grad_accum_steps,
+                      f'must divide data.batch_size={config.data.batch_size}; allowed: '
+                      + _divisors(config.data.batch_size))
+  _integer('train.log_every', t.log_every)
+  _integer('train.eval_every', t.eval_every, 0)
+  _integer('train.eval_batches', t.eval_batches, 0)
+  _integer('train.checkpoint_every', t.checkpoint_every)
+  _integer('train.max_to_keep', t.max_to_keep)
+  _positive('train.peak_flops', t.peak_flops, optional=True)
+
+
+def validate_mesh(config: config_dict.ConfigDict) -> None:
+  if sorted(config.mesh.keys()) != sorted(MESH_AXES):
+    raise ConfigError('mesh', dict(config.mesh), 'needs exactly the axes ' + ', '.join(MESH_AXES))
+  sizes = [config.mesh[a] for a in MESH_AXES]
+  for axis, size in zip(MESH_AXES, sizes):
+    if isinstance(size, bool) or not isinstance(size, int) or not (size >= 1 or size == -1):
+      raise ConfigError(f'mesh.{axis}', size, 'a mesh axis size is a positive integer, or -1 for '
+                        'all devices left over')
+  if sizes.count(-1) > 1:
+    raise ConfigError('mesh', dict(config.mesh), 'at most one axis may be -1')
+
+
+def validate(config: config_dict.ConfigDict) -> None:
+  """Check a full config (model and the run settings); raise ConfigError on the first problem.
+
+  What needs the machine (device counts, files on disk) is checked when the run starts.
+  """
+  validate_model(config.model)
+  validate_data(config)
+  validate_train(config)
+  validate_mesh(config)
 
 
 # --------------------------------------------------------------------------------------------
