@@ -1,0 +1,248 @@
+"""Document sources: the stdlib corpus, text / jsonl / parquet files, Hugging Face datasets.
+
+A source yields `Document(key, text)`; `key` names the document stably (a relative path, or a
+file and row index) and decides its train/val split by a hash, so the split never depends on the
+order or the number of documents read. `describe()` is what the corpus cache is keyed on; it lists
+files with sizes and modification times but reads no contents.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import sysconfig
+from typing import Any, Iterator
+
+from mllm.config import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class Document:
+  key: str
+  text: str
+
+
+def is_val(key: str, val_fraction: float) -> bool:
+  """Whether a document goes to the val split: a stable hash of its key (not Python's hash())."""
+  digest = hashlib.sha256(key.encode('utf-8', errors='surrogatepass')).digest()
+  return int.from_bytes(digest[:8], 'big') / 2.0**64 < val_fraction
+
+
+def decode(data: bytes) -> str:
+  # Undecodable bytes become U+FFFD rather than ending the run.
+  return data.decode('utf-8', errors='replace')
+
+
+def _missing(path: str) -> ConfigError:
+  return ConfigError('data.path', path, 'no such file or folder; allowed: an existing file or a '
+                     'folder')
+
+
+def list_files(root: str, suffixes: tuple[str, ...], skip_dirs: tuple[str, ...] = ()) -> list[str]:
+  """Files under `root` (recursively) ending in one of `suffixes`, as sorted relative paths."""
+  found = []
+  for folder, dirs, files in os.walk(root):
+    dirs[:] = [d for d in dirs if d not in skip_dirs]
+    found += [os.path.relpath(os.path.join(folder, f), root) for f in files if f.endswith(suffixes)]
+  return sorted(found)
+
+
+def _file_listing(root: str, rel_paths: list[str]) -> list[tuple[str, int, int]]:
+  stats = [os.stat(os.path.join(root, p)) for p in rel_paths]
+  return [(p, s.st_size, s.st_mtime_ns) for p, s in zip(rel_paths, stats)]
+
+
+class Source:
+  """Base class: `documents()` and `describe()`."""
+
+  def documents(self) -> Iterator[Document]:
+    raise NotImplementedError
+
+  def describe(self) -> dict[str, Any]:
+    raise NotImplementedError
+
+
+class FilesSource(Source):
+  """One document per file under a folder (or one file): the stdlib corpus and text folders."""
+
+  def __init__(self, kind: str, root: str, files: list[str]):
+    self.kind, self.root, self.files = kind, root, files
+
+  def documents(self) -> Iterator[Document]:
+    for rel in self.files:
+      with open(os.path.join(self.root, rel), 'rb') as f:
+        yield Document(rel, decode(f.read()))
+
+  @property
+  def total_bytes(self) -> int:  # for the progress bar
+    return sum(os.path.getsize(os.path.join(self.root, p)) for p in self.files)
+
+  def describe(self) -> dict[str, Any]:
+    return {'kind': self.kind, 'root': self.root, 'files': _file_listing(self.root, self.files)}
+
+
+class TextFileSource(Source):
+  """A single .txt file: its blank-line-separated blocks are the documents.
+
+  One document per file would put a lone file wholly into train or wholly into val.
+  """
+
+  def __init__(self, path: str):
+    self.path = path
+    self.total_bytes = os.path.getsize(path)
+
+  def documents(self) -> Iterator[Document]:
+    with open(self.path, 'rb') as f:
+      text = decode(f.read())
+    blocks = (b.strip('\n') for b in re.split(r'\n[ \t\r\f\v]*\n', text))
+    for i, block in enumerate(b for b in blocks if b.strip()):
+      yield Document(f'{os.path.basename(self.path)}:{i}', block)
+
+  def describe(self) -> dict[str, Any]:
+    s = os.stat(self.path)
+    return {'kind': 'text_file', 'path': self.path, 'size': s.st_size, 'mtime': s.st_mtime_ns}
+
+
+class RowsSource(Source):
+  """Rows of jsonl or parquet files, the text in `text_field`; keyed by (file, row index)."""
+
+  def __init__(self, kind: str, root: str, files: list[str], text_field: str):
+    self.kind, self.root, self.files, self.text_field = kind, root, files, text_field
+
+  def documents(self) -> Iterator[Document]:
+    read = self._jsonl_rows if self.kind == 'jsonl' else self._parquet_rows
+    for rel in self.files:
+      for i, text in enumerate(read(rel)):
+        if text is not None:
+          yield Document(f'{rel}:{i}', text)
+
+  def _missing_field(self, rel: str, found) -> ConfigError:
+    return ConfigError('data.text_field', self.text_field,
+                       f'no such field in {os.path.join(self.root, rel)}; fields found: '
+                       + ', '.join(map(str, found)))
+
+  def _jsonl_rows(self, rel: str) -> Iterator[str | None]:
+    path = os.path.join(self.root, rel)
+    with open(path, 'rb') as f:
+      for n, line in enumerate(f, 1):
+        if not line.strip():
+          continue
+        try:
+          row = json.loads(decode(line))
+        except json.JSONDecodeError as err:
+          raise ConfigError('data.path', path, f'line {n} is not JSON ({err}); allowed: one JSON '
+                            'object per line') from None
+        if not isinstance(row, dict) or self.text_field not in row:
+          raise self._missing_field(rel, row if isinstance(row, dict) else [])
+        yield _as_text(row[self.text_field], self.text_field, f'{path} line {n}')
+
+  def _parquet_rows(self, rel: str) -> Iterator[str | None]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    path = os.path.join(self.root, rel)
+    pf = pq.ParquetFile(path)
+    if self.text_field not in pf.schema_arrow.names:
+      raise self._missing_field(rel, pf.schema_arrow.names)
+    for batch in pf.iter_batches(columns=[self.text_field], batch_size=1024):
+      column = batch.column(0)
+      if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        # As bytes, so invalid UTF-8 is replaced instead of failing in pyarrow.
+        column = column.cast(pa.large_binary())
+      for value in column.to_pylist():
+        yield decode(value) if isinstance(value, bytes) else _as_text(value, self.text_field, path)
+
+  def describe(self) -> dict[str, Any]:
+    return {'kind': self.kind, 'root': self.root, 'text_field': self.text_field,
+            'files': _file_listing(self.root, self.files)}
+
+
+def _as_text(value: Any, field: str, where: str) -> str | None:
+  if value is None or isinstance(value, str):
+    return value
+  raise ConfigError('data.text_field', field, f'holds {type(value).__name__}, not text, in {where}; '
+                    'allowed: a field of strings')
+
+
+class HFSource(Source):
+  """A Hugging Face dataset: a `save_to_disk` folder, or anything `load_dataset` takes."""
+
+  def __init__(self, path: str, name: str | None, split: str, text_field: str):
+    self.path, self.name, self.split, self.text_field = path, name, split, text_field
+    self.dataset = self._load()
+    if text_field not in self.dataset.column_names:
+      raise ConfigError('data.text_field', text_field, f'no such column in the dataset {path!r}; '
+                        'columns found: ' + ', '.join(self.dataset.column_names))
+
+  def _from_disk(self) -> bool:
+    return os.path.isdir(self.path) and any(
+        os.path.exists(os.path.join(self.path, f)) for f in ('dataset_dict.json', 'state.json'))
+
+  def _load(self):
+    import datasets  # only this source needs it (a large import)
+    if self._from_disk():
+      ds = datasets.load_from_disk(self.path)
+      if isinstance(ds, datasets.DatasetDict):
+        if self.split not in ds:
+          raise ConfigError('data.hf_split', self.split, f'no such split in {self.path}; allowed: '
+                            + ', '.join(ds))
+        ds = ds[self.split]
+      return ds
+    try:
+      return datasets.load_dataset(self.path, name=self.name, split=self.split)
+    except (FileNotFoundError, datasets.exceptions.DatasetNotFoundError) as err:
+      raise ConfigError('data.path', self.path, 'no such file or folder, and no dataset of that '
+                        f'name ({type(err).__name__}); allowed: a save_to_disk folder, a local '
+                        'data folder or a Hugging Face dataset name') from None
+
+  def documents(self) -> Iterator[Document]:
+    column = self.dataset.select_columns([self.text_field])
+    i = 0
+    for batch in column.iter(batch_size=1024):
+      for value in batch[self.text_field]:
+        text = value.decode('utf-8', errors='replace') if isinstance(value, bytes) else value
+        text = _as_text(text, self.text_field, f'{self.path} row {i}')
+        if text is not None:
+          yield Document(f'{self.path}:{i}', text)
+        i += 1
+
+  def describe(self) -> dict[str, Any]:
+    d = {'kind': 'hf', 'path': self.path, 'name': self.name, 'split': self.split,
+         'text_field': self.text_field, 'rows': len(self.dataset)}
+    if self._from_disk():
+      d['files'] = _file_listing(self.path, list_files(self.path, ('',)))
+    else:  # the fingerprint follows the data files and the loading script
+      d['fingerprint'] = getattr(self.dataset, '_fingerprint', None)
+    return d
+
+
+def stdlib_root() -> str:
+  return sysconfig.get_paths()['stdlib']
+
+
+def make_source(data_config) -> Source:
+  """The Source that `config.data` describes; ConfigError if its path is missing or wrong."""
+  d = data_config
+  if d.source == 'stdlib':
+    root = stdlib_root()
+    return FilesSource('stdlib', root, list_files(root, ('.py',), ('site-packages',
+                                                                   'dist-packages')))
+  if d.source == 'hf':
+    return HFSource(d.path, d.hf_config, d.hf_split, d.text_field)
+  path = os.path.abspath(os.path.expanduser(d.path))
+  suffixes = {'text': ('.txt',), 'jsonl': ('.jsonl',), 'parquet': ('.parquet',)}[d.source]
+  if os.path.isfile(path):
+    if d.source == 'text':
+      return TextFileSource(path)
+    root, files = os.path.dirname(path), [os.path.basename(path)]
+  elif os.path.isdir(path):
+    root, files = path, list_files(path, suffixes)
+    if not files:
+      raise ConfigError('data.path', d.path, f'no {"/".join(suffixes)} files in this folder; '
+                        f'allowed: a {"/".join(suffixes)} file or a folder holding some')
+  else:
+    raise _missing(d.path)
+  if d.source == 'text':
+    return FilesSource('text', root, files)
+  return RowsSource(d.source, root, files, d.text_field)

@@ -1,0 +1,99 @@
+"""Tokenizers: 'byte' (UTF-8 bytes) and 'bpe' (Hugging Face `tokenizers` byte-level BPE).
+
+Both share one interface (`Tokenizer`); `token_bytes[id]` is how many UTF-8 bytes an id stands for
+(0 for specials), so a loss in nats per token converts to bits per byte.
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterable, Protocol
+
+import numpy as np
+
+EOS, PAD = '<eos>', '<pad>'
+
+
+class Tokenizer(Protocol):
+  vocab_size: int
+  eos_id: int
+  pad_id: int
+  token_bytes: np.ndarray  # int32 [vocab_size]
+
+  def encode(self, text: str) -> list[int]: ...
+  def encode_batch(self, texts: list[str]) -> list[list[int]]: ...
+  def decode(self, ids: Iterable[int]) -> str: ...
+
+
+class ByteTokenizer:
+  """Ids 0..255 are the UTF-8 bytes, 256 = <eos>, 257 = <pad>."""
+
+  vocab_size = 258
+  eos_id = 256
+  pad_id = 257
+
+  def __init__(self):
+    self.token_bytes = np.array([1] * 256 + [0, 0], np.int32)
+
+  def encode(self, text: str) -> list[int]:
+    return list(text.encode('utf-8'))
+
+  def encode_batch(self, texts: list[str]) -> list[list[int]]:
+    return [self.encode(t) for t in texts]
+
+  def decode(self, ids: Iterable[int]) -> str:
+    # Specials stand for no text; a cut through a multi-byte character decodes to U+FFFD.
+    return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode('utf-8', errors='replace')
+
+
+class BPETokenizer:
+  """A byte-level BPE `tokenizers.Tokenizer` with the specials <eos> and <pad>."""
+
+  def __init__(self, tokenizer):
+    self.tok = tokenizer
+    # Text that happens to contain '<eos>' must stay text, or it would split documents.
+    self.tok.encode_special_tokens = True
+    self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    self.eos_id = tokenizer.token_to_id(EOS)
+    self.pad_id = tokenizer.token_to_id(PAD)
+    if self.eos_id is None or self.pad_id is None:
+      raise ValueError(f'a BPE tokenizer for mllm needs the special tokens {EOS} and {PAD}')
+    specials = {t.content for t in tokenizer.get_added_tokens_decoder().values()}
+    # Every byte-level symbol is one character standing for one byte.
+    self.token_bytes = np.array(
+        [0 if (t := tokenizer.id_to_token(i)) is None or t in specials else len(t)
+         for i in range(self.vocab_size)], np.int32)
+
+  @classmethod
+  def from_file(cls, path: str) -> 'BPETokenizer':
+    from tokenizers import Tokenizer as HFTokenizer
+    return cls(HFTokenizer.from_file(path))
+
+  @classmethod
+  def train(cls, texts: Iterable[str], vocab_size: int) -> 'BPETokenizer':
+    from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
+    tok = HFTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS, PAD],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    return cls(tok)
+
+  def save(self, path: str) -> None:
+    """Write tokenizer.json atomically (several processes may save the same file)."""
+    tmp = f'{path}.tmp-{os.getpid()}'
+    self.tok.save(tmp)
+    os.replace(tmp, path)
+
+  def to_str(self) -> str:
+    return self.tok.to_str()
+
+  def encode(self, text: str) -> list[int]:
+    return self.tok.encode(text, add_special_tokens=False).ids
+
+  def encode_batch(self, texts: list[str]) -> list[list[int]]:
+    return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+
+  def decode(self, ids: Iterable[int]) -> str:
+    return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
