@@ -191,10 +191,11 @@ class HFSource(Source):
       return ds
     try:
       return datasets.load_dataset(self.path, name=self.name, split=self.split)
-    except (FileNotFoundError, datasets.exceptions.DatasetNotFoundError) as err:
+    except (FileNotFoundError, ConnectionError) as err:  # DatasetNotFoundError is the former
+      reason = (str(err).splitlines() or [''])[0]
       raise ConfigError('data.path', self.path, 'no such file or folder, and no dataset of that '
-                        f'name ({type(err).__name__}); allowed: a save_to_disk folder, a local '
-                        'data folder or a Hugging Face dataset name') from None
+                        f'name ({type(err).__name__}: {reason}); allowed: a save_to_disk folder, '
+                        'a local data folder or a Hugging Face dataset name') from None
 
   def documents(self) -> Iterator[Document]:
     column = self.dataset.select_columns([self.text_field])
