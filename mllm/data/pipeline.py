@@ -15,7 +15,7 @@ BATCH_KEYS = ('inputs', 'targets', 'positions', 'segment_ids', 'loss_mask')
 
 
 def n_windows(n_tokens: int, seq_len: int) -> int:
-  """ceil((n_tokens - 1) / seq_len): enough windows for every token after the first to be a target."""
+  """ceil((n_tokens - 1) / seq_len): every token but the first is the target of one window."""
   return max(0, -(-(n_tokens - 1) // seq_len))
 
 
@@ -77,7 +77,8 @@ def train_dataset(read: ReadWindow, n: int, *, seed: int, global_batch: int, pro
 
 def train_iterator(dataset: grain.MapDataset) -> grain.DatasetIterator:
   """An iterator with get_state/set_state (and Orbax saving via grain.checkpoint)."""
-  options = grain.ReadOptions(num_threads=2, prefetch_buffer_size=4)  # reads are cheap memmap slices
+  # Reading a window is a cheap memmap slice: a few threads and a short buffer keep up.
+  options = grain.ReadOptions(num_threads=2, prefetch_buffer_size=4)
   return iter(dataset.to_iter_dataset(options))
 
 

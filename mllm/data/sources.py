@@ -161,8 +161,8 @@ class RowsSource(Source):
 def _as_text(value: Any, field: str, where: str) -> str | None:
   if value is None or isinstance(value, str):
     return value
-  raise ConfigError('data.text_field', field, f'holds {type(value).__name__}, not text, in {where}; '
-                    'allowed: a field of strings')
+  raise ConfigError('data.text_field', field, f'holds {type(value).__name__}, not text, in '
+                    f'{where}; allowed: a field of strings')
 
 
 class HFSource(Source):
@@ -199,13 +199,15 @@ class HFSource(Source):
 
   def documents(self) -> Iterator[Document]:
     column = self.dataset.select_columns([self.text_field])
+    # A local folder is keyed by its name, so moving it keeps the split; a hub name as written.
+    name = os.path.basename(os.path.normpath(self.path)) if os.path.isdir(self.path) else self.path
     i = 0
     for batch in column.iter(batch_size=1024):
       for value in batch[self.text_field]:
         text = value.decode('utf-8', errors='replace') if isinstance(value, bytes) else value
         text = _as_text(text, self.text_field, f'{self.path} row {i}')
         if text is not None:
-          yield Document(f'{self.path}:{i}', text)
+          yield Document(f'{name}:{i}', text)
         i += 1
 
   def describe(self) -> dict[str, Any]:
