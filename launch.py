@@ -1,6 +1,8 @@
 """mllm entry point.
 
-    python launch.py --config=configs/rope_swiglu.py --mode=summary
+    python launch.py --config=configs/rope_swiglu.py                  # train (resumes its workdir)
+    python launch.py --config=configs/rope_swiglu.py --mode=eval      # evaluate the latest checkpoint
+    python launch.py --config=configs/rope_swiglu.py --mode=summary   # tables, counts, one forward
     python launch.py --config=configs/base.py:pos=alibi,ffn=geglu --config.model.n_layers=2
 
 Bad configs, overrides and modes print one line naming the key, the value and what is allowed, and
@@ -27,8 +29,37 @@ def _summary(config, spec: str) -> None:
   summarize(config, base, spec=spec)
 
 
-# The training, eval and generate issues add their modes here.
-MODES = {'summary': _summary}
+def _train(config, spec: str) -> None:
+  from mllm.train import TrainingDiverged, train
+  try:
+    train(config, _workdir(spec), stop_after=_STOP_AFTER.value)
+  except TrainingDiverged as err:
+    print(f'error: {err}', file=sys.stderr)
+    sys.exit(1)
+
+
+def _eval(config, spec: str) -> None:
+  from mllm.train import evaluate
+  workdir = _workdir(spec)
+  result = evaluate(config, workdir)
+  print(f"step {result['step']} of {workdir}: val loss {result['loss']:.4f}  "
+        f"perplexity {result['perplexity']:.2f}  bits/byte {result['bits_per_byte']:.4f}  "
+        f"({result['tokens']:,.0f} tokens)")
+
+
+def _workdir(spec: str) -> str:
+  """--workdir, else runs/<config name>[-<choices>]."""
+  if _WORKDIR.value:
+    return _WORKDIR.value
+  path, _, arg = spec.partition(':')
+  name = os.path.splitext(os.path.basename(path))[0]
+  if arg:
+    name += '-' + ''.join(c if c.isalnum() or c in '._=-' else '_' for c in arg.replace(',', '-'))
+  return os.path.join('runs', name)
+
+
+# The generate issue adds its mode here.
+MODES = {'train': _train, 'eval': _eval, 'summary': _summary}
 
 
 def _fail(message: str) -> None:
@@ -81,7 +112,10 @@ def main(argv: list[str]) -> None:
     validate(config)
   except ConfigError as err:
     _fail(str(err))
-  MODES[_MODE.value](config, _config_spec(sys.argv))
+  try:
+    MODES[_MODE.value](config, _config_spec(sys.argv))
+  except ConfigError as err:  # what only the run can check: data paths, devices, a resume
+    _fail(str(err))
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
@@ -95,5 +129,9 @@ if __name__ == '__main__':
   preflight(sys.argv)
   _CONFIG = config_flags.DEFINE_config_file(
       'config', DEFAULT_CONFIG, 'Config file, optionally with :choices.', lock_config=True)
-  _MODE = flags.DEFINE_string('mode', 'summary', 'What to do: ' + ', '.join(MODES) + '.')
+  _MODE = flags.DEFINE_string('mode', 'train', 'What to do: ' + ', '.join(MODES) + '.')
+  _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory: checkpoints, metrics, config; '
+                                 'default runs/<config name>. An existing one is resumed.')
+  _STOP_AFTER = flags.DEFINE_integer('stop_after', None, 'Train up to this step, save and exit '
+                                     '(for chunked jobs); the schedule still ends at train.steps.')
   app.run(main, flags_parser=_parse_flags)

@@ -74,6 +74,7 @@ class Transformer(nnx.Module):
         kernel_init=nnx.initializers.normal(cfg.init_std), rngs=rngs,
         kernel_metadata={'logical_axes': ('embed', 'vocab')})
     self.window = cfg.attention.sliding_window
+    self.remat = cfg.remat
 
   def __call__(self, tokens_BT: jax.Array, *, positions: jax.Array | None = None,
                segment_ids: jax.Array | None = None) -> jax.Array:
@@ -90,19 +91,36 @@ class Transformer(nnx.Module):
     mask = AttentionMask(causal=True, window=self.window, q_segment_ids=segment_ids,
                          kv_segment_ids=segment_ids)
     if self.scan_layers:
-      x_BTD = _scan_blocks(x_BTD, self.blocks, context, mask)
+      x_BTD = _scan_blocks(x_BTD, self.blocks, context, mask, self.remat)
     else:
       for block in self.blocks:
-        x_BTD = block(x_BTD, context, mask)
+        x_BTD = _call_block(block, x_BTD, context, mask, self.remat)
     if self.final_norm is not None:
       x_BTD = self.final_norm(x_BTD)
     logits_BTV = self.embed.attend(x_BTD) if self.head is None else self.head(x_BTD)
     return logits_BTV.astype(jnp.float32)
 
 
-@nnx.scan(in_axes=(nnx.Carry, 0, None, None), out_axes=nnx.Carry)
-def _scan_blocks(x_BTD, block: Block, context, mask):
-  return block(x_BTD, context, mask)
+# Activation checkpointing (Chen et al. 2016): 'full' keeps only each layer's input and recomputes
+# the layer in the backward pass; 'dots' also keeps the outputs of weight matmuls (not attention
+# scores), trading less recompute for more memory.
+REMAT_POLICIES = {
+    'full': jax.checkpoint_policies.nothing_saveable,
+    'dots': jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
+
+
+def _call_block(block: Block, x_BTD, context, mask, remat: str):
+  if remat == 'none':
+    return block(x_BTD, context, mask)
+  return nnx.remat(lambda b, x: b(x, context, mask), policy=REMAT_POLICIES[remat])(block, x_BTD)
+
+
+def _scan_blocks(x_BTD, blocks: Block, context, mask, remat: str):
+  @nnx.scan(in_axes=(nnx.Carry, 0, None, None), out_axes=nnx.Carry)
+  def body(x_BTD, block: Block, context, mask):
+    return _call_block(block, x_BTD, context, mask, remat)
+  return body(x_BTD, blocks, context, mask)
 
 
 def build_model(config, *, rngs: nnx.Rngs) -> Transformer:

@@ -40,7 +40,7 @@ def test_summary_mode_prints_tables_counts_and_a_timed_forward():
     (['--config=configs/base.py:bogus=1'], 'bogus=1: unknown choice key'),
     (['--config=configs/base.py:pos=alibi,rope_scaling=linear'], 'RoPE scaling needs'),
     (['--config=configs/nope.py'], 'no such config file'),
-    (['--mode=trian'], "--mode='trian': unknown mode; allowed: summary"),
+    (['--mode=trian'], "--mode='trian': unknown mode; allowed: train, eval, summary"),
     (['--no_such_flag=1'], "Unknown command line flag 'no_such_flag'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, expected):

@@ -1,0 +1,2 @@
+"""Training: sharded jit step, AdamW, Orbax checkpoints, metrics. Entry points: train, evaluate."""
+from mllm.train.loop import TrainingDiverged, evaluate, train

@@ -1,0 +1,83 @@
+"""The training state: a plain dict {step, params, opt_state, rng}, sharded on the mesh.
+
+The NNX model is split once into a static graphdef, its parameters, and the rest (dropout RNG
+streams, reseeded from `rng` and the step inside the jitted step, so a resumed run draws the same
+dropout masks as an uninterrupted one).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from mllm.model import build_model
+from mllm.train.optimizer import make_optimizer
+from mllm.train.sharding import param_shardings, replicated
+
+TrainState = dict  # {'step': int32[], 'params': nnx.State, 'opt_state': optax state, 'rng': uint32[2]}
+
+
+@dataclasses.dataclass
+class Model:
+  """What the step functions close over: the model's structure and its optimizer."""
+  config: Any
+  graphdef: nnx.GraphDef
+  rest: nnx.State  # non-parameter state (RNG streams); not trained, not checkpointed
+  tx: optax.GradientTransformation
+  schedule: optax.Schedule
+  mesh: jax.sharding.Mesh
+  abstract_state: TrainState  # ShapeDtypeStructs carrying their shardings (Orbax restores onto it)
+  shardings: TrainState
+
+  def merge(self, params: nnx.State) -> nnx.Module:
+    # Fresh Variables for the RNG streams in the caller's trace, so reseeding them is allowed.
+    return nnx.merge(self.graphdef, params, jax.tree.map(lambda x: x, self.rest))
+
+
+def _new_model(config):
+  return build_model(config, rngs=nnx.Rngs(params=config.seed, dropout=config.seed + 1))
+
+
+def setup(config, mesh) -> tuple[Model, Callable[[], TrainState]]:
+  """Structure, optimizer and shardings of a run; returns it with a jitted initializer."""
+  abstract_model = nnx.eval_shape(lambda: _new_model(config))
+  graphdef, abstract_params, _ = nnx.split(abstract_model, nnx.Param, ...)
+  tx, schedule = make_optimizer(config.train, abstract_params)
+
+  def init() -> TrainState:
+    _, params, _ = nnx.split(_new_model(config), nnx.Param, ...)
+    return {'step': jnp.zeros((), jnp.int32), 'params': params, 'opt_state': tx.init(params),
+            'rng': jax.random.key_data(jax.random.key(config.seed))}
+
+  abstract = jax.eval_shape(init)
+  p_shardings = param_shardings(abstract['params'], mesh)
+  shardings = {
+      'step': replicated(mesh),
+      'params': p_shardings,
+      # Adam's moments mirror the parameters and are sharded like them; counters are replicated.
+      'opt_state': optax.tree_map_params(tx, lambda _, s: s, abstract['opt_state'], p_shardings,
+                                         transform_non_params=lambda _: replicated(mesh),
+                                         is_leaf=lambda x: isinstance(x, nnx.Variable)),
+      'rng': replicated(mesh),
+  }
+  abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                          abstract, shardings)
+  model = Model(config, graphdef, _placeholder_rest(abstract_model), tx, schedule, mesh,
+                abstract, shardings)
+  return model, jax.jit(init, out_shardings=shardings)
+
+
+def _placeholder_rest(abstract_model) -> nnx.State:
+  """Concrete stand-ins for the model's RNG streams: the step reseeds them before every use."""
+  key_data_shape = jax.random.key_data(jax.random.key(0)).shape
+
+  def concrete(x):
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+      return jax.random.wrap_key_data(jnp.zeros(x.shape + key_data_shape, jnp.uint32))
+    return jnp.zeros(x.shape, x.dtype)
+  _, _, rest = nnx.split(abstract_model, nnx.Param, ...)
+  return jax.tree.map(concrete, rest)
