@@ -1,0 +1,120 @@
+"""The training loop's parts against their definitions: schedules, decay mask, sharding rules, MFU."""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from conftest import ROOT, tiny_config
+from mllm.config import ConfigError
+from mllm.train.metrics import peak_flops_per_device
+from mllm.train.optimizer import learning_rate_schedule, weight_decay_mask
+from mllm.train.sharding import logical_to_spec, mesh_shape
+
+
+@pytest.mark.parametrize('kind', ['cosine', 'linear', 'constant', 'inverse_sqrt'])
+def test_schedules_against_their_formulas(kind):
+  t = tiny_config(train__schedule=kind, train__steps=100, train__warmup_steps=10,
+                  train__learning_rate=1.0, train__min_lr_ratio=0.1).train
+  schedule = learning_rate_schedule(t)
+  for k in range(100):  # update k (0-based) uses the rate at s = k + 1
+    s = k + 1
+    if s <= 10:
+      expected = s / 10
+    elif kind == 'cosine':
+      expected = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (s - 10) / 90))
+    elif kind == 'linear':
+      expected = 1.0 - 0.9 * (s - 10) / 90
+    elif kind == 'constant':
+      expected = 1.0
+    else:
+      expected = 1 / math.sqrt(1 + (s - 10) / 10)
+    assert float(schedule(k)) == pytest.approx(expected, rel=1e-5, abs=1e-7), (kind, k)
+
+
+def _mask_by_name(choices, **overrides):
+  config = tiny_config(choices, **overrides)
+  model = nnx.eval_shape(lambda: __import__('mllm').build_model(config, rngs=nnx.Rngs(0)))
+  params = nnx.state(model, nnx.Param)
+  mask = weight_decay_mask(params, config.train)
+  return {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_flatten_with_path(mask)[0]}
+
+
+def test_weight_decay_skips_norms_biases_and_embeddings_by_default():
+  mask = _mask_by_name('pos=learned,norm=layernorm', model__attention__use_bias=True,
+                       model__tie_embeddings=False)
+  for name, decays in mask.items():
+    matrix = name.endswith("['kernel'].value") and 'norm' not in name
+    assert decays == matrix, name
+  assert any('head' in n and v for n, v in mask.items())  # an untied head is a matrix
+  everything = _mask_by_name('pos=learned,norm=layernorm', train__decay_embeddings=True,
+                             train__decay_norms_and_biases=True)
+  assert all(everything.values())
+
+
+def test_logical_axis_rules_shard_divisible_dimensions_only():
+  mesh = jax.make_mesh((1, 1, 1), ('data', 'fsdp', 'tensor'),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 3)
+
+  class FakeMesh:  # logical_to_spec reads only .shape
+    shape = {'data': 2, 'fsdp': 4, 'tensor': 2}
+  assert logical_to_spec(('embed', 'heads', 'head_dim'), (256, 8, 32), FakeMesh) == P(
+      'fsdp', 'tensor', None)
+  assert logical_to_spec(('embed', 'kv_heads', 'head_dim'), (256, 1, 32), FakeMesh) == P(
+      'fsdp', None, None)  # MQA's single KV head stays whole
+  assert logical_to_spec(('embed', 'mlp'), (6, 680), FakeMesh) == P(None, 'tensor')
+  # A scanned layer axis is unnamed and stays whole.
+  assert logical_to_spec(('norm',), (4, 256), FakeMesh) == P(None, None)
+  assert logical_to_spec(('vocab', 'embed'), (512, 256), mesh) == P(None, None)
+
+
+def test_mesh_shapes_and_errors():
+  assert mesh_shape({'data': -1, 'fsdp': 2, 'tensor': 1}, 8) == (4, 2, 1)
+  assert mesh_shape({'data': 2, 'fsdp': 2, 'tensor': 2}, 8) == (2, 2, 2)
+  with pytest.raises(ConfigError, match='multiply to 4, but there are 8 devices'):
+    mesh_shape({'data': 2, 'fsdp': 2, 'tensor': 1}, 8)
+  with pytest.raises(ConfigError, match='must divide the 8 devices'):
+    mesh_shape({'data': -1, 'fsdp': 3, 'tensor': 1}, 8)
+
+
+def test_peak_flops_table():
+  assert peak_flops_per_device('NVIDIA H100 80GB HBM3', 'bfloat16') == 989e12
+  assert peak_flops_per_device('NVIDIA H200', 'float32') == 495e12
+  assert peak_flops_per_device('TPU v5 lite', 'bfloat16') == 197e12
+  assert peak_flops_per_device('cpu', 'float32') is None
+  assert peak_flops_per_device('cpu', 'float32', override=1e12) == 1e12
+
+
+@pytest.mark.parametrize('key,value,text', [
+    ('train.schedule', "'cosin'", "train.schedule='cosin': unknown learning-rate schedule"),
+    ('train.grad_accum_steps', '3', 'train.grad_accum_steps=3: must divide data.batch_size=8'),
+    ('train.warmup_steps', '600', 'train.warmup_steps=600: must be < train.steps=500'),
+    ('data.source', "'csv'", "data.source='csv': unknown data source"),
+    ('mesh.tensor', '0', 'mesh.tensor=0: a mesh axis size is a positive integer'),
+    ('model.remat', "'some'", "model.remat='some': unknown remat policy"),
+])
+def test_training_config_errors(key, value, text):
+  from mllm.config import load_config, parse_value
+  with pytest.raises(ConfigError) as info:
+    load_config(os.path.join(ROOT, 'configs', 'base.py'), {key: parse_value(value)})
+  assert text in str(info.value) and '\n' not in str(info.value)
+
+
+def test_launch_train_with_a_missing_data_path_is_one_line_exit_2(tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  missing = tmp_path / 'nope'
+  result = subprocess.run(
+      [sys.executable, 'launch.py', '--config=configs/base.py', f'--workdir={tmp_path / "run"}',
+       '--config.data.source=text', f'--config.data.path={missing}',
+       f'--config.data.cache_dir={tmp_path}'], cwd=ROOT, env=env, capture_output=True, text=True,
+      timeout=300)
+  assert result.returncode == 2, result.stderr
+  lines = [l for l in result.stderr.splitlines() if l.strip()]
+  assert len(lines) == 1 and lines[0].startswith('error: data.path=') and str(missing) in lines[0]
