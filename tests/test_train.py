@@ -128,6 +128,15 @@ def test_resume_after_a_stop_is_bitwise_exact(reference_run, corpus, tmp_path):
   assert_bitwise_equal(load_state(config, workdir), load_state(config, ref_dir))
   assert second['eval']['loss'] == pytest.approx(load_metric_eval(ref_dir), rel=1e-5)
 
+  # A damaged newest checkpoint is moved aside with a warning; the older one is used.
+  for root, _, files in os.walk(os.path.join(workdir, 'checkpoints', str(STEPS), 'state')):
+    for name in files:
+      with open(os.path.join(root, name), 'wb') as f:
+        f.write(b'garbage')
+  with pytest.warns(UserWarning, match=f'checkpoint step {STEPS} could not be restored'):
+    result = evaluate(config, workdir)
+  assert result['step'] == STEPS // 2 - 3
+
 
 def load_metric_eval(workdir):
   return [r for r in read_metrics(os.path.join(workdir, 'metrics.jsonl'))

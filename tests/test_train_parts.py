@@ -1,6 +1,7 @@
 """The training loop's parts against their definitions: schedules, decay mask, sharding rules, MFU."""
 from __future__ import annotations
 
+import functools
 import math
 import os
 import subprocess
@@ -118,3 +119,44 @@ def test_launch_train_with_a_missing_data_path_is_one_line_exit_2(tmp_path):
   assert result.returncode == 2, result.stderr
   lines = [l for l in result.stderr.splitlines() if l.strip()]
   assert len(lines) == 1 and lines[0].startswith('error: data.path=') and str(missing) in lines[0]
+
+
+def _two_steps(**overrides):
+  return _two_steps_cached(tuple(sorted(overrides.items())))
+
+
+@functools.lru_cache(maxsize=None)
+def _two_steps_cached(items):
+  overrides = dict(items)
+  from mllm.train.sharding import global_batch, make_mesh
+  from mllm.train.state import setup
+  from mllm.train.step import make_train_step, synthetic_batch
+  config = tiny_config(data__batch_size=4, train__warmup_steps=1, **overrides)
+  mesh = make_mesh(config.mesh, jax.devices()[:1])
+  model, init = setup(config, mesh)
+  step, state = make_train_step(model), init()
+  batch = global_batch(synthetic_batch(config, np.random.default_rng(3)), mesh)
+  losses = []
+  for _ in range(2):
+    state, metrics = step(state, batch)
+    losses.append(float(metrics['loss']))
+  return losses, jax.device_get(state)
+
+
+@pytest.mark.parametrize('remat,scan', [('full', False), ('dots', True)])
+def test_remat_recomputes_the_same_gradients(remat, scan):
+  ref_losses, ref = _two_steps(model__scan_layers=scan)
+  losses, state = _two_steps(model__scan_layers=scan, model__remat=remat)
+  np.testing.assert_allclose(losses, ref_losses, rtol=1e-6)
+  for a, b in zip(jax.tree.leaves(state['params']), jax.tree.leaves(ref['params'])):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_bfloat16_compute_keeps_float32_parameters_and_optimizer_state():
+  ref_losses, _ = _two_steps()
+  losses, state = _two_steps(model__dtype='bfloat16')
+  assert all(x.dtype == np.float32 for x in jax.tree.leaves(state['params']))
+  assert all(x.dtype == np.float32 for x in jax.tree.leaves(state['opt_state'])
+             if np.issubdtype(x.dtype, np.floating))
+  np.testing.assert_allclose(losses, ref_losses, rtol=2e-2)
+  assert losses != ref_losses  # really computed in bfloat16

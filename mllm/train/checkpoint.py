@@ -76,6 +76,27 @@ class Checkpointer:
       items['data'] = grain.checkpoint.CheckpointRestore(iterator)
     return self.manager.restore(step, args=ocp.args.Composite(**items))['state']
 
+  def restore_latest(self, abstract_state, iterator=None):
+    """(step, state) of the newest checkpoint that restores, or (None, None) if there is none.
+
+    A step that fails to restore (truncated or corrupted files) is moved aside with a warning
+    and the next older one is tried, so a damaged checkpoint never blocks a resume.
+    """
+    for step in sorted(self.manager.all_steps(), reverse=True):
+      try:
+        return step, self.restore(step, abstract_state, iterator)
+      except Exception as err:  # pylint: disable=broad-except  (Orbax raises many types here)
+        if jax.process_count() > 1:
+          raise  # processes must agree on the step; do not guess on one of them
+        path = os.path.join(self.directory, str(step))
+        target = f'{path}.unreadable-{int(time.time())}'
+        os.rename(path, target)
+        warnings.warn(f'checkpoint step {step} could not be restored ({type(err).__name__}: '
+                      f'{str(err).splitlines()[0][:200] if str(err) else ""}); moved it to '
+                      f'{os.path.basename(target)} and trying an older step', stacklevel=2)
+        self.manager.reload()
+    return None, None
+
   def wait(self) -> None:
     self.manager.wait_until_finished()
 

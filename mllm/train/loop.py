@@ -111,11 +111,9 @@ def train(config, workdir: str, *, stop_after: int | None = None, progress: bool
   ckpt = Checkpointer(workdir, max_to_keep=t.max_to_keep, async_save=t.async_checkpoint)
   writer = MetricsWriter(workdir, tensorboard=t.tensorboard)
 
-  start = ckpt.latest_step()
+  start, state = ckpt.restore_latest(model.abstract_state, iterator)
   if start is None:
     start, state = 0, init()
-  else:
-    state = ckpt.restore(start, model.abstract_state, iterator)
   end = t.steps if stop_after is None else min(t.steps, stop_after)
 
   n_params = sum(x.size for x in jax.tree.leaves(state['params']))
@@ -209,17 +207,17 @@ def evaluate(config, workdir: str) -> dict:
   from mllm.config import ConfigError
   from mllm.data import build_data
   maybe_initialize_distributed()
+  check_resumable(workdir, config, param_shapes)
   mesh = make_mesh(config.mesh)
   ckpt = Checkpointer(workdir, max_to_keep=config.train.max_to_keep, async_save=False)
-  step = ckpt.latest_step()
+  model, _ = setup(config, mesh)
+  step, state = ckpt.restore_latest(model.abstract_state)
+  ckpt.close()
   if step is None:
     raise ConfigError('--workdir', workdir, 'has no checkpoint to evaluate; allowed: the workdir '
                       'of a training run')
   data = build_data(config, workdir, process_index=jax.process_index(),
                     process_count=jax.process_count())
-  model, _ = setup(config, mesh)
-  state = ckpt.restore(step, model.abstract_state)
-  ckpt.close()
   result = run_eval(make_eval_step(model, data.tokenizer.token_bytes), state['params'], data,
                     mesh, config.train.eval_batches)
   result['step'] = step
