@@ -6,8 +6,9 @@ VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 CONFIG ?= configs/rope_swiglu.py
 ARGS ?=
-# -n 2: two pytest workers (pytest-xdist), one per core of the CI machine.
-PYTEST_ARGS ?= -n 2
+# -n 2: two pytest workers (pytest-xdist), one per core of the CI machine; loadgroup keeps the
+# tests of one xdist_group (the training runs sharing a module fixture) on one worker.
+PYTEST_ARGS ?= -n 2 --dist loadgroup
 
 .PHONY: install train summary test test-slow clean
 

@@ -29,8 +29,7 @@ config = tiny_config(model__vocab_size=64, model__d_model=32, model__n_heads=4,
 rng = np.random.default_rng(0)
 batches = [synthetic_batch(config, rng) for _ in range(3)]
 result = {}
-for name, shape, n in [('1', (1, 1, 1), 1), ('2x2x2', (2, 2, 2), 8), ('8x1x1', (8, 1, 1), 8),
-                       ('1x4x2', (1, 4, 2), 8)]:
+for name, shape, n in [('1', (1, 1, 1), 1), ('2x2x2', (2, 2, 2), 8)]:
   mesh_cfg = dict(zip(('data', 'fsdp', 'tensor'), shape))
   mesh = make_mesh(mesh_cfg, jax.devices()[:n])
   model, init = setup(config, mesh)
@@ -64,7 +63,7 @@ def test_sharded_meshes_match_one_device():
   assert all('fsdp' not in s and 'tensor' not in s for s in one['specs'])
   assert any('fsdp' in s for s in result['2x2x2']['specs'])  # really sharded
   assert any('tensor' in s for s in result['2x2x2']['specs'])
-  for name in ('2x2x2', '8x1x1', '1x4x2'):
+  for name in ('2x2x2',):
     np.testing.assert_allclose(result[name]['losses'], one['losses'], rtol=2e-5, err_msg=name)
     for a, b in zip(result[name]['params'], one['params']):
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=2e-6, err_msg=name)

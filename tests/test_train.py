@@ -29,6 +29,8 @@ from mllm.train.sharding import make_mesh
 from mllm.train.state import setup
 
 STEPS = 40
+# One xdist worker runs this whole file, so the module-scoped reference run is trained once.
+pytestmark = pytest.mark.xdist_group('train')
 
 
 @pytest.fixture(scope='module')
@@ -82,9 +84,27 @@ def reference_run(corpus, tmp_path_factory):
   """STEPS uninterrupted steps (with dropout on, so the RNG path is exercised)."""
   cache = str(tmp_path_factory.mktemp('cache'))
   workdir = str(tmp_path_factory.mktemp('reference'))
-  config = make_config(corpus, cache)
+  config = make_config(corpus, cache, train__tensorboard=True)
   summary = train(config, workdir, progress=False)
   return config, workdir, summary, cache
+
+
+def read_tensorboard_scalars(directory: str) -> dict[str, list[tuple[int, float]]]:
+  """Parse the TFRecord event files directly: [u64 length][u32 crc][Event proto][u32 crc]."""
+  import struct
+  from tensorboardX.proto import event_pb2
+  scalars = {}
+  for name in sorted(os.listdir(directory)):
+    with open(os.path.join(directory, name), 'rb') as f:
+      raw = f.read()
+    offset = 0
+    while offset < len(raw):
+      (length,) = struct.unpack('<Q', raw[offset:offset + 8])
+      event = event_pb2.Event.FromString(raw[offset + 12:offset + 12 + length])
+      offset += 12 + length + 4
+      for value in event.summary.value:
+        scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+  return scalars
 
 
 def test_loss_falls_and_metrics_are_written(reference_run):
@@ -100,6 +120,10 @@ def test_loss_falls_and_metrics_are_written(reference_run):
   assert evals and evals[-1]['step'] == STEPS
   assert summary['step'] == STEPS and summary['eval']['loss'] == pytest.approx(evals[-1]['loss'], rel=1e-5)
   assert os.path.isfile(os.path.join(workdir, 'loss.png'))
+  scalars = read_tensorboard_scalars(os.path.join(workdir, 'tensorboard'))
+  tb_losses = [v for _, v in sorted(scalars['train/loss'])]
+  np.testing.assert_allclose(tb_losses, train_losses, rtol=1e-5)
+  assert [s for s, _ in scalars['eval/bits_per_byte']] == [STEPS]
   assert os.path.isfile(os.path.join(workdir, 'config.json'))
 
 
@@ -254,15 +278,14 @@ def test_gradient_accumulation_equals_the_full_batch(corpus, tmp_path):
   from mllm.train.sharding import global_batch
   from mllm.train.step import make_train_step, synthetic_batch
   losses, states = [], []
-  for accum in (1, 4):
-    config = make_config(corpus, 'x', train__grad_accum_steps=accum, model__dropout=0.0,
-                         data__batch_size=8)
+  for accum in (1, 2):
+    config = make_config(corpus, 'x', train__grad_accum_steps=accum, model__dropout=0.0)
     mesh = make_mesh(config.mesh)
     model, init = setup(config, mesh)
     step, state = make_train_step(model), init()
     batch = synthetic_batch(config, np.random.default_rng(1))
     batch['loss_mask'][:, -5:] = 0  # uneven token counts per micro-batch are weighted correctly
-    batch['loss_mask'][0, :] = 0
+    batch['loss_mask'][1, :] = 0
     for _ in range(2):
       state, metrics = step(state, global_batch(batch, mesh))
       losses.append(float(metrics['loss']))

@@ -73,7 +73,7 @@ def make_train_step(model: Model):
                  'rng': state['rng']}
     # A finite loss can still come with an overflowing update; the loop must not save that state.
     finite = jnp.all(jnp.stack([jnp.isfinite(p).all() for p in jax.tree.leaves(new_params)]))
-    metrics = {'loss': loss_sum / count, 'grad_norm': optax.tree_utils.tree_l2_norm(grads),
+    metrics = {'loss': loss_sum / count, 'grad_norm': optax.tree_utils.tree_norm(grads),
                'learning_rate': model.schedule(state['step']), 'tokens': count,
                'params_finite': finite}
     return new_state, metrics
