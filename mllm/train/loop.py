@@ -77,7 +77,10 @@ class _StopRequest:
       signal.signal(sig, handler)
 
 
-def run_eval(eval_step, params, data, mesh, max_batches: int) -> dict:
+def run_eval(eval_step, params, data, mesh, max_batches: int) -> dict | None:
+  """Validation metrics, or None when the validation split is empty."""
+  if not len(data.eval_batches(max_batches)):
+    return None
   totals = {'loss_sum': 0.0, 'tokens': 0.0, 'bytes': 0.0}
   for batch in data.eval_batches(max_batches):
     out = jax.device_get(eval_step(params, global_batch(batch, mesh)))
@@ -122,6 +125,9 @@ def train(config, workdir: str, *, stop_after: int | None = None, progress: bool
   device = jax.devices()[0]
   peak = peak_flops_per_device(device.device_kind, config.model.dtype, t.peak_flops)
   bar = Progress(end, start, log_every=t.log_every, enabled=progress)
+  if not data.stats['val']['tokens']:
+    bar.print(f'note: the validation split is empty (data.val_fraction={config.data.val_fraction} '
+              'of too few documents); no eval metrics')
   bar.print(f"{'resuming from step ' + str(start) if start else 'starting'} in {workdir}: "
             f'{n_params:,} parameters, {jax.device_count()} × {device.device_kind}, mesh '
             + ' × '.join(f'{k}={v}' for k, v in mesh.shape.items()))
@@ -161,8 +167,9 @@ def train(config, workdir: str, *, stop_after: int | None = None, progress: bool
               'step_time_s': dt, 'mfu': mfu, 'tokens_seen': step * tokens_per_step})
         if t.eval_every and step % t.eval_every == 0 and step < t.steps:
           last_eval = run_eval(eval_step, state['params'], data, mesh, t.eval_batches)
-          writer.write(step, 'eval', last_eval)
-          bar.print(f'step {step}: {_fmt_eval(last_eval)}')
+          if last_eval:
+            writer.write(step, 'eval', last_eval)
+            bar.print(f'step {step}: {_fmt_eval(last_eval)}')
         if step % t.checkpoint_every == 0 or step == end:
           ckpt.save(step, state, iterator)
           last_saved = step
@@ -177,7 +184,8 @@ def train(config, workdir: str, *, stop_after: int | None = None, progress: bool
       ckpt.close()
   if step == t.steps and not stop.signal:
     last_eval = run_eval(eval_step, state['params'], data, mesh, t.eval_batches)
-    writer.write(step, 'eval', last_eval)
+    if last_eval:
+      writer.write(step, 'eval', last_eval)
   writer.close()
   plot = None
   if jax.process_index() == 0 and os.path.exists(writer.path):
@@ -220,5 +228,8 @@ def evaluate(config, workdir: str) -> dict:
                     process_count=jax.process_count())
   result = run_eval(make_eval_step(model, data.tokenizer.token_bytes), state['params'], data,
                     mesh, config.train.eval_batches)
+  if result is None:
+    raise ConfigError('data.val_fraction', config.data.val_fraction,
+                      'the validation split is empty; allowed: a larger fraction or more documents')
   result['step'] = step
   return result
