@@ -1,0 +1,251 @@
+"""Training-step throughput: mllm's jitted JAX step against a plain PyTorch Llama, same CPU, one run.
+
+    python -m benchmarks.train_step            # default and ~25M configs, prints the table
+    python -m benchmarks.train_step --out table.md   # also write environment + table as markdown
+    python -m benchmarks.train_step --quick    # smoke run: tiny model, 2 timed steps
+
+Both sides train the same model (configs/rope_swiglu.py: RoPE 'half', GQA, SwiGLU, RMSNorm pre-LN,
+tied embeddings, float32; benchmarks/torch_llama.py for PyTorch) on the same random tokens with
+next-token cross-entropy, global-norm clipping at 1.0 and AdamW; the parameter counts are printed
+and must agree. Steps of the two alternate (one JAX step, one PyTorch step, ...) so that load from
+other processes on a shared machine hits both alike. Step time is the median over the timed steps
+after warm-up, each step blocked on (JAX: block_until_ready; PyTorch runs eagerly); tokens/s is
+batch × seq_len over it. JAX compile time is printed separately.
+
+The JAX step is `mllm.train.step.benchmark_step(config)` (the library's own training step) when it
+exists, else an equivalent built here (split params, value_and_grad, optax chain, jit with donation;
+`--jax_step=local` forces it). Document masking is off so that both sides compute plain causal
+attention, and warm-up of the learning rate is off so that every timed step does the same work.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+import mllm
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# name -> (overrides of configs/rope_swiglu.py, description)
+MODELS = {
+    'default': ({}, 'configs/rope_swiglu.py as is: d 256, 4 layers, 8 heads / 2 KV, vocab 512'),
+    '25m': ({'model.d_model': 512, 'model.n_layers': 8, 'model.vocab_size': 8192},
+            'd 512, 8 layers, 8 heads / 2 KV, vocab 8192'),
+    'quick': ({'model.d_model': 64, 'model.n_layers': 2, 'model.n_heads': 4,
+               'model.vocab_size': 256, 'model.max_seq_len': 64, 'data.seq_len': 64,
+               'data.batch_size': 2}, 'smoke test: d 64, 2 layers, seq 64, batch 2'),
+}
+
+
+def load(name: str):
+  overrides = dict(MODELS[name][0])
+  overrides.setdefault('data.document_mask', False)
+  overrides['train.warmup_steps'] = 0  # a constant learning rate: every timed step does the same
+  return mllm.load_config(os.path.join(ROOT, 'configs', 'rope_swiglu.py'), overrides)
+
+
+# ---------------------------------------------------------------------------------------------
+# JAX
+# ---------------------------------------------------------------------------------------------
+
+def _local_benchmark_step(config):
+  """(step_fn, state, batch): the training step written out here, for when mllm.train lacks one."""
+  t = config.train
+  model = mllm.build_model(config, rngs=nnx.Rngs(config.seed))
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+  def decays(path, _):
+    names = [str(getattr(k, 'key', k)) for k in path]
+    return not (names[0] == 'embed' or any('norm' in n for n in names))
+
+  tx = optax.chain(optax.clip_by_global_norm(t.grad_clip),
+                   optax.adamw(t.learning_rate, t.b1, t.b2, t.eps, weight_decay=t.weight_decay,
+                               mask=lambda p: jax.tree_util.tree_map_with_path(decays, p)))
+
+  def loss_fn(params, batch):
+    logits = nnx.merge(graphdef, params, rest)(batch['inputs'])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch['targets']).mean()
+
+  def step(state, batch):
+    loss, grads = jax.value_and_grad(loss_fn)(state['params'], batch)
+    updates, opt_state = tx.update(grads, state['opt_state'], state['params'])
+    return ({'params': optax.apply_updates(state['params'], updates), 'opt_state': opt_state},
+            {'loss': loss, 'grad_norm': optax.global_norm(grads)})
+
+  B, T = config.data.batch_size, config.data.seq_len
+  tokens = np.random.default_rng(0).integers(0, config.model.vocab_size, (B, T + 1), np.int32)
+  batch = {'inputs': jnp.asarray(tokens[:, :-1]), 'targets': jnp.asarray(tokens[:, 1:])}
+  state = {'params': params, 'opt_state': tx.init(params)}
+  return jax.jit(step, donate_argnums=0), state, batch
+
+
+def jax_benchmark_step(config, which: str):
+  if which in ('auto', 'library'):
+    try:
+      from mllm.train.step import benchmark_step
+    except ImportError:
+      if which == 'library':
+        raise
+    else:
+      step_fn, state, batch = benchmark_step(config)
+      return step_fn, state, batch, 'mllm.train.step.benchmark_step'
+  return (*_local_benchmark_step(config), 'benchmarks.train_step (local)')
+
+
+def setup_jax(config, which: str) -> dict:
+  """Compiles the JAX step; `run()` does one step (blocked on) and returns its loss."""
+  step_fn, state, batch, source = jax_benchmark_step(config, which)
+  n_params = sum(x.size for x in jax.tree.leaves(state['params']))
+  start = time.perf_counter()
+  compiled = step_fn.lower(state, batch).compile()
+  compile_s = time.perf_counter() - start
+  box = [state]
+
+  def run() -> float:
+    box[0], metrics = compiled(box[0], batch)
+    jax.block_until_ready((box[0], metrics))
+    return metrics['loss']
+  return dict(run=run, params=n_params, compile_s=compile_s, source=source)
+
+
+# ---------------------------------------------------------------------------------------------
+# PyTorch
+# ---------------------------------------------------------------------------------------------
+
+def setup_torch(config) -> dict:
+  import torch
+  from benchmarks import torch_llama
+  torch.manual_seed(config.seed)
+  model = torch_llama.TorchLlama(config.model)
+  t = config.train
+  optimizer = torch_llama.make_optimizer(model, t.learning_rate, t.b1, t.b2, t.eps,
+                                         t.weight_decay)
+  step = torch_llama.make_train_step(model, optimizer, t.grad_clip)
+  B, T = config.data.batch_size, config.data.seq_len
+  tokens = np.random.default_rng(0).integers(0, config.model.vocab_size, (B, T + 1), np.int64)
+  inputs, targets = torch.from_numpy(tokens[:, :-1].copy()), torch.from_numpy(tokens[:, 1:].copy())
+  return dict(run=lambda: step(inputs, targets), params=torch_llama.count_params(model))
+
+
+def time_interleaved(runners: dict, steps: int, warmup: int) -> dict:
+  """Alternate one step of each runner per round, so that load from other processes on the
+  machine hits all of them alike; returns the per-step times (after warm-up) and losses."""
+  times = {name: [] for name in runners}
+  losses = {name: [] for name in runners}
+  for i in range(warmup + steps):
+    for name, run in runners.items():
+      start = time.perf_counter()
+      loss = run()
+      elapsed = time.perf_counter() - start
+      if i >= warmup:
+        times[name].append(elapsed)
+      losses[name].append(float(loss))
+  return dict(times=times, losses=losses)
+
+
+# ---------------------------------------------------------------------------------------------
+
+def environment() -> dict:
+  import torch
+  cpu = platform.processor() or platform.machine()
+  try:
+    with open('/proc/cpuinfo') as f:
+      cpu = next(line.split(':', 1)[1].strip() for line in f if line.startswith('model name'))
+  except (OSError, StopIteration):
+    pass
+  return {
+      'machine': f'{cpu}, {os.cpu_count()} CPU cores, {platform.system()} {platform.release()}',
+      'date': datetime.date.today().isoformat(),
+      'versions': (f'python {platform.python_version()}, jax {jax.__version__} '
+                   f'({jax.default_backend()}), flax {nnx.__name__ and __import__("flax").__version__}, '
+                   f'optax {optax.__version__}, torch {torch.__version__}'),
+      'threads': (f'torch intra-op {torch.get_num_threads()} / inter-op '
+                  f'{torch.get_num_interop_threads()}; XLA_FLAGS={os.environ.get("XLA_FLAGS", "")!r}; '
+                  f'OMP_NUM_THREADS={os.environ.get("OMP_NUM_THREADS", "unset")}'),
+  }
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--quick', action='store_true', help='smoke run: tiny model, 2 steps')
+  parser.add_argument('--models', default='default,25m', help=f'comma list of {list(MODELS)}')
+  parser.add_argument('--steps', type=int, default=None, help='timed steps (default 10; 25m: 5)')
+  parser.add_argument('--warmup', type=int, default=2)
+  parser.add_argument('--jax_step', choices=['auto', 'library', 'local'], default='auto')
+  parser.add_argument('--only', choices=['both', 'jax', 'torch'], default='both')
+  parser.add_argument('--out', default=None,
+                      help='markdown table (default: print only; e.g. benchmarks/results/x.md)')
+  args = parser.parse_args()
+  names = ['quick'] if args.quick else args.models.split(',')
+  env = environment()
+  for key, value in env.items():
+    print(f'{key}: {value}')
+  rows = []
+  for name in names:
+    config = load(name)
+    steps = args.steps or (2 if args.quick else 5 if name == '25m' else 10)
+    warmup = 1 if args.quick else args.warmup
+    tokens = config.data.batch_size * config.data.seq_len
+    row = dict(name=name, desc=MODELS[name][1], tokens=tokens)
+    runners = {}
+    if args.only in ('both', 'jax'):
+      j = setup_jax(config, args.jax_step)
+      runners['jax'] = j['run']
+      row.update(params=j['params'], jax_compile_s=j['compile_s'], jax_source=j['source'])
+    if args.only in ('both', 'torch'):
+      t = setup_torch(config)
+      runners['torch'] = t['run']
+      row.update(torch_params=t['params'])
+    r = time_interleaved(runners, steps, warmup)
+    for side, times in r['times'].items():
+      row[f'{side}_ms'] = 1e3 * statistics.median(times)
+      row[f'{side}_min_ms'] = 1e3 * min(times)
+      print(f"[{name}] {side}{' (' + row['jax_source'] + ')' if side == 'jax' else ''}: "
+            f"params {row['params' if side == 'jax' else 'torch_params']:,}"
+            f"{', compile %.1f s' % row['jax_compile_s'] if side == 'jax' else ''}, "
+            f"step ms {[round(1e3 * x) for x in times]}, losses "
+            f"{[round(x, 3) for x in r['losses'][side]]}", flush=True)
+    rows.append(row)
+  print_table(rows, env, args.out)
+
+
+def print_table(rows, env, out):
+  """Tokens/s from the median step time; the fastest step is shown too (the machine is shared)."""
+  header = ['model', 'params (JAX = torch)', 'tokens/step', 'JAX compile s',
+            'JAX step ms (median / min)', 'torch step ms (median / min)', 'JAX tokens/s',
+            'torch tokens/s', 'JAX / torch']
+  lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' + '---:|' * (len(header) - 1)]
+  for r in rows:
+    tps = {side: r['tokens'] / r[f'{side}_ms'] * 1e3 for side in ('jax', 'torch')
+           if f'{side}_ms' in r}
+    params = f"{r.get('params', r.get('torch_params', 0)):,}"
+    if 'params' in r and 'torch_params' in r and r['params'] != r['torch_params']:
+      params += f" (torch {r['torch_params']:,}: MISMATCH)"
+    step = {side: f"{r[f'{side}_ms']:,.0f} / {r[f'{side}_min_ms']:,.0f}" if side in tps else '-'
+            for side in ('jax', 'torch')}
+    cells = [r['name'], params, str(r['tokens']),
+             f"{r['jax_compile_s']:.1f}" if 'jax_compile_s' in r else '-', step['jax'],
+             step['torch'], f"{tps['jax']:,.0f}" if 'jax' in tps else '-',
+             f"{tps['torch']:,.0f}" if 'torch' in tps else '-',
+             f"{tps['jax'] / tps['torch']:.2f}x" if len(tps) == 2 else '-']
+    lines.append('| ' + ' | '.join(cells) + ' |')
+  text = '\n'.join(lines)
+  print(text)
+  if out:
+    with open(out, 'w') as f:
+      f.write('\n'.join(f'- {k}: {v}' for k, v in env.items()) + '\n\n' + text + '\n')
+    print(f'wrote {out}')
+
+
+if __name__ == '__main__':
+  main()
