@@ -292,4 +292,6 @@ def test_gradient_accumulation_equals_the_full_batch(corpus, tmp_path):
     states.append(jax.device_get(state['params']))
   np.testing.assert_allclose(losses[:2], losses[2:], rtol=1e-5)
   for a, b in zip(jax.tree.leaves(states[0]), jax.tree.leaves(states[1])):
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    # Adam divides by √v: where a gradient is ~0, float32 reassociation moves the update by a
+    # small fraction of the learning rate (3e-3).
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5)
