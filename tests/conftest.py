@@ -2,8 +2,16 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
+
+# The training tests compile the same step in several runs and subprocesses (each train() call
+# builds new jitted closures); JAX's persistent compilation cache, keyed by the HLO, lets every
+# compile after the first be a disk read. Subprocesses inherit it through the environment.
+os.environ.setdefault('JAX_COMPILATION_CACHE_DIR',
+                      os.path.join(tempfile.gettempdir(), f'mllm-tests-jax-cache-{os.getuid()}'))
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.5')
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = os.path.join(ROOT, 'configs', 'base.py')
