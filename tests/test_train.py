@@ -84,7 +84,7 @@ def reference_run(corpus, tmp_path_factory):
   """STEPS uninterrupted steps (with dropout on, so the RNG path is exercised)."""
   cache = str(tmp_path_factory.mktemp('cache'))
   workdir = str(tmp_path_factory.mktemp('reference'))
-  config = make_config(corpus, cache, train__tensorboard=True)
+  config = make_config(corpus, cache, train__tensorboard=True, train__peak_flops=1e12)
   summary = train(config, workdir, progress=False)
   return config, workdir, summary, cache
 
@@ -116,6 +116,12 @@ def test_loss_falls_and_metrics_are_written(reference_run):
   assert first > math.log(258) - 0.5  # starts near uniform over the byte vocabulary
   assert last < first - 1.0, (first, last)
   assert all(r['tokens_per_s'] > 0 and r['step_time_s'] > 0 for r in records if r['split'] == 'train')
+  # MFU = FLOPs/token × tokens/s ÷ peak, with 6·N + attention FLOPs at the training length.
+  from mllm.accounting import training_flops_per_token
+  flops = training_flops_per_token(config, config.data.seq_len).total
+  for r in records:
+    if r['split'] == 'train':
+      assert r['mfu'] == pytest.approx(flops * r['tokens_per_s'] / 1e12, rel=1e-4)
   evals = [r for r in records if r['split'] == 'eval']
   assert evals and evals[-1]['step'] == STEPS
   assert summary['step'] == STEPS and summary['eval']['loss'] == pytest.approx(evals[-1]['loss'], rel=1e-5)

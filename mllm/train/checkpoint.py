@@ -17,7 +17,7 @@ import grain
 import jax
 import orbax.checkpoint as ocp
 
-from mllm.config import ConfigError, flatten
+from mllm.config import ConfigError, flatten, set_path
 
 # Orbax writes each step to `<step>.orbax-checkpoint-tmp-*` and renames it when complete; the step
 # metadata file (or, on object stores, commit_success.txt) marks a finished step.
@@ -138,7 +138,8 @@ def check_resumable(workdir: str, config, param_shapes_of) -> None:
   key = changed[0] if changed else ''
   for candidate in changed:  # name the key that changes the shapes, not just any changed key
     trial = config_dict.ConfigDict(saved['model'])
-    _set_dotted(trial, candidate, new[candidate])
+    with trial.ignore_type():  # JSON has no placeholders: an unset key reads back as None
+      set_path(trial, candidate, new[candidate])
     try:
       if param_shapes_of(trial) != param_shapes_of(saved_model):
         key = candidate
@@ -149,10 +150,3 @@ def check_resumable(workdir: str, config, param_shapes_of) -> None:
                     f'{old.get(key)!r}, and this changes the parameter shapes; allowed: the same '
                     'model shape to resume, or a new --workdir')
 
-
-def _set_dotted(config, path: str, value) -> None:
-  *parents, leaf = path.split('.')
-  for p in parents:
-    config = config[p]
-  with config.ignore_type():
-    config[leaf] = value

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from mllm.accounting import training_flops_per_token
+from mllm.accounting import count_params, training_flops_per_token
 from mllm.model import build_model
 from mllm.train.checkpoint import Checkpointer, check_resumable, write_config
 from mllm.train.metrics import MetricsWriter, Progress, peak_flops_per_device, plot_losses
@@ -119,9 +119,9 @@ def train(config, workdir: str, *, stop_after: int | None = None, progress: bool
     start, state = 0, init()
   end = t.steps if stop_after is None else min(t.steps, stop_after)
 
-  n_params = sum(x.size for x in jax.tree.leaves(state['params']))
+  counts = count_params(config)
   tokens_per_step = config.data.batch_size * config.data.seq_len
-  flops_per_token = training_flops_per_token(config)
+  flops_per_token = training_flops_per_token(config, config.data.seq_len, counts).total
   device = jax.devices()[0]
   peak = peak_flops_per_device(device.device_kind, config.model.dtype, t.peak_flops)
   bar = Progress(end, start, log_every=t.log_every, enabled=progress)
@@ -129,10 +129,10 @@ def train(config, workdir: str, *, stop_after: int | None = None, progress: bool
     bar.print(f'note: the validation split is empty (data.val_fraction={config.data.val_fraction} '
               'of too few documents); no eval metrics')
   bar.print(f"{'resuming from step ' + str(start) if start else 'starting'} in {workdir}: "
-            f'{n_params:,} parameters, {jax.device_count()} × {device.device_kind}, mesh '
+            f'{counts.total:,} parameters, {jax.device_count()} × {device.device_kind}, mesh '
             + ' × '.join(f'{k}={v}' for k, v in mesh.shape.items()))
 
-  step, last_saved, loss, compile_s, run_s, last_eval = start, start, float('nan'), 0.0, 0.0, None
+  step, last_saved, loss, compile_s, last_eval = start, start, float('nan'), 0.0, None
   times = []
   with _StopRequest() as stop:
     try:
@@ -155,7 +155,6 @@ def train(config, workdir: str, *, stop_after: int | None = None, progress: bool
           compile_s = dt  # the first call compiles
         else:
           times.append(dt)
-          run_s += dt
         tok_s = tokens_per_step / dt
         mfu = (flops_per_token * tok_s / (peak * jax.device_count())) if peak else None
         bar.update(step, f'loss {loss:.4f}  {tok_s:,.0f} tok/s  {dt * 1e3:.0f} ms/step'
