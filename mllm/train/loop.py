@@ -79,10 +79,11 @@ class _StopRequest:
 
 def run_eval(eval_step, params, data, mesh, max_batches: int) -> dict | None:
   """Validation metrics, or None when the validation split is empty."""
-  if not len(data.eval_batches(max_batches)):
+  batches = data.eval_batches(max_batches)
+  if not len(batches):
     return None
   totals = {'loss_sum': 0.0, 'tokens': 0.0, 'bytes': 0.0}
-  for batch in data.eval_batches(max_batches):
+  for batch in batches:
     out = jax.device_get(eval_step(params, global_batch(batch, mesh)))
     for k in totals:
       totals[k] += float(out[k])  # summed in float64 on the host

@@ -17,9 +17,6 @@ from flax import nnx
 from mllm.train.sharding import batch_sharding, replicated
 from mllm.train.state import Model, TrainState
 
-BATCH_KEYS = ('inputs', 'targets', 'positions', 'segment_ids', 'loss_mask')
-
-
 def _forward(model: Model, params, batch, dropout_key=None):
   net = model.merge(params)
   if dropout_key is not None:
