@@ -177,6 +177,7 @@ def _divisors(n: int) -> str:
 
 # Model keys that may be None (meaning "derive it"); every other model key must be set.
 OPTIONAL_KEYS = ('head_dim', 'attention.sliding_window', 'attention.softmax_scale',
+                 'attention.block_q', 'attention.block_k',
                  'position.rope_original_max_len', 'ffn.d_ff', 'norm.use_bias')
 BOOL_KEYS = ('tie_embeddings', 'depth_scaled_init', 'scan_layers', 'attention.qk_norm',
              'attention.use_bias', 'ffn.match_params', 'ffn.use_bias', 'norm.fp32',
@@ -225,6 +226,7 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
 
   pos = m.position
   _one_of(f'{p}.position.kind', pos.kind, POSITIONS, 'position scheme')
+  _check_attention_impl(m, p)
   _one_of(f'{p}.position.rope_layout', pos.rope_layout, ROPE_LAYOUTS, 'RoPE layout')
   _one_of(f'{p}.position.rope_scaling', pos.rope_scaling, ROPE_SCALINGS, 'RoPE scaling')
   if pos.kind == 'rope':
@@ -277,6 +279,48 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
   if not (isinstance(n.partial_p, (int, float)) and 0.0 < n.partial_p <= 1.0):
     raise ConfigError(f'{p}.norm.partial_p', n.partial_p,
                       'partial RMSNorm uses the first p fraction of features; allowed: 0 < p <= 1')
+
+
+# Positional schemes whose score bias is learned: autodiff must reach it, so only the
+# implementations written in plain JAX ('xla', 'blockwise') can run them.
+LEARNED_BIAS_POSITIONS = ('t5', 'shaw')
+
+
+def _check_attention_impl(m: config_dict.ConfigDict, p: str) -> None:
+  """Refuse combinations an attention implementation cannot run, naming the reason."""
+  a, impl = m.attention, m.attention.impl
+  for key in ('block_q', 'block_k'):
+    value = a[key]
+    if value is None:
+      continue
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise ConfigError(f'{p}.attention.{key}', value, 'a tile size must be a positive integer or None')
+    if impl == 'pallas' and (value < 16 or value & (value - 1)):
+      raise ConfigError(f'{p}.attention.{key}', value, "the Pallas kernel (Triton) needs a power of "
+                        'two >= 16; allowed: 16, 32, 64, 128, 256, or None for its default')
+  if impl not in ('pallas', 'cudnn'):
+    return
+  if m.position.kind in LEARNED_BIAS_POSITIONS:
+    raise ConfigError(f'{p}.attention.impl', impl,
+                      f'{p}.position.kind={m.position.kind!r} is a learned relative bias, whose '
+                      f"gradient only autodiff gives; allowed with it: 'xla', 'blockwise', 'auto'")
+  if a.dropout > 0:
+    raise ConfigError(f'{p}.attention.impl', impl,
+                      f'the {impl} kernel has no attention dropout ({p}.attention.dropout='
+                      f"{a.dropout}); allowed with it: 'xla', 'blockwise', 'auto'")
+  if impl == 'cudnn' and m.dtype != 'bfloat16':
+    raise ConfigError(f'{p}.attention.impl', impl,
+                      f"cuDNN flash attention runs in bfloat16/float16 but {p}.dtype={m.dtype!r}; "
+                      f"set {p}.dtype='bfloat16' or use 'xla', 'blockwise', 'pallas'")
+
+
+def check_backend(m: config_dict.ConfigDict, backend: str | None = None, p: str = 'model') -> None:
+  """What only the machine can tell: is the attention implementation available on it?"""
+  import jax  # noqa: PLC0415 (validation itself never touches a backend)
+  backend = backend or jax.default_backend()
+  if m.attention.impl == 'cudnn' and backend != 'gpu':
+    raise ConfigError(f'{p}.attention.impl', 'cudnn', f"cuDNN needs a GPU, this machine's JAX "
+                      f"backend is {backend!r}; allowed here: 'xla', 'blockwise', 'pallas', 'auto'")
 
 
 def _integer(key: str, value: Any, minimum: int = 1) -> None:

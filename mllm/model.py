@@ -125,7 +125,8 @@ def _scan_blocks(x_BTD, blocks: Block, context, mask, remat: str):
 
 def build_model(config, *, rngs: nnx.Rngs) -> Transformer:
   """Validate `config` (the full config or its `model` part) and build the transformer it names."""
-  from mllm.config import validate_model  # config imports the registries; avoid the cycle
+  from mllm.config import check_backend, validate_model  # config imports the registries
   model_cfg = config.model if 'model' in config else config
   validate_model(model_cfg)
+  check_backend(model_cfg)
   return Transformer(model_cfg, rngs=rngs)

@@ -45,6 +45,7 @@ class Attention(nnx.Module):
     self.relative = POSITIONS[cfg.position.kind].layer_part(cfg, rngs=rngs)
     self.dropout = nnx.Dropout(acfg.dropout, rngs=rngs)
     self.impl = acfg.impl
+    self.block_q, self.block_k = acfg.block_q, acfg.block_k
     self.scale = acfg.softmax_scale if acfg.softmax_scale is not None else h ** -0.5
 
   def __call__(self, x_BTD: jax.Array, context: PositionContext, mask: AttentionMask) -> jax.Array:
@@ -60,7 +61,7 @@ class Attention(nnx.Module):
       dropout_rng = self.dropout.rngs()
     out_BTNH = attend(q_BTNH, k_BTKH, v_BTKH, mask=mask, bias=bias, rel_values=rel_values,
                       scale=self.scale, impl=self.impl, dropout_rate=self.dropout.rate,
-                      dropout_rng=dropout_rng)
+                      dropout_rng=dropout_rng, block_q=self.block_q, block_k=self.block_k)
     return self.out(out_BTNH)
 
 

@@ -6,9 +6,14 @@ Shapes: q [B, T, N, H], k/v [B, S, K, H] with N a multiple of K. Grouped-query a
 K = 1) works by viewing the N query heads as K groups of N/K heads that share one K/V head; K and V
 are never repeated in memory.
 
-What an implementation needs to know about the mask and the positional terms comes in two small
-objects, so a blockwise or Pallas kernel (a later issue) can skip whole blocks and compute ALiBi
-in-kernel instead of reading an [N, T, S] tensor:
+Implementations (`ATTENTION_IMPLS`): 'xla' materializes the scores (the reference); 'blockwise' is
+FlashAttention's online softmax in plain JAX (mllm/ops/blockwise.py, O(N) memory, any backend);
+'pallas' is the flash-attention kernel in pallas_kernels/flash_attention.py; 'cudnn' is cuDNN's
+fused kernel (GPU); 'auto' picks one per call (`choose_impl`).
+
+What an implementation needs to know about the mask and the positional terms comes in small
+objects, so the tiled implementations skip whole blocks and compute ALiBi in-kernel instead of
+reading an [N, T, S] tensor:
   - `AttentionMask`: causal, sliding window, segment ids (packed documents), query offset.
   - `ScoreBias`: ALiBi slopes with positions, and/or a dense learned bias (T5, Shaw's key term).
   - `RelativeValues`: Shaw's value term, Σ_j p_ij · a^V[index_ij], added to the output.
@@ -21,6 +26,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 from flax import struct
+
+from mllm.ops.blockwise import blockwise_attention, static_q_offset
 
 # Masked logits use a large finite value, not -inf: a fully masked row then stays finite (and is
 # zeroed explicitly below) instead of producing NaN through exp(-inf - -inf).
@@ -101,12 +108,15 @@ def _split_heads_bias(bias_BNTS: jax.Array, n_kv: int) -> jax.Array:
 
 def xla_attention(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: ScoreBias | None,
                   rel_values: RelativeValues | None, scale: float, dropout_rate: float = 0.0,
-                  dropout_rng: jax.Array | None = None) -> jax.Array:
+                  dropout_rng: jax.Array | None = None, block_q: int | None = None,
+                  block_k: int | None = None) -> jax.Array:
   """The reference: materializes the [B, N, T, S] scores and lets XLA fuse what it can.
+  (`block_q`/`block_k` are for the tiled implementations; this one has no blocks.)
 
   Without bias, relative values or dropout (RoPE, NoPE, learned/sinusoidal positions) it takes
   `_plain_attention`, the same math with a hand-written backward (see there).
   """
+  del block_q, block_k
   if bias is None and rel_values is None and not (dropout_rate > 0.0 and dropout_rng is not None):
     allowed_BTS = mask.allowed(q_BTNH.shape[1], k_BSKH.shape[1])[:, 0]
     return _plain_attention(q_BTNH, k_BSKH, v_BSKH, allowed_BTS, scale)
@@ -232,16 +242,113 @@ def _plain_bwd(scale, residuals, d_out_BTNH):
 _plain_attention.defvjp(_plain_fwd, _plain_bwd)
 
 
-# name → implementation. The kernels issue adds 'blockwise', 'pallas', 'cudnn' and 'auto'.
+def _refuse_learned_terms(impl: str, bias, rel_values, dropout: bool) -> None:
+  if rel_values is not None or (bias is not None and bias.dense is not None):
+    raise ValueError(f"attention impl={impl!r} takes only ALiBi as a score bias; learned biases "
+                     "(T5, Shaw) need impl='xla' or 'blockwise', where autodiff gives their gradients")
+  if dropout:
+    raise ValueError(f"attention impl={impl!r} has no attention dropout; use impl='xla' or "
+                     "'blockwise', or set model.attention.dropout=0")
+
+
+def pallas_attention(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: ScoreBias | None,
+                     rel_values: RelativeValues | None, scale: float, dropout_rate: float = 0.0,
+                     dropout_rng=None, block_q: int | None = None,
+                     block_k: int | None = None) -> jax.Array:
+  """The Pallas flash-attention kernel (pallas_kernels/flash_attention.py); interpreted on CPU."""
+  from pallas_kernels.flash_attention import flash_attention  # noqa: PLC0415 (imports Pallas)
+  _refuse_learned_terms('pallas', bias, rel_values, dropout_rate > 0.0 and dropout_rng is not None)
+  T, S = q_BTNH.shape[1], k_BSKH.shape[1]
+  alibi = bias is not None and bias.alibi_slopes is not None
+  return flash_attention(
+      q_BTNH, k_BSKH, v_BSKH, scale=scale, causal=mask.causal, window=mask.window,
+      q_offset=static_q_offset(mask, T, S, 'pallas'), q_segment_ids=mask.q_segment_ids,
+      kv_segment_ids=mask.kv_segment_ids, alibi_slopes=bias.alibi_slopes if alibi else None,
+      q_positions=bias.q_positions if alibi else None,
+      kv_positions=bias.kv_positions if alibi else None, block_q=block_q, block_k=block_k)
+
+
+def cudnn_attention(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: ScoreBias | None,
+                    rel_values: RelativeValues | None, scale: float, dropout_rate: float = 0.0,
+                    dropout_rng=None, block_q: int | None = None, block_k: int | None = None,
+                    implementation: str = 'cudnn') -> jax.Array:
+  """cuDNN's fused flash attention through `jax.nn.dot_product_attention` (GPU, bf16/fp16).
+
+  cuDNN's own causal mask is top-left aligned and its window is causal-only, so those go to cuDNN
+  as flags only when the queries and keys line up (q_offset 0, T = S); every other mask (segment
+  ids, bottom-right alignment, two-sided windows) and ALiBi reach it as dense [B, 1, T, S] arrays,
+  which cost O(T·S) memory. `implementation='xla'` runs the same translation on any backend,
+  which is how the tests check it on CPU.
+  """
+  del block_q, block_k
+  _refuse_learned_terms('cudnn', bias, rel_values, dropout_rate > 0.0 and dropout_rng is not None)
+  if implementation == 'cudnn' and q_BTNH.dtype not in (jnp.bfloat16, jnp.float16):
+    raise ValueError(f'attention impl=cudnn needs bfloat16 or float16 inputs, got {q_BTNH.dtype}; '
+                     "set model.dtype='bfloat16' or use impl='blockwise'")
+  T, S = q_BTNH.shape[1], k_BSKH.shape[1]
+  aligned = static_q_offset(mask, T, S, 'cudnn') == 0 and T == S
+  plain = aligned and mask.q_segment_ids is None and (mask.window is None or mask.causal)
+  dense_bias = None
+  if bias is not None:  # cuDNN reads the bias in the input dtype: bf16 rounds large ALiBi terms
+    dense_bias = bias.materialize()
+    dense_bias = dense_bias.astype(q_BTNH.dtype) if implementation == 'cudnn' else dense_bias
+  if plain:
+    window = None if mask.window is None else (mask.window - 1, 0)
+    return jax.nn.dot_product_attention(
+        q_BTNH, k_BSKH, v_BSKH, bias=dense_bias, scale=scale, is_causal=mask.causal,
+        local_window_size=window, implementation=implementation)
+  allowed = mask.allowed(T, S)  # [B|1, 1, T, S]
+  out = jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, bias=dense_bias, mask=allowed,
+                                     scale=scale, implementation=implementation)
+  # A query that sees no key gets zeros here too (dot_product_attention would average).
+  return jnp.where(jnp.any(allowed, axis=-1)[:, 0, :, None, None], out, 0).astype(q_BTNH.dtype)
+
+
+# 'auto' on CPU: the sequence length from which 'blockwise' beats 'xla' (benchmarks/attention.py,
+# benchmarks/results/attention-cpu.md: causal forward+backward).
+CPU_BLOCKWISE_FROM = 1024
+
+
+def choose_impl(q_BTNH, k_BSKH, *, bias: ScoreBias | None, rel_values: RelativeValues | None,
+                dropout: bool, backend: str | None = None) -> str:
+  """What 'auto' runs: the fastest implementation that supports the call, per backend.
+
+  GPU: cuDNN for bf16/fp16 calls without learned terms or ALiBi (FA3 paper: cuDNN is the fastest
+  fused kernel on H100); the Pallas kernel is not picked until it has been measured on a GPU. Every
+  other case, and CPU/TPU at long sequences: 'blockwise' (O(N) memory); short CPU sequences: 'xla'.
+  """
+  backend = backend or jax.default_backend()
+  learned = rel_values is not None or dropout or (bias is not None and bias.dense is not None)
+  alibi = bias is not None and bias.alibi_slopes is not None  # cuDNN would round it to bf16
+  if (backend == 'gpu' and not learned and not alibi
+      and q_BTNH.dtype in (jnp.bfloat16, jnp.float16)):
+    return 'cudnn'
+  if backend == 'cpu' and k_BSKH.shape[1] < CPU_BLOCKWISE_FROM:
+    return 'xla'
+  return 'blockwise'
+
+
+def auto_attention(q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
+  dropout = kwargs.get('dropout_rate', 0.0) > 0.0 and kwargs.get('dropout_rng') is not None
+  impl = choose_impl(q_BTNH, k_BSKH, bias=kwargs.get('bias'), rel_values=kwargs.get('rel_values'),
+                     dropout=dropout)
+  return ATTENTION_IMPLS[impl](q_BTNH, k_BSKH, v_BSKH, **kwargs)
+
+
+# name → implementation.
 ATTENTION_IMPLS: dict[str, Callable[..., jax.Array]] = {
     'xla': xla_attention,
+    'blockwise': blockwise_attention,
+    'pallas': pallas_attention,
+    'cudnn': cudnn_attention,
+    'auto': auto_attention,
 }
 
 
 def attend(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: ScoreBias | None = None,
            rel_values: RelativeValues | None = None, scale: float | None = None,
-           impl: str = 'xla', dropout_rate: float = 0.0,
-           dropout_rng: jax.Array | None = None) -> jax.Array:
+           impl: str = 'xla', dropout_rate: float = 0.0, dropout_rng: jax.Array | None = None,
+           block_q: int | None = None, block_k: int | None = None) -> jax.Array:
   """softmax(q·kᵀ·scale + bias)·v (+ Shaw's value term), by the implementation named `impl`."""
   if impl not in ATTENTION_IMPLS:
     raise ValueError(f"attention impl={impl!r}; allowed: {', '.join(sorted(ATTENTION_IMPLS))}")
@@ -251,4 +358,5 @@ def attend(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: ScoreBias | Non
   if scale is None:
     scale = q_BTNH.shape[-1] ** -0.5
   return ATTENTION_IMPLS[impl](q_BTNH, k_BSKH, v_BSKH, mask=mask, bias=bias, rel_values=rel_values,
-                               scale=scale, dropout_rate=dropout_rate, dropout_rng=dropout_rng)
+                               scale=scale, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
+                               block_q=block_q, block_k=block_k)

@@ -1,0 +1,422 @@
+"""'blockwise' attention: the FlashAttention algorithm in plain JAX, O(N) memory, any backend.
+
+Queries are cut into blocks of `block_q` rows and keys into blocks of `block_k` columns. Each query
+block keeps a running row max m, normalizer l and unnormalized output acc while it walks its key
+blocks (online softmax; Milakov & Gimelshein 2018; Dao et al. 2022, Alg. 1):
+
+    s = q·kᵀ·scale + bias,  m' = max(m, rowmax s),  p = exp(s − m'),
+    l' = l·exp(m − m') + rowsum p,  acc' = acc·exp(m − m') + p·v,   out = acc / l.
+
+Only an [B, N, block_q, block_k] score block ever exists. A query block visits only the key
+blocks that can hold a visible key: causal stops at the diagonal and a sliding window starts at the
+window's first block (`_key_block_range`), so skipped blocks cost nothing; with segment ids a block
+pair whose id ranges do not intersect is skipped by `lax.cond`.
+
+Two backward passes, picked by what the scores contain:
+  - fixed modifiers only (mask, ALiBi): a hand-written backward (Dao 2023, Alg. 2) that recomputes
+    each score block from the saved log-sum-exp; one pass over key blocks accumulates dK and dV in
+    registers-to-be and dQ in an O(N) buffer, so the whole step is O(N) memory;
+  - learned modifiers (a dense T5/Shaw bias, Shaw's value term) or dropout: the same forward as a
+    `lax.scan` under `jax.checkpoint` per query block, so autodiff gives every gradient (the
+    bias's included) while storing only one query block's residuals at a time.
+
+Layout: heads first, each block contiguous: q → [nq, B, K, G, bq, H], k/v → [nk, B, K, bk, H]
+(G = N/K query heads per KV head), so GQA is a batched matmul over (B, K) and K/V are never
+repeated. Lengths that are not a multiple of the block are padded; padded keys are masked, padded
+queries are dropped.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+# The same finite mask value as 'xla' (mllm.ops.attention.MASK_VALUE); repeated here so that this
+# module imports nothing from its registry.
+MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+_FAR = 1 << 30  # "no limit" for distances in index arithmetic, still an int32
+
+DEFAULT_BLOCK = 512  # CPU: big enough for efficient matmuls; [B, N, 512, 512] f32 is 1 MiB per head
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockLayout:
+  """Static facts about one call: lengths, blocks, mask rules. Hashable, so custom_vjp can hold it."""
+  T: int
+  S: int
+  block_q: int
+  block_k: int
+  causal: bool
+  window: int | None
+  q_offset: int
+  scale: float
+  alibi: bool
+  segments: bool
+
+  @property
+  def n_q_blocks(self) -> int:
+    return -(-self.T // self.block_q)
+
+  @property
+  def n_k_blocks(self) -> int:
+    return -(-self.S // self.block_k)
+
+  @property
+  def distance_range(self) -> tuple[int, int]:
+    """Allowed i − j (query index minus key index): [lowest, highest]."""
+    lowest = 0 if self.causal else (1 - self.window if self.window else -_FAR)
+    highest = self.window - 1 if self.window else _FAR
+    return lowest, highest
+
+
+def _key_block_range(i, lay: BlockLayout):
+  """Key blocks [lo, hi) that may hold a key visible from query block i (traced or int)."""
+  lowest, highest = lay.distance_range
+  t_first = i * lay.block_q
+  t_last = jnp.minimum(t_first + lay.block_q - 1, lay.T - 1)
+  j_first = jnp.maximum(lay.q_offset + t_first - highest, 0)
+  j_last = jnp.minimum(lay.q_offset + t_last - lowest, lay.S - 1)
+  lo = j_first // lay.block_k
+  return lo, jnp.where(j_first > j_last, lo, j_last // lay.block_k + 1)
+
+
+def _query_block_range(j, lay: BlockLayout):
+  """Query blocks [lo, hi) that may see a key of key block j."""
+  lowest, highest = lay.distance_range
+  j_first = j * lay.block_k
+  j_last = jnp.minimum(j_first + lay.block_k - 1, lay.S - 1)
+  t_first = jnp.maximum(j_first + lowest - lay.q_offset, 0)
+  t_last = jnp.minimum(j_last + highest - lay.q_offset, lay.T - 1)
+  lo = t_first // lay.block_q
+  return lo, jnp.where(t_first > t_last, lo, t_last // lay.block_q + 1)
+
+
+def visited_blocks(lay: BlockLayout) -> np.ndarray:
+  """Boolean [nq, nk]: which block pairs the forward visits (for tests and the benchmark)."""
+  grid = np.zeros((lay.n_q_blocks, lay.n_k_blocks), bool)
+  for i in range(lay.n_q_blocks):
+    lo, hi = (int(x) for x in _key_block_range(i, lay))
+    grid[i, lo:hi] = True
+  return grid
+
+
+# ----------------------------------------------------------------------------------------------
+# Block layout in and out.
+# ----------------------------------------------------------------------------------------------
+
+def _pad_to(x, axis, size):
+  extra = size - x.shape[axis]
+  if extra == 0:
+    return x
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (0, extra)
+  return jnp.pad(x, widths, mode='edge' if x.dtype.kind in 'iu' else 'constant')
+
+
+def _q_blocks(x_BTNH, n_kv, block):
+  """[B, T, N, H] → [nq, B, K, G, bq, H]."""
+  B, T, N, H = x_BTNH.shape
+  n = -(-T // block)
+  x = _pad_to(x_BTNH, 1, n * block).reshape(B, n, block, n_kv, N // n_kv, H)
+  return x.transpose(1, 0, 3, 4, 2, 5)
+
+
+def _from_q_blocks(x_nBKGqH, T):
+  n, B, K, G, bq, H = x_nBKGqH.shape
+  return x_nBKGqH.transpose(1, 0, 4, 2, 3, 5).reshape(B, n * bq, K * G, H)[:, :T]
+
+
+def _k_blocks(x_BSKH, block):
+  """[B, S, K, H] → [nk, B, K, bk, H]."""
+  B, S, K, H = x_BSKH.shape
+  n = -(-S // block)
+  return _pad_to(x_BSKH, 1, n * block).reshape(B, n, block, K, H).transpose(1, 0, 3, 2, 4)
+
+
+def _from_k_blocks(x_nBKbH, S):
+  n, B, K, bk, H = x_nBKbH.shape
+  return x_nBKbH.transpose(1, 0, 3, 2, 4).reshape(B, n * bk, K, H)[:, :S]
+
+
+def _seq_blocks(x_BT, block):
+  """Per-token ints [B, T] → [n, B, block] (edge-padded, so block min/max stay real values)."""
+  B, T = x_BT.shape
+  n = -(-T // block)
+  return _pad_to(x_BT, 1, n * block).reshape(B, n, block).transpose(1, 0, 2)
+
+
+def _aux_arrays(mask, bias, B, T, S, n_heads, n_kv, block_q, block_k):
+  """The non-differentiable per-token inputs, in block layout."""
+  aux = {}
+  if mask.q_segment_ids is not None:
+    q_seg = _seq_blocks(jnp.broadcast_to(mask.q_segment_ids, (B, T)).astype(jnp.int32), block_q)
+    kv_seg = _seq_blocks(jnp.broadcast_to(mask.kv_segment_ids, (B, S)).astype(jnp.int32), block_k)
+    aux.update(q_seg=q_seg, kv_seg=kv_seg,
+               q_seg_range=(q_seg.min(-1), q_seg.max(-1)), kv_seg_range=(kv_seg.min(-1), kv_seg.max(-1)))
+  if bias is not None and bias.alibi_slopes is not None:
+    aux['slopes'] = bias.alibi_slopes.astype(jnp.float32).reshape(n_kv, n_heads // n_kv)
+    aux['q_pos'] = _seq_blocks(jnp.broadcast_to(bias.q_positions, (B, T)).astype(jnp.int32), block_q)
+    aux['kv_pos'] = _seq_blocks(jnp.broadcast_to(bias.kv_positions, (B, S)).astype(jnp.int32),
+                                block_k)
+  return aux
+
+
+# ----------------------------------------------------------------------------------------------
+# One score block.
+# ----------------------------------------------------------------------------------------------
+
+def _block_scores(q_BKGqH, k_BKbH, i, j, aux, lay: BlockLayout):
+  """Scaled, biased and masked logits [B, K, G, bq, bk] (float32) and the allowed mask."""
+  s = jnp.einsum('bkgqh,bksh->bkgqs', q_BKGqH, k_BKbH,
+                 preferred_element_type=jnp.float32) * lay.scale
+  t = i * lay.block_q + jnp.arange(lay.block_q)
+  kj = j * lay.block_k + jnp.arange(lay.block_k)
+  distance = (lay.q_offset + t)[:, None] - kj[None, :]
+  ok = jnp.broadcast_to(kj[None, :] < lay.S, distance.shape)
+  if lay.causal:
+    ok &= distance >= 0
+  if lay.window is not None:
+    ok &= distance < lay.window
+    if not lay.causal:
+      ok &= distance > -lay.window
+  ok = ok[None, None, None]
+  if lay.segments:
+    same = aux['q_seg'][i][:, :, None] == aux['kv_seg'][j][:, None, :]  # [B, bq, bk]
+    ok = ok & same[:, None, None]
+  if lay.alibi:
+    rel = (aux['kv_pos'][j][:, None, :] - aux['q_pos'][i][:, :, None]).astype(jnp.float32)
+    s = s + aux['slopes'][None, :, :, None, None] * rel[:, None, None]
+  return jnp.where(ok, s, MASK_VALUE), ok
+
+
+def _blocks_overlap(i, j, aux):
+  """False only when no batch row of query block i shares a segment id with key block j."""
+  q_lo, q_hi = aux['q_seg_range'][0][i], aux['q_seg_range'][1][i]
+  k_lo, k_hi = aux['kv_seg_range'][0][j], aux['kv_seg_range'][1][j]
+  return jnp.any((q_lo <= k_hi) & (k_lo <= q_hi))
+
+
+def _skip_unless_overlap(step, i, j, aux, lay, carry):
+  if not lay.segments:
+    return step(carry)
+  return lax.cond(_blocks_overlap(i, j, aux), step, lambda c: c, carry)
+
+
+def _online_softmax_step(carry, s, ok, v_BKbH):
+  """Fold one score block into (m, l, acc); masked entries contribute exactly nothing."""
+  m, l, acc = carry
+  m_new = jnp.maximum(m, s.max(-1))
+  p = jnp.where(ok, jnp.exp(s - m_new[..., None]), 0.0)
+  correction = jnp.exp(m - m_new)
+  l = l * correction + p.sum(-1)
+  acc = acc * correction[..., None] + jnp.einsum(
+      'bkgqs,bksh->bkgqh', p.astype(v_BKbH.dtype), v_BKbH, preferred_element_type=jnp.float32)
+  return (m_new, l, acc), p
+
+
+def _finish(m, l, acc):
+  """out = acc / l and the log-sum-exp; a row that saw no key gives out 0 (never NaN)."""
+  seen = l > 0
+  safe_l = jnp.where(seen, l, 1.0)
+  out = jnp.where(seen[..., None], acc / safe_l[..., None], 0.0)
+  return out, jnp.where(seen, m + jnp.log(safe_l), 0.0)
+
+
+def _initial_carry(q_BKGqH):
+  shape = q_BKGqH.shape[:-1]
+  return (jnp.full(shape, MASK_VALUE, jnp.float32), jnp.zeros(shape, jnp.float32),
+          jnp.zeros(q_BKGqH.shape, jnp.float32))
+
+
+# ----------------------------------------------------------------------------------------------
+# Fixed score modifiers: hand-written backward.
+# ----------------------------------------------------------------------------------------------
+
+def _flash_forward(q_blocks, k_blocks, v_blocks, aux, lay):
+  def query_block(_, xs):
+    i, q = xs
+
+    def visit(j, carry):
+      def step(carry):
+        s, ok = _block_scores(q, k_blocks[j], i, j, aux, lay)
+        return _online_softmax_step(carry, s, ok, v_blocks[j])[0]
+      return _skip_unless_overlap(step, i, j, aux, lay, carry)
+
+    lo, hi = _key_block_range(i, lay)
+    out, lse = _finish(*lax.fori_loop(lo, hi, visit, _initial_carry(q)))
+    return None, (out.astype(q.dtype), lse)
+
+  _, (out_blocks, lse_blocks) = lax.scan(
+      query_block, None, (jnp.arange(lay.n_q_blocks), q_blocks))
+  return out_blocks, lse_blocks
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _flash(q_blocks, k_blocks, v_blocks, aux, lay):
+  return _flash_forward(q_blocks, k_blocks, v_blocks, aux, lay)[0]
+
+
+def _flash_fwd(q_blocks, k_blocks, v_blocks, aux, lay):
+  out_blocks, lse_blocks = _flash_forward(q_blocks, k_blocks, v_blocks, aux, lay)
+  return out_blocks, (q_blocks, k_blocks, v_blocks, aux, out_blocks, lse_blocks)
+
+
+def _flash_bwd(lay, residuals, d_out_blocks):
+  """Dao 2023, Alg. 2, one pass: for each key block, walk the query blocks that see it."""
+  q_blocks, k_blocks, v_blocks, aux, out_blocks, lse_blocks = residuals
+  dtype = q_blocks.dtype
+  delta_blocks = jnp.sum(d_out_blocks.astype(jnp.float32) * out_blocks.astype(jnp.float32), -1)
+
+  def key_block(dq_acc, xs):
+    j, k, v = xs
+
+    def visit(i, carry):
+      def step(carry):
+        dk, dv, dq_acc = carry
+        q, d_out = q_blocks[i], d_out_blocks[i]
+        s, ok = _block_scores(q, k, i, j, aux, lay)
+        p = jnp.where(ok, jnp.exp(s - lse_blocks[i][..., None]), 0.0)
+        dv = dv + jnp.einsum('bkgqs,bkgqh->bksh', p.astype(dtype), d_out,
+                             preferred_element_type=jnp.float32)
+        dp = jnp.einsum('bkgqh,bksh->bkgqs', d_out, v, preferred_element_type=jnp.float32)
+        ds = (p * (dp - delta_blocks[i][..., None])).astype(dtype)
+        dk = dk + jnp.einsum('bkgqs,bkgqh->bksh', ds, q, preferred_element_type=jnp.float32)
+        dq_i = dq_acc[i] + jnp.einsum('bkgqs,bksh->bkgqh', ds, k,
+                                      preferred_element_type=jnp.float32)
+        return dk, dv, lax.dynamic_update_index_in_dim(dq_acc, dq_i, i, 0)
+      return _skip_unless_overlap(step, i, j, aux, lay, carry)
+
+    lo, hi = _query_block_range(j, lay)
+    zeros = jnp.zeros(k.shape, jnp.float32)
+    dk, dv, dq_acc = lax.fori_loop(lo, hi, visit, (zeros, zeros, dq_acc))
+    return dq_acc, ((dk * lay.scale).astype(k.dtype), dv.astype(v.dtype))
+
+  dq_acc, (dk_blocks, dv_blocks) = lax.scan(
+      key_block, jnp.zeros(q_blocks.shape, jnp.float32),
+      (jnp.arange(lay.n_k_blocks), k_blocks, v_blocks))
+  return (dq_acc * lay.scale).astype(dtype), dk_blocks, dv_blocks, None
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+# ----------------------------------------------------------------------------------------------
+# Learned score modifiers or dropout: rematerialized scans, autodiff backward.
+# ----------------------------------------------------------------------------------------------
+
+def _dense_bias_blocks(dense, n_kv, lay):
+  """[B|1, N|1, T, S] → [nq, nk, B|1, K|1, G|1, bq, bk], float32."""
+  b, n, _, _ = dense.shape
+  nq, nk, bq, bk = lay.n_q_blocks, lay.n_k_blocks, lay.block_q, lay.block_k
+  x = _pad_to(_pad_to(dense.astype(jnp.float32), 2, nq * bq), 3, nk * bk)
+  k, g = (n_kv, n // n_kv) if n > 1 else (1, 1)
+  x = x.reshape(b, k, g, nq, bq, nk, bk)
+  return x.transpose(3, 5, 0, 1, 2, 4, 6)
+
+
+def _index_blocks(index_BTS, batch, lay):
+  """Shaw's relative index [B|1, T, S] → [nq, nk, B|1, bq, bk]."""
+  nq, nk, bq, bk = lay.n_q_blocks, lay.n_k_blocks, lay.block_q, lay.block_k
+  x = _pad_to(_pad_to(index_BTS.astype(jnp.int32), 1, nq * bq), 2, nk * bk)
+  x = jnp.broadcast_to(x, (batch,) + x.shape[1:])  # einsum does not broadcast a size-1 batch
+  return x.reshape(batch, nq, bq, nk, bk).transpose(1, 3, 0, 2, 4)
+
+
+def _learned(q_blocks, k_blocks, v_blocks, aux, lay, dense_blocks, rel_table, index_blocks,
+             dropout_rate, dropout_rng):
+  n_rel = 0 if rel_table is None else rel_table.shape[0]
+
+  @jax.checkpoint
+  def query_block(i, q, dense_row, index_row):
+    def visit(carry, xs):
+      j, k, v, dense, index = xs
+
+      def step(carry):
+        m, l, acc, acc_rel = carry
+        s, ok = _block_scores(q, k, i, j, aux, lay)
+        if dense is not None:
+          s = jnp.where(ok, s + dense, MASK_VALUE)
+        m_new = jnp.maximum(m, s.max(-1))
+        p = jnp.where(ok, jnp.exp(s - m_new[..., None]), 0.0)
+        correction = jnp.exp(m - m_new)
+        l = l * correction + p.sum(-1)  # the normalizer sees the probabilities before dropout
+        if dropout_rate > 0.0:
+          block_rng = jax.random.fold_in(jax.random.fold_in(dropout_rng, i), j)
+          keep = jax.random.bernoulli(block_rng, 1.0 - dropout_rate, p.shape)
+          p = jnp.where(keep, p / (1.0 - dropout_rate), 0.0)
+        acc = acc * correction[..., None] + jnp.einsum(
+            'bkgqs,bksh->bkgqh', p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+        if index is not None:  # Shaw's value term: accumulate the weight of each relative index
+          onehot = jax.nn.one_hot(index, n_rel, dtype=jnp.float32)  # [B|1, bq, bk, R]
+          acc_rel = acc_rel * correction[..., None] + jnp.einsum('bkgqs,bqsr->bkgqr', p, onehot)
+        return m_new, l, acc, acc_rel
+
+      lo, hi = _key_block_range(i, lay)
+      visible = (j >= lo) & (j < hi)
+      if lay.segments:
+        visible &= _blocks_overlap(i, j, aux)
+      return lax.cond(visible, step, lambda c: c, carry), None
+
+    m, l, acc = _initial_carry(q)
+    acc_rel = jnp.zeros(q.shape[:-1] + (n_rel,), jnp.float32)
+    xs = (jnp.arange(lay.n_k_blocks), k_blocks, v_blocks, dense_row, index_row)
+    (m, l, acc, acc_rel), _ = lax.scan(visit, (m, l, acc, acc_rel), xs)
+    out, _ = _finish(m, l, acc)
+    if rel_table is not None:
+      weights, _ = _finish(m, l, acc_rel)
+      out = out + jnp.einsum('bkgqr,rh->bkgqh', weights, rel_table.astype(jnp.float32))
+    return out.astype(q.dtype)
+
+  def scan_body(_, xs):
+    return None, query_block(*xs)
+
+  xs = (jnp.arange(lay.n_q_blocks), q_blocks, dense_blocks, index_blocks)
+  return lax.scan(scan_body, None, xs)[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# Entry point.
+# ----------------------------------------------------------------------------------------------
+
+def static_q_offset(mask, T: int, S: int, impl: str) -> int:
+  """The mask's query offset as a Python int (block skipping is decided at trace time)."""
+  if mask.q_offset is None:
+    return S - T
+  try:
+    return int(mask.q_offset)
+  except (TypeError, jax.errors.ConcretizationTypeError):
+    raise ValueError(f"attention impl={impl!r} needs a static q_offset (a Python int or None); "
+                     "got a traced array: use impl='xla' for per-example offsets") from None
+
+
+def blockwise_attention(q_BTNH, k_BSKH, v_BSKH, *, mask, bias=None, rel_values=None, scale: float,
+                        dropout_rate: float = 0.0, dropout_rng=None, block_q: int | None = None,
+                        block_k: int | None = None) -> jax.Array:
+  """softmax(q·kᵀ·scale + bias)·v without materializing the scores; see the module docstring."""
+  B, T, N, H = q_BTNH.shape
+  S, K = k_BSKH.shape[1], k_BSKH.shape[2]
+  block_q = min(block_q or DEFAULT_BLOCK, T)
+  block_k = min(block_k or DEFAULT_BLOCK, S)
+  lay = BlockLayout(
+      T=T, S=S, block_q=block_q, block_k=block_k, causal=mask.causal, window=mask.window,
+      q_offset=static_q_offset(mask, T, S, 'blockwise'), scale=float(scale),
+      alibi=bias is not None and bias.alibi_slopes is not None,
+      segments=mask.q_segment_ids is not None)
+  aux = _aux_arrays(mask, bias, B, T, S, N, K, block_q, block_k)
+  q_blocks = _q_blocks(q_BTNH, K, block_q)
+  k_blocks, v_blocks = _k_blocks(k_BSKH, block_k), _k_blocks(v_BSKH, block_k)
+  dense = None if bias is None else bias.dense
+  dropout = dropout_rate > 0.0 and dropout_rng is not None
+  if dense is None and rel_values is None and not dropout:
+    out_blocks = _flash(q_blocks, k_blocks, v_blocks, aux, lay)
+  else:
+    dense_blocks = None if dense is None else _dense_bias_blocks(dense, K, lay)
+    index_blocks = None if rel_values is None else _index_blocks(rel_values.index, B, lay)
+    out_blocks = _learned(q_blocks, k_blocks, v_blocks, aux, lay, dense_blocks,
+                          None if rel_values is None else rel_values.table, index_blocks,
+                          dropout_rate if dropout else 0.0, dropout_rng)
+  return _from_q_blocks(out_blocks, T)

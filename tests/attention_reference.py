@@ -1,0 +1,73 @@
+"""Float64 NumPy attention with its analytic backward: the reference every implementation meets.
+
+Forward (Vaswani et al. 2017, eq. 1): S = q·kᵀ·scale + bias, masked; P = softmax(S); O = P·v.
+Backward (Dao et al. 2022, App. B.2): dV = Pᵀ·dO, dP = dO·vᵀ, dS = P ∘ (dP − rowsum(dO ∘ O)),
+dQ = dS·k·scale, dK = dSᵀ·q·scale, d_bias = dS. Grouped heads share K/V, so dK and dV sum over
+the G query heads of a group. A query with no allowed key outputs 0 and passes no gradient.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def allowed_mask(B, T, S, *, causal=True, window=None, q_seg=None, kv_seg=None, q_offset=None):
+  """Boolean [B, T, S]: may query t (at key index q_offset + t) attend key j."""
+  offset = S - T if q_offset is None else q_offset
+  d = (offset + np.arange(T))[:, None] - np.arange(S)[None, :]  # i − j
+  ok = np.ones((T, S), bool)
+  if causal:
+    ok &= d >= 0
+  if window is not None:
+    ok &= d < window
+    if not causal:
+      ok &= d > -window
+  ok = np.broadcast_to(ok, (B, T, S)).copy()
+  if q_seg is not None:
+    ok &= np.asarray(q_seg)[:, :, None] == np.asarray(kv_seg)[:, None, :]
+  return ok
+
+
+def alibi_bias(slopes, q_pos, kv_pos):
+  """[B, N, T, S]: m_h · (pos_k − pos_q) (Press et al. 2022, sec. 3)."""
+  rel = np.asarray(kv_pos, np.float64)[:, None, :] - np.asarray(q_pos, np.float64)[:, :, None]
+  return np.asarray(slopes, np.float64)[None, :, None, None] * rel[:, None]
+
+
+def attention_with_grads(q, k, v, d_out=None, *, scale=None, bias=None, **mask_kwargs):
+  """out [B, T, N, H] and, given d_out, (dq, dk, dv, d_bias [B, N, T, S]); all float64."""
+  q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+  B, T, N, H = q.shape
+  S, K = k.shape[1], k.shape[2]
+  G = N // K
+  scale = H ** -0.5 if scale is None else scale
+  k_n = np.repeat(k, G, axis=2)  # query head n reads KV head n // G
+  v_n = np.repeat(v, G, axis=2)
+  ok = allowed_mask(B, T, S, **mask_kwargs)[:, None]  # [B, 1, T, S]
+  logits = np.einsum('btnh,bsnh->bnts', q, k_n) * scale
+  if bias is not None:
+    logits = logits + np.broadcast_to(np.asarray(bias, np.float64), logits.shape)
+  logits = np.where(ok, logits, -np.inf)
+  peak = np.max(logits, axis=-1, keepdims=True)
+  peak = np.where(np.isfinite(peak), peak, 0.0)
+  p = np.exp(logits - peak)
+  total = p.sum(-1, keepdims=True)
+  p = np.where(total > 0, p / np.where(total > 0, total, 1.0), 0.0)
+  out = np.einsum('bnts,bsnh->btnh', p, v_n)
+  if d_out is None:
+    return out
+  d_out = np.asarray(d_out, np.float64)
+  dv_n = np.einsum('bnts,btnh->bsnh', p, d_out)
+  dp = np.einsum('btnh,bsnh->bnts', d_out, v_n)
+  delta = np.einsum('btnh,btnh->bnt', d_out, out)[..., None]
+  ds = p * (dp - delta)
+  dq = np.einsum('bnts,bsnh->btnh', ds, k_n) * scale
+  dk_n = np.einsum('bnts,btnh->bsnh', ds, q) * scale
+  dk = dk_n.reshape(B, S, K, G, H).sum(3)
+  dv = dv_n.reshape(B, S, K, G, H).sum(3)
+  return out, (dq, dk, dv, ds)
+
+
+def relative_error(got, want) -> float:
+  """‖got − want‖ / ‖want‖ in float64 (Frobenius)."""
+  got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+  return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-300))

@@ -1,0 +1,373 @@
+"""Every attention implementation against the float64 reference: outputs and gradients.
+
+'blockwise' and 'pallas' (interpreted on CPU) run with small tiles so that every case spans several
+blocks and the skipping logic is exercised; 'cudnn' cannot run here, so its mask and bias
+translation runs through `jax.nn.dot_product_attention(implementation='xla')` instead.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import mllm
+from attention_reference import alibi_bias, allowed_mask, attention_with_grads, relative_error
+from conftest import tiny_config
+from mllm.ops import attention as attention_ops
+from mllm.ops import blockwise
+from mllm.ops.attention import AttentionMask, RelativeValues, ScoreBias
+
+TOLERANCE = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
+# Tiles per implementation: several blocks per case; blockwise's need not be powers of two.
+TILES = {'blockwise': (16, 12), 'pallas': (16, 16), 'auto': (None, None), 'cudnn': (None, None)}
+IMPLS = ('blockwise', 'pallas', 'auto', 'cudnn')
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  B: int
+  T: int
+  S: int
+  N: int
+  K: int
+  H: int
+  causal: bool = True
+  window: int | None = None
+  segments: bool = False
+  alibi: bool = False
+  q_offset: int | None = None
+  dtype: type = jnp.float32
+  absent_segment: bool = False  # one query's segment appears nowhere among the keys
+
+  def __str__(self):
+    flags = [f'B{self.B}', f'T{self.T}', f'S{self.S}', f'N{self.N}', f'K{self.K}', f'H{self.H}',
+             'causal' if self.causal else 'full']
+    flags += [f'w{self.window}'] * (self.window is not None) + ['seg'] * self.segments
+    flags += ['alibi'] * self.alibi + [f'off{self.q_offset}'] * (self.q_offset is not None)
+    flags += ['absent'] * self.absent_segment + [jnp.dtype(self.dtype).name]
+    return '-'.join(flags)
+
+
+CASES = [
+    Case(2, 40, 40, 4, 4, 64),                                  # MHA, G = 1
+    Case(1, 37, 37, 4, 2, 80),                                  # G = 2, odd length, head_dim 80
+    Case(2, 33, 33, 8, 2, 64, causal=False),                    # G = 4, not causal
+    Case(1, 48, 48, 8, 1, 64, window=10),                       # MQA, G = 8, sliding window
+    Case(1, 40, 40, 4, 2, 64, causal=False, window=7),          # two-sided window
+    Case(2, 45, 45, 4, 1, 64, segments=True, alibi=True),       # packed documents with ALiBi
+    Case(2, 20, 50, 4, 2, 64),                                  # q_len < kv_len, bottom-right
+    Case(1, 24, 50, 4, 4, 80, window=12, q_offset=10),          # explicit offset and a window
+    Case(2, 32, 32, 4, 2, 64, segments=True, absent_segment=True),
+    Case(1, 37, 37, 4, 2, 80, dtype=jnp.bfloat16),
+    Case(2, 45, 45, 4, 1, 64, segments=True, alibi=True, window=16, dtype=jnp.bfloat16),
+]
+
+
+def _random_cases(n, seed=0):
+  """Shapes and features drawn from a fixed seed, on top of the hand-picked cases."""
+  rng = np.random.default_rng(seed)
+  cases = []
+  for _ in range(n):
+    K = int(rng.choice([1, 2, 4]))
+    T = int(rng.integers(17, 60))
+    S = T if rng.random() < 0.6 else int(rng.integers(T, 70))
+    cases.append(Case(
+        B=int(rng.integers(1, 3)), T=T, S=S, N=K * int(rng.choice([1, 2, 4, 8])) if K < 4 else 4,
+        K=K, H=int(rng.choice([64, 80])), causal=bool(rng.random() < 0.7),
+        window=int(rng.integers(3, 30)) if rng.random() < 0.4 else None,
+        segments=S == T and bool(rng.random() < 0.5), alibi=bool(rng.random() < 0.4)))
+  return cases
+
+
+CASES += _random_cases(4)
+
+
+def _inputs(case: Case, seed=0):
+  key = jax.random.key(seed)
+  kq, kk, kv, ko = jax.random.split(key, 4)
+  q = jax.random.normal(kq, (case.B, case.T, case.N, case.H), case.dtype)
+  k = jax.random.normal(kk, (case.B, case.S, case.K, case.H), case.dtype)
+  v = jax.random.normal(kv, (case.B, case.S, case.K, case.H), case.dtype)
+  d_out = jax.random.normal(ko, q.shape, case.dtype)
+  rng = np.random.default_rng(seed)
+  seg_kv = pos_kv = None
+  if case.segments:
+    seg_kv = np.cumsum(rng.random((case.B, case.S)) < 0.12, axis=1).astype(np.int32)
+    starts = np.maximum.accumulate(
+        np.where(np.diff(seg_kv, prepend=-1, axis=1) != 0, np.arange(case.S), 0), axis=1)
+    pos_kv = (np.arange(case.S) - starts).astype(np.int32)  # positions restart per document
+  else:
+    pos_kv = np.broadcast_to(np.arange(case.S, dtype=np.int32), (case.B, case.S)).copy()
+  offset = case.S - case.T if case.q_offset is None else case.q_offset
+  seg_q = None if seg_kv is None else seg_kv[:, offset:offset + case.T].copy()
+  if case.absent_segment:
+    seg_q[0, case.T // 2] = 999
+  pos_q = pos_kv[:, offset:offset + case.T]
+  mask = AttentionMask(causal=case.causal, window=case.window, q_offset=case.q_offset,
+                       q_segment_ids=None if seg_q is None else jnp.asarray(seg_q),
+                       kv_segment_ids=None if seg_kv is None else jnp.asarray(seg_kv))
+  bias = None
+  if case.alibi:
+    slopes = jnp.asarray(2.0 ** -np.arange(1, case.N + 1) * 4, jnp.float32)
+    bias = ScoreBias(alibi_slopes=slopes, q_positions=jnp.asarray(pos_q),
+                     kv_positions=jnp.asarray(pos_kv))
+  reference = functools.partial(
+      attention_with_grads, bias=None if bias is None else alibi_bias(slopes, pos_q, pos_kv),
+      causal=case.causal, window=case.window, q_seg=seg_q, kv_seg=seg_kv, q_offset=case.q_offset)
+  return (q, k, v, d_out), mask, bias, reference
+
+
+def _run(impl, q, k, v, d_out, mask, bias, **kwargs):
+  """Output and (dq, dk, dv) of `impl`, all in one jitted program."""
+  block_q, block_k = TILES[impl]
+  if impl == 'cudnn':
+    fn = functools.partial(attention_ops.cudnn_attention, implementation='xla', rel_values=None,
+                           scale=q.shape[-1] ** -0.5)
+  else:
+    fn = functools.partial(attention_ops.attend, impl=impl, block_q=block_q, block_k=block_k)
+
+  @jax.jit  # the mask is closed over: the tiled impls need its q_offset as a Python int
+  def run(q, k, v, d_out):
+    out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, mask=mask, bias=bias, **kwargs), q, k, v)
+    return out, vjp(d_out)
+  return run(q, k, v, d_out)
+
+
+def _f32(x):
+  return np.asarray(jnp.asarray(x, jnp.float32), np.float64)
+
+
+@pytest.mark.parametrize('impl', IMPLS)
+@pytest.mark.parametrize('case', CASES, ids=str)
+def test_outputs_and_gradients_match_float64_reference(impl, case):
+  (q, k, v, d_out), mask, bias, reference = _inputs(case)
+  out, grads = _run(impl, q, k, v, d_out, mask, bias)
+  assert out.dtype == case.dtype and out.shape == q.shape
+  want_out, (dq, dk, dv, _) = reference(_f32(q), _f32(k), _f32(v), _f32(d_out))
+  tol = TOLERANCE[case.dtype]
+  errors = {name: relative_error(_f32(got), want) for name, got, want in
+            zip(('out', 'dq', 'dk', 'dv'), (out, *grads), (want_out, dq, dk, dv))}
+  assert all(err < tol for err in errors.values()), errors
+  for got in (out, *grads):
+    assert np.isfinite(_f32(got)).all()
+  if case.absent_segment:  # a query that sees no key gives exactly zero
+    np.testing.assert_array_equal(_f32(out[0, case.T // 2]), 0.0)
+
+
+@pytest.mark.parametrize('impl', ['blockwise', 'auto'])
+def test_learned_bias_gradients_match_reference(impl):
+  """A dense learned bias (T5, Shaw's key term): dL/d_bias = dS, summed over broadcast dims."""
+  case = Case(2, 37, 37, 4, 2, 16, segments=True)
+  (q, k, v, d_out), mask, _, reference = _inputs(case, seed=3)
+  dense = jax.random.normal(jax.random.key(5), (1, 4, 37, 37))
+  block_q, block_k = TILES[impl]
+
+  @jax.jit
+  def run(q, k, v, dense):
+    f = lambda *a: attention_ops.attend(*a[:3], mask=mask, bias=ScoreBias(dense=a[3]), impl=impl,
+                                        block_q=block_q, block_k=block_k)
+    out, vjp = jax.vjp(f, q, k, v, dense)
+    return out, vjp(d_out)
+  out, (gq, gk, gv, g_dense) = run(q, k, v, dense)
+  want, (dq, dk, dv, ds) = attention_with_grads(
+      _f32(q), _f32(k), _f32(v), _f32(d_out), bias=np.asarray(dense, np.float64),
+      causal=True, q_seg=np.asarray(mask.q_segment_ids), kv_seg=np.asarray(mask.kv_segment_ids))
+  for got, ref in ((out, want), (gq, dq), (gk, dk), (gv, dv), (g_dense, ds.sum(0, keepdims=True))):
+    assert relative_error(got, ref) < 1e-5
+
+
+def test_shaw_relative_values_match_xla():
+  """Shaw's value term through blockwise: output vs float64 loops, table gradient vs autodiff of
+  'xla' (two independent paths)."""
+  q, k, v = (jax.random.normal(key, (2, 30, 4, 16)) for key in jax.random.split(jax.random.key(7), 3))
+  table = jax.random.normal(jax.random.key(8), (5, 16))
+  index = (jnp.clip(jnp.arange(30)[None, :] - jnp.arange(30)[:, None], -2, 2) + 2)[None]
+  mask = AttentionMask(window=9)
+
+  def loss(impl, q, k, v, table):
+    out = attention_ops.attend(q, k, v, mask=mask, rel_values=RelativeValues(table, index),
+                               impl=impl, block_q=8, block_k=16)
+    return jnp.sum(out * jnp.cos(jnp.arange(16.0))), out
+
+  grad = lambda impl: jax.jit(jax.grad(functools.partial(loss, impl), argnums=(0, 1, 2, 3),
+                                       has_aux=True))(q, k, v, table)
+  (g_block, out_block), (g_xla, _) = grad('blockwise'), grad('xla')
+  want = attention_with_grads(q, k, v, causal=True, window=9)
+  p_weights = _shaw_weights(q, k, window=9, index=np.asarray(index)[0], n_rel=5)
+  want = want + np.einsum('bntr,rh->btnh', p_weights, np.asarray(table, np.float64))
+  assert relative_error(out_block, want) < 1e-5
+  for a, b in zip(g_block, g_xla):
+    assert relative_error(a, b) < 1e-5
+
+
+def _shaw_weights(q, k, *, window, index, n_rel):
+  """Σ_j p_ij [index_ij = r], float64: the weight each relative embedding gets."""
+  q, k = np.asarray(q, np.float64), np.asarray(k, np.float64)
+  B, T, N, H = q.shape
+  ok = allowed_mask(B, T, T, window=window)[:, None]
+  logits = np.where(ok, np.einsum('btnh,bsnh->bnts', q, k) * H ** -0.5, -np.inf)
+  p = np.exp(logits - logits.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  return np.einsum('bnts,tsr->bntr', p, np.eye(n_rel)[index])
+
+
+def test_blockwise_dropout_is_keyed_and_unbiased():
+  q, k, v = (jax.random.normal(key, (1, 24, 2, 8)) for key in jax.random.split(jax.random.key(9), 3))
+  run = jax.jit(lambda rng: attention_ops.attend(q, k, v, mask=AttentionMask(), impl='blockwise',
+                                                 dropout_rate=0.5, dropout_rng=rng, block_q=8,
+                                                 block_k=8))
+  a, b, c = run(jax.random.key(0)), run(jax.random.key(1)), run(jax.random.key(0))
+  assert not np.allclose(a, b)
+  np.testing.assert_array_equal(a, c)
+  mean = jax.jit(jax.vmap(run))(jax.random.split(jax.random.key(2), 3000)).mean(0)
+  exact = attention_with_grads(q, k, v)
+  np.testing.assert_allclose(mean, exact, atol=0.1)
+
+
+# ------------------------------------------------------------------------------------------
+# Block skipping: the blocks visited are exactly those holding an allowed (query, key) pair.
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('T,S,bq,bk,causal,window,offset', [
+    (128, 128, 32, 32, True, None, None), (128, 128, 32, 32, True, 32, None),
+    (100, 100, 16, 24, False, 20, None), (40, 130, 16, 32, True, None, None),
+    (40, 130, 16, 16, True, 20, 50), (64, 64, 16, 16, False, None, None)])
+def test_visited_blocks_are_exactly_the_needed_ones(T, S, bq, bk, causal, window, offset):
+  lay = blockwise.BlockLayout(T=T, S=S, block_q=bq, block_k=bk, causal=causal, window=window,
+                              q_offset=S - T if offset is None else offset, scale=1.0,
+                              alibi=False, segments=False)
+  ok = allowed_mask(1, T, S, causal=causal, window=window, q_offset=offset)[0]
+  nq, nk = lay.n_q_blocks, lay.n_k_blocks
+  needed = np.zeros((nq, nk), bool)
+  for i in range(nq):
+    for j in range(nk):
+      needed[i, j] = ok[i * bq:(i + 1) * bq, j * bk:(j + 1) * bk].any()
+  np.testing.assert_array_equal(blockwise.visited_blocks(lay), needed)
+  # And the backward's walk over query blocks per key block is the same set, transposed.
+  for j in range(nk):
+    lo, hi = (int(x) for x in blockwise._query_block_range(j, lay))
+    np.testing.assert_array_equal(np.arange(nq)[needed[:, j]], np.arange(lo, hi))
+  if causal and window is None and T == S == 128:
+    assert needed.sum() == 10  # 4 × 4 blocks, the lower triangle with its diagonal
+  if causal and window == 32 and T == S == 128:
+    assert needed.sum() == 7  # the diagonal and the block left of it
+
+
+@pytest.mark.parametrize('window,segments,expected', [(None, False, 36), (64, False, 15),
+                                                     (None, True, None)])
+def test_skipped_blocks_are_not_computed(monkeypatch, window, segments, expected):
+  """Count, at run time, the score blocks the forward computes: a probe in `_block_scores`."""
+  visits = []
+  real = blockwise._block_scores
+
+  def counting(*args):
+    jax.debug.callback(lambda: visits.append(1))
+    return real(*args)
+  monkeypatch.setattr(blockwise, '_block_scores', counting)
+  q = jnp.ones((1, 512, 2, 16))
+  seg = jnp.asarray(np.repeat(np.arange(4), 128)[None])  # 4 documents of 2 blocks each
+  mask = AttentionMask(window=window, q_segment_ids=seg if segments else None,
+                       kv_segment_ids=seg if segments else None)
+  out = jax.jit(lambda q: attention_ops.attend(q, q, q, mask=mask, impl='blockwise', block_q=64,
+                                                block_k=64))(q)
+  jax.block_until_ready(out)
+  jax.effects_barrier()
+  if expected is None:  # documents of two blocks: each query block sees at most 2 key blocks
+    expected = 4 * (1 + 2)
+  assert len(visits) == expected
+
+
+# ------------------------------------------------------------------------------------------
+# 'auto' and the config-time refusals.
+# ------------------------------------------------------------------------------------------
+
+def test_auto_picks_per_backend_length_and_features():
+  short = jnp.zeros((1, 256, 4, 16)), jnp.zeros((1, 256, 4, 16))
+  long = jnp.zeros((1, 4096, 4, 16)), jnp.zeros((1, 4096, 4, 16))
+  bf16 = jnp.zeros((1, 256, 4, 16), jnp.bfloat16), jnp.zeros((1, 256, 4, 16), jnp.bfloat16)
+  dense = ScoreBias(dense=jnp.zeros((1, 4, 256, 256)))
+  choose = functools.partial(attention_ops.choose_impl, bias=None, rel_values=None, dropout=False)
+  assert choose(*short, backend='cpu') == 'xla'
+  assert choose(*long, backend='cpu') == 'blockwise'
+  assert choose(*bf16, backend='gpu') == 'cudnn'
+  assert choose(*short, backend='gpu') == 'blockwise'  # float32: cuDNN's flash kernel is 16-bit
+  assert attention_ops.choose_impl(*bf16, bias=dense, rel_values=None, dropout=False,
+                                   backend='gpu') == 'blockwise'
+  assert choose(*short, backend='tpu') == 'blockwise'
+
+
+@pytest.mark.parametrize('choices,message', [
+    ('pos=t5,attn=pallas', "position.kind='t5' is a learned relative bias"),
+    ('pos=shaw,attn=pallas', "position.kind='shaw' is a learned relative bias"),
+    ('pos=shaw,attn=cudnn,model.dtype=bfloat16', 'learned relative bias'),
+    ('attn=pallas,model.attention.dropout=0.1', 'has no attention dropout'),
+    ('attn=cudnn', "runs in bfloat16/float16 but model.dtype='float32'"),
+    ('attn=pallas,model.attention.block_q=24', 'power of two >= 16'),
+    ('attn=blockwise,model.attention.block_k=0', 'positive integer'),
+])
+def test_config_refuses_unsupported_combinations(choices, message):
+  with pytest.raises(mllm.ConfigError, match=message) as err:
+    tiny_config(choices)
+  assert '\n' not in str(err.value)
+
+
+def test_cudnn_is_refused_without_a_gpu():
+  config = tiny_config('attn=cudnn,model.dtype=bfloat16')
+  with pytest.raises(mllm.ConfigError, match="cuDNN needs a GPU, this machine's JAX backend is"):
+    mllm.build_model(config, rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize('impl', ['pallas', 'cudnn'])
+def test_kernels_refuse_learned_terms_at_call_time(impl):
+  q = jnp.zeros((1, 8, 2, 16))
+  with pytest.raises(ValueError, match="learned biases"):
+    attention_ops.ATTENTION_IMPLS[impl](q, q, q, mask=AttentionMask(),
+                                        bias=ScoreBias(dense=jnp.zeros((1, 2, 8, 8))),
+                                        rel_values=None, scale=0.25)
+
+
+# ------------------------------------------------------------------------------------------
+# Whole models: each implementation gives the logits and loss gradients of 'xla'.
+# ------------------------------------------------------------------------------------------
+
+MODEL_CASES = [
+    ('blockwise', 'pos=rope'), ('blockwise', 'pos=alibi,window=9'), ('blockwise', 'pos=t5'),
+    ('blockwise', 'pos=shaw'), ('blockwise', 'pos=none'),
+    ('pallas', 'pos=rope'), ('pallas', 'pos=alibi,window=9'), ('pallas', 'pos=learned'),
+    ('auto', 'pos=rope'),
+]
+
+
+def _model_logits_and_grads(choices, impl, tokens, segments):
+  blocks = {'blockwise': (16, 8), 'pallas': (16, 16), 'auto': (None, None), 'xla': (None, None)}
+  config = tiny_config(choices, model__max_seq_len=48, model__attention__impl=impl,
+                       model__attention__block_q=blocks[impl][0],
+                       model__attention__block_k=blocks[impl][1])
+  model = mllm.build_model(config, rngs=nnx.Rngs(0))
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+  @jax.jit
+  def run(params):
+    def loss(params):
+      logits = nnx.merge(graphdef, params, rest)(tokens, segment_ids=segments)
+      return jnp.mean(jax.nn.log_softmax(logits)[..., 0]), logits
+    return jax.grad(loss, has_aux=True)(params)
+  return run(params)
+
+
+@pytest.mark.parametrize('impl,choices', MODEL_CASES)
+def test_whole_model_matches_xla(impl, choices):
+  tokens = jax.random.randint(jax.random.key(0), (2, 40), 0, 32)
+  segments = jnp.asarray(np.repeat([[0, 1, 2, 3], [0, 0, 1, 1]], 10, axis=1))
+  grads, logits = _model_logits_and_grads(choices, impl, tokens, segments)
+  ref_grads, ref_logits = _model_logits_and_grads(choices, 'xla', tokens, segments)
+  assert relative_error(logits, ref_logits) < 1e-5
+  flat, ref_flat = jax.tree.leaves(grads), jax.tree.leaves(ref_grads)
+  assert len(flat) == len(ref_flat)
+  for got, want in zip(flat, ref_flat):
+    assert relative_error(got, want) < 1e-4
