@@ -13,53 +13,28 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from attention_reference import alibi_bias, attention_with_grads
+from attention_reference import allowed_mask as reference_mask
 from pallas_kernels import flash_attention as fa
 
 F32_TOL, BF16_TOL = 1e-5, 2e-2
 
 
 def allowed_mask(T, S, *, causal, window, q_offset, q_seg=None, kv_seg=None):
-  """[B or 1, T, S] bool: the framework's mask rule, written out literally."""
-  i = q_offset + np.arange(T)[:, None]
-  j = np.arange(S)[None, :]
-  ok = np.ones((T, S), bool)
-  if causal:
-    ok &= j <= i
-  if window is not None:
-    ok &= (i - j < window) & (causal | (j - i < window))
-  ok = ok[None]
-  if q_seg is not None:
-    ok = ok & (q_seg[:, :, None] == kv_seg[:, None, :])
-  return ok
+  """[B or 1, T, S] bool: the framework's mask rule (tests/attention_reference.py)."""
+  B = 1 if q_seg is None else q_seg.shape[0]
+  return reference_mask(B, T, S, causal=causal, window=window, q_offset=q_offset, q_seg=q_seg,
+                        kv_seg=kv_seg)
 
 
 def reference(q, k, v, do, *, scale, causal, window, q_offset, q_seg, kv_seg, slopes, q_pos,
               kv_pos):
-  """float64 attention and its analytic backward; GQA by repeating K/V (fine for a reference)."""
-  q, k, v, do = (np.asarray(x, np.float64) for x in (q, k, v, do))
-  B, T, N, H = q.shape
-  S, K = k.shape[1], k.shape[2]
-  G = N // K
-  kr, vr = np.repeat(k, G, axis=2), np.repeat(v, G, axis=2)
-  s = np.einsum('btnh,bsnh->bnts', q, kr) * scale
-  if slopes is not None:
-    s = s + slopes[None, :, None, None] * (kv_pos[:, None, None, :] - q_pos[:, None, :, None])
-  ok = allowed_mask(T, S, causal=causal, window=window, q_offset=q_offset, q_seg=q_seg,
-                    kv_seg=kv_seg)[:, None]
-  s = np.where(ok, s, -np.inf)
-  row_max = s.max(-1, keepdims=True)
-  p = np.exp(s - np.where(np.isfinite(row_max), row_max, 0.0)) * ok
-  l = p.sum(-1, keepdims=True)
-  p = p / np.where(l == 0, 1.0, l)
-  o = np.einsum('bnts,bsnh->btnh', p, vr)
-  dv = np.einsum('bnts,btnh->bsnh', p, do)
-  dp = np.einsum('btnh,bsnh->bnts', do, vr)
-  delta = np.einsum('btnh,btnh->bnt', do, o)
-  ds = p * (dp - delta[..., None])
-  dq = scale * np.einsum('bnts,bsnh->btnh', ds, kr)
-  dk = scale * np.einsum('bnts,btnh->bsnh', ds, q)
-  group_sum = lambda x: x.reshape(B, S, K, G, H).sum(3)
-  return o, dq, group_sum(dk), group_sum(dv)
+  """float64 output and (dq, dk, dv) from tests/attention_reference.py."""
+  bias = None if slopes is None else alibi_bias(slopes, q_pos, kv_pos)
+  o, (dq, dk, dv, _) = attention_with_grads(q, k, v, do, scale=scale, bias=bias, causal=causal,
+                                            window=window, q_offset=q_offset, q_seg=q_seg,
+                                            kv_seg=kv_seg)
+  return o, dq, dk, dv
 
 
 def rel_err(got, ref):

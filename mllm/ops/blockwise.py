@@ -9,13 +9,14 @@ blocks (online softmax; Milakov & Gimelshein 2018; Dao et al. 2022, Alg. 1):
 
 Only an [B, N, block_q, block_k] score block ever exists. A query block visits only the key
 blocks that can hold a visible key: causal stops at the diagonal and a sliding window starts at the
-window's first block (`_key_block_range`), so skipped blocks cost nothing; with segment ids a block
-pair whose id ranges do not intersect is skipped by `lax.cond`.
+window's first block (pallas_kernels/block_ranges.py, shared with the Pallas kernel), so skipped
+blocks cost nothing; with segment ids a block pair whose id ranges do not intersect is skipped by
+`lax.cond`.
 
 Two backward passes, picked by what the scores contain:
   - fixed modifiers only (mask, ALiBi): a hand-written backward (Dao 2023, Alg. 2) that recomputes
-    each score block from the saved log-sum-exp; one pass over key blocks accumulates dK and dV in
-    registers-to-be and dQ in an O(N) buffer, so the whole step is O(N) memory;
+    each score block from the saved log-sum-exp; one pass over key blocks accumulates dK and dV per
+    key block and dQ in an O(N) buffer, so the whole step is O(N) memory;
   - learned modifiers (a dense T5/Shaw bias, Shaw's value term) or dropout: the same forward as a
     `lax.scan` under `jax.checkpoint` per query block, so autodiff gives every gradient (the
     bias's included) while storing only one query block's residuals at a time.
@@ -35,10 +36,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from pallas_kernels.block_ranges import kv_block_range, q_block_range
+
 # The same finite mask value as 'xla' (mllm.ops.attention.MASK_VALUE); repeated here so that this
 # module imports nothing from its registry.
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
-_FAR = 1 << 30  # "no limit" for distances in index arithmetic, still an int32
 
 DEFAULT_BLOCK = 512  # CPU: big enough for efficient matmuls; [B, N, 512, 512] f32 is 1 MiB per head
 
@@ -65,34 +67,20 @@ class BlockLayout:
   def n_k_blocks(self) -> int:
     return -(-self.S // self.block_k)
 
-  @property
-  def distance_range(self) -> tuple[int, int]:
-    """Allowed i − j (query index minus key index): [lowest, highest]."""
-    lowest = 0 if self.causal else (1 - self.window if self.window else -_FAR)
-    highest = self.window - 1 if self.window else _FAR
-    return lowest, highest
+
+def _ranges(lay: BlockLayout) -> dict:
+  return dict(block_q=lay.block_q, block_k=lay.block_k, q_len=lay.T, kv_len=lay.S,
+              q_offset=lay.q_offset, causal=lay.causal, window=lay.window)
 
 
 def _key_block_range(i, lay: BlockLayout):
-  """Key blocks [lo, hi) that may hold a key visible from query block i (traced or int)."""
-  lowest, highest = lay.distance_range
-  t_first = i * lay.block_q
-  t_last = jnp.minimum(t_first + lay.block_q - 1, lay.T - 1)
-  j_first = jnp.maximum(lay.q_offset + t_first - highest, 0)
-  j_last = jnp.minimum(lay.q_offset + t_last - lowest, lay.S - 1)
-  lo = j_first // lay.block_k
-  return lo, jnp.where(j_first > j_last, lo, j_last // lay.block_k + 1)
+  """Key blocks [lo, hi) that hold a key visible from query block i (traced or int)."""
+  return kv_block_range(i, **_ranges(lay))
 
 
 def _query_block_range(j, lay: BlockLayout):
-  """Query blocks [lo, hi) that may see a key of key block j."""
-  lowest, highest = lay.distance_range
-  j_first = j * lay.block_k
-  j_last = jnp.minimum(j_first + lay.block_k - 1, lay.S - 1)
-  t_first = jnp.maximum(j_first + lowest - lay.q_offset, 0)
-  t_last = jnp.minimum(j_last + highest - lay.q_offset, lay.T - 1)
-  lo = t_first // lay.block_q
-  return lo, jnp.where(t_first > t_last, lo, t_last // lay.block_q + 1)
+  """Query blocks [lo, hi) that see some key of key block j."""
+  return q_block_range(j, **_ranges(lay))
 
 
 def visited_blocks(lay: BlockLayout) -> np.ndarray:
