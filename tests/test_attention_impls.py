@@ -63,6 +63,9 @@ CASES = [
     Case(2, 20, 50, 4, 2, 64),                                  # q_len < kv_len, bottom-right
     Case(1, 24, 50, 4, 4, 80, window=12, q_offset=10),          # explicit offset and a window
     Case(2, 32, 32, 4, 2, 64, segments=True, absent_segment=True),
+    Case(1, 24, 24, 2, 2, 128, causal=False),                   # head_dim 128
+    Case(1, 20, 20, 2, 1, 256),                                 # head_dim 256
+    Case(1, 21, 21, 2, 1, 40, window=6),                        # head_dim 40, padded to 64
     Case(1, 37, 37, 4, 2, 80, dtype=jnp.bfloat16),
     Case(2, 45, 45, 4, 1, 64, segments=True, alibi=True, window=16, dtype=jnp.bfloat16),
 ]
@@ -262,18 +265,23 @@ def test_skipped_blocks_are_not_computed(monkeypatch, window, segments, expected
 # ------------------------------------------------------------------------------------------
 
 def test_auto_picks_per_backend_length_and_features():
-  short = jnp.zeros((1, 256, 4, 16)), jnp.zeros((1, 256, 4, 16))
-  long = jnp.zeros((1, 4096, 4, 16)), jnp.zeros((1, 4096, 4, 16))
-  bf16 = jnp.zeros((1, 256, 4, 16), jnp.bfloat16), jnp.zeros((1, 256, 4, 16), jnp.bfloat16)
-  dense = ScoreBias(dense=jnp.zeros((1, 4, 256, 256)))
-  choose = functools.partial(attention_ops.choose_impl, bias=None, rel_values=None, dropout=False)
-  assert choose(*short, backend='cpu') == 'xla'
-  assert choose(*long, backend='cpu') == 'blockwise'
-  assert choose(*bf16, backend='gpu') == 'cudnn'
-  assert choose(*short, backend='gpu') == 'blockwise'  # float32: cuDNN's flash kernel is 16-bit
-  assert attention_ops.choose_impl(*bf16, bias=dense, rel_values=None, dropout=False,
-                                   backend='gpu') == 'blockwise'
-  assert choose(*short, backend='tpu') == 'blockwise'
+  def qk(n, dtype=jnp.float32):
+    return jnp.zeros((1, n, 4, 16), dtype), jnp.zeros((1, n, 4, 16), dtype)
+  short, long = qk(attention_ops.BLOCKWISE_FROM - 1), qk(attention_ops.BLOCKWISE_FROM)
+  dense = ScoreBias(dense=jnp.zeros((1, 4, 1, 1)))
+  alibi = ScoreBias(alibi_slopes=jnp.ones(4), q_positions=jnp.zeros((1, 1), jnp.int32),
+                    kv_positions=jnp.zeros((1, 1), jnp.int32))
+  choose = functools.partial(attention_ops.choose_impl, rel_values=None, dropout=False)
+  for backend in ('cpu', 'gpu', 'tpu'):
+    assert choose(*short, bias=None, backend=backend) == 'xla'
+    assert choose(*long, bias=None, backend=backend) == 'blockwise'
+    assert choose(*long, bias=dense, backend=backend) == 'blockwise'
+  assert choose(*qk(64, jnp.bfloat16), bias=None, backend='gpu') == 'cudnn'
+  assert choose(*qk(64, jnp.bfloat16), bias=None, backend='cpu') == 'xla'
+  assert choose(*qk(4096, jnp.bfloat16), bias=dense, backend='gpu') == 'blockwise'
+  assert choose(*qk(4096, jnp.bfloat16), bias=alibi, backend='gpu') == 'blockwise'
+  assert attention_ops.choose_impl(*qk(64, jnp.bfloat16), bias=None, rel_values=None,
+                                   dropout=True, backend='gpu') == 'xla'
 
 
 @pytest.mark.parametrize('choices,message', [

@@ -67,7 +67,7 @@ EXPECTED = {
     'base': {
         'model.position.kind': 'rope', 'model.ffn.kind': 'swiglu', 'model.norm.kind': 'rmsnorm',
         'model.norm.placement': 'pre', 'model.n_heads': 8, 'model.n_kv_heads': 8,
-        'model.attention.sliding_window': None, 'model.attention.impl': 'xla',
+        'model.attention.sliding_window': None, 'model.attention.impl': 'auto',
     },
     'rope_swiglu': {
         'model.position.kind': 'rope', 'model.ffn.kind': 'swiglu', 'model.norm.kind': 'rmsnorm',

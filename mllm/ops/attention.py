@@ -304,28 +304,27 @@ def cudnn_attention(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: ScoreB
   return jnp.where(jnp.any(allowed, axis=-1)[:, 0, :, None, None], out, 0).astype(q_BTNH.dtype)
 
 
-# 'auto' on CPU: the sequence length from which 'blockwise' beats 'xla' (benchmarks/attention.py,
-# benchmarks/results/attention-cpu.md: causal forward+backward).
-CPU_BLOCKWISE_FROM = 1024
+# 'auto': from this many keys on, 'blockwise' replaces 'xla' (benchmarks/results/attention-cpu.md:
+# on CPU, causal forward+backward, blockwise takes 0.73x xla's time at 512 keys and 0.53x at 8192,
+# and its memory stays O(N)); below it the dense scores are small and 'xla' is as fast.
+BLOCKWISE_FROM = 512
 
 
 def choose_impl(q_BTNH, k_BSKH, *, bias: ScoreBias | None, rel_values: RelativeValues | None,
                 dropout: bool, backend: str | None = None) -> str:
-  """What 'auto' runs: the fastest implementation that supports the call, per backend.
+  """What 'auto' runs: the fastest implementation that supports the call on this backend.
 
-  GPU: cuDNN for bf16/fp16 calls without learned terms or ALiBi (FA3 paper: cuDNN is the fastest
-  fused kernel on H100); the Pallas kernel is not picked until it has been measured on a GPU. Every
-  other case, and CPU/TPU at long sequences: 'blockwise' (O(N) memory); short CPU sequences: 'xla'.
+  GPU, bf16/fp16, no learned terms and no ALiBi: cuDNN (the fastest fused kernel on H100 in the
+  FA3 paper; it would round an ALiBi bias to bf16). Otherwise 'xla' below BLOCKWISE_FROM keys and
+  'blockwise' from there. The Pallas kernel is not picked until it has been measured on a GPU.
   """
   backend = backend or jax.default_backend()
   learned = rel_values is not None or dropout or (bias is not None and bias.dense is not None)
-  alibi = bias is not None and bias.alibi_slopes is not None  # cuDNN would round it to bf16
+  alibi = bias is not None and bias.alibi_slopes is not None
   if (backend == 'gpu' and not learned and not alibi
       and q_BTNH.dtype in (jnp.bfloat16, jnp.float16)):
     return 'cudnn'
-  if backend == 'cpu' and k_BSKH.shape[1] < CPU_BLOCKWISE_FROM:
-    return 'xla'
-  return 'blockwise'
+  return 'xla' if k_BSKH.shape[1] < BLOCKWISE_FROM else 'blockwise'
 
 
 def auto_attention(q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
