@@ -326,29 +326,35 @@ MODEL_CASES = [
 ]
 
 
-def _model_logits_and_grads(choices, impl, tokens, segments):
+def _model_logits_and_grads(choices, impl, tokens, segments, **overrides):
   blocks = {'blockwise': (16, 8), 'pallas': (16, 16), 'auto': (None, None), 'xla': (None, None)}
   config = tiny_config(choices, model__max_seq_len=48, model__attention__impl=impl,
                        model__attention__block_q=blocks[impl][0],
-                       model__attention__block_k=blocks[impl][1])
+                       model__attention__block_k=blocks[impl][1], **overrides)
   model = mllm.build_model(config, rngs=nnx.Rngs(0))
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
   @jax.jit
   def run(params):
     def loss(params):
-      logits = nnx.merge(graphdef, params, rest)(tokens, segment_ids=segments)
+      # Fresh copies of the non-parameter state: nnx.merge inside a trace needs its own Variables.
+      model = nnx.merge(graphdef, params, jax.tree.map(lambda x: x, rest))
+      logits = model(tokens, segment_ids=segments)
       return jnp.mean(jax.nn.log_softmax(logits)[..., 0]), logits
     return jax.grad(loss, has_aux=True)(params)
   return run(params)
 
 
-@pytest.mark.parametrize('impl,choices', MODEL_CASES)
-def test_whole_model_matches_xla(impl, choices):
+@pytest.mark.parametrize('impl,choices,overrides', [
+    *[(impl, choices, {}) for impl, choices in MODEL_CASES],
+    ('blockwise', 'pos=alibi', {'model__remat': 'full', 'model__scan_layers': True}),
+    ('pallas', 'pos=rope', {'model__remat': 'dots', 'model__scan_layers': True}),
+])
+def test_whole_model_matches_xla(impl, choices, overrides):
   tokens = jax.random.randint(jax.random.key(0), (2, 40), 0, 32)
   segments = jnp.asarray(np.repeat([[0, 1, 2, 3], [0, 0, 1, 1]], 10, axis=1))
-  grads, logits = _model_logits_and_grads(choices, impl, tokens, segments)
-  ref_grads, ref_logits = _model_logits_and_grads(choices, 'xla', tokens, segments)
+  grads, logits = _model_logits_and_grads(choices, impl, tokens, segments, **overrides)
+  ref_grads, ref_logits = _model_logits_and_grads(choices, 'xla', tokens, segments, **overrides)
   assert relative_error(logits, ref_logits) < 1e-5
   flat, ref_flat = jax.tree.leaves(grads), jax.tree.leaves(ref_grads)
   assert len(flat) == len(ref_flat)
