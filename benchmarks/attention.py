@@ -14,10 +14,10 @@ of two, counting recomputation); fwd+bwd = 3.5 × forward. TFLOP/s = these FLOPs
 implementation is not credited for recomputing or for computing the masked half.
 
 CPU (defaults: float32, batch 1, 8 heads, d 64, N 512…16384; dense scores capped by --max_gb):
-    python benchmarks/attention.py
-    python benchmarks/attention.py --seq_lens=128,256 --repeats=1 --impls=xla --out=/tmp/a.md  # smoke
+    python -m benchmarks.attention
+    python -m benchmarks.attention --seq_lens=128,256 --repeats=1 --impls=xla --out=/tmp/a.md  # smoke
 GPU (FlashAttention's setting: 16k tokens per batch, model width 2048):
-    python benchmarks/attention.py --dtype=bfloat16 --tokens_per_batch=16384 --heads=16 \\
+    python -m benchmarks.attention --dtype=bfloat16 --tokens_per_batch=16384 --heads=16 \\
         --head_dim=128 --causal=both --impls=xla,pallas,cudnn
 
 Implementations come from the registry ATTENTION_IMPLS; one that is not registered, or not available
@@ -43,6 +43,7 @@ import time
 import jax
 import jax.numpy as jnp
 
+from benchmarks.machine import cpu_model
 from mllm.ops.attention import ATTENTION_IMPLS, AttentionMask, attend
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -78,12 +79,7 @@ def parse_args(argv=None):
 
 def environment(args) -> dict:
   dev = jax.devices()[0]
-  cpu = platform.processor() or platform.machine()
-  try:
-    with open('/proc/cpuinfo') as f:
-      cpu = next(line.split(':', 1)[1].strip() for line in f if line.startswith('model name'))
-  except (OSError, StopIteration):
-    pass
+  cpu = cpu_model()
   machine = cpu if dev.platform == 'cpu' else f'{dev.device_kind} ({jax.device_count()} device(s)), host {cpu}'
   return {
       'machine': f'{machine}, {os.cpu_count()} CPU cores',

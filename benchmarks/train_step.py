@@ -33,6 +33,7 @@ import optax
 from flax import nnx
 
 import mllm
+from benchmarks.machine import cpu_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -157,12 +158,7 @@ def time_interleaved(runners: dict, steps: int, warmup: int) -> dict:
 
 def environment() -> dict:
   import torch
-  cpu = platform.processor() or platform.machine()
-  try:
-    with open('/proc/cpuinfo') as f:
-      cpu = next(line.split(':', 1)[1].strip() for line in f if line.startswith('model name'))
-  except (OSError, StopIteration):
-    pass
+  cpu = cpu_model()
   return {
       'machine': f'{cpu}, {os.cpu_count()} CPU cores, {platform.system()} {platform.release()}',
       'date': datetime.date.today().isoformat(),

@@ -12,6 +12,18 @@ import jax.numpy as jnp
 from jax import lax
 
 
+def visible(distance, *, causal: bool, window: int | None):
+  """Boolean array: may a query see a key `distance` = i − j indices before it (the rule above)."""
+  ok = jnp.ones(jnp.shape(distance), bool)
+  if causal:
+    ok &= distance >= 0
+  if window is not None:
+    ok &= distance < window
+    if not causal:
+      ok &= distance > -window
+  return ok
+
+
 # Bounds work on Python ints (tests, brute-force checks) and on traced int32 scalars in kernels,
 # where `//` is not lowered; all operands of _div are non-negative, so lax.div is floor division.
 def _is_int(*xs):

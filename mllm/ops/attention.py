@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from mllm.ops.blockwise import blockwise_attention, static_q_offset
+from pallas_kernels.block_ranges import visible
 
 # Masked logits use a large finite value, not -inf: a fully masked row then stays finite (and is
 # zeroed explicitly below) instead of producing NaN through exp(-inf - -inf).
@@ -55,13 +56,7 @@ class AttentionMask:
     q_idx = jnp.reshape(jnp.asarray(offset), (-1, 1)) + jnp.arange(q_len)  # [B|1, T]
     k_idx = jnp.arange(kv_len)
     distance = q_idx[:, :, None] - k_idx[None, None, :]  # [B|1, T, S], i − j
-    ok = jnp.ones(distance.shape, dtype=bool)
-    if self.causal:
-      ok &= distance >= 0
-    if self.window is not None:
-      ok &= distance < self.window
-      if not self.causal:
-        ok &= distance > -self.window
+    ok = visible(distance, causal=self.causal, window=self.window)
     if self.q_segment_ids is not None:
       ok &= self.q_segment_ids[:, :, None] == self.kv_segment_ids[:, None, :]
     return ok[:, None]

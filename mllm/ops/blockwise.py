@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from pallas_kernels.block_ranges import kv_block_range, q_block_range
+from pallas_kernels.block_ranges import kv_block_range, q_block_range, visible
 
 # The same finite mask value as 'xla' (mllm.ops.attention.MASK_VALUE); repeated here so that this
 # module imports nothing from its registry.
@@ -164,13 +164,7 @@ def _block_scores(q_BKGqH, k_BKbH, i, j, aux, lay: BlockLayout):
   t = i * lay.block_q + jnp.arange(lay.block_q)
   kj = j * lay.block_k + jnp.arange(lay.block_k)
   distance = (lay.q_offset + t)[:, None] - kj[None, :]
-  ok = jnp.broadcast_to(kj[None, :] < lay.S, distance.shape)
-  if lay.causal:
-    ok &= distance >= 0
-  if lay.window is not None:
-    ok &= distance < lay.window
-    if not lay.causal:
-      ok &= distance > -lay.window
+  ok = visible(distance, causal=lay.causal, window=lay.window) & (kj[None, :] < lay.S)
   ok = ok[None, None, None]
   if lay.segments:
     same = aux['q_seg'][i][:, :, None] == aux['kv_seg'][j][:, None, :]  # [B, bq, bk]
