@@ -9,7 +9,12 @@ No Pallas import here: these are plain integer formulas.
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
+
+# Masked logits use a large finite value, not -inf: a fully masked row then stays finite (and is
+# zeroed explicitly) instead of producing NaN through exp(-inf - -inf).
+MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 
 
 def visible(distance, *, causal: bool, window: int | None):

@@ -32,10 +32,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels.block_ranges import kv_block_range, q_block_range  # noqa: F401 (re-exported)
+from pallas_kernels.block_ranges import MASK_VALUE, kv_block_range, q_block_range  # noqa: F401
 
-# Finite so that fully masked rows give (MASK - MASK) = 0 instead of (-inf) - (-inf) = NaN.
-MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 LOG2E = math.log2(math.e)
 
 

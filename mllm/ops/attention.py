@@ -27,12 +27,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from mllm.ops.blockwise import blockwise_attention, static_q_offset
-from pallas_kernels.block_ranges import visible
+from mllm.ops.blockwise import blockwise_attention
+from pallas_kernels.block_ranges import MASK_VALUE, visible  # noqa: F401 (MASK_VALUE re-exported)
 
-# Masked logits use a large finite value, not -inf: a fully masked row then stays finite (and is
-# zeroed explicitly below) instead of producing NaN through exp(-inf - -inf).
-MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
 @struct.dataclass
@@ -50,9 +47,21 @@ class AttentionMask:
   kv_segment_ids: jax.Array | None = None  # [B, S]
   q_offset: jax.Array | int | None = None  # scalar or [B]
 
+  def offset(self, q_len: int, kv_len: int):
+    """Key index of query 0: q_offset, or kv_len − q_len (bottom-right) when it is None."""
+    return kv_len - q_len if self.q_offset is None else self.q_offset
+
+  def static_offset(self, q_len: int, kv_len: int, impl: str) -> int:
+    """The offset as a Python int, for implementations that decide block skipping at trace time."""
+    try:
+      return int(self.offset(q_len, kv_len))
+    except (TypeError, jax.errors.ConcretizationTypeError):
+      raise ValueError(f"attention impl={impl!r} needs a static q_offset (a Python int or None); "
+                       "got a traced array: use impl='xla' for per-example offsets") from None
+
   def allowed(self, q_len: int, kv_len: int) -> jax.Array:
     """Boolean [B or 1, 1, T, S]: True where query i may attend key j."""
-    offset = kv_len - q_len if self.q_offset is None else self.q_offset
+    offset = self.offset(q_len, kv_len)
     q_idx = jnp.reshape(jnp.asarray(offset), (-1, 1)) + jnp.arange(q_len)  # [B|1, T]
     k_idx = jnp.arange(kv_len)
     distance = q_idx[:, :, None] - k_idx[None, None, :]  # [B|1, T, S], i − j
@@ -257,7 +266,7 @@ def pallas_attention(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: Score
   alibi = bias is not None and bias.alibi_slopes is not None
   return flash_attention(
       q_BTNH, k_BSKH, v_BSKH, scale=scale, causal=mask.causal, window=mask.window,
-      q_offset=static_q_offset(mask, T, S, 'pallas'), q_segment_ids=mask.q_segment_ids,
+      q_offset=mask.static_offset(T, S, 'pallas'), q_segment_ids=mask.q_segment_ids,
       kv_segment_ids=mask.kv_segment_ids, alibi_slopes=bias.alibi_slopes if alibi else None,
       q_positions=bias.q_positions if alibi else None,
       kv_positions=bias.kv_positions if alibi else None, block_q=block_q, block_k=block_k)
@@ -281,7 +290,7 @@ def cudnn_attention(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: ScoreB
     raise ValueError(f'attention impl=cudnn needs bfloat16 or float16 inputs, got {q_BTNH.dtype}; '
                      "set model.dtype='bfloat16' or use impl='blockwise'")
   T, S = q_BTNH.shape[1], k_BSKH.shape[1]
-  aligned = static_q_offset(mask, T, S, 'cudnn') == 0 and T == S
+  aligned = mask.static_offset(T, S, 'cudnn') == 0 and T == S
   plain = aligned and mask.q_segment_ids is None and (mask.window is None or mask.causal)
   dense_bias = None
   if bias is not None:  # cuDNN reads the bias in the input dtype: bf16 rounds large ALiBi terms

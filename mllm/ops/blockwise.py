@@ -33,14 +33,10 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
-from pallas_kernels.block_ranges import kv_block_range, q_block_range, visible
+from pallas_kernels.block_ranges import MASK_VALUE, kv_block_range, q_block_range, visible
 
-# The same finite mask value as 'xla' (mllm.ops.attention.MASK_VALUE); repeated here so that this
-# module imports nothing from its registry.
-MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 
 DEFAULT_BLOCK = 512  # CPU: big enough for efficient matmuls; [B, N, 512, 512] f32 is 1 MiB per head
 
@@ -83,15 +79,6 @@ def _query_block_range(j, lay: BlockLayout):
   return q_block_range(j, **_ranges(lay))
 
 
-def visited_blocks(lay: BlockLayout) -> np.ndarray:
-  """Boolean [nq, nk]: which block pairs the forward visits (for tests and the benchmark)."""
-  grid = np.zeros((lay.n_q_blocks, lay.n_k_blocks), bool)
-  for i in range(lay.n_q_blocks):
-    lo, hi = (int(x) for x in _key_block_range(i, lay))
-    grid[i, lo:hi] = True
-  return grid
-
-
 # ----------------------------------------------------------------------------------------------
 # Block layout in and out.
 # ----------------------------------------------------------------------------------------------
@@ -123,11 +110,6 @@ def _k_blocks(x_BSKH, block):
   B, S, K, H = x_BSKH.shape
   n = -(-S // block)
   return _pad_to(x_BSKH, 1, n * block).reshape(B, n, block, K, H).transpose(1, 0, 3, 2, 4)
-
-
-def _from_k_blocks(x_nBKbH, S):
-  n, B, K, bk, H = x_nBKbH.shape
-  return x_nBKbH.transpose(1, 0, 3, 2, 4).reshape(B, n * bk, K, H)[:, :S]
 
 
 def _seq_blocks(x_BT, block):
@@ -188,16 +170,22 @@ def _skip_unless_overlap(step, i, j, aux, lay, carry):
   return lax.cond(_blocks_overlap(i, j, aux), step, lambda c: c, carry)
 
 
-def _online_softmax_step(carry, s, ok, v_BKbH):
-  """Fold one score block into (m, l, acc); masked entries contribute exactly nothing."""
+def _online_softmax_step(carry, s, ok, v_BKbH, dropout=None):
+  """Fold one score block into (m, l, acc); masked entries contribute exactly nothing.
+
+  `dropout(p)` drops probabilities after the normalizer l has seen them. Returns the new carry,
+  the probabilities that reached acc, and the factor exp(m − m') that rescaled it.
+  """
   m, l, acc = carry
   m_new = jnp.maximum(m, s.max(-1))
   p = jnp.where(ok, jnp.exp(s - m_new[..., None]), 0.0)
   correction = jnp.exp(m - m_new)
   l = l * correction + p.sum(-1)
+  if dropout is not None:
+    p = dropout(p)
   acc = acc * correction[..., None] + jnp.einsum(
       'bkgqs,bksh->bkgqh', p.astype(v_BKbH.dtype), v_BKbH, preferred_element_type=jnp.float32)
-  return (m_new, l, acc), p
+  return (m_new, l, acc), p, correction
 
 
 def _finish(m, l, acc):
@@ -317,31 +305,28 @@ def _learned(q_blocks, k_blocks, v_blocks, aux, lay, dense_blocks, rel_table, in
     def visit(carry, xs):
       j, k, v, dense, index = xs
 
+      def drop(p):  # keyed by the block pair, so the rematerialized pass draws the same mask
+        block_rng = jax.random.fold_in(jax.random.fold_in(dropout_rng, i), j)
+        keep = jax.random.bernoulli(block_rng, 1.0 - dropout_rate, p.shape)
+        return jnp.where(keep, p / (1.0 - dropout_rate), 0.0)
+
       def step(carry):
         m, l, acc, acc_rel = carry
         s, ok = _block_scores(q, k, i, j, aux, lay)
         if dense is not None:
           s = jnp.where(ok, s + dense, MASK_VALUE)
-        m_new = jnp.maximum(m, s.max(-1))
-        p = jnp.where(ok, jnp.exp(s - m_new[..., None]), 0.0)
-        correction = jnp.exp(m - m_new)
-        l = l * correction + p.sum(-1)  # the normalizer sees the probabilities before dropout
-        if dropout_rate > 0.0:
-          block_rng = jax.random.fold_in(jax.random.fold_in(dropout_rng, i), j)
-          keep = jax.random.bernoulli(block_rng, 1.0 - dropout_rate, p.shape)
-          p = jnp.where(keep, p / (1.0 - dropout_rate), 0.0)
-        acc = acc * correction[..., None] + jnp.einsum(
-            'bkgqs,bksh->bkgqh', p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+        (m, l, acc), p, correction = _online_softmax_step(
+            (m, l, acc), s, ok, v, drop if dropout_rate > 0.0 else None)
         if index is not None:  # Shaw's value term: accumulate the weight of each relative index
           onehot = jax.nn.one_hot(index, n_rel, dtype=jnp.float32)  # [B|1, bq, bk, R]
           acc_rel = acc_rel * correction[..., None] + jnp.einsum('bkgqs,bqsr->bkgqr', p, onehot)
-        return m_new, l, acc, acc_rel
+        return m, l, acc, acc_rel
 
       lo, hi = _key_block_range(i, lay)
-      visible = (j >= lo) & (j < hi)
+      needed = (j >= lo) & (j < hi)
       if lay.segments:
-        visible &= _blocks_overlap(i, j, aux)
-      return lax.cond(visible, step, lambda c: c, carry), None
+        needed &= _blocks_overlap(i, j, aux)
+      return lax.cond(needed, step, lambda c: c, carry), None
 
     m, l, acc = _initial_carry(q)
     acc_rel = jnp.zeros(q.shape[:-1] + (n_rel,), jnp.float32)
@@ -364,17 +349,6 @@ def _learned(q_blocks, k_blocks, v_blocks, aux, lay, dense_blocks, rel_table, in
 # Entry point.
 # ----------------------------------------------------------------------------------------------
 
-def static_q_offset(mask, T: int, S: int, impl: str) -> int:
-  """The mask's query offset as a Python int (block skipping is decided at trace time)."""
-  if mask.q_offset is None:
-    return S - T
-  try:
-    return int(mask.q_offset)
-  except (TypeError, jax.errors.ConcretizationTypeError):
-    raise ValueError(f"attention impl={impl!r} needs a static q_offset (a Python int or None); "
-                     "got a traced array: use impl='xla' for per-example offsets") from None
-
-
 def blockwise_attention(q_BTNH, k_BSKH, v_BSKH, *, mask, bias=None, rel_values=None, scale: float,
                         dropout_rate: float = 0.0, dropout_rng=None, block_q: int | None = None,
                         block_k: int | None = None) -> jax.Array:
@@ -385,7 +359,7 @@ def blockwise_attention(q_BTNH, k_BSKH, v_BSKH, *, mask, bias=None, rel_values=N
   block_k = min(block_k or DEFAULT_BLOCK, S)
   lay = BlockLayout(
       T=T, S=S, block_q=block_q, block_k=block_k, causal=mask.causal, window=mask.window,
-      q_offset=static_q_offset(mask, T, S, 'blockwise'), scale=float(scale),
+      q_offset=mask.static_offset(T, S, 'blockwise'), scale=float(scale),
       alibi=bias is not None and bias.alibi_slopes is not None,
       segments=mask.q_segment_ids is not None)
   aux = _aux_arrays(mask, bias, B, T, S, N, K, block_q, block_k)
