@@ -16,8 +16,8 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from mllm.config import (ConfigError, get_path, load_config, parse_value, read_config, set_path,
-                         validate)
+from mllm.config import (ConfigError, declared_type, get_path, load_config, parse_value, read_config,
+                         set_path, validate)
 
 DEFAULT_CONFIG = 'configs/rope_swiglu.py'
 
@@ -88,7 +88,7 @@ def preflight(argv: list[str]) -> None:
         key, sep, value = arg[len('--config.'):].partition('=')
         if not sep:
           raise ConfigError(f'--config.{key}', None, 'expected --config.key=value')
-        set_path(config, key, parse_value(value, _current(config, key)))
+        set_path(config, key, parse_value(value, _current(config, key), declared_type(config, key)))
     validate(config)
   except ConfigError as err:
     _fail(str(err))
@@ -116,6 +116,9 @@ def main(argv: list[str]) -> None:
     MODES[_MODE.value](config, _config_spec(sys.argv))
   except ConfigError as err:  # what only the run can check: data paths, devices, a resume
     _fail(str(err))
+  except OSError as err:  # a path the checks could not foresee (a disk filling up, a lost mount)
+    where = f'{err.filename}: ' if err.filename else ''
+    _fail(f'{where}{err.strerror or err}')
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
@@ -133,5 +136,6 @@ if __name__ == '__main__':
   _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory: checkpoints, metrics, config; '
                                  'default runs/<config name>. An existing one is resumed.')
   _STOP_AFTER = flags.DEFINE_integer('stop_after', None, 'Train up to this step, save and exit '
-                                     '(for chunked jobs); the schedule still ends at train.steps.')
+                                     '(for chunked jobs); the schedule still ends at train.steps.',
+                                     lower_bound=1)
   app.run(main, flags_parser=_parse_flags)

@@ -111,6 +111,9 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   train.max_to_keep = 3
   train.async_checkpoint = True
   train.peak_flops = placeholder(float)  # per device, for MFU; None: look the chip up
+  # A fresh run starting from the parameters of another: "workdir:PATH" (its latest checkpoint, or
+  # PATH/checkpoints/<step>). Optimizer, step and data start anew; ignored once this run has saved.
+  train.init_from = placeholder(str)
   train.tensorboard = True
 
   config.mesh = config_dict.ConfigDict(dict(data=-1, fsdp=1, tensor=1))  # -1: all devices left

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import math
 import os
 import sys
 from typing import Any, Iterable, Mapping
@@ -25,6 +26,7 @@ DATA_SOURCES = ('stdlib', 'text', 'jsonl', 'parquet', 'hf')
 TOKENIZERS = ('bpe', 'byte')
 SCHEDULES = ('cosine', 'linear', 'constant', 'inverse_sqrt')
 MESH_AXES = ('data', 'fsdp', 'tensor')
+INIT_SOURCES = ('workdir',)  # train.init_from='workdir:PATH'
 
 # Short names accepted in `--config=configs/base.py:pos=alibi,ffn=geglu,...`. Any dotted path
 # (`model.n_layers=4`) and any leaf name that is unique in the config (`n_kv_heads=2`) work too.
@@ -76,6 +78,16 @@ def get_path(config, path: str) -> Any:
   return node
 
 
+def declared_type(config, path: str) -> type | None:
+  """The type a leaf was declared with (also for an unset placeholder), or None if unknown."""
+  *parents, leaf = path.split('.')
+  try:
+    node = get_path(config, '.'.join(parents)) if parents else config
+    return node.get_type(leaf)
+  except (KeyError, AttributeError, TypeError):
+    return None
+
+
 def set_path(config: config_dict.ConfigDict, path: str, value: Any) -> None:
   """config[path] = value, with a ConfigError naming the key for unknown keys or wrong types."""
   *parents, leaf = path.split('.')
@@ -94,12 +106,16 @@ def set_path(config: config_dict.ConfigDict, path: str, value: Any) -> None:
     with node.unlocked():
       node[leaf] = value
   except (TypeError, ValueError) as err:
-    expected = type(node[leaf]).__name__ if node[leaf] is not None else 'a value of the declared type'
+    declared = declared_type(config, path)
+    expected = declared.__name__ if declared else 'a value of the declared type'
     raise ConfigError(path, value, f'wrong type, expected {expected} ({err})') from None
 
 
-def parse_value(text: str, current: Any = None) -> Any:
+def parse_value(text: str, current: Any = None, declared: type | None = None) -> Any:
   """'4' → 4, '0.5' → 0.5, 'true' → True, 'none' → None, anything else stays a string.
+
+  For a float field (`current` a float, or `declared` float), 'nan' and '[+-]inf' become floats,
+  so validation names the key ("must be finite") instead of reporting a wrong type.
 
   When the field being set currently holds a string (a variant name), the text is taken as is, so
   `pos=none` chooses the variant named 'none' rather than None.
@@ -107,6 +123,9 @@ def parse_value(text: str, current: Any = None) -> Any:
   if isinstance(current, str):
     return text.strip()
   lowered = text.strip().lower()
+  is_float = isinstance(current, float) or declared is float
+  if is_float and lowered.lstrip('+-') in ('nan', 'inf', 'infinity'):
+    return float(lowered)  # as absl's float parser reads it; validate() then refuses it
   if lowered in ('none', 'null'):
     return None
   if lowered in ('true', 'false'):
@@ -145,7 +164,7 @@ def apply_choices(config: config_dict.ConfigDict, arg: str | None) -> config_dic
     if not sep:
       raise ConfigError('config arg', item, 'expected key=value pairs, e.g. pos=alibi,ffn=geglu')
     path = resolve_choice_key(config, key.strip(), parse_value(text))
-    set_path(config, path, parse_value(text, get_path(config, path)))
+    set_path(config, path, parse_value(text, get_path(config, path), declared_type(config, path)))
   return config
 
 
@@ -171,6 +190,15 @@ def _rate(key: str, value: Any) -> None:
     raise ConfigError(key, value, 'a dropout rate must be in [0, 1)')
 
 
+def check_finite(config: config_dict.ConfigDict, prefix: str = '') -> None:
+  """Every float in the config is a number: NaN and ±inf pass most range checks unnoticed
+  (`nan <= 0` is False), and would only show up as a NaN loss many steps later."""
+  for path, value in flatten(config).items():
+    if isinstance(value, float) and not math.isfinite(value):
+      raise ConfigError(prefix + path, value, 'must be a finite number; NaN and ±inf are not '
+                        'allowed')
+
+
 def _divisors(n: int) -> str:
   return ', '.join(str(d) for d in range(1, n + 1) if n % d == 0)
 
@@ -189,6 +217,7 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
   p = prefix
   if not isinstance(m, config_dict.ConfigDict):
     raise ConfigError(p, m, 'must be a config section (a ConfigDict)')
+  check_finite(m, f'{p}.')
   for key in ('vocab_size', 'd_model', 'n_layers', 'n_heads', 'n_kv_heads', 'max_seq_len'):
     value = m[key]
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -201,7 +230,7 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
     value = get_path(m, path)
     if not isinstance(value, bool) and not (value is None and path in OPTIONAL_KEYS):
       raise ConfigError(f'{p}.{path}', value, 'must be true or false')
-  _positive(f'{p}.head_dim', m.head_dim, optional=True)
+  _integer(f'{p}.head_dim', m.head_dim, optional=True)
   _positive(f'{p}.init_std', m.init_std)
   _one_of(f'{p}.dtype', m.dtype, DTYPES, 'compute dtype')
   _one_of(f'{p}.param_dtype', m.param_dtype, DTYPES, 'parameter dtype')
@@ -220,7 +249,7 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
 
   a = m.attention
   _one_of(f'{p}.attention.impl', a.impl, ATTENTION_IMPLS, 'attention implementation')
-  _positive(f'{p}.attention.sliding_window', a.sliding_window, optional=True)
+  _integer(f'{p}.attention.sliding_window', a.sliding_window, optional=True)
   _positive(f'{p}.attention.softmax_scale', a.softmax_scale, optional=True)
   _rate(f'{p}.attention.dropout', a.dropout)
 
@@ -229,29 +258,29 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
   _check_attention_impl(m, p)
   _one_of(f'{p}.position.rope_layout', pos.rope_layout, ROPE_LAYOUTS, 'RoPE layout')
   _one_of(f'{p}.position.rope_scaling', pos.rope_scaling, ROPE_SCALINGS, 'RoPE scaling')
-  if pos.kind == 'rope':
-    _positive(f'{p}.position.rope_theta', pos.rope_theta)
-    if head_dim % 2:
-      derived = '' if m.head_dim else f' (derived as d_model // n_heads = {m.d_model} // {m.n_heads})'
-      raise ConfigError(f'{p}.head_dim', head_dim,
-                        f'RoPE rotates pairs of features, so head_dim must be even{derived}')
-  if pos.rope_scaling != 'none':
-    if pos.kind != 'rope':
-      raise ConfigError(f'{p}.position.rope_scaling', pos.rope_scaling,
-                        f"RoPE scaling needs {p}.position.kind='rope' (it is {pos.kind!r}); "
-                        "allowed here: 'none'")
-    if not isinstance(pos.rope_scaling_factor, (int, float)) or not pos.rope_scaling_factor >= 1.0:
-      raise ConfigError(f'{p}.position.rope_scaling_factor', pos.rope_scaling_factor,
-                        'the context extension factor must be >= 1')
-    _positive(f'{p}.position.rope_original_max_len', pos.rope_original_max_len, optional=True)
-    if pos.rope_scaling == 'yarn' and not 0 < pos.yarn_beta_slow < pos.yarn_beta_fast:
-      raise ConfigError(f'{p}.position.yarn_beta_slow', pos.yarn_beta_slow,
-                        f'YaRN needs 0 < yarn_beta_slow < yarn_beta_fast={pos.yarn_beta_fast}')
-    if pos.rope_scaling == 'llama3' and not (
-        0 < pos.llama3_low_freq_factor < pos.llama3_high_freq_factor):
-      raise ConfigError(f'{p}.position.llama3_low_freq_factor', pos.llama3_low_freq_factor,
-                        'llama3 scaling needs 0 < low_freq_factor < llama3_high_freq_factor='
-                        f'{pos.llama3_high_freq_factor}')
+  # Every numeric key is range-checked, used by this scheme or not: a config is valid as a whole.
+  _positive(f'{p}.position.rope_theta', pos.rope_theta)
+  if not isinstance(pos.rope_scaling_factor, (int, float)) or not pos.rope_scaling_factor >= 1.0:
+    raise ConfigError(f'{p}.position.rope_scaling_factor', pos.rope_scaling_factor,
+                      'the context extension factor must be >= 1')
+  _positive(f'{p}.position.rope_original_max_len', pos.rope_original_max_len, optional=True)
+  _positive(f'{p}.position.yarn_beta_slow', pos.yarn_beta_slow)
+  if not pos.yarn_beta_slow < pos.yarn_beta_fast:
+    raise ConfigError(f'{p}.position.yarn_beta_slow', pos.yarn_beta_slow,
+                      f'YaRN needs 0 < yarn_beta_slow < yarn_beta_fast={pos.yarn_beta_fast}')
+  _positive(f'{p}.position.llama3_low_freq_factor', pos.llama3_low_freq_factor)
+  if not pos.llama3_low_freq_factor < pos.llama3_high_freq_factor:
+    raise ConfigError(f'{p}.position.llama3_low_freq_factor', pos.llama3_low_freq_factor,
+                      'llama3 scaling needs 0 < low_freq_factor < llama3_high_freq_factor='
+                      f'{pos.llama3_high_freq_factor}')
+  if pos.kind == 'rope' and head_dim % 2:
+    derived = '' if m.head_dim else f' (derived as d_model // n_heads = {m.d_model} // {m.n_heads})'
+    raise ConfigError(f'{p}.head_dim', head_dim,
+                      f'RoPE rotates pairs of features, so head_dim must be even{derived}')
+  if pos.rope_scaling != 'none' and pos.kind != 'rope':
+    raise ConfigError(f'{p}.position.rope_scaling', pos.rope_scaling,
+                      f"RoPE scaling needs {p}.position.kind='rope' (it is {pos.kind!r}); "
+                      "allowed here: 'none'")
   if pos.kind == 'sinusoidal' and m.d_model % 2:
     raise ConfigError(f'{p}.d_model', m.d_model, 'sinusoidal positions need an even d_model')
   if pos.kind == 't5':
@@ -269,8 +298,8 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
 
   f = m.ffn
   _one_of(f'{p}.ffn.kind', f.kind, FFNS, 'FFN')
-  _positive(f'{p}.ffn.d_ff', f.d_ff, optional=True)
-  _positive(f'{p}.ffn.multiple_of', f.multiple_of)
+  _integer(f'{p}.ffn.d_ff', f.d_ff, optional=True)
+  _integer(f'{p}.ffn.multiple_of', f.multiple_of)
 
   n = m.norm
   _one_of(f'{p}.norm.kind', n.kind, NORMS, 'norm')
@@ -323,9 +352,12 @@ def check_backend(m: config_dict.ConfigDict, backend: str | None = None, p: str 
                       f"backend is {backend!r}; allowed here: 'xla', 'blockwise', 'pallas', 'auto'")
 
 
-def _integer(key: str, value: Any, minimum: int = 1) -> None:
+def _integer(key: str, value: Any, minimum: int = 1, optional: bool = False) -> None:
+  if optional and value is None:
+    return
   if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-    raise ConfigError(key, value, f'must be an integer >= {minimum}')
+    what = 'a positive integer' if minimum == 1 else f'an integer >= {minimum}'
+    raise ConfigError(key, value, f'must be {what}' + (' or None' if optional else ''))
 
 
 def _number(key: str, value: Any, low: float, high: float, what: str) -> None:
@@ -348,8 +380,11 @@ def validate_data(config: config_dict.ConfigDict) -> None:
   # Whether the tokenizer fits model.vocab_size is checked when the data is built.
   if not isinstance(d.document_mask, bool):
     raise ConfigError('data.document_mask', d.document_mask, 'must be true or false')
-  _positive('data.seq_len', d.seq_len)
-  _positive('data.batch_size', d.batch_size)
+  _integer('data.seq_len', d.seq_len)
+  _integer('data.batch_size', d.batch_size)
+  for key in ('path', 'cache_dir', 'hf_config'):
+    if d[key] is not None and (not isinstance(d[key], str) or not d[key].strip()):
+      raise ConfigError(f'data.{key}', d[key], 'must be a non-empty string, or None')
   if config.model.position.kind == 'learned' and d.seq_len > config.model.max_seq_len:
     raise ConfigError('data.seq_len', d.seq_len,
                       f'learned positions cover model.max_seq_len={config.model.max_seq_len} '
@@ -370,7 +405,7 @@ def validate_train(config: config_dict.ConfigDict) -> None:
   _number('train.b2', t.b2, 0.0, 0.999999, 'an Adam moment decay')
   _positive('train.eps', t.eps)
   _number('train.weight_decay', t.weight_decay, 0.0, 10.0, 'the decoupled weight decay')
-  _number('train.grad_clip', t.grad_clip, 0.0, float('inf'), 'a global norm (0: off)')
+  _number('train.grad_clip', t.grad_clip, 0.0, 1e30, 'a global norm (0: off)')
   for key in ('decay_embeddings', 'decay_norms_and_biases', 'async_checkpoint', 'tensorboard'):
     if not isinstance(t[key], bool):
       raise ConfigError(f'train.{key}', t[key], 'must be true or false')
@@ -385,6 +420,12 @@ def validate_train(config: config_dict.ConfigDict) -> None:
   _integer('train.checkpoint_every', t.checkpoint_every)
   _integer('train.max_to_keep', t.max_to_keep)
   _positive('train.peak_flops', t.peak_flops, optional=True)
+  if t.init_from is not None:
+    kind, sep, path = t.init_from.partition(':') if isinstance(t.init_from, str) else ('', '', '')
+    if kind not in INIT_SOURCES or not sep or not path.strip():
+      raise ConfigError('train.init_from', t.init_from, 'start a fresh run from the parameters of '
+                        "another run; allowed: None, or 'workdir:PATH' (a training workdir, or "
+                        'one of its checkpoints/<step> folders)')
 
 
 def validate_mesh(config: config_dict.ConfigDict) -> None:
@@ -404,6 +445,10 @@ def validate(config: config_dict.ConfigDict) -> None:
 
   What needs the machine (device counts, files on disk) is checked when the run starts.
   """
+  check_finite(config)
+  if isinstance(config.seed, bool) or not isinstance(config.seed, int) or not (
+      0 <= config.seed < 2**31):
+    raise ConfigError('seed', config.seed, 'must be an integer in [0, 2**31)')
   validate_model(config.model)
   validate_data(config)
   validate_train(config)
@@ -426,15 +471,45 @@ def _import_config_file(path: str):
 
 
 def read_config(spec: str) -> config_dict.ConfigDict:
-  """`get_config(arg)` of the file `spec` names (a path, optionally `:arg`), not yet validated."""
+  """`get_config(arg)` of the file `spec` names (a path, optionally `:arg`), not yet validated.
+
+  Every way the file can be wrong (missing, a folder, not Python, a syntax error, an import or
+  get_config that raises, a result that is not a ConfigDict) is one ConfigError line.
+  """
   path, sep, arg = spec.partition(':')
+  if os.path.isdir(path):
+    raise ConfigError('config', spec, 'is a folder; allowed: a Python file such as '
+                      'configs/base.py, optionally followed by :choices')
   if not os.path.isfile(path):
     raise ConfigError('config', spec, 'no such config file; allowed: a path such as '
                       'configs/base.py, optionally followed by :choices')
-  module = _import_config_file(path)
-  if not hasattr(module, 'get_config'):
+  if not path.endswith('.py'):
+    raise ConfigError('config', spec, 'is not a Python file; allowed: a .py file that defines '
+                      'get_config(arg), such as configs/base.py')
+  try:
+    module = _import_config_file(path)
+  except SyntaxError as err:
+    raise ConfigError('config', spec, f'syntax error at line {err.lineno}: {err.msg}; allowed: '
+                      'a Python file that defines get_config(arg)') from None
+  except Exception as err:  # pylint: disable=broad-except  (any error in the user's file)
+    raise ConfigError('config', spec, f'importing it raised {_one_line(err)}') from None
+  if not callable(getattr(module, 'get_config', None)):
     raise ConfigError('config', spec, 'the file defines no get_config(arg)')
-  return module.get_config(arg) if sep else module.get_config()
+  try:
+    config = module.get_config(arg) if sep else module.get_config()
+  except ConfigError:
+    raise
+  except Exception as err:  # pylint: disable=broad-except
+    raise ConfigError('config', spec, f'get_config raised {_one_line(err)}') from None
+  if not isinstance(config, config_dict.ConfigDict):
+    raise ConfigError('config', spec, f'get_config returned a {type(config).__name__}; allowed: '
+                      'an ml_collections ConfigDict (start from configs/base.py)')
+  return config
+
+
+def _one_line(err: BaseException) -> str:
+  text = str(err).strip().splitlines()
+  return type(err).__name__ + (f': {text[0][:300]}' if text else '')
 
 
 def load_config(spec: str, overrides: Mapping[str, Any] | None = None

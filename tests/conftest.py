@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sysconfig
 import tempfile
 
 import pytest
@@ -35,3 +36,41 @@ def tiny_config(choices: str = '', **overrides):
 @pytest.fixture
 def tiny():
   return tiny_config
+
+
+# --- A tiny training run on a small local corpus (byte tokenizer): tests of the loop and resume.
+
+STEPS = 40
+
+
+@pytest.fixture(scope='module')
+def corpus(tmp_path_factory):
+  """14 real documents: standard-library modules copied as .txt files."""
+  root = tmp_path_factory.mktemp('corpus')
+  stdlib = sysconfig.get_paths()['stdlib']
+  names = sorted(n for n in os.listdir(stdlib) if n.endswith('.py'))
+  picked = [n for n in names if 2_000 < os.path.getsize(os.path.join(stdlib, n)) < 30_000][:14]
+  for name in picked:
+    with open(os.path.join(stdlib, name), encoding='utf-8', errors='replace') as f:
+      (root / f'{name}.txt').write_text(f.read(), encoding='utf-8')
+  return str(root)
+
+
+def run_overrides(corpus: str, cache: str, **extra) -> dict:
+  overrides = {
+      'model.vocab_size': 258, 'model.d_model': 32, 'model.n_layers': 2, 'model.n_heads': 4,
+      'model.n_kv_heads': 2, 'model.max_seq_len': 32, 'model.dropout': 0.1,
+      'data.source': 'text', 'data.path': corpus, 'data.tokenizer': 'byte', 'data.seq_len': 32,
+      'data.batch_size': 4, 'data.val_fraction': 0.3, 'data.cache_dir': cache,
+      'train.steps': STEPS, 'train.warmup_steps': 4, 'train.learning_rate': 3e-3,
+      'train.log_every': 1, 'train.eval_every': 0, 'train.eval_batches': 4,
+      'train.checkpoint_every': 1000, 'train.tensorboard': False,
+  }
+  overrides.update({k.replace('__', '.'): v for k, v in extra.items()})
+  return overrides
+
+
+def make_config(corpus, cache, **extra):
+  return tiny_config(**{k.replace('.', '__'): v for k, v in run_overrides(corpus, cache, **extra).items()})
+
+

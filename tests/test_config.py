@@ -363,8 +363,11 @@ def test_rope_scaling_factor_below_one(factor):
   check_error(err, 'model.position.rope_scaling_factor', factor, ['>= 1'])
 
 
-def test_rope_scaling_factor_is_free_when_scaling_is_off():
-  assert load('base', 'rope_scaling_factor=0.5').model.position.rope_scaling_factor == 0.5
+def test_rope_scaling_factor_is_checked_even_when_scaling_is_off():
+  # Every numeric key is range-checked whether or not the current switches use it, so a sweep
+  # that toggles rope_scaling never carries an invalid factor along unnoticed.
+  err = raises_config_error(load, 'base', 'rope_scaling_factor=0.5')
+  check_error(err, 'model.position.rope_scaling_factor', 0.5, ['>= 1'])
 
 
 def test_rope_scaling_factor_one_is_accepted():
@@ -415,14 +418,22 @@ def test_sizes_must_be_positive_via_choices(arg, key, value):
 
 
 @pytest.mark.parametrize('key,value', [
-    ('model.head_dim', 0), ('model.head_dim', -2), ('model.init_std', 0.0),
-    ('model.norm.eps', 0.0), ('model.ffn.d_ff', 0), ('model.ffn.multiple_of', 0),
-    ('model.attention.softmax_scale', -1.0), ('model.position.rope_theta', 0.0),
-    ('data.seq_len', 0), ('data.batch_size', 0),
+    ('model.init_std', 0.0), ('model.norm.eps', 0.0), ('model.attention.softmax_scale', -1.0),
+    ('model.position.rope_theta', 0.0),
 ])
 def test_positive_numbers(key, value):
   err = raises_config_error(load, 'base', overrides={key: value})
   check_error(err, key, value, ['must be a positive number'])
+
+
+@pytest.mark.parametrize('key,value', [
+    ('model.head_dim', 0), ('model.head_dim', -2), ('model.ffn.d_ff', 0),
+    ('model.ffn.multiple_of', 0), ('model.attention.sliding_window', 0), ('data.seq_len', 0),
+    ('data.batch_size', 0),
+])
+def test_positive_integers(key, value):
+  err = raises_config_error(load, 'base', overrides={key: value})
+  check_error(err, key, value, ['must be a positive integer'])
 
 
 @pytest.mark.parametrize('key', ['model.dropout', 'model.embed_dropout',
@@ -522,7 +533,7 @@ def test_unknown_override_key(key, where, listed):
     ('model.n_layers', 'four', 'int'),
     ('model.n_layers', 2.5, 'int'),
     ('model.position.kind', 3, 'str'),
-    ('model.head_dim', 'x', 'declared type'),
+    ('model.head_dim', 'x', 'expected int'),  # an unset placeholder knows its declared type
 ])
 def test_wrong_type_override(key, value, expected):
   err = raises_config_error(load, 'base', overrides={key: value})

@@ -380,22 +380,26 @@ def test_hf_sources(tmp_path):
   assert data.stats['train']['docs'] + data.stats['val']['docs'] == 6
 
 
+PLAIN = ' and then enough plain text to keep the share of bad bytes under ten percent'
+
+
 def test_undecodable_bytes_are_replaced(tmp_path):
   (tmp_path / 'bad').mkdir()
-  (tmp_path / 'bad' / 'a.txt').write_bytes(b'ok \xff\xfe then \xc3')
+  (tmp_path / 'bad' / 'a.txt').write_bytes(b'ok \xff\xfe then \xc3' + PLAIN.encode())
   cfg = config(tmp_path, data__source='text', data__path=str(tmp_path / 'bad'),
                data__val_fraction=0.0)
-  assert doc_texts(cfg) == [('a.txt', 'ok \ufffd\ufffd then \ufffd')]
+  assert doc_texts(cfg) == [('a.txt', 'ok \ufffd\ufffd then \ufffd' + PLAIN)]
   (tmp_path / 'bad.jsonl').write_bytes(b'{"text": "x \xff y"}\n')
   cfg_j = config(tmp_path, data__source='jsonl', data__path=str(tmp_path / 'bad.jsonl'))
   assert doc_texts(cfg_j) == [('bad.jsonl:0', 'x \ufffd y')]
   import pyarrow as pa
   import pyarrow.parquet as pq
-  pq.write_table(pa.table({'text': pa.array([b'p \xff q'], pa.binary())}), tmp_path / 'bad.parquet')
+  pq.write_table(pa.table({'text': pa.array([b'p \xff q' + PLAIN.encode()], pa.binary())}),
+                 tmp_path / 'bad.parquet')
   cfg_p = config(tmp_path, data__source='parquet', data__path=str(tmp_path / 'bad.parquet'))
-  assert doc_texts(cfg_p) == [('bad.parquet:0', 'p \ufffd q')]
+  assert doc_texts(cfg_p) == [('bad.parquet:0', 'p \ufffd q' + PLAIN)]
   data = build_data(cfg, str(tmp_path / 'w'))
-  assert data.stats['train']['bytes'] == len('ok \ufffd\ufffd then \ufffd'.encode())
+  assert data.stats['train']['bytes'] == len(('ok \ufffd\ufffd then \ufffd' + PLAIN).encode())
 
 
 def test_stdlib_source_lists_sorted_py_files_outside_site_packages(tmp_path, monkeypatch):

@@ -22,6 +22,7 @@ from mllm.data.corpus import Corpus, cache_root
 from mllm.data.pipeline import BATCH_KEYS, EvalBatches, n_windows, pack_window
 from mllm.data.sources import Document, make_source
 from mllm.data.tokenizers import BPETokenizer, ByteTokenizer, Tokenizer
+from mllm.paths import writable_dir
 
 
 @dataclasses.dataclass
@@ -80,6 +81,7 @@ def build_data(config, workdir: str, *, process_index: int = 0, process_count: i
                       f'{process_count}')
   if verbose is None:
     verbose = process_index == 0
+  writable_dir(corpus_lib.cache_key(d), cache_root(d))
   source = make_source(d)
   tokenizer = corpus_lib.load_tokenizer(config, workdir, source, verbose)
   corpus = corpus_lib.load_corpus(config, source, tokenizer, verbose)

@@ -34,6 +34,13 @@ def cache_root(data_config) -> str:
   return os.path.abspath(os.path.expanduser(root))
 
 
+def cache_key(data_config) -> str:
+  """The setting that chose the cache folder, for error messages."""
+  if not data_config.cache_dir and os.environ.get('MLLM_CACHE_DIR'):
+    return '$MLLM_CACHE_DIR'
+  return 'data.cache_dir'
+
+
 def _digest(obj) -> str:
   return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 

@@ -30,9 +30,43 @@ def is_val(key: str, val_fraction: float) -> bool:
   return int.from_bytes(digest[:8], 'big') / 2.0**64 < val_fraction
 
 
+# Bytes that text does not hold: NUL and the other C0 controls, except tab, newlines, form feed and
+# escape (which real text files do contain).
+CONTROL_BYTES = bytes(c for c in range(32) if c not in b'\t\n\v\f\r\x1b') + b'\x7f'
+# A file with more bytes than this that are invalid UTF-8 or control bytes is binary (compressed
+# data, an image, a Parquet file) or in another encoding (UTF-16 is half NULs): refused, not trained
+# on as garbage. Below it, the odd invalid byte becomes U+FFFD.
+MAX_NON_TEXT_FRACTION = 0.10
+
+
 def decode(data: bytes) -> str:
   # Undecodable bytes become U+FFFD rather than ending the run.
   return data.decode('utf-8', errors='replace')
+
+
+def non_text_bytes(data: bytes) -> int:
+  """How many bytes of `data` are invalid UTF-8 or control characters."""
+  invalid = len(data) - len(data.decode('utf-8', errors='ignore').encode('utf-8'))
+  return invalid + len(data) - len(data.translate(None, CONTROL_BYTES))
+
+
+class TextCheck:
+  """Counts non-text bytes of one file; `check()` refuses the file above MAX_NON_TEXT_FRACTION."""
+
+  def __init__(self, path: str, source: str):
+    self.path, self.source, self.bad, self.total = path, source, 0, 0
+
+  def decode(self, data: bytes) -> str:
+    self.bad += non_text_bytes(data)
+    self.total += len(data)
+    return decode(data)
+
+  def check(self) -> None:
+    if self.total and self.bad / self.total > MAX_NON_TEXT_FRACTION:
+      raise ConfigError('data.path', self.path, f'is not UTF-8 text: {self.bad / self.total:.0%} of '
+                        f'its {self.total:,} bytes are invalid UTF-8 or control bytes (binary data, '
+                        f'or another encoding); allowed for data.source={self.source!r}: UTF-8 text '
+                        f'with at most {MAX_NON_TEXT_FRACTION:.0%} such bytes')
 
 
 def _missing(path: str) -> ConfigError:
@@ -65,15 +99,27 @@ class Source:
 
 
 class FilesSource(Source):
-  """One document per file under a folder (or one file): the stdlib corpus and text folders."""
+  """One document per file under a folder (or one file): the stdlib corpus and text folders.
+
+  A file that is not text is refused (TextCheck), except in the stdlib corpus: Python sources may
+  declare another encoding (PEP 263; its test suite has a KOI8-R module), and that corpus is fixed.
+  """
 
   def __init__(self, kind: str, root: str, files: list[str]):
     self.kind, self.root, self.files = kind, root, files
 
   def documents(self) -> Iterator[Document]:
     for rel in self.files:
-      with open(os.path.join(self.root, rel), 'rb') as f:
-        yield Document(rel, decode(f.read()))
+      path = os.path.join(self.root, rel)
+      with open(path, 'rb') as f:
+        data = f.read()
+      if self.kind == 'stdlib':
+        yield Document(rel, decode(data))
+        continue
+      check = TextCheck(path, self.kind)
+      text = check.decode(data)
+      check.check()
+      yield Document(rel, text)
 
   @property
   def total_bytes(self) -> int:  # for the progress bar
@@ -94,8 +140,10 @@ class TextFileSource(Source):
     self.total_bytes = os.path.getsize(path)
 
   def documents(self) -> Iterator[Document]:
+    check = TextCheck(self.path, 'text')
     with open(self.path, 'rb') as f:
-      text = decode(f.read())
+      text = check.decode(f.read())
+    check.check()
     blocks = (b.strip('\n') for b in re.split(r'\n[ \t\r\f\v]*\n', text))
     for i, block in enumerate(b for b in blocks if b.strip()):
       yield Document(f'{os.path.basename(self.path)}:{i}', block)
@@ -125,37 +173,69 @@ class RowsSource(Source):
 
   def _jsonl_rows(self, rel: str) -> Iterator[str | None]:
     path = os.path.join(self.root, rel)
+    check = TextCheck(path, 'jsonl')
     with open(path, 'rb') as f:
       for n, line in enumerate(f, 1):
+        text = check.decode(line)
         if not line.strip():
           continue
         try:
-          row = json.loads(decode(line))
+          row = json.loads(text)
         except json.JSONDecodeError as err:
+          check.check()  # binary data is better named as such than as bad JSON
           raise ConfigError('data.path', path, f'line {n} is not JSON ({err}); allowed: one JSON '
                             'object per line') from None
         if not isinstance(row, dict) or self.text_field not in row:
           raise self._missing_field(rel, row if isinstance(row, dict) else [])
         yield _as_text(row[self.text_field], self.text_field, f'{path} line {n}')
+    check.check()
 
   def _parquet_rows(self, rel: str) -> Iterator[str | None]:
     import pyarrow as pa
     import pyarrow.parquet as pq
     path = os.path.join(self.root, rel)
-    pf = pq.ParquetFile(path)
+    try:
+      pf = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as err:  # passed check_parquet_magic, yet unreadable
+      raise ConfigError('data.path', path, f'cannot be read as Parquet ({_first_line(err)}); '
+                        'allowed: a Parquet file') from None
     if self.text_field not in pf.schema_arrow.names:
       raise self._missing_field(rel, pf.schema_arrow.names)
+    check = TextCheck(path, 'parquet')
     for batch in pf.iter_batches(columns=[self.text_field], batch_size=1024):
       column = batch.column(0)
       if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
         # As bytes, so invalid UTF-8 is replaced instead of failing in pyarrow.
         column = column.cast(pa.large_binary())
       for value in column.to_pylist():
-        yield decode(value) if isinstance(value, bytes) else _as_text(value, self.text_field, path)
+        yield check.decode(value) if isinstance(value, bytes) else _as_text(value, self.text_field,
+                                                                             path)
+    check.check()
 
   def describe(self) -> dict[str, Any]:
     return {'kind': self.kind, 'root': self.root, 'text_field': self.text_field,
             'files': _file_listing(self.root, self.files)}
+
+
+def _first_line(err: BaseException) -> str:
+  lines = str(err).strip().splitlines()
+  return type(err).__name__ + (f': {lines[0][:200]}' if lines else '')
+
+
+PARQUET_MAGIC = b'PAR1'
+
+
+def check_parquet_magic(path: str) -> None:
+  """A Parquet file starts and ends with b'PAR1'; anything else is refused before reading."""
+  size = os.path.getsize(path)
+  with open(path, 'rb') as f:
+    head = f.read(4)
+    f.seek(max(size - 4, 0))
+    tail = f.read(4)
+  if size < 12 or head != PARQUET_MAGIC or tail != PARQUET_MAGIC:
+    raise ConfigError('data.path', path, 'is not a Parquet file (no PAR1 magic at its start and '
+                      "end); allowed for data.source='parquet': .parquet files; text files go "
+                      "with data.source='text', JSON lines with 'jsonl'")
 
 
 def _as_text(value: Any, field: str, where: str) -> str | None:
@@ -192,10 +272,13 @@ class HFSource(Source):
     try:
       return datasets.load_dataset(self.path, name=self.name, split=self.split)
     except (FileNotFoundError, ConnectionError) as err:  # DatasetNotFoundError is the former
-      reason = (str(err).splitlines() or [''])[0]
       raise ConfigError('data.path', self.path, 'no such file or folder, and no dataset of that '
-                        f'name ({type(err).__name__}: {reason}); allowed: a save_to_disk folder, '
-                        'a local data folder or a Hugging Face dataset name') from None
+                        f'name ({_first_line(err)}); allowed: a save_to_disk folder, a local data '
+                        'folder or a Hugging Face dataset name') from None
+    except Exception as err:  # pylint: disable=broad-except  (datasets raises many kinds here)
+      raise ConfigError('data.path', self.path, f'datasets cannot load it ({_first_line(err)}); '
+                        'allowed: a save_to_disk folder, a local data folder or a Hugging Face '
+                        'dataset name') from None
 
   def documents(self) -> Iterator[Document]:
     column = self.dataset.select_columns([self.text_field])
@@ -248,4 +331,7 @@ def make_source(data_config) -> Source:
     raise _missing(d.path)
   if d.source == 'text':
     return FilesSource('text', root, files)
+  if d.source == 'parquet':
+    for rel in files:
+      check_parquet_magic(os.path.join(root, rel))
   return RowsSource(d.source, root, files, d.text_field)

@@ -1,73 +1,257 @@
-"""Orbax checkpoints of the train state and the Grain iterator, plus the run's resolved config.
+"""Orbax checkpoints of the train state, the Grain iterator and the run's config.
 
 Layout of a workdir:
-    config.json          the resolved config of the run (a resume checks the model shape against it)
-    tokenizer.json       (BPE) the tokenizer trained for this run
-    checkpoints/<step>/  Orbax: `state` (params, optimizer, step, rng) and `data` (iterator state)
+    config.json             the resolved config of the run
+    tokenizer.json          (BPE) the tokenizer trained for this run
+    checkpoints/<step>/     Orbax: `state` (params, optimizer, step, rng), `data` (iterator state),
+                            `config` (the config it was saved with)
+    checkpoints/.deleting/  old steps on their way out (max_to_keep)
     metrics.jsonl, tensorboard/, loss.png
+
+How no checkpoint is ever lost:
+- Orbax writes a step into `<step>.orbax-checkpoint-tmp-*` and commits it by renaming, so a step
+  folder is complete or was not written by Orbax. A tmp folder left by a kill is removed at start.
+- Dropping an old step (max_to_keep) is a rename into `.deleting/` (Orbax's `todelete_subdir`),
+  whose contents are purged at start and before each save: a kill mid-deletion leaves garbage only
+  there. A marker-less step older than the newest complete one is a deletion that did not finish
+  (an rmtree killed half-way, as earlier versions deleted): it is finished and logged.
+- `restore_latest` reads each step's saved structure (Orbax's metadata, not the arrays) first. A
+  structure that differs from this config's is a config mismatch, never corruption: StateMismatch,
+  and nothing is touched. A step that fails to read is moved aside only once an older one has
+  restored, and the log says which one and why.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import sys
 import time
-import warnings
+from typing import Any, Callable
 
 import grain
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
-from mllm.config import ConfigError, flatten, set_path
+from mllm.config import ConfigError
 
-# Orbax writes each step to `<step>.orbax-checkpoint-tmp-*` and renames it when complete; the step
-# metadata file (or, on object stores, commit_success.txt) marks a finished step.
+# Orbax writes the step metadata file (and, since 0.11, commit_success.txt) before its commit rename.
 COMMIT_MARKERS = ('_CHECKPOINT_METADATA', 'commit_success.txt')
+DELETING = '.deleting'
+TMP_MARKER = '.orbax-checkpoint-tmp'
+
+# {('params', 'blocks', '0', 'attention', 'query', 'kernel', 'value'): ((16, 4, 4), 'float32'), ...}
+Signature = dict[tuple[str, ...], tuple[tuple[int, ...], str]]
 
 
 def checkpoint_dir(workdir: str) -> str:
   return os.path.join(os.path.abspath(workdir), 'checkpoints')
 
 
-def set_aside_incomplete_steps(directory: str) -> list[str]:
-  """Move bare `<step>/` folders without a commit marker out of Orbax's way, with a warning.
+def note(message: str) -> None:
+  print(message, file=sys.stdout, flush=True)
 
-  Orbax would count them as steps and fail to restore the latest; they come from copies or crashes
-  outside Orbax's atomic rename. Nothing is deleted: they become `<step>.incomplete-<time>`.
+
+# --------------------------------------------------------------------------------------------
+# Structure of a saved state, without reading its arrays.
+# --------------------------------------------------------------------------------------------
+
+def _key_name(key) -> str:
+  for attr in ('key', 'name', 'idx'):
+    if hasattr(key, attr):
+      return str(getattr(key, attr))
+  return str(key)
+
+
+def signature(tree) -> Signature:
+  """Path → (shape, dtype) of every array leaf of a pytree of arrays, ShapeDtypeStructs or Orbax
+  ArrayMetadata. Paths are plain strings, so NNX Variables, optax NamedTuples and the nested
+  dicts Orbax stores them as compare equal."""
+  out = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    if hasattr(leaf, 'shape') and hasattr(leaf, 'dtype'):
+      out[tuple(_key_name(k) for k in path)] = (tuple(leaf.shape), str(leaf.dtype))
+  return out
+
+
+def only(sig: Signature, prefix: str) -> Signature:
+  return {path: v for path, v in sig.items() if path[0] == prefix}
+
+
+def compare(saved: Signature, expected: Signature) -> dict[str, list]:
+  """{'only_saved': [path], 'only_expected': [path], 'different': [(path, saved, expected)]}; all
+  empty when the two structures agree."""
+  return {
+      'only_saved': sorted(set(saved) - set(expected)),
+      'only_expected': sorted(set(expected) - set(saved)),
+      'different': [(p, saved[p], expected[p]) for p in sorted(set(saved) & set(expected))
+                    if saved[p] != expected[p]],
+  }
+
+
+def format_path(path: tuple[str, ...]) -> str:
+  return '/'.join(path)
+
+
+class StateMismatch(Exception):
+  """A checkpoint holds a state of another structure than the config builds (a config change)."""
+
+  def __init__(self, step: int, diff: dict[str, list]):
+    self.step, self.diff = step, diff
+    super().__init__(f'checkpoint step {step} has another state structure: {describe_diff(diff)}')
+
+
+def describe_diff(diff: dict[str, list], limit: int = 3) -> str:
+  parts = []
+  for what, paths in (('saved but not in this config', diff['only_saved']),
+                      ('in this config but not saved', diff['only_expected'])):
+    if paths:
+      shown = ', '.join(format_path(p) for p in paths[:limit])
+      parts.append(f'{len(paths)} entries {what} ({shown}{", ..." if len(paths) > limit else ""})')
+  if diff['different']:
+    shown = ', '.join(f'{format_path(p)} {s[0]}/{s[1]} saved vs {e[0]}/{e[1]} here'
+                      for p, s, e in diff['different'][:limit])
+    parts.append(f"{len(diff['different'])} entries of another shape or dtype ({shown}"
+                 f"{', ...' if len(diff['different']) > limit else ''})")
+  return '; '.join(parts)
+
+
+def _reason(err: BaseException) -> str:
+  lines = str(err).strip().splitlines()
+  return type(err).__name__ + (f': {lines[0][:200]}' if lines else '')
+
+
+# --------------------------------------------------------------------------------------------
+# Tidying the checkpoint folder before Orbax looks at it.
+# --------------------------------------------------------------------------------------------
+
+def _is_committed(path: str) -> bool:
+  return any(os.path.exists(os.path.join(path, m)) for m in COMMIT_MARKERS)
+
+
+def purge_deleted(directory: str) -> int:
+  """Remove what `.deleting/` holds (steps Orbax dropped); the folder itself stays, since Orbax
+  may be renaming the next one into it. Returns how many entries were removed."""
+  trash = os.path.join(directory, DELETING)
+  if not os.path.isdir(trash):
+    return 0
+  names = os.listdir(trash)
+  for name in names:
+    path = os.path.join(trash, name)
+    if os.path.isdir(path) and not os.path.islink(path):
+      shutil.rmtree(path, ignore_errors=True)
+    else:
+      try:
+        os.remove(path)
+      except FileNotFoundError:
+        pass
+  return len(names)
+
+
+def tidy(directory: str, log: Callable[[str], None] = note) -> None:
+  """Finish what a killed run left half-done in `directory`, saying what it did.
+
+  - entries of `.deleting/`: purged (dropped steps whose removal was interrupted);
+  - `<step>.orbax-checkpoint-tmp-*`: removed (a save that never committed);
+  - a step folder without commit marker, older than the newest committed step: an interrupted
+    deletion, finished;
+  - a step folder without commit marker, newer than every committed one: not Orbax's (a partial
+    copy); moved aside as `<step>.incomplete-<time>`, never deleted.
   """
-  moved = []
   if not os.path.isdir(directory) or jax.process_index() != 0:
-    return moved
+    return
+  purged = purge_deleted(directory)
+  if purged:
+    log(f'note: finished deleting {purged} old checkpoint(s) in {directory}/{DELETING} '
+        '(an interrupted max_to_keep cleanup)')
+  steps, bare = [], []
   for name in sorted(os.listdir(directory)):
     path = os.path.join(directory, name)
-    if name.isdigit() and os.path.isdir(path) and not any(
-        os.path.exists(os.path.join(path, m)) for m in COMMIT_MARKERS):
+    if TMP_MARKER in name and os.path.isdir(path):
+      shutil.rmtree(path, ignore_errors=True)
+      log(f'note: removed {name}, a checkpoint save that was interrupted before it committed')
+    elif name.isdigit() and os.path.isdir(path):
+      (steps if _is_committed(path) else bare).append(int(name))
+  newest = max(steps, default=None)
+  for step in sorted(bare):
+    path = os.path.join(directory, str(step))
+    if newest is not None and step < newest:
+      shutil.rmtree(path, ignore_errors=True)
+      log(f'note: finished deleting checkpoint step {step}: it had lost its commit marker, so '
+          f'its deletion (max_to_keep) was interrupted; the newest step is {newest}')
+    else:
       target = f'{path}.incomplete-{int(time.time())}'
       os.rename(path, target)
-      warnings.warn(f'checkpoint step {name} in {directory} has no commit marker (an interrupted '
-                    f'or partial copy); skipped it and moved it to {os.path.basename(target)}',
-                    stacklevel=2)
-      moved.append(target)
-  return moved
+      log(f'warning: checkpoint step {step} in {directory} has no commit marker (a partial copy, '
+          f'or a save outside Orbax); skipped it and moved it to {os.path.basename(target)}')
 
+
+# --------------------------------------------------------------------------------------------
+# The checkpointer.
+# --------------------------------------------------------------------------------------------
 
 class Checkpointer:
-  """Saves and restores {state, data iterator} at a step; async, keeping the newest max_to_keep."""
+  """Saves and restores {state, data iterator, config} at a step; async, keeping max_to_keep.
 
-  def __init__(self, workdir: str, *, max_to_keep: int, async_save: bool = True):
+  read_only: for reading another run's checkpoints (train.init_from): no tidying, no writes.
+  """
+
+  def __init__(self, workdir: str, *, max_to_keep: int = 3, async_save: bool = True,
+               read_only: bool = False, log: Callable[[str], None] = note):
     self.directory = checkpoint_dir(workdir)
-    set_aside_incomplete_steps(self.directory)
-    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
-                                           enable_async_checkpointing=async_save)
+    self.read_only, self.log = read_only, log
+    if not read_only:
+      tidy(self.directory, log)
+    # Orbax's own read_only mode logs three warnings per use; a manager that is never asked to
+    # save (and neither creates nor tidies the folder) reads the same.
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=max_to_keep, create=not read_only, enable_async_checkpointing=async_save,
+        todelete_subdir=DELETING)
     self.manager = ocp.CheckpointManager(self.directory, options=options)
+
+  def all_steps(self) -> list[int]:
+    return sorted(self.manager.all_steps())
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
-  def save(self, step: int, state, iterator=None) -> None:
+  def step_dir(self, step: int) -> str:
+    return os.path.join(self.directory, str(step))
+
+  def save(self, step: int, state, iterator=None, config: dict | None = None) -> None:
+    assert not self.read_only, 'a read-only Checkpointer never saves'
+    if jax.process_index() == 0:
+      purge_deleted(self.directory)  # steps Orbax dropped after the previous saves
     items = {'state': ocp.args.StandardSave(state)}
     if iterator is not None:
       items['data'] = grain.checkpoint.CheckpointSave(iterator)
+    if config is not None:
+      items['config'] = ocp.args.JsonSave(config)
     self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+
+  # -- reading ---------------------------------------------------------------------------------
+
+  def saved_signature(self, step: int) -> Signature:
+    """The structure of the state saved at `step`, from its metadata; raises if unreadable."""
+    metadata = ocp.StandardCheckpointHandler().metadata(
+        epath.Path(self.step_dir(step)) / 'state')
+    tree = metadata.tree if hasattr(metadata, 'tree') else metadata
+    sig = signature(tree)
+    if not sig:
+      raise ValueError(f'step {step} holds no arrays')
+    return sig
+
+  def saved_config(self, step: int) -> dict | None:
+    """The config the step was saved with, or None (older checkpoints have none)."""
+    path = os.path.join(self.step_dir(step), 'config')
+    if not os.path.isdir(path):
+      return None
+    try:
+      config = ocp.JsonCheckpointHandler().restore(epath.Path(path))
+    except Exception:  # pylint: disable=broad-except  (a damaged copy: the caller falls back)
+      return None
+    return config if isinstance(config, dict) else None
 
   def restore(self, step: int, abstract_state, iterator=None):
     """The state at `step` on the shardings of `abstract_state`; restores `iterator` in place."""
@@ -76,26 +260,62 @@ class Checkpointer:
       items['data'] = grain.checkpoint.CheckpointRestore(iterator)
     return self.manager.restore(step, args=ocp.args.Composite(**items))['state']
 
-  def restore_latest(self, abstract_state, iterator=None):
-    """(step, state) of the newest checkpoint that restores, or (None, None) if there is none.
+  def restore_params(self, step: int, abstract_params):
+    """Only the parameters of the state at `step` (Orbax partial restore), on their shardings."""
+    item = {'params': abstract_params}
+    args = ocp.args.PyTreeRestore(item=item, partial_restore=True,
+                                  restore_args=ocp.checkpoint_utils.construct_restore_args(item))
+    return self.manager.restore(step, args=ocp.args.Composite(state=args))['state']['params']
 
-    A step that fails to restore (truncated or corrupted files) is moved aside with a warning
-    and the next older one is tried, so a damaged checkpoint never blocks a resume.
+  def restore_latest(self, abstract, iterator=None, *, params_only: bool = False,
+                     set_aside: bool = True) -> tuple[int | None, Any]:
+    """(step, restored) of the newest checkpoint that restores, or (None, None) if there is none.
+
+    abstract: the abstract train state, or with params_only its abstract parameters (then only
+    those are read, and changes to the optimizer do not matter).
+    A step whose saved structure differs from `abstract` raises StateMismatch at once. A step that
+    fails to read is skipped; once an older one has restored, the skipped ones are moved aside
+    (set_aside, for training) or left alone (evaluation), and the log says which and why. If no
+    step restores, a ConfigError lists them and nothing is moved.
     """
-    for step in sorted(self.manager.all_steps(), reverse=True):
+    expected = signature({'params': abstract} if params_only else abstract)
+    failures: list[tuple[int, str]] = []
+    for step in reversed(self.all_steps()):
       try:
-        return step, self.restore(step, abstract_state, iterator)
+        saved = self.saved_signature(step)
+        diff = compare(only(saved, 'params') if params_only else saved, expected)
+        if any(diff.values()):
+          raise StateMismatch(step, diff)
+        restored = (self.restore_params(step, abstract) if params_only
+                    else self.restore(step, abstract, iterator))
+      except StateMismatch:
+        raise
       except Exception as err:  # pylint: disable=broad-except  (Orbax raises many types here)
         if jax.process_count() > 1:
           raise  # processes must agree on the step; do not guess on one of them
-        path = os.path.join(self.directory, str(step))
-        target = f'{path}.unreadable-{int(time.time())}'
-        os.rename(path, target)
-        warnings.warn(f'checkpoint step {step} could not be restored ({type(err).__name__}: '
-                      f'{str(err).splitlines()[0][:200] if str(err) else ""}); moved it to '
-                      f'{os.path.basename(target)} and trying an older step', stacklevel=2)
-        self.manager.reload()
+        failures.append((step, _reason(err)))
+        continue
+      self._report_skipped(failures, step, set_aside)
+      return step, restored
+    if failures:
+      listed = '; '.join(f'step {s}: {r}' for s, r in failures)
+      raise ConfigError('--workdir', os.path.dirname(self.directory),
+                        f'no checkpoint in it can be read ({listed}); nothing was moved or '
+                        'deleted; allowed: a workdir with a readable checkpoint, or a new '
+                        '--workdir (after moving the damaged steps away)')
     return None, None
+
+  def _report_skipped(self, failures, restored_step: int, set_aside: bool) -> None:
+    for step, reason in failures:
+      where = ''
+      if set_aside and not self.read_only and jax.process_index() == 0:
+        target = f'{self.step_dir(step)}.unreadable-{int(time.time())}'
+        os.rename(self.step_dir(step), target)
+        where = f'; moved it to {os.path.basename(target)}'
+      self.log(f'warning: checkpoint step {step} could not be read ({reason}); used step '
+               f'{restored_step} instead{where}')
+    if failures and set_aside and not self.read_only:
+      self.manager.reload()
 
   def wait(self) -> None:
     self.manager.wait_until_finished()
@@ -103,50 +323,19 @@ class Checkpointer:
   def close(self) -> None:
     self.manager.wait_until_finished()
     self.manager.close()
+    if not self.read_only and jax.process_index() == 0:
+      purge_deleted(self.directory)  # what the last saves dropped
 
 
 def write_config(workdir: str, config) -> None:
+  """config.json, written atomically (a kill never leaves half a file)."""
   if jax.process_index() == 0:
     os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, 'config.json'), 'w') as f:
+    path = os.path.join(workdir, 'config.json')
+    with open(path + '.tmp', 'w') as f:
       f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+    os.replace(path + '.tmp', path)
 
 
-def read_config_json(workdir: str) -> dict | None:
-  path = os.path.join(workdir, 'config.json')
-  if not os.path.isfile(path):
-    return None
-  with open(path) as f:
-    return json.load(f)
-
-
-def check_resumable(workdir: str, config, param_shapes_of) -> None:
-  """Refuse (one line) to resume `workdir` with a config whose parameters have other shapes.
-
-  param_shapes_of(model_config) -> {name: shape}. Changes that keep the shapes (dropout, schedule,
-  steps, ...) are allowed.
-  """
-  saved = read_config_json(workdir)
-  if saved is None:
-    return
-  from ml_collections import config_dict
-  saved_model = config_dict.ConfigDict(saved['model'])
-  if param_shapes_of(saved_model) == param_shapes_of(config.model):
-    return
-  new, old = flatten(config.model), flatten(saved_model)
-  changed = [k for k in sorted(new) if old.get(k, object()) != new[k]]
-  key = changed[0] if changed else ''
-  for candidate in changed:  # name the key that changes the shapes, not just any changed key
-    trial = config_dict.ConfigDict(saved['model'])
-    with trial.ignore_type():  # JSON has no placeholders: an unset key reads back as None
-      set_path(trial, candidate, new[candidate])
-    try:
-      if param_shapes_of(trial) != param_shapes_of(saved_model):
-        key = candidate
-        break
-    except Exception:  # pylint: disable=broad-except  (a partial change may not build alone)
-      continue
-  raise ConfigError(f'model.{key}', new.get(key), f'{workdir} holds a run with model.{key}='
-                    f'{old.get(key)!r}, and this changes the parameter shapes; allowed: the same '
-                    'model shape to resume, or a new --workdir')
-
+def config_as_dict(config) -> dict:
+  return json.loads(config.to_json_best_effort(sort_keys=True))

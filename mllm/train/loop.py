@@ -8,6 +8,7 @@ feeds its own rows of the batch (`jax.make_array_from_process_local_data`).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -16,11 +17,13 @@ import time
 
 import jax
 import numpy as np
-from flax import nnx
 
 from mllm.accounting import count_params, training_flops_per_token
-from mllm.model import build_model
-from mllm.train.checkpoint import Checkpointer, check_resumable, write_config
+from mllm.config import ConfigError
+from mllm.paths import existing_dir, writable_dir
+from mllm.train.checkpoint import (Checkpointer, StateMismatch, checkpoint_dir, config_as_dict,
+                                   note, write_config)
+from mllm.train.resume import check_resumable, init_params, mismatch_error
 from mllm.train.metrics import MetricsWriter, Progress, peak_flops_per_device, plot_losses
 from mllm.train.sharding import global_batch, make_mesh
 from mllm.train.state import setup
@@ -44,13 +47,6 @@ def maybe_initialize_distributed() -> None:
           or ',' in env.get('TPU_WORKER_HOSTNAMES', ''))
   if many and not jax.distributed.is_initialized():
     jax.distributed.initialize()
-
-
-def param_shapes(model_config) -> dict[str, tuple[int, ...]]:
-  abstract = nnx.eval_shape(lambda: build_model(model_config, rngs=nnx.Rngs(0)))
-  params = nnx.state(abstract, nnx.Param)
-  return {jax.tree_util.keystr(p): tuple(x.shape)
-          for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
 
 
 class _StopRequest:
@@ -100,25 +96,53 @@ def train(config, workdir: str, *, stop_after: int | None = None, progress: bool
 
   stop_after: leave after this global step (saving a checkpoint), as a preemption would.
   """
-  from mllm.data import build_data
   maybe_initialize_distributed()
-  t = config.train
-  check_resumable(workdir, config, param_shapes)
+  writable_dir('--workdir', workdir)
   mesh = make_mesh(config.mesh)
+  model, init = setup(config, mesh)
+  # Closing the checkpoint manager and the metrics writer on every exit, errors included, keeps
+  # their background threads from dying noisily at interpreter shutdown.
+  with contextlib.ExitStack() as closing:
+    ckpt = Checkpointer(workdir, max_to_keep=config.train.max_to_keep,
+                        async_save=config.train.async_checkpoint)
+    closing.callback(ckpt.close)
+    return _train(config, workdir, stop_after, progress, mesh, model, init, ckpt, closing)
+
+
+def _restore_or_init(config, workdir, ckpt, model, init, iterator) -> tuple[int, dict]:
+  """(start step, state): the latest checkpoint, else a fresh state (train.init_from's params)."""
+  try:
+    start, state = ckpt.restore_latest(model.abstract_state, iterator)
+  except StateMismatch as err:  # check_resumable ran first; this is the safety net
+    raise mismatch_error(workdir, config, ckpt, err.step, err.diff) from None
+  if start is not None:
+    if config.train.init_from:
+      note(f'note: resuming this run at step {start}; train.init_from applies only to its start')
+    return start, state
+  state = init()
+  if config.train.init_from:
+    state['params'] = init_params(config, model.abstract_state['params'])
+  return 0, state
+
+
+def _train(config, workdir, stop_after, progress, mesh, model, init, ckpt, closing) -> dict:
+  from mllm.data import build_data
+  t = config.train
+  check_resumable(workdir, config, ckpt, model.abstract_state)
   data = build_data(config, workdir, process_index=jax.process_index(),
                     process_count=jax.process_count())
   write_config(workdir, config)
-  model, init = setup(config, mesh)
+  saved_config = config_as_dict(config)
   train_step = make_train_step(model)
   eval_step = make_eval_step(model, data.tokenizer.token_bytes)
   iterator = data.train_iterator()
-  ckpt = Checkpointer(workdir, max_to_keep=t.max_to_keep, async_save=t.async_checkpoint)
-  writer = MetricsWriter(workdir, tensorboard=t.tensorboard)
-
-  start, state = ckpt.restore_latest(model.abstract_state, iterator)
-  if start is None:
-    start, state = 0, init()
+  start, state = _restore_or_init(config, workdir, ckpt, model, init, iterator)
   end = t.steps if stop_after is None else min(t.steps, stop_after)
+  # Records after the resumed step are replayed; so is the final eval of a finished run.
+  writer = MetricsWriter(workdir, tensorboard=t.tensorboard, resume_step=start,
+                         keep=lambda r: r['step'] < start or (
+                             r['step'] == start and not (r['split'] == 'eval' and start == t.steps)))
+  closing.callback(writer.close)
 
   counts = count_params(config)
   tokens_per_step = config.data.batch_size * config.data.seq_len
@@ -171,17 +195,17 @@ def train(config, workdir: str, *, stop_after: int | None = None, progress: bool
             writer.write(step, 'eval', last_eval)
             bar.print(f'step {step}: {_fmt_eval(last_eval)}')
         if step % t.checkpoint_every == 0 or step == end:
-          ckpt.save(step, state, iterator)
+          ckpt.save(step, state, iterator, saved_config)
           last_saved = step
         if stop.signal:
           if last_saved != step:
-            ckpt.save(step, state, iterator)
+            ckpt.save(step, state, iterator, saved_config)
             last_saved = step
           bar.print(f'{stop.signal}: saved step {step} in {ckpt.directory}; run again to resume')
           break
     finally:
       bar.close()
-      ckpt.close()
+  ckpt.wait()
   if step == t.steps and not stop.signal:
     last_eval = run_eval(eval_step, state['params'], data, mesh, t.eval_batches)
     if last_eval:
@@ -211,22 +235,34 @@ def _summary_line(s: dict) -> str:
 
 
 def evaluate(config, workdir: str) -> dict:
-  """Validation loss, perplexity and bits per byte of `workdir`'s latest checkpoint."""
-  from mllm.config import ConfigError
+  """Validation loss, perplexity and bits per byte of `workdir`'s latest checkpoint.
+
+  Reads only the parameters (so optimizer settings may differ from the run's) and changes nothing
+  in the workdir: an unreadable newest step is passed over, not moved.
+  """
   from mllm.data import build_data
   maybe_initialize_distributed()
-  check_resumable(workdir, config, param_shapes)
+  existing_dir('--workdir', workdir, 'the workdir of a training run')
+  if not os.path.isdir(checkpoint_dir(workdir)):
+    raise ConfigError('--workdir', workdir, 'has no checkpoint to evaluate; allowed: the workdir '
+                      'of a training run')
   mesh = make_mesh(config.mesh)
-  ckpt = Checkpointer(workdir, max_to_keep=config.train.max_to_keep, async_save=False)
   model, _ = setup(config, mesh)
-  step, state = ckpt.restore_latest(model.abstract_state)
-  ckpt.close()
+  abstract_params = model.abstract_state['params']
+  ckpt = Checkpointer(workdir, read_only=True)
+  try:
+    check_resumable(workdir, config, ckpt, abstract_params, params_only=True)
+    step, params = ckpt.restore_latest(abstract_params, params_only=True, set_aside=False)
+  except StateMismatch as err:
+    raise mismatch_error(workdir, config, ckpt, err.step, err.diff, params_only=True) from None
+  finally:
+    ckpt.close()
   if step is None:
     raise ConfigError('--workdir', workdir, 'has no checkpoint to evaluate; allowed: the workdir '
                       'of a training run')
   data = build_data(config, workdir, process_index=jax.process_index(),
                     process_count=jax.process_count())
-  result = run_eval(make_eval_step(model, data.tokenizer.token_bytes), state['params'], data,
+  result = run_eval(make_eval_step(model, data.tokenizer.token_bytes), params, data,
                     mesh, config.train.eval_batches)
   if result is None:
     raise ConfigError('data.val_fraction', config.data.val_fraction,

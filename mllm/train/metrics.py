@@ -41,18 +41,27 @@ def peak_flops_per_device(device_kind: str, dtype: str, override: float | None =
 
 
 class MetricsWriter:
-  """Appends one JSON object per record to metrics.jsonl and mirrors scalars to TensorBoard."""
+  """Appends one JSON object per record to metrics.jsonl and mirrors scalars to TensorBoard.
 
-  def __init__(self, workdir: str, *, tensorboard: bool = True):
+  resume_step: the step a resumed run restarts from. The steps after it will be run and logged
+  again, so records for which `keep(record)` is false (default: step > resume_step), and a line
+  cut short by a kill, are dropped first; TensorBoard hides its later events (purge_step).
+  """
+
+  def __init__(self, workdir: str, *, tensorboard: bool = True, resume_step: int | None = None,
+               keep=None):
     self.enabled = jax.process_index() == 0
     self.path = os.path.join(workdir, 'metrics.jsonl')
-    self._tb = None
+    self._tb = self._file = None
     if self.enabled:
       os.makedirs(workdir, exist_ok=True)
+      if resume_step is not None:
+        truncate_metrics(self.path, keep or (lambda r: r['step'] <= resume_step))
       self._file = open(self.path, 'a', encoding='utf-8')
       if tensorboard:
         from tensorboardX import SummaryWriter
-        self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+        self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'),
+                                 purge_step=resume_step + 1 if resume_step else None)
 
   def write(self, step: int, split: str, values: dict) -> None:
     if not self.enabled:
@@ -67,10 +76,34 @@ class MetricsWriter:
           self._tb.add_scalar(f'{split}/{k}', v, step)
 
   def close(self) -> None:
-    if self.enabled:
+    """Idempotent: the loop closes it before plotting, and again on any exit."""
+    if self._file is not None:
       self._file.close()
-      if self._tb is not None:
-        self._tb.close()
+      self._file = None
+    if self._tb is not None:
+      self._tb.close()
+      self._tb = None
+
+
+def truncate_metrics(path: str, keep) -> None:
+  """Rewrite metrics.jsonl (atomically) with the complete records for which keep(record) holds."""
+  if not os.path.exists(path):
+    return
+  with open(path, 'rb') as f:
+    lines = f.read().split(b'\n')
+  kept = []
+  for line in lines:
+    try:
+      record = json.loads(line)
+    except ValueError:  # empty, or cut short by a kill
+      continue
+    if isinstance(record, dict) and isinstance(record.get('step'), int) and keep(record):
+      kept.append(line)
+  if len(kept) == sum(1 for line in lines if line.strip()):
+    return
+  with open(path + '.tmp', 'wb') as f:
+    f.write(b''.join(line + b'\n' for line in kept))
+  os.replace(path + '.tmp', path)
 
 
 def _plain(v):

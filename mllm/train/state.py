@@ -42,17 +42,28 @@ def _new_model(config):
   return build_model(config, rngs=nnx.Rngs(params=config.seed, dropout=config.seed + 1))
 
 
-def setup(config, mesh) -> tuple[Model, Callable[[], TrainState]]:
-  """Structure, optimizer and shardings of a run; returns it with a jitted initializer."""
+def _parts(config):
+  """(abstract model, optimizer, schedule, init) of a run: what setup and abstract_state share."""
   abstract_model = nnx.eval_shape(lambda: _new_model(config))
-  graphdef, abstract_params, _ = nnx.split(abstract_model, nnx.Param, ...)
+  _, abstract_params, _ = nnx.split(abstract_model, nnx.Param, ...)
   tx, schedule = make_optimizer(config.train, abstract_params)
 
   def init() -> TrainState:
     _, params, _ = nnx.split(_new_model(config), nnx.Param, ...)
     return {'step': jnp.zeros((), jnp.int32), 'params': params, 'opt_state': tx.init(params),
             'rng': jax.random.key_data(jax.random.key(config.seed))}
+  return abstract_model, tx, schedule, init
 
+
+def abstract_state(config) -> TrainState:
+  """The train state's structure (ShapeDtypeStructs, no shardings, nothing allocated)."""
+  return jax.eval_shape(_parts(config)[3])
+
+
+def setup(config, mesh) -> tuple[Model, Callable[[], TrainState]]:
+  """Structure, optimizer and shardings of a run; returns it with a jitted initializer."""
+  abstract_model, tx, schedule, init = _parts(config)
+  graphdef = nnx.split(abstract_model, nnx.Param, ...)[0]
   abstract = jax.eval_shape(init)
   p_shardings = param_shardings(abstract['params'], mesh)
   shardings = {

@@ -1,0 +1,227 @@
+"""Resuming a workdir (is its checkpoint this config's?) and starting from another run's parameters.
+
+A workdir remembers its config twice: config.json beside the checkpoints, and a copy inside every
+checkpoint (its `config` item). A resume compares the structure of the saved state (names, shapes
+and dtypes from Orbax's metadata; no array is read) with the one this config builds. If they differ,
+the config changed; the checkpoint is not broken. So the run is refused in one line naming the
+config keys whose change alters the state, found by applying each changed key alone to the saved
+config. Nothing is moved or deleted.
+
+To keep the parameters but not the rest (say, turning gradient clipping off changes the optimizer
+state), start a new workdir from them: `--config.train.init_from=workdir:OLD_WORKDIR`.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable
+
+from ml_collections import config_dict
+
+from mllm.config import ConfigError, INIT_SOURCES, flatten, set_path
+from mllm.train.checkpoint import (Checkpointer, Signature, StateMismatch, compare, describe_diff,
+                                   note, only, signature)
+from mllm.train.state import abstract_state
+
+# The state's structure depends only on these sections (the data, mesh and seed do not change it).
+STATE_SECTIONS = ('model.', 'train.')
+
+
+def read_config_json(workdir: str) -> dict | None:
+  """The workdir's config.json, None if there is none; a one-line ConfigError if it is damaged."""
+  path = os.path.join(workdir, 'config.json')
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path, encoding='utf-8') as f:
+      saved = json.load(f)
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    problem = f'is not valid JSON ({err})' if isinstance(err, ValueError) else f'cannot be read ({err})'
+    raise ConfigError('--workdir', workdir, f'its config.json {problem}; allowed: the config.json '
+                      'mllm wrote, or none: delete it and the config saved inside the latest '
+                      'checkpoint is used') from None
+  if not isinstance(saved, dict) or not isinstance(saved.get('model'), dict):
+    raise ConfigError('--workdir', workdir, 'its config.json holds no mllm config (no "model" '
+                      'section); allowed: the config.json mllm wrote, or none: delete it and the '
+                      'config saved inside the latest checkpoint is used')
+  return saved
+
+
+def saved_config(workdir: str, ckpt: Checkpointer, step: int,
+                 log: Callable[[str], None] = note) -> dict | None:
+  """The config the run in `workdir` was saved with: config.json, else the one inside `step`."""
+  saved = read_config_json(workdir)
+  if saved is not None:
+    return saved
+  saved = ckpt.saved_config(step)
+  if saved is not None:
+    log(f'note: {workdir} has no config.json; using the config saved in checkpoint step {step}')
+  return saved
+
+
+def _flat_json(tree: dict, prefix: str = '') -> dict[str, Any]:
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(_flat_json(value, f'{prefix}{key}.'))
+    else:
+      out[f'{prefix}{key}'] = value
+  return out
+
+
+def as_config(saved: dict, like: config_dict.ConfigDict) -> config_dict.ConfigDict:
+  """`saved` (a config as JSON) as a ConfigDict shaped like `like`; keys unknown to this version
+  are dropped, keys it lacks keep `like`'s values."""
+  config = config_dict.ConfigDict(like.to_dict())
+  known = flatten(config)
+  with config.ignore_type():
+    for path, value in _flat_json(saved).items():
+      if path in known:
+        set_path(config, path, value)
+  return config
+
+
+def state_signature(config, params_only: bool = False) -> Signature:
+  sig = signature(abstract_state(config))
+  return only(sig, 'params') if params_only else sig
+
+
+def changed_keys(saved: dict, config) -> list[tuple[str, Any, Any]]:
+  """(key, saved value, new value) for every model/train key that differs."""
+  old, new = _flat_json(saved), flatten(config)
+  missing = object()
+  return [(k, old.get(k), new[k]) for k in sorted(new)
+          if k.startswith(STATE_SECTIONS) and old.get(k, missing) is not missing
+          and _normal(old[k]) != _normal(new[k])]
+
+
+def _normal(value):
+  return list(value) if isinstance(value, tuple) else value  # JSON has no tuples
+
+
+def culprits(saved: dict, config, params_only: bool = False) -> list[tuple[str, Any, Any]] | None:
+  """The changed keys that alone change the state's structure; None if the saved config does not
+  describe its own checkpoint (then it cannot tell)."""
+  base = as_config(saved, config)
+  reference = state_signature(base, params_only)
+  found = []
+  for key, old, new in changed_keys(saved, config):
+    trial = as_config(saved, config)
+    with trial.ignore_type():
+      set_path(trial, key, new)
+    try:
+      if state_signature(trial, params_only) != reference:
+        found.append((key, old, new))
+    except Exception:  # pylint: disable=broad-except  (a change may not build alone, e.g. n_heads)
+      continue
+  return found
+
+
+def _what(diff: dict[str, list]) -> str:
+  paths = diff['only_saved'] + diff['only_expected'] + [d[0] for d in diff['different']]
+  return 'parameters' if any(p[0] == 'params' for p in paths) else 'optimizer state'
+
+
+def mismatch_error(workdir: str, config, ckpt: Checkpointer, step: int, diff: dict[str, list],
+                   params_only: bool = False, log: Callable[[str], None] = note,
+                   key: str = '--workdir', value: Any = None, allowed: str | None = None
+                   ) -> ConfigError:
+  """One line naming the keys whose change makes checkpoint `step` incompatible with `config`.
+
+  key, value: what the line starts with when no key can be named (the workdir by default).
+  """
+  what = _what(diff)
+  if allowed is None:
+    allowed = 'allowed: the saved value to resume, or a new --workdir'
+    if what == 'optimizer state':
+      allowed += f' with --config.train.init_from=workdir:{workdir} to start from its parameters'
+  saved = saved_config(workdir, ckpt, step, log)
+  keys = None
+  if saved is not None:
+    base = as_config(saved, config)
+    ckpt_sig = ckpt.saved_signature(step)
+    if state_signature(base, params_only) == (only(ckpt_sig, 'params') if params_only else ckpt_sig):
+      keys = culprits(saved, config, params_only)
+      if not keys:  # only a combination of changes alters the state: name them all
+        keys = changed_keys(saved, config)
+  where = f'the run in {workdir} (checkpoint step {step})'
+  if keys:
+    listed = ', '.join(f'{k}={new!r} (saved: {old!r})' for k, old, new in keys)
+    return ConfigError(f'{listed}: changes the {what} of {where}; nothing was moved; {allowed}')
+  return ConfigError(key, workdir if value is None else value,
+                     f'{where} holds {what} this config does not build ({describe_diff(diff)}); '
+                     f'nothing was moved; {allowed}')
+
+
+def check_resumable(workdir: str, config, ckpt: Checkpointer, abstract, *,
+                    params_only: bool = False, log: Callable[[str], None] = note) -> int | None:
+  """Refuse, in one line naming the keys, a config whose state the workdir's checkpoint does not
+  hold. Returns the newest step whose structure matches (None: no readable checkpoint).
+
+  abstract: the abstract train state (or, with params_only, the abstract parameters). Steps whose
+  metadata cannot be read are passed over here; `Checkpointer.restore_latest` deals with them.
+  """
+  steps = ckpt.all_steps()
+  if steps:
+    read_config_json(workdir)  # a damaged config.json is an error even when it is not needed
+  expected = signature({'params': abstract} if params_only else abstract)
+  for step in reversed(steps):
+    try:
+      saved = ckpt.saved_signature(step)
+    except Exception:  # pylint: disable=broad-except
+      continue
+    diff = compare(only(saved, 'params') if params_only else saved, expected)
+    if any(diff.values()):
+      raise mismatch_error(workdir, config, ckpt, step, diff, params_only, log)
+    return step
+  return None
+
+
+# --------------------------------------------------------------------------------------------
+# train.init_from
+# --------------------------------------------------------------------------------------------
+
+def _source(init_from: str) -> tuple[str, int | None]:
+  """'workdir:PATH' → (workdir, step or None for its latest)."""
+  kind, _, path = init_from.partition(':')
+  assert kind in INIT_SOURCES, kind  # validate() checked it
+  path = os.path.abspath(os.path.expanduser(path.strip()))
+  parent = os.path.dirname(path)
+  if os.path.basename(path).isdigit() and os.path.basename(parent) == 'checkpoints':
+    return os.path.dirname(parent), int(os.path.basename(path))
+  return path, None
+
+
+def init_params(config, abstract_params, log: Callable[[str], None] = note):
+  """The parameters `train.init_from` names, restored onto the shardings of `abstract_params`."""
+  value = config.train.init_from
+  workdir, step = _source(value)
+  if not os.path.isdir(os.path.join(workdir, 'checkpoints')):
+    raise ConfigError('train.init_from', value, f'{workdir} holds no checkpoints/ folder; allowed: '
+                      "'workdir:PATH' with PATH a training workdir or one of its "
+                      'checkpoints/<step> folders')
+  ckpt = Checkpointer(workdir, read_only=True, log=log)
+  try:
+    steps = ckpt.all_steps()
+    if not steps or (step is not None and step not in steps):
+      raise ConfigError('train.init_from', value, 'no such checkpoint; allowed: a step of '
+                        + (', '.join(map(str, steps)) if steps else 'a run that has saved one'))
+    try:
+      if step is None:
+        step, params = ckpt.restore_latest(abstract_params, params_only=True, set_aside=False)
+      else:
+        diff = compare(only(ckpt.saved_signature(step), 'params'),
+                       signature({'params': abstract_params}))
+        if any(diff.values()):
+          raise StateMismatch(step, diff)
+        params = ckpt.restore_params(step, abstract_params)
+    except StateMismatch as err:
+      raise mismatch_error(workdir, config, ckpt, err.step, err.diff, params_only=True, log=log,
+                           key='train.init_from', value=value,
+                           allowed='allowed: a model config with the same parameter shapes as '
+                                   'that run') from None
+  finally:
+    ckpt.close()
+  log(f'initialized the parameters from {workdir} step {step} (train.init_from); the optimizer, '
+      'step count and data order start anew')
+  return params
