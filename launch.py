@@ -5,8 +5,9 @@
     python launch.py --config=configs/rope_swiglu.py --mode=summary   # tables, counts, one forward
     python launch.py --config=configs/base.py:pos=alibi,ffn=geglu --config.model.n_layers=2
 
-Bad configs, overrides and modes print one line naming the key, the value and what is allowed, and
-exit with status 2: the config is read and checked before absl parses the flags, so no traceback.
+Bad configs, overrides, flags, paths and data print one line naming the key or path, the value and
+what is allowed, and exit with status 2: the config is read and checked before absl parses the
+flags, and what only the run can check (paths, data, a resume) raises ConfigError, so no traceback.
 """
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from mllm.config import (ConfigError, declared_type, get_path, load_config, parse_value, read_config,
-                         set_path, validate)
+from mllm.config import (ConfigError, field_info, load_config, parse_value, read_config, set_path,
+                         validate)
 
 DEFAULT_CONFIG = 'configs/rope_swiglu.py'
 
@@ -77,9 +78,29 @@ def _config_spec(argv: list[str]) -> str:
   return spec
 
 
-def preflight(argv: list[str]) -> None:
-  """Read the config and apply the `--config.key=value` overrides ourselves first, so that a bad
-  file, choice, key, type or combination is reported in one line instead of a flag-parser trace."""
+def config_first(argv: list[str]) -> list[str]:
+  """argv with `--config=FILE` (or `--config FILE`) moved first: absl refuses a --config.key
+  override placed before it, and flags should not care about their order."""
+  rest, first, i = [], [], 1
+  while i < len(argv):
+    if argv[i].startswith('--config='):
+      first = [argv[i]]
+    elif argv[i] == '--config' and i + 1 < len(argv):
+      first = [argv[i], argv[i + 1]]
+      i += 1
+    else:
+      rest.append(argv[i])
+    i += 1
+  return argv[:1] + first + rest
+
+
+def preflight(argv: list[str]):
+  """Read the config and apply the `--config.key=value` overrides ourselves, so that a bad file,
+  choice, key, type or combination is reported in one line instead of a flag-parser trace.
+
+  Returns the validated, locked config: the run uses it, not absl's parse of the same flags, so
+  one parser decides every value (absl reads `--config.data.path=none` as the string 'none').
+  """
   spec = _config_spec(argv)
   try:
     config = read_config(spec)
@@ -88,17 +109,12 @@ def preflight(argv: list[str]) -> None:
         key, sep, value = arg[len('--config.'):].partition('=')
         if not sep:
           raise ConfigError(f'--config.{key}', None, 'expected --config.key=value')
-        set_path(config, key, parse_value(value, _current(config, key), declared_type(config, key)))
+        set_path(config, key, parse_value(value, *field_info(config, key)))
     validate(config)
   except ConfigError as err:
     _fail(str(err))
-
-
-def _current(config, key: str):
-  try:
-    return get_path(config, key)
-  except (KeyError, AttributeError, TypeError):
-    return None  # set_path reports the unknown key
+  config.lock()
+  return config
 
 
 def main(argv: list[str]) -> None:
@@ -107,11 +123,7 @@ def main(argv: list[str]) -> None:
   if _MODE.value not in MODES:
     _fail(f"--mode={_MODE.value!r}: unknown mode; allowed: {', '.join(MODES)}")
   logging.set_verbosity(logging.WARNING)  # keep JAX's backend probing out of the output
-  config = _CONFIG.value
-  try:
-    validate(config)
-  except ConfigError as err:
-    _fail(str(err))
+  config = _PREFLIGHT_CONFIG
   try:
     MODES[_MODE.value](config, _config_spec(sys.argv))
   except ConfigError as err:  # what only the run can check: data paths, devices, a resume
@@ -129,7 +141,9 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 
 if __name__ == '__main__':
-  preflight(sys.argv)
+  sys.argv = config_first(sys.argv)
+  _PREFLIGHT_CONFIG = preflight(sys.argv)
+  # Declared for --help and for flag parsing; the values come from preflight.
   _CONFIG = config_flags.DEFINE_config_file(
       'config', DEFAULT_CONFIG, 'Config file, optionally with :choices.', lock_config=True)
   _MODE = flags.DEFINE_string('mode', 'train', 'What to do: ' + ', '.join(MODES) + '.')

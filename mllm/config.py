@@ -80,12 +80,23 @@ def get_path(config, path: str) -> Any:
 
 def declared_type(config, path: str) -> type | None:
   """The type a leaf was declared with (also for an unset placeholder), or None if unknown."""
+  return field_info(config, path)[1]
+
+
+def field_info(config, path: str) -> tuple[Any, type | None, bool]:
+  """(current value, declared type, nullable) of a leaf; (None, None, False) if unknown.
+
+  nullable: declared with `placeholder(type)`, so 'none' on the command line means unset; a
+  plain string field such as model.position.kind takes 'none' as a variant name.
+  """
   *parents, leaf = path.split('.')
   try:
     node = get_path(config, '.'.join(parents)) if parents else config
-    return node.get_type(leaf)
+    # ConfigDict keeps a placeholder as a FieldReference in _fields (no public accessor).
+    nullable = isinstance(node._fields.get(leaf), config_dict.FieldReference)  # pylint: disable=protected-access
+    return node[leaf], node.get_type(leaf), nullable
   except (KeyError, AttributeError, TypeError):
-    return None
+    return None, None, False
 
 
 def set_path(config: config_dict.ConfigDict, path: str, value: Any) -> None:
@@ -111,18 +122,19 @@ def set_path(config: config_dict.ConfigDict, path: str, value: Any) -> None:
     raise ConfigError(path, value, f'wrong type, expected {expected} ({err})') from None
 
 
-def parse_value(text: str, current: Any = None, declared: type | None = None) -> Any:
+def parse_value(text: str, current: Any = None, declared: type | None = None,
+                nullable: bool = False) -> Any:
   """'4' → 4, '0.5' → 0.5, 'true' → True, 'none' → None, anything else stays a string.
 
+  When the field being set currently holds a string (a variant name), the text is taken as is, so
+  `pos=none` chooses the variant named 'none' rather than None; unless the field is `nullable` (a
+  placeholder such as data.cache_dir), where 'none' unsets it. `field_info` gives all three.
   For a float field (`current` a float, or `declared` float), 'nan' and '[+-]inf' become floats,
   so validation names the key ("must be finite") instead of reporting a wrong type.
-
-  When the field being set currently holds a string (a variant name), the text is taken as is, so
-  `pos=none` chooses the variant named 'none' rather than None.
   """
-  if isinstance(current, str):
-    return text.strip()
   lowered = text.strip().lower()
+  if isinstance(current, str) and not (nullable and lowered in ('none', 'null')):
+    return text.strip()
   is_float = isinstance(current, float) or declared is float
   if is_float and lowered.lstrip('+-') in ('nan', 'inf', 'infinity'):
     return float(lowered)  # as absl's float parser reads it; validate() then refuses it
@@ -164,7 +176,7 @@ def apply_choices(config: config_dict.ConfigDict, arg: str | None) -> config_dic
     if not sep:
       raise ConfigError('config arg', item, 'expected key=value pairs, e.g. pos=alibi,ffn=geglu')
     path = resolve_choice_key(config, key.strip(), parse_value(text))
-    set_path(config, path, parse_value(text, get_path(config, path), declared_type(config, path)))
+    set_path(config, path, parse_value(text, *field_info(config, path)))
   return config
 
 

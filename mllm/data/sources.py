@@ -272,6 +272,10 @@ class HFSource(Source):
     try:
       return datasets.load_dataset(self.path, name=self.name, split=self.split)
     except (FileNotFoundError, ConnectionError) as err:  # DatasetNotFoundError is the former
+      if os.path.exists(self.path):
+        raise ConfigError('data.path', self.path, f'datasets cannot load it ({_first_line(err)}); '
+                          'allowed: a save_to_disk folder or a folder of data files; a lone text '
+                          "file goes with data.source='text'") from None
       raise ConfigError('data.path', self.path, 'no such file or folder, and no dataset of that '
                         f'name ({_first_line(err)}); allowed: a save_to_disk folder, a local data '
                         'folder or a Hugging Face dataset name') from None

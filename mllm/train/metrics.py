@@ -87,6 +87,8 @@ class MetricsWriter:
 
 def truncate_metrics(path: str, keep) -> None:
   """Rewrite metrics.jsonl (atomically) with the complete records for which keep(record) holds."""
+  if os.path.exists(path + '.tmp'):
+    os.remove(path + '.tmp')  # a rewrite killed before its rename
   if not os.path.exists(path):
     return
   with open(path, 'rb') as f:
