@@ -1,7 +1,7 @@
 """mllm entry point.
 
     python launch.py --config=configs/rope_swiglu.py                  # train (resumes its workdir)
-    python launch.py --config=configs/rope_swiglu.py --mode=eval      # evaluate the latest checkpoint
+    python launch.py --config=configs/rope_swiglu.py --mode=eval      # evaluate its latest checkpoint
     python launch.py --config=configs/rope_swiglu.py --mode=summary   # tables, counts, one forward
     python launch.py --config=configs/base.py:pos=alibi,ffn=geglu --config.model.n_layers=2
 

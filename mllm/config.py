@@ -93,7 +93,8 @@ def field_info(config, path: str) -> tuple[Any, type | None, bool]:
   try:
     node = get_path(config, '.'.join(parents)) if parents else config
     # ConfigDict keeps a placeholder as a FieldReference in _fields (no public accessor).
-    nullable = isinstance(node._fields.get(leaf), config_dict.FieldReference)  # pylint: disable=protected-access
+    field = node._fields.get(leaf)  # pylint: disable=protected-access
+    nullable = isinstance(field, config_dict.FieldReference)
     return node[leaf], node.get_type(leaf), nullable
   except (KeyError, AttributeError, TypeError):
     return None, None, False

@@ -16,7 +16,7 @@ from mllm.config import ConfigError
 from mllm.train import evaluate, train
 from mllm.train.checkpoint import DELETING, Checkpointer
 from mllm.train.metrics import read_metrics, truncate_metrics
-from mllm.train.resume import init_params
+from mllm.train.resume import adopt_tokenizer, init_params
 from mllm.train.sharding import make_mesh
 from mllm.train.state import setup
 
@@ -154,6 +154,23 @@ def test_without_any_saved_config_the_state_entries_are_named(run, tmp_path):
   assert fingerprint(workdir) == before
 
 
+def test_a_stale_config_json_is_not_trusted_to_name_keys(run, tmp_path):
+  """A config.json that does not describe its checkpoint (edited by hand) would blame the wrong
+  key: the state entries are named instead."""
+  _, _, corpus, cache = run
+  workdir = copy_of(run, tmp_path)
+  path = os.path.join(workdir, 'config.json')
+  with open(path) as f:
+    saved = json.load(f)
+  saved['model']['d_model'] = 48
+  with open(path, 'w') as f:
+    json.dump(saved, f)
+  no_clip = make_config(corpus, cache, train__grad_clip=0.0)
+  with pytest.raises(ConfigError, match=r"^--workdir='.*': the run in .* holds optimizer state "
+                     r'this config does not build \(.*opt_state'):
+    train(no_clip, workdir, progress=False)
+
+
 def test_init_from_starts_a_new_run_from_the_parameters_only(run, tmp_path, capsys):
   config, source, corpus, cache = run
   no_clip = dict(train__grad_clip=0.0, train__warmup_steps=0, train__schedule='constant')
@@ -185,6 +202,20 @@ def test_init_from_starts_a_new_run_from_the_parameters_only(run, tmp_path, caps
   nowhere = make_config(corpus, cache, train__init_from=f'workdir:{tmp_path / "nope"}')
   with pytest.raises(ConfigError, match=r'^train\.init_from=.*holds no checkpoints/ folder'):
     init_params(nowhere, abstract)
+
+
+def test_init_from_adopts_the_source_runs_tokenizer(tmp_path, corpus):
+  source = tmp_path / 'source'
+  source.mkdir()
+  (source / 'tokenizer.json').write_text('{"the": "source run\'s BPE"}')
+  config = make_config(corpus, str(tmp_path / 'cache'), data__tokenizer='bpe',
+                       train__init_from=f'workdir:{source}')
+  adopt_tokenizer(config, str(tmp_path / 'new'))
+  assert (tmp_path / 'new' / 'tokenizer.json').read_text() == (source / 'tokenizer.json').read_text()
+  (tmp_path / 'own').mkdir()
+  (tmp_path / 'own' / 'tokenizer.json').write_text('{}')  # a run that has its own keeps it
+  adopt_tokenizer(config, str(tmp_path / 'own'))
+  assert (tmp_path / 'own' / 'tokenizer.json').read_text() == '{}'
 
 
 def damage(workdir: str, step: int) -> None:

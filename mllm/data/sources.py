@@ -63,9 +63,10 @@ class TextCheck:
 
   def check(self) -> None:
     if self.total and self.bad / self.total > MAX_NON_TEXT_FRACTION:
-      raise ConfigError('data.path', self.path, f'is not UTF-8 text: {self.bad / self.total:.0%} of '
-                        f'its {self.total:,} bytes are invalid UTF-8 or control bytes (binary data, '
-                        f'or another encoding); allowed for data.source={self.source!r}: UTF-8 text '
+      share = self.bad / self.total
+      raise ConfigError('data.path', self.path, f'is not UTF-8 text: {share:.0%} of its '
+                        f'{self.total:,} bytes are invalid UTF-8 or control bytes (binary data, or '
+                        f'another encoding); allowed for data.source={self.source!r}: UTF-8 text '
                         f'with at most {MAX_NON_TEXT_FRACTION:.0%} such bytes')
 
 

@@ -36,7 +36,7 @@ from etils import epath
 
 from mllm.config import ConfigError
 
-# Orbax writes the step metadata file (and, since 0.11, commit_success.txt) before its commit rename.
+# Orbax writes both into the tmp folder before its commit rename (AtomicRenameTemporaryPath).
 COMMIT_MARKERS = ('_CHECKPOINT_METADATA', 'commit_success.txt')
 DELETING = '.deleting'
 TMP_MARKER = '.orbax-checkpoint-tmp'

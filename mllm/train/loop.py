@@ -23,7 +23,7 @@ from mllm.config import ConfigError
 from mllm.paths import existing_dir, writable_dir
 from mllm.train.checkpoint import (Checkpointer, StateMismatch, checkpoint_dir, config_as_dict,
                                    note, write_config)
-from mllm.train.resume import check_resumable, init_params, mismatch_error
+from mllm.train.resume import adopt_tokenizer, check_resumable, init_params, mismatch_error
 from mllm.train.metrics import MetricsWriter, Progress, peak_flops_per_device, plot_losses
 from mllm.train.sharding import global_batch, make_mesh
 from mllm.train.state import setup
@@ -128,7 +128,8 @@ def _restore_or_init(config, workdir, ckpt, model, init, iterator) -> tuple[int,
 def _train(config, workdir, stop_after, progress, mesh, model, init, ckpt, closing) -> dict:
   from mllm.data import build_data
   t = config.train
-  check_resumable(workdir, config, ckpt, model.abstract_state)
+  if check_resumable(workdir, config, ckpt, model.abstract_state) is None and t.init_from:
+    adopt_tokenizer(config, workdir)
   data = build_data(config, workdir, process_index=jax.process_index(),
                     process_count=jax.process_count())
   write_config(workdir, config)
@@ -139,9 +140,10 @@ def _train(config, workdir, stop_after, progress, mesh, model, init, ckpt, closi
   start, state = _restore_or_init(config, workdir, ckpt, model, init, iterator)
   end = t.steps if stop_after is None else min(t.steps, stop_after)
   # Records after the resumed step are replayed; so is the final eval of a finished run.
-  writer = MetricsWriter(workdir, tensorboard=t.tensorboard, resume_step=start,
-                         keep=lambda r: r['step'] < start or (
-                             r['step'] == start and not (r['split'] == 'eval' and start == t.steps)))
+  def keep(record) -> bool:
+    final_eval = record['split'] == 'eval' and start == t.steps
+    return record['step'] < start or (record['step'] == start and not final_eval)
+  writer = MetricsWriter(workdir, tensorboard=t.tensorboard, resume_step=start, keep=keep)
   closing.callback(writer.close)
 
   counts = count_params(config)

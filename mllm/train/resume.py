@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from typing import Any, Callable
 
 from ml_collections import config_dict
@@ -36,7 +37,8 @@ def read_config_json(workdir: str) -> dict | None:
     with open(path, encoding='utf-8') as f:
       saved = json.load(f)
   except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-    problem = f'is not valid JSON ({err})' if isinstance(err, ValueError) else f'cannot be read ({err})'
+    problem = (f'is not valid JSON ({err})' if isinstance(err, ValueError)
+               else f'cannot be read ({err})')
     raise ConfigError('--workdir', workdir, f'its config.json {problem}; allowed: the config.json '
                       'mllm wrote, or none: delete it and the config saved inside the latest '
                       'checkpoint is used') from None
@@ -99,9 +101,9 @@ def _normal(value):
   return list(value) if isinstance(value, tuple) else value  # JSON has no tuples
 
 
-def culprits(saved: dict, config, params_only: bool = False) -> list[tuple[str, Any, Any]] | None:
-  """The changed keys that alone change the state's structure; None if the saved config does not
-  describe its own checkpoint (then it cannot tell)."""
+def culprits(saved: dict, config, params_only: bool = False) -> list[tuple[str, Any, Any]]:
+  """The changed keys that alone change the state's structure (those that cannot be applied alone,
+  e.g. n_heads without n_kv_heads, are passed over)."""
   base = as_config(saved, config)
   reference = state_signature(base, params_only)
   found = []
@@ -122,6 +124,17 @@ def _what(diff: dict[str, list]) -> str:
   return 'parameters' if any(p[0] == 'params' for p in paths) else 'optimizer state'
 
 
+def _keys_to_blame(saved: dict, config, ckpt: Checkpointer, step: int, params_only: bool):
+  """culprits(), if the saved config describes its own checkpoint (else None: it cannot tell)."""
+  ckpt_sig = ckpt.saved_signature(step)
+  if params_only:
+    ckpt_sig = only(ckpt_sig, 'params')
+  if state_signature(as_config(saved, config), params_only) != ckpt_sig:
+    return None
+  # A single key explains it, or only a combination of changes does: then name them all.
+  return culprits(saved, config, params_only) or changed_keys(saved, config)
+
+
 def mismatch_error(workdir: str, config, ckpt: Checkpointer, step: int, diff: dict[str, list],
                    params_only: bool = False, log: Callable[[str], None] = note,
                    key: str = '--workdir', value: Any = None, allowed: str | None = None
@@ -138,12 +151,10 @@ def mismatch_error(workdir: str, config, ckpt: Checkpointer, step: int, diff: di
   saved = saved_config(workdir, ckpt, step, log)
   keys = None
   if saved is not None:
-    base = as_config(saved, config)
-    ckpt_sig = ckpt.saved_signature(step)
-    if state_signature(base, params_only) == (only(ckpt_sig, 'params') if params_only else ckpt_sig):
-      keys = culprits(saved, config, params_only)
-      if not keys:  # only a combination of changes alters the state: name them all
-        keys = changed_keys(saved, config)
+    try:
+      keys = _keys_to_blame(saved, config, ckpt, step, params_only)
+    except Exception:  # pylint: disable=broad-except  (an odd saved config: describe the entries)
+      keys = None
   where = f'the run in {workdir} (checkpoint step {step})'
   if keys:
     listed = ', '.join(f'{k}={new!r} (saved: {old!r})' for k, old, new in keys)
@@ -190,6 +201,20 @@ def _source(init_from: str) -> tuple[str, int | None]:
   if os.path.basename(path).isdigit() and os.path.basename(parent) == 'checkpoints':
     return os.path.dirname(parent), int(os.path.basename(path))
   return path, None
+
+
+def adopt_tokenizer(config, workdir: str, log: Callable[[str], None] = note) -> None:
+  """Copy the train.init_from run's tokenizer.json into a new workdir: its parameters were trained
+  on those token ids, and a BPE trained anew (on other data or settings) would scramble them."""
+  source = os.path.join(_source(config.train.init_from)[0], 'tokenizer.json')
+  target = os.path.join(workdir, 'tokenizer.json')
+  if config.data.tokenizer != 'bpe' or os.path.exists(target) or not os.path.isfile(source):
+    return
+  os.makedirs(workdir, exist_ok=True)
+  tmp = f'{target}.tmp-{os.getpid()}'  # every process of a multi-host run copies the same file
+  shutil.copyfile(source, tmp)
+  os.replace(tmp, target)
+  log(f'note: using the tokenizer of {os.path.dirname(source)} (train.init_from)')
 
 
 def init_params(config, abstract_params, log: Callable[[str], None] = note):
