@@ -131,6 +131,13 @@ def main(argv: list[str]) -> None:
   except OSError as err:  # a path the checks could not foresee (a disk filling up, a lost mount)
     where = f'{err.filename}: ' if err.filename else ''
     _fail(f'{where}{err.strerror or err}')
+  except KeyboardInterrupt:  # a second Ctrl-C / SIGTERM: stop at once, without a traceback
+    print('error: interrupted; the latest saved checkpoint is kept, run again to resume',
+          file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    # At once: the interrupt may have landed inside JAX or Orbax with their threads mid-work, and
+    # the interpreter's teardown then crashes (seen: a segfault). Committed checkpoints are safe.
+    os._exit(130)
 
 
 def _parse_flags(argv: list[str]) -> list[str]:

@@ -170,6 +170,32 @@ def test_sigterm_saves_exits_cleanly_and_resumes_exactly(reference_run, corpus, 
   assert_bitwise_equal(load_state(long_config, workdir), load_state(long_config, planned))
 
 
+def test_a_second_signal_stops_at_once_in_one_line(corpus, tmp_path):
+  """SIGTERM asks for a save; a second one, while it is pending, stops at once: exit 130 and one
+  line (or 0, if the save won the race), never a traceback or an interpreter crash."""
+  flags = [f'--config.{k}={v}' for k, v in run_overrides(corpus, str(tmp_path / 'cache')).items()]
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  proc = subprocess.Popen([sys.executable, 'launch.py', '--config=configs/base.py',
+                           f'--workdir={tmp_path / "w"}', *flags, '--config.train.steps=100000'],
+                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+  metrics = tmp_path / 'w' / 'metrics.jsonl'
+  deadline = time.time() + 240
+  while time.time() < deadline and not (metrics.exists() and metrics.stat().st_size):
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGTERM)
+  time.sleep(0.01)
+  if proc.poll() is None:
+    proc.send_signal(signal.SIGTERM)
+  out, err = proc.communicate(timeout=120)
+  assert 'Traceback' not in out + err and 'Fatal Python error' not in err, (out, err)
+  assert proc.returncode in (0, 130), (proc.returncode, err)
+  if proc.returncode == 130:
+    lines = err.strip().splitlines()  # tqdm's tokenizing bar may come first
+    assert lines[-1] == 'error: interrupted; the latest saved checkpoint is kept, run again to resume'
+    assert sum(line.startswith('error:') for line in lines) == 1
+
+
 def test_eval_equals_a_direct_computation(reference_run):
   config, workdir, _, _ = reference_run
   from mllm.data import build_data
