@@ -23,8 +23,8 @@ from mllm.config import ConfigError
 from mllm.paths import existing_dir, writable_dir
 from mllm.train.checkpoint import (Checkpointer, StateMismatch, checkpoint_dir, config_as_dict,
                                    note, write_config)
-from mllm.train.resume import adopt_tokenizer, check_resumable, init_params, mismatch_error
 from mllm.train.metrics import MetricsWriter, Progress, peak_flops_per_device, plot_losses
+from mllm.train.resume import adopt_tokenizer, check_resumable, init_params, mismatch_error
 from mllm.train.sharding import global_batch, make_mesh
 from mllm.train.state import setup
 from mllm.train.step import eval_summary, make_eval_step, make_train_step
@@ -207,7 +207,7 @@ def _train(config, workdir, stop_after, progress, mesh, model, init, ckpt, closi
           break
     finally:
       bar.close()
-  ckpt.wait()
+  ckpt.wait()  # the last save is committed before the run reports itself done
   if step == t.steps and not stop.signal:
     last_eval = run_eval(eval_step, state['params'], data, mesh, t.eval_batches)
     if last_eval:
