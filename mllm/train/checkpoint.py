@@ -33,6 +33,7 @@ import grain
 import jax
 import orbax.checkpoint as ocp
 from etils import epath
+from jax.experimental import multihost_utils
 
 from mllm.config import ConfigError
 
@@ -203,6 +204,8 @@ class Checkpointer:
     self.read_only, self.log = read_only, log
     if not read_only:
       tidy(self.directory, log)
+      if jax.process_count() > 1:  # the others list steps only once process 0 has tidied
+        multihost_utils.sync_global_devices('mllm-checkpoint-tidy')
     # Orbax's own read_only mode logs three warnings per use; a manager that is never asked to
     # save (and neither creates nor tidies the folder) reads the same.
     options = ocp.CheckpointManagerOptions(
