@@ -1,0 +1,249 @@
+"""The MoE layer against float64 NumPy: routing, top-k, the balancing and z losses, both
+dispatches, capacity drops, shared experts, gradients."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from mllm.layers.ffn import FFNS
+from mllm.layers.moe import (MoE, capacity, load_balancing_loss, router_probs, top_k, z_loss)
+
+ACTIVATIONS = {  # float64 NumPy versions of the experts' activations
+    'swiglu': lambda x: x / (1 + np.exp(-x)),
+    'relu': lambda x: np.maximum(x, 0),
+    'geglu': lambda x: 0.5 * x * (1 + np.vectorize(__import__('math').erf)(x / np.sqrt(2))),
+}
+
+
+def make_moe(d=8, e=4, k=2, f=16, seed=0, **kwargs):
+  return MoE(d, num_experts=e, top_k=k, expert_d_ff=f, init_std=0.3, out_std=0.3,
+             rngs=nnx.Rngs(seed), **kwargs)
+
+
+def np_expert(x, gate, up, down, kind):
+  act = ACTIVATIONS[kind]
+  hidden = act(x @ up) if gate is None else act(x @ gate) * (x @ up)
+  return hidden @ down
+
+
+def np_moe(moe: MoE, x_TD, kind='swiglu', renormalize=True):
+  """Mixtral-style reference: softmax router, top-k, gates renormalised over the k."""
+  x = np.asarray(x_TD, np.float64)
+  f64 = lambda w: None if w is None else np.asarray(w[...], np.float64)  # noqa: E731
+  gate, up, down = f64(moe.experts.gate), f64(moe.experts.up), f64(moe.experts.down)
+  logits = x @ f64(moe.router)
+  probs = np.exp(logits - logits.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  y = np.zeros_like(x)
+  for t in range(x.shape[0]):
+    chosen = np.argsort(-probs[t])[:moe.k]
+    g = probs[t, chosen] / (probs[t, chosen].sum() if renormalize else 1.0)
+    for weight, e in zip(g, chosen):
+      y[t] += weight * np_expert(x[t], None if gate is None else gate[e], up[e], down[e], kind)
+  if moe.shared is not None:
+    s_gate, s_up, s_down = f64(moe.shared.gate), f64(moe.shared.up), f64(moe.shared.down)
+    for j in range(s_up.shape[0]):
+      y += np_expert(x, None if s_gate is None else s_gate[j], s_up[j], s_down[j], kind)
+  return y
+
+
+def _run(moe: MoE, x):
+  if hasattr(nnx, 'capture'):
+    y, intermediates = nnx.capture(moe, nnx.Intermediate)(x)
+  else:  # Flax before nnx.capture: sow, then pop
+    y, intermediates = moe(x), nnx.pop(moe, nnx.Intermediate)
+  return y, intermediates['moe'].get_value()[-1]
+
+
+# Jitted: one compile of the layer costs less than compiling each of its ops eagerly.
+run = nnx.jit(_run)  # (y, the stats the layer sowed)
+
+
+def out(moe: MoE, x):
+  return run(moe, x)[0]
+
+
+def tokens(t=24, d=8, seed=1):
+  return jnp.asarray(np.random.default_rng(seed).normal(size=(1, t, d)), jnp.float32)
+
+
+def test_router_probabilities_sum_to_one_and_top_k_picks_the_largest():
+  logits = jnp.asarray(np.random.default_rng(0).normal(size=(32, 8)) * 3, jnp.float32)
+  probs = router_probs(logits.astype(jnp.bfloat16))
+  assert probs.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(probs).sum(-1), 1.0, rtol=1e-6)
+  for k in (1, 2, 4):
+    gates, experts = top_k(probs, k, renormalize=False)
+    expected = np.argsort(-np.asarray(probs), axis=-1)[:, :k]
+    np.testing.assert_array_equal(np.asarray(experts), expected)
+    np.testing.assert_allclose(gates, np.take_along_axis(np.asarray(probs), expected, -1))
+    renormed, _ = top_k(probs, k, renormalize=True)
+    np.testing.assert_allclose(np.asarray(renormed).sum(-1), 1.0, rtol=1e-6)
+  # A selection bias moves the choice, not the gates.
+  bias = jnp.zeros(8).at[5].set(10.0)
+  gates, experts = top_k(probs, 1, renormalize=False, selection_bias_E=bias)
+  assert (np.asarray(experts) == 5).all()
+  np.testing.assert_allclose(gates[:, 0], probs[:, 5])
+
+
+@pytest.mark.parametrize('k', [1, 2, 4])
+def test_balancing_loss_is_one_at_uniform_routing_and_larger_when_skewed(k):
+  e, t = 8, 64
+  probs = jnp.full((t, e), 1.0 / e)
+  uniform = (np.arange(t)[:, None] * k + np.arange(k)[None, :]) % e  # each expert T·k/E times
+  assert np.bincount(uniform.ravel(), minlength=e).tolist() == [t * k // e] * e
+  assert float(load_balancing_loss(probs, jnp.asarray(uniform))) == pytest.approx(1.0, abs=1e-6)
+  # transformers' convention normalises each choice slot separately: k at uniform routing.
+  assert float(load_balancing_loss(probs, jnp.asarray(uniform), 'hf')) == pytest.approx(k)
+  skewed_probs = jnp.asarray(np.tile(np.eye(e)[0] * 0.9 + 0.1 / e, (t, 1)))
+  skewed = np.tile(np.arange(k), (t, 1))  # every token to experts 0..k-1
+  expected = e * sum((1 / k) * float(skewed_probs[0, i]) for i in range(k))  # E Σ f_i P_i
+  got = float(load_balancing_loss(skewed_probs, jnp.asarray(skewed)))
+  assert got == pytest.approx(expected, rel=1e-6) and got > 1.0
+
+
+def test_z_loss_against_its_formula():
+  logits = np.random.default_rng(0).normal(size=(16, 6)) * 4
+  lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+  assert float(z_loss(jnp.asarray(logits, jnp.float32))) == pytest.approx(np.mean(lse ** 2),
+                                                                             rel=1e-5)
+
+
+@pytest.mark.parametrize('dispatch', ['capacity', 'dropless'])
+@pytest.mark.parametrize('kind', ['swiglu', 'relu', 'geglu'])
+def test_top2_layer_equals_a_float64_mixtral_reference(dispatch, kind):
+  # capacity_factor = E: room for every assignment, so nothing is dropped.
+  moe = make_moe(ffn_kind=kind, dispatch=dispatch, capacity_factor=4.0)
+  x = tokens()
+  y = out(moe, x)
+  np.testing.assert_allclose(np.asarray(y[0], np.float64), np_moe(moe, x[0], kind),
+                             rtol=2e-5, atol=2e-5)
+
+
+def test_one_expert_top1_equals_the_dense_ffn_with_its_weights():
+  moe = make_moe(e=1, k=1)
+  dense = FFNS['swiglu'](8, 16, use_bias=False, init_std=0.1, out_std=0.1, rngs=nnx.Rngs(3))
+  dense.gate.kernel[...] = moe.experts.gate[0]
+  dense.up.kernel[...] = moe.experts.up[0]
+  dense.down.kernel[...] = moe.experts.down[0]
+  x = tokens()
+  np.testing.assert_allclose(out(moe, x), dense(x), rtol=1e-5, atol=1e-6)
+
+
+def test_shared_experts_add_exactly_their_dense_output():
+  with_shared = make_moe(num_shared_experts=2, shared_d_ff=12)
+  routed_only = make_moe()
+  routed_only.router[...] = with_shared.router[...]
+  for name in ('gate', 'up', 'down'):
+    getattr(routed_only.experts, name)[...] = getattr(with_shared.experts, name)[...]
+  x = tokens()
+  s = with_shared.shared
+  shared_out = np.zeros((24, 8))
+  for j in range(2):
+    shared_out += np_expert(np.asarray(x[0], np.float64), np.asarray(s.gate[j], np.float64),
+                            np.asarray(s.up[j], np.float64), np.asarray(s.down[j], np.float64),
+                            'swiglu')
+  both, routed = out(with_shared, x)[0], out(routed_only, x)[0]
+  np.testing.assert_allclose(np.asarray(both - routed, np.float64), shared_out, rtol=1e-4,
+                             atol=1e-5)
+  np.testing.assert_allclose(np.asarray(both, np.float64), np_moe(with_shared, x[0]), rtol=2e-5,
+                             atol=2e-5)
+
+
+def routed_moe(preferences, k, cap_factor):
+  """A MoE whose router logits are `preferences` (×10): x[:, :E] carries them, W_r = 10·I."""
+  t, e = preferences.shape
+  moe = make_moe(d=e + 2, e=e, k=k, capacity_factor=cap_factor, renormalize=False)
+  moe.router[...] = jnp.zeros((e + 2, e)).at[jnp.arange(e), jnp.arange(e)].set(10.0)
+  x = np.zeros((1, t, e + 2), np.float32)
+  x[0, :, :e] = preferences
+  x[0, :, e:] = np.random.default_rng(0).normal(size=(t, 2))
+  return moe, jnp.asarray(x)
+
+
+def test_capacity_drops_match_a_hand_computed_case():
+  # 4 tokens, 2 experts, top-1, capacity ceil(4/2 · 1 · 0.5) = 1: tokens 0, 1, 2 want expert 0,
+  # token 3 expert 1. Expert 0 keeps token 0 (token order); tokens 1 and 2 get nothing.
+  assert capacity(4, 2, 1, 0.5) == 1
+  prefs = np.array([[1, 0], [1, 0], [1, 0], [0, 1]], np.float32)
+  moe, x = routed_moe(prefs, k=1, cap_factor=0.5)
+  y, stats = run(moe, x)
+  y = np.asarray(y[0])
+  full = np.asarray(out(make_moe_like(moe, 8.0), x)[0])
+  np.testing.assert_allclose(y[[0, 3]], full[[0, 3]], rtol=1e-6)
+  assert np.all(y[[1, 2]] == 0)
+  assert float(stats['drop_rate']) == pytest.approx(0.5)
+  np.testing.assert_array_equal(stats['tokens_per_expert'], [3, 1])  # routed, before the drop
+  # Top-2, capacity ceil(2/2 · 2 · 0.5) = 1, both tokens prefer expert 0, then 1. First choices
+  # fill first: token 0 takes expert 0's slot; second choices: token 0 takes expert 1's. Token 1
+  # is dropped twice.
+  assert capacity(2, 2, 2, 0.5) == 1
+  moe, x = routed_moe(np.array([[1, 0.5], [1, 0.5]], np.float32), k=2, cap_factor=0.5)
+  y, stats = run(moe, x)
+  y = np.asarray(y[0])
+  full = np.asarray(out(make_moe_like(moe, 8.0), x)[0])
+  np.testing.assert_allclose(y[0], full[0], rtol=1e-6)
+  assert np.all(y[1] == 0)
+  assert float(stats['drop_rate']) == pytest.approx(0.5)
+
+
+def make_moe_like(moe: MoE, capacity_factor: float) -> MoE:
+  """The same weights with another capacity factor."""
+  graphdef, state = nnx.split(moe)
+  other = nnx.merge(graphdef, state)
+  other.capacity_factor = capacity_factor
+  return other
+
+
+def test_dropless_equals_capacity_with_a_large_factor_and_gradients_reach_everything():
+  x = tokens(t=32)
+  moe = make_moe(e=8, k=2, num_shared_experts=1, capacity_factor=8.0)
+  dropless = make_moe_like(moe, 8.0)
+  dropless.dispatch = 'dropless'
+  np.testing.assert_allclose(out(moe, x), out(dropless, x), rtol=1e-5, atol=1e-6)
+
+  @nnx.jit
+  @nnx.grad
+  def grad(m):
+    y, aux = _run(m, x)
+    return jnp.sum(y ** 2) + aux['balance_loss'] + aux['z_loss']
+  g_cap, g_drop = grad(moe), grad(dropless)
+  for grads in (g_cap, g_drop):
+    for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]:
+      assert float(jnp.abs(g).max()) > 0, jax.tree_util.keystr(path)
+  for a, b in zip(jax.tree.leaves(g_cap), jax.tree.leaves(g_drop)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_sigmoid_router_gates_are_normalised_over_the_chosen_k():
+  moe = make_moe(router='sigmoid', renormalize=False, dispatch='dropless')
+  x = tokens()
+  # Reference: sigmoid scores, top-2, gates / their sum (DeepSeek-V3).
+  xs = np.asarray(x[0], np.float64)
+  scores = 1 / (1 + np.exp(-(xs @ np.asarray(moe.router[...], np.float64))))
+  f64 = lambda w: np.asarray(w[...], np.float64)  # noqa: E731
+  y = np.zeros_like(xs)
+  for t in range(xs.shape[0]):
+    chosen = np.argsort(-scores[t])[:2]
+    for g, e in zip(scores[t, chosen] / scores[t, chosen].sum(), chosen):
+      y[t] += g * np_expert(xs[t], f64(moe.experts.gate)[e], f64(moe.experts.up)[e],
+                            f64(moe.experts.down)[e], 'swiglu')
+  np.testing.assert_allclose(np.asarray(out(moe, x)[0], np.float64), y, rtol=2e-5, atol=2e-5)
+
+
+def test_bfloat16_compute_keeps_the_router_in_float32():
+  moe = make_moe(dtype=jnp.bfloat16)
+  y, stats = run(moe, tokens().astype(jnp.bfloat16))
+  assert y.dtype == jnp.bfloat16
+  assert stats['mean_prob'].dtype == jnp.float32
+  np.testing.assert_allclose(float(stats['mean_prob'].sum()), 1.0, rtol=1e-5)
+
+
+def test_bad_layer_arguments_are_refused():
+  with pytest.raises(ValueError, match='top_k=5'):
+    make_moe(e=4, k=5)
+  with pytest.raises(ValueError, match='router'):
+    make_moe(router='relu')
