@@ -9,7 +9,9 @@ import pytest
 from flax import nnx
 
 from mllm.layers.ffn import FFNS
-from mllm.layers.moe import (MoE, capacity, load_balancing_loss, router_probs, top_k, z_loss)
+from mllm.layers.moe import (ExpertBias, MoE, capacity, load_balancing_loss, load_summary,
+                             mixture_noise, noisy_topk_logits, router_probs, top_k,
+                             update_expert_bias, z_loss)
 
 ACTIVATIONS = {  # float64 NumPy versions of the experts' activations
     'swiglu': lambda x: x / (1 + np.exp(-x)),
@@ -20,7 +22,7 @@ ACTIVATIONS = {  # float64 NumPy versions of the experts' activations
 
 def make_moe(d=8, e=4, k=2, f=16, seed=0, **kwargs):
   return MoE(d, num_experts=e, top_k=k, expert_d_ff=f, init_std=0.3, out_std=0.3,
-             rngs=nnx.Rngs(seed), **kwargs)
+             rngs=nnx.Rngs(params=seed, dropout=seed + 1), **kwargs)  # as build_model
 
 
 def np_expert(x, gate, up, down, kind):
@@ -247,3 +249,92 @@ def test_bad_layer_arguments_are_refused():
     make_moe(e=4, k=5)
   with pytest.raises(ValueError, match='router'):
     make_moe(router='relu')
+
+
+# --- Noise, aux-loss-free balancing, load statistics -------------------------------------------
+
+def test_mixture_noise_keeps_a_distribution_and_averages_to_uniform():
+  probs = router_probs(jnp.asarray(np.random.default_rng(0).normal(size=(20000, 8)), jnp.float32))
+  noisy = np.asarray(mixture_noise(probs, 0.2, jax.random.key(0)))
+  p = np.asarray(probs)
+  np.testing.assert_allclose(noisy.sum(-1), 1.0, rtol=1e-5)
+  assert np.all(noisy >= 0.8 * p - 1e-7) and np.all(noisy <= 0.8 * p + 0.2 + 1e-7)
+  # ε is uniform on the simplex (Dirichlet(1)): its mean is 1/E per expert.
+  epsilon = (noisy - 0.8 * p) / 0.2
+  np.testing.assert_allclose(epsilon.mean(0), 1 / 8, atol=3e-3)
+  np.testing.assert_array_equal(mixture_noise(probs, 0.0, jax.random.key(1)), probs)
+
+
+def test_noisy_topk_adds_standard_normal_noise_scaled_by_softplus():
+  logits = jnp.zeros((50000, 4))
+  for raw, scale in ((0.0, np.log(2.0)), (3.0, np.log1p(np.exp(3.0)))):
+    noise = np.asarray(noisy_topk_logits(logits, jnp.full((50000, 4), raw), jax.random.key(0)))
+    assert abs(noise.mean()) < 0.01 * scale and noise.std() == pytest.approx(scale, rel=0.01)
+  quiet = noisy_topk_logits(logits + 1.0, jnp.full((50000, 4), -40.0), jax.random.key(0))
+  np.testing.assert_allclose(quiet, 1.0, atol=1e-12)
+
+
+@pytest.mark.parametrize('noise', ['mixture', 'noisy_topk'])
+def test_noise_only_in_training_and_reproducible_from_its_seed(noise):
+  x = tokens(t=64)
+  moe = make_moe(noise=noise, noise_alpha=0.5)
+  clean = make_moe()
+  clean.router[...] = moe.router[...]
+  for name in ('gate', 'up', 'down'):
+    getattr(clean.experts, name)[...] = getattr(moe.experts, name)[...]
+  moe.eval()
+  np.testing.assert_allclose(out(moe, x), out(clean, x), rtol=1e-6)
+  moe.train()
+  nnx.reseed(moe, dropout=7)
+  first = out(moe, x)
+  nnx.reseed(moe, dropout=7)  # what a resumed training step does from (seed, step)
+  np.testing.assert_array_equal(out(moe, x), first)
+  nnx.reseed(moe, dropout=8)
+  assert not np.allclose(out(moe, x), first)
+
+
+def test_expert_bias_moves_toward_balance_and_gets_no_gradient():
+  # A router that sends every token to expert 0 first: a large logit bias through x's last dim.
+  e, t = 4, 256
+  moe = make_moe(d=8, e=e, k=1, expert_bias=True, dispatch='dropless')
+  router = np.zeros((8, e), np.float32)
+  router[:4, :] = np.random.default_rng(0).normal(size=(4, e))
+  router[7, 0] = 4.0
+  moe.router[...] = jnp.asarray(router)
+  x = np.random.default_rng(1).normal(size=(1, t, 8)).astype(np.float32)
+  x[..., 7] = 1.0
+  x = jnp.asarray(x)
+  cv = []
+  for _ in range(60):
+    _, stats = run(moe, x)
+    cv.append(float(load_summary(stats['tokens_per_expert'])['load_cv']))
+    moe.bias[...] = update_expert_bias(moe.bias[...], stats['tokens_per_expert'], 0.01)
+  assert cv[0] > 1.0 and max(cv[-10:]) < 0.3, cv
+  assert float(moe.bias[0]) < 0 < float(moe.bias[1:].min())  # the favourite pushed down
+  # Not a parameter: the optimizer's view (nnx.Param) holds no bias, and no gradient reaches it.
+  assert 'bias' not in nnx.state(moe, nnx.Param)
+
+  @nnx.jit
+  @nnx.grad(argnums=nnx.DiffState(0, ExpertBias))
+  def grad(m):
+    y, aux = _run(m, x)
+    return jnp.sum(y ** 2) + aux['balance_loss']
+  np.testing.assert_array_equal(grad(moe)['bias'][...], 0.0)
+
+
+def test_load_summary_and_router_entropy_against_numpy():
+  counts = np.array([10.0, 0.0, 30.0, 20.0])
+  got = load_summary(jnp.asarray(counts))
+  assert float(got['load_cv']) == pytest.approx(counts.std() / counts.mean(), rel=1e-6)
+  assert float(got['load_max_over_mean']) == pytest.approx(30 / 15)
+  assert float(got['dead_experts']) == pytest.approx(0.25)
+  even = load_summary(jnp.full((8,), 5.0))
+  assert float(even['load_cv']) == 0.0 and float(even['load_max_over_mean']) == 1.0
+  moe = make_moe()
+  x = tokens()
+  _, stats = run(moe, x)
+  logits = np.asarray(x[0], np.float64) @ np.asarray(moe.router[...], np.float64)
+  p = np.exp(logits - logits.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  assert float(stats['router_entropy']) == pytest.approx(np.mean(-(p * np.log(p)).sum(-1)),
+                                                          rel=1e-5)

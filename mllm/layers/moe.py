@@ -14,9 +14,14 @@ Two ways to run the experts, equal when no token overflows (tested):
   a grouped matmul, `jax.lax.ragged_dot`. Nothing is dropped. On CPU XLA expands ragged_dot to a
   dense masked product (about E× one expert's FLOPs; ../benchmarks/moe.py measures it).
 
-Status: the layer, routing, both dispatches and the two losses, tested against float64 NumPy.
-The config keys (`moe.*`), the model wiring, router noise, aux-loss-free balancing, metrics and
-expert parallelism come next (issue 10).
+Balancing: the Switch loss and the router z-loss (sown for the training step to add with their
+coefficients), router noise in training (the lecture's mixture, or Shazeer's noisy top-k; drawn
+from the 'dropout' RNG stream, so a resumed run draws the same noise), and DeepSeek-V3's
+aux-loss-free bias (an `ExpertBias` variable that shifts the choice only; `update_expert_bias`
+is applied after each step).
+
+Status: the layer and everything above, tested against float64 NumPy. The config keys (`moe.*`),
+the model and training-step wiring, accounting and expert parallelism come next (issue 10).
 """
 from __future__ import annotations
 
@@ -30,6 +35,12 @@ from mllm.layers.ffn import FFNS
 
 ROUTERS = ('softmax', 'sigmoid')
 DISPATCHES = ('capacity', 'dropless')
+NOISES = ('none', 'mixture', 'noisy_topk')
+
+
+class ExpertBias(nnx.Variable):
+  """DeepSeek-V3's per-expert routing bias: not a Param, so no optimizer or gradient touches it;
+  `update_expert_bias` moves it after each step. Saved with the model's state."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -85,6 +96,38 @@ def load_balancing_loss(probs_TE: jax.Array, experts_Tk: jax.Array,
 def z_loss(logits_TE: jax.Array) -> jax.Array:
   """Router z-loss (ST-MoE, Zoph et al. 2022, eq. 5): mean over tokens of logsumexp(logits)²."""
   return jnp.mean(jax.nn.logsumexp(logits_TE.astype(jnp.float32), axis=-1) ** 2)
+
+
+def mixture_noise(probs_TE: jax.Array, alpha: float, key: jax.Array) -> jax.Array:
+  """The lecture's noisy router: p = (1 − α)·p + α·ε, with ε uniform on the probability simplex
+  (Dirichlet(1, ..., 1), drawn per token), so p stays a distribution."""
+  exponential = jax.random.exponential(key, probs_TE.shape, jnp.float32)
+  epsilon = exponential / jnp.sum(exponential, axis=-1, keepdims=True)
+  return (1.0 - alpha) * probs_TE + alpha * epsilon
+
+
+def noisy_topk_logits(logits_TE: jax.Array, noise_logits_TE: jax.Array,
+                      key: jax.Array) -> jax.Array:
+  """Noisy top-k gating (Shazeer et al. 2017, eq. 4): H = x·W_g + N(0, 1)·softplus(x·W_noise)."""
+  normal = jax.random.normal(key, logits_TE.shape, jnp.float32)
+  return logits_TE + normal * jax.nn.softplus(noise_logits_TE.astype(jnp.float32))
+
+
+def update_expert_bias(bias_E: jax.Array, tokens_per_expert_E: jax.Array,
+                       rate: float) -> jax.Array:
+  """Aux-loss-free balancing (DeepSeek-V3, Wang et al. 2024): b_i ← b_i + γ·sign(mean load − load_i),
+  raising under-loaded experts and lowering over-loaded ones. Use the global batch's counts."""
+  load = tokens_per_expert_E.astype(jnp.float32)
+  return bias_E + rate * jnp.sign(jnp.mean(load) - load)
+
+
+def load_summary(tokens_per_expert_E: jax.Array) -> dict[str, jax.Array]:
+  """How balanced one step's routing was: the coefficient of variation of the load (std/mean, 0
+  when even), max/mean load (1 when even) and the fraction of experts that got no token."""
+  load = tokens_per_expert_E.astype(jnp.float32)
+  mean = jnp.maximum(jnp.mean(load), 1e-9)
+  return {'load_cv': jnp.std(load) / mean, 'load_max_over_mean': jnp.max(load) / mean,
+          'dead_experts': jnp.mean((load == 0).astype(jnp.float32))}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -190,27 +233,39 @@ class MoE(nnx.Module):
   """Router + E routed experts (+ shared experts), a drop-in for an FFN: [B, T, D] → [B, T, D].
 
   Each call sows into `nnx.Intermediate` 'moe': the balancing loss (`balance_convention`), the
-  z-loss, the tokens per expert, the mean router probability per expert and the drop rate; the
-  training step pops them (no global state).
+  z-loss, the tokens per expert, the mean router probability per expert, the router entropy and
+  the drop rate; the training step collects them with `nnx.capture` (no global state).
   """
 
   def __init__(self, d_model: int, *, num_experts: int, top_k: int, expert_d_ff: int,
                ffn_kind: str = 'swiglu', num_shared_experts: int = 0, shared_d_ff: int | None = None,
                router: str = 'softmax', renormalize: bool = True, dispatch: str = 'capacity',
                capacity_factor: float = 1.25, balance_convention: str = 'switch',
+               noise: str = 'none', noise_alpha: float = 0.1, expert_bias: bool = False,
                init_std: float = 0.02, out_std: float = 0.02, dtype=None,
                param_dtype=jnp.float32, rngs: nnx.Rngs):
     if not 1 <= top_k <= num_experts:
       raise ValueError(f'top_k={top_k} must be in [1, num_experts={num_experts}]')
-    if router not in ROUTERS or dispatch not in DISPATCHES:
-      raise ValueError(f'router {router!r} / dispatch {dispatch!r}; allowed: {ROUTERS}, '
-                       f'{DISPATCHES}')
+    if router not in ROUTERS or dispatch not in DISPATCHES or noise not in NOISES:
+      raise ValueError(f'router {router!r} / dispatch {dispatch!r} / noise {noise!r}; allowed: '
+                       f'{ROUTERS}, {DISPATCHES}, {NOISES}')
     self.num_experts, self.k, self.router_kind = num_experts, top_k, router
     self.renormalize, self.dispatch = renormalize, dispatch
     self.capacity_factor, self.balance_convention = capacity_factor, balance_convention
+    self.noise, self.noise_alpha = noise, noise_alpha
     init = nnx.initializers.normal(init_std)
     self.router = nnx.Param(init(rngs.params(), (d_model, num_experts), param_dtype),
                             logical_axes=('embed', None))
+    # Shazeer et al. initialise the noise matrix to zero: noise of std softplus(0) ≈ 0.69 at first.
+    self.noise_router = (nnx.Param(jnp.zeros((d_model, num_experts), param_dtype),
+                                   logical_axes=('embed', None))
+                         if noise == 'noisy_topk' else None)
+    self.bias = (ExpertBias(jnp.zeros((num_experts,), jnp.float32))
+                 if expert_bias else None)
+    # As nnx.Dropout: a 'dropout' stream (the train step reseeds it from (seed, step), so a
+    # resumed run draws the same noise) and `deterministic`, which model.eval() sets.
+    self.deterministic = False
+    self.rngs = rngs['dropout'].fork() if noise != 'none' else None
     self.experts = Experts(num_experts, d_model, expert_d_ff, ffn_kind, init_std=init_std,
                            out_std=out_std, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     self.shared = (Experts(num_shared_experts, d_model, shared_d_ff or expert_d_ff, ffn_kind,
@@ -221,10 +276,20 @@ class MoE(nnx.Module):
   def __call__(self, x_BTD: jax.Array) -> jax.Array:
     batch, length, d_model = x_BTD.shape
     x_TD = x_BTD.reshape(batch * length, d_model)
-    logits_TE = x_TD.astype(jnp.float32) @ self.router[...].astype(jnp.float32)
-    probs_TE = router_probs(logits_TE, self.router_kind)
+    x32 = x_TD.astype(jnp.float32)
+    logits_TE = x32 @ self.router[...].astype(jnp.float32)
+    training_noise = self.noise != 'none' and not self.deterministic
+    routing_logits = logits_TE
+    if training_noise and self.noise == 'noisy_topk':
+      routing_logits = noisy_topk_logits(logits_TE, x32 @ self.noise_router[...].astype(
+          jnp.float32), self.rngs())
+    probs_TE = router_probs(routing_logits, self.router_kind)
+    if training_noise and self.noise == 'mixture':
+      probs_TE = mixture_noise(probs_TE, self.noise_alpha, self.rngs())
     renormalize = self.renormalize or self.router_kind == 'sigmoid'
-    gates_Tk, experts_Tk = top_k(probs_TE, self.k, renormalize=renormalize)
+    bias = None if self.bias is None else jax.lax.stop_gradient(self.bias[...])
+    gates_Tk, experts_Tk = top_k(probs_TE, self.k, renormalize=renormalize,
+                                 selection_bias_E=bias)
     if self.dispatch == 'capacity':
       cap = capacity(x_TD.shape[0], self.num_experts, self.k, self.capacity_factor)
       y_TD, kept_Tk = capacity_dispatch(self.experts, x_TD, gates_Tk, experts_Tk,
@@ -242,6 +307,8 @@ class MoE(nnx.Module):
         'z_loss': z_loss(logits_TE),
         'tokens_per_expert': counts_E,
         'mean_prob': jnp.mean(probs_TE, axis=0),
+        'router_entropy': jnp.mean(-jnp.sum(probs_TE * jnp.log(jnp.maximum(probs_TE, 1e-30)),
+                                            axis=-1)),
         'drop_rate': drop_rate,
     })
     return y_TD.reshape(batch, length, d_model).astype(x_BTD.dtype)
