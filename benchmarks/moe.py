@@ -18,8 +18,6 @@ import argparse
 import datetime
 import os
 import platform
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.machine import cpu_model
+from benchmarks.timing import compile_and_time
 from mllm.layers.ffn import FFNS
 from mllm.layers.moe import MoE
 
@@ -48,20 +47,12 @@ def _measure(module, x, repeats: int) -> dict:
     return jnp.mean(net(x) ** 2)
 
   step = jax.jit(jax.value_and_grad(loss))
-  start = time.perf_counter()
-  compiled = step.lower(params, x).compile()
-  compile_s = time.perf_counter() - start
-  cost = compiled.cost_analysis()
+  timed = compile_and_time(step, params, x, repeats=repeats)
+  cost = timed['compiled'].cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  temp = compiled.memory_analysis().temp_size_in_bytes
-  jax.block_until_ready(compiled(params, x))  # warm-up
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(compiled(params, x))
-    times.append(time.perf_counter() - start)
-  return dict(ms=statistics.median(times) * 1e3, gflops=cost.get('flops', float('nan')) / 1e9,
-              temp_mb=temp / 2**20, compile_s=compile_s)
+  temp = timed['compiled'].memory_analysis().temp_size_in_bytes
+  return dict(ms=timed['median_s'] * 1e3, gflops=cost.get('flops', float('nan')) / 1e9,
+              temp_mb=temp / 2**20, compile_s=timed['compile_s'])
 
 
 def run_case(experts: int, k: int, d_ff: int, d_model: int, tokens: int, repeats: int):

@@ -14,8 +14,6 @@ import argparse
 import datetime
 import os
 import platform
-import statistics
-import time
 
 import jax
 import optax
@@ -24,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 import mllm
+from benchmarks.timing import compile_and_time
 from mllm.accounting import count_params
 from mllm.layers.ffn import FFNS
 from mllm.layers.norms import NORMS
@@ -52,16 +51,8 @@ def time_variant(choice: str, batch: int, seq_len: int, repeats: int) -> dict:
   step = jax.jit(jax.value_and_grad(loss_fn))
   tokens = jax.random.randint(jax.random.key(0), (batch, seq_len + 1), 0,
                               config.model.vocab_size)
-  start = time.perf_counter()
-  compiled = step.lower(params, tokens).compile()
-  compile_s = time.perf_counter() - start
-  jax.block_until_ready(compiled(params, tokens))  # warm-up
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(compiled(params, tokens))
-    times.append(time.perf_counter() - start)
-  step_s = statistics.median(times)
+  timed = compile_and_time(step, params, tokens, repeats=repeats)
+  compile_s, step_s = timed['compile_s'], timed['median_s']
   return dict(choice=choice, params=count_params(model).total,
               compile_s=compile_s, step_ms=step_s * 1e3, tokens_per_s=batch * seq_len / step_s)
 
