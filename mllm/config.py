@@ -78,11 +78,6 @@ def get_path(config, path: str) -> Any:
   return node
 
 
-def declared_type(config, path: str) -> type | None:
-  """The type a leaf was declared with (also for an unset placeholder), or None if unknown."""
-  return field_info(config, path)[1]
-
-
 def field_info(config, path: str) -> tuple[Any, type | None, bool]:
   """(current value, declared type, nullable) of a leaf; (None, None, False) if unknown.
 
@@ -118,7 +113,7 @@ def set_path(config: config_dict.ConfigDict, path: str, value: Any) -> None:
     with node.unlocked():
       node[leaf] = value
   except (TypeError, ValueError) as err:
-    declared = declared_type(config, path)
+    declared = field_info(config, path)[1]  # also known for an unset placeholder
     expected = declared.__name__ if declared else 'a value of the declared type'
     raise ConfigError(path, value, f'wrong type, expected {expected} ({err})') from None
 
@@ -505,7 +500,7 @@ def read_config(spec: str) -> config_dict.ConfigDict:
     raise ConfigError('config', spec, f'syntax error at line {err.lineno}: {err.msg}; allowed: '
                       'a Python file that defines get_config(arg)') from None
   except Exception as err:  # pylint: disable=broad-except  (any error in the user's file)
-    raise ConfigError('config', spec, f'importing it raised {_one_line(err)}') from None
+    raise ConfigError('config', spec, f'importing it raised {first_line(err)}') from None
   if not callable(getattr(module, 'get_config', None)):
     raise ConfigError('config', spec, 'the file defines no get_config(arg)')
   try:
@@ -513,16 +508,17 @@ def read_config(spec: str) -> config_dict.ConfigDict:
   except ConfigError:
     raise
   except Exception as err:  # pylint: disable=broad-except
-    raise ConfigError('config', spec, f'get_config raised {_one_line(err)}') from None
+    raise ConfigError('config', spec, f'get_config raised {first_line(err)}') from None
   if not isinstance(config, config_dict.ConfigDict):
     raise ConfigError('config', spec, f'get_config returned a {type(config).__name__}; allowed: '
                       'an ml_collections ConfigDict (start from configs/base.py)')
   return config
 
 
-def _one_line(err: BaseException) -> str:
+def first_line(err: BaseException, limit: int = 200) -> str:
+  """'ErrorType: the first line of its message', for one-line errors that quote a library's."""
   text = str(err).strip().splitlines()
-  return type(err).__name__ + (f': {text[0][:300]}' if text else '')
+  return type(err).__name__ + (f': {text[0][:limit]}' if text else '')
 
 
 def load_config(spec: str, overrides: Mapping[str, Any] | None = None

@@ -74,3 +74,16 @@ def make_config(corpus, cache, **extra):
   return tiny_config(**{k.replace('.', '__'): v for k, v in run_overrides(corpus, cache, **extra).items()})
 
 
+
+
+def load_state(config, workdir, step=None):
+  """The train state saved in `workdir` at `step` (default: the latest), read without tidying."""
+  from mllm.train.checkpoint import Checkpointer
+  from mllm.train.sharding import make_mesh
+  from mllm.train.state import setup
+  model, _ = setup(config, make_mesh(config.mesh))
+  ckpt = Checkpointer(workdir, read_only=True)
+  try:
+    return ckpt.restore(ckpt.latest_step() if step is None else step, model.abstract_state)
+  finally:
+    ckpt.close()

@@ -31,14 +31,19 @@ def np_expert(x, gate, up, down, kind):
   return hidden @ down
 
 
-def np_moe(moe: MoE, x_TD, kind='swiglu', renormalize=True):
-  """Mixtral-style reference: softmax router, top-k, gates renormalised over the k."""
+def np_moe(moe: MoE, x_TD, kind='swiglu', renormalize=True, router='softmax'):
+  """Mixtral-style reference: softmax router, top-k, gates renormalised over the k; or
+  DeepSeek-V3's sigmoid scores, whose gates are always normalised over the chosen k."""
   x = np.asarray(x_TD, np.float64)
   f64 = lambda w: None if w is None else np.asarray(w[...], np.float64)  # noqa: E731
   gate, up, down = f64(moe.experts.gate), f64(moe.experts.up), f64(moe.experts.down)
   logits = x @ f64(moe.router)
-  probs = np.exp(logits - logits.max(-1, keepdims=True))
-  probs /= probs.sum(-1, keepdims=True)
+  if router == 'sigmoid':
+    probs = 1 / (1 + np.exp(-logits))
+    renormalize = True
+  else:
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
   y = np.zeros_like(x)
   for t in range(x.shape[0]):
     chosen = np.argsort(-probs[t])[:moe.k]
@@ -223,17 +228,8 @@ def test_dropless_equals_capacity_with_a_large_factor_and_gradients_reach_everyt
 def test_sigmoid_router_gates_are_normalised_over_the_chosen_k():
   moe = make_moe(router='sigmoid', renormalize=False, dispatch='dropless')
   x = tokens()
-  # Reference: sigmoid scores, top-2, gates / their sum (DeepSeek-V3).
-  xs = np.asarray(x[0], np.float64)
-  scores = 1 / (1 + np.exp(-(xs @ np.asarray(moe.router[...], np.float64))))
-  f64 = lambda w: np.asarray(w[...], np.float64)  # noqa: E731
-  y = np.zeros_like(xs)
-  for t in range(xs.shape[0]):
-    chosen = np.argsort(-scores[t])[:2]
-    for g, e in zip(scores[t, chosen] / scores[t, chosen].sum(), chosen):
-      y[t] += g * np_expert(xs[t], f64(moe.experts.gate)[e], f64(moe.experts.up)[e],
-                            f64(moe.experts.down)[e], 'swiglu')
-  np.testing.assert_allclose(np.asarray(out(moe, x)[0], np.float64), y, rtol=2e-5, atol=2e-5)
+  np.testing.assert_allclose(np.asarray(out(moe, x)[0], np.float64),
+                             np_moe(moe, x[0], router='sigmoid'), rtol=2e-5, atol=2e-5)
 
 
 def test_bfloat16_compute_keeps_the_router_in_float32():

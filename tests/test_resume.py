@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import STEPS, make_config
+from conftest import STEPS, load_state, make_config
 from mllm.config import ConfigError
 from mllm.train import evaluate, train
 from mllm.train.checkpoint import DELETING, Checkpointer
@@ -51,15 +51,6 @@ def fingerprint(folder: str) -> dict[str, str]:
       with open(path, 'rb') as f:
         out[os.path.relpath(path, folder)] = hashlib.sha256(f.read()).hexdigest()
   return out
-
-
-def params_of(config, workdir, step):
-  model, _ = setup(config, make_mesh(config.mesh))
-  ckpt = Checkpointer(workdir, read_only=True)
-  try:
-    return jax.device_get(ckpt.restore(step, model.abstract_state)['params'])
-  finally:
-    ckpt.close()
 
 
 def assert_trees_equal(a, b):
@@ -179,7 +170,7 @@ def test_init_from_starts_a_new_run_from_the_parameters_only(run, tmp_path, caps
   for value, step in ((f'workdir:{source}', 40),
                       (f'workdir:{os.path.join(source, "checkpoints", "30")}', 30)):
     cfg = make_config(corpus, cache, train__init_from=value, **no_clip)
-    assert_trees_equal(jax.device_get(init_params(cfg, abstract)), params_of(config, source, step))
+    assert_trees_equal(jax.device_get(init_params(cfg, abstract)), load_state(config, source, step)['params'])
   # Training from them: one step at a tiny rate stays within 1e-6 of the source parameters
   # (a fresh initialization differs by ~0.02), from step 0 with a fresh optimizer.
   workdir = str(tmp_path / 'fine-tune')
@@ -187,8 +178,8 @@ def test_init_from_starts_a_new_run_from_the_parameters_only(run, tmp_path, caps
                     train__steps=1, **no_clip)
   assert train(cfg, workdir, progress=False)['step'] == 1
   assert 'initialized the parameters from' in capsys.readouterr().out
-  for a, b in zip(jax.tree.leaves(params_of(cfg, workdir, 1)),
-                  jax.tree.leaves(params_of(config, source, 40)), strict=True):
+  for a, b in zip(jax.tree.leaves(load_state(cfg, workdir, 1)['params']),
+                  jax.tree.leaves(load_state(config, source, 40)['params']), strict=True):
     np.testing.assert_allclose(a, b, atol=1e-6)
   # Other shapes, or a step that does not exist: one line naming train.init_from.
   wider = make_config(corpus, cache, model__d_model=48, train__init_from=f'workdir:{source}')

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import ROOT, STEPS, make_config, run_overrides
+from conftest import ROOT, STEPS, load_state, make_config, run_overrides
 from mllm.config import ConfigError
 from mllm.train import TrainingDiverged, evaluate, train
 from mllm.train.checkpoint import Checkpointer
@@ -26,14 +26,6 @@ from mllm.train.state import setup
 
 # One xdist worker runs this whole file, so the module-scoped reference run is trained once.
 pytestmark = pytest.mark.xdist_group('train')
-
-
-def load_state(config, workdir, step=None):
-  model, _ = setup(config, make_mesh(config.mesh))
-  ckpt = Checkpointer(workdir, max_to_keep=3, async_save=False)
-  state = ckpt.restore(ckpt.latest_step() if step is None else step, model.abstract_state)
-  ckpt.close()
-  return state
 
 
 def assert_bitwise_equal(a, b):

@@ -15,7 +15,7 @@ import re
 import sysconfig
 from typing import Any, Iterator
 
-from mllm.config import ConfigError
+from mllm.config import ConfigError, first_line
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,8 +62,8 @@ class TextCheck:
     return decode(data)
 
   def check(self) -> None:
-    if self.total and self.bad / self.total > MAX_NON_TEXT_FRACTION:
-      share = self.bad / self.total
+    share = self.bad / self.total if self.total else 0.0
+    if share > MAX_NON_TEXT_FRACTION:
       raise ConfigError('data.path', self.path, f'is not UTF-8 text: {share:.0%} of its '
                         f'{self.total:,} bytes are invalid UTF-8 or control bytes (binary data, or '
                         f'another encoding); allowed for data.source={self.source!r}: UTF-8 text '
@@ -198,7 +198,7 @@ class RowsSource(Source):
     try:
       pf = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as err:  # passed check_parquet_magic, yet unreadable
-      raise ConfigError('data.path', path, f'cannot be read as Parquet ({_first_line(err)}); '
+      raise ConfigError('data.path', path, f'cannot be read as Parquet ({first_line(err)}); '
                         'allowed: a Parquet file') from None
     if self.text_field not in pf.schema_arrow.names:
       raise self._missing_field(rel, pf.schema_arrow.names)
@@ -216,11 +216,6 @@ class RowsSource(Source):
   def describe(self) -> dict[str, Any]:
     return {'kind': self.kind, 'root': self.root, 'text_field': self.text_field,
             'files': _file_listing(self.root, self.files)}
-
-
-def _first_line(err: BaseException) -> str:
-  lines = str(err).strip().splitlines()
-  return type(err).__name__ + (f': {lines[0][:200]}' if lines else '')
 
 
 PARQUET_MAGIC = b'PAR1'
@@ -274,14 +269,14 @@ class HFSource(Source):
       return datasets.load_dataset(self.path, name=self.name, split=self.split)
     except (FileNotFoundError, ConnectionError) as err:  # DatasetNotFoundError is the former
       if os.path.exists(self.path):
-        raise ConfigError('data.path', self.path, f'datasets cannot load it ({_first_line(err)}); '
+        raise ConfigError('data.path', self.path, f'datasets cannot load it ({first_line(err)}); '
                           'allowed: a save_to_disk folder or a folder of data files; a lone text '
                           "file goes with data.source='text'") from None
       raise ConfigError('data.path', self.path, 'no such file or folder, and no dataset of that '
-                        f'name ({_first_line(err)}); allowed: a save_to_disk folder, a local data '
+                        f'name ({first_line(err)}); allowed: a save_to_disk folder, a local data '
                         'folder or a Hugging Face dataset name') from None
     except Exception as err:  # pylint: disable=broad-except  (datasets raises many kinds here)
-      raise ConfigError('data.path', self.path, f'datasets cannot load it ({_first_line(err)}); '
+      raise ConfigError('data.path', self.path, f'datasets cannot load it ({first_line(err)}); '
                         'allowed: a save_to_disk folder, a local data folder or a Hugging Face '
                         'dataset name') from None
 

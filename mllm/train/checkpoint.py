@@ -35,7 +35,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from mllm.config import ConfigError
+from mllm.config import ConfigError, first_line
 
 # Orbax writes both into the tmp folder before its commit rename (AtomicRenameTemporaryPath).
 COMMIT_MARKERS = ('_CHECKPOINT_METADATA', 'commit_success.txt')
@@ -116,11 +116,6 @@ def describe_diff(diff: dict[str, list], limit: int = 3) -> str:
     parts.append(f"{len(diff['different'])} entries of another shape or dtype ({shown}"
                  f"{', ...' if len(diff['different']) > limit else ''})")
   return '; '.join(parts)
-
-
-def _reason(err: BaseException) -> str:
-  lines = str(err).strip().splitlines()
-  return type(err).__name__ + (f': {lines[0][:200]}' if lines else '')
 
 
 # --------------------------------------------------------------------------------------------
@@ -235,15 +230,22 @@ class Checkpointer:
 
   # -- reading ---------------------------------------------------------------------------------
 
-  def saved_signature(self, step: int) -> Signature:
-    """The structure of the state saved at `step`, from its metadata; raises if unreadable."""
+  def saved_signature(self, step: int, params_only: bool = False) -> Signature:
+    """The structure of the state saved at `step` (or of its parameters), from its metadata;
+    raises if unreadable."""
     metadata = ocp.StandardCheckpointHandler().metadata(
         epath.Path(self.step_dir(step)) / 'state')
     tree = metadata.tree if hasattr(metadata, 'tree') else metadata
     sig = signature(tree)
     if not sig:
       raise ValueError(f'step {step} holds no arrays')
-    return sig
+    return only(sig, 'params') if params_only else sig
+
+  def structure_diff(self, step: int, abstract, params_only: bool = False) -> dict[str, list]:
+    """compare() of what `step` holds with `abstract` (the abstract train state, or with
+    params_only the abstract parameters); all empty when they agree. Raises if unreadable."""
+    expected = signature({'params': abstract} if params_only else abstract)
+    return compare(self.saved_signature(step, params_only), expected)
 
   def saved_config(self, step: int) -> dict | None:
     """The config the step was saved with, or None (older checkpoints have none)."""
@@ -281,12 +283,10 @@ class Checkpointer:
     (set_aside, for training) or left alone (evaluation), and the log says which and why. If no
     step restores, a ConfigError lists them and nothing is moved.
     """
-    expected = signature({'params': abstract} if params_only else abstract)
     failures: list[tuple[int, str]] = []
     for step in reversed(self.all_steps()):
       try:
-        saved = self.saved_signature(step)
-        diff = compare(only(saved, 'params') if params_only else saved, expected)
+        diff = self.structure_diff(step, abstract, params_only)
         if any(diff.values()):
           raise StateMismatch(step, diff)
         restored = (self.restore_params(step, abstract) if params_only
@@ -296,7 +296,7 @@ class Checkpointer:
       except Exception as err:  # pylint: disable=broad-except  (Orbax raises many types here)
         if jax.process_count() > 1:
           raise  # processes must agree on the step; do not guess on one of them
-        failures.append((step, _reason(err)))
+        failures.append((step, first_line(err)))
         continue
       self._report_skipped(failures, step, set_aside)
       return step, restored

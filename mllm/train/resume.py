@@ -20,7 +20,7 @@ from typing import Any, Callable
 from ml_collections import config_dict
 
 from mllm.config import ConfigError, INIT_SOURCES, flatten, set_path
-from mllm.train.checkpoint import (Checkpointer, Signature, StateMismatch, compare, describe_diff,
+from mllm.train.checkpoint import (Checkpointer, Signature, StateMismatch, describe_diff,
                                    note, only, signature)
 from mllm.train.state import abstract_state
 
@@ -61,14 +61,9 @@ def saved_config(workdir: str, ckpt: Checkpointer, step: int,
   return saved
 
 
-def _flat_json(tree: dict, prefix: str = '') -> dict[str, Any]:
-  out = {}
-  for key, value in tree.items():
-    if isinstance(value, dict):
-      out.update(_flat_json(value, f'{prefix}{key}.'))
-    else:
-      out[f'{prefix}{key}'] = value
-  return out
+def _flat_json(tree: dict) -> dict[str, Any]:
+  """{'model.n_layers': 4, ...} of a config read back from JSON."""
+  return flatten(config_dict.ConfigDict(tree))
 
 
 def as_config(saved: dict, like: config_dict.ConfigDict) -> config_dict.ConfigDict:
@@ -126,10 +121,8 @@ def _what(diff: dict[str, list]) -> str:
 
 def _keys_to_blame(saved: dict, config, ckpt: Checkpointer, step: int, params_only: bool):
   """culprits(), if the saved config describes its own checkpoint (else None: it cannot tell)."""
-  ckpt_sig = ckpt.saved_signature(step)
-  if params_only:
-    ckpt_sig = only(ckpt_sig, 'params')
-  if state_signature(as_config(saved, config), params_only) != ckpt_sig:
+  if state_signature(as_config(saved, config), params_only) != ckpt.saved_signature(
+      step, params_only):
     return None
   # A single key explains it, or only a combination of changes does: then name them all.
   return culprits(saved, config, params_only) or changed_keys(saved, config)
@@ -175,13 +168,11 @@ def check_resumable(workdir: str, config, ckpt: Checkpointer, abstract, *,
   steps = ckpt.all_steps()
   if steps:
     read_config_json(workdir)  # a damaged config.json is an error even when it is not needed
-  expected = signature({'params': abstract} if params_only else abstract)
   for step in reversed(steps):
     try:
-      saved = ckpt.saved_signature(step)
+      diff = ckpt.structure_diff(step, abstract, params_only)
     except Exception:  # pylint: disable=broad-except
       continue
-    diff = compare(only(saved, 'params') if params_only else saved, expected)
     if any(diff.values()):
       raise mismatch_error(workdir, config, ckpt, step, diff, params_only, log)
     return step
@@ -235,8 +226,7 @@ def init_params(config, abstract_params, log: Callable[[str], None] = note):
       if step is None:
         step, params = ckpt.restore_latest(abstract_params, params_only=True, set_aside=False)
       else:
-        diff = compare(only(ckpt.saved_signature(step), 'params'),
-                       signature({'params': abstract_params}))
+        diff = ckpt.structure_diff(step, abstract_params, params_only=True)
         if any(diff.values()):
           raise StateMismatch(step, diff)
         params = ckpt.restore_params(step, abstract_params)
