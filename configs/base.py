@@ -61,11 +61,35 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   position.shaw_max_distance = 16  # clipping distance k
 
   ffn = model.ffn = config_dict.ConfigDict()
-  ffn.kind = 'swiglu'  # relu | gelu | swish | glu | bilinear | geglu | swiglu | reglu
+  ffn.kind = 'swiglu'  # relu | gelu | swish | glu | bilinear | geglu | swiglu | reglu | moe
   ffn.d_ff = placeholder(int)  # None: 4 * d_model
   ffn.match_params = True  # gated FFNs: d_ff * 2/3, so parameters match the ungated FFN
   ffn.multiple_of = 8
   ffn.use_bias = False
+
+  # Mixture of Experts, used when ffn.kind = 'moe' (mllm/layers/moe.py). ffn.d_ff, match_params and
+  # multiple_of size the experts and the dense layers as they size a dense FFN.
+  moe = model.moe = config_dict.ConfigDict()
+  moe.num_experts = 8
+  moe.top_k = 2  # 1: Switch; 2: GShard, Mixtral
+  moe.expert_kind = 'swiglu'  # the experts' FFN, and the dense layers' in a mixed stack
+  moe.expert_d_ff = placeholder(int)  # None: the dense FFN's hidden size; smaller: fine-grained
+  moe.num_shared_experts = 0  # always-on experts beside the routed ones (DeepSeekMoE)
+  moe.shared_d_ff = placeholder(int)  # None: expert_d_ff
+  moe.every = 1  # layer i is MoE when (i + 1) % every == 0 and i >= first_dense_layers
+  moe.first_dense_layers = 0
+  moe.router = 'softmax'  # softmax | sigmoid (DeepSeek-V3; gates normalised over the top k)
+  moe.renormalize = True  # gates renormalised over the chosen k (Mixtral)
+  moe.dispatch = 'auto'  # capacity | dropless (ragged_dot) | auto: capacity on CPU, else dropless
+  moe.capacity_factor = 1.25  # capacity = ceil(tokens / experts * top_k * capacity_factor)
+  moe.balance_coef = 0.01  # Switch load-balancing loss, α
+  moe.balance_convention = 'switch'  # switch: 1 at uniform routing for every k | hf: k
+  moe.z_loss_coef = 0.001  # router z-loss (ST-MoE)
+  moe.noise = 'none'  # none | mixture: (1 - α)·p + α·ε | noisy_topk (Shazeer 2017); training only
+  moe.noise_alpha = 0.1
+  moe.expert_bias = False  # DeepSeek-V3 aux-loss-free balancing: a selection bias, no gradient
+  moe.bias_update_rate = 0.001  # γ in b ← b + γ·sign(mean load − load), after each step
+  moe.force_uniform_routing = False  # balanced assignment whatever the router says (benchmarks)
 
   norm = model.norm = config_dict.ConfigDict()
   norm.kind = 'rmsnorm'  # layernorm | rmsnorm | partial_rmsnorm | none
@@ -88,7 +112,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   data.cache_dir = placeholder(str)  # None: $MLLM_CACHE_DIR or ~/.cache/mllm
   data.document_mask = True  # packed documents: per-document positions, no cross-document attention
   data.seq_len = 256
-  data.batch_size = 8  # global batch, split over processes and the (data, fsdp) mesh axes
+  data.batch_size = 8  # global batch, split over processes and the (data, fsdp, expert) mesh axes
 
   train = config.train = config_dict.ConfigDict()
   train.steps = 500
@@ -116,5 +140,6 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   train.init_from = placeholder(str)
   train.tensorboard = True
 
-  config.mesh = config_dict.ConfigDict(dict(data=-1, fsdp=1, tensor=1))  # -1: all devices left
+  # -1: all devices left; expert shards MoE experts (and splits the batch like data)
+  config.mesh = config_dict.ConfigDict(dict(data=-1, fsdp=1, expert=1, tensor=1))
   return apply_choices(config, arg)

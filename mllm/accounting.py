@@ -3,8 +3,10 @@
 FLOPs per token for one training step (forward + backward = 3 × forward, Kaplan et al. 2020, sec. 2.1;
 PaLM appendix B):
     6 · N_matmul  +  12 · n_layers · n_heads · head_dim · keys_per_query
-N_matmul is every parameter used in a matrix multiply: the non-embedding parameters plus the output
-head (d_model · vocab, tied or not). Attention's QKᵀ and PV cost 2·2·head_dim FLOPs per head per
+N_matmul is every parameter a token's matrix multiplies use: the active non-embedding parameters
+plus the output head (d_model · vocab, tied or not). In an MoE layer a token uses k of the E routed
+experts, so their parameters count k/E (the active parameters; shared experts and the router count
+whole); capacity padding and dropped tokens are not counted. Attention's QKᵀ and PV cost 2·2·head_dim FLOPs per head per
 (query, key) pair forward; with a causal mask a query sees on average (T + 1)/2 keys (about half),
 and with a sliding window W, mean_i min(i + 1, W). A gated FFN's third matrix is a parameter like any
 other, so it is counted. Norms, softmax and positional terms are O(d) per token and left out.
@@ -17,6 +19,7 @@ import numpy as np
 from flax import nnx
 
 from mllm.layers import resolved_head_dim
+from mllm.layers.moe import MoE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +27,11 @@ class ParamCounts:
   total: int
   embedding: int  # token table, learned position table, untied output head
   non_embedding: int
+  active: int  # used per token: total less the routed experts a token does not use (MoE)
+
+  @property
+  def active_non_embedding(self) -> int:
+    return self.active - self.embedding
 
 
 def abstract_model(config) -> nnx.Module:
@@ -45,7 +53,14 @@ def count_params(model_or_config) -> ParamCounts:
     top = str(path[0])
     if top in ('embed', 'head') or (top == 'position' and learned_positions):
       embedding += size
-  return ParamCounts(total=total, embedding=embedding, non_embedding=total - embedding)
+  unused = 0
+  for _, module in nnx.iter_modules(model):
+    if isinstance(module, MoE):
+      routed = sum(int(np.prod(leaf.shape)) for _, leaf in nnx.to_flat_state(
+          nnx.state(module.experts, nnx.Param)))
+      unused += routed * (module.num_experts - module.k) // module.num_experts
+  return ParamCounts(total=total, embedding=embedding, non_embedding=total - embedding,
+                     active=total - unused)
 
 
 def keys_per_query(seq_len: int, window: int | None) -> float:
@@ -69,7 +84,7 @@ def training_flops_per_token(config, seq_len: int | None = None,
   seq_len = seq_len or m.max_seq_len
   counts = counts or count_params(config)
   head_matmul = m.d_model * m.vocab_size
-  n_matmul = counts.non_embedding + head_matmul
+  n_matmul = counts.active_non_embedding + head_matmul
   head_dim = resolved_head_dim(m)
   dense = 6.0 * n_matmul
   attention = 12.0 * m.n_layers * m.n_heads * head_dim * keys_per_query(

@@ -16,6 +16,7 @@ from ml_collections import config_dict
 
 from mllm.layers import resolved_head_dim
 from mllm.layers.ffn import FFNS
+from mllm.layers.moe import BALANCE_CONVENTIONS, DISPATCHES, NOISES, ROUTERS
 from mllm.layers.norms import NORMS, PLACEMENTS
 from mllm.layers.positions import POSITIONS, ROPE_LAYOUTS, ROPE_SCALINGS
 from mllm.ops.attention import ATTENTION_IMPLS
@@ -25,8 +26,10 @@ REMAT_POLICIES = ('none', 'full', 'dots')
 DATA_SOURCES = ('stdlib', 'text', 'jsonl', 'parquet', 'hf')
 TOKENIZERS = ('bpe', 'byte')
 SCHEDULES = ('cosine', 'linear', 'constant', 'inverse_sqrt')
-MESH_AXES = ('data', 'fsdp', 'tensor')
-INIT_SOURCES = ('workdir',)  # train.init_from='workdir:PATH'
+MESH_AXES = ('data', 'fsdp', 'expert', 'tensor')
+INIT_SOURCES = ('workdir',)
+FFN_KINDS = (*FFNS, 'moe')  # the dense FFNs, and the mixture of experts built from them
+MOE_DISPATCHES = ('auto', *DISPATCHES)  # train.init_from='workdir:PATH'
 
 # Short names accepted in `--config=configs/base.py:pos=alibi,ffn=geglu,...`. Any dotted path
 # (`model.n_layers=4`) and any leaf name that is unique in the config (`n_kv_heads=2`) work too.
@@ -214,10 +217,12 @@ def _divisors(n: int) -> str:
 # Model keys that may be None (meaning "derive it"); every other model key must be set.
 OPTIONAL_KEYS = ('head_dim', 'attention.sliding_window', 'attention.softmax_scale',
                  'attention.block_q', 'attention.block_k',
-                 'position.rope_original_max_len', 'ffn.d_ff', 'norm.use_bias')
+                 'position.rope_original_max_len', 'ffn.d_ff', 'norm.use_bias',
+                 'moe.expert_d_ff', 'moe.shared_d_ff')
 BOOL_KEYS = ('tie_embeddings', 'depth_scaled_init', 'scan_layers', 'attention.qk_norm',
              'attention.use_bias', 'ffn.match_params', 'ffn.use_bias', 'norm.fp32',
-             'norm.final_norm', 'norm.use_bias')
+             'norm.final_norm', 'norm.use_bias', 'moe.renormalize', 'moe.expert_bias',
+             'moe.force_uniform_routing')
 
 
 def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
@@ -305,9 +310,10 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
                       'the clipping distance k must be an integer >= 0')
 
   f = m.ffn
-  _one_of(f'{p}.ffn.kind', f.kind, FFNS, 'FFN')
+  _one_of(f'{p}.ffn.kind', f.kind, FFN_KINDS, 'FFN')
   _integer(f'{p}.ffn.d_ff', f.d_ff, optional=True)
   _integer(f'{p}.ffn.multiple_of', f.multiple_of)
+  _validate_moe(m, p)
 
   n = m.norm
   _one_of(f'{p}.norm.kind', n.kind, NORMS, 'norm')
@@ -316,6 +322,54 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
   if not (isinstance(n.partial_p, (int, float)) and 0.0 < n.partial_p <= 1.0):
     raise ConfigError(f'{p}.norm.partial_p', n.partial_p,
                       'partial RMSNorm uses the first p fraction of features; allowed: 0 < p <= 1')
+
+
+def _validate_moe(m: config_dict.ConfigDict, p: str) -> None:
+  """model.moe: every key range-checked (used or not); the combinations only with ffn.kind='moe'."""
+  moe, q = m.moe, f'{p}.moe'
+  _integer(f'{q}.num_experts', moe.num_experts)
+  if isinstance(moe.top_k, bool) or not isinstance(moe.top_k, int) or not (
+      1 <= moe.top_k <= moe.num_experts):
+    raise ConfigError(f'{q}.top_k', moe.top_k, f'each token goes to top_k of {q}.num_experts='
+                      f'{moe.num_experts} experts; allowed: 1 <= top_k <= {moe.num_experts}')
+  _one_of(f'{q}.expert_kind', moe.expert_kind, FFNS, 'expert FFN')
+  _integer(f'{q}.expert_d_ff', moe.expert_d_ff, optional=True)
+  _integer(f'{q}.num_shared_experts', moe.num_shared_experts, 0)
+  _integer(f'{q}.shared_d_ff', moe.shared_d_ff, optional=True)
+  _integer(f'{q}.every', moe.every)
+  _integer(f'{q}.first_dense_layers', moe.first_dense_layers, 0)
+  _one_of(f'{q}.router', moe.router, ROUTERS, 'router')
+  _one_of(f'{q}.dispatch', moe.dispatch, MOE_DISPATCHES, 'dispatch')
+  _one_of(f'{q}.balance_convention', moe.balance_convention, BALANCE_CONVENTIONS,
+          'balancing-loss convention')
+  _one_of(f'{q}.noise', moe.noise, NOISES, 'router noise')
+  _positive(f'{q}.capacity_factor', moe.capacity_factor)
+  _number(f'{q}.balance_coef', moe.balance_coef, 0.0, 1e3, 'a loss coefficient (0: off)')
+  _number(f'{q}.z_loss_coef', moe.z_loss_coef, 0.0, 1e3, 'a loss coefficient (0: off)')
+  _number(f'{q}.noise_alpha', moe.noise_alpha, 0.0, 1.0, 'the weight of the noise in the mixture')
+  _number(f'{q}.bias_update_rate', moe.bias_update_rate, 0.0, 1e3, 'the bias step γ')
+  if m.ffn.kind != 'moe':
+    return
+  if m.ffn.use_bias:
+    raise ConfigError(f'{p}.ffn.use_bias', True, "experts are bias-free (as in Switch, Mixtral "
+                      f"and DeepSeek); allowed with {p}.ffn.kind='moe': false")
+  if not moe_layers(m):
+    raise ConfigError(f'{q}.first_dense_layers', moe.first_dense_layers,
+                      f'with {q}.every={moe.every} this leaves no MoE layer among the '
+                      f'{m.n_layers}; allowed: a smaller value, or a smaller {q}.every')
+  if m.scan_layers and len(moe_layers(m)) != m.n_layers:
+    raise ConfigError(f'{p}.scan_layers', True, f'scanned layers must be alike, but {q}.every='
+                      f'{moe.every} and {q}.first_dense_layers={moe.first_dense_layers} mix MoE '
+                      'and dense layers; allowed: false, or every=1 and first_dense_layers=0')
+
+
+def moe_layers(m: config_dict.ConfigDict) -> list[int]:
+  """The indices of the MoE layers (Qwen2-MoE's decoder_sparse_step and DeepSeek's
+  first_k_dense_replace): i >= first_dense_layers and (i + 1) % every == 0."""
+  if m.ffn.kind != 'moe':
+    return []
+  return [i for i in range(m.n_layers)
+          if i >= m.moe.first_dense_layers and (i + 1) % m.moe.every == 0]
 
 
 # Positional schemes whose score bias is learned: autodiff must reach it, so only the
@@ -446,6 +500,20 @@ def validate_mesh(config: config_dict.ConfigDict) -> None:
                         'all devices left over')
   if sizes.count(-1) > 1:
     raise ConfigError('mesh', dict(config.mesh), 'at most one axis may be -1')
+  if config.mesh.expert not in (1, -1):
+    check_expert_axis(config.model, config.mesh.expert)
+
+
+def check_expert_axis(m: config_dict.ConfigDict, size: int) -> None:
+  """The expert mesh axis (its resolved size) shards the experts, so it must divide them."""
+  if size == 1:
+    return
+  if m.ffn.kind != 'moe':
+    raise ConfigError('mesh.expert', size, f"shards the experts of an MoE model, but "
+                      f"model.ffn.kind={m.ffn.kind!r}; allowed: 1, or model.ffn.kind='moe'")
+  if m.moe.num_experts % size:
+    raise ConfigError('mesh.expert', size, f'must divide model.moe.num_experts='
+                      f'{m.moe.num_experts}; allowed: {_divisors(m.moe.num_experts)}')
 
 
 def validate(config: config_dict.ConfigDict) -> None:

@@ -3,6 +3,9 @@
     Block (Pre-LN):  x = x + Attn(Norm(x));  x = x + FFN(Norm(x))        (Xiong et al. 2020)
     Block (Post-LN): x = Norm(x + Attn(x));  x = Norm(x + FFN(x))        (Vaswani et al. 2017)
 
+The FFN is a dense one or, in the layers `model.moe` picks, a mixture of experts, whose routing
+statistics the model returns on request (`return_moe_stats=True`) for the training step's losses.
+
 Every variant is looked up by its config name in a registry (positions, FFNs, norms, attention
 implementations); this file only wires them together.
 """
@@ -12,34 +15,51 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mllm.config import moe_layers
 from mllm.layers.attention import Attention, out_projection_std
 from mllm.layers.ffn import FFNS, hidden_dim
+from mllm.layers.moe import MoE
 from mllm.layers.norms import make_norm
 from mllm.layers.positions import POSITIONS, PositionContext
 from mllm.ops.attention import AttentionMask
 
 
-class Block(nnx.Module):
-  """One transformer layer. Parameter names do not depend on the norm placement."""
+def make_ffn(cfg, moe: bool, *, rngs: nnx.Rngs) -> nnx.Module:
+  """The layer's FFN: `MoE`, or the dense FFN `ffn.kind` names (`moe.expert_kind` in the dense
+  layers of an MoE model)."""
+  if moe:
+    return MoE.from_config(cfg, out_std=out_projection_std(cfg), rngs=rngs)
+  kind = cfg.moe.expert_kind if cfg.ffn.kind == 'moe' else cfg.ffn.kind
+  return FFNS[kind](cfg.d_model, hidden_dim(cfg.ffn, cfg.d_model, kind), use_bias=cfg.ffn.use_bias,
+                    init_std=cfg.init_std, out_std=out_projection_std(cfg),
+                    dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype), rngs=rngs)
 
-  def __init__(self, cfg, *, rngs: nnx.Rngs):
+
+class Block(nnx.Module):
+  """One transformer layer: `block(x, context, mask) -> (x, MoE stats or None)`. Parameter names
+  do not depend on the norm placement."""
+
+  def __init__(self, cfg, *, moe: bool = False, rngs: nnx.Rngs):
     param_dtype = jnp.dtype(cfg.param_dtype)
     self.attention_norm = make_norm(cfg.norm, cfg.d_model, param_dtype=param_dtype, rngs=rngs)
     self.attention = Attention(cfg, rngs=rngs)
     self.ffn_norm = make_norm(cfg.norm, cfg.d_model, param_dtype=param_dtype, rngs=rngs)
-    self.ffn = FFNS[cfg.ffn.kind](
-        cfg.d_model, hidden_dim(cfg.ffn, cfg.d_model), use_bias=cfg.ffn.use_bias,
-        init_std=cfg.init_std, out_std=out_projection_std(cfg), dtype=jnp.dtype(cfg.dtype),
-        param_dtype=param_dtype, rngs=rngs)
+    self.ffn = make_ffn(cfg, moe, rngs=rngs)
     self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
     self.pre_norm = cfg.norm.placement == 'pre'
+    self.moe = moe
+
+  def _ffn(self, x_BTD):
+    return self.ffn(x_BTD) if self.moe else (self.ffn(x_BTD), None)
 
   def __call__(self, x_BTD, context: PositionContext, mask: AttentionMask):
     if self.pre_norm:
       x_BTD = x_BTD + self.dropout(self.attention(self.attention_norm(x_BTD), context, mask))
-      return x_BTD + self.dropout(self.ffn(self.ffn_norm(x_BTD)))
+      y_BTD, stats = self._ffn(self.ffn_norm(x_BTD))
+      return x_BTD + self.dropout(y_BTD), stats
     x_BTD = self.attention_norm(x_BTD + self.dropout(self.attention(x_BTD, context, mask)))
-    return self.ffn_norm(x_BTD + self.dropout(self.ffn(x_BTD)))
+    y_BTD, stats = self._ffn(x_BTD)
+    return self.ffn_norm(x_BTD + self.dropout(y_BTD)), stats
 
 
 class Transformer(nnx.Module):
@@ -47,6 +67,9 @@ class Transformer(nnx.Module):
 
   positions default to 0..T−1; pass per-document positions for packed sequences (with segment_ids,
   so no token attends across documents) or offset positions when continuing a sequence.
+  With `return_moe_stats=True`: (logits, stats), stats the MoE layers' routing statistics stacked
+  in layer order (`self.moe_layers`): tokens_per_expert [L, E], mean_prob [L, E], z_loss [L], ...
+  ({} for a dense model).
   """
 
   def __init__(self, cfg, *, rngs: nnx.Rngs):
@@ -57,16 +80,18 @@ class Transformer(nnx.Module):
     self.position = POSITIONS[cfg.position.kind](cfg, rngs=rngs)
     self.embed_dropout = nnx.Dropout(cfg.embed_dropout, rngs=rngs)
     self.scan_layers = cfg.scan_layers
+    self.moe_layers = tuple(moe_layers(cfg))
     if cfg.scan_layers:
       # One Block whose parameters carry a leading 'layers' axis; __call__ scans over it, so XLA
-      # compiles one layer instead of n_layers copies.
+      # compiles one layer instead of n_layers copies. (Validation: all MoE or all dense.)
       @nnx.split_rngs(splits=cfg.n_layers)
       @nnx.vmap(in_axes=(0,), out_axes=0)
       def make_blocks(rngs):
-        return Block(cfg, rngs=rngs)
+        return Block(cfg, moe=bool(self.moe_layers), rngs=rngs)
       self.blocks = make_blocks(rngs)
     else:
-      self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
+      self.blocks = nnx.List([Block(cfg, moe=i in self.moe_layers, rngs=rngs)
+                              for i in range(cfg.n_layers)])
     self.final_norm = (make_norm(cfg.norm, cfg.d_model, param_dtype=param_dtype, rngs=rngs)
                        if cfg.norm.final_norm else None)
     self.head = None if cfg.tie_embeddings else nnx.Linear(
@@ -77,7 +102,7 @@ class Transformer(nnx.Module):
     self.remat = cfg.remat
 
   def __call__(self, tokens_BT: jax.Array, *, positions: jax.Array | None = None,
-               segment_ids: jax.Array | None = None) -> jax.Array:
+               segment_ids: jax.Array | None = None, return_moe_stats: bool = False):
     B, T = tokens_BT.shape
     if positions is None:
       table = self.position.max_positions
@@ -91,14 +116,19 @@ class Transformer(nnx.Module):
     mask = AttentionMask(causal=True, window=self.window, q_segment_ids=segment_ids,
                          kv_segment_ids=segment_ids)
     if self.scan_layers:
-      x_BTD = _scan_blocks(x_BTD, self.blocks, context, mask, self.remat)
+      x_BTD, stats = _scan_blocks(x_BTD, self.blocks, context, mask, self.remat)
     else:
+      per_layer = []
       for block in self.blocks:
-        x_BTD = _call_block(block, x_BTD, context, mask, self.remat)
+        x_BTD, layer_stats = _call_block(block, x_BTD, context, mask, self.remat)
+        per_layer.append(layer_stats)
+      per_layer = [s for s in per_layer if s is not None]
+      stats = jax.tree.map(lambda *xs: jnp.stack(xs), *per_layer) if per_layer else {}
     if self.final_norm is not None:
       x_BTD = self.final_norm(x_BTD)
     logits_BTV = self.embed.attend(x_BTD) if self.head is None else self.head(x_BTD)
-    return logits_BTV.astype(jnp.float32)
+    logits_BTV = logits_BTV.astype(jnp.float32)
+    return (logits_BTV, stats or {}) if return_moe_stats else logits_BTV
 
 
 # Activation checkpointing (Chen et al. 2016): 'full' keeps only each layer's input and recomputes
@@ -117,7 +147,8 @@ def _call_block(block: Block, x_BTD, context, mask, remat: str):
 
 
 def _scan_blocks(x_BTD, blocks: Block, context, mask, remat: str):
-  @nnx.scan(in_axes=(nnx.Carry, 0, None, None), out_axes=nnx.Carry)
+  """(x, stats stacked over the layers): the per-layer MoE stats are the scan's output."""
+  @nnx.scan(in_axes=(nnx.Carry, 0, None, None), out_axes=(nnx.Carry, 0))
   def body(x_BTD, block: Block, context, mask):
     return _call_block(block, x_BTD, context, mask, remat)
   return body(x_BTD, blocks, context, mask)
@@ -125,7 +156,7 @@ def _scan_blocks(x_BTD, blocks: Block, context, mask, remat: str):
 
 def build_model(config, *, rngs: nnx.Rngs) -> Transformer:
   """Validate `config` (the full config or its `model` part) and build the transformer it names."""
-  from mllm.config import check_backend, validate_model  # config imports the registries
+  from mllm.config import check_backend, validate_model  # noqa: PLC0415 (imports the registries)
   model_cfg = config.model if 'model' in config else config
   validate_model(model_cfg)
   check_backend(model_cfg)

@@ -12,9 +12,10 @@ from rich.console import Console
 from rich.table import Table
 
 from mllm.accounting import count_params, training_flops_per_token
-from mllm.config import config_diff
+from mllm.config import config_diff, moe_layers
 from mllm.layers import resolved_head_dim
 from mllm.layers.ffn import hidden_dim
+from mllm.layers.moe import resolve_dispatch
 from mllm.model import build_model
 
 
@@ -48,6 +49,16 @@ def _position_kind(m) -> str:
   return p.kind
 
 
+def _moe_kind(m) -> str:
+  moe = m.moe
+  d_ff = moe.expert_d_ff or hidden_dim(m.ffn, m.d_model, moe.expert_kind)
+  text = (f'moe {moe.num_experts}×{moe.expert_kind} top-{moe.top_k} d_ff={d_ff} '
+          f'{resolve_dispatch(moe.dispatch)}')
+  if moe.num_shared_experts:
+    text += f' +{moe.num_shared_experts} shared'
+  return text
+
+
 def _module_params(state) -> int:
   return sum(int(np.prod(leaf.shape)) for _, leaf in nnx.to_flat_state(state))
 
@@ -62,13 +73,17 @@ def layer_table(config, model) -> Table:
   table.add_row('embed', '', '', '', '', f"{_module_params(params['embed']):,}")
   if 'position' in params:
     table.add_row('position', '', _position_kind(m), '', '', f"{_module_params(params['position']):,}")
-  ffn = f'{m.ffn.kind} d_ff={hidden_dim(m.ffn, m.d_model)}'
+  dense_kind = m.moe.expert_kind if m.ffn.kind == 'moe' else m.ffn.kind
+  dense_ffn = f'{dense_kind} d_ff={hidden_dim(m.ffn, m.d_model, dense_kind)}'
+  moe_ffn = _moe_kind(m) if m.ffn.kind == 'moe' else ''
+  sparse = set(moe_layers(m))
   norm = f'{m.norm.kind} {m.norm.placement}-LN'
   if m.scan_layers:
     per_layer = [_module_params(params['blocks']) // m.n_layers] * m.n_layers
   else:
     per_layer = [_module_params(params['blocks'][i]) for i in range(m.n_layers)]
   for i, count in enumerate(per_layer):
+    ffn = moe_ffn if i in sparse else dense_ffn
     table.add_row(f'layer {i}', _attention_kind(m), _position_kind(m), ffn, norm, f'{count:,}')
   if 'final_norm' in params:
     table.add_row('final_norm', '', '', '', m.norm.kind, f"{_module_params(params['final_norm']):,}")
@@ -116,9 +131,12 @@ def summarize(config, base_config=None, *, spec: str = '', console: Console | No
   seq_len = config.data.seq_len
   flops = training_flops_per_token(config, seq_len, counts)
   console.print(f'parameters: {counts.total:,} total = {counts.embedding:,} embedding + '
-                f'{counts.non_embedding:,} non-embedding')
+                f'{counts.non_embedding:,} non-embedding'
+                + (f'; {counts.active:,} active per token (top-{m.moe.top_k} of '
+                   f'{m.moe.num_experts} experts)' if counts.active != counts.total else ''))
   console.print(f'training FLOPs/token at seq_len {seq_len}: {flops.total:.4g} '
-                f'(6·N {flops.dense:.4g} + attention {flops.attention:.4g})')
+                f"(6·N{'_active' if counts.active != counts.total else ''} {flops.dense:.4g} + "
+                f'attention {flops.attention:.4g})')
   result = dict(params=counts, flops=flops)
   if run_forward:
     batch = config.data.batch_size

@@ -160,11 +160,11 @@ FFNS: dict[str, type[nnx.Module]] = {
 }
 
 
-def hidden_dim(ffn_cfg, d_model: int) -> int:
-  """The FFN's hidden size: d_ff (default 4·d_model), times 2/3 for a gated FFN with match_params,
-  rounded to the nearest multiple of `multiple_of`."""
+def hidden_dim(ffn_cfg, d_model: int, kind: str | None = None) -> int:
+  """The hidden size of an FFN of `kind` (default `ffn_cfg.kind`): d_ff (default 4·d_model), times
+  2/3 for a gated FFN with match_params, rounded to the nearest multiple of `multiple_of`."""
   d_ff = ffn_cfg.d_ff if ffn_cfg.d_ff is not None else 4 * d_model
-  if FFNS[ffn_cfg.kind].gated and ffn_cfg.match_params:
+  if FFNS[kind or ffn_cfg.kind].gated and ffn_cfg.match_params:
     m = ffn_cfg.multiple_of
     d_ff = max(m, m * round(2 * d_ff / 3 / m))
   return d_ff

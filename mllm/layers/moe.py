@@ -14,14 +14,14 @@ Two ways to run the experts, equal when no token overflows (tested):
   a grouped matmul, `jax.lax.ragged_dot`. Nothing is dropped. On CPU XLA expands ragged_dot to a
   dense masked product (about E× one expert's FLOPs; ../benchmarks/moe.py measures it).
 
-Balancing: the Switch loss and the router z-loss (sown for the training step to add with their
-coefficients), router noise in training (the lecture's mixture, or Shazeer's noisy top-k; drawn
+Balancing: the Switch loss and the router z-loss (the layer returns its routing statistics; the
+training step adds the losses with their coefficients, over the global batch), router noise in training (the lecture's mixture, or Shazeer's noisy top-k; drawn
 from the 'dropout' RNG stream, so a resumed run draws the same noise), and DeepSeek-V3's
 aux-loss-free bias (an `ExpertBias` variable that shifts the choice only; `update_expert_bias`
 is applied after each step).
 
-Status: the layer and everything above, tested against float64 NumPy. The config keys (`moe.*`),
-the model and training-step wiring, accounting and expert parallelism come next (issue 10).
+`model.ffn.kind='moe'` with the `model.moe.*` keys puts this layer in place of the FFN
+(`MoE.from_config`); experts and the model's dense layers are FFNs of `moe.expert_kind`.
 """
 from __future__ import annotations
 
@@ -31,11 +31,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mllm.layers.ffn import FFNS
+from mllm.layers.ffn import FFNS, hidden_dim
 
 ROUTERS = ('softmax', 'sigmoid')
 DISPATCHES = ('capacity', 'dropless')
 NOISES = ('none', 'mixture', 'noisy_topk')
+BALANCE_CONVENTIONS = ('switch', 'hf')
 
 
 class ExpertBias(nnx.Variable):
@@ -72,25 +73,25 @@ def top_k(probs_TE: jax.Array, k: int, *, renormalize: bool,
   return gates_Tk, experts_Tk
 
 
-def load_balancing_loss(probs_TE: jax.Array, experts_Tk: jax.Array,
+def load_balancing_loss(tokens_per_expert_E: jax.Array, mean_prob_E: jax.Array, top_k: int,
                         convention: str = 'switch') -> jax.Array:
   """Switch Transformer's auxiliary loss (Fedus et al. 2021, eq. 4), E · Σ_i f_i · P_i, without α.
 
-  P_i is the mean router probability of expert i over the T tokens. f_i is the fraction of
-  assignments routed to i:
-  - 'switch' (mllm's): over all k·T assignments, so Σ f = 1 and the loss is exactly 1 at uniform
+  P_i is the mean router probability of expert i over the T tokens; f_i the fraction of the
+  assignments routed to it, from `tokens_per_expert` (T·k assignments in all):
+  - 'switch' (mllm's): f_i = count_i / (k·T), so Σ f = 1 and the loss is exactly 1 at uniform
     routing for every k (and α after the coefficient), larger when routing is skewed;
-  - 'hf': transformers' `load_balancing_loss_func`, which normalises per choice slot over T only,
-    so Σ f = k and uniform routing gives k.
+  - 'hf': transformers' per-layer convention, f_i = count_i / T, so Σ f = k and uniform routing
+    gives k.
+  Both inputs may come from a larger batch than one forward pass (the training step passes the
+  global batch's counts when accumulating gradients); f carries no gradient, P does.
   """
-  num_experts = probs_TE.shape[-1]
-  counts_E = jnp.sum(jax.nn.one_hot(experts_Tk, num_experts, dtype=jnp.float32), axis=(0, 1))
-  n_tokens, k = experts_Tk.shape
-  f_E = counts_E / (n_tokens * k if convention == 'switch' else n_tokens)
-  if convention not in ('switch', 'hf'):
+  if convention not in BALANCE_CONVENTIONS:
     raise ValueError(f"unknown balancing convention {convention!r}; allowed: 'switch', 'hf'")
-  p_E = jnp.mean(probs_TE.astype(jnp.float32), axis=0)
-  return num_experts * jnp.sum(f_E * p_E)
+  counts_E = jax.lax.stop_gradient(tokens_per_expert_E.astype(jnp.float32))
+  n_tokens = jnp.sum(counts_E, axis=-1, keepdims=True) / top_k
+  f_E = counts_E / (n_tokens * top_k if convention == 'switch' else n_tokens)
+  return counts_E.shape[-1] * jnp.sum(f_E * mean_prob_E.astype(jnp.float32), axis=-1)
 
 
 def z_loss(logits_TE: jax.Array) -> jax.Array:
@@ -122,12 +123,14 @@ def update_expert_bias(bias_E: jax.Array, tokens_per_expert_E: jax.Array,
 
 
 def load_summary(tokens_per_expert_E: jax.Array) -> dict[str, jax.Array]:
-  """How balanced one step's routing was: the coefficient of variation of the load (std/mean, 0
-  when even), max/mean load (1 when even) and the fraction of experts that got no token."""
+  """How balanced one step's routing was (over the last axis, E): the coefficient of variation of
+  the load (std/mean, 0 when even), max/mean load (1 when even) and the fraction of experts that
+  got no token."""
   load = tokens_per_expert_E.astype(jnp.float32)
-  mean = jnp.maximum(jnp.mean(load), 1e-9)
-  return {'load_cv': jnp.std(load) / mean, 'load_max_over_mean': jnp.max(load) / mean,
-          'dead_experts': jnp.mean((load == 0).astype(jnp.float32))}
+  mean = jnp.maximum(jnp.mean(load, axis=-1), 1e-9)
+  return {'load_cv': jnp.std(load, axis=-1) / mean,
+          'load_max_over_mean': jnp.max(load, axis=-1) / mean,
+          'dead_experts': jnp.mean((load == 0).astype(jnp.float32), axis=-1)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,18 +233,19 @@ def dropless_dispatch(experts: Experts, x_TD, gates_Tk, experts_Tk,
 # ---------------------------------------------------------------------------------------------
 
 class MoE(nnx.Module):
-  """Router + E routed experts (+ shared experts), a drop-in for an FFN: [B, T, D] → [B, T, D].
+  """Router + E routed experts (+ shared experts), in place of an FFN: [B, T, D] → [B, T, D].
 
-  Each call sows into `nnx.Intermediate` 'moe': the balancing loss (`balance_convention`), the
-  z-loss, the tokens per expert, the mean router probability per expert, the router entropy and
-  the drop rate; the training step collects them with `nnx.capture` (no global state).
+  `__call__` returns (y, stats): the routing statistics of this call, which the training step
+  turns into the balancing and z losses and the load metrics (an explicit output, not global
+  state): tokens_per_expert [E] (assignments), mean_prob [E] (P_i, differentiable), z_loss,
+  router_entropy, drop_rate.
   """
 
   def __init__(self, d_model: int, *, num_experts: int, top_k: int, expert_d_ff: int,
                ffn_kind: str = 'swiglu', num_shared_experts: int = 0, shared_d_ff: int | None = None,
                router: str = 'softmax', renormalize: bool = True, dispatch: str = 'capacity',
-               capacity_factor: float = 1.25, balance_convention: str = 'switch',
-               noise: str = 'none', noise_alpha: float = 0.1, expert_bias: bool = False,
+               capacity_factor: float = 1.25, noise: str = 'none', noise_alpha: float = 0.1,
+               expert_bias: bool = False, force_uniform_routing: bool = False,
                init_std: float = 0.02, out_std: float = 0.02, dtype=None,
                param_dtype=jnp.float32, rngs: nnx.Rngs):
     if not 1 <= top_k <= num_experts:
@@ -250,9 +254,9 @@ class MoE(nnx.Module):
       raise ValueError(f'router {router!r} / dispatch {dispatch!r} / noise {noise!r}; allowed: '
                        f'{ROUTERS}, {DISPATCHES}, {NOISES}')
     self.num_experts, self.k, self.router_kind = num_experts, top_k, router
-    self.renormalize, self.dispatch = renormalize, dispatch
-    self.capacity_factor, self.balance_convention = capacity_factor, balance_convention
+    self.renormalize, self.dispatch, self.capacity_factor = renormalize, dispatch, capacity_factor
     self.noise, self.noise_alpha = noise, noise_alpha
+    self.force_uniform_routing = force_uniform_routing
     init = nnx.initializers.normal(init_std)
     self.router = nnx.Param(init(rngs.params(), (d_model, num_experts), param_dtype),
                             logical_axes=('embed', None))
@@ -260,8 +264,8 @@ class MoE(nnx.Module):
     self.noise_router = (nnx.Param(jnp.zeros((d_model, num_experts), param_dtype),
                                    logical_axes=('embed', None))
                          if noise == 'noisy_topk' else None)
-    self.bias = (ExpertBias(jnp.zeros((num_experts,), jnp.float32))
-                 if expert_bias else None)
+    self.expert_bias = (ExpertBias(jnp.zeros((num_experts,), jnp.float32))
+                        if expert_bias else None)
     # As nnx.Dropout: a 'dropout' stream (the train step reseeds it from (seed, step), so a
     # resumed run draws the same noise) and `deterministic`, which model.eval() sets.
     self.deterministic = False
@@ -273,9 +277,23 @@ class MoE(nnx.Module):
                            param_dtype=param_dtype, rngs=rngs)
                    if num_shared_experts else None)
 
-  def __call__(self, x_BTD: jax.Array) -> jax.Array:
-    batch, length, d_model = x_BTD.shape
-    x_TD = x_BTD.reshape(batch * length, d_model)
+  @classmethod
+  def from_config(cls, cfg, *, out_std: float, rngs: nnx.Rngs) -> 'MoE':
+    """The layer `model.moe` describes (cfg: the model config)."""
+    moe = cfg.moe
+    expert_d_ff = moe.expert_d_ff or hidden_dim(cfg.ffn, cfg.d_model, kind=moe.expert_kind)
+    return cls(cfg.d_model, num_experts=moe.num_experts, top_k=moe.top_k,
+               expert_d_ff=expert_d_ff, ffn_kind=moe.expert_kind,
+               num_shared_experts=moe.num_shared_experts, shared_d_ff=moe.shared_d_ff,
+               router=moe.router, renormalize=moe.renormalize,
+               dispatch=resolve_dispatch(moe.dispatch), capacity_factor=moe.capacity_factor,
+               noise=moe.noise, noise_alpha=moe.noise_alpha, expert_bias=moe.expert_bias,
+               force_uniform_routing=moe.force_uniform_routing, init_std=cfg.init_std,
+               out_std=out_std, dtype=jnp.dtype(cfg.dtype),
+               param_dtype=jnp.dtype(cfg.param_dtype), rngs=rngs)
+
+  def _route(self, x_TD):
+    """(gates [T, k], experts [T, k], router logits [T, E], probabilities [T, E])."""
     x32 = x_TD.astype(jnp.float32)
     logits_TE = x32 @ self.router[...].astype(jnp.float32)
     training_noise = self.noise != 'none' and not self.deterministic
@@ -287,9 +305,22 @@ class MoE(nnx.Module):
     if training_noise and self.noise == 'mixture':
       probs_TE = mixture_noise(probs_TE, self.noise_alpha, self.rngs())
     renormalize = self.renormalize or self.router_kind == 'sigmoid'
-    bias = None if self.bias is None else jax.lax.stop_gradient(self.bias[...])
-    gates_Tk, experts_Tk = top_k(probs_TE, self.k, renormalize=renormalize,
-                                 selection_bias_E=bias)
+    if self.force_uniform_routing:
+      experts_Tk = uniform_assignment(x_TD.shape[0], self.k, self.num_experts)
+      gates_Tk = jnp.take_along_axis(probs_TE, experts_Tk, axis=-1)
+      if renormalize:
+        gates_Tk = gates_Tk / jnp.sum(gates_Tk, axis=-1, keepdims=True)
+    else:
+      bias = (None if self.expert_bias is None
+              else jax.lax.stop_gradient(self.expert_bias[...]))
+      gates_Tk, experts_Tk = top_k(probs_TE, self.k, renormalize=renormalize,
+                                   selection_bias_E=bias)
+    return gates_Tk, experts_Tk, logits_TE, probs_TE
+
+  def __call__(self, x_BTD: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+    batch, length, d_model = x_BTD.shape
+    x_TD = x_BTD.reshape(batch * length, d_model)
+    gates_Tk, experts_Tk, logits_TE, probs_TE = self._route(x_TD)
     if self.dispatch == 'capacity':
       cap = capacity(x_TD.shape[0], self.num_experts, self.k, self.capacity_factor)
       y_TD, kept_Tk = capacity_dispatch(self.experts, x_TD, gates_Tk, experts_Tk,
@@ -301,14 +332,56 @@ class MoE(nnx.Module):
     if self.shared is not None:  # every token through every shared expert, weight 1
       y_TD = y_TD + jnp.sum(self.shared.grouped(
           jnp.broadcast_to(x_TD, (self.shared.up.shape[0],) + x_TD.shape)), axis=0)
-    counts_E = jnp.sum(jax.nn.one_hot(experts_Tk, self.num_experts, dtype=jnp.float32), (0, 1))
-    self.sow(nnx.Intermediate, 'moe', {
-        'balance_loss': load_balancing_loss(probs_TE, experts_Tk, self.balance_convention),
-        'z_loss': z_loss(logits_TE),
-        'tokens_per_expert': counts_E,
+    stats = {
+        'tokens_per_expert': jnp.sum(jax.nn.one_hot(experts_Tk, self.num_experts,
+                                                    dtype=jnp.float32), axis=(0, 1)),
         'mean_prob': jnp.mean(probs_TE, axis=0),
+        'z_loss': z_loss(logits_TE),
         'router_entropy': jnp.mean(-jnp.sum(probs_TE * jnp.log(jnp.maximum(probs_TE, 1e-30)),
                                             axis=-1)),
         'drop_rate': drop_rate,
-    })
-    return y_TD.reshape(batch, length, d_model).astype(x_BTD.dtype)
+    }
+    return y_TD.reshape(batch, length, d_model).astype(x_BTD.dtype), stats
+
+
+def uniform_assignment(n_tokens: int, k: int, num_experts: int) -> jax.Array:
+  """`moe.force_uniform_routing`: experts [T, k] that give every expert T·k/E assignments (±1),
+  k distinct ones per token, in an order shuffled by a fixed key. For timing and memory tests of
+  the dispatch at perfect balance, whatever the router has learned."""
+  order_T = jax.random.permutation(jax.random.key(0), n_tokens)
+  return ((order_T[:, None] * k + jnp.arange(k)) % num_experts).astype(jnp.int32)
+
+
+def resolve_dispatch(dispatch: str, backend: str | None = None) -> str:
+  """`auto` → capacity on CPU (where ragged_dot costs E× the FLOPs, benchmarks/results/moe-cpu.md),
+  dropless on accelerators."""
+  if dispatch != 'auto':
+    return dispatch
+  return 'capacity' if (backend or jax.default_backend()) == 'cpu' else 'dropless'
+
+
+def moe_metrics(stats: dict[str, jax.Array], top_k: int, convention: str) -> dict[str, jax.Array]:
+  """Per-layer metrics ([L] and [L, E]) from the stacked routing statistics of one step."""
+  out = {name: jax.lax.stop_gradient(v) for name, v in stats.items()}
+  out['balance_loss'] = load_balancing_loss(out['tokens_per_expert'], out['mean_prob'], top_k,
+                                            convention)
+  out.update(load_summary(out['tokens_per_expert']))
+  return out
+
+
+def update_expert_biases(variables: nnx.State, tokens_per_expert_LE: jax.Array,
+                         rate: float) -> nnx.State:
+  """`update_expert_bias` for every ExpertBias in `variables` (other leaves kept), row l of the
+  counts going to the l-th MoE layer: the layers in order, or the one stacked [L, E] variable of
+  scanned layers."""
+  flat = sorted(nnx.to_flat_state(variables), key=lambda item: item[0])
+  row, updated = 0, []
+  for path, var in flat:
+    if isinstance(var, ExpertBias):
+      bias = var.get_value()
+      n = bias.size // bias.shape[-1]
+      counts = tokens_per_expert_LE[row:row + n].reshape(bias.shape)
+      var = var.replace(update_expert_bias(bias, counts, rate))
+      row += n
+    updated.append((path, var))
+  return nnx.from_flat_state(updated)

@@ -19,11 +19,12 @@ import jax
 import numpy as np
 
 from mllm.accounting import count_params, training_flops_per_token
-from mllm.config import ConfigError
+from mllm.config import ConfigError, moe_layers
 from mllm.paths import existing_dir, writable_dir
 from mllm.train.checkpoint import (Checkpointer, StateMismatch, checkpoint_dir, config_as_dict,
                                    note, write_config)
-from mllm.train.metrics import MetricsWriter, Progress, peak_flops_per_device, plot_losses
+from mllm.train.metrics import (MetricsWriter, Progress, moe_records, peak_flops_per_device,
+                                plot_losses)
 from mllm.train.resume import adopt_tokenizer, check_resumable, init_params, mismatch_error
 from mllm.train.sharding import global_batch, make_mesh
 from mllm.train.state import setup
@@ -184,13 +185,17 @@ def _train(config, workdir, stop_after, progress, mesh, model, init, ckpt, closi
           times.append(dt)
         tok_s = tokens_per_step / dt
         mfu = (flops_per_token * tok_s / (peak * jax.device_count())) if peak else None
+        moe = jax.device_get(metrics['moe']) if 'moe' in metrics else None
         bar.update(step, f'loss {loss:.4f}  {tok_s:,.0f} tok/s  {dt * 1e3:.0f} ms/step'
-                   + (f'  MFU {mfu:.1%}' if mfu is not None else ''))
+                   + (f'  MFU {mfu:.1%}' if mfu is not None else '')
+                   + (f"  drop {np.mean(moe['drop_rate']):.1%}  max/mean load "
+                      f"{np.mean(moe['load_max_over_mean']):.2f}" if moe else ''))
         if step % t.log_every == 0 or step == end:
           writer.write(step, 'train', {
               'loss': loss, 'grad_norm': metrics['grad_norm'],
               'learning_rate': metrics['learning_rate'], 'tokens_per_s': tok_s,
-              'step_time_s': dt, 'mfu': mfu, 'tokens_seen': step * tokens_per_step})
+              'step_time_s': dt, 'mfu': mfu, 'tokens_seen': step * tokens_per_step,
+              **(moe_records(moe, moe_layers(config.model)) if moe else {})})
         if t.eval_every and step % t.eval_every == 0 and step < t.steps:
           last_eval = run_eval(eval_step, state['params'], data, mesh, t.eval_batches)
           if last_eval:

@@ -11,6 +11,7 @@ import sys
 import time
 
 import jax
+import numpy as np
 
 # Dense peak FLOP/s per chip: bf16, and float32 as XLA runs it on that chip (TF32 tensor cores on
 # NVIDIA Ampere and newer, bf16 passes on TPU). Sources: vendor datasheets (SXM parts).
@@ -83,6 +84,20 @@ class MetricsWriter:
     if self._tb is not None:
       self._tb.close()
       self._tb = None
+
+
+def moe_records(moe: dict, layers) -> dict:
+  """The MoE metrics of one step as records: 'moe/<name>' averaged over the MoE layers, and
+  'moe/layer<i>/<name>' per layer (tokens_per_expert and mean_prob as lists, in metrics.jsonl
+  only; TensorBoard takes the scalars)."""
+  out = {}
+  for name, value in moe.items():
+    value = np.asarray(value)
+    if value.ndim == 1:
+      out[f'moe/{name}'] = float(value.mean())
+    for row, layer in zip(value, layers):
+      out[f'moe/layer{layer}/{name}'] = row.tolist() if row.ndim else float(row)
+  return out
 
 
 def truncate_metrics(path: str, keep) -> None:

@@ -3,8 +3,11 @@
 Every parameter carries `logical_axes` metadata ('embed', 'heads', 'mlp', ...). `LOGICAL_RULES` maps
 those names to mesh axes: FSDP shards the model dimension over 'fsdp' (ZeRO-3 style: gathered
 for each matmul, gradients reduce-scattered), tensor parallelism splits heads, FFN hidden units and
-the vocabulary over 'tensor' (Megatron-LM). The batch is split over ('data', 'fsdp'). XLA's SPMD
-partitioner inserts the collectives; there is no hand-written communication.
+the vocabulary over 'tensor' (Megatron-LM), expert parallelism puts each MoE expert's weights on
+one slice of 'expert' (GShard). The batch is split over ('data', 'fsdp', 'expert'): outside the
+experts, the expert axis is one more data-parallel axis. XLA's SPMD partitioner inserts the
+collectives (the token exchange into and out of the experts included); there is no hand-written
+communication.
 """
 from __future__ import annotations
 
@@ -23,16 +26,17 @@ LOGICAL_RULES: dict[str, str | None] = {
     'heads': 'tensor',
     'kv_heads': 'tensor',
     'mlp': 'tensor',
+    'expert': 'expert',
     'head_dim': None,
     'norm': None,
     'positions': None,
     'relpos_buckets': None,
 }
-BATCH_AXES = ('data', 'fsdp')
+BATCH_AXES = ('data', 'fsdp', 'expert')
 
 
 def mesh_shape(mesh_cfg, n_devices: int) -> tuple[int, ...]:
-  """(data, fsdp, tensor) with the -1 axis filled so the product is `n_devices`."""
+  """(data, fsdp, expert, tensor) with the -1 axis filled so the product is `n_devices`."""
   sizes = [mesh_cfg[a] for a in MESH_AXES]
   fixed = math.prod(s for s in sizes if s != -1)
   if -1 in sizes:

@@ -1,8 +1,9 @@
 """The training state: a plain dict {step, params, opt_state, rng}, sharded on the mesh.
 
-The NNX model is split once into a static graphdef, its parameters, and the rest (dropout RNG
-streams, reseeded from `rng` and the step inside the jitted step, so a resumed run draws the same
-dropout masks as an uninterrupted one).
+The NNX model is split once into a static graphdef, its saved variables (`params`: the trained
+nnx.Param leaves, plus any MoE `ExpertBias`, which a rule updates and the optimizer never sees),
+and the rest (dropout RNG streams, reseeded from `rng` and the step inside the jitted step, so a
+resumed run draws the same dropout masks as an uninterrupted one).
 """
 from __future__ import annotations
 
@@ -14,11 +15,19 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from mllm.config import check_expert_axis
+from mllm.layers.moe import ExpertBias
 from mllm.model import build_model
 from mllm.train.optimizer import make_optimizer
 from mllm.train.sharding import param_shardings, replicated
 
 TrainState = dict  # {'step': int32[], 'params': nnx.State, 'opt_state': optax state, 'rng': uint32[2]}
+SAVED = (nnx.Param, ExpertBias)  # the variables in state['params'] (and so in checkpoints)
+
+
+def split_trained(params: nnx.State) -> tuple[nnx.State, nnx.State]:
+  """(the nnx.Param leaves, which the optimizer trains; the rest: ExpertBias, possibly empty)."""
+  return nnx.split_state(params, nnx.Param, ...)
 
 
 @dataclasses.dataclass
@@ -33,9 +42,9 @@ class Model:
   abstract_state: TrainState  # ShapeDtypeStructs carrying their shardings (Orbax restores onto it)
   shardings: TrainState
 
-  def merge(self, params: nnx.State) -> nnx.Module:
+  def merge(self, params: nnx.State, *more: nnx.State) -> nnx.Module:
     # Fresh Variables for the RNG streams in the caller's trace, so reseeding them is allowed.
-    return nnx.merge(self.graphdef, params, jax.tree.map(lambda x: x, self.rest))
+    return nnx.merge(self.graphdef, params, *more, jax.tree.map(lambda x: x, self.rest))
 
 
 def _new_model(config):
@@ -45,12 +54,13 @@ def _new_model(config):
 def _parts(config):
   """(abstract model, optimizer, schedule, init) of a run: what setup and abstract_state share."""
   abstract_model = nnx.eval_shape(lambda: _new_model(config))
-  _, abstract_params, _ = nnx.split(abstract_model, nnx.Param, ...)
-  tx, schedule = make_optimizer(config.train, abstract_params)
+  _, abstract_params, _ = nnx.split(abstract_model, SAVED, ...)
+  tx, schedule = make_optimizer(config.train, split_trained(abstract_params)[0])
 
   def init() -> TrainState:
-    _, params, _ = nnx.split(_new_model(config), nnx.Param, ...)
-    return {'step': jnp.zeros((), jnp.int32), 'params': params, 'opt_state': tx.init(params),
+    _, params, _ = nnx.split(_new_model(config), SAVED, ...)
+    return {'step': jnp.zeros((), jnp.int32), 'params': params,
+            'opt_state': tx.init(split_trained(params)[0]),
             'rng': jax.random.key_data(jax.random.key(config.seed))}
   return abstract_model, tx, schedule, init
 
@@ -63,14 +73,17 @@ def abstract_state(config) -> TrainState:
 def setup(config, mesh) -> tuple[Model, Callable[[], TrainState]]:
   """Structure, optimizer and shardings of a run; returns it with a jitted initializer."""
   abstract_model, tx, schedule, init = _parts(config)
-  graphdef = nnx.split(abstract_model, nnx.Param, ...)[0]
+  if 'expert' in mesh.shape:
+    check_expert_axis(config.model, mesh.shape['expert'])  # a -1 axis is known only now
+  graphdef = nnx.split(abstract_model, SAVED, ...)[0]
   abstract = jax.eval_shape(init)
   p_shardings = param_shardings(abstract['params'], mesh)
   shardings = {
       'step': replicated(mesh),
       'params': p_shardings,
       # Adam's moments mirror the parameters and are sharded like them; counters are replicated.
-      'opt_state': optax.tree_map_params(tx, lambda _, s: s, abstract['opt_state'], p_shardings,
+      'opt_state': optax.tree_map_params(tx, lambda _, s: s, abstract['opt_state'],
+                                         split_trained(p_shardings)[0],
                                          transform_non_params=lambda _: replicated(mesh),
                                          is_leaf=lambda x: isinstance(x, nnx.Variable)),
       'rng': replicated(mesh),
@@ -90,5 +103,5 @@ def _placeholder_rest(abstract_model) -> nnx.State:
     if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
       return jax.random.wrap_key_data(jnp.zeros(x.shape + key_data_shape, jnp.uint32))
     return jnp.zeros(x.shape, x.dtype)
-  _, _, rest = nnx.split(abstract_model, nnx.Param, ...)
+  _, _, rest = nnx.split(abstract_model, SAVED, ...)
   return jax.tree.map(concrete, rest)

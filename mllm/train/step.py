@@ -1,8 +1,8 @@
 """The jitted training and evaluation steps: pure functions of (state, batch).
 
-Loss: mean next-token cross-entropy over the tokens whose loss_mask is 1 (padding is 0). With
-gradient accumulation the micro-batch sums are added up before dividing, so the update equals the
-one from the whole batch at once.
+Loss: mean next-token cross-entropy over the tokens whose loss_mask is 1 (padding is 0), plus the
+MoE balancing losses. With gradient accumulation each micro-batch's sum is divided by the whole
+batch's token count, so the update equals the one from the whole batch at once.
 """
 from __future__ import annotations
 
@@ -14,71 +14,126 @@ import numpy as np
 import optax
 from flax import nnx
 
+from mllm.config import moe_layers
+from mllm.layers.moe import load_balancing_loss, moe_metrics, update_expert_biases
 from mllm.train.sharding import batch_sharding, replicated
-from mllm.train.state import Model, TrainState
+from mllm.train.state import Model, TrainState, split_trained
 
 def _forward(model: Model, params, batch, dropout_key=None):
-  net = model.merge(params)
+  """(per-token losses × loss_mask [B, T], the MoE layers' routing statistics; {} if dense).
+
+  params: the saved variables, whole or as (trained, rest) from `split_trained`.
+  """
+  net = model.merge(*params) if isinstance(params, tuple) else model.merge(params)
   if dropout_key is not None:
     nnx.reseed(net, dropout=dropout_key, policy='match_shape')
   else:
-    net.eval()  # dropout off
+    net.eval()  # dropout and router noise off
   packed = model.config.data.document_mask
-  logits = net(batch['inputs'], positions=batch['positions'] if packed else None,
-               segment_ids=batch['segment_ids'] if packed else None)
+  logits, moe_stats = net(batch['inputs'], positions=batch['positions'] if packed else None,
+                          segment_ids=batch['segment_ids'] if packed else None,
+                          return_moe_stats=True)
   losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch['targets'])
-  return losses * batch['loss_mask']
+  return losses * batch['loss_mask'], moe_stats
 
 
-def _loss_sum(params, model: Model, batch, dropout_key):
-  losses = _forward(model, params, batch, dropout_key)
-  return losses.sum(), batch['loss_mask'].sum()
-
-
-def _has_dropout(cfg) -> bool:
-  return max(cfg.dropout, cfg.embed_dropout, cfg.attention.dropout) > 0
+def _is_stochastic(cfg) -> bool:
+  return max(cfg.dropout, cfg.embed_dropout, cfg.attention.dropout) > 0 or (
+      cfg.ffn.kind == 'moe' and cfg.moe.noise != 'none')
 
 
 def make_train_step(model: Model):
-  """`step(state, batch) -> (state, metrics)`, jitted, with the state donated."""
-  accum = model.config.train.grad_accum_steps
-  grad_fn = jax.value_and_grad(_loss_sum, has_aux=True)
-  dropout = _has_dropout(model.config.model)
+  """`step(state, batch) -> (state, metrics)`, jitted, with the state donated.
+
+  The objective is mean cross-entropy + balance_coef · mean over MoE layers of the Switch loss +
+  z_loss_coef · mean of the z-losses. With gradient accumulation the Switch loss uses the global
+  batch's expert counts f (a forward pass over the micro-batches finds them first, one extra
+  forward per step), so it and the update equal those of the whole batch at once.
+  """
+  cfg = model.config
+  accum = cfg.train.grad_accum_steps
+  moe = cfg.model.moe
+  has_moe = bool(moe_layers(cfg.model))
+  stochastic = _is_stochastic(cfg.model)
+
+  def objective(params, batch, key, n_tokens, counts_LE):
+    """(this micro-batch's share of the objective, (its loss sum, its MoE stats)). Differentiated
+    with respect to all saved variables (NNX's scan refuses variables traced at another level);
+    the ExpertBias gradient is zero (it only selects) and is dropped."""
+    losses, stats = _forward(model, params, batch, key)
+    value = losses.sum() / n_tokens
+    if has_moe:
+      counts = stats['tokens_per_expert'] if counts_LE is None else counts_LE
+      balance = load_balancing_loss(counts, stats['mean_prob'], moe.top_k, moe.balance_convention)
+      value += (moe.balance_coef * jnp.mean(balance) + moe.z_loss_coef * jnp.mean(
+          stats['z_loss'])) / accum
+    return value, (losses.sum(), stats)
+  grad_fn = jax.value_and_grad(objective, has_aux=True)
 
   def step(state: TrainState, batch) -> tuple[TrainState, dict]:
     params = state['params']
     key = jax.random.fold_in(jax.random.wrap_key_data(state['rng']), state['step'])
+    n_tokens = jnp.maximum(batch['loss_mask'].sum(), 1.0)
     if accum == 1:
-      (loss_sum, count), grads = grad_fn(params, model, batch, key if dropout else None)
+      (_, (loss_sum, stats)), grads = grad_fn(params, batch, key if stochastic else None,
+                                              n_tokens, None)
     else:
       # Row r goes to micro-batch r % accum, so every micro-batch is spread over all devices.
       micro = jax.tree.map(
           lambda x: jnp.moveaxis(x.reshape(x.shape[0] // accum, accum, *x.shape[1:]), 1, 0),
           batch)
+      keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(accum))
+      counts = None
+      if has_moe and moe.balance_coef > 0:
+        def count(carry, inputs):  # the variables ride in the carry: NNX merges them in-trace
+          total, variables = carry
+          mb, k = inputs
+          stats = _forward(model, variables, mb, k if stochastic else None)[1]
+          return (total + stats['tokens_per_expert'], variables), None
+        shapes = jax.eval_shape(lambda p, mb: _forward(model, p, mb)[1], params, _first(micro))
+        (counts, _), _ = jax.lax.scan(count, (_zeros(shapes['tokens_per_expert']), params),
+                                      (micro, keys))
 
       def add(carry, inputs):
-        i, mb = inputs
-        (l, c), g = grad_fn(params, model, mb, jax.random.fold_in(key, i) if dropout else None)
-        return jax.tree.map(jnp.add, carry, ((l, c), g)), None
-      zeros = ((jnp.zeros(()), jnp.zeros(())), jax.tree.map(jnp.zeros_like, params))
-      ((loss_sum, count), grads), _ = jax.lax.scan(add, zeros, (jnp.arange(accum), micro))
-    count = jnp.maximum(count, 1.0)
-    grads = jax.tree.map(lambda g: g / count, grads)
-    updates, opt_state = model.tx.update(grads, state['opt_state'], params)
-    new_params = optax.apply_updates(params, updates)
+        total, variables = carry
+        mb, k = inputs
+        out = grad_fn(variables, mb, k if stochastic else None, n_tokens, counts)
+        return (jax.tree.map(jnp.add, total, out), variables), None
+      zeros = _zeros(jax.eval_shape(grad_fn, params, _first(micro), None, n_tokens, counts))
+      ((_, (loss_sum, stats)), grads), _ = jax.lax.scan(add, (zeros, params), (micro, keys))[0]
+      # Summed over micro-batches: counts stay sums, the per-call means become means.
+      stats = {name: v if name == 'tokens_per_expert' else v / accum
+               for name, v in stats.items()}
+    trained, rest = split_trained(params)
+    grads = split_trained(grads)[0]
+    updates, opt_state = model.tx.update(grads, state['opt_state'], trained)
+    trained = optax.apply_updates(trained, updates)
+    if has_moe and moe.expert_bias:
+      rest = update_expert_biases(rest, stats['tokens_per_expert'], moe.bias_update_rate)
+    new_params = nnx.merge_state(trained, rest)
     new_state = {'step': state['step'] + 1, 'params': new_params, 'opt_state': opt_state,
                  'rng': state['rng']}
     # A finite loss can still come with an overflowing update; the loop must not save that state.
     finite = jnp.all(jnp.stack([jnp.isfinite(p).all() for p in jax.tree.leaves(new_params)]))
-    metrics = {'loss': loss_sum / count, 'grad_norm': optax.tree_utils.tree_norm(grads),
-               'learning_rate': model.schedule(state['step']), 'tokens': count,
+    metrics = {'loss': loss_sum / n_tokens, 'grad_norm': optax.tree_utils.tree_norm(grads),
+               'learning_rate': model.schedule(state['step']), 'tokens': n_tokens,
                'params_finite': finite}
+    if has_moe:
+      metrics['moe'] = moe_metrics(stats, moe.top_k, moe.balance_convention)
     return new_state, metrics
 
   metrics_sharding = replicated(model.mesh)
   return jax.jit(step, donate_argnums=0,
                  in_shardings=(model.shardings, batch_sharding(model.mesh)),
                  out_shardings=(model.shardings, metrics_sharding))
+
+
+def _first(micro_batches):
+  return jax.tree.map(lambda x: x[0], micro_batches)
+
+
+def _zeros(shapes):
+  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
 def make_eval_step(model: Model, token_bytes: np.ndarray):
@@ -89,7 +144,7 @@ def make_eval_step(model: Model, token_bytes: np.ndarray):
   table = jnp.asarray(token_bytes, jnp.float32)
 
   def evaluate(params, batch):
-    losses = _forward(model, params, batch)
+    losses = _forward(model, params, batch)[0]
     mask = batch['loss_mask']
     return {'loss_sum': losses.sum(), 'tokens': mask.sum(),
             'bytes': (table[batch['targets']] * mask).sum()}
