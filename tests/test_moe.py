@@ -10,8 +10,8 @@ from flax import nnx
 
 from mllm.layers.ffn import FFNS
 from mllm.layers.moe import (ExpertBias, MoE, capacity, load_balancing_loss, load_summary,
-                             mixture_noise, noisy_topk_logits, router_probs, top_k,
-                             update_expert_bias, z_loss)
+                             mixture_noise, moe_metrics, noisy_topk_logits, router_probs, top_k,
+                             uniform_assignment, update_expert_bias, update_expert_biases, z_loss)
 
 ACTIVATIONS = {  # float64 NumPy versions of the experts' activations
     'swiglu': lambda x: x / (1 + np.exp(-x)),
@@ -58,15 +58,21 @@ def np_moe(moe: MoE, x_TD, kind='swiglu', renormalize=True, router='softmax'):
 
 
 def _run(moe: MoE, x):
-  if hasattr(nnx, 'capture'):
-    y, intermediates = nnx.capture(moe, nnx.Intermediate)(x)
-  else:  # Flax before nnx.capture: sow, then pop
-    y, intermediates = moe(x), nnx.pop(moe, nnx.Intermediate)
-  return y, intermediates['moe'].get_value()[-1]
+  return moe(x)
 
 
 # Jitted: one compile of the layer costs less than compiling each of its ops eagerly.
-run = nnx.jit(_run)  # (y, the stats the layer sowed)
+run = nnx.jit(_run)  # (y, the layer's routing statistics)
+
+
+def balance(moe: MoE, stats):
+  return load_balancing_loss(stats['tokens_per_expert'], stats['mean_prob'], moe.k)
+
+
+def switch_loss(probs_TE, experts_Tk, convention='switch'):
+  """The balancing loss from a router's probabilities and choices."""
+  counts = jnp.sum(jax.nn.one_hot(experts_Tk, probs_TE.shape[-1]), axis=(0, 1))
+  return load_balancing_loss(counts, jnp.mean(probs_TE, 0), experts_Tk.shape[1], convention)
 
 
 def out(moe: MoE, x):
@@ -102,13 +108,13 @@ def test_balancing_loss_is_one_at_uniform_routing_and_larger_when_skewed(k):
   probs = jnp.full((t, e), 1.0 / e)
   uniform = (np.arange(t)[:, None] * k + np.arange(k)[None, :]) % e  # each expert T·k/E times
   assert np.bincount(uniform.ravel(), minlength=e).tolist() == [t * k // e] * e
-  assert float(load_balancing_loss(probs, jnp.asarray(uniform))) == pytest.approx(1.0, abs=1e-6)
+  assert float(switch_loss(probs, jnp.asarray(uniform))) == pytest.approx(1.0, abs=1e-6)
   # transformers' convention normalises each choice slot separately: k at uniform routing.
-  assert float(load_balancing_loss(probs, jnp.asarray(uniform), 'hf')) == pytest.approx(k)
+  assert float(switch_loss(probs, jnp.asarray(uniform), 'hf')) == pytest.approx(k)
   skewed_probs = jnp.asarray(np.tile(np.eye(e)[0] * 0.9 + 0.1 / e, (t, 1)))
   skewed = np.tile(np.arange(k), (t, 1))  # every token to experts 0..k-1
   expected = e * sum((1 / k) * float(skewed_probs[0, i]) for i in range(k))  # E Σ f_i P_i
-  got = float(load_balancing_loss(skewed_probs, jnp.asarray(skewed)))
+  got = float(switch_loss(skewed_probs, jnp.asarray(skewed)))
   assert got == pytest.approx(expected, rel=1e-6) and got > 1.0
 
 
@@ -216,7 +222,7 @@ def test_dropless_equals_capacity_with_a_large_factor_and_gradients_reach_everyt
   @nnx.grad
   def grad(m):
     y, aux = _run(m, x)
-    return jnp.sum(y ** 2) + aux['balance_loss'] + aux['z_loss']
+    return jnp.sum(y ** 2) + balance(m, aux) + aux['z_loss']
   g_cap, g_drop = grad(moe), grad(dropless)
   for grads in (g_cap, g_drop):
     for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]:
@@ -304,18 +310,20 @@ def test_expert_bias_moves_toward_balance_and_gets_no_gradient():
   for _ in range(60):
     _, stats = run(moe, x)
     cv.append(float(load_summary(stats['tokens_per_expert'])['load_cv']))
-    moe.bias[...] = update_expert_bias(moe.bias[...], stats['tokens_per_expert'], 0.01)
+    moe.expert_bias[...] = update_expert_bias(moe.expert_bias[...], stats['tokens_per_expert'],
+                                              0.01)
   assert cv[0] > 1.0 and max(cv[-10:]) < 0.3, cv
-  assert float(moe.bias[0]) < 0 < float(moe.bias[1:].min())  # the favourite pushed down
+  bias = moe.expert_bias
+  assert float(bias[0]) < 0 < float(bias[1:].min())  # the favourite pushed down
   # Not a parameter: the optimizer's view (nnx.Param) holds no bias, and no gradient reaches it.
-  assert 'bias' not in nnx.state(moe, nnx.Param)
+  assert 'expert_bias' not in nnx.state(moe, nnx.Param)
 
   @nnx.jit
   @nnx.grad(argnums=nnx.DiffState(0, ExpertBias))
   def grad(m):
     y, aux = _run(m, x)
-    return jnp.sum(y ** 2) + aux['balance_loss']
-  np.testing.assert_array_equal(grad(moe)['bias'][...], 0.0)
+    return jnp.sum(y ** 2) + balance(m, aux)
+  np.testing.assert_array_equal(grad(moe)['expert_bias'][...], 0.0)
 
 
 def test_load_summary_and_router_entropy_against_numpy():
@@ -334,3 +342,37 @@ def test_load_summary_and_router_entropy_against_numpy():
   p /= p.sum(-1, keepdims=True)
   assert float(stats['router_entropy']) == pytest.approx(np.mean(-(p * np.log(p)).sum(-1)),
                                                           rel=1e-5)
+
+
+def test_forced_uniform_routing_balances_every_expert_exactly():
+  for t, k, e in ((64, 2, 8), (48, 1, 4), (30, 4, 16)):
+    experts = np.asarray(uniform_assignment(t, k, e))
+    counts = np.bincount(experts.ravel(), minlength=e)
+    assert counts.max() - counts.min() <= 1 and counts.sum() == t * k
+    assert all(len(set(row)) == k for row in experts)  # k distinct experts per token
+  moe = make_moe(e=4, k=2, force_uniform_routing=True, capacity_factor=1.0)
+  _, stats = run(moe, tokens(t=32))
+  np.testing.assert_array_equal(stats['tokens_per_expert'], [16, 16, 16, 16])
+  assert float(stats['drop_rate']) == 0.0  # exactly full at capacity factor 1
+
+
+def test_stacked_metrics_and_the_per_layer_bias_update():
+  counts = jnp.asarray([[6.0, 6.0, 6.0, 6.0], [10.0, 2.0, 2.0, 2.0]])  # two layers, top-1
+  probs = jnp.asarray([[0.25] * 4, [0.7, 0.1, 0.1, 0.1]])
+  metrics = moe_metrics({'tokens_per_expert': counts, 'mean_prob': probs,
+                         'z_loss': jnp.zeros(2)}, 1, 'switch')
+  np.testing.assert_allclose(metrics['balance_loss'],
+                             [1.0, 4 * (10 * 0.7 + 3 * 2 * 0.1) / 16], rtol=1e-6)
+  np.testing.assert_allclose(metrics['load_max_over_mean'], [1.0, 2.5], rtol=1e-6)
+  # Each layer's ExpertBias moves by its own row of counts; other variables stay as they are.
+  variables = nnx.State({'blocks': {
+      1: {'ffn': {'expert_bias': ExpertBias(jnp.zeros(4))}},
+      3: {'ffn': {'expert_bias': ExpertBias(jnp.zeros(4)), 'other': nnx.Param(jnp.ones(2))}}}})
+  new = update_expert_biases(variables, counts, 0.5)
+  np.testing.assert_array_equal(new['blocks'][1]['ffn']['expert_bias'][...], [0, 0, 0, 0])
+  np.testing.assert_array_equal(new['blocks'][3]['ffn']['expert_bias'][...], [-0.5, 0.5, 0.5, 0.5])
+  np.testing.assert_array_equal(new['blocks'][3]['ffn']['other'][...], [1, 1])
+  stacked = nnx.State({'blocks': {'ffn': {'expert_bias': ExpertBias(jnp.zeros((2, 4)))}}})
+  np.testing.assert_array_equal(
+      update_expert_biases(stacked, counts, 0.5)['blocks']['ffn']['expert_bias'][...],
+      [[0, 0, 0, 0], [-0.5, 0.5, 0.5, 0.5]])

@@ -119,7 +119,7 @@ def update_expert_bias(bias_E: jax.Array, tokens_per_expert_E: jax.Array,
   """Aux-loss-free balancing (DeepSeek-V3, Wang et al. 2024): b_i ← b_i + γ·sign(mean load − load_i),
   raising under-loaded experts and lowering over-loaded ones. Use the global batch's counts."""
   load = tokens_per_expert_E.astype(jnp.float32)
-  return bias_E + rate * jnp.sign(jnp.mean(load) - load)
+  return bias_E + rate * jnp.sign(jnp.mean(load, axis=-1, keepdims=True) - load)
 
 
 def load_summary(tokens_per_expert_E: jax.Array) -> dict[str, jax.Array]:

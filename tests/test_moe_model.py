@@ -1,0 +1,226 @@
+"""MoE in the model and the training loop: config checks, layer placement, the objective and its
+global-batch balancing, the aux-loss-free bias, accounting, loss falling, exact resume with noise."""
+from __future__ import annotations
+
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from conftest import STEPS, load_state, make_config, tiny_config
+from mllm.accounting import count_params, training_flops_per_token
+from mllm.config import ConfigError, moe_layers
+from mllm.layers.moe import MoE, update_expert_bias
+from mllm.model import build_model
+from mllm.train import evaluate, train
+from mllm.train.metrics import read_metrics
+from mllm.train.sharding import global_batch, make_mesh
+from mllm.train.state import setup
+from mllm.train.step import _forward, make_train_step, synthetic_batch
+
+MOE = 'ffn=moe,num_experts=4,top_k=2'
+
+
+@pytest.mark.parametrize('overrides, key, allowed', [
+    ({'model.moe.top_k': 5}, 'model.moe.top_k', '1 <= top_k <= 4'),
+    ({'model.moe.top_k': 0}, 'model.moe.top_k', '1 <= top_k <= 4'),
+    ({'model.moe.capacity_factor': 0.0}, 'model.moe.capacity_factor', 'positive'),
+    ({'model.moe.capacity_factor': -1.25}, 'model.moe.capacity_factor', 'positive'),
+    ({'model.moe.router': 'relu'}, 'model.moe.router', 'softmax, sigmoid'),
+    ({'model.moe.noise': 'gumbel'}, 'model.moe.noise', 'none, mixture, noisy_topk'),
+    ({'model.moe.dispatch': 'megablocks'}, 'model.moe.dispatch', 'auto, capacity, dropless'),
+    ({'model.moe.balance_convention': 'st'}, 'model.moe.balance_convention', 'switch, hf'),
+    ({'model.moe.expert_kind': 'moe'}, 'model.moe.expert_kind', 'relu, gelu'),
+    ({'model.moe.num_experts': 0}, 'model.moe.num_experts', 'positive integer'),
+    ({'model.moe.balance_coef': -0.01}, 'model.moe.balance_coef', '0.0 <= value'),
+    ({'model.moe.noise_alpha': 1.5}, 'model.moe.noise_alpha', '0.0 <= value <= 1.0'),
+    ({'mesh.expert': 3}, 'mesh.expert', 'allowed: 1, 2, 4'),
+    ({'model.moe.first_dense_layers': 2}, 'model.moe.first_dense_layers', 'leaves no MoE layer'),
+    ({'model.moe.every': 3}, 'model.moe.first_dense_layers', 'leaves no MoE layer'),
+    ({'model.moe.every': 2, 'model.scan_layers': True}, 'model.scan_layers', 'mix MoE and dense'),
+    ({'model.ffn.use_bias': True}, 'model.ffn.use_bias', 'bias-free'),
+])
+def test_bad_moe_configs_are_one_line_errors_naming_the_key(overrides, key, allowed):
+  with pytest.raises(ConfigError) as info:
+    tiny_config(MOE, **{k.replace('.', '__'): v for k, v in overrides.items()})
+  message = str(info.value)
+  assert message.startswith(f'{key}=') and allowed in message and '\n' not in message, message
+
+
+def test_an_expert_axis_needs_an_moe_model():
+  with pytest.raises(ConfigError, match=r"^mesh.expert=2: shards the experts .* model.ffn.kind="):
+    tiny_config(mesh__expert=2)
+
+
+def test_every_and_first_dense_layers_place_the_moe_layers():
+  cfg = tiny_config(MOE, model__n_layers=6, model__moe__every=2, model__moe__first_dense_layers=2)
+  assert moe_layers(cfg.model) == [3, 5]
+  model = build_model(cfg, rngs=nnx.Rngs(0))
+  assert model.moe_layers == (3, 5)
+  for i, block in enumerate(model.blocks):
+    assert isinstance(block.ffn, MoE) == (i in (3, 5))
+  assert moe_layers(tiny_config(MOE, model__n_layers=4, model__moe__every=1).model) == [0, 1, 2, 3]
+  assert moe_layers(tiny_config(model__n_layers=4).model) == []
+
+
+def test_scanned_and_unrolled_moe_layers_agree():
+  """The stats come out of the scan stacked like the unrolled layers' (same weights)."""
+  unrolled_cfg = tiny_config(MOE, model__n_layers=3)
+  scanned_cfg = tiny_config(MOE, model__n_layers=3, model__scan_layers=True)
+  unrolled = build_model(unrolled_cfg, rngs=nnx.Rngs(0))
+  scanned = build_model(scanned_cfg, rngs=nnx.Rngs(0))
+  flat = nnx.to_flat_state(nnx.state(scanned, nnx.Param))
+  for path, var in flat:
+    if path[0] == 'blocks':
+      var[...] = jnp.stack([_at(unrolled.blocks[i], path[1:]) for i in range(3)])
+    else:
+      var[...] = _at(unrolled, path)
+  tokens = jax.random.randint(jax.random.key(0), (2, 16), 0, 32)
+  logits_a, stats_a = unrolled(tokens, return_moe_stats=True)
+  logits_b, stats_b = scanned(tokens, return_moe_stats=True)
+  np.testing.assert_allclose(logits_a, logits_b, rtol=1e-5, atol=1e-5)
+  for name in stats_a:
+    np.testing.assert_allclose(stats_a[name], stats_b[name], rtol=1e-5, atol=1e-6, err_msg=name)
+  assert stats_a['tokens_per_expert'].shape == (3, 4)
+
+
+def _at(module, path):
+  node = module
+  for part in path:
+    node = node[part] if isinstance(part, int) else getattr(node, part)
+  return node[...]
+
+
+def test_active_parameters_and_flops_count_k_of_e_experts():
+  cfg = tiny_config(MOE, model__ffn__d_ff=24, model__moe__num_shared_experts=1,
+                    model__moe__shared_d_ff=8)
+  dense = count_params(tiny_config(model__ffn__d_ff=24))
+  counts = count_params(cfg)
+  m = cfg.model
+  d, f, e, k, layers = m.d_model, 16, 4, 2, m.n_layers  # swiglu: d_ff 24 → 2/3 → 16
+  per_layer_experts = e * 3 * d * f
+  extra = layers * (per_layer_experts + d * e + 3 * d * 8 - 3 * d * f)  # vs the dense FFN
+  assert counts.total == dense.total + extra
+  assert counts.active == counts.total - layers * per_layer_experts * (e - k) // e
+  flops = training_flops_per_token(cfg, 16, counts)
+  assert flops.dense == 6 * (counts.active_non_embedding + d * m.vocab_size)
+
+
+def _step_outputs(config, batch, steps=1):
+  mesh = make_mesh(config.mesh)
+  model, init = setup(config, mesh)
+  step, state = make_train_step(model), init()
+  out = []
+  for _ in range(steps):
+    state, metrics = step(state, global_batch(batch, mesh))
+    out.append(jax.device_get(metrics))
+  return model, jax.device_get(state), out
+
+
+def _moe_run_config(corpus, **extra):
+  return make_config(corpus, 'x', model__ffn__kind='moe', model__moe__num_experts=4,
+                     model__moe__top_k=2, model__dropout=0.0, **extra)
+
+
+def test_objective_is_cross_entropy_plus_the_weighted_balancing_and_z_losses(corpus):
+  config = _moe_run_config(corpus, model__moe__balance_coef=0.3, model__moe__z_loss_coef=0.05,
+                           train__grad_clip=0.0)
+  batch = synthetic_batch(config, np.random.default_rng(0))
+  model, init = setup(config, make_mesh(config.mesh))
+  params = jax.device_get(init()['params'])
+
+  def by_hand(p):  # the objective written out from the model's outputs
+    losses, stats = _forward(model, p, batch)
+    counts = jax.lax.stop_gradient(stats['tokens_per_expert'])  # [L, E]
+    f = counts / counts.sum(-1, keepdims=True)
+    switch = 4 * jnp.sum(f * stats['mean_prob'], -1)
+    return losses.sum() / batch['loss_mask'].sum() + 0.3 * switch.mean() + 0.05 * jnp.mean(
+        stats['z_loss']), switch
+  (_, switch), grads = jax.value_and_grad(by_hand, has_aux=True)(params)
+  grads = nnx.split_state(grads, nnx.Param, ...)[0]
+  _, _, [metrics] = _step_outputs(config, batch)
+  assert float(metrics['grad_norm']) == pytest.approx(
+      float(jnp.sqrt(sum(jnp.sum(g ** 2) for g in jax.tree.leaves(grads)))), rel=1e-4)
+  np.testing.assert_allclose(metrics['moe']['balance_loss'], switch, rtol=1e-5)
+  # Without the two coefficients the gradient is another one: the terms are really in it.
+  plain = _moe_run_config(corpus, model__moe__balance_coef=0.0, model__moe__z_loss_coef=0.0,
+                          train__grad_clip=0.0)
+  _, _, [plain_metrics] = _step_outputs(plain, batch)
+  assert abs(float(plain_metrics['grad_norm']) - float(metrics['grad_norm'])) > 1e-3
+
+
+def test_accumulated_steps_balance_over_the_global_batch(corpus):
+  """accum=2 equals the whole batch at once, balancing loss included (its f from the global
+  counts); dropless, so no capacity depends on the micro-batch size."""
+  batch = synthetic_batch(_moe_run_config(corpus), np.random.default_rng(1))
+  results = []
+  for accum in (1, 2):
+    config = _moe_run_config(corpus, train__grad_accum_steps=accum, model__moe__balance_coef=1.0,
+                             model__moe__dispatch='dropless', model__moe__expert_bias=True)
+    results.append(_step_outputs(config, batch, steps=2))
+  (_, state1, metrics1), (_, state2, metrics2) = results
+  for m1, m2 in zip(metrics1, metrics2):
+    assert float(m1['loss']) == pytest.approx(float(m2['loss']), rel=1e-5)
+    assert float(m1['grad_norm']) == pytest.approx(float(m2['grad_norm']), rel=1e-4)
+    np.testing.assert_array_equal(m1['moe']['tokens_per_expert'], m2['moe']['tokens_per_expert'])
+    np.testing.assert_allclose(m1['moe']['balance_loss'], m2['moe']['balance_loss'], rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(state1['params']), jax.tree.leaves(state2['params'])):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5)
+  # The two micro-batches route differently: a per-micro-batch f would have given another loss.
+  mb_counts = [_counts(config, state2, {k: v[i::2] for k, v in batch.items()}) for i in (0, 1)]
+  assert not np.allclose(mb_counts[0] / mb_counts[0].sum(-1, keepdims=True),
+                         mb_counts[1] / mb_counts[1].sum(-1, keepdims=True), atol=0.02)
+
+
+def _counts(config, state, batch):
+  model, _ = setup(config, make_mesh(config.mesh))
+  return np.asarray(_forward(model, state['params'], batch)[1]['tokens_per_expert'])
+
+
+def test_expert_bias_is_updated_by_its_rule_and_untouched_by_the_optimizer(corpus):
+  config = _moe_run_config(corpus, model__moe__expert_bias=True, model__moe__bias_update_rate=0.01)
+  batch = synthetic_batch(config, np.random.default_rng(2))
+  model, state, metrics = _step_outputs(config, batch, steps=3)  # odd: ±γ steps cannot cancel
+  bias = np.stack([state['params']['blocks'][i]['ffn']['expert_bias'][...] for i in (0, 1)])
+  expected = np.zeros((2, 4), np.float32)
+  for m in metrics:
+    expected = np.asarray(update_expert_bias(expected, m['moe']['tokens_per_expert'], 0.01))
+  np.testing.assert_allclose(bias, expected, atol=1e-7)
+  assert np.abs(bias).max() > 0
+  opt_paths = {jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(
+      state['opt_state'])[0]}
+  assert opt_paths and not any('expert_bias' in p for p in opt_paths)
+
+
+def test_moe_model_loss_falls_metrics_are_logged_and_resume_is_exact_with_noise(corpus, tmp_path):
+  extra = dict(model__moe__noise='noisy_topk', model__moe__expert_bias=True,
+               model__moe__every=2, model__n_layers=2, train__checkpoint_every=10)
+  config = _moe_run_config(corpus, **{**extra, 'data.cache_dir': str(tmp_path / 'cache')})
+  straight = str(tmp_path / 'straight')
+  summary = train(config, straight, progress=False)
+  records = [r for r in read_metrics(os.path.join(straight, 'metrics.jsonl'))
+             if r['split'] == 'train']
+  losses = [r['loss'] for r in records]
+  assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 1.0, losses
+  assert np.mean(losses[:5]) > math.log(258) - 0.5
+  last = records[-1]
+  assert set(last) >= {'moe/balance_loss', 'moe/z_loss', 'moe/load_cv', 'moe/load_max_over_mean',
+                       'moe/dead_experts', 'moe/router_entropy', 'moe/drop_rate',
+                       'moe/layer1/tokens_per_expert', 'moe/layer1/mean_prob'}
+  assert 'moe/layer0/load_cv' not in last  # layer 0 is dense (every=2)
+  assert sum(last['moe/layer1/tokens_per_expert']) == 4 * 32 * 2  # B·T tokens × k
+  assert sum(last['moe/layer1/mean_prob']) == pytest.approx(1.0, rel=1e-5)
+  # Stopped and resumed: the same noise, biases and parameters as the uninterrupted run.
+  resumed = str(tmp_path / 'resumed')
+  train(config, resumed, stop_after=STEPS // 2 + 3, progress=False)
+  train(config, resumed, progress=False)
+  a, b = load_state(config, straight), load_state(config, resumed)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  assert np.abs(a['params']['blocks'][1]['ffn']['expert_bias'][...]).max() > 0
+  # Eval restores the biases with the parameters: it reproduces the run's final eval.
+  assert evaluate(config, straight)['loss'] == pytest.approx(summary['eval']['loss'], rel=1e-6)
