@@ -1,16 +1,18 @@
 """MoE dispatch costs: capacity vs dropless (ragged_dot) vs a dense FFN of the same ACTIVE size.
 
-    python -m benchmarks.moe                   # results/moe-<backend>.md
-    python -m benchmarks.moe --tokens=2048 --repeats=10
+    python -m benchmarks.moe                   # both parts → results/moe-<backend>.md
+    python -m benchmarks.moe --part=step --repeats=5
 
-Forward+backward of one layer (loss = mean(y²) + the balancing and z losses) on [tokens, d_model]
-inputs: the median time, the FLOPs XLA compiled (cost_analysis) and its scratch memory
-(memory_analysis().temp_size_in_bytes). The dense baseline is a SwiGLU whose hidden size is
-top_k × expert_d_ff, i.e. the FLOPs a token actually gets from its k experts. On CPU XLA expands
-`jax.lax.ragged_dot` to a dense masked product (JAX_NOTES): every one of the T·k sorted rows is
-multiplied by all E experts' weights, so dropless compiles to E× the active FLOPs there, which is
-what `moe.dispatch=auto` must avoid on CPU. (The training-step
-comparison of whole models comes with the model wiring of issue 10.)
+Two parts, each against a dense baseline whose SwiGLU hidden size is top_k × expert_d_ff (the
+FLOPs a token actually gets from its k experts):
+- layer: forward+backward of one layer (loss = mean(y²) + the balancing and z losses) on
+  [tokens, d_model] inputs;
+- step: mllm's whole training step (`mllm.train.step.benchmark_step`: forward, backward, AdamW)
+  of configs/base.py with ffn=moe in every layer, against the same model with the dense FFN.
+Each row: the median time, tokens/s, the FLOPs XLA compiled (cost_analysis) and its scratch memory
+(memory_analysis().temp_size_in_bytes). On CPU XLA expands `jax.lax.ragged_dot` to a dense masked
+product (JAX_NOTES): every one of the T·k sorted rows is multiplied by all E experts' weights, so
+dropless compiles to E× the active FLOPs there, which `moe.dispatch=auto` avoids on CPU.
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ import argparse
 import datetime
 import os
 import platform
+import statistics
+import time
 
 import jax
 import jax.numpy as jnp
@@ -28,11 +32,20 @@ from rich.table import Table
 from benchmarks.machine import cpu_model
 from benchmarks.timing import compile_and_time
 from mllm.layers.ffn import FFNS
-from mllm.layers.moe import MoE
+from mllm.layers.moe import MoE, load_balancing_loss
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (experts, top_k, expert_d_ff): coarse experts, then fine-grained ones (DeepSeekMoE-style).
 CASES = [(4, 2, 512), (8, 2, 512), (16, 2, 512), (64, 8, 128)]
+
+
+def _costs(timed: dict, tokens: int) -> dict:
+  cost = timed['compiled'].cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  temp = timed['compiled'].memory_analysis().temp_size_in_bytes
+  return dict(ms=timed['median_s'] * 1e3, tok_s=tokens / timed['median_s'],
+              gflops=cost.get('flops', float('nan')) / 1e9, temp_mb=temp / 2**20,
+              compile_s=timed['compile_s'])
 
 
 def _measure(module, x, repeats: int) -> dict:
@@ -41,21 +54,17 @@ def _measure(module, x, repeats: int) -> dict:
   def loss(params, x):
     net = nnx.merge(graphdef, params)
     if isinstance(net, MoE):
-      y, inter = nnx.capture(net, nnx.Intermediate)(x)
-      stats = inter['moe'].get_value()[-1]
-      return jnp.mean(y ** 2) + 0.01 * stats['balance_loss'] + 1e-3 * stats['z_loss']
+      y, stats = net(x)
+      balance = load_balancing_loss(stats['tokens_per_expert'], stats['mean_prob'], net.k)
+      return jnp.mean(y ** 2) + 0.01 * balance + 1e-3 * stats['z_loss']
     return jnp.mean(net(x) ** 2)
 
   step = jax.jit(jax.value_and_grad(loss))
-  timed = compile_and_time(step, params, x, repeats=repeats)
-  cost = timed['compiled'].cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  temp = timed['compiled'].memory_analysis().temp_size_in_bytes
-  return dict(ms=timed['median_s'] * 1e3, gflops=cost.get('flops', float('nan')) / 1e9,
-              temp_mb=temp / 2**20, compile_s=timed['compile_s'])
+  return _costs(compile_and_time(step, params, x, repeats=repeats), x.shape[0] * x.shape[1])
 
 
 def run_case(experts: int, k: int, d_ff: int, d_model: int, tokens: int, repeats: int):
+  """One layer: dense (d_ff = k·expert_d_ff) vs MoE capacity vs dropless."""
   x = jax.random.normal(jax.random.key(0), (1, tokens, d_model), jnp.float32)
   dense = FFNS['swiglu'](d_model, k * d_ff, use_bias=False, init_std=0.02, out_std=0.02,
                          rngs=nnx.Rngs(0))
@@ -71,8 +80,69 @@ def run_case(experts: int, k: int, d_ff: int, d_model: int, tokens: int, repeats
   return rows
 
 
+def _step_config(overrides: dict):
+  import mllm
+  base = {'data.document_mask': False, 'train.warmup_steps': 0, 'model.ffn.match_params': False}
+  return mllm.load_config(os.path.join(ROOT, 'configs', 'base.py'), {**base, **overrides})
+
+
+def _measure_step(config, repeats: int) -> dict:
+  """The library's jitted training step; the state is threaded through (it is donated)."""
+  from mllm.train.step import benchmark_step
+  step_fn, state, batch = benchmark_step(config)
+  start = time.perf_counter()
+  compiled = step_fn.lower(state, batch).compile()
+  compile_s = time.perf_counter() - start
+  box = [state]
+
+  def one_step():
+    box[0], metrics = compiled(box[0], batch)
+    return jax.block_until_ready(metrics['loss'])
+  one_step()  # warm-up
+  times = []
+  for _ in range(repeats):
+    begin = time.perf_counter()
+    one_step()
+    times.append(time.perf_counter() - begin)
+  timed = {'compiled': compiled, 'compile_s': compile_s, 'median_s': statistics.median(times)}
+  return _costs(timed, config.data.batch_size * config.data.seq_len)
+
+
+def step_cases(experts: int, k: int, d_ff: int, repeats: int, dropless: bool):
+  """Whole training steps: dense (d_ff = k·expert_d_ff) vs MoE capacity (vs dropless)."""
+  dense = _step_config({'model.ffn.d_ff': k * d_ff})
+  rows = [dict(layer=f'dense swiglu d_ff={k * d_ff}', **_measure_step(dense, repeats))]
+  for dispatch in ('capacity', 'dropless') if dropless else ('capacity',):
+    config = _step_config({'model.ffn.kind': 'moe', 'model.moe.num_experts': experts,
+                           'model.moe.top_k': k, 'model.moe.expert_d_ff': d_ff,
+                           'model.moe.dispatch': dispatch, 'model.moe.capacity_factor': 1.25})
+    rows.append(dict(layer=f'moe {dispatch}', **_measure_step(config, repeats)))
+  base = rows[0]
+  for row in rows:
+    row.update(case=f'E={experts} top-{k} d_ff={d_ff}', vs_dense_time=row['ms'] / base['ms'],
+               vs_dense_flops=row['gflops'] / base['gflops'])
+  return rows
+
+
+def _section(title: str, rows, console, lines) -> None:
+  table = Table(title=title)
+  for col in ('case', 'layer', 'ms', 'tokens/s', '× dense time', 'GFLOP', '× dense FLOPs',
+              'scratch MB', 'compile s'):
+    table.add_column(col, justify='left' if col in ('case', 'layer') else 'right')
+  lines += ['| case | variant | ms | tokens/s | × dense time | GFLOP | × dense FLOPs | scratch MB | '
+            'compile s |', '|---|---|---:|---:|---:|---:|---:|---:|---:|']
+  for row in rows:
+    cells = [row['case'], row['layer'], f"{row['ms']:.1f}", f"{row['tok_s']:,.0f}",
+             f"{row['vs_dense_time']:.2f}", f"{row['gflops']:.2f}",
+             f"{row['vs_dense_flops']:.2f}", f"{row['temp_mb']:.1f}", f"{row['compile_s']:.1f}"]
+    table.add_row(*cells)
+    lines.append('| ' + ' | '.join(cells) + ' |')
+  console.print(table)
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--part', choices=('layer', 'step', 'all'), default='all')
   parser.add_argument('--tokens', type=int, default=2048)
   parser.add_argument('--d_model', type=int, default=256)
   parser.add_argument('--repeats', type=int, default=5)
@@ -83,24 +153,27 @@ def main() -> None:
   machine = (f'{device.device_kind} ({jax.default_backend()}; {cpu_model()}, {os.cpu_count()} '
              f'cores), jax {jax.__version__}, Python {platform.python_version()}, '
              f'{datetime.date.today().isoformat()}')
-  table = Table(title=f'MoE layer forward+backward, {args.tokens} tokens × d_model {args.d_model}')
-  for col in ('case', 'layer', 'ms', '× dense time', 'GFLOP', '× dense FLOPs', 'scratch MB',
-              'compile s'):
-    table.add_column(col, justify='left' if col in ('case', 'layer') else 'right')
   lines = [f'# MoE dispatch costs ({jax.default_backend()})', '', f'Machine: {machine}.', '',
-           f'Forward+backward of one layer on {args.tokens} tokens × d_model {args.d_model}, '
-           f'median of {args.repeats} after a warm-up; capacity factor 1.25. FLOPs and scratch '
-           "memory as XLA compiled them. `python -m benchmarks.moe` regenerates this file.", '',
-           '| case | layer | ms | × dense time | GFLOP | × dense FLOPs | scratch MB | compile s |',
-           '|---|---|---:|---:|---:|---:|---:|---:|']
-  for experts, k, d_ff in CASES:
-    for row in run_case(experts, k, d_ff, args.d_model, args.tokens, args.repeats):
-      cells = [row['case'], row['layer'], f"{row['ms']:.1f}", f"{row['vs_dense_time']:.2f}",
-               f"{row['gflops']:.2f}", f"{row['vs_dense_flops']:.2f}", f"{row['temp_mb']:.1f}",
-               f"{row['compile_s']:.1f}"]
-      table.add_row(*cells)
-      lines.append('| ' + ' | '.join(cells) + ' |')
-  console.print(table)
+           f'Median of {args.repeats} after a warm-up; capacity factor 1.25; FLOPs and scratch '
+           'memory as XLA compiled them. `python -m benchmarks.moe` regenerates this file.', '']
+  if args.part in ('layer', 'all'):
+    title = f'One layer, forward+backward, {args.tokens} tokens × d_model {args.d_model}'
+    lines += [f'## {title}', '']
+    rows = [row for experts, k, d_ff in CASES
+            for row in run_case(experts, k, d_ff, args.d_model, args.tokens, args.repeats)]
+    _section(title, rows, console, lines)
+    lines.append('')
+  if args.part in ('step', 'all'):
+    config = _step_config({})
+    title = (f'Whole training step (configs/base.py: d_model {config.model.d_model}, '
+             f'{config.model.n_layers} layers, batch {config.data.batch_size} × '
+             f'{config.data.seq_len} tokens), MoE in every layer')
+    lines += [f'## {title}', '']
+    # Dropless whole steps only where they finish in seconds on a CPU (E× the FLOPs there).
+    rows = [row for experts, k, d_ff in CASES
+            for row in step_cases(experts, k, d_ff, args.repeats,
+                                  dropless=jax.default_backend() != 'cpu' or experts <= 8)]
+    _section(title, rows, console, lines)
   out = args.out or os.path.join(ROOT, 'benchmarks', 'results', f'moe-{jax.default_backend()}.md')
   with open(out, 'w') as f:
     f.write('\n'.join(lines) + '\n')

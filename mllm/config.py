@@ -16,7 +16,7 @@ from ml_collections import config_dict
 
 from mllm.layers import resolved_head_dim
 from mllm.layers.ffn import FFNS
-from mllm.layers.moe import BALANCE_CONVENTIONS, DISPATCHES, NOISES, ROUTERS
+from mllm.layers.moe import BALANCE_CONVENTIONS, DISPATCHES, GROUPED_MATMULS, NOISES, ROUTERS
 from mllm.layers.norms import NORMS, PLACEMENTS
 from mllm.layers.positions import POSITIONS, ROPE_LAYOUTS, ROPE_SCALINGS
 from mllm.ops.attention import ATTENTION_IMPLS
@@ -340,6 +340,7 @@ def _validate_moe(m: config_dict.ConfigDict, p: str) -> None:
   _integer(f'{q}.first_dense_layers', moe.first_dense_layers, 0)
   _one_of(f'{q}.router', moe.router, ROUTERS, 'router')
   _one_of(f'{q}.dispatch', moe.dispatch, MOE_DISPATCHES, 'dispatch')
+  _one_of(f'{q}.grouped_matmul', moe.grouped_matmul, GROUPED_MATMULS, 'grouped matmul')
   _one_of(f'{q}.balance_convention', moe.balance_convention, BALANCE_CONVENTIONS,
           'balancing-loss convention')
   _one_of(f'{q}.noise', moe.noise, NOISES, 'router noise')
@@ -409,6 +410,9 @@ def check_backend(m: config_dict.ConfigDict, backend: str | None = None, p: str 
   """What only the machine can tell: is the attention implementation available on it?"""
   import jax  # noqa: PLC0415 (validation itself never touches a backend)
   backend = backend or jax.default_backend()
+  if m.ffn.kind == 'moe' and m.moe.grouped_matmul == 'megablox' and backend == 'gpu':
+    raise ConfigError(f'{p}.moe.grouped_matmul', 'megablox', "megablox's gmm is a TPU kernel (off "
+                      "TPU it only interprets, for tests); allowed on gpu: 'ragged_dot'")
   if m.attention.impl == 'cudnn' and backend != 'gpu':
     raise ConfigError(f'{p}.attention.impl', 'cudnn', f"cuDNN needs a GPU, this machine's JAX "
                       f"backend is {backend!r}; allowed here: 'xla', 'blockwise', 'pallas', 'auto'")

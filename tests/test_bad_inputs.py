@@ -105,6 +105,12 @@ CASES = [
     ('max_to_keep-zero', '--config.train.max_to_keep=0', 'train.max_to_keep=0'),
     ('mesh-zero', '--config.mesh.tensor=0', 'mesh.tensor=0'),
     ('mesh-devices', '--config.mesh.data=3', 'mesh'),
+    ('moe-top_k', '--config=configs/base.py:ffn=moe,top_k=9', 'model.moe.top_k=9: each token'),
+    ('moe-capacity', '--config=configs/base.py:ffn=moe --config.model.moe.capacity_factor=0.0',
+     'model.moe.capacity_factor=0.0: must be a positive'),
+    ('moe-router', '--config=configs/base.py:ffn=moe,router=relu', "model.moe.router='relu'"),
+    ('moe-expert-axis', '--config=configs/base.py:ffn=moe --config.mesh.expert=3',
+     'mesh.expert=3: must divide model.moe.num_experts=8'),
     # --- registries ---
     ('pos', '--config=configs/base.py:pos=rotary', "model.position.kind='rotary'"),
     ('ffn', '--config=configs/base.py:ffn=swiglu2', "model.ffn.kind='swiglu2'"),

@@ -376,3 +376,23 @@ def test_stacked_metrics_and_the_per_layer_bias_update():
   np.testing.assert_array_equal(
       update_expert_biases(stacked, counts, 0.5)['blocks']['ffn']['expert_bias'][...],
       [[0, 0, 0, 0], [-0.5, 0.5, 0.5, 0.5]])
+
+
+def test_megablox_gmm_in_interpret_mode_equals_ragged_dot_with_gradients():
+  """The TPU grouped-matmul kernel (Pallas interpret mode on CPU) and ragged_dot, on uneven
+  groups with an empty one and a row count that is not a whole tile (padded, then cut)."""
+  from mllm.layers.moe import grouped_matmul
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(150, 16)), jnp.float32)
+  w = jnp.asarray(rng.normal(size=(4, 16, 24)), jnp.float32)
+  sizes = jnp.asarray([70, 0, 50, 30], jnp.int32)
+  np.testing.assert_allclose(grouped_matmul(x, w, sizes, 'megablox'),
+                             grouped_matmul(x, w, sizes, 'ragged_dot'), rtol=1e-5, atol=1e-4)
+  grads = [jax.grad(lambda a, b: jnp.sum(jnp.sin(grouped_matmul(a, b, sizes, impl))),
+                    argnums=(0, 1))(x, w) for impl in ('ragged_dot', 'megablox')]
+  for a, b in zip(*grads):
+    np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4)
+  moe = make_moe(dispatch='dropless')
+  other = make_moe_like(moe, 1.25)
+  other.grouped_matmul = 'megablox'
+  np.testing.assert_allclose(out(other, tokens()), out(moe, tokens()), rtol=1e-5, atol=1e-6)

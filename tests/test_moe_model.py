@@ -33,6 +33,7 @@ MOE = 'ffn=moe,num_experts=4,top_k=2'
     ({'model.moe.router': 'relu'}, 'model.moe.router', 'softmax, sigmoid'),
     ({'model.moe.noise': 'gumbel'}, 'model.moe.noise', 'none, mixture, noisy_topk'),
     ({'model.moe.dispatch': 'megablocks'}, 'model.moe.dispatch', 'auto, capacity, dropless'),
+    ({'model.moe.grouped_matmul': 'gmm'}, 'model.moe.grouped_matmul', 'ragged_dot, megablox'),
     ({'model.moe.balance_convention': 'st'}, 'model.moe.balance_convention', 'switch, hf'),
     ({'model.moe.expert_kind': 'moe'}, 'model.moe.expert_kind', 'relu, gelu'),
     ({'model.moe.num_experts': 0}, 'model.moe.num_experts', 'positive integer'),
@@ -51,9 +52,21 @@ def test_bad_moe_configs_are_one_line_errors_naming_the_key(overrides, key, allo
   assert message.startswith(f'{key}=') and allowed in message and '\n' not in message, message
 
 
-def test_an_expert_axis_needs_an_moe_model():
+def test_megablox_is_refused_on_gpu_naming_the_key():
+  from mllm.config import check_backend
+  cfg = tiny_config(MOE, model__moe__grouped_matmul='megablox')
+  check_backend(cfg.model, 'cpu')  # interpret mode, for tests
+  with pytest.raises(ConfigError, match=r"^model.moe.grouped_matmul='megablox': .*allowed on gpu"):
+    check_backend(cfg.model, 'gpu')
+
+
+def test_an_expert_axis_needs_an_moe_model_and_must_divide_its_experts():
   with pytest.raises(ConfigError, match=r"^mesh.expert=2: shards the experts .* model.ffn.kind="):
     tiny_config(mesh__expert=2)
+  from mllm.config import check_expert_axis  # what setup() runs once a -1 axis has its size
+  with pytest.raises(ConfigError, match=r'^mesh.expert=3: must divide model.moe.num_experts=4'):
+    check_expert_axis(tiny_config(MOE, mesh__data=1, mesh__expert=-1).model, 3)
+  check_expert_axis(tiny_config(MOE).model, 4)
 
 
 def test_every_and_first_dense_layers_place_the_moe_layers():

@@ -77,12 +77,13 @@ def test_logical_axis_rules_shard_divisible_dimensions_only():
 
 
 def test_mesh_shapes_and_errors():
-  assert mesh_shape({'data': -1, 'fsdp': 2, 'tensor': 1}, 8) == (4, 2, 1)
-  assert mesh_shape({'data': 2, 'fsdp': 2, 'tensor': 2}, 8) == (2, 2, 2)
+  assert mesh_shape({'data': -1, 'fsdp': 2, 'expert': 1, 'tensor': 1}, 8) == (4, 2, 1, 1)
+  assert mesh_shape({'data': 2, 'fsdp': 2, 'expert': 1, 'tensor': 2}, 8) == (2, 2, 1, 2)
+  assert mesh_shape({'data': 1, 'fsdp': 2, 'expert': -1, 'tensor': 1}, 8) == (1, 2, 4, 1)
   with pytest.raises(ConfigError, match='multiply to 4, but there are 8 devices'):
-    mesh_shape({'data': 2, 'fsdp': 2, 'tensor': 1}, 8)
+    mesh_shape({'data': 2, 'fsdp': 2, 'expert': 1, 'tensor': 1}, 8)
   with pytest.raises(ConfigError, match='must divide the 8 devices'):
-    mesh_shape({'data': -1, 'fsdp': 3, 'tensor': 1}, 8)
+    mesh_shape({'data': -1, 'fsdp': 3, 'expert': 1, 'tensor': 1}, 8)
 
 
 def test_peak_flops_table():

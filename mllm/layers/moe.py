@@ -11,7 +11,7 @@ Two ways to run the experts, equal when no token overflows (tested):
   token gets less (or nothing) from the layer and keeps its residual. Tokens are gathered into an
   [E, C, D] buffer: about the active FLOPs, and memory O(E·C·D), not a [T, E, C] mask.
 - `dropless` (MegaBlocks, Gale et al. 2023): the T·k assignments sorted by expert and run through
-  a grouped matmul, `jax.lax.ragged_dot`. Nothing is dropped. On CPU XLA expands ragged_dot to a
+  a grouped matmul, `jax.lax.ragged_dot` (or megablox's Pallas `gmm` on TPU). Nothing is dropped. On CPU XLA expands ragged_dot to a
   dense masked product (about E× one expert's FLOPs; ../benchmarks/moe.py measures it).
 
 Balancing: the Switch loss and the router z-loss (the layer returns its routing statistics; the
@@ -35,6 +35,7 @@ from mllm.layers.ffn import FFNS, hidden_dim
 
 ROUTERS = ('softmax', 'sigmoid')
 DISPATCHES = ('capacity', 'dropless')
+GROUPED_MATMULS = ('ragged_dot', 'megablox')  # the dropless path's kernel
 NOISES = ('none', 'mixture', 'noisy_topk')
 BALANCE_CONVENTIONS = ('switch', 'hf')
 
@@ -171,13 +172,36 @@ class Experts(nnx.Module):
     hidden = self._hidden(pre_gate, jnp.einsum('ecd,edf->ecf', x_ECD, up))
     return jnp.einsum('ecf,efd->ecd', hidden, down)
 
-  def ragged(self, x_SD: jax.Array, group_sizes_E: jax.Array) -> jax.Array:
+  def ragged(self, x_SD: jax.Array, group_sizes_E: jax.Array,
+             impl: str = 'ragged_dot') -> jax.Array:
     """Rows sorted by expert, group_sizes_E[e] of them for expert e (the dropless path)."""
     gate, up, down = self._weights(self.dtype or x_SD.dtype)
     x_SD = x_SD.astype(up.dtype)
-    pre_gate = None if gate is None else jax.lax.ragged_dot(x_SD, gate, group_sizes_E)
-    hidden = self._hidden(pre_gate, jax.lax.ragged_dot(x_SD, up, group_sizes_E))
-    return jax.lax.ragged_dot(hidden, down, group_sizes_E)
+    matmul = lambda x, w: grouped_matmul(x, w, group_sizes_E, impl)  # noqa: E731
+    pre_gate = None if gate is None else matmul(x_SD, gate)
+    hidden = self._hidden(pre_gate, matmul(x_SD, up))
+    return matmul(hidden, down)
+
+
+def grouped_matmul(x_SD: jax.Array, w_EDF: jax.Array, group_sizes_E: jax.Array,
+                   impl: str = 'ragged_dot') -> jax.Array:
+  """Rows of group e times w_EDF[e]: `jax.lax.ragged_dot`, or megablox's `gmm` (Pallas TPU kernel,
+  run in Pallas interpret mode off TPU: for tests, slowly). gmm's row tiles are 128 (the whole
+  matrix when smaller); extra zero rows pad the last group to a whole tile and are cut off."""
+  if impl == 'ragged_dot':
+    return jax.lax.ragged_dot(x_SD, w_EDF, group_sizes_E)
+  if impl != 'megablox':
+    raise ValueError(f'unknown grouped matmul {impl!r}; allowed: {", ".join(GROUPED_MATMULS)}')
+  from jax.experimental.pallas.ops.tpu.megablox import gmm  # noqa: PLC0415 (TPU kernel)
+  rows, d_in = x_SD.shape
+  tile_m = min(128, rows)
+  pad = -rows % tile_m
+  x_padded = jnp.pad(x_SD, ((0, pad), (0, 0)))
+  sizes = group_sizes_E.astype(jnp.int32).at[-1].add(pad)
+  tiling = (tile_m, min(128, d_in), min(128, w_EDF.shape[-1]))
+  out = gmm(x_padded, w_EDF, sizes, x_SD.dtype, tiling, None, None, False,
+            jax.default_backend() != 'tpu')
+  return out[:rows]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,14 +240,14 @@ def capacity_dispatch(experts: Experts, x_TD, gates_Tk, experts_Tk, num_experts:
   return jnp.einsum('ktd,kt->td', y_kTD, weights_kT), kept_Tk
 
 
-def dropless_dispatch(experts: Experts, x_TD, gates_Tk, experts_Tk,
-                      num_experts: int) -> jax.Array:
+def dropless_dispatch(experts: Experts, x_TD, gates_Tk, experts_Tk, num_experts: int,
+                      impl: str = 'ragged_dot') -> jax.Array:
   """y [T, D] with every assignment computed: sort by expert, grouped matmul, unsort."""
   n_tokens, k = experts_Tk.shape
   flat = experts_Tk.reshape(-1)  # token-major: assignment a is token a // k
   order = jnp.argsort(flat, stable=True)
   group_sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
-  y_sorted = experts.ragged(x_TD[order // k], group_sizes)
+  y_sorted = experts.ragged(x_TD[order // k], group_sizes, impl)
   y_TkD = jnp.zeros_like(y_sorted).at[order].set(y_sorted).reshape(n_tokens, k, -1)
   return jnp.einsum('tkd,tk->td', y_TkD, gates_Tk.astype(y_TkD.dtype))
 
@@ -244,7 +268,8 @@ class MoE(nnx.Module):
   def __init__(self, d_model: int, *, num_experts: int, top_k: int, expert_d_ff: int,
                ffn_kind: str = 'swiglu', num_shared_experts: int = 0, shared_d_ff: int | None = None,
                router: str = 'softmax', renormalize: bool = True, dispatch: str = 'capacity',
-               capacity_factor: float = 1.25, noise: str = 'none', noise_alpha: float = 0.1,
+               capacity_factor: float = 1.25, grouped_matmul: str = 'ragged_dot',
+               noise: str = 'none', noise_alpha: float = 0.1,
                expert_bias: bool = False, force_uniform_routing: bool = False,
                init_std: float = 0.02, out_std: float = 0.02, dtype=None,
                param_dtype=jnp.float32, rngs: nnx.Rngs):
@@ -255,6 +280,7 @@ class MoE(nnx.Module):
                        f'{ROUTERS}, {DISPATCHES}, {NOISES}')
     self.num_experts, self.k, self.router_kind = num_experts, top_k, router
     self.renormalize, self.dispatch, self.capacity_factor = renormalize, dispatch, capacity_factor
+    self.grouped_matmul = grouped_matmul
     self.noise, self.noise_alpha = noise, noise_alpha
     self.force_uniform_routing = force_uniform_routing
     init = nnx.initializers.normal(init_std)
@@ -287,6 +313,7 @@ class MoE(nnx.Module):
                num_shared_experts=moe.num_shared_experts, shared_d_ff=moe.shared_d_ff,
                router=moe.router, renormalize=moe.renormalize,
                dispatch=resolve_dispatch(moe.dispatch), capacity_factor=moe.capacity_factor,
+               grouped_matmul=moe.grouped_matmul,
                noise=moe.noise, noise_alpha=moe.noise_alpha, expert_bias=moe.expert_bias,
                force_uniform_routing=moe.force_uniform_routing, init_std=cfg.init_std,
                out_std=out_std, dtype=jnp.dtype(cfg.dtype),
@@ -327,7 +354,8 @@ class MoE(nnx.Module):
                                         self.num_experts, cap)
       drop_rate = jnp.mean((~kept_Tk).astype(jnp.float32))
     else:
-      y_TD = dropless_dispatch(self.experts, x_TD, gates_Tk, experts_Tk, self.num_experts)
+      y_TD = dropless_dispatch(self.experts, x_TD, gates_Tk, experts_Tk, self.num_experts,
+                               self.grouped_matmul)
       drop_rate = jnp.zeros((), jnp.float32)
     if self.shared is not None:  # every token through every shared expert, weight 1
       y_TD = y_TD + jnp.sum(self.shared.grouped(
