@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from mllm.layers.ffn import FFNS
-from mllm.layers.moe import (ExpertBias, MoE, capacity, load_balancing_loss, load_summary,
+from mllm.layers.moe import (ExpertBias, MoE, balancing_objective, capacity, load_balancing_loss, load_summary,
                              mixture_noise, moe_metrics, noisy_topk_logits, router_probs, top_k,
                              uniform_assignment, update_expert_bias, update_expert_biases, z_loss)
 
@@ -396,3 +396,32 @@ def test_megablox_gmm_in_interpret_mode_equals_ragged_dot_with_gradients():
   other = make_moe_like(moe, 1.25)
   other.grouped_matmul = 'megablox'
   np.testing.assert_allclose(out(other, tokens()), out(moe, tokens()), rtol=1e-5, atol=1e-6)
+
+
+def np_transformers_balancing_loss(gate_logits_per_layer, num_experts, k):
+  """transformers' `load_balancing_loss_func` (Mixtral, no attention mask), in float64 NumPy:
+  the layers' logits concatenated, top-k of the softmax, E · Σ mean(one-hot) · mean(probs)."""
+  logits = np.concatenate(gate_logits_per_layer, axis=0)
+  probs = np.exp(logits - logits.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  chosen = np.argsort(-probs, axis=-1)[:, :k]
+  mask = np.eye(num_experts)[chosen]  # [L·T, k, E]
+  return num_experts * np.sum(mask.mean(0) * probs.mean(0)[None, :])
+
+
+def test_hf_convention_equals_transformers_pooled_loss_and_switch_averages_layers():
+  rng = np.random.default_rng(0)
+  e, k, t = 6, 2, 40
+  layers = [rng.normal(size=(t, e)) * s for s in (0.5, 3.0)]  # a balanced and a skewed layer
+  counts, means, per_layer = [], [], []
+  for logits in layers:
+    probs = router_probs(jnp.asarray(logits, jnp.float32))
+    _, experts = top_k(probs, k, renormalize=True)
+    counts.append(jnp.sum(jax.nn.one_hot(experts, e), axis=(0, 1)))
+    means.append(jnp.mean(probs, 0))
+    per_layer.append(float(switch_loss(probs, experts)))
+  counts, means = jnp.stack(counts), jnp.stack(means)
+  assert float(balancing_objective(counts, means, k, 'hf')) == pytest.approx(
+      np_transformers_balancing_loss(layers, e, k), rel=1e-5)
+  assert float(balancing_objective(counts, means, k, 'switch')) == pytest.approx(
+      np.mean(per_layer), rel=1e-6)

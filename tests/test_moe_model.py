@@ -123,6 +123,21 @@ def test_active_parameters_and_flops_count_k_of_e_experts():
   assert flops.dense == 6 * (counts.active_non_embedding + d * m.vocab_size)
 
 
+def test_summary_names_the_moe_layers_and_the_active_parameters():
+  import io
+  from rich.console import Console
+  from mllm.summary import summarize
+  cfg = tiny_config(MOE, model__n_layers=4, model__moe__every=2)
+  buffer = io.StringIO()
+  result = summarize(cfg, console=Console(file=buffer, width=200), run_forward=False)
+  text = buffer.getvalue()
+  counts = count_params(cfg)
+  assert result['params'] == counts and counts.active < counts.total
+  assert f'{counts.active:,} active per token (top-2 of 4 experts)' in text
+  assert text.count('moe 4×swiglu top-2') == 2  # layers 1 and 3
+  assert '6·N_active' in text
+
+
 def _step_outputs(config, batch, steps=1):
   mesh = make_mesh(config.mesh)
   model, init = setup(config, mesh)
@@ -209,12 +224,15 @@ def test_expert_bias_is_updated_by_its_rule_and_untouched_by_the_optimizer(corpu
   assert opt_paths and not any('expert_bias' in p for p in opt_paths)
 
 
-def test_moe_model_loss_falls_metrics_are_logged_and_resume_is_exact_with_noise(corpus, tmp_path):
+def test_moe_model_loss_falls_metrics_are_logged_and_resume_is_exact_with_noise(corpus, tmp_path,
+                                                                              capsys):
   extra = dict(model__moe__noise='noisy_topk', model__moe__expert_bias=True,
                model__moe__every=2, model__n_layers=2, train__checkpoint_every=10)
   config = _moe_run_config(corpus, **{**extra, 'data.cache_dir': str(tmp_path / 'cache')})
   straight = str(tmp_path / 'straight')
-  summary = train(config, straight, progress=False)
+  summary = train(config, straight, progress=True)  # not a terminal: plain progress lines
+  progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith('step ')]
+  assert progress and all('drop ' in line and 'max/mean load ' in line for line in progress)
   records = [r for r in read_metrics(os.path.join(straight, 'metrics.jsonl'))
              if r['split'] == 'train']
   losses = [r['loss'] for r in records]

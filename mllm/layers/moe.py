@@ -95,6 +95,18 @@ def load_balancing_loss(tokens_per_expert_E: jax.Array, mean_prob_E: jax.Array, 
   return counts_E.shape[-1] * jnp.sum(f_E * mean_prob_E.astype(jnp.float32), axis=-1)
 
 
+def balancing_objective(tokens_per_expert_LE: jax.Array, mean_prob_LE: jax.Array, top_k: int,
+                        convention: str = 'switch') -> jax.Array:
+  """The balancing term of the training objective (before its coefficient), from the stacked
+  statistics of the L MoE layers: 'switch', the mean over layers of each layer's loss; 'hf',
+  transformers' `load_balancing_loss_func`, which pools the layers (counts summed, P averaged)
+  into one loss."""
+  if convention == 'hf':
+    return load_balancing_loss(jnp.sum(tokens_per_expert_LE, 0), jnp.mean(mean_prob_LE, 0), top_k,
+                               'hf')
+  return jnp.mean(load_balancing_loss(tokens_per_expert_LE, mean_prob_LE, top_k, convention))
+
+
 def z_loss(logits_TE: jax.Array) -> jax.Array:
   """Router z-loss (ST-MoE, Zoph et al. 2022, eq. 5): mean over tokens of logsumexp(logits)²."""
   return jnp.mean(jax.nn.logsumexp(logits_TE.astype(jnp.float32), axis=-1) ** 2)

@@ -42,9 +42,9 @@ class Model:
   abstract_state: TrainState  # ShapeDtypeStructs carrying their shardings (Orbax restores onto it)
   shardings: TrainState
 
-  def merge(self, params: nnx.State, *more: nnx.State) -> nnx.Module:
+  def merge(self, params: nnx.State) -> nnx.Module:
     # Fresh Variables for the RNG streams in the caller's trace, so reseeding them is allowed.
-    return nnx.merge(self.graphdef, params, *more, jax.tree.map(lambda x: x, self.rest))
+    return nnx.merge(self.graphdef, params, jax.tree.map(lambda x: x, self.rest))
 
 
 def _new_model(config):

@@ -15,16 +15,14 @@ import optax
 from flax import nnx
 
 from mllm.config import moe_layers
-from mllm.layers.moe import load_balancing_loss, moe_metrics, update_expert_biases
+from mllm.layers.moe import balancing_objective, moe_metrics, update_expert_biases
 from mllm.train.sharding import batch_sharding, replicated
 from mllm.train.state import Model, TrainState, split_trained
 
-def _forward(model: Model, params, batch, dropout_key=None):
-  """(per-token losses × loss_mask [B, T], the MoE layers' routing statistics; {} if dense).
 
-  params: the saved variables, whole or as (trained, rest) from `split_trained`.
-  """
-  net = model.merge(*params) if isinstance(params, tuple) else model.merge(params)
+def _forward(model: Model, params, batch, dropout_key=None):
+  """(per-token losses × loss_mask [B, T], the MoE layers' routing statistics; {} if dense)."""
+  net = model.merge(params)
   if dropout_key is not None:
     nnx.reseed(net, dropout=dropout_key, policy='match_shape')
   else:
@@ -45,10 +43,10 @@ def _is_stochastic(cfg) -> bool:
 def make_train_step(model: Model):
   """`step(state, batch) -> (state, metrics)`, jitted, with the state donated.
 
-  The objective is mean cross-entropy + balance_coef · mean over MoE layers of the Switch loss +
-  z_loss_coef · mean of the z-losses. With gradient accumulation the Switch loss uses the global
-  batch's expert counts f (a forward pass over the micro-batches finds them first, one extra
-  forward per step), so it and the update equal those of the whole batch at once.
+  The objective is mean cross-entropy + balance_coef · the Switch loss (`balancing_objective`) +
+  z_loss_coef · the mean of the layers' z-losses. With gradient accumulation the Switch loss uses
+  the global batch's expert counts f (a forward pass over the micro-batches finds them first, one
+  extra forward per step), so it and the update equal those of the whole batch at once.
   """
   cfg = model.config
   accum = cfg.train.grad_accum_steps
@@ -64,9 +62,9 @@ def make_train_step(model: Model):
     value = losses.sum() / n_tokens
     if has_moe:
       counts = stats['tokens_per_expert'] if counts_LE is None else counts_LE
-      balance = load_balancing_loss(counts, stats['mean_prob'], moe.top_k, moe.balance_convention)
-      value += (moe.balance_coef * jnp.mean(balance) + moe.z_loss_coef * jnp.mean(
-          stats['z_loss'])) / accum
+      balance = balancing_objective(counts, stats['mean_prob'], moe.top_k,
+                                    moe.balance_convention)
+      value += (moe.balance_coef * balance + moe.z_loss_coef * jnp.mean(stats['z_loss'])) / accum
     return value, (losses.sum(), stats)
   grad_fn = jax.value_and_grad(objective, has_aux=True)
 
