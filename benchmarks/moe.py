@@ -1,7 +1,7 @@
 """MoE dispatch costs: capacity vs dropless (ragged_dot) vs a dense FFN of the same ACTIVE size.
 
-    python -m benchmarks.moe                   # both parts → results/moe-<backend>.md
-    python -m benchmarks.moe --part=step --repeats=5
+    python -m benchmarks.moe                   # results/moe-{layer,step}-<backend>.md
+    python -m benchmarks.moe --part=step --repeats=10
 
 Two parts, each against a dense baseline whose SwiGLU hidden size is top_k × expert_d_ff (the
 FLOPs a token actually gets from its k experts):
@@ -86,8 +86,9 @@ def _step_config(overrides: dict):
   return mllm.load_config(os.path.join(ROOT, 'configs', 'base.py'), {**base, **overrides})
 
 
-def _measure_step(config, repeats: int) -> dict:
-  """The library's jitted training step; the state is threaded through (it is donated)."""
+def _setup_step(config) -> dict:
+  """The library's jitted training step, compiled; `run()` times one step (the state, donated,
+  is threaded through)."""
   from mllm.train.step import benchmark_step
   step_fn, state, batch = benchmark_step(config)
   start = time.perf_counter()
@@ -95,28 +96,35 @@ def _measure_step(config, repeats: int) -> dict:
   compile_s = time.perf_counter() - start
   box = [state]
 
-  def one_step():
-    box[0], metrics = compiled(box[0], batch)
-    return jax.block_until_ready(metrics['loss'])
-  one_step()  # warm-up
-  times = []
-  for _ in range(repeats):
+  def run() -> float:
     begin = time.perf_counter()
-    one_step()
-    times.append(time.perf_counter() - begin)
-  timed = {'compiled': compiled, 'compile_s': compile_s, 'median_s': statistics.median(times)}
-  return _costs(timed, config.data.batch_size * config.data.seq_len)
+    box[0], metrics = compiled(box[0], batch)
+    jax.block_until_ready(metrics['loss'])
+    return time.perf_counter() - begin
+  run()  # warm-up
+  return dict(run=run, compiled=compiled, compile_s=compile_s,
+              tokens=config.data.batch_size * config.data.seq_len)
 
 
 def step_cases(experts: int, k: int, d_ff: int, repeats: int, dropless: bool):
-  """Whole training steps: dense (d_ff = k·expert_d_ff) vs MoE capacity (vs dropless)."""
-  dense = _step_config({'model.ffn.d_ff': k * d_ff})
-  rows = [dict(layer=f'dense swiglu d_ff={k * d_ff}', **_measure_step(dense, repeats))]
+  """Whole training steps: dense (d_ff = k·expert_d_ff) vs MoE capacity (vs dropless), one step
+  of each in turn so that load from elsewhere on the machine hits all alike."""
+  variants = {f'dense swiglu d_ff={k * d_ff}': _step_config({'model.ffn.d_ff': k * d_ff})}
   for dispatch in ('capacity', 'dropless') if dropless else ('capacity',):
-    config = _step_config({'model.ffn.kind': 'moe', 'model.moe.num_experts': experts,
-                           'model.moe.top_k': k, 'model.moe.expert_d_ff': d_ff,
-                           'model.moe.dispatch': dispatch, 'model.moe.capacity_factor': 1.25})
-    rows.append(dict(layer=f'moe {dispatch}', **_measure_step(config, repeats)))
+    variants[f'moe {dispatch}'] = _step_config({
+        'model.ffn.kind': 'moe', 'model.moe.num_experts': experts, 'model.moe.top_k': k,
+        'model.moe.expert_d_ff': d_ff, 'model.moe.dispatch': dispatch,
+        'model.moe.capacity_factor': 1.25})
+  steps = {name: _setup_step(config) for name, config in variants.items()}
+  times = {name: [] for name in steps}
+  for _ in range(repeats):
+    for name, step in steps.items():
+      times[name].append(step['run']())
+  rows = []
+  for name, step in steps.items():
+    timed = dict(compiled=step['compiled'], compile_s=step['compile_s'],
+                 median_s=statistics.median(times[name]))
+    rows.append(dict(layer=name, **_costs(timed, step['tokens'])))
   base = rows[0]
   for row in rows:
     row.update(case=f'E={experts} top-{k} d_ff={d_ff}', vs_dense_time=row['ms'] / base['ms'],
@@ -146,38 +154,43 @@ def main() -> None:
   parser.add_argument('--tokens', type=int, default=2048)
   parser.add_argument('--d_model', type=int, default=256)
   parser.add_argument('--repeats', type=int, default=5)
-  parser.add_argument('--out', default=None, help='markdown file (default results/moe-<backend>.md)')
+  parser.add_argument('--out_dir', default=os.path.join(ROOT, 'benchmarks', 'results'))
   args = parser.parse_args()
   console = Console()
   device = jax.devices()[0]
-  machine = (f'{device.device_kind} ({jax.default_backend()}; {cpu_model()}, {os.cpu_count()} '
-             f'cores), jax {jax.__version__}, Python {platform.python_version()}, '
+  backend = jax.default_backend()
+  machine = (f'{device.device_kind} ({backend}; {cpu_model()}, {os.cpu_count()} cores), '
+             f'jax {jax.__version__}, Python {platform.python_version()}, '
              f'{datetime.date.today().isoformat()}')
-  lines = [f'# MoE dispatch costs ({jax.default_backend()})', '', f'Machine: {machine}.', '',
-           f'Median of {args.repeats} after a warm-up; capacity factor 1.25; FLOPs and scratch '
-           'memory as XLA compiled them. `python -m benchmarks.moe` regenerates this file.', '']
+  header = [f'Machine: {machine}.', '',
+            f'Median of {args.repeats} after a warm-up; capacity factor 1.25; FLOPs and scratch '
+            'memory as XLA compiled them. `python -m benchmarks.moe --part=PART` regenerates '
+            'this file.', '']
   if args.part in ('layer', 'all'):
-    title = f'One layer, forward+backward, {args.tokens} tokens × d_model {args.d_model}'
-    lines += [f'## {title}', '']
+    title = f'One MoE layer, forward+backward, {args.tokens} tokens × d_model {args.d_model}'
+    lines = [f'# {title} ({backend})', ''] + header
     rows = [row for experts, k, d_ff in CASES
             for row in run_case(experts, k, d_ff, args.d_model, args.tokens, args.repeats)]
     _section(title, rows, console, lines)
-    lines.append('')
+    _write(os.path.join(args.out_dir, f'moe-layer-{backend}.md'), lines, console)
   if args.part in ('step', 'all'):
     config = _step_config({})
     title = (f'Whole training step (configs/base.py: d_model {config.model.d_model}, '
              f'{config.model.n_layers} layers, batch {config.data.batch_size} × '
              f'{config.data.seq_len} tokens), MoE in every layer')
-    lines += [f'## {title}', '']
+    lines = [f'# {title} ({backend})', ''] + header
     # Dropless whole steps only where they finish in seconds on a CPU (E× the FLOPs there).
     rows = [row for experts, k, d_ff in CASES
             for row in step_cases(experts, k, d_ff, args.repeats,
-                                  dropless=jax.default_backend() != 'cpu' or experts <= 8)]
+                                  dropless=backend != 'cpu' or experts <= 8)]
     _section(title, rows, console, lines)
-  out = args.out or os.path.join(ROOT, 'benchmarks', 'results', f'moe-{jax.default_backend()}.md')
-  with open(out, 'w') as f:
+    _write(os.path.join(args.out_dir, f'moe-step-{backend}.md'), lines, console)
+
+
+def _write(path: str, lines: list[str], console) -> None:
+  with open(path, 'w') as f:
     f.write('\n'.join(lines) + '\n')
-  console.print(f'wrote {out}')
+  console.print(f'wrote {path}')
 
 
 if __name__ == '__main__':

@@ -21,7 +21,8 @@ from mllm.ops.attention import ATTENTION_IMPLS
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / 'configs'
-NAMED = ('base', 'rope_swiglu', 'gpt2', 'mistral_like', 'alibi_gelu', 'qwen3_like')
+NAMED = ('base', 'rope_swiglu', 'gpt2', 'mistral_like', 'alibi_gelu', 'qwen3_like',
+         'mixtral_like')
 
 
 def spec(name: str, arg: str | None = None) -> str:
@@ -94,6 +95,11 @@ EXPECTED = {
         'model.norm.placement': 'pre', 'model.n_heads': 8, 'model.n_kv_heads': 2,
         'model.attention.qk_norm': True, 'model.position.rope_theta': 1e6,
     },
+    'mixtral_like': {
+        'model.position.kind': 'rope', 'model.ffn.kind': 'moe', 'model.moe.num_experts': 8,
+        'model.moe.top_k': 2, 'model.moe.expert_kind': 'swiglu', 'model.moe.renormalize': True,
+        'model.n_kv_heads': 2, 'model.attention.sliding_window': 64, 'model.norm.eps': 1e-5,
+    },
 }
 
 
@@ -125,7 +131,7 @@ def test_named_config_is_locked(name):
   assert 'new_key' not in cfg and 'new_key' not in cfg.model
 
 
-@pytest.mark.parametrize('name', ['rope_swiglu', 'mistral_like', 'qwen3_like'])
+@pytest.mark.parametrize('name', ['rope_swiglu', 'mistral_like', 'qwen3_like', 'mixtral_like'])
 def test_gqa_configs_have_fewer_kv_heads(name):
   cfg = load(name)
   assert cfg.model.n_kv_heads < cfg.model.n_heads
