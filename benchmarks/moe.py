@@ -30,7 +30,6 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.machine import cpu_model
-from benchmarks.timing import compile_and_time
 from mllm.layers.ffn import FFNS
 from mllm.layers.moe import MoE, load_balancing_loss
 
@@ -48,7 +47,8 @@ def _costs(timed: dict, tokens: int) -> dict:
               compile_s=timed['compile_s'])
 
 
-def _measure(module, x, repeats: int) -> dict:
+def _setup_layer(module, x) -> dict:
+  """Forward+backward of one layer, compiled; `run()` times one call."""
   graphdef, params = nnx.split(module)
 
   def loss(params, x):
@@ -59,8 +59,34 @@ def _measure(module, x, repeats: int) -> dict:
       return jnp.mean(y ** 2) + 0.01 * balance + 1e-3 * stats['z_loss']
     return jnp.mean(net(x) ** 2)
 
-  step = jax.jit(jax.value_and_grad(loss))
-  return _costs(compile_and_time(step, params, x, repeats=repeats), x.shape[0] * x.shape[1])
+  start = time.perf_counter()
+  compiled = jax.jit(jax.value_and_grad(loss)).lower(params, x).compile()
+  compile_s = time.perf_counter() - start
+
+  def run() -> float:
+    begin = time.perf_counter()
+    jax.block_until_ready(compiled(params, x))
+    return time.perf_counter() - begin
+  run()  # warm-up
+  return dict(run=run, compiled=compiled, compile_s=compile_s, tokens=x.shape[0] * x.shape[1])
+
+
+def _interleaved(case: str, setups: dict, repeats: int) -> list[dict]:
+  """One call of each variant in turn, `repeats` times, so that load from elsewhere on the
+  machine hits all alike; rows with the median time, relative to the first (dense) variant."""
+  times = {name: [] for name in setups}
+  for _ in range(repeats):
+    for name, setup in setups.items():
+      times[name].append(setup['run']())
+  rows = []
+  for name, setup in setups.items():
+    timed = dict(compiled=setup['compiled'], compile_s=setup['compile_s'],
+                 median_s=statistics.median(times[name]))
+    rows.append(dict(case=case, layer=name, **_costs(timed, setup['tokens'])))
+  for row in rows:
+    row.update(vs_dense_time=row['ms'] / rows[0]['ms'],
+               vs_dense_flops=row['gflops'] / rows[0]['gflops'])
+  return rows
 
 
 def run_case(experts: int, k: int, d_ff: int, d_model: int, tokens: int, repeats: int):
@@ -68,16 +94,12 @@ def run_case(experts: int, k: int, d_ff: int, d_model: int, tokens: int, repeats
   x = jax.random.normal(jax.random.key(0), (1, tokens, d_model), jnp.float32)
   dense = FFNS['swiglu'](d_model, k * d_ff, use_bias=False, init_std=0.02, out_std=0.02,
                          rngs=nnx.Rngs(0))
-  rows = [dict(layer=f'dense swiglu d_ff={k * d_ff}', **_measure(dense, x, repeats))]
+  setups = {f'dense swiglu d_ff={k * d_ff}': _setup_layer(dense, x)}
   for dispatch in ('capacity', 'dropless'):
     moe = MoE(d_model, num_experts=experts, top_k=k, expert_d_ff=d_ff, dispatch=dispatch,
               capacity_factor=1.25, rngs=nnx.Rngs(0))
-    rows.append(dict(layer=f'moe {dispatch}', **_measure(moe, x, repeats)))
-  base = rows[0]
-  for row in rows:
-    row.update(case=f'E={experts} top-{k} d_ff={d_ff}', vs_dense_time=row['ms'] / base['ms'],
-               vs_dense_flops=row['gflops'] / base['gflops'])
-  return rows
+    setups[f'moe {dispatch}'] = _setup_layer(moe, x)
+  return _interleaved(f'E={experts} top-{k} d_ff={d_ff}', setups, repeats)
 
 
 def _step_config(overrides: dict):
@@ -107,29 +129,15 @@ def _setup_step(config) -> dict:
 
 
 def step_cases(experts: int, k: int, d_ff: int, repeats: int, dropless: bool):
-  """Whole training steps: dense (d_ff = k·expert_d_ff) vs MoE capacity (vs dropless), one step
-  of each in turn so that load from elsewhere on the machine hits all alike."""
+  """Whole training steps: dense (d_ff = k·expert_d_ff) vs MoE capacity (vs dropless)."""
   variants = {f'dense swiglu d_ff={k * d_ff}': _step_config({'model.ffn.d_ff': k * d_ff})}
   for dispatch in ('capacity', 'dropless') if dropless else ('capacity',):
     variants[f'moe {dispatch}'] = _step_config({
         'model.ffn.kind': 'moe', 'model.moe.num_experts': experts, 'model.moe.top_k': k,
         'model.moe.expert_d_ff': d_ff, 'model.moe.dispatch': dispatch,
         'model.moe.capacity_factor': 1.25})
-  steps = {name: _setup_step(config) for name, config in variants.items()}
-  times = {name: [] for name in steps}
-  for _ in range(repeats):
-    for name, step in steps.items():
-      times[name].append(step['run']())
-  rows = []
-  for name, step in steps.items():
-    timed = dict(compiled=step['compiled'], compile_s=step['compile_s'],
-                 median_s=statistics.median(times[name]))
-    rows.append(dict(layer=name, **_costs(timed, step['tokens'])))
-  base = rows[0]
-  for row in rows:
-    row.update(case=f'E={experts} top-{k} d_ff={d_ff}', vs_dense_time=row['ms'] / base['ms'],
-               vs_dense_flops=row['gflops'] / base['gflops'])
-  return rows
+  setups = {name: _setup_step(config) for name, config in variants.items()}
+  return _interleaved(f'E={experts} top-{k} d_ff={d_ff}', setups, repeats)
 
 
 def _section(title: str, rows, console, lines) -> None:
