@@ -71,9 +71,10 @@ def _setup_layer(module, x) -> dict:
   return dict(run=run, compiled=compiled, compile_s=compile_s, tokens=x.shape[0] * x.shape[1])
 
 
-def _interleaved(case: str, setups: dict, repeats: int) -> list[dict]:
+def _interleaved(case: str, setups: dict, repeats: int, base: dict | None = None) -> list[dict]:
   """One call of each variant in turn, `repeats` times, so that load from elsewhere on the
-  machine hits all alike; rows with the median time, relative to the first (dense) variant."""
+  machine hits all alike; rows with the median time, relative to `base` (default: the first
+  row, the dense variant)."""
   times = {name: [] for name in setups}
   for _ in range(repeats):
     for name, setup in setups.items():
@@ -83,9 +84,9 @@ def _interleaved(case: str, setups: dict, repeats: int) -> list[dict]:
     timed = dict(compiled=setup['compiled'], compile_s=setup['compile_s'],
                  median_s=statistics.median(times[name]))
     rows.append(dict(case=case, layer=name, **_costs(timed, setup['tokens'])))
+  base = base or rows[0]
   for row in rows:
-    row.update(vs_dense_time=row['ms'] / rows[0]['ms'],
-               vs_dense_flops=row['gflops'] / rows[0]['gflops'])
+    row.update(vs_dense_time=row['ms'] / base['ms'], vs_dense_flops=row['gflops'] / base['gflops'])
   return rows
 
 
@@ -94,12 +95,15 @@ def run_case(experts: int, k: int, d_ff: int, d_model: int, tokens: int, repeats
   x = jax.random.normal(jax.random.key(0), (1, tokens, d_model), jnp.float32)
   dense = FFNS['swiglu'](d_model, k * d_ff, use_bias=False, init_std=0.02, out_std=0.02,
                          rngs=nnx.Rngs(0))
-  setups = {f'dense swiglu d_ff={k * d_ff}': _setup_layer(dense, x)}
-  for dispatch in ('capacity', 'dropless'):
-    moe = MoE(d_model, num_experts=experts, top_k=k, expert_d_ff=d_ff, dispatch=dispatch,
-              capacity_factor=1.25, rngs=nnx.Rngs(0))
-    setups[f'moe {dispatch}'] = _setup_layer(moe, x)
-  return _interleaved(f'E={experts} top-{k} d_ff={d_ff}', setups, repeats)
+  moe = {dispatch: MoE(d_model, num_experts=experts, top_k=k, expert_d_ff=d_ff,
+                       dispatch=dispatch, capacity_factor=1.25, rngs=nnx.Rngs(0))
+         for dispatch in ('capacity', 'dropless')}
+  case = f'E={experts} top-{k} d_ff={d_ff}'
+  rows = _interleaved(case, {f'dense swiglu d_ff={k * d_ff}': _setup_layer(dense, x),
+                             'moe capacity': _setup_layer(moe['capacity'], x)}, repeats)
+  # Dropless alone: its scratch (up to GBs on CPU) would slow the rows it alternated with.
+  return rows + _interleaved(case, {'moe dropless': _setup_layer(moe['dropless'], x)},
+                             max(3, repeats // 3), base=rows[0])
 
 
 def _step_config(overrides: dict):
@@ -145,8 +149,8 @@ def _section(title: str, rows, console, lines) -> None:
   for col in ('case', 'layer', 'ms', 'tokens/s', '× dense time', 'GFLOP', '× dense FLOPs',
               'scratch MB', 'compile s'):
     table.add_column(col, justify='left' if col in ('case', 'layer') else 'right')
-  lines += ['| case | variant | ms | tokens/s | × dense time | GFLOP | × dense FLOPs | scratch MB | '
-            'compile s |', '|---|---|---:|---:|---:|---:|---:|---:|---:|']
+  lines += ['| case | variant | ms | tokens/s | × dense time | GFLOP | × dense FLOPs | '
+            'scratch MB | compile s |', '|---|---|---:|---:|---:|---:|---:|---:|---:|']
   for row in rows:
     cells = [row['case'], row['layer'], f"{row['ms']:.1f}", f"{row['tok_s']:,.0f}",
              f"{row['vs_dense_time']:.2f}", f"{row['gflops']:.2f}",

@@ -1,5 +1,6 @@
 """MoE in the model and the training loop: config checks, layer placement, the objective and its
-global-batch balancing, the aux-loss-free bias, accounting, loss falling, exact resume with noise."""
+global-batch balancing, the aux-loss-free bias, accounting, loss falling, exact resume with
+noise."""
 from __future__ import annotations
 
 import math

@@ -11,14 +11,15 @@ Two ways to run the experts, equal when no token overflows (tested):
   token gets less (or nothing) from the layer and keeps its residual. Tokens are gathered into an
   [E, C, D] buffer: about the active FLOPs, and memory O(E·C·D), not a [T, E, C] mask.
 - `dropless` (MegaBlocks, Gale et al. 2023): the T·k assignments sorted by expert and run through
-  a grouped matmul, `jax.lax.ragged_dot` (or megablox's Pallas `gmm` on TPU). Nothing is dropped. On CPU XLA expands ragged_dot to a
-  dense masked product (about E× one expert's FLOPs; ../benchmarks/moe.py measures it).
+  a grouped matmul, `jax.lax.ragged_dot` (or megablox's Pallas `gmm` on TPU). Nothing is dropped.
+  On CPU XLA expands ragged_dot to a dense masked product (about E× one expert's FLOPs;
+  benchmarks/moe.py measures it).
 
 Balancing: the Switch loss and the router z-loss (the layer returns its routing statistics; the
-training step adds the losses with their coefficients, over the global batch), router noise in training (the lecture's mixture, or Shazeer's noisy top-k; drawn
-from the 'dropout' RNG stream, so a resumed run draws the same noise), and DeepSeek-V3's
-aux-loss-free bias (an `ExpertBias` variable that shifts the choice only; `update_expert_bias`
-is applied after each step).
+training step adds the losses with their coefficients, over the global batch), router noise in
+training (the lecture's mixture, or Shazeer's noisy top-k; drawn from the 'dropout' RNG stream, so
+a resumed run draws the same noise), and DeepSeek-V3's aux-loss-free bias (an `ExpertBias`
+variable that shifts the choice only; `update_expert_bias` is applied after each step).
 
 `model.ffn.kind='moe'` with the `model.moe.*` keys puts this layer in place of the FFN
 (`MoE.from_config`); experts and the model's dense layers are FFNs of `moe.expert_kind`.
@@ -129,8 +130,9 @@ def noisy_topk_logits(logits_TE: jax.Array, noise_logits_TE: jax.Array,
 
 def update_expert_bias(bias_E: jax.Array, tokens_per_expert_E: jax.Array,
                        rate: float) -> jax.Array:
-  """Aux-loss-free balancing (DeepSeek-V3, Wang et al. 2024): b_i ← b_i + γ·sign(mean load − load_i),
-  raising under-loaded experts and lowering over-loaded ones. Use the global batch's counts."""
+  """Aux-loss-free balancing (DeepSeek-V3; Wang et al. 2024):
+  b_i ← b_i + γ·sign(mean load − load_i), raising under-loaded experts and lowering over-loaded
+  ones (over the last axis, E). Use the global batch's counts."""
   load = tokens_per_expert_E.astype(jnp.float32)
   return bias_E + rate * jnp.sign(jnp.mean(load, axis=-1, keepdims=True) - load)
 
@@ -278,7 +280,8 @@ class MoE(nnx.Module):
   """
 
   def __init__(self, d_model: int, *, num_experts: int, top_k: int, expert_d_ff: int,
-               ffn_kind: str = 'swiglu', num_shared_experts: int = 0, shared_d_ff: int | None = None,
+               ffn_kind: str = 'swiglu', num_shared_experts: int = 0,
+               shared_d_ff: int | None = None,
                router: str = 'softmax', renormalize: bool = True, dispatch: str = 'capacity',
                capacity_factor: float = 1.25, grouped_matmul: str = 'ragged_dot',
                noise: str = 'none', noise_alpha: float = 0.1,
@@ -393,7 +396,7 @@ def uniform_assignment(n_tokens: int, k: int, num_experts: int) -> jax.Array:
 
 
 def resolve_dispatch(dispatch: str, backend: str | None = None) -> str:
-  """`auto` → capacity on CPU (where ragged_dot costs E× the FLOPs, benchmarks/results/moe-cpu.md),
+  """`auto` → capacity on CPU (ragged_dot costs E× the FLOPs there: benchmarks/results/moe-layer-*),
   dropless on accelerators."""
   if dispatch != 'auto':
     return dispatch
