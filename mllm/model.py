@@ -18,6 +18,7 @@ from flax import nnx
 from mllm.config import moe_layers
 from mllm.layers.attention import Attention, out_projection_std
 from mllm.layers.ffn import FFNS, hidden_dim
+from mllm.layers.kv_cache import KVCache, LayerCache, write_slots
 from mllm.layers.moe import MoE
 from mllm.layers.norms import make_norm
 from mllm.layers.positions import POSITIONS, PositionContext
@@ -36,8 +37,8 @@ def make_ffn(cfg, moe: bool, *, rngs: nnx.Rngs) -> nnx.Module:
 
 
 class Block(nnx.Module):
-  """One transformer layer: `block(x, context, mask) -> (x, MoE stats or None)`. Parameter names
-  do not depend on the norm placement."""
+  """One transformer layer: `block(x, context, mask, cache=None) -> (x, MoE stats or None, the
+  layer's updated (k, v) or None)`. Parameter names do not depend on the norm placement."""
 
   def __init__(self, cfg, *, moe: bool = False, rngs: nnx.Rngs):
     param_dtype = jnp.dtype(cfg.param_dtype)
@@ -52,14 +53,22 @@ class Block(nnx.Module):
   def _ffn(self, x_BTD):
     return self.ffn(x_BTD) if self.moe else (self.ffn(x_BTD), None)
 
-  def __call__(self, x_BTD, context: PositionContext, mask: AttentionMask):
+  def _attention(self, x_BTD, context, mask, cache):
+    if cache is None:
+      return self.attention(x_BTD, context, mask), None
+    return self.attention(x_BTD, context, mask, cache)
+
+  def __call__(self, x_BTD, context: PositionContext, mask: AttentionMask,
+               cache: LayerCache | None = None):
     if self.pre_norm:
-      x_BTD = x_BTD + self.dropout(self.attention(self.attention_norm(x_BTD), context, mask))
+      h_BTD, kv = self._attention(self.attention_norm(x_BTD), context, mask, cache)
+      x_BTD = x_BTD + self.dropout(h_BTD)
       y_BTD, stats = self._ffn(self.ffn_norm(x_BTD))
-      return x_BTD + self.dropout(y_BTD), stats
-    x_BTD = self.attention_norm(x_BTD + self.dropout(self.attention(x_BTD, context, mask)))
+      return x_BTD + self.dropout(y_BTD), stats, kv
+    h_BTD, kv = self._attention(x_BTD, context, mask, cache)
+    x_BTD = self.attention_norm(x_BTD + self.dropout(h_BTD))
     y_BTD, stats = self._ffn(x_BTD)
-    return self.ffn_norm(x_BTD + self.dropout(y_BTD)), stats
+    return self.ffn_norm(x_BTD + self.dropout(y_BTD)), stats, kv
 
 
 class Transformer(nnx.Module):
@@ -102,32 +111,55 @@ class Transformer(nnx.Module):
     self.remat = cfg.remat
 
   def __call__(self, tokens_BT: jax.Array, *, positions: jax.Array | None = None,
-               segment_ids: jax.Array | None = None, return_moe_stats: bool = False):
+               segment_ids: jax.Array | None = None, return_moe_stats: bool = False,
+               cache: KVCache | None = None):
     B, T = tokens_BT.shape
     if positions is None:
-      table = self.position.max_positions
-      if table is not None and T > table:
-        raise ValueError(f'sequence length {T} exceeds model.max_seq_len={table}, the '
-                         'size of the learned position table')
-      positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+      if cache is not None:  # each sequence continues after the latest position in its cache
+        start_B = jnp.max(cache.positions, axis=1) + 1
+        positions = start_B[:, None] + jnp.arange(T, dtype=jnp.int32)
+      else:
+        table = self.position.max_positions
+        if table is not None and T > table:
+          raise ValueError(f'sequence length {T} exceeds model.max_seq_len={table}, the '
+                           'size of the learned position table')
+        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     x_BTD = self.embed(tokens_BT)
-    x_BTD = self.embed_dropout(self.position.embed(x_BTD, positions))
-    context = self.position.context(positions, positions)
-    mask = AttentionMask(causal=True, window=self.window, q_segment_ids=segment_ids,
-                         kv_segment_ids=segment_ids)
-    if self.scan_layers:
-      x_BTD, stats = _scan_blocks(x_BTD, self.blocks, context, mask, self.remat)
+    # Padding in a cached pass has position −1: embedded at 0 (finite), never attended or cached.
+    x_BTD = self.embed_dropout(self.position.embed(x_BTD, jnp.maximum(positions, 0)))
+    if cache is None:
+      context = self.position.context(positions, positions)
+      mask = AttentionMask(causal=True, window=self.window, q_segment_ids=segment_ids,
+                           kv_segment_ids=segment_ids)
+      slots = None
     else:
-      per_layer = []
-      for block in self.blocks:
-        x_BTD, layer_stats = _call_block(block, x_BTD, context, mask, self.remat)
+      kv_positions = jnp.concatenate([cache.positions, positions], axis=1)
+      context = self.position.context(positions, kv_positions)
+      mask = AttentionMask(causal=True, window=self.window, q_positions=positions,
+                           kv_positions=kv_positions)
+      slots = write_slots(positions, cache.size)
+    if self.scan_layers:
+      x_BTD, stats, kv = _scan_blocks(x_BTD, self.blocks, context, mask, self.remat, cache, slots)
+    else:
+      per_layer, kv = [], []
+      for i, block in enumerate(self.blocks):
+        layer_cache = None if cache is None else LayerCache(cache.k[i], cache.v[i], slots)
+        x_BTD, layer_stats, layer_kv = _call_block(block, x_BTD, context, mask, self.remat,
+                                                   layer_cache)
         per_layer.append(layer_stats)
+        kv.append(layer_kv)
       per_layer = [s for s in per_layer if s is not None]
       stats = jax.tree.map(lambda *xs: jnp.stack(xs), *per_layer) if per_layer else {}
+      kv = jax.tree.map(lambda *xs: jnp.stack(xs), *kv) if cache is not None else None
     if self.final_norm is not None:
       x_BTD = self.final_norm(x_BTD)
     logits_BTV = self.embed.attend(x_BTD) if self.head is None else self.head(x_BTD)
     logits_BTV = logits_BTV.astype(jnp.float32)
+    if cache is not None:
+      rows = jnp.arange(B)[:, None]
+      new_cache = KVCache(k=kv[0], v=kv[1],
+                          positions=cache.positions.at[rows, slots].set(positions, mode='drop'))
+      return logits_BTV, new_cache
     return (logits_BTV, stats or {}) if return_moe_stats else logits_BTV
 
 
@@ -140,18 +172,24 @@ REMAT_POLICIES = {
 }
 
 
-def _call_block(block: Block, x_BTD, context, mask, remat: str):
-  if remat == 'none':
-    return block(x_BTD, context, mask)
+def _call_block(block: Block, x_BTD, context, mask, remat: str, cache=None):
+  if remat == 'none' or cache is not None:  # decoding keeps no activations for a backward pass
+    return block(x_BTD, context, mask, cache)
   return nnx.remat(lambda b, x: b(x, context, mask), policy=REMAT_POLICIES[remat])(block, x_BTD)
 
 
-def _scan_blocks(x_BTD, blocks: Block, context, mask, remat: str):
-  """(x, stats stacked over the layers): the per-layer MoE stats are the scan's output."""
-  @nnx.scan(in_axes=(nnx.Carry, 0, None, None), out_axes=(nnx.Carry, 0))
-  def body(x_BTD, block: Block, context, mask):
-    return _call_block(block, x_BTD, context, mask, remat)
-  return body(x_BTD, blocks, context, mask)
+def _scan_blocks(x_BTD, blocks: Block, context, mask, remat: str, cache=None, slots=None):
+  """(x, stats and updated (k, v) stacked over the layers): the per-layer outputs of the scan."""
+  if cache is None:
+    @nnx.scan(in_axes=(nnx.Carry, 0, None, None), out_axes=(nnx.Carry, 0, 0))
+    def body(x_BTD, block: Block, context, mask):
+      return _call_block(block, x_BTD, context, mask, remat)
+    return body(x_BTD, blocks, context, mask)
+
+  @nnx.scan(in_axes=(nnx.Carry, 0, 0, 0, None, None, None), out_axes=(nnx.Carry, 0, 0))
+  def cached_body(x_BTD, block: Block, k, v, slots, context, mask):
+    return _call_block(block, x_BTD, context, mask, remat, LayerCache(k, v, slots))
+  return cached_body(x_BTD, blocks, cache.k, cache.v, slots, context, mask)
 
 
 def build_model(config, *, rngs: nnx.Rngs) -> Transformer:

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mllm.layers import resolved_head_dim
+from mllm.layers.kv_cache import LayerCache
 from mllm.layers.norms import RMSNorm
 from mllm.layers.positions import POSITIONS, PositionContext
 from mllm.ops.attention import AttentionMask, attend
@@ -48,11 +49,16 @@ class Attention(nnx.Module):
     self.block_q, self.block_k = acfg.block_q, acfg.block_k
     self.scale = acfg.softmax_scale if acfg.softmax_scale is not None else h ** -0.5
 
-  def __call__(self, x_BTD: jax.Array, context: PositionContext, mask: AttentionMask) -> jax.Array:
+  def __call__(self, x_BTD: jax.Array, context: PositionContext, mask: AttentionMask,
+               cache: LayerCache | None = None):
+    """The attention output [B, T, D]; with a `cache`, (output, the layer's updated (k, v))."""
     q_BTNH, k_BTKH, v_BTKH = self.query(x_BTD), self.key(x_BTD), self.value(x_BTD)
     if self.query_norm is not None:
       q_BTNH, k_BTKH = self.query_norm(q_BTNH), self.key_norm(k_BTKH)
     q_BTNH, k_BTKH = context.rotate(q_BTNH), context.rotate(k_BTKH)
+    updated = None
+    if cache is not None:  # attend to [past ; new] keys, ordered by position (mask.kv_positions)
+      k_BTKH, v_BTKH, updated = cache.extend(k_BTKH, v_BTKH)
     bias, rel_values = context.bias, None
     if self.relative is not None:
       bias, rel_values = self.relative(q_BTNH, context, self.scale)
@@ -62,7 +68,8 @@ class Attention(nnx.Module):
     out_BTNH = attend(q_BTNH, k_BTKH, v_BTKH, mask=mask, bias=bias, rel_values=rel_values,
                       scale=self.scale, impl=self.impl, dropout_rate=self.dropout.rate,
                       dropout_rng=dropout_rng, block_q=self.block_q, block_k=self.block_k)
-    return self.out(out_BTNH)
+    out_BTD = self.out(out_BTNH)
+    return out_BTD if cache is None else (out_BTD, updated)
 
 
 def out_projection_std(cfg) -> float:

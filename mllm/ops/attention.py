@@ -40,12 +40,17 @@ class AttentionMask:
   keys, the query itself included; Mistral's sliding window). Segment ids: only equal ids attend.
   q_offset: index of query 0 in the key sequence; None means S − T, i.e. the queries are the last T
   keys (bottom-right alignment, as in chunked prefill and decoding).
+  q_positions / kv_positions (decoding with a KV cache): order by these per-sequence positions
+  instead of by index, and a key at a negative position is an empty cache slot (never attended).
+  Only the 'xla' implementation reads them.
   """
   causal: bool = struct.field(pytree_node=False, default=True)
   window: int | None = struct.field(pytree_node=False, default=None)
   q_segment_ids: jax.Array | None = None  # [B, T]
   kv_segment_ids: jax.Array | None = None  # [B, S]
   q_offset: jax.Array | int | None = None  # scalar or [B]
+  q_positions: jax.Array | None = None  # [B, T]
+  kv_positions: jax.Array | None = None  # [B, S]
 
   def offset(self, q_len: int, kv_len: int):
     """Key index of query 0: q_offset, or kv_len − q_len (bottom-right) when it is None."""
@@ -61,6 +66,11 @@ class AttentionMask:
 
   def allowed(self, q_len: int, kv_len: int) -> jax.Array:
     """Boolean [B or 1, 1, T, S]: True where query i may attend key j."""
+    if self.kv_positions is not None:
+      distance = self.q_positions[:, :, None] - self.kv_positions[:, None, :]  # [B, T, S]
+      ok = visible(distance, causal=self.causal, window=self.window)
+      ok &= (self.kv_positions >= 0)[:, None, :]
+      return ok[:, None]
     offset = self.offset(q_len, kv_len)
     q_idx = jnp.reshape(jnp.asarray(offset), (-1, 1)) + jnp.arange(q_len)  # [B|1, T]
     k_idx = jnp.arange(kv_len)
@@ -360,6 +370,10 @@ def attend(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: ScoreBias | Non
     raise ValueError(f'query heads ({n_heads}) must be a multiple of key/value heads ({n_kv})')
   if scale is None:
     scale = q_BTNH.shape[-1] ** -0.5
+  if mask.kv_positions is not None and impl != 'xla':
+    # A position-ordered mask (the KV cache's) needs per-key positions, which only the reference
+    # implementation reads; decode steps are small, so it is also the sensible choice there.
+    impl = 'xla'
   return ATTENTION_IMPLS[impl](q_BTNH, k_BSKH, v_BSKH, mask=mask, bias=bias, rel_values=rel_values,
                                scale=scale, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
                                block_q=block_q, block_k=block_k)

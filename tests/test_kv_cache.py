@@ -1,0 +1,139 @@
+"""Decoding with the KV cache equals recomputing the full forward pass: every position scheme ×
+(MHA, GQA, MQA) × (full, sliding window, far past the window's rolling buffer); prompts of
+different lengths in one batch; a prompt fed in chunks."""
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from conftest import tiny_config
+from mllm.layers.kv_cache import cache_size, init_cache, write_slots
+from mllm.layers.positions import POSITIONS
+from mllm.model import build_model
+
+WINDOW = 4
+PROMPT, STEPS = 5, 10  # 15 tokens: past 3 × WINDOW, so the rolling buffer wraps several times
+
+
+def make(pos: str, n_kv: int, window: int | None, **extra):
+  cfg = tiny_config(f'pos={pos}', model__n_heads=4, model__n_kv_heads=n_kv,
+                    model__attention__sliding_window=window, model__max_seq_len=32,
+                    model__attention__impl='xla', **extra)
+  model = build_model(cfg, rngs=nnx.Rngs(0))
+  model.eval()
+  graphdef, state = nnx.split(model)
+
+  @jax.jit
+  def forward(state, tokens, positions, cache):
+    return nnx.merge(graphdef, state)(tokens, positions=positions, cache=cache)
+
+  @jax.jit
+  def full(state, tokens):
+    return nnx.merge(graphdef, state)(tokens)
+  return cfg, (lambda *a: forward(state, *a)), (lambda t: full(state, t))
+
+
+def greedy(cfg, forward, prompt_BT, steps, max_len, chunk=None):
+  """Greedy tokens and the logits of every cached pass, prompt first (in chunks if asked)."""
+  batch = prompt_BT.shape[0]
+  cache = init_cache(cfg.model, batch, max_len)
+  chunk = chunk or prompt_BT.shape[1]
+  logits = []
+  for start in range(0, prompt_BT.shape[1], chunk):
+    out, cache = forward(prompt_BT[:, start:start + chunk], None, cache)
+    logits.append(out)
+  tokens = [prompt_BT]
+  for _ in range(steps):
+    nxt = jnp.argmax(logits[-1][:, -1], axis=-1)[:, None].astype(jnp.int32)
+    tokens.append(nxt)
+    out, cache = forward(nxt, None, cache)
+    logits.append(out)
+  return jnp.concatenate(tokens, axis=1), jnp.concatenate(logits, axis=1), cache
+
+
+CASES = list(itertools.product(sorted(POSITIONS), (4, 2, 1), (None, WINDOW)))
+
+
+@pytest.mark.parametrize('pos, n_kv, window', CASES)
+def test_cached_greedy_decoding_equals_the_full_forward(pos, n_kv, window):
+  cfg, forward, full = make(pos, n_kv, window)
+  prompt = jax.random.randint(jax.random.key(1), (2, PROMPT), 0, cfg.model.vocab_size)
+  tokens, cached_logits, cache = greedy(cfg, forward, prompt, STEPS, PROMPT + STEPS)
+  reference = full(tokens[:, :-1])  # position t's logits predict token t + 1
+  np.testing.assert_allclose(cached_logits[:, :PROMPT + STEPS - 1], reference, rtol=1e-5,
+                             atol=1e-5)
+  np.testing.assert_array_equal(tokens[:, PROMPT:], jnp.argmax(reference[:, PROMPT - 1:], -1))
+  # The rolling buffer holds W slots, the latest W positions; a full cache holds them all.
+  assert cache.size == (WINDOW if window else PROMPT + STEPS)
+  np.testing.assert_array_equal(np.sort(np.asarray(cache.positions), axis=1),
+                                np.tile(np.arange(PROMPT + STEPS - cache.size, PROMPT + STEPS),
+                                        (2, 1)))
+
+
+@pytest.mark.parametrize('window', [None, WINDOW])
+def test_a_batch_of_prompts_of_different_lengths_equals_one_at_a_time(window):
+  cfg, forward, _ = make('rope', 2, window)
+  lengths = [5, 2, 7]
+  rng = np.random.default_rng(0)
+  prompts = [rng.integers(0, cfg.model.vocab_size, n).astype(np.int32) for n in lengths]
+  width = max(lengths)
+  padded = np.zeros((3, width), np.int32)
+  positions = np.full((3, width), -1, np.int32)  # −1: padding, neither attended nor cached
+  for b, p in enumerate(prompts):
+    padded[b, :len(p)] = p
+    positions[b, :len(p)] = np.arange(len(p))
+  cache = init_cache(cfg.model, 3, width + STEPS)
+  logits, cache = forward(jnp.asarray(padded), jnp.asarray(positions), cache)
+  last = jnp.asarray([logits[b, n - 1] for b, n in enumerate(lengths)])
+  batched = []
+  for _ in range(STEPS):
+    nxt = jnp.argmax(last, axis=-1)[:, None].astype(jnp.int32)
+    batched.append(nxt[:, 0])
+    out, cache = forward(nxt, None, cache)
+    last = out[:, -1]
+  batched = np.stack(batched, axis=1)
+  for b, p in enumerate(prompts):
+    alone, _, _ = greedy(cfg, forward, jnp.asarray(p)[None], STEPS, width + STEPS)
+    np.testing.assert_array_equal(batched[b], np.asarray(alone[0, len(p):]), err_msg=str(b))
+
+
+@pytest.mark.parametrize('pos, window', [('rope', None), ('rope', WINDOW), ('alibi', WINDOW),
+                                         ('t5', None), ('shaw', WINDOW), ('learned', None)])
+def test_chunked_prefill_equals_one_shot(pos, window):
+  cfg, forward, _ = make(pos, 2, window)
+  prompt = jax.random.randint(jax.random.key(2), (2, 11), 0, cfg.model.vocab_size)
+  one = greedy(cfg, forward, prompt, 4, 15)
+  for chunk in (1, 3, 5):  # 5 > WINDOW: a chunk longer than the rolling buffer
+    chunked = greedy(cfg, forward, prompt, 4, 15, chunk=chunk)
+    np.testing.assert_array_equal(chunked[0], one[0])
+    np.testing.assert_allclose(chunked[1], one[1], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(chunked[2].positions, one[2].positions)
+
+
+def test_cache_shapes_and_write_slots():
+  cfg = tiny_config(model__n_heads=4, model__n_kv_heads=1)
+  cache = init_cache(cfg.model, 3, 20)
+  assert cache.k.shape == (2, 3, 20, 1, 4) and cache.positions.shape == (3, 20)
+  gqa = init_cache(tiny_config(model__n_heads=4, model__n_kv_heads=2).model, 3, 20)
+  assert gqa.k.nbytes == 2 * cache.k.nbytes  # MQA holds half of GQA-2's keys
+  assert cache_size(tiny_config(model__attention__sliding_window=6).model, 20) == 6
+  # A chunk of 7 tokens into a 4-slot buffer: only the last 4 are written; padding never.
+  slots = write_slots(jnp.asarray([[0, 1, 2, 3, 4, 5, 6], [3, 4, -1, -1, -1, -1, -1]]), 4)
+  np.testing.assert_array_equal(slots, [[4, 4, 4, 3, 0, 1, 2], [3, 0, 4, 4, 4, 4, 4]])
+
+
+@pytest.mark.parametrize('extra', [
+    dict(model__scan_layers=True),  # the cache is scanned with the stacked layers
+    dict(model__ffn__kind='moe', model__moe__num_experts=4, model__moe__capacity_factor=4.0),
+    dict(model__attention__qk_norm=True, model__norm__placement='post'),
+], ids=['scan', 'moe', 'qk_norm-post_ln'])
+def test_cached_decoding_with_scan_moe_and_qk_norm(extra):
+  cfg, forward, full = make('rope', 2, WINDOW, **extra)
+  prompt = jax.random.randint(jax.random.key(3), (2, PROMPT), 0, cfg.model.vocab_size)
+  tokens, cached_logits, _ = greedy(cfg, forward, prompt, STEPS, PROMPT + STEPS)
+  np.testing.assert_allclose(cached_logits[:, :-1], full(tokens[:, :-1]), rtol=1e-5, atol=1e-5)
