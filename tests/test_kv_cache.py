@@ -137,3 +137,46 @@ def test_cached_decoding_with_scan_moe_and_qk_norm(extra):
   prompt = jax.random.randint(jax.random.key(3), (2, PROMPT), 0, cfg.model.vocab_size)
   tokens, cached_logits, _ = greedy(cfg, forward, prompt, STEPS, PROMPT + STEPS)
   np.testing.assert_allclose(cached_logits[:, :-1], full(tokens[:, :-1]), rtol=1e-5, atol=1e-5)
+
+
+# --- generate_tokens: prefill + one jitted decode loop, and sampling ---------------------------
+
+def test_generate_greedy_equals_step_by_step_decoding_and_stops_at_eos():
+  from mllm.generate import generate_tokens
+  cfg, forward, _ = make('rope', 2, WINDOW)
+  model = build_model(cfg, rngs=nnx.Rngs(0))
+  model.eval()
+  rng = np.random.default_rng(5)
+  prompts = [rng.integers(0, 32, n).tolist() for n in (5, 2, 9)]
+  out = generate_tokens(model, prompts, max_new_tokens=STEPS, prefill_chunk=4)
+  for b, p in enumerate(prompts):
+    alone, _, _ = greedy(cfg, forward, jnp.asarray(p, jnp.int32)[None], STEPS, 9 + STEPS)
+    assert out[b] == np.asarray(alone[0, len(p):]).tolist(), b
+  eos = out[0][3]  # a token the first sequence produces; each stops at its first, if any
+  stopped = generate_tokens(model, prompts, max_new_tokens=STEPS, eos_id=eos)
+  for b in range(3):
+    cut = out[b].index(eos) + 1 if eos in out[b] else STEPS
+    assert stopped[b] == out[b][:cut]
+  assert len(stopped[0]) <= 4 < STEPS
+
+
+def test_sampling_is_seeded_and_top_k_top_p_keep_only_allowed_tokens():
+  from mllm.generate import sample
+  logits = jax.random.normal(jax.random.key(0), (64, 50)) * 3
+  probs = np.asarray(jax.nn.softmax(logits, -1))
+  key = jax.random.key(7)
+  a = sample(logits, key, temperature=1.0, top_k=5)
+  np.testing.assert_array_equal(a, sample(logits, key, temperature=1.0, top_k=5))
+  top5 = np.argsort(-np.asarray(logits), -1)[:, :5]
+  for trial in range(20):
+    got = np.asarray(sample(logits, jax.random.key(trial), temperature=1.0, top_k=5))
+    assert all(got[i] in top5[i] for i in range(64))
+    nucleus = np.asarray(sample(logits, jax.random.key(trial), temperature=0.7, top_p=0.6))
+    for i in range(64):
+      order = np.argsort(-probs[i])
+      mass_before = np.cumsum(probs[i][order]) - probs[i][order]
+      allowed = set(order[mass_before < 0.6])  # the smallest set reaching 0.6 (T only sharpens)
+      assert nucleus[i] in allowed or probs[i][nucleus[i]] >= min(probs[i][list(allowed)])
+  greedy_tokens = np.argmax(np.asarray(logits), -1)
+  np.testing.assert_array_equal(sample(logits, key, temperature=0.0), greedy_tokens)
+  np.testing.assert_array_equal(sample(logits, key, temperature=1.0, top_k=1), greedy_tokens)
