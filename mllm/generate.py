@@ -75,7 +75,7 @@ def generate_tokens(model: nnx.Module, prompts: list[list[int]], *, max_new_toke
     picked = logits[jnp.arange(len(prompts)), jnp.asarray(np.clip(ends, 0, chunk - 1))]
     last_logits = picked if last_logits is None else jnp.where(inside[:, None], picked,
                                                                last_logits)
-  out, count = _decode(graphdef, state, cache, last_logits, jnp.asarray(lengths, jnp.int32),
+  out, count, _ = _decode(graphdef, state, cache, last_logits, jnp.asarray(lengths, jnp.int32),
                        jax.random.key(seed), max_new_tokens=max_new_tokens,
                        eos_id=-1 if eos_id is None else eos_id, temperature=temperature,
                        top_k=top_k, top_p=top_p)
@@ -106,7 +106,9 @@ def _prefill(graphdef, state, tokens_BT, positions_BT, cache: KVCache):
                    static_argnames=('max_new_tokens', 'eos_id', 'temperature', 'top_k', 'top_p'))
 def _decode(graphdef, state, cache: KVCache, logits_BV, next_pos_B, key, *, max_new_tokens: int,
             eos_id: int, temperature: float, top_k: int, top_p: float):
-  """(tokens [B, max_new_tokens], how many each sequence produced) in one while_loop."""
+  """(tokens [B, max_new_tokens], how many each sequence produced, the final cache) in one
+  while_loop. The cache is returned so that the donated input buffers hold it: one cache in
+  memory, updated in place."""
   model = nnx.merge(graphdef, state)
   batch = logits_BV.shape[0]
 
@@ -128,5 +130,5 @@ def _decode(graphdef, state, cache: KVCache, logits_BV, next_pos_B, key, *, max_
   carry = (jnp.zeros((), jnp.int32), cache, logits_BV,
            jnp.zeros((batch, max_new_tokens), jnp.int32), jnp.zeros((batch,), bool),
            jnp.zeros((batch,), jnp.int32))
-  _, _, _, out, _, count = jax.lax.while_loop(cond, body, carry)
-  return out, count
+  _, cache, _, out, _, count = jax.lax.while_loop(cond, body, carry)
+  return out, count, cache
