@@ -3,6 +3,7 @@
     python launch.py --config=configs/rope_swiglu.py                  # train (resumes its workdir)
     python launch.py --config=configs/rope_swiglu.py --mode=eval      # evaluate its latest checkpoint
     python launch.py --config=configs/rope_swiglu.py --mode=summary   # tables, counts, one forward
+    python launch.py --mode=generate --workdir=runs/rope_swiglu --prompt="def fib(n):"
     python launch.py --config=configs/base.py:pos=alibi,ffn=geglu --config.model.n_layers=2
 
 Bad configs, overrides, flags, paths and data print one line naming the key or path, the value and
@@ -59,8 +60,36 @@ def _workdir(spec: str) -> str:
   return os.path.join('runs', name)
 
 
-# The generate issue adds its mode here.
-MODES = {'train': _train, 'eval': _eval, 'summary': _summary}
+def _generate(config, spec: str) -> None:
+  from mllm.generate import generate, load_run
+  workdir = _workdir(spec)
+  prompts = [_PROMPT.value] if _PROMPT.value is not None else []
+  if _PROMPT_FILE.value:
+    try:
+      with open(_PROMPT_FILE.value, encoding='utf-8') as f:
+        prompts += [line.rstrip('\n') for line in f if line.strip()]
+    except (OSError, UnicodeDecodeError) as err:
+      raise ConfigError('--prompt_file', _PROMPT_FILE.value, f'cannot be read ({err}); allowed: '
+                        'a UTF-8 text file with one prompt per line') from None
+  if not prompts:
+    raise ConfigError('--prompt', None, 'no prompt given; allowed: --prompt=TEXT or '
+                      '--prompt_file=FILE with one prompt per line')
+  model, tokenizer, step, _ = load_run(workdir, config)
+  timings = {}
+  texts = generate(model, tokenizer, prompts, max_new_tokens=_MAX_NEW_TOKENS.value,
+                   temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
+                   seed=_SEED.value, timings=timings)
+  for prompt, text in zip(prompts, texts):
+    print(f'{prompt}{text}', flush=True)
+    if len(prompts) > 1:
+      print('─' * 40)
+  print(f"{workdir} step {step}: prefill {timings['prompt_tokens']:,} tokens in "
+        f"{timings['prefill_s']:.2f} s, decode {timings['new_tokens']:,} tokens in "
+        f"{timings['decode_s']:.2f} s ({timings['new_tokens'] / timings['decode_s']:,.0f} tok/s, "
+        'compile included)', file=sys.stderr)
+
+
+MODES = {'train': _train, 'eval': _eval, 'summary': _summary, 'generate': _generate}
 
 
 def _fail(message: str) -> None:
@@ -159,4 +188,16 @@ if __name__ == '__main__':
   _STOP_AFTER = flags.DEFINE_integer('stop_after', None, 'Train up to this step, save and exit '
                                      '(for chunked jobs); the schedule still ends at train.steps.',
                                      lower_bound=1)
+  _PROMPT = flags.DEFINE_string('prompt', None, '--mode=generate: the text to continue.')
+  _PROMPT_FILE = flags.DEFINE_string('prompt_file', None, '--mode=generate: a file of prompts, '
+                                     'one per line (a batch).')
+  _MAX_NEW_TOKENS = flags.DEFINE_integer('max_new_tokens', 100, '--mode=generate: tokens to add '
+                                         'per prompt (fewer if it ends with EOS).')
+  _TEMPERATURE = flags.DEFINE_float('temperature', 0.0, '--mode=generate: 0 is greedy.',
+                                    lower_bound=0.0)
+  _TOP_K = flags.DEFINE_integer('top_k', 0, '--mode=generate: sample from the k likeliest tokens '
+                                '(0: all).', lower_bound=0)
+  _TOP_P = flags.DEFINE_float('top_p', 1.0, '--mode=generate: nucleus sampling mass (1: all).',
+                              lower_bound=0.0, upper_bound=1.0)
+  _SEED = flags.DEFINE_integer('seed', 0, '--mode=generate: sampling seed.')
   app.run(main, flags_parser=_parse_flags)
