@@ -24,6 +24,9 @@ install: $(STAMP)
 
 train: $(STAMP)
 	$(VENV)/bin/python launch.py --config=$(CONFIG) $(ARGS)
+	@echo "--- a sample from the trained model (python launch.py --mode=generate ...):"
+	$(VENV)/bin/python launch.py --config=$(CONFIG) --mode=generate --prompt='def ' \
+		--max_new_tokens=80 --temperature=0.8 --top_k=40 $(ARGS)
 
 summary: $(STAMP)
 	$(VENV)/bin/python launch.py --config=$(CONFIG) --mode=summary $(ARGS)
