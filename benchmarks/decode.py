@@ -1,0 +1,168 @@
+"""Decoding costs: the KV cache against recomputation, cache bytes per attention variant, and the
+jitted decode loop's tokens/s.
+
+    python -m benchmarks.decode            # results/decode-<backend>.md
+    python -m benchmarks.decode --repeats=9
+
+Protocol: configs/rope_swiglu.py weights (random init, float32), greedy, EOS ignored, compile and
+warm-up excluded, median of `--repeats` runs, prefill reported apart from decode.
+(1) One new token's latency at a growing context: a cached step (q_len 1 against the cache)
+    against recomputing the whole forward pass, batch 1 and 8; and the cache's bytes with a full
+    cache against a sliding-window rolling buffer (W = 64), which stays flat.
+(2) KV-cache bytes for MHA, GQA and MQA at the same d_model against 2·layers·n_kv·d_head·len·
+    batch·bytes (the positions, 4 bytes a slot, are counted apart).
+(3) End to end: `generate_tokens` (chunked prefill, then one jitted while_loop) tokens/s.
+The comparison with transformers' `generate()` (issue 11) is not here yet.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from rich.console import Console
+from rich.table import Table
+
+import mllm
+from benchmarks.machine import cpu_model
+from mllm.generate import generate_tokens
+from mllm.layers.kv_cache import init_cache
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load(**overrides):
+  spec = os.path.join(ROOT, 'configs', 'rope_swiglu.py')
+  config = mllm.load_config(spec, {'model.max_seq_len': 2048, **overrides})
+  model = mllm.build_model(config, rngs=nnx.Rngs(0))
+  model.eval()
+  return config, model
+
+
+def _median_s(fn, repeats: int) -> float:
+  fn()  # warm-up (compiles)
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def per_token_latency(config, model, batch: int, contexts, repeats: int):
+  """Rows: context, cached step ms, recompute ms."""
+  graphdef, state = nnx.split(model)
+  step = jax.jit(lambda s, t, c: nnx.merge(graphdef, s)(t, cache=c), donate_argnums=2)
+  full = jax.jit(lambda s, t: nnx.merge(graphdef, s)(t))
+  rows = []
+  for context in contexts:
+    tokens = jax.random.randint(jax.random.key(0), (batch, context), 0, config.model.vocab_size)
+    cache = init_cache(config.model, batch, context + repeats + 2)
+    _, cache = step(state, tokens, cache)  # prefill the context
+    box = [cache]
+    token = tokens[:, -1:]
+
+    def cached():
+      logits, box[0] = step(state, token, box[0])
+      jax.block_until_ready(logits)
+    cached_s = _median_s(cached, repeats)
+    whole = jnp.concatenate([tokens, token], axis=1)
+    recompute_s = _median_s(lambda: jax.block_until_ready(full(state, whole)), repeats)
+    rows.append((context, cached_s * 1e3, recompute_s * 1e3))
+  return rows
+
+
+def kv_bytes_table(lengths, batch: int):
+  """Rows: variant, n_kv, length, measured bytes of k and v, formula bytes."""
+  rows = []
+  for name, n_kv in (('MHA', 8), ('GQA 8:2', 2), ('MQA', 1)):
+    config, _ = load(**{'model.n_kv_heads': n_kv})
+    m = config.model
+    head_dim = m.d_model // m.n_heads
+    for length in lengths:
+      cache = init_cache(m, batch, length)
+      formula = 2 * m.n_layers * n_kv * head_dim * length * batch * 4
+      rows.append((name, n_kv, length, cache.k.nbytes + cache.v.nbytes, formula))
+  return rows
+
+
+def end_to_end(config, model, batch: int, prompt_len: int, new_tokens: int, repeats: int):
+  prompts = [list(range(1, prompt_len + 1))] * batch
+  timings = {}
+  generate_tokens(model, prompts, max_new_tokens=new_tokens)  # compiles
+  prefill, decode = [], []
+  for _ in range(repeats):
+    generate_tokens(model, prompts, max_new_tokens=new_tokens, timings=timings)
+    prefill.append(timings['prefill_s'])
+    decode.append(timings['decode_s'])
+  return statistics.median(prefill), statistics.median(decode)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--repeats', type=int, default=5)
+  parser.add_argument('--out', default=None)
+  args = parser.parse_args()
+  console = Console()
+  device = jax.devices()[0]
+  backend = jax.default_backend()
+  machine = (f'{device.device_kind} ({backend}; {cpu_model()}, {os.cpu_count()} cores), '
+             f'jax {jax.__version__}, Python {platform.python_version()}, '
+             f'{datetime.date.today().isoformat()}')
+  config, model = load()
+  n_params = mllm.count_params(model).total
+  lines = [f'# Decoding ({backend})', '', f'Machine: {machine}.', '',
+           f'Model: configs/rope_swiglu.py ({n_params:,} parameters, d_model '
+           f'{config.model.d_model}, {config.model.n_layers} layers, 8 query / 2 KV heads), '
+           f'float32, greedy, median of {args.repeats} after a warm-up. '
+           '`python -m benchmarks.decode` regenerates this file.', '']
+
+  lines += ['## (1) One new token at a growing context: cached step vs recomputing the forward', '',
+            '| batch | context | cached ms | recompute ms | recompute / cached |',
+            '|---:|---:|---:|---:|---:|']
+  table = Table(title='(1) per-token latency')
+  for col in ('batch', 'context', 'cached ms', 'recompute ms', 'ratio'):
+    table.add_column(col, justify='right')
+  for batch in (1, 8):
+    for context, cached_ms, recompute_ms in per_token_latency(
+        config, model, batch, (32, 128, 512, 1024), args.repeats):
+      cells = [str(batch), str(context), f'{cached_ms:.2f}', f'{recompute_ms:.2f}',
+               f'{recompute_ms / cached_ms:.1f}']
+      table.add_row(*cells)
+      lines.append('| ' + ' | '.join(cells) + ' |')
+  console.print(table)
+  windowed, _ = load(**{'model.attention.sliding_window': 64})
+  lines += ['', 'Cache bytes (k, v and positions), batch 1: a full cache grows with the context; '
+            'the sliding-window (W = 64) rolling buffer stays at 64 slots.', '',
+            '| context | full cache bytes | window-64 buffer bytes |', '|---:|---:|---:|']
+  for context in (64, 256, 1024, 2048):
+    lines.append(f'| {context} | {init_cache(config.model, 1, context).nbytes:,} | '
+                 f'{init_cache(windowed.model, 1, context).nbytes:,} |')
+
+  lines += ['', '## (2) KV-cache bytes per attention variant (batch 8, float32)', '',
+            '| variant | n_kv_heads | length | k + v bytes | 2·L·n_kv·d_head·len·B·4 |',
+            '|---|---:|---:|---:|---:|']
+  for name, n_kv, length, measured, formula in kv_bytes_table((256, 2048), 8):
+    lines.append(f'| {name} | {n_kv} | {length} | {measured:,} | {formula:,} |')
+
+  lines += ['', '## (3) generate_tokens end to end (prompt 16 tokens, 128 new, EOS ignored)', '',
+            '| batch | prefill ms | decode s | decode tokens/s |', '|---:|---:|---:|---:|']
+  for batch in (1, 8):
+    prefill_s, decode_s = end_to_end(config, model, batch, 16, 128, args.repeats)
+    lines.append(f'| {batch} | {prefill_s * 1e3:.1f} | {decode_s:.3f} | '
+                 f'{batch * 128 / decode_s:,.0f} |')
+  out = args.out or os.path.join(ROOT, 'benchmarks', 'results', f'decode-{backend}.md')
+  with open(out, 'w') as f:
+    f.write('\n'.join(lines) + '\n')
+  console.print('\n'.join(lines[-12:]))
+  console.print(f'wrote {out}')
+
+
+if __name__ == '__main__':
+  main()
