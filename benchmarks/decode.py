@@ -17,9 +17,7 @@ The comparison with transformers' `generate()` (issue 11) is not here yet.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
 import statistics
 import time
 
@@ -30,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 import mllm
-from benchmarks.machine import cpu_model
+from benchmarks.machine import describe
 from mllm.generate import generate_tokens
 from mllm.layers.kv_cache import init_cache
 
@@ -110,11 +108,8 @@ def main() -> None:
   parser.add_argument('--out', default=None)
   args = parser.parse_args()
   console = Console()
-  device = jax.devices()[0]
   backend = jax.default_backend()
-  machine = (f'{device.device_kind} ({backend}; {cpu_model()}, {os.cpu_count()} cores), '
-             f'jax {jax.__version__}, Python {platform.python_version()}, '
-             f'{datetime.date.today().isoformat()}')
+  machine = describe()
   config, model = load()
   n_params = mllm.count_params(model).total
   lines = [f'# Decoding ({backend})', '', f'Machine: {machine}.', '',

@@ -17,9 +17,7 @@ dropless compiles to E× the active FLOPs there, which `moe.dispatch=auto` avoid
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
 import statistics
 import time
 
@@ -29,7 +27,7 @@ from flax import nnx
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.machine import cpu_model
+from benchmarks.machine import describe
 from mllm.layers.ffn import FFNS
 from mllm.layers.moe import MoE, load_balancing_loss
 
@@ -169,11 +167,8 @@ def main() -> None:
   parser.add_argument('--out_dir', default=os.path.join(ROOT, 'benchmarks', 'results'))
   args = parser.parse_args()
   console = Console()
-  device = jax.devices()[0]
   backend = jax.default_backend()
-  machine = (f'{device.device_kind} ({backend}; {cpu_model()}, {os.cpu_count()} cores), '
-             f'jax {jax.__version__}, Python {platform.python_version()}, '
-             f'{datetime.date.today().isoformat()}')
+  machine = describe()
   header = [f'Machine: {machine}.', '',
             f'Median of {args.repeats} after a warm-up; capacity factor 1.25; FLOPs and scratch '
             'memory as XLA compiled them. `python -m benchmarks.moe --part=PART` regenerates '
