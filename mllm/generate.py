@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from mllm.layers.kv_cache import KVCache
+from mllm.layers.kv_cache import KVCache, empty_cache, slots_for
 
 
 def sample(logits_BV: jax.Array, key: jax.Array, *, temperature: float = 0.0, top_k: int = 0,
@@ -93,16 +93,11 @@ def generate_tokens(model: nnx.Module, prompts: list[list[int]], *, max_new_toke
 
 def empty_cache_for(model, batch: int, max_len: int) -> KVCache:
   """An empty cache shaped for `model` (layers, KV heads, head size, window, compute dtype)."""
-  blocks = model.blocks
-  kernel = (blocks.attention.key if model.scan_layers else blocks[0].attention.key).kernel
-  layers = kernel.shape[0] if model.scan_layers else len(blocks)
-  _, kv_heads, head_dim = kernel.shape[-3:]
-  size = min(max_len, model.window) if model.window else max_len
-  shape = (layers, batch, size, kv_heads, head_dim)
-  dtype = blocks[0].attention.key.dtype if not model.scan_layers else blocks.attention.key.dtype
-  dtype = dtype or kernel.dtype
-  return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
-                 positions=jnp.full((batch, size), -1, jnp.int32))
+  key = (model.blocks.attention if model.scan_layers else model.blocks[0].attention).key
+  layers = key.kernel.shape[0] if model.scan_layers else len(model.blocks)
+  _, kv_heads, head_dim = key.kernel.shape[-3:]
+  return empty_cache(layers, batch, slots_for(model.window, max_len), kv_heads, head_dim,
+                     key.dtype or key.kernel.dtype)
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=4)

@@ -18,7 +18,7 @@ from flax import nnx
 from mllm.config import moe_layers
 from mllm.layers.attention import Attention, out_projection_std
 from mllm.layers.ffn import FFNS, hidden_dim
-from mllm.layers.kv_cache import KVCache, LayerCache, write_slots
+from mllm.layers.kv_cache import KVCache, LayerCache, scatter, write_slots
 from mllm.layers.moe import MoE
 from mllm.layers.norms import make_norm
 from mllm.layers.positions import POSITIONS, PositionContext
@@ -30,10 +30,15 @@ def make_ffn(cfg, moe: bool, *, rngs: nnx.Rngs) -> nnx.Module:
   layers of an MoE model)."""
   if moe:
     return MoE.from_config(cfg, out_std=out_projection_std(cfg), rngs=rngs)
-  kind = cfg.moe.expert_kind if cfg.ffn.kind == 'moe' else cfg.ffn.kind
+  kind = dense_ffn_kind(cfg)
   return FFNS[kind](cfg.d_model, hidden_dim(cfg.ffn, cfg.d_model, kind), use_bias=cfg.ffn.use_bias,
                     init_std=cfg.init_std, out_std=out_projection_std(cfg),
                     dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype), rngs=rngs)
+
+
+def dense_ffn_kind(cfg) -> str:
+  """The FFN kind of the dense layers: `ffn.kind`, or `moe.expert_kind` in an MoE model."""
+  return cfg.moe.expert_kind if cfg.ffn.kind == 'moe' else cfg.ffn.kind
 
 
 class Block(nnx.Module):
@@ -156,9 +161,7 @@ class Transformer(nnx.Module):
     logits_BTV = self.embed.attend(x_BTD) if self.head is None else self.head(x_BTD)
     logits_BTV = logits_BTV.astype(jnp.float32)
     if cache is not None:
-      rows = jnp.arange(B)[:, None]
-      new_cache = KVCache(k=kv[0], v=kv[1],
-                          positions=cache.positions.at[rows, slots].set(positions, mode='drop'))
+      new_cache = KVCache(k=kv[0], v=kv[1], positions=scatter(cache.positions, positions, slots))
       return logits_BTV, new_cache
     return (logits_BTV, stats or {}) if return_moe_stats else logits_BTV
 

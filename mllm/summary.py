@@ -15,8 +15,8 @@ from mllm.accounting import count_params, training_flops_per_token
 from mllm.config import config_diff, moe_layers
 from mllm.layers import resolved_head_dim
 from mllm.layers.ffn import hidden_dim
-from mllm.layers.moe import resolve_dispatch
-from mllm.model import build_model
+from mllm.layers.moe import expert_hidden_dim, resolve_dispatch
+from mllm.model import build_model, dense_ffn_kind
 
 
 def _attention_kind(m) -> str:
@@ -51,7 +51,7 @@ def _position_kind(m) -> str:
 
 def _moe_kind(m) -> str:
   moe = m.moe
-  d_ff = moe.expert_d_ff or hidden_dim(m.ffn, m.d_model, moe.expert_kind)
+  d_ff = expert_hidden_dim(m)
   text = (f'moe {moe.num_experts}×{moe.expert_kind} top-{moe.top_k} d_ff={d_ff} '
           f'{resolve_dispatch(moe.dispatch)}')
   if moe.num_shared_experts:
@@ -73,7 +73,7 @@ def layer_table(config, model) -> Table:
   table.add_row('embed', '', '', '', '', f"{_module_params(params['embed']):,}")
   if 'position' in params:
     table.add_row('position', '', _position_kind(m), '', '', f"{_module_params(params['position']):,}")
-  dense_kind = m.moe.expert_kind if m.ffn.kind == 'moe' else m.ffn.kind
+  dense_kind = dense_ffn_kind(m)
   dense_ffn = f'{dense_kind} d_ff={hidden_dim(m.ffn, m.d_model, dense_kind)}'
   moe_ffn = _moe_kind(m) if m.ffn.kind == 'moe' else ''
   sparse = set(moe_layers(m))

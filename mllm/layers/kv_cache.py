@@ -43,18 +43,28 @@ class KVCache:
     return self.k.nbytes + self.v.nbytes + self.positions.nbytes
 
 
-def cache_size(cfg, max_len: int) -> int:
+def slots_for(window: int | None, max_len: int) -> int:
   """Slots per sequence for sequences of up to max_len tokens: max_len, or the window if smaller."""
-  window = cfg.attention.sliding_window
   return min(max_len, window) if window else max_len
+
+
+def cache_size(cfg, max_len: int) -> int:
+  """`slots_for` the model config `cfg`."""
+  return slots_for(cfg.attention.sliding_window, max_len)
+
+
+def empty_cache(layers: int, batch: int, size: int, kv_heads: int, head_dim: int,
+                dtype) -> KVCache:
+  """A cache of `size` empty slots per sequence."""
+  shape = (layers, batch, size, kv_heads, head_dim)
+  return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+                 positions=jnp.full((batch, size), -1, jnp.int32))
 
 
 def init_cache(cfg, batch: int, max_len: int) -> KVCache:
   """An empty cache for `batch` sequences of up to `max_len` tokens (the model config `cfg`)."""
-  shape = (cfg.n_layers, batch, cache_size(cfg, max_len), cfg.n_kv_heads, resolved_head_dim(cfg))
-  dtype = jnp.dtype(cfg.dtype)
-  return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
-                 positions=jnp.full(shape[1:3], -1, jnp.int32))
+  return empty_cache(cfg.n_layers, batch, cache_size(cfg, max_len), cfg.n_kv_heads,
+                     resolved_head_dim(cfg), jnp.dtype(cfg.dtype))
 
 
 def write_slots(positions_BT: jax.Array, size: int) -> jax.Array:

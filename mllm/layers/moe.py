@@ -322,9 +322,8 @@ class MoE(nnx.Module):
   def from_config(cls, cfg, *, out_std: float, rngs: nnx.Rngs) -> 'MoE':
     """The layer `model.moe` describes (cfg: the model config)."""
     moe = cfg.moe
-    expert_d_ff = moe.expert_d_ff or hidden_dim(cfg.ffn, cfg.d_model, kind=moe.expert_kind)
     return cls(cfg.d_model, num_experts=moe.num_experts, top_k=moe.top_k,
-               expert_d_ff=expert_d_ff, ffn_kind=moe.expert_kind,
+               expert_d_ff=expert_hidden_dim(cfg), ffn_kind=moe.expert_kind,
                num_shared_experts=moe.num_shared_experts, shared_d_ff=moe.shared_d_ff,
                router=moe.router, renormalize=moe.renormalize,
                dispatch=resolve_dispatch(moe.dispatch), capacity_factor=moe.capacity_factor,
@@ -385,6 +384,11 @@ class MoE(nnx.Module):
         'drop_rate': drop_rate,
     }
     return y_TD.reshape(batch, length, d_model).astype(x_BTD.dtype), stats
+
+
+def expert_hidden_dim(cfg) -> int:
+  """Each routed expert's hidden size: `moe.expert_d_ff`, else the dense FFN's (`hidden_dim`)."""
+  return cfg.moe.expert_d_ff or hidden_dim(cfg.ffn, cfg.d_model, kind=cfg.moe.expert_kind)
 
 
 def uniform_assignment(n_tokens: int, k: int, num_experts: int) -> jax.Array:
