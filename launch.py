@@ -76,17 +76,26 @@ def _generate(config, spec: str) -> None:
                       '--prompt_file=FILE with one prompt per line')
   model, tokenizer, step, _ = load_run(workdir, config)
   timings = {}
+  streaming = len(prompts) == 1  # one prompt: print its text as it is produced
+  if streaming:
+    print(prompts[0], end='', flush=True)
   texts = generate(model, tokenizer, prompts, max_new_tokens=_MAX_NEW_TOKENS.value,
                    temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
-                   seed=_SEED.value, timings=timings)
-  for prompt, text in zip(prompts, texts):
-    print(f'{prompt}{text}', flush=True)
-    if len(prompts) > 1:
+                   repetition_penalty=_REPETITION_PENALTY.value, seed=_SEED.value,
+                   on_text=(lambda piece: print(piece, end='', flush=True)) if streaming else None,
+                   timings=timings)
+  if streaming:
+    print(flush=True)
+  else:
+    for prompt, text in zip(prompts, texts):
+      print(f'{prompt}{text}', flush=True)
       print('─' * 40)
+  prefill_s, decode_s = timings['prefill_s'], timings['decode_s']
   print(f"{workdir} step {step}: prefill {timings['prompt_tokens']:,} tokens in "
-        f"{timings['prefill_s']:.2f} s, decode {timings['new_tokens']:,} tokens in "
-        f"{timings['decode_s']:.2f} s ({timings['new_tokens'] / timings['decode_s']:,.0f} tok/s, "
-        'compile included)', file=sys.stderr)
+        f"{prefill_s:.3f} s ({timings['prompt_tokens'] / prefill_s:,.0f} tok/s), decode "
+        f"{timings['new_tokens']:,} tokens in {decode_s:.3f} s "
+        f"({timings['new_tokens'] / decode_s:,.0f} tok/s); compile {timings['compile_s']:.1f} s",
+        file=sys.stderr)
 
 
 MODES = {'train': _train, 'eval': _eval, 'summary': _summary, 'generate': _generate}
@@ -199,5 +208,7 @@ if __name__ == '__main__':
                                 '(0: all).', lower_bound=0)
   _TOP_P = flags.DEFINE_float('top_p', 1.0, '--mode=generate: nucleus sampling mass (1: all).',
                               lower_bound=0.0, upper_bound=1.0)
+  _REPETITION_PENALTY = flags.DEFINE_float(
+      'repetition_penalty', 1.0, '--mode=generate: CTRL repetition penalty (1: off).')
   _SEED = flags.DEFINE_integer('seed', 0, '--mode=generate: sampling seed.')
   app.run(main, flags_parser=_parse_flags)

@@ -12,7 +12,11 @@ the cache donated: no Python per token, no copy of the cache per step. A sequenc
 
 Sampling (`sample`): greedy at temperature 0, else softmax(logits / temperature) restricted to the
 top_k most likely tokens and to the smallest set whose probability reaches top_p (nucleus sampling,
-Holtzman et al. 2020), drawn from a key folded with the step, so a seed fixes the output.
+Holtzman et al. 2020), drawn from a key folded with the step, so a seed fixes the output. An
+optional repetition penalty (CTRL) first scales down the logits of tokens already in the sequence.
+
+Streaming: `stream=fn` gets each step's tokens from inside the loop through an ordered
+`io_callback`, so text appears as it is produced without giving up the single compiled loop.
 """
 from __future__ import annotations
 
@@ -23,8 +27,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.experimental import io_callback
 
 from mllm.layers.kv_cache import KVCache, empty_cache, slots_for
+
+
+def penalize_repeats(logits_BV: jax.Array, seen_BV: jax.Array, penalty: float) -> jax.Array:
+  """CTRL's repetition penalty (Keskar et al. 2019, eq. 2, as in HF transformers): the logit of a
+  token already in the sequence is divided by `penalty` if positive, multiplied if negative."""
+  penalized = jnp.where(logits_BV > 0, logits_BV / penalty, logits_BV * penalty)
+  return jnp.where(seen_BV, penalized, logits_BV)
 
 
 def sample(logits_BV: jax.Array, key: jax.Array, *, temperature: float = 0.0, top_k: int = 0,
@@ -53,42 +65,80 @@ def bucket(length: int, minimum: int = 8) -> int:
 
 def generate_tokens(model: nnx.Module, prompts: list[list[int]], *, max_new_tokens: int,
                     eos_id: int | None = None, temperature: float = 0.0, top_k: int = 0,
-                    top_p: float = 1.0, seed: int = 0, prefill_chunk: int = 512,
-                    max_len: int | None = None, timings: dict | None = None) -> list[list[int]]:
+                    top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int = 0,
+                    prefill_chunk: int = 512, max_len: int | None = None,
+                    stream=None, timings: dict | None = None) -> list[list[int]]:
   """The new tokens of each prompt (up to and including EOS). `model` in eval mode is assumed.
-  `timings`, if given, receives prefill_s and decode_s (compile included on a first call)."""
-  start_time = time.perf_counter()
+
+  max_len: the cache's length per sequence (default: the padded prompt plus max_new_tokens).
+  stream(tokens [B], finished [B]): called from inside the decode loop with every step's tokens
+  as they are produced (a finished sequence's entries are padding).
+  timings, if given, receives compile_s (tracing and compiling, zero once cached), then
+  prefill_s and decode_s, which exclude it.
+  """
   lengths = [len(p) for p in prompts]
-  width = bucket(max(lengths))
+  chunk = min(prefill_chunk, bucket(max(lengths)))
+  width = -(-bucket(max(lengths)) // chunk) * chunk  # whole chunks: one prefill program
+  max_len = max_len or width + max_new_tokens
+  if max(lengths) + max_new_tokens > max_len:
+    raise ValueError(f'the longest prompt ({max(lengths)} tokens) plus max_new_tokens '
+                     f'({max_new_tokens}) exceeds the cache (max_len={max_len})')
   tokens = np.zeros((len(prompts), width), np.int32)
   positions = np.full((len(prompts), width), -1, np.int32)
+  seen = np.zeros((len(prompts), model.embed.num_embeddings), bool)
   for b, prompt in enumerate(prompts):
     tokens[b, :len(prompt)] = prompt
     positions[b, :len(prompt)] = np.arange(len(prompt))
-  cache = empty_cache_for(model, len(prompts), max_len or width + max_new_tokens)
+    seen[b, prompt] = True
+  cache = empty_cache_for(model, len(prompts), max_len)
   graphdef, state = nnx.split(model)
-  chunk = min(prefill_chunk, width)
+  chunks = [(jnp.asarray(tokens[:, i:i + chunk]), jnp.asarray(positions[:, i:i + chunk]))
+            for i in range(0, width, chunk)]
+  decode_kwargs = dict(max_new_tokens=max_new_tokens, eos_id=-1 if eos_id is None else eos_id,
+                       temperature=temperature, top_k=top_k, top_p=top_p,
+                       repetition_penalty=repetition_penalty, streaming=stream is not None)
+  # Compiled ahead of time (cached by JAX after the first call), so the timings below hold only
+  # the prefill and the decode.
+  start = time.perf_counter()
+  prefill = _prefill.lower(graphdef, state, *chunks[0], cache).compile()
+  logits_shape = jax.ShapeDtypeStruct((len(prompts), model.embed.num_embeddings), jnp.float32)
+  decode = _decode.lower(graphdef, state, cache, logits_shape, jnp.zeros(len(prompts), jnp.int32),
+                         jnp.asarray(seen), jax.random.key(seed), **decode_kwargs).compile()
+  compiled = time.perf_counter()
   last_logits = None
-  for start in range(0, width, chunk):
-    logits, cache = _prefill(graphdef, state, jnp.asarray(tokens[:, start:start + chunk]),
-                             jnp.asarray(positions[:, start:start + chunk]), cache)
+  for start_index, (chunk_tokens, chunk_positions) in zip(range(0, width, chunk), chunks):
+    logits, cache = prefill(state, chunk_tokens, chunk_positions, cache)
     # The logits at each sequence's last prompt token, wherever that falls.
-    ends = np.asarray(lengths) - 1 - start
+    ends = np.asarray(lengths) - 1 - start_index
     inside = (ends >= 0) & (ends < chunk)
     picked = logits[jnp.arange(len(prompts)), jnp.asarray(np.clip(ends, 0, chunk - 1))]
     last_logits = picked if last_logits is None else jnp.where(inside[:, None], picked,
                                                                last_logits)
   jax.block_until_ready(last_logits)
-  prefill_done = time.perf_counter()
-  out, count, _ = _decode(graphdef, state, cache, last_logits, jnp.asarray(lengths, jnp.int32),
-                       jax.random.key(seed), max_new_tokens=max_new_tokens,
-                       eos_id=-1 if eos_id is None else eos_id, temperature=temperature,
-                       top_k=top_k, top_p=top_p)
-  out, count = np.asarray(out), np.asarray(count)
+  prefilled = time.perf_counter()
+  global _STREAM_SINK
+  _STREAM_SINK = stream
+  try:
+    out, count, _ = decode(state, cache, last_logits, jnp.asarray(lengths, jnp.int32),
+                           jnp.asarray(seen), jax.random.key(seed))
+    out, count = np.asarray(out), np.asarray(count)
+    jax.effects_barrier()  # every streamed step has reached the sink
+  finally:
+    _STREAM_SINK = None
   if timings is not None:
-    timings.update(prefill_s=prefill_done - start_time,
-                   decode_s=time.perf_counter() - prefill_done)
+    timings.update(compile_s=compiled - start, prefill_s=prefilled - compiled,
+                   decode_s=time.perf_counter() - prefilled)
   return [out[b, :count[b]].tolist() for b in range(len(prompts))]
+
+
+# Where the decode loop's streamed tokens go: set for the length of one generate_tokens call, so
+# the compiled loop (which only knows `_emit`) serves every caller without recompiling.
+_STREAM_SINK = None
+
+
+def _emit(tokens_B, finished_B):
+  if _STREAM_SINK is not None:
+    _STREAM_SINK(np.asarray(tokens_B), np.asarray(finished_B))
 
 
 def empty_cache_for(model, batch: int, max_len: int) -> KVCache:
@@ -106,34 +156,44 @@ def _prefill(graphdef, state, tokens_BT, positions_BT, cache: KVCache):
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=2,
-                   static_argnames=('max_new_tokens', 'eos_id', 'temperature', 'top_k', 'top_p'))
-def _decode(graphdef, state, cache: KVCache, logits_BV, next_pos_B, key, *, max_new_tokens: int,
-            eos_id: int, temperature: float, top_k: int, top_p: float):
+                   static_argnames=('max_new_tokens', 'eos_id', 'temperature', 'top_k', 'top_p',
+                                    'repetition_penalty', 'streaming'))
+def _decode(graphdef, state, cache: KVCache, logits_BV, next_pos_B, seen_BV, key, *,
+            max_new_tokens: int, eos_id: int, temperature: float, top_k: int, top_p: float,
+            repetition_penalty: float, streaming: bool):
   """(tokens [B, max_new_tokens], how many each sequence produced, the final cache) in one
   while_loop. The cache is returned so that the donated input buffers hold it: one cache in
   memory, updated in place."""
   model = nnx.merge(graphdef, state)
   batch = logits_BV.shape[0]
+  penalize = repetition_penalty != 1.0
 
   def cond(carry):
-    step, _, _, _, done, _ = carry
+    step, _, _, _, done, _, _ = carry
     return (step < max_new_tokens) & ~jnp.all(done)
 
   def body(carry):
-    step, cache, logits, out, done, count = carry
+    step, cache, logits, out, done, count, seen = carry
+    if penalize:
+      logits = penalize_repeats(logits, seen, repetition_penalty)
     token = sample(logits, jax.random.fold_in(key, step), temperature=temperature, top_k=top_k,
                    top_p=top_p)
-    out = out.at[:, step].set(jnp.where(done, 0, token))
+    token = jnp.where(done, 0, token)
+    if streaming:
+      io_callback(_emit, None, token, done, ordered=True)
+    if penalize:
+      seen = seen.at[jnp.arange(batch), token].set(seen[jnp.arange(batch), token] | ~done)
+    out = out.at[:, step].set(token)
     count = count + (~done).astype(jnp.int32)
     done = done | (token == eos_id)
     positions = jnp.where(done, -1, next_pos_B + step)[:, None]  # a finished sequence stops
     new_logits, cache = model(token[:, None], positions=positions, cache=cache)
-    return step + 1, cache, new_logits[:, -1], out, done, count
+    return step + 1, cache, new_logits[:, -1], out, done, count, seen
 
   carry = (jnp.zeros((), jnp.int32), cache, logits_BV,
            jnp.zeros((batch, max_new_tokens), jnp.int32), jnp.zeros((batch,), bool),
-           jnp.zeros((batch,), jnp.int32))
-  _, cache, _, out, _, count = jax.lax.while_loop(cond, body, carry)
+           jnp.zeros((batch,), jnp.int32), seen_BV)
+  _, cache, _, out, _, count, _ = jax.lax.while_loop(cond, body, carry)
   return out, count, cache
 
 
@@ -187,9 +247,13 @@ def load_run(workdir: str, like):
   return model, tokenizer, step, config
 
 
-def check_request(model, prompts: list[list[int]], max_new_tokens: int) -> None:
+def check_request(model, prompts: list[list[int]], max_new_tokens: int,
+                  repetition_penalty: float = 1.0) -> None:
   """One-line ConfigErrors for requests the model cannot serve."""
   from mllm.config import ConfigError
+  if not repetition_penalty > 0:
+    raise ConfigError('--repetition_penalty', repetition_penalty, 'must be > 0 (1: off; above 1 '
+                      'discourages repeats)')
   if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
     raise ConfigError('--max_new_tokens', max_new_tokens, 'must be a positive integer')
   if not prompts:
@@ -206,15 +270,43 @@ def check_request(model, prompts: list[list[int]], max_new_tokens: int) -> None:
                       f'has {longest} tokens; allowed: <= {max(table - longest, 0)}')
 
 
+class TextStream:
+  """Turns the decode loop's tokens into text as they come, for one sequence: `on_text` gets
+  each new piece once it decodes to whole characters (a byte-level token may end mid-UTF-8)."""
+
+  def __init__(self, tokenizer, on_text, index: int = 0):
+    self.tokenizer, self.on_text, self.index = tokenizer, on_text, index
+    self.ids, self.emitted = [], 0
+
+  def __call__(self, tokens_B, finished_B):
+    token = int(tokens_B[self.index])
+    if finished_B[self.index] or token == self.tokenizer.eos_id:
+      return
+    self.ids.append(token)
+    text = self.tokenizer.decode(self.ids)
+    if text.endswith('\ufffd'):  # an incomplete character: wait for its other bytes
+      return
+    self.on_text(text[self.emitted:])
+    self.emitted = len(text)
+
+
 def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int = 100,
-             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-             stop_at_eos: bool = True, timings: dict | None = None) -> list[str]:
-  """The continuation of each text prompt (its new tokens, decoded; EOS not included)."""
+             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+             repetition_penalty: float = 1.0, seed: int = 0, stop_at_eos: bool = True,
+             on_text=None, timings: dict | None = None) -> list[str]:
+  """The continuation of each text prompt (its new tokens, decoded; EOS not included).
+  on_text(piece), with one prompt: called with the text as it is generated."""
   ids = [tokenizer.encode(p) for p in prompts]
-  check_request(model, ids, max_new_tokens)
+  check_request(model, ids, max_new_tokens, repetition_penalty)
   eos = tokenizer.eos_id if stop_at_eos else None
+  stream = None
+  if on_text is not None:
+    if len(prompts) != 1:
+      raise ValueError(f'on_text streams one prompt; got {len(prompts)}')
+    stream = TextStream(tokenizer, on_text)
   out = generate_tokens(model, ids, max_new_tokens=max_new_tokens, eos_id=eos,
-                        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                        temperature=temperature, top_k=top_k, top_p=top_p,
+                        repetition_penalty=repetition_penalty, seed=seed, stream=stream,
                         timings=timings)
   if timings is not None:
     timings.update(prompt_tokens=sum(len(p) for p in ids), new_tokens=sum(len(o) for o in out))

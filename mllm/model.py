@@ -18,7 +18,7 @@ from flax import nnx
 from mllm.config import moe_layers
 from mllm.layers.attention import Attention, out_projection_std
 from mllm.layers.ffn import FFNS, hidden_dim
-from mllm.layers.kv_cache import KVCache, LayerCache, scatter, write_slots
+from mllm.layers.kv_cache import KVCache, LayerCache, scatter, write_slots, writes_first
 from mllm.layers.moe import MoE
 from mllm.layers.norms import make_norm
 from mllm.layers.positions import POSITIONS, PositionContext
@@ -136,32 +136,35 @@ class Transformer(nnx.Module):
       context = self.position.context(positions, positions)
       mask = AttentionMask(causal=True, window=self.window, q_segment_ids=segment_ids,
                            kv_segment_ids=segment_ids)
-      slots = None
     else:
-      kv_positions = jnp.concatenate([cache.positions, positions], axis=1)
+      slots = write_slots(positions, cache.size)
+      first = writes_first(T, self.window)
+      new_positions = scatter(cache.positions, positions, slots)
+      kv_positions = (new_positions if first else
+                      jnp.concatenate([cache.positions, positions], axis=1))
       context = self.position.context(positions, kv_positions)
       mask = AttentionMask(causal=True, window=self.window, q_positions=positions,
                            kv_positions=kv_positions)
-      slots = write_slots(positions, cache.size)
     if self.scan_layers:
-      x_BTD, stats, kv = _scan_blocks(x_BTD, self.blocks, context, mask, self.remat, cache, slots)
+      x_BTD, stats, kv = _scan_blocks(x_BTD, self.blocks, context, mask, self.remat,
+                                      None if cache is None else (cache, slots, first))
     else:
-      per_layer, kv = [], []
+      per_layer = []
+      kv = None if cache is None else (cache.k, cache.v)
       for i, block in enumerate(self.blocks):
-        layer_cache = None if cache is None else LayerCache(cache.k[i], cache.v[i], slots)
+        layer_cache = None if cache is None else LayerCache(*kv, i, slots, first)
         x_BTD, layer_stats, layer_kv = _call_block(block, x_BTD, context, mask, self.remat,
                                                    layer_cache)
         per_layer.append(layer_stats)
-        kv.append(layer_kv)
+        kv = layer_kv if cache is not None else None
       per_layer = [s for s in per_layer if s is not None]
       stats = jax.tree.map(lambda *xs: jnp.stack(xs), *per_layer) if per_layer else {}
-      kv = jax.tree.map(lambda *xs: jnp.stack(xs), *kv) if cache is not None else None
     if self.final_norm is not None:
       x_BTD = self.final_norm(x_BTD)
     logits_BTV = self.embed.attend(x_BTD) if self.head is None else self.head(x_BTD)
     logits_BTV = logits_BTV.astype(jnp.float32)
     if cache is not None:
-      new_cache = KVCache(k=kv[0], v=kv[1], positions=scatter(cache.positions, positions, slots))
+      new_cache = KVCache(k=kv[0], v=kv[1], positions=new_positions)
       return logits_BTV, new_cache
     return (logits_BTV, stats or {}) if return_moe_stats else logits_BTV
 
@@ -181,18 +184,26 @@ def _call_block(block: Block, x_BTD, context, mask, remat: str, cache=None):
   return nnx.remat(lambda b, x: b(x, context, mask), policy=REMAT_POLICIES[remat])(block, x_BTD)
 
 
-def _scan_blocks(x_BTD, blocks: Block, context, mask, remat: str, cache=None, slots=None):
-  """(x, stats and updated (k, v) stacked over the layers): the per-layer outputs of the scan."""
-  if cache is None:
+def _scan_blocks(x_BTD, blocks: Block, context, mask, remat: str, cached=None):
+  """(x, stats stacked over the layers, the updated cache's (k, v) or None). With a cache, the
+  (k, v) of all layers ride in the carry and each layer writes its slots in place."""
+  if cached is None:
     @nnx.scan(in_axes=(nnx.Carry, 0, None, None), out_axes=(nnx.Carry, 0, 0))
     def body(x_BTD, block: Block, context, mask):
       return _call_block(block, x_BTD, context, mask, remat)
     return body(x_BTD, blocks, context, mask)
 
-  @nnx.scan(in_axes=(nnx.Carry, 0, 0, 0, None, None, None), out_axes=(nnx.Carry, 0, 0))
-  def cached_body(x_BTD, block: Block, k, v, slots, context, mask):
-    return _call_block(block, x_BTD, context, mask, remat, LayerCache(k, v, slots))
-  return cached_body(x_BTD, blocks, cache.k, cache.v, slots, context, mask)
+  cache, slots, first = cached
+
+  @nnx.scan(in_axes=(nnx.Carry, 0, 0, None, None), out_axes=(nnx.Carry, 0))
+  def cached_body(carry, block: Block, layer, context, mask):
+    x_BTD, kv = carry
+    x_BTD, stats, kv = _call_block(block, x_BTD, context, mask, remat,
+                                   LayerCache(*kv, layer, slots, first))
+    return (x_BTD, kv), stats
+  (x_BTD, kv), stats = cached_body((x_BTD, (cache.k, cache.v)), blocks,
+                                   jnp.arange(cache.k.shape[0]), context, mask)
+  return x_BTD, stats, kv
 
 
 def build_model(config, *, rngs: nnx.Rngs) -> Transformer:

@@ -33,8 +33,24 @@ def alibi_bias(slopes, q_pos, kv_pos):
   return np.asarray(slopes, np.float64)[None, :, None, None] * rel[:, None]
 
 
-def attention_with_grads(q, k, v, d_out=None, *, scale=None, bias=None, **mask_kwargs):
-  """out [B, T, N, H] and, given d_out, (dq, dk, dv, d_bias [B, N, T, S]); all float64."""
+def positions_mask(q_pos, kv_pos, *, causal=True, window=None):
+  """Boolean [B, T, S] for a mask ordered by positions (a KV cache): d = pos_q − pos_k obeys the
+  same rules as i − j above, and a key at a negative position is an empty slot."""
+  d = np.asarray(q_pos)[:, :, None] - np.asarray(kv_pos)[:, None, :]
+  ok = np.ones(d.shape, bool)
+  if causal:
+    ok &= d >= 0
+  if window is not None:
+    ok &= d < window
+    if not causal:
+      ok &= d > -window
+  return ok & (np.asarray(kv_pos) >= 0)[:, None, :]
+
+
+def attention_with_grads(q, k, v, d_out=None, *, scale=None, bias=None, allowed=None,
+                         **mask_kwargs):
+  """out [B, T, N, H] and, given d_out, (dq, dk, dv, d_bias [B, N, T, S]); all float64.
+  `allowed` [B, T, S], if given, replaces the mask built from `mask_kwargs`."""
   q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
   B, T, N, H = q.shape
   S, K = k.shape[1], k.shape[2]
@@ -42,7 +58,7 @@ def attention_with_grads(q, k, v, d_out=None, *, scale=None, bias=None, **mask_k
   scale = H ** -0.5 if scale is None else scale
   k_n = np.repeat(k, G, axis=2)  # query head n reads KV head n // G
   v_n = np.repeat(v, G, axis=2)
-  ok = allowed_mask(B, T, S, **mask_kwargs)[:, None]  # [B, 1, T, S]
+  ok = (allowed_mask(B, T, S, **mask_kwargs) if allowed is None else np.asarray(allowed))[:, None]
   logits = np.einsum('btnh,bsnh->bnts', q, k_n) * scale
   if bias is not None:
     logits = logits + np.broadcast_to(np.asarray(bias, np.float64), logits.shape)

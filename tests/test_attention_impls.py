@@ -16,7 +16,8 @@ import pytest
 from flax import nnx
 
 import mllm
-from attention_reference import alibi_bias, allowed_mask, attention_with_grads, relative_error
+from attention_reference import (alibi_bias, allowed_mask, attention_with_grads, positions_mask,
+                                 relative_error)
 from conftest import tiny_config
 from mllm.ops import attention as attention_ops
 from mllm.ops import blockwise
@@ -258,6 +259,84 @@ def test_skipped_blocks_are_not_computed(monkeypatch, window, segments, expected
   if expected is None:  # documents of two blocks: each query block sees at most 2 key blocks
     expected = 4 * (1 + 2)
   assert len(visits) == expected
+
+
+# ------------------------------------------------------------------------------------------
+# Masks ordered by per-sequence positions (a prefill chunk against a KV cache).
+# ------------------------------------------------------------------------------------------
+
+def _cache_layout(B, S, T, *, window, seed):
+  """q positions [B, T] and kv positions [B, S + T]: each sequence has a different number of
+  cached tokens (slot = position mod S, so a long one has wrapped, as in a rolling buffer), empty
+  slots at −1, then T new queries, the last ones padding (−1) for some sequences."""
+  rng = np.random.default_rng(seed)
+  kv_pos = np.full((B, S), -1, np.int32)
+  q_pos = np.full((B, T), -1, np.int32)
+  for b in range(B):
+    cached = int(rng.integers(0, 2 * S if window else S))
+    for p in range(max(0, cached - S), cached):
+      kv_pos[b, p % S] = p
+    real = int(rng.integers(1, T + 1))
+    q_pos[b, :real] = cached + np.arange(real)
+  return q_pos, np.concatenate([kv_pos, q_pos], axis=1)  # keys: [cache ; new]
+
+
+@pytest.mark.parametrize('impl', ['xla', 'blockwise', 'pallas', 'auto', 'cudnn'])
+@pytest.mark.parametrize('window,causal', [(None, True), (9, True), (7, False)])
+def test_position_ordered_mask_matches_reference(impl, window, causal):
+  """Outputs and gradients, with several key and query blocks (blockwise tiles 16 x 12)."""
+  B, S, T, N, K, H = 3, 30, 20, 4, 2, 16
+  q_pos, kv_pos = _cache_layout(B, S, T, window=window, seed=1)
+  case = Case(B, T, S + T, N, K, H)
+  (q, k, v, d_out), _, _, _ = _inputs(case, seed=2)
+  mask = AttentionMask(causal=causal, window=window, q_positions=jnp.asarray(q_pos),
+                       kv_positions=jnp.asarray(kv_pos))
+  out, grads = (_run_xla if impl == 'xla' else functools.partial(_run, impl))(
+      q, k, v, d_out, mask, None)
+  allowed = positions_mask(q_pos, kv_pos, causal=causal, window=window)
+  want_out, (dq, dk, dv, _) = attention_with_grads(_f32(q), _f32(k), _f32(v), _f32(d_out),
+                                                   allowed=allowed)
+  errors = {name: relative_error(_f32(got), want) for name, got, want in
+            zip(('out', 'dq', 'dk', 'dv'), (out, *grads), (want_out, dq, dk, dv))}
+  assert all(err < 1e-5 for err in errors.values()), errors
+  if causal:  # a padding query (position −1) sees nothing causally: exactly zero
+    np.testing.assert_array_equal(_f32(out)[q_pos < 0], 0.0)
+
+
+def _run_xla(q, k, v, d_out, mask, bias):
+  @jax.jit
+  def run(q, k, v, d_out):
+    out, vjp = jax.vjp(lambda q, k, v: attention_ops.attend(q, k, v, mask=mask, bias=bias,
+                                                            impl='xla'), q, k, v)
+    return out, vjp(d_out)
+  return run(q, k, v, d_out)
+
+
+def test_position_ordered_blockwise_skips_future_key_blocks(monkeypatch):
+  """Positions in slot order (a cache filled from slot 0): the blocks of keys in every query's
+  future are skipped at run time, as the causal ranges skip them for an index-ordered mask."""
+  visits = []
+  real = blockwise._block_scores
+
+  def counting(*args):
+    jax.debug.callback(lambda: visits.append(1))
+    return real(*args)
+  monkeypatch.setattr(blockwise, '_block_scores', counting)
+  q = jnp.ones((1, 256, 2, 16))
+  positions = jnp.arange(256, dtype=jnp.int32)[None]
+  mask = AttentionMask(q_positions=positions, kv_positions=positions)
+  out = jax.jit(lambda q: attention_ops.attend(q, q, q, mask=mask, impl='blockwise', block_q=64,
+                                                block_k=64))(q)
+  jax.block_until_ready(out)
+  jax.effects_barrier()
+  assert len(visits) == 4 * 5 // 2  # the lower triangle of 4 x 4 blocks
+
+
+@pytest.mark.parametrize('impl,q_len,want', [('pallas', 1, 'xla'), ('blockwise', 1, 'xla'),
+                                             ('pallas', 8, 'blockwise'), ('xla', 8, 'xla'),
+                                             ('blockwise', 8, 'blockwise'), ('cudnn', 8, 'cudnn')])
+def test_cached_impl(impl, q_len, want):
+  assert attention_ops.cached_impl(impl, q_len) == want
 
 
 # ------------------------------------------------------------------------------------------

@@ -21,9 +21,9 @@ PROMPT, STEPS = 5, 10  # 15 tokens: past 3 × WINDOW, so the rolling buffer wrap
 
 
 def make(pos: str, n_kv: int, window: int | None, **extra):
+  extra.setdefault('model__attention__impl', 'xla')
   cfg = tiny_config(f'pos={pos}', model__n_heads=4, model__n_kv_heads=n_kv,
-                    model__attention__sliding_window=window, model__max_seq_len=32,
-                    model__attention__impl='xla', **extra)
+                    model__attention__sliding_window=window, model__max_seq_len=96, **extra)
   model = build_model(cfg, rngs=nnx.Rngs(0))
   model.eval()
   graphdef, state = nnx.split(model)
@@ -115,6 +115,23 @@ def test_chunked_prefill_equals_one_shot(pos, window):
     np.testing.assert_array_equal(chunked[2].positions, one[2].positions)
 
 
+@pytest.mark.parametrize('impl', ['blockwise', 'pallas'])
+@pytest.mark.parametrize('pos, window', [('rope', None), ('alibi', WINDOW)])
+def test_tiled_prefill_equals_xla(impl, pos, window):
+  """A prefill chunk against the cache through the tiled implementations (pallas hands it to
+  blockwise) equals the 'xla' reference's logits. Tiles of 4 (pallas' smallest is 16) and chunks
+  of 2.5 tiles, so each chunk spans several query and key blocks."""
+  tile = 4 if impl == 'blockwise' else 16
+  cfg, forward, _ = make(pos, 2, window)
+  _, tiled, _ = make(pos, 2, window, model__attention__impl=impl,
+                     model__attention__block_q=tile, model__attention__block_k=tile)
+  prompt = jax.random.randint(jax.random.key(4), (2, 5 * tile), 0, cfg.model.vocab_size)
+  want = greedy(cfg, forward, prompt, 3, 5 * tile + 3, chunk=5 * tile // 2)
+  got = greedy(cfg, tiled, prompt, 3, 5 * tile + 3, chunk=5 * tile // 2)
+  np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(got[0], want[0])
+
+
 def test_cache_shapes_and_write_slots():
   cfg = tiny_config(model__n_heads=4, model__n_kv_heads=1)
   cache = init_cache(cfg.model, 3, 20)
@@ -180,3 +197,53 @@ def test_sampling_is_seeded_and_top_k_top_p_keep_only_allowed_tokens():
   greedy_tokens = np.argmax(np.asarray(logits), -1)
   np.testing.assert_array_equal(sample(logits, key, temperature=0.0), greedy_tokens)
   np.testing.assert_array_equal(sample(logits, key, temperature=1.0, top_k=1), greedy_tokens)
+
+
+def test_repetition_penalty_equals_the_formula_on_full_forward_logits():
+  """Greedy with CTRL's penalty (HF's RepetitionPenaltyLogitsProcessor): step by step in NumPy
+  on the full forward's logits, the prompt's tokens counting as seen."""
+  from mllm.generate import generate_tokens
+  cfg, _, full = make('rope', 2, None, model__init_std=0.3)  # peaked logits: varied tokens
+  model = build_model(cfg, rngs=nnx.Rngs(0))
+  model.eval()
+  prompts = [[3, 3, 7, 1], [5, 9]]
+  got = generate_tokens(model, prompts, max_new_tokens=STEPS, repetition_penalty=1.8)
+  for b, prompt in enumerate(prompts):
+    seq = list(prompt)
+    for _ in range(STEPS):
+      logits = np.asarray(full(jnp.asarray([seq], jnp.int32)))[0, -1].astype(np.float64)
+      seen = sorted(set(seq))
+      logits[seen] = np.where(logits[seen] > 0, logits[seen] / 1.8, logits[seen] * 1.8)
+      seq.append(int(np.argmax(logits)))
+    assert got[b] == seq[len(prompt):], b
+  plain = generate_tokens(model, prompts, max_new_tokens=STEPS)
+  assert plain != got  # the penalty changed something here (so the check above has teeth)
+
+
+def test_streamed_tokens_are_the_returned_tokens_in_order():
+  from mllm.generate import generate_tokens
+  cfg, _, _ = make('rope', 2, WINDOW)
+  model = build_model(cfg, rngs=nnx.Rngs(0))
+  model.eval()
+  prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+  steps = []
+  out = generate_tokens(model, prompts, max_new_tokens=STEPS, temperature=1.0, seed=2,
+                        stream=lambda tokens, finished: steps.append((tokens, finished)))
+  assert len(steps) == STEPS
+  for b in range(2):
+    assert [int(t) for t, f in steps if not f[b]] == out[b]
+  with pytest.raises(ValueError, match='exceeds the cache'):
+    generate_tokens(model, prompts, max_new_tokens=STEPS, max_len=STEPS + 4)
+
+
+def test_text_stream_waits_for_whole_characters():
+  from mllm.data.tokenizers import ByteTokenizer
+  from mllm.generate import TextStream
+  tokenizer = ByteTokenizer()
+  pieces = []
+  stream = TextStream(tokenizer, pieces.append)
+  ids = tokenizer.encode('a€b')  # € is three bytes
+  for token in ids:
+    stream(np.asarray([token]), np.asarray([False]))
+  stream(np.asarray([tokenizer.eos_id]), np.asarray([False]))  # EOS prints nothing
+  assert pieces == ['a', '€', 'b']

@@ -15,9 +15,9 @@ instead of recomputing them: O(layers · context · d) per token instead of a fo
   however long the generation, each new token overwriting the one W positions back, which no
   query can see any more.
 
-A forward pass with a cache attends to [the cache's S slots ; this pass's T new keys], then writes
-the new keys into their slots. The concatenation lets a chunk longer than a rolling buffer see its
-own earlier tokens before they are overwritten.
+A forward pass with a cache writes the new keys into their slots, in place, and attends to the S
+slots. Only a chunk of several tokens on a rolling buffer attends to [the S slots ; its T new keys]
+before writing, so that it sees its own earlier tokens before they are overwritten.
 """
 from __future__ import annotations
 
@@ -84,13 +84,37 @@ def scatter(cache_BSKH: jax.Array, new_BTKH: jax.Array, slots_BT: jax.Array) -> 
 
 @struct.dataclass
 class LayerCache:
-  """One layer's view during a forward pass: its past keys/values and where the new ones go."""
-  k: jax.Array  # [B, S, K, H]
+  """One layer's view during a forward pass: the whole cache, this layer's index in it, and the
+  slots the new keys go to. The layer writes into the [L, ...] arrays directly, so with the cache
+  donated every step updates it in place: no per-layer copy, no restacking of the layers."""
+  k: jax.Array  # [L, B, S, K, H]
   v: jax.Array
+  layer: jax.Array | int
   slots: jax.Array  # [B, T]
+  write_first: bool = struct.field(pytree_node=False, default=True)
 
   def extend(self, k_BTKH, v_BTKH):
-    """(keys, values to attend to: [past ; new], and the layer's updated cache k, v)."""
-    keys = jnp.concatenate([self.k.astype(k_BTKH.dtype), k_BTKH], axis=1)
-    values = jnp.concatenate([self.v.astype(v_BTKH.dtype), v_BTKH], axis=1)
-    return keys, values, (scatter(self.k, k_BTKH, self.slots), scatter(self.v, v_BTKH, self.slots))
+    """(keys and values to attend to, the updated (k, v) of all layers).
+
+    write_first: write, then attend to the S slots (the mask's kv_positions are the updated
+    cache's). Otherwise attend to [past S slots ; new T keys], then write: needed when a chunk
+    is longer than a rolling buffer, whose later keys overwrite slots its earlier queries read."""
+    k_all, v_all = self._write(self.k, k_BTKH), self._write(self.v, v_BTKH)
+    if self.write_first:
+      return k_all[self.layer].astype(k_BTKH.dtype), v_all[self.layer].astype(v_BTKH.dtype), (
+          k_all, v_all)
+    keys = jnp.concatenate([self.k[self.layer].astype(k_BTKH.dtype), k_BTKH], axis=1)
+    values = jnp.concatenate([self.v[self.layer].astype(v_BTKH.dtype), v_BTKH], axis=1)
+    return keys, values, (k_all, v_all)
+
+  def _write(self, cache_LBSKH, new_BTKH):
+    rows = jnp.arange(cache_LBSKH.shape[1])[:, None]
+    return cache_LBSKH.at[self.layer, rows, self.slots].set(new_BTKH.astype(cache_LBSKH.dtype),
+                                                            mode='drop')
+
+
+def writes_first(q_len: int, window: int | None) -> bool:
+  """Whether a pass of q_len tokens may write its keys before attending (`LayerCache.extend`):
+  always for one token (the slot it overwrites holds a key W positions back, outside its window),
+  and whenever there is no window (no rolling buffer, so no slot is reused within a pass)."""
+  return q_len == 1 or window is None

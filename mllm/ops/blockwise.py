@@ -11,7 +11,10 @@ Only an [B, N, block_q, block_k] score block ever exists. A query block visits o
 blocks that can hold a visible key: causal stops at the diagonal and a sliding window starts at the
 window's first block (pallas_kernels/block_ranges.py, shared with the Pallas kernel), so skipped
 blocks cost nothing; with segment ids a block pair whose id ranges do not intersect is skipped by
-`lax.cond`.
+`lax.cond`. A mask ordered by per-sequence positions (the KV cache's, `AttentionMask.kv_positions`)
+has no static ranges: every pair is visited unless its [min, max] positions show that no query
+can see any key (a key block entirely in every query's future or outside its window), again by
+`lax.cond`. With a cache whose slots hold positions in order, that skips the causal upper half.
 
 Two backward passes, picked by what the scores contain:
   - fixed modifiers only (mask, ALiBi): a hand-written backward (Dao 2023, Alg. 2) that recomputes
@@ -54,6 +57,7 @@ class BlockLayout:
   scale: float
   alibi: bool
   segments: bool
+  by_position: bool = False  # order and validity from the mask's per-sequence positions
 
   @property
   def n_q_blocks(self) -> int:
@@ -70,12 +74,17 @@ def _ranges(lay: BlockLayout) -> dict:
 
 
 def _key_block_range(i, lay: BlockLayout):
-  """Key blocks [lo, hi) that hold a key visible from query block i (traced or int)."""
+  """Key blocks [lo, hi) that hold a key visible from query block i (traced or int). Ordered by
+  positions, every block may: `_needed` decides per block pair at run time instead."""
+  if lay.by_position:
+    return 0, lay.n_k_blocks
   return kv_block_range(i, **_ranges(lay))
 
 
 def _query_block_range(j, lay: BlockLayout):
   """Query blocks [lo, hi) that see some key of key block j."""
+  if lay.by_position:
+    return 0, lay.n_q_blocks
   return q_block_range(j, **_ranges(lay))
 
 
@@ -127,12 +136,24 @@ def _aux_arrays(mask, bias, B, T, S, n_heads, n_kv, block_q, block_k):
     kv_seg = _seq_blocks(jnp.broadcast_to(mask.kv_segment_ids, (B, S)).astype(jnp.int32), block_k)
     aux.update(q_seg=q_seg, kv_seg=kv_seg,
                q_seg_range=(q_seg.min(-1), q_seg.max(-1)), kv_seg_range=(kv_seg.min(-1), kv_seg.max(-1)))
+  if mask.kv_positions is not None:
+    q_pos = _seq_blocks(jnp.broadcast_to(mask.q_positions, (B, T)).astype(jnp.int32), block_q)
+    kv_pos = _seq_blocks(jnp.broadcast_to(mask.kv_positions, (B, S)).astype(jnp.int32), block_k)
+    aux.update(mask_q_pos=q_pos, mask_kv_pos=kv_pos, q_pos_range=(q_pos.min(-1), q_pos.max(-1)),
+               kv_pos_range=_valid_range(kv_pos))
   if bias is not None and bias.alibi_slopes is not None:
     aux['slopes'] = bias.alibi_slopes.astype(jnp.float32).reshape(n_kv, n_heads // n_kv)
     aux['q_pos'] = _seq_blocks(jnp.broadcast_to(bias.q_positions, (B, T)).astype(jnp.int32), block_q)
     aux['kv_pos'] = _seq_blocks(jnp.broadcast_to(bias.kv_positions, (B, S)).astype(jnp.int32),
                                 block_k)
   return aux
+
+
+def _valid_range(pos_nBb):
+  """Per key block and sequence, (min, max) of the filled slots' (>= 0) positions; (big, -1)
+  when none is filled."""
+  big = jnp.iinfo(jnp.int32).max // 2
+  return jnp.where(pos_nBb >= 0, pos_nBb, big).min(-1), pos_nBb.max(-1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -143,11 +164,18 @@ def _block_scores(q_BKGqH, k_BKbH, i, j, aux, lay: BlockLayout):
   """Scaled, biased and masked logits [B, K, G, bq, bk] (float32) and the allowed mask."""
   s = jnp.einsum('bkgqh,bksh->bkgqs', q_BKGqH, k_BKbH,
                  preferred_element_type=jnp.float32) * lay.scale
-  t = i * lay.block_q + jnp.arange(lay.block_q)
   kj = j * lay.block_k + jnp.arange(lay.block_k)
-  distance = (lay.q_offset + t)[:, None] - kj[None, :]
-  ok = visible(distance, causal=lay.causal, window=lay.window) & (kj[None, :] < lay.S)
-  ok = ok[None, None, None]
+  if lay.by_position:  # [B, bq, bk]: distance in positions; a key at position < 0 is empty
+    kv_pos = aux['mask_kv_pos'][j]
+    distance = aux['mask_q_pos'][i][:, :, None] - kv_pos[:, None, :]
+    ok = visible(distance, causal=lay.causal, window=lay.window)
+    ok = ok & ((kv_pos >= 0) & (kj < lay.S)[None, :])[:, None, :]
+    ok = ok[:, None, None]
+  else:
+    t = i * lay.block_q + jnp.arange(lay.block_q)
+    distance = (lay.q_offset + t)[:, None] - kj[None, :]
+    ok = visible(distance, causal=lay.causal, window=lay.window) & (kj[None, :] < lay.S)
+    ok = ok[None, None, None]
   if lay.segments:
     same = aux['q_seg'][i][:, :, None] == aux['kv_seg'][j][:, None, :]  # [B, bq, bk]
     ok = ok & same[:, None, None]
@@ -164,10 +192,36 @@ def _blocks_overlap(i, j, aux):
   return jnp.any((q_lo <= k_hi) & (k_lo <= q_hi))
 
 
+def _positions_meet(i, j, aux, lay):
+  """False only when no sequence has a query of block i that may see a key of block j."""
+  q_lo, q_hi = aux['q_pos_range'][0][i], aux['q_pos_range'][1][i]
+  k_lo, k_hi = aux['kv_pos_range'][0][j], aux['kv_pos_range'][1][j]
+  meet = k_hi >= 0  # the block holds a filled slot
+  if lay.causal:
+    meet &= k_lo <= q_hi
+  if lay.window is not None:
+    meet &= k_hi > q_lo - lay.window
+    if not lay.causal:
+      meet &= k_lo < q_hi + lay.window
+  return jnp.any(meet)
+
+
+def _needed(i, j, aux, lay):
+  """Whether block pair (i, j) may hold an allowed pair, beyond the static ranges; None: yes."""
+  needed = None
+  if lay.segments:
+    needed = _blocks_overlap(i, j, aux)
+  if lay.by_position:
+    meet = _positions_meet(i, j, aux, lay)
+    needed = meet if needed is None else needed & meet
+  return needed
+
+
 def _skip_unless_overlap(step, i, j, aux, lay, carry):
-  if not lay.segments:
+  needed = _needed(i, j, aux, lay)
+  if needed is None:
     return step(carry)
-  return lax.cond(_blocks_overlap(i, j, aux), step, lambda c: c, carry)
+  return lax.cond(needed, step, lambda c: c, carry)
 
 
 def _online_softmax_step(carry, s, ok, v_BKbH, dropout=None):
@@ -324,8 +378,9 @@ def _learned(q_blocks, k_blocks, v_blocks, aux, lay, dense_blocks, rel_table, in
 
       lo, hi = _key_block_range(i, lay)
       needed = (j >= lo) & (j < hi)
-      if lay.segments:
-        needed &= _blocks_overlap(i, j, aux)
+      extra = _needed(i, j, aux, lay)
+      if extra is not None:
+        needed &= extra
       return lax.cond(needed, step, lambda c: c, carry), None
 
     m, l, acc = _initial_carry(q)
@@ -357,11 +412,12 @@ def blockwise_attention(q_BTNH, k_BSKH, v_BSKH, *, mask, bias=None, rel_values=N
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
   block_q = min(block_q or DEFAULT_BLOCK, T)
   block_k = min(block_k or DEFAULT_BLOCK, S)
+  by_position = mask.kv_positions is not None
   lay = BlockLayout(
       T=T, S=S, block_q=block_q, block_k=block_k, causal=mask.causal, window=mask.window,
-      q_offset=mask.static_offset(T, S, 'blockwise'), scale=float(scale),
+      q_offset=0 if by_position else mask.static_offset(T, S, 'blockwise'), scale=float(scale),
       alibi=bias is not None and bias.alibi_slopes is not None,
-      segments=mask.q_segment_ids is not None)
+      segments=mask.q_segment_ids is not None, by_position=by_position)
   aux = _aux_arrays(mask, bias, B, T, S, N, K, block_q, block_k)
   q_blocks = _q_blocks(q_BTNH, K, block_q)
   k_blocks, v_blocks = _k_blocks(k_BSKH, block_k), _k_blocks(v_BSKH, block_k)
