@@ -12,7 +12,13 @@ warm-up excluded, median of `--repeats` runs, prefill reported apart from decode
 (2) KV-cache bytes for MHA, GQA and MQA at the same d_model against 2·layers·n_kv·d_head·len·
     batch·bytes (the positions, 4 bytes a slot, are counted apart).
 (3) End to end: `generate_tokens` (chunked prefill, then one jitted while_loop) tokens/s.
-The comparison with transformers' `generate()` (issue 11) is not here yet.
+(4) Against Hugging Face transformers' `generate()` (`pip install torch transformers`; skipped
+    with a note if absent): the same Llama-shaped model with the same weights
+    (benchmarks/hf_llama.py), float32, greedy, EOS ignored, both sides on all cores, at 4.9 M and
+    32 M parameters, batch 1 and 8, in one run; checks that both produce the same tokens.
+    transformers' decode time is generate(N) − generate(1) over N − 1 tokens (its prefill and
+    first token taken out); mllm's is the while_loop's N steps (N forward passes, one more than
+    needed: the comparison is conservative).
 """
 from __future__ import annotations
 
@@ -93,7 +99,7 @@ def kv_bytes_table(lengths, batch: int):
 def end_to_end(config, model, batch: int, prompt_len: int, new_tokens: int, repeats: int):
   prompts = [list(range(1, prompt_len + 1))] * batch
   timings = {}
-  generate_tokens(model, prompts, max_new_tokens=new_tokens)  # compiles
+  generate_tokens(model, prompts, max_new_tokens=new_tokens)  # compiles, warms up
   prefill, decode = [], []
   for _ in range(repeats):
     generate_tokens(model, prompts, max_new_tokens=new_tokens, timings=timings)
@@ -102,10 +108,64 @@ def end_to_end(config, model, batch: int, prompt_len: int, new_tokens: int, repe
   return statistics.median(prefill), statistics.median(decode)
 
 
+# The comparison's models: configs/rope_swiglu.py with these overrides. init_std 0.1 makes greedy
+# decoding of random weights produce varied tokens (at 0.02 it repeats one token, which would
+# make the same-tokens check nearly vacuous); it does not change the cost.
+HF_MODELS = {
+    '4.9M': {'model.vocab_size': 8192, 'model.init_std': 0.1},
+    '32M': {'model.vocab_size': 8192, 'model.init_std': 0.1, 'model.d_model': 512,
+            'model.n_layers': 10},
+}
+
+
+def against_transformers(repeats: int, prompt_len: int = 16, new_tokens: int = 128):
+  """Rows: model, params, batch, HF prefill ms, HF tok/s, mllm prefill ms, mllm tok/s, same."""
+  import numpy as np
+  import torch
+
+  from benchmarks.hf_llama import to_hf_llama
+  torch.set_num_threads(os.cpu_count())
+  rows = []
+  for name, overrides in HF_MODELS.items():
+    config, model = load(**overrides)
+    hf = to_hf_llama(model, config.model)
+    n_params = mllm.count_params(model).total
+    for batch in (1, 8):
+      prompts = np.random.default_rng(batch).integers(0, config.model.vocab_size,
+                                                      (batch, prompt_len))
+
+      def hf_generate(n):
+        with torch.no_grad():
+          return hf.generate(torch.from_numpy(prompts), max_new_tokens=n, min_new_tokens=n,
+                             do_sample=False, eos_token_id=None, pad_token_id=0)
+      theirs = hf_generate(new_tokens)[:, prompt_len:].tolist()  # warm-up
+      hf_first, hf_decode = [], []
+      for _ in range(repeats):
+        start = time.perf_counter()
+        hf_generate(1)
+        first = time.perf_counter()
+        hf_generate(new_tokens)
+        hf_first.append(first - start)
+        hf_decode.append(time.perf_counter() - first - (first - start))
+      ours = generate_tokens(model, prompts.tolist(), max_new_tokens=new_tokens)  # compiles
+      timings, prefill, decode = {}, [], []
+      for _ in range(repeats):
+        generate_tokens(model, prompts.tolist(), max_new_tokens=new_tokens, timings=timings)
+        prefill.append(timings['prefill_s'])
+        decode.append(timings['decode_s'])
+      hf_rate = batch * (new_tokens - 1) / statistics.median(hf_decode)
+      our_rate = batch * new_tokens / statistics.median(decode)
+      same = sum(a == b for x, y in zip(ours, theirs) for a, b in zip(x, y))
+      rows.append((name, n_params, batch, statistics.median(hf_first) * 1e3, hf_rate,
+                   statistics.median(prefill) * 1e3, our_rate, f'{same}/{batch * new_tokens}'))
+  return rows
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--repeats', type=int, default=5)
   parser.add_argument('--out', default=None)
+  parser.add_argument('--only_hf', action='store_true', help='run only (4)')
   args = parser.parse_args()
   console = Console()
   backend = jax.default_backend()
@@ -118,7 +178,41 @@ def main() -> None:
            f'float32, greedy, median of {args.repeats} after a warm-up. '
            '`python -m benchmarks.decode` regenerates this file.', '']
 
-  lines += ['## (1) One new token at a growing context: cached step vs recomputing the forward', '',
+  if not args.only_hf:
+    lines += _sections_1_to_3(console, config, model, args.repeats)
+  lines += _section_4(console, args.repeats)
+  out = args.out or os.path.join(ROOT, 'benchmarks', 'results', f'decode-{backend}.md')
+  with open(out, 'w') as f:
+    f.write('\n'.join(lines) + '\n')
+  console.print(f'wrote {out}')
+
+
+def _section_4(console, repeats: int) -> list[str]:
+  lines = ['', "## (4) Against Hugging Face transformers' generate() (prompt 16, 128 new tokens)",
+           '']
+  try:
+    import torch
+    import transformers
+  except ImportError:
+    return lines + ['Not run: torch and transformers are not installed '
+                    '(`pip install torch transformers`).']
+  lines += [f'transformers {transformers.__version__}, torch {torch.__version__} '
+            f'({os.cpu_count()} threads), same weights, float32, greedy, EOS ignored. Models: '
+            'configs/rope_swiglu.py with vocab 8192 (4.9M: d 256, 4 layers; 32M: d 512, 10 '
+            'layers; 8 query / 2 KV heads). HF first token = generate(1): prefill and one '
+            'token.', '',
+            '| model | params | batch | HF first token ms | HF decode tok/s | mllm prefill ms | '
+            'mllm decode tok/s | mllm / HF | same greedy tokens |',
+            '|---|---:|---:|---:|---:|---:|---:|---:|---:|']
+  for name, n, batch, hf_ms, hf_rate, our_ms, our_rate, same in against_transformers(repeats):
+    lines.append(f'| {name} | {n:,} | {batch} | {hf_ms:.1f} | {hf_rate:,.0f} | {our_ms:.1f} | '
+                 f'{our_rate:,.0f} | {our_rate / hf_rate:.2f}x | {same} |')
+  console.print('\n'.join(lines))
+  return lines
+
+
+def _sections_1_to_3(console, config, model, repeats: int) -> list[str]:
+  lines = ['## (1) One new token at a growing context: cached step vs recomputing the forward', '',
             '| batch | context | cached ms | recompute ms | recompute / cached |',
             '|---:|---:|---:|---:|---:|']
   table = Table(title='(1) per-token latency')
@@ -126,7 +220,7 @@ def main() -> None:
     table.add_column(col, justify='right')
   for batch in (1, 8):
     for context, cached_ms, recompute_ms in per_token_latency(
-        config, model, batch, (32, 128, 512, 1024), args.repeats):
+        config, model, batch, (32, 128, 512, 1024), repeats):
       cells = [str(batch), str(context), f'{cached_ms:.2f}', f'{recompute_ms:.2f}',
                f'{recompute_ms / cached_ms:.1f}']
       table.add_row(*cells)
@@ -149,14 +243,11 @@ def main() -> None:
   lines += ['', '## (3) generate_tokens end to end (prompt 16 tokens, 128 new, EOS ignored)', '',
             '| batch | prefill ms | decode s | decode tokens/s |', '|---:|---:|---:|---:|']
   for batch in (1, 8):
-    prefill_s, decode_s = end_to_end(config, model, batch, 16, 128, args.repeats)
+    prefill_s, decode_s = end_to_end(config, model, batch, 16, 128, repeats)
     lines.append(f'| {batch} | {prefill_s * 1e3:.1f} | {decode_s:.3f} | '
                  f'{batch * 128 / decode_s:,.0f} |')
-  out = args.out or os.path.join(ROOT, 'benchmarks', 'results', f'decode-{backend}.md')
-  with open(out, 'w') as f:
-    f.write('\n'.join(lines) + '\n')
-  console.print('\n'.join(lines[-12:]))
-  console.print(f'wrote {out}')
+  console.print('\n'.join(lines[-4:]))
+  return lines
 
 
 if __name__ == '__main__':

@@ -60,7 +60,19 @@ def test_launch_generate_prints_the_continuation_and_speeds(run, tmp_path):
   assert again.stdout == proc.stdout  # seeded
 
 
+def test_launch_streams_one_prompt_as_the_api_generates_it(run):
+  config, workdir = run
+  model, tokenizer, _, _ = load_run(workdir, config)
+  want = generate(model, tokenizer, ['def '], max_new_tokens=10, repetition_penalty=1.3)[0]
+  proc = launch(f'--workdir={workdir}', '--prompt=def ', '--max_new_tokens=10',
+                '--repetition_penalty=1.3')
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert proc.stdout == f'def {want}\n'
+  assert 'compile' in proc.stderr and 'Traceback' not in proc.stderr
+
+
 @pytest.mark.parametrize('args, expected', [
+    (['--prompt=def ', '--repetition_penalty=0'], '--repetition_penalty=0.0: must be > 0'),
     (['--prompt='], "--prompt='': prompt 1 is empty"),
     (['--prompt=def ', '--max_new_tokens=0'], '--max_new_tokens=0: must be a positive integer'),
     (['--prompt=def ', '--max_new_tokens=40'], '--max_new_tokens=40: learned positions end'),

@@ -231,7 +231,7 @@ def test_streamed_tokens_are_the_returned_tokens_in_order():
                         stream=lambda tokens, finished: steps.append((tokens, finished)))
   assert len(steps) == STEPS
   for b in range(2):
-    assert [int(t) for t, f in steps if not f[b]] == out[b]
+    assert [int(t[b]) for t, f in steps if not f[b]] == out[b]
   with pytest.raises(ValueError, match='exceeds the cache'):
     generate_tokens(model, prompts, max_new_tokens=STEPS, max_len=STEPS + 4)
 
