@@ -2,7 +2,10 @@
 from mllm.accounting import count_params, training_flops_per_token
 from mllm.config import ConfigError, load_config, validate
 from mllm.model import Transformer, build_model
+# `mllm.generate(model, tokenizer, prompts, ...)` is the function; its module's other names come
+# with `from mllm.generate import ...`.
+from mllm.generate import generate, generate_tokens, load_run  # noqa: E402  (after model)
 
-__all__ = ['ConfigError', 'Transformer', 'build_model', 'count_params', 'load_config',
-           'training_flops_per_token', 'validate']
+__all__ = ['ConfigError', 'Transformer', 'build_model', 'count_params', 'generate',
+           'generate_tokens', 'load_config', 'load_run', 'training_flops_per_token', 'validate']
 __version__ = '0.1.0'
