@@ -14,14 +14,7 @@ def allowed_mask(B, T, S, *, causal=True, window=None, q_seg=None, kv_seg=None, 
   """Boolean [B, T, S]: may query t (at key index q_offset + t) attend key j."""
   offset = S - T if q_offset is None else q_offset
   d = (offset + np.arange(T))[:, None] - np.arange(S)[None, :]  # i − j
-  ok = np.ones((T, S), bool)
-  if causal:
-    ok &= d >= 0
-  if window is not None:
-    ok &= d < window
-    if not causal:
-      ok &= d > -window
-  ok = np.broadcast_to(ok, (B, T, S)).copy()
+  ok = np.broadcast_to(_visible(d, causal, window), (B, T, S)).copy()
   if q_seg is not None:
     ok &= np.asarray(q_seg)[:, :, None] == np.asarray(kv_seg)[:, None, :]
   return ok
@@ -37,14 +30,20 @@ def positions_mask(q_pos, kv_pos, *, causal=True, window=None):
   """Boolean [B, T, S] for a mask ordered by positions (a KV cache): d = pos_q − pos_k obeys the
   same rules as i − j above, and a key at a negative position is an empty slot."""
   d = np.asarray(q_pos)[:, :, None] - np.asarray(kv_pos)[:, None, :]
-  ok = np.ones(d.shape, bool)
+  return _visible(d, causal, window) & (np.asarray(kv_pos) >= 0)[:, None, :]
+
+
+def _visible(d, causal, window):
+  """May a query see a key d = i − j places before it: causal needs d >= 0, a window d < W
+  (and d > −W when not causal)."""
+  ok = np.ones(np.shape(d), bool)
   if causal:
     ok &= d >= 0
   if window is not None:
     ok &= d < window
     if not causal:
       ok &= d > -window
-  return ok & (np.asarray(kv_pos) >= 0)[:, None, :]
+  return ok
 
 
 def attention_with_grads(q, k, v, d_out=None, *, scale=None, bias=None, allowed=None,

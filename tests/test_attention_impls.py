@@ -240,7 +240,18 @@ def test_blockwise_dropout_is_keyed_and_unbiased():
 @pytest.mark.parametrize('window,segments,expected', [(None, False, 36), (64, False, 15),
                                                      (None, True, None)])
 def test_skipped_blocks_are_not_computed(monkeypatch, window, segments, expected):
-  """Count, at run time, the score blocks the forward computes: a probe in `_block_scores`."""
+  """Count, at run time, the score blocks the forward computes."""
+  seg = jnp.asarray(np.repeat(np.arange(4), 128)[None])  # 4 documents of 2 blocks each
+  mask = AttentionMask(window=window, q_segment_ids=seg if segments else None,
+                       kv_segment_ids=seg if segments else None)
+  if expected is None:  # documents of two blocks: each query block sees at most 2 key blocks
+    expected = 4 * (1 + 2)
+  assert _blockwise_visits(monkeypatch, mask, 512) == expected
+
+
+def _blockwise_visits(monkeypatch, mask, length: int) -> int:
+  """How many 64 x 64 score blocks blockwise computes for self-attention over `length` tokens
+  under `mask`: a probe in `_block_scores` counts them at run time."""
   visits = []
   real = blockwise._block_scores
 
@@ -248,17 +259,12 @@ def test_skipped_blocks_are_not_computed(monkeypatch, window, segments, expected
     jax.debug.callback(lambda: visits.append(1))
     return real(*args)
   monkeypatch.setattr(blockwise, '_block_scores', counting)
-  q = jnp.ones((1, 512, 2, 16))
-  seg = jnp.asarray(np.repeat(np.arange(4), 128)[None])  # 4 documents of 2 blocks each
-  mask = AttentionMask(window=window, q_segment_ids=seg if segments else None,
-                       kv_segment_ids=seg if segments else None)
+  q = jnp.ones((1, length, 2, 16))
   out = jax.jit(lambda q: attention_ops.attend(q, q, q, mask=mask, impl='blockwise', block_q=64,
                                                 block_k=64))(q)
   jax.block_until_ready(out)
   jax.effects_barrier()
-  if expected is None:  # documents of two blocks: each query block sees at most 2 key blocks
-    expected = 4 * (1 + 2)
-  assert len(visits) == expected
+  return len(visits)
 
 
 # ------------------------------------------------------------------------------------------
@@ -315,21 +321,9 @@ def _run_xla(q, k, v, d_out, mask, bias):
 def test_position_ordered_blockwise_skips_future_key_blocks(monkeypatch):
   """Positions in slot order (a cache filled from slot 0): the blocks of keys in every query's
   future are skipped at run time, as the causal ranges skip them for an index-ordered mask."""
-  visits = []
-  real = blockwise._block_scores
-
-  def counting(*args):
-    jax.debug.callback(lambda: visits.append(1))
-    return real(*args)
-  monkeypatch.setattr(blockwise, '_block_scores', counting)
-  q = jnp.ones((1, 256, 2, 16))
   positions = jnp.arange(256, dtype=jnp.int32)[None]
   mask = AttentionMask(q_positions=positions, kv_positions=positions)
-  out = jax.jit(lambda q: attention_ops.attend(q, q, q, mask=mask, impl='blockwise', block_q=64,
-                                                block_k=64))(q)
-  jax.block_until_ready(out)
-  jax.effects_barrier()
-  assert len(visits) == 4 * 5 // 2  # the lower triangle of 4 x 4 blocks
+  assert _blockwise_visits(monkeypatch, mask, 256) == 4 * 5 // 2  # the lower triangle of 4 x 4
 
 
 @pytest.mark.parametrize('impl,q_len,want', [('pallas', 1, 'xla'), ('blockwise', 1, 'xla'),
