@@ -10,7 +10,7 @@ ARGS ?=
 # tests of one xdist_group (the training runs sharing a module fixture) on one worker.
 PYTEST_ARGS ?= -n 2 --dist loadgroup
 
-.PHONY: install train summary test test-slow clean
+.PHONY: install train summary test test-slow ablate clean
 
 # Re-created whenever pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -30,6 +30,13 @@ train: $(STAMP)
 
 summary: $(STAMP)
 	$(VENV)/bin/python launch.py --config=$(CONFIG) --mode=summary $(ARGS)
+
+# make ablate SUITE=ffn [PRESET=cpu] [SEEDS=3]: one ablation suite (python -m experiments).
+SUITE ?= noise
+PRESET ?= cpu
+SEEDS ?= 3
+ablate: $(STAMP)
+	$(VENV)/bin/python -m experiments $(SUITE) --preset=$(PRESET) --seeds=$(SEEDS) $(ARGS)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS) tests

@@ -1,0 +1,34 @@
+"""python -m experiments SUITE [--preset=cpu|gpu|tiny] [--seeds=N] [--out=experiments/results]"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from experiments import report
+from experiments.runner import run_suite
+from experiments.suite import PRESETS, available, load_suite
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog='python -m experiments', description=__doc__)
+  parser.add_argument('suite', help='one of: ' + ', '.join(available()))
+  parser.add_argument('--preset', default='cpu', choices=PRESETS)
+  parser.add_argument('--seeds', type=int, default=3)
+  parser.add_argument('--out', default='experiments/results')
+  args = parser.parse_args(argv)
+  from mllm.config import ConfigError
+  try:
+    if args.seeds < 1:
+      raise ValueError(f'--seeds={args.seeds}; allowed: a positive integer')
+    suite = load_suite(args.suite)
+    results = run_suite(suite, preset=args.preset, seeds=args.seeds, out=args.out)
+  except (ValueError, ConfigError) as err:
+    print(f'error: {err}', file=sys.stderr)
+    return 2
+  path = report.write(suite, results, args.out)
+  print(open(path).read())
+  return 1 if results['failed'] else 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

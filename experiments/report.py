@@ -1,0 +1,83 @@
+"""A suite's results: results.json and results.md (means ± std, paired differences to the
+baseline with 95% CIs, Holm-adjusted p-values, verdicts, the paper's numbers, parameter counts)."""
+from __future__ import annotations
+
+import json
+import os
+
+from experiments import stats
+from experiments.suite import Suite
+
+
+def summarize(suite: Suite, results: dict) -> list[dict]:
+  """One row per variant, in the suite's order, with the statistics against the baseline."""
+  metric = suite.metric
+  by_variant = {v.name: {} for v in suite.variants}
+  for run in results['runs']:
+    by_variant[run['variant']][run['seed']] = run
+  base_runs = by_variant[suite.baseline.name]
+  rows, tests = [], []
+  for variant in suite.variants:
+    runs = by_variant[variant.name]
+    values = [runs[s][metric] for s in sorted(runs)]
+    row = {'variant': variant.name, 'n': len(values), 'paper': variant.paper.get(metric)}
+    if values:
+      row['mean'], row['std'] = stats.mean_std(values)
+      first = runs[min(runs)]
+      row.update(params=first['params'], active_params=first['active_params'],
+                 tokens_per_s=stats.mean_std([r['tokens_per_s'] for r in runs.values()])[0])
+    paired = sorted(set(runs) & set(base_runs))
+    if variant is not suite.baseline and len(paired) >= 2:
+      row['test'] = stats.paired_test([runs[s][metric] for s in paired],
+                                      [base_runs[s][metric] for s in paired])
+      tests.append(row)
+    rows.append(row)
+  for row, adjusted in zip(tests, stats.holm([r['test'].p for r in tests])):
+    row['p_holm'] = adjusted
+    row['verdict'] = stats.verdict(row['test'], adjusted)
+  return rows
+
+
+def markdown(suite: Suite, results: dict, rows: list[dict]) -> str:
+  lines = [f'# Suite `{suite.name}`: {suite.description}', '',
+           f"Preset `{results['preset']}`, {results['seeds']} paired seeds, metric "
+           f'`{suite.metric}` (lower is better). Differences are variant − '
+           f'`{suite.baseline.name}` over the same seeds: mean, 95% CI (paired t), p-value '
+           'Holm-adjusted across the rows; "within noise" when the adjusted p >= 0.05.', '']
+  if suite.paper_source:
+    lines += [f'Paper column: {suite.paper_source}. Our runs are far smaller: compare the '
+              'ordering, not the values.', '']
+  lines += ['| variant | params | mean ± std | Δ vs baseline [95% CI] | p (Holm) | verdict | '
+            'paper | tokens/s |', '|---|---:|---:|---:|---:|---|---:|---:|']
+  for row in rows:
+    if not row['n']:
+      lines.append(f"| {row['variant']} | | no finished run | | | | | |")
+      continue
+    params = f"{row['params']:,}"
+    if row['active_params'] != row['params']:
+      params += f" ({row['active_params']:,} active)"
+    test = row.get('test')
+    delta = (f'{test.mean:+.4f} [{test.ci_low:+.4f}, {test.ci_high:+.4f}]' if test else
+             ('baseline' if row['variant'] == suite.baseline.name else ''))
+    p = f"{row['p_holm']:.3g}" if test else ''
+    paper = '' if row['paper'] is None else f"{row['paper']:.3f}"
+    lines.append(f"| {row['variant']} | {params} | {row['mean']:.4f} ± {row['std']:.4f} | "
+                 f"{delta} | {p} | {row.get('verdict', '')} | {paper} | "
+                 f"{row['tokens_per_s']:,.0f} |")
+  if results['failed']:
+    lines += ['', 'Failed runs (after one retry): ' + '; '.join(
+        f"{f['variant']} seed {f['seed']}: {f['errors'][-1]}" for f in results['failed'])]
+  return '\n'.join(lines) + '\n'
+
+
+def write(suite: Suite, results: dict, out: str) -> str:
+  """Write <out>/<suite>/results.json and results.md; the markdown's path."""
+  folder = os.path.join(out, suite.name)
+  os.makedirs(folder, exist_ok=True)
+  rows = summarize(suite, results)
+  with open(os.path.join(folder, 'results.json'), 'w') as f:
+    json.dump(results, f, indent=1)
+  path = os.path.join(folder, 'results.md')
+  with open(path, 'w') as f:
+    f.write(markdown(suite, results, rows))
+  return path

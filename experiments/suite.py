@@ -1,0 +1,53 @@
+"""What a suite is: one base config, named variants, the metrics to report, the paper's numbers.
+
+A suite is a small Python file in experiments/suites/ that defines `SUITE = Suite(...)`; adding a
+suite is adding that file. The first variant is the baseline the others are compared with.
+Presets size every run of a suite: `tiny` (seconds, for tests), `cpu` (2 cores), `gpu` (one H100).
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+from typing import Callable
+
+PRESETS = ('tiny', 'cpu', 'gpu')
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  """One row: config choices (e.g. 'ffn=geglu') and/or dotted overrides on the suite's base."""
+  name: str
+  choices: str = ''
+  overrides: dict = dataclasses.field(default_factory=dict)
+  paper: dict = dataclasses.field(default_factory=dict)  # metric -> the paper's number
+  # Overrides that depend on the preset's sizes: model config -> dotted overrides.
+  derived: Callable | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Suite:
+  name: str
+  description: str
+  base: str  # a config spec, e.g. 'configs/rope_swiglu.py'
+  variants: tuple[Variant, ...]
+  presets: dict  # preset -> dotted overrides applied to every variant
+  metric: str = 'eval_loss'  # the compared metric; lower is better
+  paper_source: str = ''  # where the paper's numbers come from
+
+  @property
+  def baseline(self) -> Variant:
+    return self.variants[0]
+
+
+def available() -> list[str]:
+  """The names of the suites in experiments/suites/."""
+  from experiments import suites
+  return sorted(m.name for m in pkgutil.iter_modules(suites.__path__) if not m.name.startswith('_'))
+
+
+def load_suite(name: str) -> Suite:
+  """The suite `name`, or ValueError naming the ones there are."""
+  if name not in available():
+    raise ValueError(f'suite {name!r} does not exist; allowed: {", ".join(available())}')
+  return importlib.import_module(f'experiments.suites.{name}').SUITE

@@ -1,0 +1,1 @@
+"""One file per suite, each defining SUITE (experiments/suite.py)."""

@@ -1,0 +1,66 @@
+"""The suite statistics against published values: Student's t table, the classic paired example
+(Cushny & Peebles' sleep data, as in Student 1908 and R's `t.test(..., paired=TRUE)`), Holm's
+procedure worked by hand."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from experiments import stats
+
+
+@pytest.mark.parametrize('df, quantile', [(1, 12.7062047), (4, 2.7764451), (9, 2.2621572),
+                                          (30, 2.0422725), (1000, 1.9623390)])
+def test_t_quantiles_match_the_table(df, quantile):
+  """t_{0.975, df} from the standard table (e.g. NIST/SEMATECH e-Handbook, table 1.3.6.7.2)."""
+  assert stats.t_quantile(0.975, df) == pytest.approx(quantile, abs=2e-7)
+  assert stats.t_two_sided_p(quantile, df) == pytest.approx(0.05, abs=1e-8)
+
+
+def test_incomplete_beta_special_cases():
+  # I_x(1, 1) = x; I_x(a, 1) = x^a; I_x(a, b) = 1 − I_{1−x}(b, a).
+  for x in (0.1, 0.5, 0.93):
+    assert stats.incomplete_beta(1.0, 1.0, x) == pytest.approx(x, rel=1e-12)
+    assert stats.incomplete_beta(3.0, 1.0, x) == pytest.approx(x ** 3, rel=1e-12)
+    assert stats.incomplete_beta(2.5, 0.5, x) == pytest.approx(
+        1 - stats.incomplete_beta(0.5, 2.5, 1 - x), rel=1e-12)
+  # The t distribution with df = 1 is Cauchy: P(|T| > t) = 1 − 2·atan(t)/π.
+  for t in (0.3, 1.0, 7.0):
+    assert stats.t_two_sided_p(t, 1) == pytest.approx(1 - 2 * math.atan(t) / math.pi, rel=1e-10)
+
+
+def test_paired_test_on_the_sleep_data():
+  """Extra hours of sleep with two drugs on the same 10 patients (Cushny & Peebles 1905).
+  R: t = -4.0621, df = 9, p-value = 0.002833, 95% CI -2.4598858 -0.7001142, mean diff -1.58."""
+  drug1 = [0.7, -1.6, -0.2, -1.2, -0.1, 3.4, 3.7, 0.8, 0.0, 2.0]
+  drug2 = [1.9, 0.8, 1.1, 0.1, -0.1, 4.4, 5.5, 1.6, 4.6, 3.4]
+  test = stats.paired_test(drug1, drug2)
+  assert test.n == 10 and test.mean == pytest.approx(-1.58)
+  assert test.t == pytest.approx(-4.0621, abs=1e-4)
+  assert test.p == pytest.approx(0.002833, abs=1e-6)
+  assert test.ci_low == pytest.approx(-2.4598858, abs=1e-6)
+  assert test.ci_high == pytest.approx(-0.7001142, abs=1e-6)
+
+
+def test_holm_by_hand_and_verdicts():
+  # sorted 0.005·4 = 0.02, 0.01·3 = 0.03, 0.03·2 = 0.06, 0.04·1 = 0.04 → kept monotone: 0.06.
+  assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+  assert stats.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+  lower = stats.paired_test([1.0, 1.1, 0.9, 1.0], [2.0, 2.05, 2.0, 1.9])
+  assert stats.verdict(lower, 0.001) == 'better'
+  assert stats.verdict(lower, 0.001, lower_is_better=False) == 'worse'
+  assert stats.verdict(lower, 0.2) == 'within noise'
+
+
+def test_degenerate_and_bad_inputs():
+  same = stats.paired_test([1.0, 2.0], [1.0, 2.0])
+  assert same.mean == 0.0 and same.p == 1.0
+  shifted = stats.paired_test([2.0, 3.0], [1.0, 2.0])  # every difference exactly 1
+  assert shifted.p == 0.0 and shifted.ci_low == shifted.ci_high == 1.0
+  with pytest.raises(ValueError, match='at least 2 seeds'):
+    stats.paired_test([1.0], [2.0])
+  with pytest.raises(ValueError, match='3 variant values but 2'):
+    stats.paired_test([1.0, 2.0, 3.0], [1.0, 2.0])
+  assert stats.mean_std([3.0]) == (3.0, 0.0)
+  assert stats.mean_std([1.0, 2.0, 3.0]) == pytest.approx((2.0, 1.0))

@@ -1,0 +1,124 @@
+"""The suite runner on the tiny preset: hashing and skipping, paired seeds, resume after a kill,
+retry, the report. (Not the scientific results: those are the suites' own runs.)"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from experiments import report
+from experiments.runner import config_hash, resolve, run_dir, run_one, run_suite
+from experiments.suite import Suite, Variant, available, load_suite
+from experiments.suites._presets import PRESETS
+
+
+def data_overrides(corpus, cache):
+  return {'data.source': 'text', 'data.path': corpus, 'data.tokenizer': 'byte',
+          'model.vocab_size': 258, 'data.val_fraction': 0.3, 'data.cache_dir': cache}
+
+
+# 'same' is the baseline's config under another name: with paired seeds it must give exactly the
+# baseline's numbers, which is what makes the differences paired.
+SUITE = Suite(name='demo', description='runner test', base='configs/base.py',
+              variants=(Variant('base'), Variant('same'), Variant('relu', 'ffn=relu')),
+              presets=PRESETS)
+
+
+@pytest.fixture(scope='module')
+def finished(corpus, tmp_path_factory):
+  out = str(tmp_path_factory.mktemp('suites'))
+  extra = data_overrides(corpus, str(tmp_path_factory.mktemp('cache')))
+  # Kill one run part-way first (train's stop_after, as a preemption): the suite resumes it.
+  from mllm.train import train
+  killed = resolve(SUITE, SUITE.variants[1], 'tiny', 0, extra)
+  train(killed, run_dir(out, SUITE, SUITE.variants[1], killed), stop_after=3, progress=False)
+  results = run_suite(SUITE, preset='tiny', seeds=2, out=out, extra=extra, progress=False)
+  return out, extra, results
+
+
+def test_every_run_finishes_and_paired_seeds_agree_exactly(finished):
+  out, _, results = finished
+  assert not results['failed'] and len(results['runs']) == 6
+  by = {(r['variant'], r['seed']): r for r in results['runs']}
+  for seed in (0, 1):  # same config, same seed: the same numbers, the resumed run included
+    assert by['same', seed]['eval_loss'] == by['base', seed]['eval_loss']
+    assert by['relu', seed]['eval_loss'] != by['base', seed]['eval_loss']
+  assert by['base', 0]['eval_loss'] != by['base', 1]['eval_loss']  # seeds differ
+  resumed = os.path.join(by['same', 0]['workdir'], 'metrics.jsonl')
+  steps = [json.loads(line)['step'] for line in open(resumed) if '"train"' in line]
+  assert steps == sorted(set(steps)) and steps[-1] == PRESETS['tiny']['train.steps']
+
+
+def test_finished_runs_are_skipped_and_a_changed_config_is_a_new_run(finished):
+  out, extra, results = finished
+  calls = []
+  again = run_suite(SUITE, preset='tiny', seeds=2, out=out, extra=extra, progress=False,
+                    run=lambda *a, **k: calls.append(a))
+  assert calls == [] and [r['eval_loss'] for r in again['runs']] == [
+      r['eval_loss'] for r in results['runs']]
+  a = resolve(SUITE, SUITE.variants[0], 'tiny', 0, extra)
+  b = resolve(SUITE, SUITE.variants[0], 'tiny', 0, {**extra, 'train.learning_rate': 1e-3})
+  assert config_hash(a) != config_hash(b) and a.seed == 0
+  assert run_dir(out, SUITE, SUITE.variants[0], a) != run_dir(out, SUITE, SUITE.variants[0], b)
+
+
+def test_a_failed_run_is_retried_once_then_reported(tmp_path, corpus):
+  extra = data_overrides(corpus, str(tmp_path / 'cache'))
+  attempts = []
+
+  def flaky(config, workdir, progress):
+    attempts.append(workdir)
+    if len(attempts) == 1:
+      raise OSError('transient')
+    return {'eval_loss': 1.0, 'params': 1, 'active_params': 1, 'tokens_per_s': 1.0}
+  one = Suite('one', 'x', 'configs/base.py', (Variant('base'),), PRESETS)
+  ok = run_suite(one, preset='tiny', seeds=1, out=str(tmp_path), extra=extra, progress=False,
+                 run=flaky)
+  assert len(attempts) == 2 and len(ok['runs']) == 1 and not ok['failed']
+
+  def broken(config, workdir, progress):
+    raise RuntimeError('always')
+  bad = run_suite(one, preset='tiny', seeds=2, out=str(tmp_path / 'b'), extra=extra,
+                  progress=False, run=broken)
+  assert not bad['runs'] and [f['errors'] for f in bad['failed']] == [['RuntimeError: always'] * 2] * 2
+  assert 'Failed runs' in report.markdown(one, bad, report.summarize(one, bad))
+
+
+def test_report_table_and_verdicts(finished):
+  out, _, results = finished
+  path = report.write(SUITE, results, out)
+  text = open(path).read()
+  rows = {r['variant']: r for r in report.summarize(SUITE, results)}
+  assert rows['same']['test'].mean == 0.0 and rows['same']['verdict'] == 'within noise'
+  assert rows['relu']['p_holm'] >= rows['relu']['test'].p
+  assert '| same |' in text and 'within noise' in text and '| base |' in text
+  saved = json.load(open(os.path.join(out, 'demo', 'results.json')))
+  assert len(saved['runs']) == 6
+
+
+def test_suites_load_and_resolve_every_preset():
+  assert {'noise', 'ffn'} <= set(available())
+  for name in available():
+    suite = load_suite(name)
+    for preset in suite.presets:
+      for variant in suite.variants:
+        resolve(suite, variant, preset, 0)  # validates; raises on a bad override
+  ffn = load_suite('ffn')
+  moe = resolve(ffn, ffn.variants[-1], 'cpu', 0)
+  dense = resolve(ffn, ffn.variants[ffn.variants.index(
+      next(v for v in ffn.variants if v.name == 'swiglu'))], 'cpu', 0)
+  from mllm import count_params
+  # top-2 of experts half as wide: the dense SwiGLU's FFN parameters are active (router aside).
+  assert count_params(moe).active - count_params(dense).active == (
+      moe.model.n_layers * moe.model.d_model * moe.model.moe.num_experts)
+
+
+def test_cli_refuses_an_unknown_suite_in_one_line():
+  proc = subprocess.run([sys.executable, '-m', 'experiments', 'nonesuch', '--preset=tiny'],
+                        cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(
+      "error: suite 'nonesuch' does not exist; allowed:")
