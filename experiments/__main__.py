@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from experiments import report
-from experiments.runner import run_suite
+from experiments.runner import run_one, run_suite
 from experiments.suite import PRESETS, available, load_suite
 
 
@@ -15,13 +15,16 @@ def main(argv=None) -> int:
   parser.add_argument('--preset', default='cpu', choices=PRESETS)
   parser.add_argument('--seeds', type=int, default=3)
   parser.add_argument('--out', default='experiments/results')
+  parser.add_argument('--report_only', action='store_true',
+                      help='run nothing: write the report of the runs finished so far')
   args = parser.parse_args(argv)
   from mllm.config import ConfigError
   try:
     if args.seeds < 1:
       raise ValueError(f'--seeds={args.seeds}; allowed: a positive integer')
     suite = load_suite(args.suite)
-    results = run_suite(suite, preset=args.preset, seeds=args.seeds, out=args.out)
+    results = run_suite(suite, preset=args.preset, seeds=args.seeds, out=args.out,
+                        run=None if args.report_only else run_one)
   except (ValueError, ConfigError) as err:
     print(f'error: {err}', file=sys.stderr)
     return 2

@@ -5,8 +5,15 @@ from __future__ import annotations
 import json
 import os
 
-from experiments import stats
+from experiments import plots, stats
 from experiments.suite import Suite
+
+
+# Measurements shown as extra columns (mean over seeds) when a suite's runs have them.
+EXTRA_COLUMNS = {'decode_tok_s': ('decode tok/s', '{:,.0f}'),
+                 'kv_bytes_per_token': ('KV bytes/token', '{:,.0f}'),
+                 'load_cv': ('load CV', '{:.3f}'), 'max_over_mean': ('max/mean load', '{:.2f}'),
+                 'drop_rate': ('drop rate', '{:.3f}'), 'dead_experts': ('dead experts', '{:.1f}')}
 
 
 def summarize(suite: Suite, results: dict) -> list[dict]:
@@ -25,7 +32,11 @@ def summarize(suite: Suite, results: dict) -> list[dict]:
       row['mean'], row['std'] = stats.mean_std(values)
       first = runs[min(runs)]
       row.update(params=first['params'], active_params=first['active_params'],
-                 tokens_per_s=stats.mean_std([r['tokens_per_s'] for r in runs.values()])[0])
+                 tokens_per_s=stats.mean_std([r['tokens_per_s'] for r in runs.values()])[0],
+                 train_flops=first.get('flops_per_token', 0) * first.get('tokens', 0))
+      for key in EXTRA_COLUMNS:
+        if all(key in r for r in runs.values()):
+          row[key] = stats.mean_std([r[key] for r in runs.values()])[0]
     paired = sorted(set(runs) & set(base_runs))
     if variant is not suite.baseline and len(paired) >= 2:
       row['test'] = stats.paired_test([runs[s][metric] for s in paired],
@@ -47,8 +58,10 @@ def markdown(suite: Suite, results: dict, rows: list[dict]) -> str:
   if suite.paper_source:
     lines += [f'Paper column: {suite.paper_source}. Our runs are far smaller: compare the '
               'ordering, not the values.', '']
+  extras = [k for k in EXTRA_COLUMNS if any(k in row for row in rows)]
   lines += ['| variant | params | mean ± std | Δ vs baseline [95% CI] | p (Holm) | verdict | '
-            'paper | tokens/s |', '|---|---:|---:|---:|---:|---|---:|---:|']
+            'paper | train tokens/s |' + ''.join(f' {EXTRA_COLUMNS[k][0]} |' for k in extras),
+            '|---|---:|---:|---:|---:|---|---:|---:|' + '---:|' * len(extras)]
   for row in rows:
     if not row['n']:
       lines.append(f"| {row['variant']} | | no finished run | | | | | |")
@@ -63,7 +76,13 @@ def markdown(suite: Suite, results: dict, rows: list[dict]) -> str:
     paper = '' if row['paper'] is None else f"{row['paper']:.3f}"
     lines.append(f"| {row['variant']} | {params} | {row['mean']:.4f} ± {row['std']:.4f} | "
                  f"{delta} | {p} | {row.get('verdict', '')} | {paper} | "
-                 f"{row['tokens_per_s']:,.0f} |")
+                 f"{row['tokens_per_s']:,.0f} |" + ''.join(
+                     f' {EXTRA_COLUMNS[k][1].format(row[k]) if k in row else ""} |'
+                     for k in extras))
+  if results.get('pending'):
+    lines += ['', f"Not run yet: {len(results['pending'])} of "
+              f"{len(results['pending']) + len(results['runs']) + len(results['failed'])} runs "
+              '(the suite resumes where it stopped).']
   if results['failed']:
     lines += ['', 'Failed runs (after one retry): ' + '; '.join(
         f"{f['variant']} seed {f['seed']}: {f['errors'][-1]}" for f in results['failed'])]
@@ -77,7 +96,10 @@ def write(suite: Suite, results: dict, out: str) -> str:
   rows = summarize(suite, results)
   with open(os.path.join(folder, 'results.json'), 'w') as f:
     json.dump(results, f, indent=1)
+  figures = plots.write_all(suite, results, rows, folder)
+  text = markdown(suite, results, rows)
+  text += ''.join(f'\n![{os.path.basename(p)}]({os.path.basename(p)})\n' for p in figures)
   path = os.path.join(folder, 'results.md')
   with open(path, 'w') as f:
-    f.write(markdown(suite, results, rows))
+    f.write(text)
   return path

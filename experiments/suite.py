@@ -21,7 +21,7 @@ class Variant:
   choices: str = ''
   overrides: dict = dataclasses.field(default_factory=dict)
   paper: dict = dataclasses.field(default_factory=dict)  # metric -> the paper's number
-  # Overrides that depend on the preset's sizes: model config -> dotted overrides.
+  # Overrides that depend on the preset's sizes: the resolved config -> dotted overrides.
   derived: Callable | None = None
 
 
@@ -34,6 +34,7 @@ class Suite:
   presets: dict  # preset -> dotted overrides applied to every variant
   metric: str = 'eval_loss'  # the compared metric; lower is better
   paper_source: str = ''  # where the paper's numbers come from
+  extra_metrics: str | None = None  # a name in experiments/measures.py, run after each run
 
   @property
   def baseline(self) -> Variant:

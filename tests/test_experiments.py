@@ -58,6 +58,11 @@ def test_finished_runs_are_skipped_and_a_changed_config_is_a_new_run(finished):
   calls = []
   again = run_suite(SUITE, preset='tiny', seeds=2, out=out, extra=extra, progress=False,
                     run=lambda *a, **k: calls.append(a))
+  partial = run_suite(SUITE, preset='tiny', seeds=3, out=out, extra=extra, progress=False,
+                      run=None)  # --report_only: the 6 finished runs, seed 2's three pending
+  assert len(partial['runs']) == 6 and [p['seed'] for p in partial['pending']] == [2, 2, 2]
+  assert 'Not run yet: 3 of 9 runs' in report.markdown(SUITE, partial,
+                                                       report.summarize(SUITE, partial))
   assert calls == [] and [r['eval_loss'] for r in again['runs']] == [
       r['eval_loss'] for r in results['runs']]
   a = resolve(SUITE, SUITE.variants[0], 'tiny', 0, extra)
@@ -70,7 +75,7 @@ def test_a_failed_run_is_retried_once_then_reported(tmp_path, corpus):
   extra = data_overrides(corpus, str(tmp_path / 'cache'))
   attempts = []
 
-  def flaky(config, workdir, progress):
+  def flaky(config, workdir, progress, measure):
     attempts.append(workdir)
     if len(attempts) == 1:
       raise OSError('transient')
@@ -80,7 +85,7 @@ def test_a_failed_run_is_retried_once_then_reported(tmp_path, corpus):
                  run=flaky)
   assert len(attempts) == 2 and len(ok['runs']) == 1 and not ok['failed']
 
-  def broken(config, workdir, progress):
+  def broken(config, workdir, progress, measure):
     raise RuntimeError('always')
   bad = run_suite(one, preset='tiny', seeds=2, out=str(tmp_path / 'b'), extra=extra,
                   progress=False, run=broken)
@@ -98,6 +103,11 @@ def test_report_table_and_verdicts(finished):
   assert '| same |' in text and 'within noise' in text and '| base |' in text
   saved = json.load(open(os.path.join(out, 'demo', 'results.json')))
   assert len(saved['runs']) == 6
+  curve = saved['runs'][0]['curve']  # per-step train losses, as logged
+  assert curve['step'] == list(range(1, PRESETS['tiny']['train.steps'] + 1))
+  for figure in ('loss_curves.png', 'pareto.png'):
+    assert os.path.getsize(os.path.join(out, 'demo', figure)) > 1000
+    assert f'![{figure}]({figure})' in text
 
 
 def test_suites_load_and_resolve_every_preset():
@@ -122,3 +132,21 @@ def test_cli_refuses_an_unknown_suite_in_one_line():
                         cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(
       "error: suite 'nonesuch' does not exist; allowed:")
+
+
+def test_attention_heads_variants_match_parameters_and_measure_decoding(tmp_path, corpus):
+  from mllm import count_params
+  suite = load_suite('attention_heads')
+  counts = {v.name: count_params(resolve(suite, v, 'cpu', 0)).total for v in suite.variants}
+  kv = {v.name: resolve(suite, v, 'cpu', 0).model.n_kv_heads for v in suite.variants}
+  assert kv == {'MHA': 8, 'GQA-4': 4, 'GQA-2': 2, 'MQA': 1}
+  for name, n in counts.items():  # the FFN gives back the dropped K/V weights, to 1%
+    assert abs(n - counts['MHA']) / counts['MHA'] < 0.01, (name, n, counts['MHA'])
+  mqa = Suite('mqa', 'x', suite.base, (suite.variants[-1],), suite.presets, extra_metrics='decode')
+  out = run_suite(mqa, preset='tiny', seeds=1, out=str(tmp_path),
+                  extra=data_overrides(corpus, str(tmp_path / 'cache')), progress=False)
+  run = out['runs'][0]
+  m = resolve(mqa, mqa.variants[0], 'tiny', 0).model
+  assert run['kv_bytes_per_token'] == 2 * m.n_layers * 1 * (m.d_model // m.n_heads) * 4
+  assert run['decode_tok_s'] > 0
+  assert 'KV bytes/token' in report.markdown(mqa, out, report.summarize(mqa, out))

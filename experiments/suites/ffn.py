@@ -17,8 +17,8 @@ SUITE = Suite(
         # Each expert half the dense SwiGLU's width: top-2 activates the dense FFN's parameters.
         Variant('moe-top2', 'ffn=moe', {'model.moe.num_experts': 4, 'model.moe.top_k': 2,
                                         'model.moe.expert_kind': 'swiglu'},
-                derived=lambda m: {'model.moe.expert_d_ff':
-                                   hidden_dim(m.ffn, m.d_model, 'swiglu') // 2}),),
+                derived=lambda c: {'model.moe.expert_d_ff':
+                                   hidden_dim(c.model.ffn, c.model.d_model, 'swiglu') // 2}),),
     presets=PRESETS,
     paper_source='Shazeer 2020, Table 1 (C4 log-perplexity, 65k steps)',
 )

@@ -1,0 +1,28 @@
+"""Mixture of experts (Shazeer et al. 2017; Switch, Fedus et al. 2022; DeepSeek-V3's aux-loss-free
+bias): dense vs top-1 / top-2, the balancing loss on and off, router noise, with the load metrics
+(coefficient of variation, max/mean, drop rate, dead experts)."""
+from experiments.suite import Suite, Variant
+from experiments.suites._presets import PRESETS
+
+_MOE = {'model.moe.num_experts': 8, 'model.moe.expert_kind': 'swiglu'}
+
+
+def _moe(name, **extra):
+  overrides = {**_MOE, 'model.moe.top_k': 2, **{f'model.moe.{k}': v for k, v in extra.items()}}
+  return Variant(name, 'ffn=moe', overrides)
+
+
+SUITE = Suite(
+    name='moe',
+    description='dense vs MoE (8 experts): top-k, balancing loss, router noise, aux-loss-free bias',
+    base='configs/rope_swiglu.py',
+    variants=(Variant('dense'), _moe('top1', top_k=1), _moe('top2'),
+              _moe('top2-no_balance', balance_coef=0.0),
+              _moe('top2-noise_mixture', noise='mixture'),
+              _moe('top2-noisy_topk', noise='noisy_topk'),
+              _moe('top2-aux_free_bias', balance_coef=0.0, expert_bias=True)),
+    presets=PRESETS,
+    extra_metrics='moe_load',
+    paper_source='Switch Transformer (balancing loss alpha = 1e-2); qualitative: without balancing '
+                 'the load collapses onto few experts',
+)
