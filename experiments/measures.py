@@ -49,4 +49,35 @@ def moe_load(config, workdir: str) -> dict:
           'dead_experts': dead, 'drop_rate': float(np.mean(drops)) if drops else 0.0}
 
 
-MEASURES = {'decode': decode, 'moe_load': moe_load}
+EXTRAPOLATION_FACTORS = (2, 4, 8, 16)
+EVAL_TOKENS = 32_768  # per length: the batch shrinks as the context grows
+
+
+def extrapolation(config, workdir: str) -> dict:
+  """Validation loss at k times the training context (k in EXTRAPOLATION_FACTORS), the trained
+  parameters unchanged: `evaluate` with data.seq_len = model.max_seq_len = k·L, as
+  `launch.py --mode=eval --config.data.seq_len=... --config.model.max_seq_len=...` does. Learned
+  positions have no entry past their table: NaN (n/a)."""
+  import math
+
+  from ml_collections import config_dict
+
+  from mllm.config import set_path, validate
+  from mllm.train import evaluate
+  length = config.data.seq_len
+  out = {}
+  for k in EXTRAPOLATION_FACTORS:
+    if config.model.position.kind == 'learned':
+      out[f'loss_at_{k}L'] = math.nan
+      continue
+    longer = config_dict.ConfigDict(config.to_dict())
+    for path, value in {'data.seq_len': k * length, 'model.max_seq_len': k * length,
+                        'data.batch_size': max(1, EVAL_TOKENS // (k * length)),
+                        'train.eval_batches': 1}.items():
+      set_path(longer, path, value)
+    validate(longer)
+    out[f'loss_at_{k}L'] = evaluate(longer, workdir)['loss']
+  return out
+
+
+MEASURES = {'decode': decode, 'moe_load': moe_load, 'extrapolation': extrapolation}

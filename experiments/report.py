@@ -3,6 +3,7 @@ baseline with 95% CIs, Holm-adjusted p-values, verdicts, the paper's numbers, pa
 from __future__ import annotations
 
 import json
+import math
 import os
 
 from experiments import plots, stats
@@ -13,7 +14,8 @@ from experiments.suite import Suite
 EXTRA_COLUMNS = {'decode_tok_s': ('decode tok/s', '{:,.0f}'),
                  'kv_bytes_per_token': ('KV bytes/token', '{:,.0f}'),
                  'load_cv': ('load CV', '{:.3f}'), 'max_over_mean': ('max/mean load', '{:.2f}'),
-                 'drop_rate': ('drop rate', '{:.3f}'), 'dead_experts': ('dead experts', '{:.1f}')}
+                 'drop_rate': ('drop rate', '{:.3f}'), 'dead_experts': ('dead experts', '{:.1f}'),
+                 **{f'loss_at_{k}L': (f'loss at {k}L', '{:.4f}') for k in (2, 4, 8, 16)}}
 
 
 def summarize(suite: Suite, results: dict) -> list[dict]:
@@ -49,6 +51,12 @@ def summarize(suite: Suite, results: dict) -> list[dict]:
   return rows
 
 
+def _cell(key: str, row: dict) -> str:
+  if key not in row:
+    return ''
+  return 'n/a' if math.isnan(row[key]) else EXTRA_COLUMNS[key][1].format(row[key])
+
+
 def markdown(suite: Suite, results: dict, rows: list[dict]) -> str:
   lines = [f'# Suite `{suite.name}`: {suite.description}', '',
            f"Preset `{results['preset']}`, {results['seeds']} paired seeds, metric "
@@ -77,7 +85,7 @@ def markdown(suite: Suite, results: dict, rows: list[dict]) -> str:
     lines.append(f"| {row['variant']} | {params} | {row['mean']:.4f} ± {row['std']:.4f} | "
                  f"{delta} | {p} | {row.get('verdict', '')} | {paper} | "
                  f"{row['tokens_per_s']:,.0f} |" + ''.join(
-                     f' {EXTRA_COLUMNS[k][1].format(row[k]) if k in row else ""} |'
+                     f' {_cell(k, row)} |'
                      for k in extras))
   if results.get('pending'):
     lines += ['', f"Not run yet: {len(results['pending'])} of "

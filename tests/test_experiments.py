@@ -150,3 +150,20 @@ def test_attention_heads_variants_match_parameters_and_measure_decoding(tmp_path
   assert run['kv_bytes_per_token'] == 2 * m.n_layers * 1 * (m.d_model // m.n_heads) * 4
   assert run['decode_tok_s'] > 0
   assert 'KV bytes/token' in report.markdown(mqa, out, report.summarize(mqa, out))
+
+
+def test_positions_suite_evaluates_past_the_training_context(tmp_path, corpus):
+  import math
+  suite = load_suite('positions')
+  two = Suite('pos', 'x', suite.base, tuple(v for v in suite.variants
+                                            if v.name in ('rope', 'learned')),
+              suite.presets, extra_metrics='extrapolation')
+  out = run_suite(two, preset='tiny', seeds=1, out=str(tmp_path),
+                  extra=data_overrides(corpus, str(tmp_path / 'cache')), progress=False)
+  runs = {r['variant']: r for r in out['runs']}
+  assert all(math.isfinite(runs['rope'][f'loss_at_{k}L']) for k in (2, 4, 8, 16))
+  assert runs['rope']['loss_at_16L'] != runs['rope']['loss_at_2L']
+  assert all(math.isnan(runs['learned'][f'loss_at_{k}L']) for k in (2, 4, 8, 16))
+  text = report.markdown(two, out, report.summarize(two, out))
+  assert 'loss at 16L' in text
+  assert 'n/a' in text
