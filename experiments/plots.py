@@ -46,7 +46,12 @@ def pareto(suite, rows: list[dict], path: str) -> str | None:
     ax.errorbar(row['train_flops'], row['mean'], yerr=row['std'], fmt='o', capsize=3)
     ax.annotate(row['variant'], (row['train_flops'], row['mean']), fontsize=8,
                 xytext=(4, 4), textcoords='offset points')
-  ax.set(xscale='log', xlabel='training FLOPs per run', ylabel=suite.metric,
+  flops = [row['train_flops'] for row in points]
+  if max(flops) > 10 * min(flops):  # a log axis only when compute spans a decade
+    ax.set_xscale('log')
+  else:
+    ax.ticklabel_format(axis='x', style='sci', scilimits=(0, 0))
+  ax.set(xlabel='training FLOPs per run', ylabel=suite.metric,
          title=f'suite {suite.name}: {suite.metric} vs compute')
   ax.grid(alpha=0.3)
   fig.tight_layout()

@@ -82,7 +82,8 @@ def markdown(suite: Suite, results: dict, rows: list[dict]) -> str:
              ('baseline' if row['variant'] == suite.baseline.name else ''))
     p = f"{row['p_holm']:.3g}" if test else ''
     paper = '' if row['paper'] is None else f"{row['paper']:.3f}"
-    lines.append(f"| {row['variant']} | {params} | {row['mean']:.4f} ± {row['std']:.4f} | "
+    spread = f" ± {row['std']:.4f}" if row['n'] > 1 else ' (1 seed)'
+    lines.append(f"| {row['variant']} | {params} | {row['mean']:.4f}{spread} | "
                  f"{delta} | {p} | {row.get('verdict', '')} | {paper} | "
                  f"{row['tokens_per_s']:,.0f} |" + ''.join(
                      f' {_cell(k, row)} |'
