@@ -96,16 +96,21 @@ def kv_bytes_table(lengths, batch: int):
   return rows
 
 
-def end_to_end(config, model, batch: int, prompt_len: int, new_tokens: int, repeats: int):
-  prompts = [list(range(1, prompt_len + 1))] * batch
-  timings = {}
-  generate_tokens(model, prompts, max_new_tokens=new_tokens)  # compiles, warms up
-  prefill, decode = [], []
+def timed_generate(model, prompts, new_tokens: int, repeats: int):
+  """(the greedy tokens, median prefill s, median decode s) of `generate_tokens`, after a
+  warm-up call that compiles; its timings exclude compilation."""
+  tokens = generate_tokens(model, prompts, max_new_tokens=new_tokens)  # compiles, warms up
+  timings, prefill, decode = {}, [], []
   for _ in range(repeats):
     generate_tokens(model, prompts, max_new_tokens=new_tokens, timings=timings)
     prefill.append(timings['prefill_s'])
     decode.append(timings['decode_s'])
-  return statistics.median(prefill), statistics.median(decode)
+  return tokens, statistics.median(prefill), statistics.median(decode)
+
+
+def end_to_end(config, model, batch: int, prompt_len: int, new_tokens: int, repeats: int):
+  prompts = [list(range(1, prompt_len + 1))] * batch
+  return timed_generate(model, prompts, new_tokens, repeats)[1:]
 
 
 # The comparison's models: configs/rope_swiglu.py with these overrides. init_std 0.1 makes greedy
@@ -147,17 +152,12 @@ def against_transformers(repeats: int, prompt_len: int = 16, new_tokens: int = 1
         hf_generate(new_tokens)
         hf_first.append(first - start)
         hf_decode.append(time.perf_counter() - first - (first - start))
-      ours = generate_tokens(model, prompts.tolist(), max_new_tokens=new_tokens)  # compiles
-      timings, prefill, decode = {}, [], []
-      for _ in range(repeats):
-        generate_tokens(model, prompts.tolist(), max_new_tokens=new_tokens, timings=timings)
-        prefill.append(timings['prefill_s'])
-        decode.append(timings['decode_s'])
+      ours, prefill_s, decode_s = timed_generate(model, prompts.tolist(), new_tokens, repeats)
       hf_rate = batch * (new_tokens - 1) / statistics.median(hf_decode)
-      our_rate = batch * new_tokens / statistics.median(decode)
+      our_rate = batch * new_tokens / decode_s
       same = sum(a == b for x, y in zip(ours, theirs) for a, b in zip(x, y))
       rows.append((name, n_params, batch, statistics.median(hf_first) * 1e3, hf_rate,
-                   statistics.median(prefill) * 1e3, our_rate, f'{same}/{batch * new_tokens}'))
+                   prefill_s * 1e3, our_rate, f'{same}/{batch * new_tokens}'))
   return rows
 
 

@@ -156,7 +156,7 @@ class Transformer(nnx.Module):
         x_BTD, layer_stats, layer_kv = _call_block(block, x_BTD, context, mask, self.remat,
                                                    layer_cache)
         per_layer.append(layer_stats)
-        kv = layer_kv if cache is not None else None
+        kv = layer_kv
       per_layer = [s for s in per_layer if s is not None]
       stats = jax.tree.map(lambda *xs: jnp.stack(xs), *per_layer) if per_layer else {}
     if self.final_norm is not None:

@@ -76,10 +76,12 @@ def write_slots(positions_BT: jax.Array, size: int) -> jax.Array:
   return jnp.where(keep, positions_BT % size, size)
 
 
-def scatter(cache_BSKH: jax.Array, new_BTKH: jax.Array, slots_BT: jax.Array) -> jax.Array:
-  """cache with new_BTKH[b, t] written at slot slots_BT[b, t] (out-of-range slots dropped)."""
-  rows = jnp.arange(cache_BSKH.shape[0])[:, None]
-  return cache_BSKH.at[rows, slots_BT].set(new_BTKH.astype(cache_BSKH.dtype), mode='drop')
+def scatter(cache: jax.Array, new_BT: jax.Array, slots_BT: jax.Array, layer=None) -> jax.Array:
+  """cache with new_BT[b, t] written at slot slots_BT[b, t] (out-of-range slots dropped): cache
+  is [B, S, ...], or [L, B, S, ...] written at `layer`."""
+  lead = () if layer is None else (layer,)
+  rows = jnp.arange(cache.shape[len(lead)])[:, None]
+  return cache.at[(*lead, rows, slots_BT)].set(new_BT.astype(cache.dtype), mode='drop')
 
 
 @struct.dataclass
@@ -99,18 +101,14 @@ class LayerCache:
     write_first: write, then attend to the S slots (the mask's kv_positions are the updated
     cache's). Otherwise attend to [past S slots ; new T keys], then write: needed when a chunk
     is longer than a rolling buffer, whose later keys overwrite slots its earlier queries read."""
-    k_all, v_all = self._write(self.k, k_BTKH), self._write(self.v, v_BTKH)
+    k_all = scatter(self.k, k_BTKH, self.slots, self.layer)
+    v_all = scatter(self.v, v_BTKH, self.slots, self.layer)
     if self.write_first:
       return k_all[self.layer].astype(k_BTKH.dtype), v_all[self.layer].astype(v_BTKH.dtype), (
           k_all, v_all)
     keys = jnp.concatenate([self.k[self.layer].astype(k_BTKH.dtype), k_BTKH], axis=1)
     values = jnp.concatenate([self.v[self.layer].astype(v_BTKH.dtype), v_BTKH], axis=1)
     return keys, values, (k_all, v_all)
-
-  def _write(self, cache_LBSKH, new_BTKH):
-    rows = jnp.arange(cache_LBSKH.shape[1])[:, None]
-    return cache_LBSKH.at[self.layer, rows, self.slots].set(new_BTKH.astype(cache_LBSKH.dtype),
-                                                            mode='drop')
 
 
 def writes_first(q_len: int, window: int | None) -> bool:
