@@ -31,12 +31,14 @@ train: $(STAMP)
 summary: $(STAMP)
 	$(VENV)/bin/python launch.py --config=$(CONFIG) --mode=summary $(ARGS)
 
-# make ablate SUITE=ffn [PRESET=cpu] [SEEDS=3]: one ablation suite (python -m experiments).
+# make ablate SUITE=ffn [PRESET=cpu] [SEEDS=3] [JOBS=1]: one ablation suite (python -m
+# experiments); JOBS=2 runs two at once (the cpu preset's timings assume it on 2 cores).
 SUITE ?= noise
 PRESET ?= cpu
 SEEDS ?= 3
+JOBS ?= 1
 ablate: $(STAMP)
-	$(VENV)/bin/python -m experiments $(SUITE) --preset=$(PRESET) --seeds=$(SEEDS) $(ARGS)
+	$(VENV)/bin/python -m experiments $(SUITE) --preset=$(PRESET) --seeds=$(SEEDS) --jobs=$(JOBS) $(ARGS)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS) tests

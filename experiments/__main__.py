@@ -1,4 +1,4 @@
-"""python -m experiments SUITE [--preset=cpu|gpu|tiny] [--seeds=N] [--out=experiments/results]"""
+"""python -m experiments SUITE [--preset=cpu|gpu|tiny] [--seeds=N] [--jobs=N] [--out=experiments/results]"""
 from __future__ import annotations
 
 import argparse
@@ -15,6 +15,9 @@ def main(argv=None) -> int:
   parser.add_argument('--preset', default='cpu', choices=PRESETS)
   parser.add_argument('--seeds', type=int, default=3)
   parser.add_argument('--out', default='experiments/results')
+  parser.add_argument('--jobs', type=int, default=1,
+                      help='runs at once, each in its own process (2 on 2 cores: ~1.4x faster, '
+                           'but tokens/s is then a shared machine\'s)')
   parser.add_argument('--report_only', action='store_true',
                       help='run nothing: write the report of the runs finished so far')
   args = parser.parse_args(argv)
@@ -24,7 +27,7 @@ def main(argv=None) -> int:
       raise ValueError(f'--seeds={args.seeds}; allowed: a positive integer')
     suite = load_suite(args.suite)
     results = run_suite(suite, preset=args.preset, seeds=args.seeds, out=args.out,
-                        run=None if args.report_only else run_one)
+                        run=None if args.report_only else run_one, jobs=args.jobs)
   except (ValueError, ConfigError) as err:
     print(f'error: {err}', file=sys.stderr)
     return 2

@@ -49,25 +49,30 @@ def moe_load(config, workdir: str) -> dict:
           'dead_experts': dead, 'drop_rate': float(np.mean(drops)) if drops else 0.0}
 
 
-EXTRAPOLATION_FACTORS = (2, 4, 8, 16)
 EVAL_TOKENS = 32_768  # per length: the batch shrinks as the context grows
 
 
-def extrapolation(config, workdir: str) -> dict:
-  """Validation loss at k times the training context (k in EXTRAPOLATION_FACTORS), the trained
-  parameters unchanged: `evaluate` with data.seq_len = model.max_seq_len = k·L, as
-  `launch.py --mode=eval --config.data.seq_len=... --config.model.max_seq_len=...` does. Learned
-  positions have no entry past their table: NaN (n/a)."""
+def base_length(config) -> int:
+  """The context L the lengths are multiples of: the pre-training context a RoPE scaling names
+  (position.rope_original_max_len), else the run's own data.seq_len."""
+  return config.model.position.rope_original_max_len or config.data.seq_len
+
+
+def loss_at_lengths(config, workdir: str, factors) -> dict:
+  """Validation loss at k·L for k in `factors` (L = base_length), the trained parameters
+  unchanged: `evaluate` with data.seq_len = model.max_seq_len = k·L, as `launch.py --mode=eval
+  --config.data.seq_len=... --config.model.max_seq_len=...` does. Learned positions have no entry
+  past their table: NaN (n/a)."""
   import math
 
   from ml_collections import config_dict
 
   from mllm.config import set_path, validate
   from mllm.train import evaluate
-  length = config.data.seq_len
+  length = base_length(config)
   out = {}
-  for k in EXTRAPOLATION_FACTORS:
-    if config.model.position.kind == 'learned':
+  for k in factors:
+    if config.model.position.kind == 'learned' and k * length > config.model.max_seq_len:
       out[f'loss_at_{k}L'] = math.nan
       continue
     longer = config_dict.ConfigDict(config.to_dict())
@@ -80,4 +85,73 @@ def extrapolation(config, workdir: str) -> dict:
   return out
 
 
-MEASURES = {'decode': decode, 'moe_load': moe_load, 'extrapolation': extrapolation}
+def extrapolation(config, workdir: str) -> dict:
+  """The ALiBi paper's test: loss at 2, 4, 8 and 16 times the training context."""
+  return loss_at_lengths(config, workdir, (2, 4, 8, 16))
+
+
+def context_extension(config, workdir: str) -> dict:
+  """The PI paper's test: loss at 1, 2, 4 and 8 times the pre-training context."""
+  return loss_at_lengths(config, workdir, (1, 2, 4, 8))
+
+
+GRAD_BATCHES = 4
+
+
+def _ffn_grad_norms(net, batches) -> list[float]:
+  """‖∂loss/∂W_ffn‖ per layer (all of the block's FFN weights), mean over `batches`."""
+  import jax
+  import numpy as np
+  import optax
+  from flax import nnx
+
+  graphdef, params, rest = nnx.split(net, nnx.Param, ...)
+
+  @jax.jit
+  def grads(params, rest, batch):
+    def loss(params):
+      logits = nnx.merge(graphdef, params, jax.tree.map(lambda x: x, rest))(batch["inputs"])
+      ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jax.numpy.float32),
+                                                           batch['targets'])
+      return (ce * batch['loss_mask']).sum() / batch['loss_mask'].sum()
+    return jax.grad(loss)(params)
+
+  per_batch = []
+  for batch in batches:
+    squares = {}
+    for path, g in jax.tree_util.tree_flatten_with_path(grads(params, rest, batch))[0]:
+      keys = [getattr(k, 'key', getattr(k, 'idx', None)) for k in path]
+      if keys[0] != 'blocks' or 'ffn' not in keys:
+        continue
+      g = np.asarray(g, np.float64)
+      index = next((k for k in keys[1:] if isinstance(k, int)), None)
+      if index is None:  # scanned layers: one stacked array, layers on axis 0
+        for i, row in enumerate(g.reshape(g.shape[0], -1)):
+          squares[i] = squares.get(i, 0.0) + float((row ** 2).sum())
+      else:
+        squares[index] = squares.get(index, 0.0) + float((g ** 2).sum())
+    per_batch.append([squares[i] ** 0.5 for i in sorted(squares)])
+  return [float(x) for x in np.mean(per_batch, axis=0)]
+
+
+def layer_grad_norms(config, workdir: str) -> dict:
+  """Xiong et al. 2020, Fig. 3: the gradient norm of each layer's FFN weights at initialisation
+  (this run's seed, before any step) and after training, on the run's first GRAD_BATCHES training
+  batches. Post-LN's grow towards the output at initialisation; Pre-LN's stay level."""
+  import itertools
+
+  from mllm.data import build_data
+  from mllm.generate import load_run
+  from mllm.train.state import _new_model
+  trained, _, _, saved = load_run(workdir, config)
+  data = build_data(saved, workdir)
+  batches = list(itertools.islice(data.train_iterator(), GRAD_BATCHES))
+  fresh = _new_model(saved)
+  fresh.eval()
+  init, final = _ffn_grad_norms(fresh, batches), _ffn_grad_norms(trained, batches)
+  return {'ffn_grad_norm_init': init, 'ffn_grad_norm_final': final,
+          'grad_ratio_init': init[-1] / init[0], 'grad_ratio_final': final[-1] / final[0]}
+
+
+MEASURES = {'decode': decode, 'moe_load': moe_load, 'extrapolation': extrapolation,
+            'context_extension': context_extension, 'layer_grad_norms': layer_grad_norms}

@@ -11,14 +11,22 @@ import numpy as np  # noqa: E402
 
 
 def loss_curves(suite, results: dict, path: str) -> str | None:
-  """Train loss against step per variant: the mean over seeds, shaded min–max band."""
+  """Train loss against step per variant: the mean over seeds, shaded min–max band. A fine-tuning
+  variant's curve continues its parent's, from the parent's last step."""
   fig, ax = plt.subplots(figsize=(7, 4.5))
   drawn = False
+  last_step = {(r['variant'], r['seed']): r['curve']['step'][-1]
+               for r in results['runs'] if r.get('curve') and r['curve']['step']}
   for variant in suite.variants:
-    curves = [r['curve'] for r in results['runs'] if r['variant'] == variant.name and r.get('curve')]
-    if not curves:
+    runs = [r for r in results['runs'] if r['variant'] == variant.name and r.get('curve')]
+    if not runs:
       continue
+    offsets = [last_step.get((variant.starts_from, r['seed']), 0) for r in runs]
+    curves = [{'step': [s + o for s in r['curve']['step']], 'loss': r['curve']['loss']}
+              for r, o in zip(runs, offsets)]
     steps = sorted(set.intersection(*(set(c['step']) for c in curves)))
+    if not steps:
+      continue
     losses = np.array([[dict(zip(c['step'], c['loss']))[s] for s in steps] for c in curves])
     line, = ax.plot(steps, losses.mean(0), label=f'{variant.name} ({len(curves)} seeds)', lw=1.2)
     if len(curves) > 1:
@@ -60,7 +68,47 @@ def pareto(suite, rows: list[dict], path: str) -> str | None:
   return path
 
 
+def loss_vs_context(suite, results: dict, path: str) -> str | None:
+  """Validation loss against evaluation context (k × the training context L, log axis): the mean
+  over seeds with a min–max band. k = 1 is the run's own eval_loss when it has no loss_at_1L."""
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  drawn = False
+  for variant in suite.variants:
+    runs = [r for r in results['runs'] if r['variant'] == variant.name]
+    factors = sorted({int(k[len('loss_at_'):-1]) for r in runs for k in r
+                      if k.startswith('loss_at_') and k.endswith('L')})
+    if not factors:
+      continue
+    if 1 not in factors:
+      factors = [1] + factors
+    table = np.array([[r.get(f'loss_at_{k}L', r['eval_loss'] if k == 1 else np.nan)
+                       for k in factors] for r in runs], dtype=float)
+    keep = ~np.isnan(table).any(0)  # n/a lengths (learned positions past L) are left out
+    if not keep.any():
+      continue
+    ks = np.array(factors)[keep]
+    line, = ax.plot(ks, table[:, keep].mean(0), marker='o', lw=1.2,
+                    label=f'{variant.name} ({len(runs)} seeds)')
+    if len(runs) > 1:
+      ax.fill_between(ks, table[:, keep].min(0), table[:, keep].max(0), color=line.get_color(),
+                      alpha=0.2)
+    drawn = True
+  if not drawn:
+    plt.close(fig)
+    return None
+  ax.set_xscale('log', base=2)
+  ax.set(xlabel='evaluation context / training context L', ylabel='validation loss',
+         title=f'suite {suite.name}: loss vs context length')
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path
+
+
 def write_all(suite, results: dict, rows: list[dict], folder: str) -> list[str]:
   made = [loss_curves(suite, results, os.path.join(folder, 'loss_curves.png')),
+          loss_vs_context(suite, results, os.path.join(folder, 'loss_vs_context.png')),
           pareto(suite, rows, os.path.join(folder, 'pareto.png'))]
   return [p for p in made if p]

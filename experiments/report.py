@@ -15,7 +15,7 @@ EXTRA_COLUMNS = {'decode_tok_s': ('decode tok/s', '{:,.0f}'),
                  'kv_bytes_per_token': ('KV bytes/token', '{:,.0f}'),
                  'load_cv': ('load CV', '{:.3f}'), 'max_over_mean': ('max/mean load', '{:.2f}'),
                  'drop_rate': ('drop rate', '{:.3f}'), 'dead_experts': ('dead experts', '{:.1f}'),
-                 **{f'loss_at_{k}L': (f'loss at {k}L', '{:.4f}') for k in (2, 4, 8, 16)}}
+                 **{f'loss_at_{k}L': (f'loss at {k}L', '{:.4f}') for k in (1, 2, 4, 8, 16)}}
 
 
 def summarize(suite: Suite, results: dict) -> list[dict]:
@@ -33,9 +33,11 @@ def summarize(suite: Suite, results: dict) -> list[dict]:
     if values:
       row['mean'], row['std'] = stats.mean_std(values)
       first = runs[min(runs)]
+      speeds = [r['tokens_per_s'] for r in runs.values() if r.get('tokens_per_s')]
       row.update(params=first['params'], active_params=first['active_params'],
-                 tokens_per_s=stats.mean_std([r['tokens_per_s'] for r in runs.values()])[0],
-                 train_flops=first.get('flops_per_token', 0) * first.get('tokens', 0))
+                 tokens_per_s=stats.mean_std(speeds)[0] if speeds else None,
+                 train_flops=first.get('train_flops',
+                                       first.get('flops_per_token', 0) * first.get('tokens', 0)))
       for key in EXTRA_COLUMNS:
         if all(key in r for r in runs.values()):
           row[key] = stats.mean_std([r[key] for r in runs.values()])[0]
@@ -57,6 +59,14 @@ def _cell(key: str, row: dict) -> str:
   return 'n/a' if math.isnan(row[key]) else EXTRA_COLUMNS[key][1].format(row[key])
 
 
+def _name(suite: Suite, name: str) -> str:
+  """The row's label: a starts_from variant says where its parameters come from."""
+  variant = next(v for v in suite.variants if v.name == name)
+  if not variant.starts_from:
+    return name
+  return f"{name} ({'fine-tuned' if variant.trains else 'evaluated'} from {variant.starts_from})"
+
+
 def markdown(suite: Suite, results: dict, rows: list[dict]) -> str:
   lines = [f'# Suite `{suite.name}`: {suite.description}', '',
            f"Preset `{results['preset']}`, {results['seeds']} paired seeds, metric "
@@ -66,7 +76,7 @@ def markdown(suite: Suite, results: dict, rows: list[dict]) -> str:
   if suite.paper_source:
     lines += [f'Paper column: {suite.paper_source}. Our runs are far smaller: compare the '
               'ordering, not the values.', '']
-  extras = [k for k in EXTRA_COLUMNS if any(k in row for row in rows)]
+  extras = [k for k in EXTRA_COLUMNS if k != suite.metric and any(k in row for row in rows)]
   lines += ['| variant | params | mean ± std | Δ vs baseline [95% CI] | p (Holm) | verdict | '
             'paper | train tokens/s |' + ''.join(f' {EXTRA_COLUMNS[k][0]} |' for k in extras),
             '|---|---:|---:|---:|---:|---|---:|---:|' + '---:|' * len(extras)]
@@ -83,9 +93,9 @@ def markdown(suite: Suite, results: dict, rows: list[dict]) -> str:
     p = f"{row['p_holm']:.3g}" if test else ''
     paper = '' if row['paper'] is None else f"{row['paper']:.3f}"
     spread = f" ± {row['std']:.4f}" if row['n'] > 1 else ' (1 seed)'
-    lines.append(f"| {row['variant']} | {params} | {row['mean']:.4f}{spread} | "
-                 f"{delta} | {p} | {row.get('verdict', '')} | {paper} | "
-                 f"{row['tokens_per_s']:,.0f} |" + ''.join(
+    speed = '—' if row['tokens_per_s'] is None else f"{row['tokens_per_s']:,.0f}"
+    lines.append(f"| {_name(suite, row['variant'])} | {params} | {row['mean']:.4f}{spread} | "
+                 f"{delta} | {p} | {row.get('verdict', '')} | {paper} | {speed} |" + ''.join(
                      f' {_cell(k, row)} |'
                      for k in extras))
   if results.get('pending'):

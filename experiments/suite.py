@@ -23,6 +23,11 @@ class Variant:
   paper: dict = dataclasses.field(default_factory=dict)  # metric -> the paper's number
   # Overrides that depend on the preset's sizes: the resolved config -> dotted overrides.
   derived: Callable | None = None
+  # Another (earlier) variant whose trained parameters this one starts from, same seed: it
+  # fine-tunes them under its own config (train.init_from), or with trains=False only evaluates
+  # them under its own config (e.g. a RoPE scaling applied at inference).
+  starts_from: str = ''
+  trains: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +40,18 @@ class Suite:
   metric: str = 'eval_loss'  # the compared metric; lower is better
   paper_source: str = ''  # where the paper's numbers come from
   extra_metrics: str | None = None  # a name in experiments/measures.py, run after each run
+
+  def __post_init__(self):
+    names = [v.name for v in self.variants]
+    if len(set(names)) != len(names):
+      raise ValueError(f'suite {self.name!r}: variant names repeat: {names}')
+    for i, v in enumerate(self.variants):
+      if v.starts_from and v.starts_from not in names[:i]:
+        raise ValueError(f'suite {self.name!r}: variant {v.name!r} starts_from={v.starts_from!r}; '
+                         f'allowed: an earlier variant ({", ".join(names[:i]) or "none"})')
+      if not v.trains and not v.starts_from:
+        raise ValueError(f'suite {self.name!r}: variant {v.name!r} has trains=False but no '
+                         'starts_from; allowed: a starts_from variant to take the parameters of')
 
   @property
   def baseline(self) -> Variant:

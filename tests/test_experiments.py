@@ -53,6 +53,28 @@ def test_every_run_finishes_and_paired_seeds_agree_exactly(finished):
   assert steps == sorted(set(steps)) and steps[-1] == PRESETS['tiny']['train.steps']
 
 
+def test_runs_in_worker_processes_give_the_same_numbers(finished, tmp_path):
+  """jobs=2: two runs at once, each in its own process; the same losses as in this process."""
+  _, extra, results = finished
+  two = Suite('demo', 'x', 'configs/base.py', (SUITE.variants[0], SUITE.variants[2]), PRESETS)
+  out = run_suite(two, preset='tiny', seeds=1, out=str(tmp_path), extra=extra, progress=False,
+                  jobs=2)
+  serial = {(r['variant'], r['seed']): r['eval_loss'] for r in results['runs']}
+  assert not out['failed'] and [(r['variant'], r['eval_loss']) for r in out['runs']] == [
+      ('base', serial['base', 0]), ('relu', serial['relu', 0])]
+  assert all(os.path.exists(os.path.join(r['workdir'], 'worker.log')) for r in out['runs'])
+
+
+def test_an_identical_finished_run_is_copied_not_trained(finished):
+  """'same' is 'base' under another name: its seed-1 run was copied from base's, while its
+  seed-0 run, started (and killed) before, resumed instead."""
+  _, _, results = finished
+  by = {(r['variant'], r['seed']): r for r in results['runs']}
+  assert by['same', 1]['copied_from'] == by['base', 1]['workdir']
+  assert 'copied_from' not in by['same', 0] and 'copied_from' not in by['relu', 1]
+  assert os.path.isdir(os.path.join(by['same', 1]['workdir'], 'checkpoints'))
+
+
 def test_finished_runs_are_skipped_and_a_changed_config_is_a_new_run(finished):
   out, extra, results = finished
   calls = []
@@ -167,3 +189,83 @@ def test_positions_suite_evaluates_past_the_training_context(tmp_path, corpus):
   text = report.markdown(two, out, report.summarize(two, out))
   assert 'loss at 16L' in text
   assert 'n/a' in text
+
+
+def test_starts_from_variants_evaluate_or_fine_tune_their_parents_parameters(tmp_path, corpus):
+  """An eval-only child under the same math (linear RoPE scaling by 1) reproduces its parent's
+  loss exactly from the parent's checkpoint; a fine-tuning child starts from the parent's workdir;
+  a changed parent is a new child."""
+  extra = data_overrides(corpus, str(tmp_path / 'cache'))
+  suite = Suite('chain', 'x', 'configs/rope_swiglu.py', (
+      Variant('parent'),
+      Variant('same-math', overrides={'model.position.rope_scaling': 'linear'},
+              starts_from='parent', trains=False),
+      Variant('tuned', overrides={'train.steps': 3}, starts_from='parent')), PRESETS)
+  out = run_suite(suite, preset='tiny', seeds=1, out=str(tmp_path), extra=extra, progress=False)
+  assert not out['failed']
+  runs = {r['variant']: r for r in out['runs']}
+  assert runs['same-math']['eval_loss'] == runs['parent']['eval_loss']
+  assert runs['same-math']['steps'] == 0 and runs['same-math']['tokens_per_s'] is None
+  assert not os.path.exists(os.path.join(runs['same-math']['workdir'], 'checkpoints'))
+  saved = json.load(open(os.path.join(runs['tuned']['workdir'], 'run_config.json')))
+  assert saved['train']['init_from'] == f"workdir:{runs['parent']['workdir']}"
+  own = runs['tuned']['flops_per_token'] * runs['tuned']['tokens']
+  assert runs['tuned']['train_flops'] == own + runs['parent']['train_flops']
+  text = report.markdown(suite, out, report.summarize(suite, out))
+  assert '| same-math (evaluated from parent) |' in text and '| tuned (fine-tuned from parent) |' in text
+  # A changed parent changes every child's directory; an unchanged one keeps them.
+  again = run_suite(suite, preset='tiny', seeds=1, out=str(tmp_path), extra=extra, run=None,
+                    progress=False)
+  assert [r['workdir'] for r in again['runs']] == [r['workdir'] for r in out['runs']]
+  changed = run_suite(suite, preset='tiny', seeds=1, out=str(tmp_path),
+                      extra={**extra, 'train.learning_rate': 1e-3}, run=None, progress=False)
+  assert len(changed['pending']) == 3 and not set(p['workdir'] for p in changed['pending']) & set(
+      r['workdir'] for r in out['runs'])
+
+
+def test_a_child_of_a_failed_run_is_reported_not_run(tmp_path, corpus):
+  suite = Suite('chain', 'x', 'configs/base.py', (
+      Variant('parent'), Variant('child', starts_from='parent', trains=False)), PRESETS)
+  calls = []
+
+  def broken(config, workdir, progress, measure, **kwargs):
+    calls.append(kwargs)
+    raise RuntimeError('always')
+  out = run_suite(suite, preset='tiny', seeds=1, out=str(tmp_path), run=broken, progress=False,
+                  extra=data_overrides(corpus, str(tmp_path / 'cache')))
+  assert len(calls) == 2 and [f['variant'] for f in out['failed']] == ['parent', 'child']
+  assert out['failed'][1]['errors'] == ['its starts_from run parent seed 0 did not finish']
+
+
+def test_a_suite_refuses_a_starts_from_that_is_not_an_earlier_variant():
+  with pytest.raises(ValueError, match=r"starts_from='later'; allowed: an earlier variant \(a\)"):
+    Suite('x', 'x', 'configs/base.py', (Variant('a'), Variant('b', starts_from='later'),
+                                        Variant('later')), PRESETS)
+  with pytest.raises(ValueError, match='trains=False but no starts_from'):
+    Suite('x', 'x', 'configs/base.py', (Variant('a'), Variant('b', trains=False)), PRESETS)
+
+
+def test_context_extension_suite_scales_for_8L_and_measures_1_to_8L(tmp_path, corpus):
+  import math
+  suite = load_suite('context_extension')
+  cfg = {v.name: resolve(suite, v, 'cpu', 0) for v in suite.variants}
+  length = cfg['rope'].data.seq_len
+  for name in ('pi', 'ntk', 'yarn', 'pi-finetune'):
+    pos = cfg[name].model.position
+    assert pos.rope_scaling_factor == 8 and pos.rope_original_max_len == length, name
+  tuned = cfg['pi-finetune']
+  assert tuned.data.seq_len == 8 * length and tuned.model.max_seq_len == 8 * length
+  assert tuned.data.batch_size * tuned.data.seq_len == cfg['rope'].data.batch_size * length
+  small = Suite('ce', 'x', suite.base, tuple(v for v in suite.variants
+                                             if v.name in ('rope', 'pi', 'pi-finetune')),
+                suite.presets, metric=suite.metric, extra_metrics=suite.extra_metrics)
+  out = run_suite(small, preset='tiny', seeds=1, out=str(tmp_path),
+                  extra=data_overrides(corpus, str(tmp_path / 'cache')), progress=False)
+  runs = {r['variant']: r for r in out['runs']}
+  assert not out['failed'] and set(runs) == {'rope', 'pi', 'pi-finetune'}
+  for run in runs.values():
+    assert all(math.isfinite(run[f'loss_at_{k}L']) for k in (1, 2, 4, 8))
+  assert runs['pi']['loss_at_1L'] != runs['rope']['loss_at_1L']  # the scaling changes the math
+  path = report.write(small, out, str(tmp_path))
+  assert os.path.getsize(os.path.join(tmp_path, 'ce', 'loss_vs_context.png')) > 1000
+  assert '![loss_vs_context.png](loss_vs_context.png)' in open(path).read()

@@ -1,0 +1,24 @@
+"""One run of a suite in a process of its own: `python -m experiments.worker WORKDIR`.
+
+`run_suite(..., jobs=N)` writes WORKDIR/job.pkl (the resolved config, the measure's name, the
+parent run of a starts_from variant) and starts this; it writes WORKDIR/result.json as run_one does.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+
+
+def main(workdir: str) -> int:
+  from experiments.measures import MEASURES
+  from experiments.runner import run_one
+  with open(os.path.join(workdir, 'job.pkl'), 'rb') as f:
+    job = pickle.load(f)
+  measure = MEASURES[job['measure']] if job['measure'] else None
+  run_one(job['config'], workdir, progress=False, measure=measure, parent=job.get('parent'))
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main(sys.argv[1]))

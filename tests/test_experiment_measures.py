@@ -1,0 +1,57 @@
+"""Measurements the suites add to their runs, against independent computations."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import mllm
+from experiments.measures import _ffn_grad_norms
+from mllm.train.state import _new_model
+
+
+def _model_and_batch(scan: bool, placement: str = 'post'):
+  config = mllm.load_config(f'configs/rope_swiglu.py:placement={placement}', {
+      'model.d_model': 32, 'model.n_layers': 3, 'model.n_heads': 2, 'model.n_kv_heads': 2,
+      'model.vocab_size': 64, 'model.max_seq_len': 16, 'model.scan_layers': scan})
+  net = _new_model(config)
+  net.eval()
+  tokens = np.random.default_rng(0).integers(0, 64, (4, 17))
+  batch = {'inputs': jnp.asarray(tokens[:, :-1]), 'targets': jnp.asarray(tokens[:, 1:]),
+           'loss_mask': jnp.ones((4, 16), jnp.float32)}
+  return net, batch
+
+
+@pytest.mark.parametrize('placement,scan', [('pre', False), ('post', False), ('post', True)])
+def test_ffn_grad_norms_are_the_slope_along_each_layers_gradient(placement, scan):
+  """‖g_i‖ is the directional derivative of the loss along g_i/‖g_i‖: a central difference that
+  moves only layer i's FFN weights (a row of the stacked arrays when layers are scanned) must
+  give it back."""
+  net, batch = _model_and_batch(scan=scan, placement=placement)
+  norms = _ffn_grad_norms(net, [batch])
+  assert len(norms) == 3 and all(n > 0 for n in norms)
+  graphdef, params, rest = nnx.split(net, nnx.Param, ...)
+
+  def loss(params):
+    logits = nnx.merge(graphdef, params, jax.tree.map(lambda x: x, rest))(batch['inputs'])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch['targets']).mean()
+  grads = jax.grad(loss)(params)
+  for layer in range(3):
+    def only_layer(path, g, layer=layer):
+      keys = [getattr(k, 'key', getattr(k, 'idx', None)) for k in path]
+      if keys[0] != 'blocks' or 'ffn' not in keys:
+        return jnp.zeros_like(g)
+      if scan:
+        return g * (jnp.arange(g.shape[0]) == layer).reshape((-1,) + (1,) * (g.ndim - 1))
+      return g if keys[1] == layer else jnp.zeros_like(g)
+    direction = jax.tree_util.tree_map_with_path(only_layer, grads)
+    size = float(optax.tree.norm(direction))
+    eps = 1e-2 / size
+    up = jax.tree.map(lambda p, d: p + eps * d, params, direction)
+    down = jax.tree.map(lambda p, d: p - eps * d, params, direction)
+    slope = (float(loss(up)) - float(loss(down))) / (2 * eps * size)
+    np.testing.assert_allclose(norms[layer], size, rtol=1e-5)
+    np.testing.assert_allclose(slope, size, rtol=2e-2)
