@@ -107,8 +107,43 @@ def loss_vs_context(suite, results: dict, path: str) -> str | None:
   return path
 
 
+def grad_norms(suite, results: dict, path: str) -> str | None:
+  """Each layer's FFN gradient norm (mean over seeds, log axis) at initialisation and after
+  training, as Xiong et al. 2020 Fig. 3. Variants whose initial curves coincide (same
+  architecture, another learning rate) share one line in the first panel."""
+  curves = {}
+  for when in ('init', 'final'):
+    for variant in suite.variants:
+      found = [r[f'ffn_grad_norm_{when}'] for r in results['runs']
+               if r['variant'] == variant.name and f'ffn_grad_norm_{when}' in r]
+      if found:
+        curves.setdefault(when, []).append((variant.name, np.mean(found, axis=0)))
+  if not curves:
+    return None
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=False)
+  for ax, when in zip(axes, ('init', 'final')):
+    merged = {}
+    for name, curve in curves.get(when, []):
+      key = tuple(np.round(curve, 6)) if when == 'init' else name
+      merged.setdefault(key, (curve, []))[1].append(name)
+    for curve, names in merged.values():
+      label = names[0] if len(names) == 1 else f'{names[0]} (+{len(names) - 1} same init)'
+      ax.plot(np.arange(1, len(curve) + 1), curve, marker='o', lw=1.2, label=label)
+    ax.set_yscale('log')
+    ax.set(xlabel='layer', ylabel='‖∂loss/∂W_ffn‖',
+           title=f"{'at initialisation' if when == 'init' else 'after training'}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
+  fig.suptitle(f'suite {suite.name}: FFN gradient norm per layer')
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path
+
+
 def write_all(suite, results: dict, rows: list[dict], folder: str) -> list[str]:
   made = [loss_curves(suite, results, os.path.join(folder, 'loss_curves.png')),
           loss_vs_context(suite, results, os.path.join(folder, 'loss_vs_context.png')),
+          grad_norms(suite, results, os.path.join(folder, 'grad_norms.png')),
           pareto(suite, rows, os.path.join(folder, 'pareto.png'))]
   return [p for p in made if p]

@@ -15,7 +15,9 @@ EXTRA_COLUMNS = {'decode_tok_s': ('decode tok/s', '{:,.0f}'),
                  'kv_bytes_per_token': ('KV bytes/token', '{:,.0f}'),
                  'load_cv': ('load CV', '{:.3f}'), 'max_over_mean': ('max/mean load', '{:.2f}'),
                  'drop_rate': ('drop rate', '{:.3f}'), 'dead_experts': ('dead experts', '{:.1f}'),
-                 **{f'loss_at_{k}L': (f'loss at {k}L', '{:.4f}') for k in (1, 2, 4, 8, 16)}}
+                 **{f'loss_at_{k}L': (f'loss at {k}L', '{:.4f}') for k in (1, 2, 4, 8, 16)},
+                 'grad_ratio_init': ('FFN grad norm last/first layer, init', '{:.2f}'),
+                 'grad_ratio_final': ('same, trained', '{:.2f}')}
 
 
 def summarize(suite: Suite, results: dict) -> list[dict]:
@@ -28,8 +30,9 @@ def summarize(suite: Suite, results: dict) -> list[dict]:
   rows, tests = [], []
   for variant in suite.variants:
     runs = by_variant[variant.name]
-    values = [runs[s][metric] for s in sorted(runs)]
-    row = {'variant': variant.name, 'n': len(values), 'paper': variant.paper.get(metric)}
+    values = [runs[s][metric] for s in sorted(runs) if math.isfinite(runs[s][metric])]
+    row = {'variant': variant.name, 'n': len(values), 'paper': variant.paper.get(metric),
+           'diverged': sorted(s for s in runs if 'diverged_at_step' in runs[s])}
     if values:
       row['mean'], row['std'] = stats.mean_std(values)
       first = runs[min(runs)]
@@ -41,8 +44,11 @@ def summarize(suite: Suite, results: dict) -> list[dict]:
       for key in EXTRA_COLUMNS:
         if all(key in r for r in runs.values()):
           row[key] = stats.mean_std([r[key] for r in runs.values()])[0]
-    paired = sorted(set(runs) & set(base_runs))
-    if variant is not suite.baseline and len(paired) >= 2:
+    paired = sorted(s for s in set(runs) & set(base_runs)
+                    if math.isfinite(runs[s][metric]) and math.isfinite(base_runs[s][metric]))
+    if row['diverged']:
+      row['verdict'] = f"diverged in {len(row['diverged'])} of {len(runs)} seeds"
+    elif variant is not suite.baseline and len(paired) >= 2:
       row['test'] = stats.paired_test([runs[s][metric] for s in paired],
                                       [base_runs[s][metric] for s in paired])
       tests.append(row)
@@ -82,7 +88,8 @@ def markdown(suite: Suite, results: dict, rows: list[dict]) -> str:
             '|---|---:|---:|---:|---:|---|---:|---:|' + '---:|' * len(extras)]
   for row in rows:
     if not row['n']:
-      lines.append(f"| {row['variant']} | | no finished run | | | | | |")
+      what = row.get('verdict', 'no finished run')
+      lines.append(f"| {_name(suite, row['variant'])} | | {what} | | | | | |")
       continue
     params = f"{row['params']:,}"
     if row['active_params'] != row['params']:

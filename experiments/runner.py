@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import math
 import json
 import os
 import pickle
@@ -60,11 +61,12 @@ def run_one(config, workdir: str, *, progress: bool = True, measure=None,
   """Train and evaluate one run, then `measure(config, workdir)` if given; its result (also
   written to workdir/result.json).
 
+  A run whose loss diverges is a result too: eval_loss NaN and the step it diverged at.
   parent: the finished run (its record) a starts_from variant begins with. With
   config.train.init_from set (trains=True) this run fine-tunes its parameters; without it the
   parent's checkpoint is only evaluated, and measured, under this config.
   """
-  from mllm.train import evaluate, train
+  from mllm.train import TrainingDiverged, evaluate, train
   counts = mllm.count_params(config)  # from an abstract model: nothing allocated
   flops_per_token = mllm.training_flops_per_token(config, counts=counts).total
   result = {'params': counts.total, 'active_params': counts.active,
@@ -75,7 +77,15 @@ def run_one(config, workdir: str, *, progress: bool = True, measure=None,
     result.update(steps=0, tokens=parent['tokens'], train_flops=parent['train_flops'],
                   tokens_per_s=None, median_step_s=None, train_loss=None)
   else:
-    summary = train(config, workdir, progress=progress)
+    try:
+      summary = train(config, workdir, progress=progress)
+    except TrainingDiverged as err:  # a result, not a failure: the same seed diverges again
+      result.update(diverged_at_step=err.step, eval_loss=math.nan, steps=err.step,
+                    tokens=err.step * config.data.batch_size * config.data.seq_len,
+                    train_flops=math.nan, tokens_per_s=None, median_step_s=None,
+                    train_loss=math.nan, curve=train_curve(os.path.join(workdir, 'metrics.jsonl')))
+      _write_result(workdir, result)
+      return result
     if summary['interrupted']:
       raise KeyboardInterrupt(summary['interrupted'])
     tokens = summary['step'] * config.data.batch_size * config.data.seq_len
@@ -209,7 +219,9 @@ def run_suite(suite: Suite, *, preset: str, seeds: int, out: str, extra: dict | 
     if not variant.starts_from:
       return True
     parent = (variant.starts_from, seed)
-    return True if parent in finished else (None if parent in failed else False)
+    if parent in failed or 'diverged_at_step' in finished.get(parent, {}):
+      return None
+    return parent in finished
 
   def prepare(item) -> tuple[dict, dict]:
     variant, seed, config = item

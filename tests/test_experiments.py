@@ -269,3 +269,46 @@ def test_context_extension_suite_scales_for_8L_and_measures_1_to_8L(tmp_path, co
   path = report.write(small, out, str(tmp_path))
   assert os.path.getsize(os.path.join(tmp_path, 'ce', 'loss_vs_context.png')) > 1000
   assert '![loss_vs_context.png](loss_vs_context.png)' in open(path).read()
+
+
+def test_a_diverged_run_is_a_result_and_its_row_says_so(tmp_path, corpus):
+  extra = {**data_overrides(corpus, str(tmp_path / 'cache')), 'train.learning_rate': 1e9,
+           'train.grad_clip': 0.0, 'train.warmup_steps': 0}
+  suite = Suite('div', 'x', 'configs/base.py', (Variant('base'),), PRESETS)
+  config = resolve(suite, suite.variants[0], 'tiny', 0, extra)
+  result = run_one(config, str(tmp_path / 'run'), progress=False)
+  assert 1 <= result['diverged_at_step'] <= config.train.steps
+  assert result['eval_loss'] != result['eval_loss']  # NaN
+  # In a table: the finite seeds' mean, no paired test, the verdict says how many diverged.
+  two = Suite('div', 'x', 'configs/base.py', (Variant('base'), Variant('hot')), PRESETS)
+  runs = [{'variant': 'base', 'seed': s, 'eval_loss': 3.0 + s / 10, 'params': 1,
+           'active_params': 1, 'tokens_per_s': 1.0} for s in range(3)]
+  runs += [{'variant': 'hot', 'seed': s, 'eval_loss': 3.5, 'params': 1, 'active_params': 1,
+            'tokens_per_s': 1.0} for s in (0, 2)]
+  runs.insert(4, {**result, 'variant': 'hot', 'seed': 1, 'tokens_per_s': None})
+  results = {'preset': 'tiny', 'seeds': 3, 'runs': runs, 'failed': [], 'pending': []}
+  rows = {r['variant']: r for r in report.summarize(two, results)}
+  assert rows['hot']['n'] == 2 and rows['hot']['mean'] == 3.5 and 'test' not in rows['hot']
+  assert rows['hot']['verdict'] == 'diverged in 1 of 3 seeds'
+  assert '| diverged in 1 of 3 seeds |' in report.markdown(two, results, report.summarize(two, results))
+
+
+def test_norms_suite_measures_each_layers_gradient_norm(tmp_path, corpus):
+  suite = load_suite('norms')
+  names = [v.name for v in suite.variants]
+  assert len(names) == 14 and names[:3] == ['rmsnorm', 'layernorm', 'partial_rmsnorm']
+  post = resolve(suite, suite.variants[names.index('post-lr0.01-no_warmup')], 'cpu', 0)
+  base = resolve(suite, suite.variants[0], 'cpu', 0)
+  assert post.model.norm.placement == 'post' and post.train.warmup_steps == 0
+  assert post.train.learning_rate == 1e-2 and base.train.warmup_steps == base.train.steps // 10
+  two = Suite('nrm', 'x', suite.base, (suite.variants[0],
+                                       suite.variants[names.index('post-lr0.003-warmup')]),
+              suite.presets, extra_metrics=suite.extra_metrics)
+  out = run_suite(two, preset='tiny', seeds=1, out=str(tmp_path), progress=False,
+                  extra={**data_overrides(corpus, str(tmp_path / 'cache')), 'model.n_layers': 2})
+  for run in out['runs']:
+    assert len(run['ffn_grad_norm_init']) == 2 and len(run['ffn_grad_norm_final']) == 2
+    assert run['grad_ratio_init'] == run['ffn_grad_norm_init'][1] / run['ffn_grad_norm_init'][0]
+  path = report.write(two, out, str(tmp_path))
+  assert os.path.getsize(os.path.join(tmp_path, 'nrm', 'grad_norms.png')) > 1000
+  assert 'FFN grad norm last/first layer, init' in open(path).read()

@@ -34,6 +34,10 @@ from mllm.train.step import eval_summary, make_eval_step, make_train_step
 class TrainingDiverged(RuntimeError):
   """The loss became NaN or infinite; the run stopped without saving that state."""
 
+  def __init__(self, message: str, step: int):
+    super().__init__(message)
+    self.step = step
+
 
 def maybe_initialize_distributed() -> None:
   """`jax.distributed.initialize()` when the launcher started several processes.
@@ -178,7 +182,7 @@ def _train(config, workdir, stop_after, progress, mesh, model, init, ckpt, closi
           raise TrainingDiverged(
               f'{what} at step {step}; stopped without saving that state. The latest '
               f'checkpoint is step {ckpt.latest_step()}; lower train.learning_rate or raise '
-              'train.warmup_steps')
+              'train.warmup_steps', step)
         if step == start + 1:
           compile_s = dt  # the first call compiles
         else:
