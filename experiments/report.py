@@ -6,7 +6,7 @@ import json
 import math
 import os
 
-from experiments import plots, stats
+from experiments import plots, stats, tensorboard
 from experiments.suite import Suite
 
 
@@ -116,13 +116,15 @@ def markdown(suite: Suite, results: dict, rows: list[dict]) -> str:
 
 
 def write(suite: Suite, results: dict, out: str) -> str:
-  """Write <out>/<suite>/results.json and results.md; the markdown's path."""
+  """Write <out>/<suite>/results.json, results.md, the plots and the TensorBoard log; the
+  markdown's path."""
   folder = os.path.join(out, suite.name)
   os.makedirs(folder, exist_ok=True)
   rows = summarize(suite, results)
   with open(os.path.join(folder, 'results.json'), 'w') as f:
     json.dump(results, f, indent=1)
   figures = plots.write_all(suite, results, rows, folder)
+  tensorboard.write(suite, results, folder)
   text = markdown(suite, results, rows)
   text += ''.join(f'\n![{os.path.basename(p)}]({os.path.basename(p)})\n' for p in figures)
   path = os.path.join(folder, 'results.md')

@@ -21,6 +21,28 @@ def data_overrides(corpus, cache):
           'model.vocab_size': 258, 'data.val_fraction': 0.3, 'data.cache_dir': cache}
 
 
+def read_scalars(folder: str) -> dict:
+  """{tag: [(step, value), ...]} from the TFRecord event files in `folder` (length, CRC, Event
+  proto, CRC per record), read without TensorBoard."""
+  import struct
+
+  from tensorboardX.proto import event_pb2
+  found = {}
+  for name in sorted(os.listdir(folder)):
+    if not name.startswith('events'):
+      continue
+    data = open(os.path.join(folder, name), 'rb').read()
+    at = 0
+    while at < len(data):
+      (length,) = struct.unpack('<Q', data[at:at + 8])
+      event = event_pb2.Event.FromString(data[at + 12:at + 12 + length])
+      at += 12 + length + 4
+      for value in event.summary.value:
+        if value.HasField('simple_value'):
+          found.setdefault(value.tag, []).append((event.step, value.simple_value))
+  return found
+
+
 # 'same' is the baseline's config under another name: with paired seeds it must give exactly the
 # baseline's numbers, which is what makes the differences paired.
 SUITE = Suite(name='demo', description='runner test', base='configs/base.py',
@@ -130,6 +152,16 @@ def test_report_table_and_verdicts(finished):
   for figure in ('loss_curves.png', 'pareto.png'):
     assert os.path.getsize(os.path.join(out, 'demo', figure)) > 1000
     assert f'![{figure}]({figure})' in text
+  # TensorBoard: a run per (variant, seed) holding its curve, and the suite's layout.
+  board = os.path.join(out, 'demo', 'tensorboard')
+  scalars = read_scalars(os.path.join(board, 'relu', 's1'))
+  relu = next(r for r in saved['runs'] if r['variant'] == 'relu' and r['seed'] == 1)
+  assert [v for _, v in scalars['train/loss']] == pytest.approx(relu['curve']['loss'])
+  assert [s for s, _ in scalars['train/loss']] == relu['curve']['step']
+  assert scalars['final/eval_loss'][0][1] == pytest.approx(relu['eval_loss'])
+  assert sorted(d for d in os.listdir(board) if os.path.isdir(os.path.join(board, d))) == [
+      'base', 'relu', 'same']
+  assert read_scalars(board) == {}  # the root holds only the layout
 
 
 def test_suites_load_and_resolve_every_preset():
