@@ -5,8 +5,8 @@ import argparse
 import sys
 
 from experiments import report
-from experiments.runner import run_one, run_suite
-from experiments.suite import PRESETS, available, load_suite
+from experiments.runner import run_benchmark, run_one, run_suite
+from experiments.suite import PRESETS, BenchmarkSuite, available, load_suite
 
 
 def main(argv=None) -> int:
@@ -26,6 +26,9 @@ def main(argv=None) -> int:
     if args.seeds < 1:
       raise ValueError(f'--seeds={args.seeds}; allowed: a positive integer')
     suite = load_suite(args.suite)
+    if isinstance(suite, BenchmarkSuite):
+      print(open(run_benchmark(suite, args.preset, args.out)).read())
+      return 0
     results = run_suite(suite, preset=args.preset, seeds=args.seeds, out=args.out,
                         run=None if args.report_only else run_one, jobs=args.jobs)
   except (ValueError, ConfigError) as err:

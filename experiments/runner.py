@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 import mllm
 from experiments.measures import MEASURES
-from experiments.suite import Suite, Variant
+from experiments.suite import BenchmarkSuite, Suite, Variant
 
 
 def resolve(suite: Suite, variant: Variant, preset: str, seed: int, extra: dict | None = None):
@@ -325,3 +325,25 @@ def _run_here(item, workdir, run, kwargs, progress, measure, done) -> None:
       with open(os.path.join(workdir, 'errors.log'), 'a') as f:
         f.write(traceback.format_exc() + '\n')
   done(item, errors=errors)
+
+
+def run_benchmark(suite: BenchmarkSuite, preset: str, out: str) -> str:
+  """Run a benchmark suite's module with the preset's arguments into <out>/<suite>/; the path of
+  results.md (the paper's numbers first, then the benchmark's table)."""
+  import importlib
+  if preset not in suite.presets:
+    raise ValueError(f'--preset={preset!r}; allowed: {", ".join(suite.presets)}')
+  folder = os.path.join(out, suite.name)
+  os.makedirs(folder, exist_ok=True)
+  path = os.path.join(folder, 'results.md')
+  importlib.import_module(suite.module).main(
+      [*suite.presets[preset], f'--out={path}', f"--plot={os.path.join(folder, 'results.png')}"])
+  with open(path) as f:
+    table = f.read()
+  with open(path, 'w') as f:
+    f.write(f'# Suite `{suite.name}`: {suite.description}\n\nPreset `{preset}`: `python -m '
+            f"{suite.module} {' '.join(suite.presets[preset])}`.\n\n"
+            + (f'Paper: {suite.paper_source}.\n\n' if suite.paper_source else '')
+            + ('#' + table if table.startswith('# ') else table)
+            + '\n![results.png](results.png)\n')
+  return path

@@ -58,13 +58,25 @@ class Suite:
     return self.variants[0]
 
 
+@dataclasses.dataclass(frozen=True)
+class BenchmarkSuite:
+  """A suite that is a benchmark rather than training runs: `<module>.main(argv)` with the
+  preset's arguments writes the table (results.md), its rows (results.json) and a plot into the
+  suite's folder. Seeds do not apply."""
+  name: str
+  description: str
+  module: str  # e.g. 'benchmarks.attention'
+  presets: dict  # preset -> command-line arguments of the module
+  paper_source: str = ''
+
+
 def available() -> list[str]:
   """The names of the suites in experiments/suites/."""
   from experiments import suites
   return sorted(m.name for m in pkgutil.iter_modules(suites.__path__) if not m.name.startswith('_'))
 
 
-def load_suite(name: str) -> Suite:
+def load_suite(name: str) -> Suite | BenchmarkSuite:
   """The suite `name`, or ValueError naming the ones there are."""
   if name not in available():
     raise ValueError(f'suite {name!r} does not exist; allowed: {", ".join(available())}')

@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT
 from experiments import report
 from experiments.runner import config_hash, resolve, run_dir, run_one, run_suite
-from experiments.suite import Suite, Variant, available, load_suite
+from experiments.suite import BenchmarkSuite, Suite, Variant, available, load_suite
 from experiments.suites._presets import PRESETS
 
 
@@ -168,6 +168,8 @@ def test_suites_load_and_resolve_every_preset():
   assert {'noise', 'ffn'} <= set(available())
   for name in available():
     suite = load_suite(name)
+    if isinstance(suite, BenchmarkSuite):
+      continue
     for preset in suite.presets:
       for variant in suite.variants:
         resolve(suite, variant, preset, 0)  # validates; raises on a bad override
@@ -344,3 +346,17 @@ def test_norms_suite_measures_each_layers_gradient_norm(tmp_path, corpus):
   path = report.write(two, out, str(tmp_path))
   assert os.path.getsize(os.path.join(tmp_path, 'nrm', 'grad_norms.png')) > 1000
   assert 'FFN grad norm last/first layer, init' in open(path).read()
+
+
+def test_flash_suite_writes_the_benchmark_table_beside_the_papers_numbers(tmp_path):
+  proc = subprocess.run([sys.executable, '-m', 'experiments', 'flash', '--preset=tiny',
+                         f'--out={tmp_path}'], cwd=ROOT, capture_output=True, text=True,
+                        timeout=600)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  text = open(tmp_path / 'flash' / 'results.md').read()
+  assert text.startswith('# Suite `flash`') and '41.7 vs 7.3 ms' in text
+  rows = json.load(open(tmp_path / 'flash' / 'results.json'))['rows']
+  assert {(r['impl'], r['N']) for r in rows} == {(i, n) for i in ('xla', 'blockwise')
+                                                  for n in (64, 128)}
+  assert all(r['fwd_ms'] > 0 for r in rows)
+  assert os.path.getsize(tmp_path / 'flash' / 'results.png') > 1000
