@@ -305,3 +305,4 @@ def test_bad_input_is_one_error_line_exit_2_no_traceback(case_id, args, expected
 def test_the_table_is_large_and_unique():
   assert len(CASES) >= 80
   assert len({case[0] for case in CASES}) == len(CASES)
+

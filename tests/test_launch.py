@@ -50,3 +50,27 @@ def test_bad_input_is_one_line_and_exit_2(args, expected):
   assert len(lines) == 1, result.stderr
   assert lines[0].startswith('error: ') and expected in lines[0], lines[0]
   assert 'Traceback' not in result.stderr
+
+
+def test_eval_mode_evaluates_past_the_training_context(corpus, tmp_path):
+  """`--mode=eval` at 4× the trained context (data.seq_len and model.max_seq_len raised) prints
+  the loss evaluate() gives for that config: the trained weights on 4× longer sequences."""
+  import mllm
+  from mllm.train import evaluate, train
+  flags = {'model.n_layers': 1, 'model.d_model': 32, 'model.n_heads': 2, 'model.n_kv_heads': 1,
+           'model.vocab_size': 258, 'model.max_seq_len': 16, 'data.seq_len': 16,
+           'data.batch_size': 2, 'data.source': 'text', 'data.path': corpus,
+           'data.tokenizer': 'byte', 'data.val_fraction': 0.3,
+           'data.cache_dir': str(tmp_path / 'cache'), 'train.steps': 4, 'train.warmup_steps': 1,
+           'train.eval_every': 0, 'train.eval_batches': 2, 'train.tensorboard': False}
+  workdir = str(tmp_path / 'run')
+  train(mllm.load_config('configs/base.py', flags), workdir, progress=False)
+  longer = {**flags, 'data.seq_len': 64, 'model.max_seq_len': 64}
+  result = run_launch('--mode=eval', f'--workdir={workdir}',
+                      *(f'--config.{k}={v}' for k, v in longer.items()))
+  assert result.returncode == 0, result.stderr
+  printed = float(result.stdout.split('val loss ')[1].split()[0])
+  expected = evaluate(mllm.load_config('configs/base.py', longer), workdir)
+  assert printed == pytest.approx(expected['loss'], abs=1e-4)
+  short = evaluate(mllm.load_config('configs/base.py', flags), workdir)
+  assert expected['tokens'] == 4 * short['tokens']  # 2 batches of 2 × 64 tokens, not of 2 × 16
