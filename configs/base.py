@@ -29,6 +29,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   model.dropout = 0.0  # on each residual branch
   model.embed_dropout = 0.0
   model.init_std = 0.02
+  model.embed_scale = 1.0  # token embeddings × this, before positions (Vaswani 2017 §3.4: √d_model)
   model.depth_scaled_init = True  # output projections: init_std / sqrt(2 * n_layers) (GPT-2)
   model.param_dtype = 'float32'
   model.dtype = 'float32'  # compute dtype: float32 | bfloat16

@@ -245,6 +245,7 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
       raise ConfigError(f'{p}.{path}', value, 'must be true or false')
   _integer(f'{p}.head_dim', m.head_dim, optional=True)
   _positive(f'{p}.init_std', m.init_std)
+  _positive(f'{p}.embed_scale', m.embed_scale)
   _one_of(f'{p}.dtype', m.dtype, DTYPES, 'compute dtype')
   _one_of(f'{p}.param_dtype', m.param_dtype, DTYPES, 'parameter dtype')
   _one_of(f'{p}.remat', m.remat, REMAT_POLICIES, 'remat policy')

@@ -113,6 +113,7 @@ class Transformer(nnx.Module):
         kernel_init=nnx.initializers.normal(cfg.init_std), rngs=rngs,
         kernel_metadata={'logical_axes': ('embed', 'vocab')})
     self.window = cfg.attention.sliding_window
+    self.embed_scale = cfg.embed_scale
     self.remat = cfg.remat
 
   def __call__(self, tokens_BT: jax.Array, *, positions: jax.Array | None = None,
@@ -130,6 +131,8 @@ class Transformer(nnx.Module):
                            'size of the learned position table')
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     x_BTD = self.embed(tokens_BT)
+    if self.embed_scale != 1.0:  # e.g. √d: token vectors on the scale of added sinusoids
+      x_BTD = x_BTD * jnp.asarray(self.embed_scale, x_BTD.dtype)
     # Padding in a cached pass has position −1: embedded at 0 (finite), never attended or cached.
     x_BTD = self.embed_dropout(self.position.embed(x_BTD, jnp.maximum(positions, 0)))
     if cache is None:

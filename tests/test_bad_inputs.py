@@ -31,6 +31,8 @@ CASES = [
     # --- numeric keys: NaN, ±inf (from a flag, a choice string or a file) and ranges ---
     ('init_std-nan', '--config.model.init_std=nan', 'model.init_std=nan: must be a finite'),
     ('init_std-zero', '--config.model.init_std=0.0', 'model.init_std=0.0: must be a positive'),
+    ('embed_scale-negative', '--config.model.embed_scale=-1.0',
+     'model.embed_scale=-1.0: must be a positive'),
     ('dropout-nan', '--config.model.dropout=nan', 'model.dropout=nan'),
     ('dropout-one', '--config.model.dropout=1.0', 'model.dropout=1.0: a dropout rate'),
     ('embed_dropout-inf', '--config.model.embed_dropout=inf', 'model.embed_dropout=inf'),

@@ -13,6 +13,7 @@ from flax import nnx
 
 import mllm
 from conftest import tiny_config
+from mllm.model import build_model
 from mllm.layers.ffn import FFNS
 from mllm.layers.norms import NORMS, PLACEMENTS
 from mllm.layers.positions import POSITIONS
@@ -216,3 +217,20 @@ def test_learned_positions_refuse_sequences_longer_than_the_table():
   model = mllm.build_model(tiny_config('pos=learned', model__max_seq_len=8, data__seq_len=8), rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match='max_seq_len=8'):
     model(_tokens(0, 1, 9))
+
+
+def test_embed_scale_multiplies_the_token_vectors_before_the_positions():
+  """embed_scale = s gives the logits of a model whose embedding table is s times larger
+  (untied head, so that only the input side changes), with sinusoids added after scaling."""
+  import math
+  over = {'model.d_model': 32, 'model.n_layers': 1, 'model.n_heads': 2, 'model.n_kv_heads': 2,
+          'model.vocab_size': 64, 'model.max_seq_len': 16, 'model.tie_embeddings': False}
+  scale = math.sqrt(32)
+  scaled = build_model(mllm.load_config('configs/base.py:pos=sinusoidal',
+                                        {**over, 'model.embed_scale': scale}), rngs=nnx.Rngs(0))
+  plain = build_model(mllm.load_config('configs/base.py:pos=sinusoidal', over), rngs=nnx.Rngs(0))
+  plain.embed.embedding.value = plain.embed.embedding.value * scale
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 16)))
+  np.testing.assert_allclose(scaled(tokens), plain(tokens), rtol=1e-5, atol=1e-5)
+  unscaled = build_model(mllm.load_config('configs/base.py:pos=sinusoidal', over), rngs=nnx.Rngs(0))
+  assert not np.allclose(scaled(tokens), unscaled(tokens), atol=1e-3)

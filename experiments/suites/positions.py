@@ -1,6 +1,7 @@
 """Positional schemes trained at context L and evaluated at L, 2L, 4L, 8L and 16L with the same
 weights: the extrapolation table of the ALiBi paper (Press et al. 2022, Table 1 and Fig. 1).
-Learned positions have no table entry past L (n/a)."""
+Learned positions have no table entry past L (n/a). Sinusoidal runs with Vaswani's √d_model
+embedding scale."""
 import math
 
 from experiments.suite import Suite, Variant
@@ -9,13 +10,22 @@ from experiments.suites._presets import PRESETS
 # ALiBi paper, WikiText-103, L = 512: perplexity at 512 and at ~2L (1012); eval_loss = ln(ppl).
 _PPL_AT_L = {'sinusoidal': 20.05, 'rope': 20.07, 't5': 19.65, 'alibi': 19.73}
 
+
+def _variant(kind: str) -> Variant:
+  paper = {'eval_loss': math.log(_PPL_AT_L[kind])} if kind in _PPL_AT_L else {}
+  # Vaswani et al. (sec. 3.4) multiply token embeddings by √d_model: without it the unit-scale
+  # sinusoids drown token vectors initialised at std 0.02.
+  derived = (lambda config: {'model.embed_scale': config.model.d_model ** 0.5}
+             ) if kind == 'sinusoidal' else None
+  return Variant(kind, f'pos={kind}', paper=paper, derived=derived)
+
+
 SUITE = Suite(
     name='positions',
     description='position schemes at the training context and extrapolated to 2-16x',
     base='configs/rope_swiglu.py',
-    variants=tuple(Variant(kind, f'pos={kind}', paper=(
-        {'eval_loss': math.log(_PPL_AT_L[kind])} if kind in _PPL_AT_L else {}))
-        for kind in ('rope', 'none', 'learned', 'sinusoidal', 'shaw', 't5', 'alibi')),
+    variants=tuple(_variant(kind)
+                   for kind in ('rope', 'none', 'learned', 'sinusoidal', 'shaw', 't5', 'alibi')),
     presets=PRESETS,
     extra_metrics='extrapolation',
     paper_source='Press et al. 2022, WikiText-103 at L = 512 (ln ppl); at 2L/5L/30L the paper has '
