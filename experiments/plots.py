@@ -10,6 +10,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 
+def _finish(fig, ax, path: str, legend: bool = True) -> str:
+  ax.grid(alpha=0.3)
+  if legend:
+    ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path
+
+
 def loss_curves(suite, results: dict, path: str) -> str | None:
   """Train loss against step per variant: the mean over seeds, shaded min–max band. A fine-tuning
   variant's curve continues its parent's, from the parent's last step."""
@@ -36,12 +46,7 @@ def loss_curves(suite, results: dict, path: str) -> str | None:
     plt.close(fig)
     return None
   ax.set(xlabel='step', ylabel='train loss', title=f'suite {suite.name}: train loss')
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return path
+  return _finish(fig, ax, path)
 
 
 def pareto(suite, rows: list[dict], path: str) -> str | None:
@@ -61,11 +66,7 @@ def pareto(suite, rows: list[dict], path: str) -> str | None:
     ax.ticklabel_format(axis='x', style='sci', scilimits=(0, 0))
   ax.set(xlabel='training FLOPs per run', ylabel=suite.metric,
          title=f'suite {suite.name}: {suite.metric} vs compute')
-  ax.grid(alpha=0.3)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return path
+  return _finish(fig, ax, path, legend=False)
 
 
 def loss_vs_context(suite, results: dict, path: str) -> str | None:
@@ -99,12 +100,7 @@ def loss_vs_context(suite, results: dict, path: str) -> str | None:
   ax.set_xscale('log', base=2)
   ax.set(xlabel='evaluation context / training context L', ylabel='validation loss',
          title=f'suite {suite.name}: loss vs context length')
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return path
+  return _finish(fig, ax, path)
 
 
 def grad_norms(suite, results: dict, path: str) -> str | None:

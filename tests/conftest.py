@@ -87,3 +87,27 @@ def load_state(config, workdir, step=None):
     return ckpt.restore(ckpt.latest_step() if step is None else step, model.abstract_state)
   finally:
     ckpt.close()
+
+
+def read_tensorboard_scalars(directory: str) -> dict[str, list[tuple[int, float]]]:
+  """{tag: [(step, value), ...]} from the event files in `directory` (not its subfolders), parsed
+  without TensorBoard: TFRecords of [u64 length][u32 crc][Event proto][u32 crc]."""
+  import struct
+
+  from tensorboardX.proto import event_pb2
+  scalars = {}
+  for name in sorted(os.listdir(directory)):
+    path = os.path.join(directory, name)
+    if not name.startswith('events') or not os.path.isfile(path):
+      continue
+    with open(path, 'rb') as f:
+      raw = f.read()
+    offset = 0
+    while offset < len(raw):
+      (length,) = struct.unpack('<Q', raw[offset:offset + 8])
+      event = event_pb2.Event.FromString(raw[offset + 12:offset + 12 + length])
+      offset += 12 + length + 4
+      for value in event.summary.value:
+        if value.HasField('simple_value'):
+          scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+  return scalars

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, read_tensorboard_scalars
 from experiments import report
 from experiments.runner import config_hash, resolve, run_dir, run_one, run_suite
 from experiments.suite import BenchmarkSuite, Suite, Variant, available, load_suite
@@ -19,28 +19,6 @@ from experiments.suites._presets import PRESETS
 def data_overrides(corpus, cache):
   return {'data.source': 'text', 'data.path': corpus, 'data.tokenizer': 'byte',
           'model.vocab_size': 258, 'data.val_fraction': 0.3, 'data.cache_dir': cache}
-
-
-def read_scalars(folder: str) -> dict:
-  """{tag: [(step, value), ...]} from the TFRecord event files in `folder` (length, CRC, Event
-  proto, CRC per record), read without TensorBoard."""
-  import struct
-
-  from tensorboardX.proto import event_pb2
-  found = {}
-  for name in sorted(os.listdir(folder)):
-    if not name.startswith('events'):
-      continue
-    data = open(os.path.join(folder, name), 'rb').read()
-    at = 0
-    while at < len(data):
-      (length,) = struct.unpack('<Q', data[at:at + 8])
-      event = event_pb2.Event.FromString(data[at + 12:at + 12 + length])
-      at += 12 + length + 4
-      for value in event.summary.value:
-        if value.HasField('simple_value'):
-          found.setdefault(value.tag, []).append((event.step, value.simple_value))
-  return found
 
 
 # 'same' is the baseline's config under another name: with paired seeds it must give exactly the
@@ -154,14 +132,14 @@ def test_report_table_and_verdicts(finished):
     assert f'![{figure}]({figure})' in text
   # TensorBoard: a run per (variant, seed) holding its curve, and the suite's layout.
   board = os.path.join(out, 'demo', 'tensorboard')
-  scalars = read_scalars(os.path.join(board, 'relu', 's1'))
+  scalars = read_tensorboard_scalars(os.path.join(board, 'relu', 's1'))
   relu = next(r for r in saved['runs'] if r['variant'] == 'relu' and r['seed'] == 1)
   assert [v for _, v in scalars['train/loss']] == pytest.approx(relu['curve']['loss'])
   assert [s for s, _ in scalars['train/loss']] == relu['curve']['step']
   assert scalars['final/eval_loss'][0][1] == pytest.approx(relu['eval_loss'])
   assert sorted(d for d in os.listdir(board) if os.path.isdir(os.path.join(board, d))) == [
       'base', 'relu', 'same']
-  assert read_scalars(board) == {}  # the root holds only the layout
+  assert read_tensorboard_scalars(board) == {}  # the root holds only the layout
 
 
 def test_suites_load_and_resolve_every_preset():

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import ROOT, STEPS, load_state, make_config, run_overrides
+from conftest import ROOT, STEPS, load_state, make_config, read_tensorboard_scalars, run_overrides
 from mllm.config import ConfigError
 from mllm.train import TrainingDiverged, evaluate, train
 from mllm.train.checkpoint import Checkpointer
@@ -43,24 +43,6 @@ def reference_run(corpus, tmp_path_factory):
   config = make_config(corpus, cache, train__tensorboard=True, train__peak_flops=1e12)
   summary = train(config, workdir, progress=False)
   return config, workdir, summary, cache
-
-
-def read_tensorboard_scalars(directory: str) -> dict[str, list[tuple[int, float]]]:
-  """Parse the TFRecord event files directly: [u64 length][u32 crc][Event proto][u32 crc]."""
-  import struct
-  from tensorboardX.proto import event_pb2
-  scalars = {}
-  for name in sorted(os.listdir(directory)):
-    with open(os.path.join(directory, name), 'rb') as f:
-      raw = f.read()
-    offset = 0
-    while offset < len(raw):
-      (length,) = struct.unpack('<Q', raw[offset:offset + 8])
-      event = event_pb2.Event.FromString(raw[offset + 12:offset + 12 + length])
-      offset += 12 + length + 4
-      for value in event.summary.value:
-        scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
-  return scalars
 
 
 def test_loss_falls_and_metrics_are_written(reference_run):
