@@ -20,6 +20,8 @@ def main(argv=None) -> int:
                            'but tokens/s is then a shared machine\'s)')
   parser.add_argument('--report_only', action='store_true',
                       help='run nothing: write the report of the runs finished so far')
+  parser.add_argument('--remeasure', action='store_true',
+                      help="run the suite's measure (decode speed, ...) again on finished runs")
   args = parser.parse_args(argv)
   from mllm.config import ConfigError
   try:
@@ -30,7 +32,8 @@ def main(argv=None) -> int:
       print(open(run_benchmark(suite, args.preset, args.out)).read())
       return 0
     results = run_suite(suite, preset=args.preset, seeds=args.seeds, out=args.out,
-                        run=None if args.report_only else run_one, jobs=args.jobs)
+                        run=None if args.report_only else run_one, jobs=args.jobs,
+                        remeasure=args.remeasure)
   except (ValueError, ConfigError) as err:
     print(f'error: {err}', file=sys.stderr)
     return 2

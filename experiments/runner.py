@@ -194,10 +194,12 @@ def _last_error(workdir: str) -> str:
 
 
 def run_suite(suite: Suite, *, preset: str, seeds: int, out: str, extra: dict | None = None,
-              progress: bool = True, run=run_one, jobs: int = 1) -> dict:
+              progress: bool = True, run=run_one, jobs: int = 1, remeasure: bool = False) -> dict:
   """{'runs': [...], 'failed': [...], 'pending': [...]} for every (variant, seed), finished ones
   read back. run=None runs nothing: a report of what has finished so far.
 
+  remeasure: run the suite's measure again on every finished run (e.g. decode speed, on a quiet
+  machine) and update its result.json.
   jobs > 1 runs that many runs at once, each in its own process (`experiments.worker`); a
   starts_from run waits for its parent. Two runs on 2 cores finish in about 0.7 of the time one
   after the other takes, but each one's tokens/s is then that of a shared machine.
@@ -218,7 +220,13 @@ def run_suite(suite: Suite, *, preset: str, seeds: int, out: str, extra: dict | 
     records[key] = {'variant': variant.name, 'seed': seed, 'workdir': workdir,
                     'hash': hashes[key]}
     if os.path.exists(os.path.join(workdir, 'result.json')):
-      finished[key] = {**records[key], **_read_result(workdir)}
+      result = _read_result(workdir)
+      if remeasure and measure is not None and 'diverged_at_step' not in result:
+        source = finished[variant.starts_from, seed]['workdir'] if (
+            variant.starts_from and not variant.trains) else workdir
+        result.update(measure(config, source))
+        _write_result(workdir, result)
+      finished[key] = {**records[key], **result}
     elif run is None:
       pending.append(records[key])
     else:

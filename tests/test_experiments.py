@@ -338,3 +338,20 @@ def test_flash_suite_writes_the_benchmark_table_beside_the_papers_numbers(tmp_pa
                                                   for n in (64, 128)}
   assert all(r['fwd_ms'] > 0 for r in rows)
   assert os.path.getsize(tmp_path / 'flash' / 'results.png') > 1000
+
+
+def test_remeasure_runs_the_measure_again_on_finished_runs(finished, monkeypatch):
+  from experiments import measures
+  out, extra, _ = finished
+  seen = []
+
+  def probe(config, workdir):
+    seen.append(workdir)
+    return {'decode_tok_s': 123.0}
+  monkeypatch.setitem(measures.MEASURES, 'probe', probe)
+  probed = Suite('demo', 'x', 'configs/base.py', SUITE.variants, PRESETS, extra_metrics='probe')
+  again = run_suite(probed, preset='tiny', seeds=2, out=out, extra=extra, progress=False,
+                    run=None, remeasure=True)
+  assert sorted(seen) == sorted(r['workdir'] for r in again['runs']) and len(seen) == 6
+  for run in again['runs']:
+    assert json.load(open(os.path.join(run['workdir'], 'result.json')))['decode_tok_s'] == 123.0
