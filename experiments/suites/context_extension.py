@@ -18,7 +18,8 @@ TARGET = 8  # extend to 8 × the pre-training context
 
 
 def _pretraining_length(config) -> dict:
-  """Name L for every variant, so the lengths they are measured at are multiples of the same L."""
+  """Name L (the scalings' original context), so that the lengths a variant is measured at stay
+  multiples of the pre-training L when its own context grows."""
   return {'model.position.rope_original_max_len': config.data.seq_len}
 
 
@@ -47,7 +48,7 @@ SUITE = Suite(
                 'and PI / direct fine-tuning at 8L',
     base='configs/rope_swiglu.py',
     variants=(
-        Variant('rope', derived=_pretraining_length),
+        Variant('rope'),  # the default config: its runs are the noise suite's, copied
         Variant('pi', overrides=_scaled('linear'), derived=_pretraining_length,
                 starts_from='rope', trains=False),
         Variant('ntk', overrides=_scaled('ntk'), derived=_pretraining_length,
