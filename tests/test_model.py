@@ -229,7 +229,7 @@ def test_embed_scale_multiplies_the_token_vectors_before_the_positions():
   scaled = build_model(mllm.load_config('configs/base.py:pos=sinusoidal',
                                         {**over, 'model.embed_scale': scale}), rngs=nnx.Rngs(0))
   plain = build_model(mllm.load_config('configs/base.py:pos=sinusoidal', over), rngs=nnx.Rngs(0))
-  plain.embed.embedding.value = plain.embed.embedding.value * scale
+  plain.embed.embedding[...] = plain.embed.embedding[...] * scale
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 16)))
   np.testing.assert_allclose(scaled(tokens), plain(tokens), rtol=1e-5, atol=1e-5)
   unscaled = build_model(mllm.load_config('configs/base.py:pos=sinusoidal', over), rngs=nnx.Rngs(0))
