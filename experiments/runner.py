@@ -88,7 +88,8 @@ def run_one(config, workdir: str, *, progress: bool = True, measure=None,
   checkpoint = workdir
   if parent is not None and not config.train.init_from:  # evaluated only: nothing trained here
     checkpoint = parent['workdir']
-    result.update(steps=0, tokens=parent['tokens'], train_flops=parent['train_flops'],
+    # .get: a parent finished by an older runner may lack these counts.
+    result.update(steps=0, tokens=parent.get('tokens'), train_flops=parent.get('train_flops'),
                   tokens_per_s=None, median_step_s=None, train_loss=None)
   else:
     try:
