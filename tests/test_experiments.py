@@ -229,6 +229,14 @@ def test_starts_from_variants_evaluate_or_fine_tune_their_parents_parameters(tmp
   again = run_suite(suite, preset='tiny', seeds=1, out=str(tmp_path), extra=extra, run=None,
                     progress=False)
   assert [r['workdir'] for r in again['runs']] == [r['workdir'] for r in out['runs']]
+  # A parent finished by an older runner (no token or FLOP counts) still has evaluated children.
+  parent_result = os.path.join(runs['parent']['workdir'], 'result.json')
+  old = {k: v for k, v in json.load(open(parent_result)).items() if k not in ('tokens', 'train_flops')}
+  json.dump(old, open(parent_result, 'w'))
+  os.remove(os.path.join(runs['same-math']['workdir'], 'result.json'))
+  redone = run_suite(suite, preset='tiny', seeds=1, out=str(tmp_path), extra=extra, progress=False)
+  assert not redone['failed'] and next(r for r in redone['runs'] if r['variant'] == 'same-math')[
+      'eval_loss'] == runs['parent']['eval_loss']
   changed = run_suite(suite, preset='tiny', seeds=1, out=str(tmp_path),
                       extra={**extra, 'train.learning_rate': 1e-3}, run=None, progress=False)
   assert len(changed['pending']) == 3 and not set(p['workdir'] for p in changed['pending']) & set(
