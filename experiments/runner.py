@@ -138,7 +138,8 @@ def _read_result(workdir: str) -> dict:
   metrics = os.path.join(workdir, 'metrics.jsonl')
   if 'curve' not in result and os.path.exists(metrics):  # finished by an older runner
     result['curve'] = train_curve(metrics)
-  result.setdefault('train_flops', result.get('flops_per_token', 0) * result.get('tokens', 0))
+  if 'train_flops' not in result:  # finished by an older runner
+    result['train_flops'] = (result.get('flops_per_token') or 0) * (result.get('tokens') or 0)
   return result
 
 
