@@ -124,7 +124,7 @@ def write(suite: Suite, results: dict, out: str) -> str:
   with open(os.path.join(folder, 'results.json'), 'w') as f:
     json.dump(results, f, indent=1)
   figures = plots.write_all(suite, results, rows, folder)
-  tensorboard.write(suite, results, folder)
+  tensorboard.write(suite, results, folder, final=('eval_loss', *EXTRA_COLUMNS))
   text = markdown(suite, results, rows)
   text += ''.join(f'\n![{os.path.basename(p)}]({os.path.basename(p)})\n' for p in figures)
   path = os.path.join(folder, 'results.md')

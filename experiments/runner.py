@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import math
 import json
+import math
 import os
 import pickle
 import shutil

@@ -10,14 +10,9 @@ import math
 import os
 import shutil
 
-# Final metrics written as scalars, when a run has them.
-FINAL = ('eval_loss', 'loss_at_1L', 'loss_at_2L', 'loss_at_4L', 'loss_at_8L', 'loss_at_16L',
-         'decode_tok_s', 'load_cv', 'max_over_mean', 'drop_rate', 'grad_ratio_init',
-         'grad_ratio_final')
-
-
-def write(suite, results: dict, folder: str) -> str | None:
-  """(Re)write <folder>/tensorboard; its path, or None when no run has finished."""
+def write(suite, results: dict, folder: str, final: tuple[str, ...]) -> str | None:
+  """(Re)write <folder>/tensorboard, with the run metrics named in `final` as scalars at each
+  run's last step; its path, or None when no run has finished."""
   from tensorboardX import SummaryWriter
   if not results['runs']:
     return None
@@ -30,7 +25,7 @@ def write(suite, results: dict, folder: str) -> str | None:
     for step, loss in zip(curve['step'], curve['loss']):
       writer.add_scalar('train/loss', loss, step)
     last = curve['step'][-1] if curve['step'] else run.get('steps', 0)
-    for key in FINAL:
+    for key in final:
       value = run.get(key)
       if isinstance(value, (int, float)) and math.isfinite(value):
         writer.add_scalar(f'final/{key}', value, last)
@@ -38,7 +33,7 @@ def write(suite, results: dict, folder: str) -> str | None:
     writer.close()
   layout = {f'suite {suite.name}': {
       'train loss (every variant and seed)': ['Multiline', ['train/loss']],
-      **{key: ['Multiline', [f'final/{key}$']] for key in FINAL if key in finals}}}
+      **{key: ['Multiline', [f'final/{key}$']] for key in final if key in finals}}}
   with SummaryWriter(root) as writer:
     writer.add_custom_scalars(layout)
   return root
