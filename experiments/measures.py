@@ -142,11 +142,11 @@ def layer_grad_norms(config, workdir: str) -> dict:
 
   from mllm.data import build_data
   from mllm.generate import load_run
-  from mllm.train.state import _new_model
+  from mllm.train.state import initial_model
   trained, _, _, saved = load_run(workdir, config)
   data = build_data(saved, workdir)
   batches = list(itertools.islice(data.train_iterator(), GRAD_BATCHES))
-  fresh = _new_model(saved)
+  fresh = initial_model(saved)
   fresh.eval()
   init, final = _ffn_grad_norms(fresh, batches), _ffn_grad_norms(trained, batches)
   return {'ffn_grad_norm_init': init, 'ffn_grad_norm_final': final,

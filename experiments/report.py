@@ -39,8 +39,7 @@ def summarize(suite: Suite, results: dict) -> list[dict]:
       speeds = [r['tokens_per_s'] for r in runs.values() if r.get('tokens_per_s')]
       row.update(params=first['params'], active_params=first['active_params'],
                  tokens_per_s=stats.mean_std(speeds)[0] if speeds else None,
-                 train_flops=first.get('train_flops') or (
-                     (first.get('flops_per_token') or 0) * (first.get('tokens') or 0)))
+                 train_flops=first.get('train_flops'))
       for key in EXTRA_COLUMNS:
         if all(key in r for r in runs.values()):
           row[key] = stats.mean_std([r[key] for r in runs.values()])[0]

@@ -10,14 +10,14 @@ from flax import nnx
 
 import mllm
 from experiments.measures import _ffn_grad_norms
-from mllm.train.state import _new_model
+from mllm.train.state import initial_model
 
 
 def _model_and_batch(scan: bool, placement: str = 'post'):
   config = mllm.load_config(f'configs/rope_swiglu.py:placement={placement}', {
       'model.d_model': 32, 'model.n_layers': 3, 'model.n_heads': 2, 'model.n_kv_heads': 2,
       'model.vocab_size': 64, 'model.max_seq_len': 16, 'model.scan_layers': scan})
-  net = _new_model(config)
+  net = initial_model(config)
   net.eval()
   tokens = np.random.default_rng(0).integers(0, 64, (4, 17))
   batch = {'inputs': jnp.asarray(tokens[:, :-1]), 'targets': jnp.asarray(tokens[:, 1:]),

@@ -47,18 +47,19 @@ class Model:
     return nnx.merge(self.graphdef, params, jax.tree.map(lambda x: x, self.rest))
 
 
-def _new_model(config):
+def initial_model(config):
+  """The run's model at step 0: parameters drawn from `config.seed`, as training starts."""
   return build_model(config, rngs=nnx.Rngs(params=config.seed, dropout=config.seed + 1))
 
 
 def _parts(config):
   """(abstract model, optimizer, schedule, init) of a run: what setup and abstract_state share."""
-  abstract_model = nnx.eval_shape(lambda: _new_model(config))
+  abstract_model = nnx.eval_shape(lambda: initial_model(config))
   _, abstract_params, _ = nnx.split(abstract_model, SAVED, ...)
   tx, schedule = make_optimizer(config.train, split_trained(abstract_params)[0])
 
   def init() -> TrainState:
-    _, params, _ = nnx.split(_new_model(config), SAVED, ...)
+    _, params, _ = nnx.split(initial_model(config), SAVED, ...)
     return {'step': jnp.zeros((), jnp.int32), 'params': params,
             'opt_state': tx.init(split_trained(params)[0]),
             'rng': jax.random.key_data(jax.random.key(config.seed))}
