@@ -14,7 +14,7 @@ from experiments.suite import Suite
 EXTRA_COLUMNS = {'decode_tok_s': ('decode tok/s', '{:,.0f}'),
                  'kv_bytes_per_token': ('KV bytes/token', '{:,.0f}'),
                  'load_cv': ('load CV', '{:.3f}'), 'max_over_mean': ('max/mean load', '{:.2f}'),
-                 'drop_rate': ('drop rate', '{:.3f}'), 'dead_experts': ('dead experts', '{:.1f}'),
+                 'drop_rate': ('drop rate', '{:.3f}'), 'dead_experts': ('dead experts, all layers', '{:.1f}'),
                  **{f'loss_at_{k}L': (f'loss at {k}L', '{:.4f}') for k in (1, 2, 4, 8, 16)},
                  'grad_ratio_init': ('FFN grad norm last/first layer, init', '{:.2f}'),
                  'grad_ratio_final': ('same, trained', '{:.2f}')}
