@@ -81,6 +81,7 @@ def run_one(config, workdir: str, *, progress: bool = True, measure=None,
   parent's checkpoint is only evaluated, and measured, under this config.
   """
   from mllm.train import TrainingDiverged, evaluate, train
+  start = time.time()
   counts = mllm.count_params(config)  # from an abstract model: nothing allocated
   flops_per_token = mllm.training_flops_per_token(config, counts=counts).total
   result = {'params': counts.total, 'active_params': counts.active,
@@ -98,7 +99,8 @@ def run_one(config, workdir: str, *, progress: bool = True, measure=None,
       result.update(diverged_at_step=err.step, eval_loss=math.nan, steps=err.step,
                     tokens=err.step * config.data.batch_size * config.data.seq_len,
                     train_flops=math.nan, tokens_per_s=None, median_step_s=None,
-                    train_loss=math.nan, curve=train_curve(os.path.join(workdir, 'metrics.jsonl')))
+                    train_loss=math.nan, curve=train_curve(os.path.join(workdir, 'metrics.jsonl')),
+                    wall_s=time.time() - start)
       _write_result(workdir, result)
       return result
     if summary['interrupted']:
@@ -115,6 +117,9 @@ def run_one(config, workdir: str, *, progress: bool = True, measure=None,
     result['starts_from'] = parent['variant']
   if measure is not None:
     result.update(measure(config, checkpoint))
+  # This call's seconds (a resumed run: since it resumed); kept in result.json, so a suite
+  # continued later still reports what each run cost.
+  result['wall_s'] = time.time() - start
   _write_result(workdir, result)
   return result
 
@@ -284,7 +289,7 @@ def run_suite(suite: Suite, *, preset: str, seeds: int, out: str, extra: dict | 
     done(item, adopt(source, config, workdir, measure))
     return True
 
-  running = {}  # Popen -> (item, attempt, start)
+  running = {}  # Popen -> (item, job, attempt)
   try:
     while todo or running:
       blocked = [item for item in todo if ready(item) is None]
@@ -304,18 +309,18 @@ def run_suite(suite: Suite, *, preset: str, seeds: int, out: str, extra: dict | 
           _run_here(item, workdir, run, kwargs, progress, measure, done)
         else:
           job = {'config': item[2], 'measure': suite.extra_metrics, **kwargs}
-          running[_start_worker(job, workdir)] = (item, job, 1, time.time())
+          running[_start_worker(job, workdir)] = (item, job, 1)
         continue
       if not running:
         break
       time.sleep(1)
       for proc in [p for p in running if p.poll() is not None]:
-        item, job, attempt, start = running.pop(proc)
+        item, job, attempt = running.pop(proc)
         workdir = records[item[0].name, item[1]]['workdir']
         if proc.returncode == 0 and os.path.exists(os.path.join(workdir, 'result.json')):
-          done(item, {**_read_result(workdir), 'wall_s': time.time() - start})
+          done(item, _read_result(workdir))
         elif attempt == 1:  # a failed run is retried once
-          running[_start_worker(job, workdir)] = (item, job, 2, time.time())
+          running[_start_worker(job, workdir)] = (item, job, 2)
         else:
           done(item, errors=[_last_error(workdir)])
   except KeyboardInterrupt:
@@ -337,10 +342,9 @@ def _run_here(item, workdir, run, kwargs, progress, measure, done) -> None:
   config = item[2]
   errors = []
   for _ in range(2):
-    start = time.time()
     try:
       result = run(config, workdir, progress=progress, measure=measure, **kwargs)
-      done(item, {**result, 'wall_s': time.time() - start})
+      done(item, result)
       return
     except KeyboardInterrupt:
       raise

@@ -87,6 +87,10 @@ def test_finished_runs_are_skipped_and_a_changed_config_is_a_new_run(finished):
                                                        report.summarize(SUITE, partial))
   assert calls == [] and [r['eval_loss'] for r in again['runs']] == [
       r['eval_loss'] for r in results['runs']]
+  # What each run cost stays with it (result.json), so a suite continued later still reports it;
+  # a copied run cost nothing and says where it came from instead.
+  assert [r.get('wall_s') for r in again['runs']] == [r.get('wall_s') for r in results['runs']]
+  assert all((r.get('wall_s', 0) > 0) != ('copied_from' in r) for r in again['runs'])
   a = resolve(SUITE, SUITE.variants[0], 'tiny', 0, extra)
   b = resolve(SUITE, SUITE.variants[0], 'tiny', 0, {**extra, 'train.learning_rate': 1e-3})
   assert config_hash(a) != config_hash(b) and a.seed == 0
