@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import NamedTuple
 
 import jax
@@ -32,9 +31,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels import tile_math as tm
 from pallas_kernels.block_ranges import MASK_VALUE, kv_block_range, q_block_range  # noqa: F401
-
-LOG2E = math.log2(math.e)
 
 
 class BlockSizes(NamedTuple):
@@ -95,40 +93,16 @@ class _Extras(NamedTuple):
   slopes_N: jax.Array | None
 
 
-def _dot(a, b, ca, cb, cfg):
-  return lax.dot_general(a, b, (((ca,), (cb,)), ((), ())), precision=cfg.precision,
-                         preferred_element_type=jnp.float32)
-
-
-# Kernel tiles are suffixed by their axes: t = query rows of a tile, s = key rows, H = head dim.
 def _scores(q_tH, k_sH, t0, j0, qseg_t, kseg_s, qpos_t, kpos_s, slope, cfg):
-  """Base-2 masked scores of one tile, and its mask (None when nothing needs masking)."""
-  s_ts = _dot(q_tH, k_sH, 1, 1, cfg) * (cfg.scale * LOG2E)
-  if cfg.alibi:
-    s_ts += (slope * LOG2E) * (kpos_s[None, :] - qpos_t[:, None]).astype(jnp.float32)
-  i = (t0 + cfg.q_offset + jnp.arange(q_tH.shape[0]))[:, None]
-  j = (j0 + jnp.arange(k_sH.shape[0]))[None, :]
-  conds = []
-  if cfg.kv_len % k_sH.shape[0]:  # only then can a visited tile hold padding keys
-    conds.append(j < cfg.kv_len)
-  if cfg.causal:
-    conds.append(j <= i)
-  if cfg.window is not None:
-    conds.append(i - j < cfg.window)
-    if not cfg.causal:
-      conds.append(j - i < cfg.window)
-  if cfg.segments:
-    conds.append(qseg_t[:, None] == kseg_s[None, :])
-  if not conds:
-    return s_ts, None
-  mask_ts = functools.reduce(jnp.logical_and, conds)
-  return jnp.where(mask_ts, s_ts, MASK_VALUE), mask_ts
-
-
-def _masked_exp2(x_ts, mask_ts):
-  # Zeroing (not just the MASK_VALUE logit) keeps a row with no allowed key at l == 0 and p == 0.
-  p_ts = jnp.exp2(x_ts)
-  return p_ts if mask_ts is None else jnp.where(mask_ts, p_ts, 0.0)
+  """tile_math.scores for a tile starting at query row t0 and key j0 (vectors become columns)."""
+  i_t1 = (t0 + cfg.q_offset + jnp.arange(q_tH.shape[0]))[:, None]
+  j_1s = (j0 + jnp.arange(k_sH.shape[0]))[None, :]
+  col = lambda x: None if x is None else x[:, None]
+  row = lambda x: None if x is None else x[None, :]
+  # Only a block-size that does not divide kv_len lets a visited tile hold padding keys.
+  return tm.scores(q_tH, k_sH, i_t1, j_1s, cfg, kv_padded=bool(cfg.kv_len % k_sH.shape[0]),
+                   qseg_t1=col(qseg_t), kseg_1s=row(kseg_s), qpos_t1=col(qpos_t),
+                   kpos_1s=row(kpos_s), slope=slope)
 
 
 def _unless_disjoint(cfg, seg_range, seg_other, step, carry):
@@ -160,31 +134,23 @@ def _fwd_kernel(q_ref, k_ref, v_ref, qseg_ref, kseg_ref, qpos_ref, kpos_ref, slo
       kpos_s = kpos_ref[pl.ds(j0, bk)] if cfg.alibi else None
       s_ts, mask_ts = _scores(q_tH, k_ref[pl.ds(j0, bk), :], t0, j0, qseg_t, kseg_s, qpos_t,
                               kpos_s, slope, cfg)
-      m_new_t = jnp.maximum(m_t, jnp.max(s_ts, axis=1))
-      alpha_t = jnp.exp2(m_t - m_new_t)
-      p_ts = _masked_exp2(s_ts - m_new_t[:, None], mask_ts)
-      v_sH = v_ref[pl.ds(j0, bk), :]
-      acc_tH = alpha_t[:, None] * acc_tH + _dot(p_ts.astype(v_sH.dtype), v_sH, 1, 0, cfg)
-      return acc_tH, m_new_t, alpha_t * l_t + jnp.sum(p_ts, axis=1)
+      return tm.online_softmax_step(acc_tH, m_t, l_t, s_ts, mask_ts, v_ref[pl.ds(j0, bk), :],
+                                    cfg)
 
     return _unless_disjoint(cfg, seg_range, kseg_s, step, carry)
 
   lo, hi = kv_block_range(qb, **cfg.ranges(bwd=False))
   init = (jnp.zeros(q_tH.shape, jnp.float32), jnp.full((bq,), MASK_VALUE, jnp.float32),
           jnp.zeros((bq,), jnp.float32))
-  acc_tH, m_t, l_t = lax.fori_loop(lo, hi, body, init)
-  l_t = jnp.where(l_t == 0.0, 1.0, l_t)  # no allowed key: acc == 0, so the output is 0
-  o_ref[...] = (acc_tH / l_t[:, None]).astype(o_ref.dtype)
-  lse_ref[...] = m_t + jnp.log2(l_t)
+  o_tH, lse_t = tm.finish_rows(*lax.fori_loop(lo, hi, body, init))
+  o_ref[...] = o_tH.astype(o_ref.dtype)
+  lse_ref[...] = lse_t
 
 
 def _grad_tile(q_tH, k_sH, v_sH, do_tH, lse_t, delta_t, t0, j0, qseg_t, kseg_s, qpos_t, kpos_s,
                slope, cfg):
-  """P and dS / scale (dS = gradient w.r.t. the q.k logits) of one tile."""
   s_ts, mask_ts = _scores(q_tH, k_sH, t0, j0, qseg_t, kseg_s, qpos_t, kpos_s, slope, cfg)
-  p_ts = _masked_exp2(s_ts - lse_t[:, None], mask_ts)
-  dp_ts = _dot(do_tH, v_sH, 1, 1, cfg)
-  return p_ts, p_ts * (dp_ts - delta_t[:, None])
+  return tm.grad_tile(s_ts, mask_ts, do_tH, v_sH, lse_t, delta_t, cfg)
 
 
 def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qseg_ref, kseg_ref, qpos_ref,
@@ -211,8 +177,8 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qseg_ref, kseg_
         qpos_t = qpos_ref[rows] if cfg.alibi else None
         p_ts, ds_ts = _grad_tile(q_tH, k_sH, v_sH, do_tH, lse_ref[g, rows], delta_ref[g, rows],
                                  qb * bq, j0, qseg_t, kseg_s, qpos_t, kpos_s, slope, cfg)
-        dv_sH += _dot(p_ts.astype(do_tH.dtype), do_tH, 0, 0, cfg)
-        dk_sH += _dot(ds_ts.astype(q_tH.dtype), q_tH, 0, 0, cfg)
+        dv_sH += tm.dot(p_ts.astype(do_tH.dtype), do_tH, 0, 0, cfg)
+        dk_sH += tm.dot(ds_ts.astype(q_tH.dtype), q_tH, 0, 0, cfg)
         return dk_sH, dv_sH
 
       return _unless_disjoint(cfg, seg_range, qseg_t, step, carry)
@@ -244,7 +210,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qseg_ref, kseg_r
       kpos_s = kpos_ref[keys] if cfg.alibi else None
       _, ds_ts = _grad_tile(q_tH, k_sH, v_ref[keys, :], do_tH, lse_t, delta_t, qb * bq, kb * bk,
                             qseg_t, kseg_s, qpos_t, kpos_s, slope, cfg)
-      return dq_tH + _dot(ds_ts.astype(k_sH.dtype), k_sH, 1, 0, cfg)
+      return dq_tH + tm.dot(ds_ts.astype(k_sH.dtype), k_sH, 1, 0, cfg)
 
     return _unless_disjoint(cfg, seg_range, kseg_s, step, dq_tH)
 

@@ -1,0 +1,96 @@
+"""The math of one (query tile, key tile) pair, shared by every flash-attention backend.
+
+The Triton kernel (flash_attention.py) and the Mosaic TPU kernel (flash_attention_tpu.py) differ
+in how they walk the tiles and where they keep state; what they do to a tile is this. Scores are
+in base 2 (logits * log2 e, so exp2 replaces exp and the saved LSE is base 2). Row statistics
+(m, l, lse, delta) may be vectors `(t,)` (Triton) or columns `(t, 1)` (TPU, whose vector layout
+wants 2-D values): every function here broadcasts them either way.
+
+`rule` is the kernel's static config: scale, causal, window, q_offset, kv_len, segments, alibi,
+precision (duck-typed; each backend has its own dataclass).
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import jax.numpy as jnp
+from jax import lax
+
+from pallas_kernels.block_ranges import MASK_VALUE
+
+LOG2E = math.log2(math.e)
+
+
+def dot(a, b, ca: int, cb: int, rule):
+  """a · b contracting a's axis ca with b's axis cb, accumulated in float32."""
+  return lax.dot_general(a, b, (((ca,), (cb,)), ((), ())), precision=rule.precision,
+                         preferred_element_type=jnp.float32)
+
+
+def _col(x):
+  """A row statistic as a column that broadcasts against a (t, s) tile."""
+  return x[:, None] if x.ndim == 1 else x
+
+
+def _row_reduce(fn, x_ts, like):
+  """fn over the key axis, shaped like the statistic `like` ((t,) or (t, 1))."""
+  return fn(x_ts, axis=1, keepdims=like.ndim == 2)
+
+
+def scores(q_tH, k_sH, i_t1, j_1s, rule, *, kv_padded: bool, qseg_t1=None, kseg_1s=None,
+           qpos_t1=None, kpos_1s=None, slope=None):
+  """Base-2 masked scores of a tile and its mask (None when nothing needs masking).
+
+  i_t1 / j_1s: the tile's query index i = q_offset + t (a column) and key index j (a row);
+  qseg/kseg, qpos/kpos the same way. kv_padded: the tile may hold padding keys (j >= kv_len).
+  The mask rule is block_ranges.visible's, plus equal segment ids; ALiBi adds
+  slope * (kpos - qpos) (Press et al. 2022, eq. in sec. 3).
+  """
+  s_ts = dot(q_tH, k_sH, 1, 1, rule) * (rule.scale * LOG2E)
+  if rule.alibi:
+    s_ts += (slope * LOG2E) * (kpos_1s - qpos_t1).astype(jnp.float32)
+  conds = []
+  if kv_padded:
+    conds.append(j_1s < rule.kv_len)
+  if rule.causal:
+    conds.append(j_1s <= i_t1)
+  if rule.window is not None:
+    conds.append(i_t1 - j_1s < rule.window)
+    if not rule.causal:
+      conds.append(j_1s - i_t1 < rule.window)
+  if rule.segments:
+    conds.append(qseg_t1 == kseg_1s)
+  if not conds:
+    return s_ts, None
+  mask_ts = functools.reduce(jnp.logical_and, conds)
+  return jnp.where(mask_ts, s_ts, MASK_VALUE), mask_ts
+
+
+def masked_exp2(x_ts, mask_ts):
+  # Zeroing (not just the MASK_VALUE logit) keeps a row with no allowed key at l == 0, p == 0.
+  p_ts = jnp.exp2(x_ts)
+  return p_ts if mask_ts is None else jnp.where(mask_ts, p_ts, 0.0)
+
+
+def online_softmax_step(acc_tH, m_t, l_t, s_ts, mask_ts, v_sH, rule):
+  """One key tile of FlashAttention-2's forward (Dao 2023, Alg. 1 lines 8-10): the running max
+  m, the running sum l and the unnormalised accumulator after this tile."""
+  m_new_t = jnp.maximum(m_t, _row_reduce(jnp.max, s_ts, m_t))
+  alpha_t = jnp.exp2(m_t - m_new_t)
+  p_ts = masked_exp2(s_ts - _col(m_new_t), mask_ts)
+  acc_tH = _col(alpha_t) * acc_tH + dot(p_ts.astype(v_sH.dtype), v_sH, 1, 0, rule)
+  return acc_tH, m_new_t, alpha_t * l_t + _row_reduce(jnp.sum, p_ts, l_t)
+
+
+def finish_rows(acc_tH, m_t, l_t):
+  """The normalised output and the base-2 log-sum-exp; a row with no allowed key gives 0."""
+  l_t = jnp.where(l_t == 0.0, 1.0, l_t)
+  return acc_tH / _col(l_t), m_t + jnp.log2(l_t)
+
+
+def grad_tile(s_ts, mask_ts, do_tH, v_sH, lse_t, delta_t, rule):
+  """P and dS / scale of a tile (Dao 2023, Alg. 2 lines 11-14), from its masked scores."""
+  p_ts = masked_exp2(s_ts - _col(lse_t), mask_ts)
+  dp_ts = dot(do_tH, v_sH, 1, 1, rule)
+  return p_ts, p_ts * (dp_ts - _col(delta_t))
