@@ -91,9 +91,10 @@ CASES = [
 ]
 
 
-def make_inputs(p, seed):
+def make_inputs(p, seed, unit: int = 1, B: int = 2):
+  """Inputs of a case; `unit` multiplies every length (a TPU kernel's key blocks are >= 128)."""
   rng = np.random.default_rng(seed)
-  B, K = 2, 2 if p['G'] < 8 else 1
+  K = 2 if p['G'] < 8 else 1
   N = K * p['G']
   T = int(rng.integers(33, 97))
   S = T
@@ -106,12 +107,13 @@ def make_inputs(p, seed):
     T, S = int(rng.integers(17, 25)), int(rng.integers(89, 97))
   q_offset = None
   if p['explicit_offset']:
-    q_offset = int(rng.integers(24, S - T - 39) if p['shape'] == 'mid_q' else
-                   rng.integers(0, S - T - 47))
+    q_offset = unit * int(rng.integers(24, S - T - 39) if p['shape'] == 'mid_q' else
+                          rng.integers(0, S - T - 47))
+  T, S = unit * T, unit * S
   off = S - T if q_offset is None else q_offset
   q_seg = kv_seg = q_pos = kv_pos = slopes = None
   if p['segments'] == 'packed':  # sorted documents, queries aligned with their keys
-    kv_seg = np.stack([np.cumsum(rng.random(S) < 0.06) for _ in range(B)]).astype(np.int32)
+    kv_seg = np.stack([np.cumsum(rng.random(S) < 0.06 / unit) for _ in range(B)]).astype(np.int32)
     q_seg = kv_seg[:, np.clip(off + np.arange(T), 0, S - 1)].copy()
     q_seg[0, T // 2] = 99  # a document with no keys: output exactly 0
     starts = np.maximum.accumulate(
@@ -121,8 +123,8 @@ def make_inputs(p, seed):
   elif p['segments'] == 'random':  # unsorted ids; one key block with an id no query has
     q_seg = rng.integers(0, 3, (B, T)).astype(np.int32)
     kv_seg = rng.integers(0, 3, (B, S)).astype(np.int32)
-    kv_seg[:, 16:32] = 7
-    q_seg[1, 3] = -5  # below every key id: exactly 0, and no query block range reaches 7
+    kv_seg[:, 16 * unit:32 * unit] = 7
+    q_seg[-1, 3] = -5  # below every key id: exactly 0, and no query block range reaches 7
   if p['alibi']:
     slopes = (2.0 ** (-8.0 * np.arange(1, N + 1) / N)).astype(np.float32)
     if q_pos is None:
@@ -137,10 +139,10 @@ def make_inputs(p, seed):
               q_pos=q_pos, kv_pos=kv_pos, slopes=slopes, dtype=dtype)
 
 
-def run_kernel(q, k, v, do, **kw):
+def run_kernel(q, k, v, do, attention=fa.flash_attention, **kw):
   extras = {n: kw.pop(n) for n in ('q_segment_ids', 'kv_segment_ids', 'alibi_slopes',
                                    'q_positions', 'kv_positions')}
-  attn = functools.partial(fa.flash_attention, **kw)
+  attn = functools.partial(attention, **kw)
 
   @jax.jit
   def fwd_bwd(q, k, v, do, extras):
@@ -151,9 +153,10 @@ def run_kernel(q, k, v, do, **kw):
   return o, *grads
 
 
-@pytest.mark.parametrize('p', CASES)
-def test_matches_float64_reference(p, request):
-  x = make_inputs(p, seed=sum(map(ord, request.node.callspec.id)))
+def check_against_reference(p, seed, attention=fa.flash_attention, unit=1, B=2):
+  """Output and gradients within tolerance of float64; the key blocks every query block must
+  skip are NaN-poisoned; a query with no allowed key gives exactly 0 (output and dq)."""
+  x = make_inputs(p, seed, unit, B)
   B, T, N, H = x['q'].shape
   S = x['k'].shape[1]
   scale = H ** -0.5
@@ -176,7 +179,7 @@ def test_matches_float64_reference(p, request):
   assert (n_poisoned > 0) == p['expect_skip']
 
   o, dq, dk, dv = run_kernel(
-      x['q'], k, v, x['do'], q_offset=x['q_offset'], q_segment_ids=x['q_seg'],
+      x['q'], k, v, x['do'], attention, q_offset=x['q_offset'], q_segment_ids=x['q_seg'],
       kv_segment_ids=x['kv_seg'], alibi_slopes=x['slopes'], q_positions=x['q_pos'],
       kv_positions=x['kv_pos'], block_q=bq, block_k=bk, **common)
   assert o.dtype == x['dtype'] and o.shape == (B, T, N, H)
@@ -191,6 +194,11 @@ def test_matches_float64_reference(p, request):
                             q_seg=x['q_seg'], kv_seg=x['kv_seg']).any(-1)  # [B, T]
     assert orphans.any()
     assert (np.asarray(o)[orphans] == 0).all() and (np.asarray(dq)[orphans] == 0).all()
+
+
+@pytest.mark.parametrize('p', CASES)
+def test_matches_float64_reference(p, request):
+  check_against_reference(p, seed=sum(map(ord, request.node.callspec.id)))
 
 
 BOUNDS_CONFIGS = [
