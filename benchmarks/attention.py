@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks.machine import cpu_model
-from mllm.ops.attention import ATTENTION_IMPLS, AttentionMask, attend
+from mllm.ops.attention import ATTENTION_IMPLS, PALLAS_IMPLS, AttentionMask, attend, pallas_kernel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DENSE = ('xla',)  # implementations that materialize [B, H, N, N] scores
@@ -133,13 +133,23 @@ def one_line(e: Exception) -> str:
   return f"{type(e).__name__}: {lines[0][:200] if lines else ''}"
 
 
+def interpreted(impl: str) -> bool:
+  """Does this impl run a Pallas kernel in an interpreter here (Triton's on CPU, TPU's off a TPU)?"""
+  if impl not in PALLAS_IMPLS:
+    return False
+  backend = jax.default_backend()
+  return backend == 'cpu' or (pallas_kernel(impl, backend) == 'tpu' and backend != 'tpu')
+
+
 def run_cell(impl, causal, n, batch, inputs, args, budget_bytes) -> dict:
   B, H, D = batch, args.heads, args.head_dim
   fa_fwd = 4 * B * H * n * n * D / (2 if causal else 1)
   row = dict(impl=impl, causal=causal, N=n, batch=B, fa_fwd_flops=fa_fwd, fa_fwdbwd_flops=3.5 * fa_fwd)
-  if impl == 'pallas' and jax.default_backend() == 'cpu' and n > args.pallas_cpu_max_n:
-    row['skipped'] = f'N > pallas_cpu_max_n (Pallas interpret mode on CPU; --pallas_cpu_max_n={args.pallas_cpu_max_n})'
-    return row
+  if interpreted(impl):
+    row['impl'] = f'{impl} (interpreted)'  # its times say nothing about the kernel's speed
+    if n > args.pallas_cpu_max_n:
+      row['skipped'] = f'N > pallas_cpu_max_n (Pallas interpret mode; --pallas_cpu_max_n={args.pallas_cpu_max_n})'
+      return row
   dense_bytes = 4 * B * H * n * n * 4  # ~4 float32 score-sized tensors in the dense fwd+bwd
   if impl in DENSE and dense_bytes > budget_bytes:
     row['skipped'] = f'memory (dense scores ~{dense_bytes / 1e9:.3g} GB > {args.max_gb:g} GB)'
@@ -230,7 +240,8 @@ FOOTNOTES = """\
   includes whatever the forward saves for the backward). skipped (memory): the estimated dense
   scores (~4 × B·H·N² float32) or the compiled scratch exceed --max_gb; n/a: the implementation
   raised for this combination (message in the log and the JSON).
-- Pallas on CPU runs in interpret mode: its CPU times say nothing about its GPU speed."""
+- Rows marked (interpreted) run a Pallas kernel in an interpreter (Triton's on CPU, the TPU kernel
+  off a TPU): their times say nothing about the kernel's speed on its hardware."""
 
 
 def plot(rows, path, title) -> None:

@@ -328,6 +328,7 @@ def test_position_ordered_blockwise_skips_future_key_blocks(monkeypatch):
 
 @pytest.mark.parametrize('impl,q_len,want', [('pallas', 1, 'xla'), ('blockwise', 1, 'xla'),
                                              ('pallas', 8, 'blockwise'), ('xla', 8, 'xla'),
+                                             ('pallas_tpu', 8, 'blockwise'),
                                              ('blockwise', 8, 'blockwise'), ('cudnn', 8, 'cudnn')])
 def test_cached_impl(impl, q_len, want):
   assert attention_ops.cached_impl(impl, q_len) == want
@@ -357,6 +358,12 @@ def test_auto_picks_per_backend_length_and_features():
                                    dropout=True, backend='gpu') == 'xla'
 
 
+def test_pallas_runs_the_kernel_of_the_backend():
+  assert [attention_ops.pallas_kernel('pallas', b) for b in ('cpu', 'gpu', 'tpu')] == [
+      'triton', 'triton', 'tpu']
+  assert attention_ops.pallas_kernel('pallas_tpu', 'cpu') == 'tpu'
+
+
 @pytest.mark.parametrize('choices,message', [
     ('pos=t5,attn=pallas', "position.kind='t5' is a learned relative bias"),
     ('pos=shaw,attn=pallas', "position.kind='shaw' is a learned relative bias"),
@@ -364,6 +371,9 @@ def test_auto_picks_per_backend_length_and_features():
     ('attn=pallas,model.attention.dropout=0.1', 'has no attention dropout'),
     ('attn=cudnn', "runs in bfloat16/float16 but model.dtype='float32'"),
     ('attn=pallas,model.attention.block_q=24', 'power of two >= 16'),
+    ('attn=pallas_tpu,model.attention.block_k=64', 'tiles k in multiples of 128'),
+    ('attn=pallas_tpu,model.attention.block_q=12', 'tiles q in multiples of 8'),
+    ('pos=t5,attn=pallas_tpu', "position.kind='t5' is a learned relative bias"),
     ('attn=blockwise,model.attention.block_k=0', 'positive integer'),
 ])
 def test_config_refuses_unsupported_combinations(choices, message):
@@ -378,7 +388,7 @@ def test_cudnn_is_refused_without_a_gpu():
     mllm.build_model(config, rngs=nnx.Rngs(0))
 
 
-@pytest.mark.parametrize('impl', ['pallas', 'cudnn'])
+@pytest.mark.parametrize('impl', ['pallas', 'pallas_tpu', 'cudnn'])
 def test_kernels_refuse_learned_terms_at_call_time(impl):
   q = jnp.zeros((1, 8, 2, 16))
   with pytest.raises(ValueError, match="learned biases"):
@@ -395,12 +405,14 @@ MODEL_CASES = [
     ('blockwise', 'pos=rope'), ('blockwise', 'pos=alibi,window=9'), ('blockwise', 'pos=t5'),
     ('blockwise', 'pos=shaw'), ('blockwise', 'pos=none'),
     ('pallas', 'pos=rope'), ('pallas', 'pos=alibi,window=9'), ('pallas', 'pos=learned'),
+    ('pallas_tpu', 'pos=alibi,window=9'),
     ('auto', 'pos=rope'),
 ]
 
 
 def _model_logits_and_grads(choices, impl, tokens, segments, **overrides):
-  blocks = {'blockwise': (16, 8), 'pallas': (16, 16), 'auto': (None, None), 'xla': (None, None)}
+  blocks = {'blockwise': (16, 8), 'pallas': (16, 16), 'pallas_tpu': (16, 128), 'auto': (None, None),
+            'xla': (None, None)}
   config = tiny_config(choices, model__max_seq_len=48, model__attention__impl=impl,
                        model__attention__block_q=blocks[impl][0],
                        model__attention__block_k=blocks[impl][1], **overrides)

@@ -8,8 +8,9 @@ are never repeated in memory.
 
 Implementations (`ATTENTION_IMPLS`): 'xla' materializes the scores (the reference); 'blockwise' is
 FlashAttention's online softmax in plain JAX (mllm/ops/blockwise.py, O(N) memory, any backend);
-'pallas' is the flash-attention kernel in pallas_kernels/flash_attention.py; 'cudnn' is cuDNN's
-fused kernel (GPU); 'auto' picks one per call (`choose_impl`).
+'pallas' is mllm's flash-attention kernel for the backend (pallas_kernels/flash_attention.py,
+Triton; flash_attention_tpu.py on a TPU), 'pallas_tpu' the TPU one on any backend (interpreted off
+a TPU); 'cudnn' is cuDNN's fused kernel (GPU); 'auto' picks one per call (`choose_impl`).
 
 What an implementation needs to know about the mask and the positional terms comes in small
 objects, so the tiled implementations skip whole blocks and compute ALiBi in-kernel instead of
@@ -268,18 +269,31 @@ def _refuse_learned_terms(impl: str, bias, rel_values, dropout: bool) -> None:
                      "'blockwise', or set model.attention.dropout=0")
 
 
+def pallas_kernel(impl: str, backend: str | None = None) -> str:
+  """Which of mllm's Pallas kernels an impl runs: 'pallas' the one for this backend (Mosaic TPU
+  on a TPU, else Triton, interpreted on CPU); 'pallas_tpu' the TPU one anywhere."""
+  if impl == 'pallas_tpu':
+    return 'tpu'
+  return 'tpu' if (backend or jax.default_backend()) == 'tpu' else 'triton'
+
+
 def pallas_attention(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: ScoreBias | None,
                      rel_values: RelativeValues | None, scale: float, dropout_rate: float = 0.0,
-                     dropout_rng=None, block_q: int | None = None,
-                     block_k: int | None = None) -> jax.Array:
-  """The Pallas flash-attention kernel (pallas_kernels/flash_attention.py); interpreted on CPU."""
-  from pallas_kernels.flash_attention import flash_attention  # noqa: PLC0415 (imports Pallas)
-  _refuse_learned_terms('pallas', bias, rel_values, dropout_rate > 0.0 and dropout_rng is not None)
+                     dropout_rng=None, block_q: int | None = None, block_k: int | None = None,
+                     impl: str = 'pallas') -> jax.Array:
+  """mllm's Pallas flash-attention kernel: pallas_kernels/flash_attention.py (Triton; interpreted
+  on CPU) or flash_attention_tpu.py (Mosaic TPU; interpreted off a TPU), by `pallas_kernel`."""
+  # noqa: PLC0415 below: importing Pallas is deferred until a kernel runs.
+  if pallas_kernel(impl) == 'tpu':
+    from pallas_kernels.flash_attention_tpu import flash_attention  # noqa: PLC0415
+  else:
+    from pallas_kernels.flash_attention import flash_attention  # noqa: PLC0415
+  _refuse_learned_terms(impl, bias, rel_values, dropout_rate > 0.0 and dropout_rng is not None)
   T, S = q_BTNH.shape[1], k_BSKH.shape[1]
   alibi = bias is not None and bias.alibi_slopes is not None
   return flash_attention(
       q_BTNH, k_BSKH, v_BSKH, scale=scale, causal=mask.causal, window=mask.window,
-      q_offset=mask.static_offset(T, S, 'pallas'), q_segment_ids=mask.q_segment_ids,
+      q_offset=mask.static_offset(T, S, impl), q_segment_ids=mask.q_segment_ids,
       kv_segment_ids=mask.kv_segment_ids, alibi_slopes=bias.alibi_slopes if alibi else None,
       q_positions=bias.q_positions if alibi else None,
       kv_positions=bias.kv_positions if alibi else None, block_q=block_q, block_k=block_k)
@@ -351,11 +365,14 @@ def auto_attention(q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
   return ATTENTION_IMPLS[impl](q_BTNH, k_BSKH, v_BSKH, **kwargs)
 
 
+PALLAS_IMPLS = ('pallas', 'pallas_tpu')  # mllm's own kernels: index-ordered masks, ALiBi only
+
 # name → implementation.
 ATTENTION_IMPLS: dict[str, Callable[..., jax.Array]] = {
     'xla': xla_attention,
     'blockwise': blockwise_attention,
     'pallas': pallas_attention,
+    'pallas_tpu': functools.partial(pallas_attention, impl='pallas_tpu'),
     'cudnn': cudnn_attention,
     'auto': auto_attention,
 }
@@ -368,11 +385,12 @@ def cached_impl(impl: str, q_len: int) -> str:
   like any kernel's, and a tiled kernel would only add loop overhead. A prefill chunk runs the
   configured implementation: 'xla' and 'blockwise' read the positions (blockwise tiles the chunk,
   so a long chunk never holds T x S scores), 'cudnn' gets them as a dense [B, 1, T, S] mask, and
-  'pallas', whose kernel masks by index only, hands the chunk to 'blockwise', the same algorithm.
+  'pallas' and 'pallas_tpu', whose kernels mask by index only, hand the chunk to 'blockwise', the
+  same algorithm.
   """
   if q_len == 1:
     return 'xla'
-  return 'blockwise' if impl == 'pallas' else impl
+  return 'blockwise' if impl in PALLAS_IMPLS else impl
 
 
 def attend(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: ScoreBias | None = None,
