@@ -392,12 +392,19 @@ def _check_attention_impl(m: config_dict.ConfigDict, p: str) -> None:
       raise ConfigError(f'{p}.attention.{key}', value, "the Pallas kernel (Triton) needs a power of "
                         'two >= 16; allowed: 16, 32, 64, 128, 256, or None for its default')
     multiple = {'block_q': 8, 'block_k': 128}[key]  # TPU sublanes (queries), lanes (keys)
+    if impl == 'splash' and value % 128:
+      raise ConfigError(f'{p}.attention.{key}', value, 'splash tiles queries and keys in multiples '
+                        'of 128; allowed: 128, 256, 512, ..., or None for 128')
     if impl == 'pallas_tpu' and value % multiple:
       raise ConfigError(f'{p}.attention.{key}', value, f'the TPU kernel tiles {key[-1]} in '
                         f'multiples of {multiple}; allowed: {multiple}, {2 * multiple}, ..., '
                         'or None for its default')
-  if impl not in ('pallas', 'pallas_tpu', 'cudnn'):
+  if impl not in ('pallas', 'pallas_tpu', 'splash', 'cudnn'):
     return
+  if impl == 'splash' and m.position.kind == 'alibi':
+    raise ConfigError(f'{p}.attention.impl', impl, "splash adds no bias to the scores, so no "
+                      f"ALiBi ({p}.position.kind='alibi'); allowed with it: 'pallas' (ALiBi "
+                      "in-kernel), 'blockwise', 'xla', 'auto'")
   if m.position.kind in LEARNED_BIAS_POSITIONS:
     raise ConfigError(f'{p}.attention.impl', impl,
                       f'{p}.position.kind={m.position.kind!r} is a learned relative bias, whose '
@@ -419,6 +426,10 @@ def check_backend(m: config_dict.ConfigDict, backend: str | None = None, p: str 
   if m.ffn.kind == 'moe' and m.moe.grouped_matmul == 'megablox' and backend == 'gpu':
     raise ConfigError(f'{p}.moe.grouped_matmul', 'megablox', "megablox's gmm is a TPU kernel (off "
                       "TPU it only interprets, for tests); allowed on gpu: 'ragged_dot'")
+  if m.attention.impl == 'splash' and backend == 'gpu':
+    raise ConfigError(f'{p}.attention.impl', 'splash', "splash is a TPU kernel (off a TPU it only "
+                      "interprets, for tests); allowed on gpu: 'xla', 'blockwise', 'pallas', "
+                      "'cudnn', 'auto'")
   if m.attention.impl == 'cudnn' and backend != 'gpu':
     raise ConfigError(f'{p}.attention.impl', 'cudnn', f"cuDNN needs a GPU, this machine's JAX "
                       f"backend is {backend!r}; allowed here: 'xla', 'blockwise', 'pallas', 'auto'")

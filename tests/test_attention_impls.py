@@ -25,7 +25,8 @@ from mllm.ops.attention import AttentionMask, RelativeValues, ScoreBias
 
 TOLERANCE = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
 # Tiles per implementation: several blocks per case; blockwise's need not be powers of two.
-TILES = {'blockwise': (16, 12), 'pallas': (16, 16), 'auto': (None, None), 'cudnn': (None, None)}
+TILES = {'blockwise': (16, 12), 'pallas': (16, 16), 'auto': (None, None), 'cudnn': (None, None),
+         'splash': (None, None)}
 IMPLS = ('blockwise', 'pallas', 'auto', 'cudnn')
 
 
@@ -161,6 +162,17 @@ def test_outputs_and_gradients_match_float64_reference(impl, case):
     assert np.isfinite(_f32(got)).all()
   if case.absent_segment:  # a query that sees no key gives exactly zero
     np.testing.assert_array_equal(_f32(out[0, case.T // 2]), 0.0)
+
+
+# Splash (JAX's TPU kernel, interpreted here at ~10 s a case): the hand-picked cases without ALiBi
+# that add something, and two spanning several of its 128-blocks.
+SPLASH_CASES = [CASES[i] for i in (0, 3, 4, 7, 8, 12)] + [
+    Case(1, 200, 300, 4, 2, 64), Case(1, 300, 100, 2, 1, 64, window=40)]
+
+
+@pytest.mark.parametrize('case', SPLASH_CASES, ids=str)
+def test_splash_matches_float64_reference(case):
+  test_outputs_and_gradients_match_float64_reference('splash', case)
 
 
 @pytest.mark.parametrize('impl', ['blockwise', 'auto'])
@@ -328,7 +340,7 @@ def test_position_ordered_blockwise_skips_future_key_blocks(monkeypatch):
 
 @pytest.mark.parametrize('impl,q_len,want', [('pallas', 1, 'xla'), ('blockwise', 1, 'xla'),
                                              ('pallas', 8, 'blockwise'), ('xla', 8, 'xla'),
-                                             ('pallas_tpu', 8, 'blockwise'),
+                                             ('pallas_tpu', 8, 'blockwise'), ('splash', 8, 'blockwise'),
                                              ('blockwise', 8, 'blockwise'), ('cudnn', 8, 'cudnn')])
 def test_cached_impl(impl, q_len, want):
   assert attention_ops.cached_impl(impl, q_len) == want
@@ -346,10 +358,13 @@ def test_auto_picks_per_backend_length_and_features():
   alibi = ScoreBias(alibi_slopes=jnp.ones(4), q_positions=jnp.zeros((1, 1), jnp.int32),
                     kv_positions=jnp.zeros((1, 1), jnp.int32))
   choose = functools.partial(attention_ops.choose_impl, rel_values=None, dropout=False)
-  for backend in ('cpu', 'gpu', 'tpu'):
+  for backend in ('cpu', 'gpu'):
     assert choose(*short, bias=None, backend=backend) == 'xla'
     assert choose(*long, bias=None, backend=backend) == 'blockwise'
+  for backend in ('cpu', 'gpu', 'tpu'):
     assert choose(*long, bias=dense, backend=backend) == 'blockwise'
+  assert choose(*short, bias=None, backend='tpu') == 'splash'
+  assert choose(*long, bias=alibi, backend='tpu') == 'pallas'  # mllm's TPU kernel there
   assert choose(*qk(64, jnp.bfloat16), bias=None, backend='gpu') == 'cudnn'
   assert choose(*qk(64, jnp.bfloat16), bias=None, backend='cpu') == 'xla'
   assert choose(*qk(4096, jnp.bfloat16), bias=dense, backend='gpu') == 'blockwise'
@@ -372,6 +387,9 @@ def test_pallas_runs_the_kernel_of_the_backend():
     ('attn=cudnn', "runs in bfloat16/float16 but model.dtype='float32'"),
     ('attn=pallas,model.attention.block_q=24', 'power of two >= 16'),
     ('attn=pallas_tpu,model.attention.block_k=64', 'tiles k in multiples of 128'),
+    ('attn=splash,model.attention.block_q=64', 'splash tiles queries and keys in multiples of 128'),
+    ('pos=alibi,attn=splash', "splash adds no bias to the scores, so no ALiBi"),
+    ('pos=t5,attn=splash', "position.kind='t5' is a learned relative bias"),
     ('attn=pallas_tpu,model.attention.block_q=12', 'tiles q in multiples of 8'),
     ('pos=t5,attn=pallas_tpu', "position.kind='t5' is a learned relative bias"),
     ('attn=blockwise,model.attention.block_k=0', 'positive integer'),
@@ -382,13 +400,19 @@ def test_config_refuses_unsupported_combinations(choices, message):
   assert '\n' not in str(err.value)
 
 
+def test_splash_is_refused_on_a_gpu():
+  config = tiny_config('attn=splash')
+  with pytest.raises(mllm.ConfigError, match='splash is a TPU kernel'):
+    mllm.config.check_backend(config.model, backend='gpu')
+
+
 def test_cudnn_is_refused_without_a_gpu():
   config = tiny_config('attn=cudnn,model.dtype=bfloat16')
   with pytest.raises(mllm.ConfigError, match="cuDNN needs a GPU, this machine's JAX backend is"):
     mllm.build_model(config, rngs=nnx.Rngs(0))
 
 
-@pytest.mark.parametrize('impl', ['pallas', 'pallas_tpu', 'cudnn'])
+@pytest.mark.parametrize('impl', ['pallas', 'pallas_tpu', 'splash', 'cudnn'])
 def test_kernels_refuse_learned_terms_at_call_time(impl):
   q = jnp.zeros((1, 8, 2, 16))
   with pytest.raises(ValueError, match="learned biases"):
@@ -405,14 +429,14 @@ MODEL_CASES = [
     ('blockwise', 'pos=rope'), ('blockwise', 'pos=alibi,window=9'), ('blockwise', 'pos=t5'),
     ('blockwise', 'pos=shaw'), ('blockwise', 'pos=none'),
     ('pallas', 'pos=rope'), ('pallas', 'pos=alibi,window=9'), ('pallas', 'pos=learned'),
-    ('pallas_tpu', 'pos=alibi,window=9'),
+    ('pallas_tpu', 'pos=alibi,window=9'), ('splash', 'pos=rope,window=9'),
     ('auto', 'pos=rope'),
 ]
 
 
 def _model_logits_and_grads(choices, impl, tokens, segments, **overrides):
   blocks = {'blockwise': (16, 8), 'pallas': (16, 16), 'pallas_tpu': (16, 128), 'auto': (None, None),
-            'xla': (None, None)}
+            'splash': (None, None), 'xla': (None, None)}
   config = tiny_config(choices, model__max_seq_len=48, model__attention__impl=impl,
                        model__attention__block_q=blocks[impl][0],
                        model__attention__block_k=blocks[impl][1], **overrides)

@@ -260,10 +260,15 @@ def _plain_bwd(scale, residuals, d_out_BTNH):
 _plain_attention.defvjp(_plain_fwd, _plain_bwd)
 
 
-def _refuse_learned_terms(impl: str, bias, rel_values, dropout: bool) -> None:
+def refuse_biases(impl: str, bias, rel_values, dropout: bool, alibi: bool = False) -> None:
+  """A kernel's refusal of what it cannot compute: learned biases, dropout (and ALiBi if asked)."""
   if rel_values is not None or (bias is not None and bias.dense is not None):
-    raise ValueError(f"attention impl={impl!r} takes only ALiBi as a score bias; learned biases "
-                     "(T5, Shaw) need impl='xla' or 'blockwise', where autodiff gives their gradients")
+    raise ValueError(f"attention impl={impl!r} takes {'no' if alibi else 'only ALiBi as a'} score "
+                     "bias; learned biases (T5, Shaw) need impl='xla' or 'blockwise', where "
+                     'autodiff gives their gradients')
+  if alibi and bias is not None and bias.alibi_slopes is not None:
+    raise ValueError(f"attention impl={impl!r} has no additive bias, so no ALiBi; use impl="
+                     "'pallas' (ALiBi in-kernel) or 'blockwise'")
   if dropout:
     raise ValueError(f"attention impl={impl!r} has no attention dropout; use impl='xla' or "
                      "'blockwise', or set model.attention.dropout=0")
@@ -288,7 +293,7 @@ def pallas_attention(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: Score
     from pallas_kernels.flash_attention_tpu import flash_attention  # noqa: PLC0415
   else:
     from pallas_kernels.flash_attention import flash_attention  # noqa: PLC0415
-  _refuse_learned_terms(impl, bias, rel_values, dropout_rate > 0.0 and dropout_rng is not None)
+  refuse_biases(impl, bias, rel_values, dropout_rate > 0.0 and dropout_rng is not None)
   T, S = q_BTNH.shape[1], k_BSKH.shape[1]
   alibi = bias is not None and bias.alibi_slopes is not None
   return flash_attention(
@@ -312,7 +317,7 @@ def cudnn_attention(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: ScoreB
   which is how the tests check it on CPU.
   """
   del block_q, block_k
-  _refuse_learned_terms('cudnn', bias, rel_values, dropout_rate > 0.0 and dropout_rng is not None)
+  refuse_biases('cudnn', bias, rel_values, dropout_rate > 0.0 and dropout_rng is not None)
   if implementation == 'cudnn' and q_BTNH.dtype not in (jnp.bfloat16, jnp.float16):
     raise ValueError(f'attention impl=cudnn needs bfloat16 or float16 inputs, got {q_BTNH.dtype}; '
                      "set model.dtype='bfloat16' or use impl='blockwise'")
@@ -346,8 +351,10 @@ def choose_impl(q_BTNH, k_BSKH, *, bias: ScoreBias | None, rel_values: RelativeV
   """What 'auto' runs: the fastest implementation that supports the call on this backend.
 
   GPU, bf16/fp16, no learned terms and no ALiBi: cuDNN (the fastest fused kernel on H100 in the
-  FA3 paper; it would round an ALiBi bias to bf16). Otherwise 'xla' below BLOCKWISE_FROM keys and
-  'blockwise' from there. The Pallas kernel is not picked until it has been measured on a GPU.
+  FA3 paper; it would round an ALiBi bias to bf16). TPU, no learned terms: JAX's splash kernel,
+  or mllm's TPU kernel ('pallas') with ALiBi, which splash cannot add. Otherwise 'xla' below
+  BLOCKWISE_FROM keys and 'blockwise' from there. mllm's GPU kernels are not picked until they
+  have been measured on a GPU.
   """
   backend = backend or jax.default_backend()
   learned = rel_values is not None or dropout or (bias is not None and bias.dense is not None)
@@ -355,6 +362,8 @@ def choose_impl(q_BTNH, k_BSKH, *, bias: ScoreBias | None, rel_values: RelativeV
   if (backend == 'gpu' and not learned and not alibi
       and q_BTNH.dtype in (jnp.bfloat16, jnp.float16)):
     return 'cudnn'
+  if backend == 'tpu' and not learned:
+    return 'pallas' if alibi else 'splash'
   return 'xla' if k_BSKH.shape[1] < BLOCKWISE_FROM else 'blockwise'
 
 
@@ -365,7 +374,14 @@ def auto_attention(q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
   return ATTENTION_IMPLS[impl](q_BTNH, k_BSKH, v_BSKH, **kwargs)
 
 
+def splash_attention(q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
+  """JAX's splash kernel (TPU; interpreted elsewhere) behind this contract: mllm/ops/splash.py."""
+  from mllm.ops.splash import splash_attention as run  # noqa: PLC0415 (imports Pallas)
+  return run(q_BTNH, k_BSKH, v_BSKH, **kwargs)
+
+
 PALLAS_IMPLS = ('pallas', 'pallas_tpu')  # mllm's own kernels: index-ordered masks, ALiBi only
+INDEX_ORDERED_IMPLS = (*PALLAS_IMPLS, 'splash')  # masks by index: a KV cache's chunk goes blockwise
 
 # name → implementation.
 ATTENTION_IMPLS: dict[str, Callable[..., jax.Array]] = {
@@ -373,6 +389,7 @@ ATTENTION_IMPLS: dict[str, Callable[..., jax.Array]] = {
     'blockwise': blockwise_attention,
     'pallas': pallas_attention,
     'pallas_tpu': functools.partial(pallas_attention, impl='pallas_tpu'),
+    'splash': splash_attention,
     'cudnn': cudnn_attention,
     'auto': auto_attention,
 }
@@ -385,12 +402,12 @@ def cached_impl(impl: str, q_len: int) -> str:
   like any kernel's, and a tiled kernel would only add loop overhead. A prefill chunk runs the
   configured implementation: 'xla' and 'blockwise' read the positions (blockwise tiles the chunk,
   so a long chunk never holds T x S scores), 'cudnn' gets them as a dense [B, 1, T, S] mask, and
-  'pallas' and 'pallas_tpu', whose kernels mask by index only, hand the chunk to 'blockwise', the
-  same algorithm.
+  'pallas', 'pallas_tpu' and 'splash', whose kernels mask by index only, hand the chunk to
+  'blockwise', the same algorithm.
   """
   if q_len == 1:
     return 'xla'
-  return 'blockwise' if impl in PALLAS_IMPLS else impl
+  return 'blockwise' if impl in INDEX_ORDERED_IMPLS else impl
 
 
 def attend(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: ScoreBias | None = None,

@@ -1,0 +1,131 @@
+"""`impl='splash'`: JAX's splash attention kernel (jax.experimental.pallas.ops.tpu.splash_attention)
+behind mllm's attention contract.
+
+Splash is a TPU kernel with block-sparse static masks (causal, local) evaluated from iota in the
+kernel, segment ids, GQA (query head n reads KV head n // (N / K)) and its own backward. It takes one
+example at a time, q [N, T, H] and k/v [K, S, H] with T and S multiples of its blocks, applies no
+softmax scale and has no additive bias: so this adapter
+- scales q, goes head-major, pads T and S to the blocks, and vmaps over the batch;
+- builds the static mask once per shape (a host-side computation, cached) with the query offset
+  (bottom-right by default) and masks padded keys with a segment id no query has;
+- zeroes the rows of queries that see no key: splash would return the mean of v or NaN there.
+ALiBi and learned biases go to 'pallas' / 'blockwise' (config validation says so). Off a TPU it runs
+in the Pallas HLO interpreter (slow; for tests).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from pallas_kernels.block_ranges import visible
+
+BLOCK = 128  # splash's block sizes must divide the padded lengths; its own default
+
+
+def _round_up(x: int, m: int) -> int:
+  return -(-x // m) * m
+
+
+@functools.lru_cache(maxsize=32)
+def _kernel(n_heads: int, Tp: int, Sp: int, causal: bool, window: int | None, offset: int,
+            block_q: int, block_k: int, interpret: bool):
+  """A splash kernel for one mask and shape (mask processing runs on the host: cached)."""
+  from jax.experimental.pallas.ops.tpu import splash_attention as sa  # noqa: PLC0415
+  shape = (Tp, Sp)
+  if window is not None:  # the `window` most recent keys, self included (and ahead if not causal)
+    base = sa.LocalMask(shape, window_size=(window - 1, 0 if causal else window - 1),
+                        offset=offset)
+  elif causal:
+    base = sa.CausalMask(shape, offset=offset)
+  else:
+    base = sa.FullMask(shape)
+  blocks = sa.BlockSizes(block_q=block_q, block_kv=block_k, block_kv_compute=block_k,
+                         block_q_dkv=block_q, block_kv_dkv=block_k,
+                         block_kv_dkv_compute=block_k, block_q_dq=block_q, block_kv_dq=block_k)
+  # Concrete mask arrays even when first built inside a jit trace: the cache outlives traces.
+  with jax.ensure_compile_time_eval():
+    return sa.make_splash_mha_single_device(sa.MultiHeadMask([base] * n_heads),
+                                            block_sizes=blocks, interpret=interpret)
+
+
+def _static_rows_with_keys(T: int, S: int, causal: bool, window: int | None, offset: int):
+  """[T] bool (NumPy): does query t see any key by the causal/window rule alone."""
+  d = (offset + np.arange(T))[:, None] - np.arange(S)[None, :]  # i - j, the rule of `visible`
+  ok = np.ones(d.shape, bool)
+  if causal:
+    ok &= d >= 0
+  if window is not None:
+    ok &= (d < window) & (causal or d > -window)
+  return ok.any(-1)
+
+
+def _rows_with_keys(q_seg_BT, kv_seg_BS, T, S, causal, window, offset, chunk=256):
+  """[B, T] bool: does query t see a key with its segment id; chunks of queries at a time, so
+  only a [B, chunk, S] boolean ever exists."""
+  Tp = _round_up(T, chunk)
+  q_seg = jnp.pad(q_seg_BT, ((0, 0), (0, Tp - T)))
+  j = jnp.arange(S)
+
+  def block(t0):
+    i = offset + t0 + jnp.arange(chunk)
+    ok = visible(i[:, None] - j[None, :], causal=causal, window=window)  # [chunk, S]
+    seg = lax.dynamic_slice_in_dim(q_seg, t0, chunk, axis=1)
+    return jnp.any(ok[None] & (seg[:, :, None] == kv_seg_BS[:, None, :]), axis=-1)
+
+  rows = lax.map(block, jnp.arange(0, Tp, chunk))  # [n_chunks, B, chunk]
+  return rows.transpose(1, 0, 2).reshape(q_seg_BT.shape[0], Tp)[:, :T]
+
+
+def splash_attention(q_BTNH, k_BSKH, v_BSKH, *, mask, bias, rel_values, scale: float,
+                     dropout_rate: float = 0.0, dropout_rng=None, block_q: int | None = None,
+                     block_k: int | None = None, interpret: bool | None = None) -> jax.Array:
+  """softmax(q kᵀ scale, masked) v through splash; the contract of mllm.ops.attention.attend."""
+  from jax.experimental.pallas.ops.tpu import splash_attention as sa  # noqa: PLC0415
+
+  from mllm.ops.attention import refuse_biases  # noqa: PLC0415 (attention imports this lazily)
+  refuse_biases('splash', bias, rel_values, dropout_rate > 0.0 and dropout_rng is not None,
+                alibi=True)
+  B, T, N, H = q_BTNH.shape
+  S, K = k_BSKH.shape[1], k_BSKH.shape[2]
+  offset = mask.static_offset(T, S, 'splash')
+  bq, bk = block_q or BLOCK, block_k or BLOCK
+  for name, b in (('block_q', bq), ('block_k', bk)):
+    if b % BLOCK:
+      raise ValueError(f'splash {name} must be a multiple of {BLOCK}, got {b}')
+  Tp, Sp = _round_up(T, bq), _round_up(S, bk)
+  if interpret is None:
+    interpret = jax.default_backend() != 'tpu'
+  kernel = _kernel(N, Tp, Sp, mask.causal, mask.window, offset, bq, bk, bool(interpret))
+
+  def head_major(x, length):  # [B, L, heads, H] -> [B, heads, Lp, H]
+    return jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
+
+  q = head_major((q_BTNH.astype(jnp.float32) * scale).astype(q_BTNH.dtype), Tp)
+  k, v = head_major(k_BSKH, Sp), head_major(v_BSKH, Sp)
+  segments = mask.q_segment_ids is not None
+  q_ids = kv_ids = None
+  if segments or Sp > S:
+    # Real ids are the caller's (or 0); a padded key gets an id below every query's.
+    q_ids = (jnp.broadcast_to(mask.q_segment_ids, (B, T)).astype(jnp.int32) if segments
+             else jnp.zeros((B, T), jnp.int32))
+    kv_ids = (jnp.broadcast_to(mask.kv_segment_ids, (B, S)).astype(jnp.int32) if segments
+              else jnp.zeros((B, S), jnp.int32))
+    pad_id = jnp.minimum(jnp.min(q_ids), jnp.min(kv_ids)) - 1
+    q_ids_p = jnp.pad(q_ids, ((0, 0), (0, Tp - T)), mode='edge')
+    kv_ids_p = jnp.pad(kv_ids, ((0, 0), (0, Sp - S)), constant_values=0)
+    kv_ids_p = jnp.where(jnp.arange(Sp) < S, kv_ids_p, pad_id)
+    out = jax.vmap(lambda q, k, v, qi, ki: kernel(q, k, v, segment_ids=sa.SegmentIds(qi, ki)))(
+        q, k, v, q_ids_p, kv_ids_p)
+  else:
+    out = jax.vmap(kernel)(q, k, v)
+  out_BTNH = out.transpose(0, 2, 1, 3)[:, :T]
+  keep = _static_rows_with_keys(T, S, mask.causal, mask.window, offset)[None]  # [1, T]
+  if segments:
+    keep = keep & _rows_with_keys(q_ids, kv_ids, T, S, mask.causal, mask.window, offset)
+  elif keep.all():
+    return out_BTNH.astype(q_BTNH.dtype)
+  return jnp.where(keep[:, :, None, None], out_BTNH, 0).astype(q_BTNH.dtype)
