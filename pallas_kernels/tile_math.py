@@ -28,9 +28,10 @@ def dot(a, b, ca: int, cb: int, rule):
                          preferred_element_type=jnp.float32)
 
 
-def _col(x):
-  """A row statistic as a column that broadcasts against a (t, s) tile."""
-  return x[:, None] if x.ndim == 1 else x
+def _across(x, shape):
+  """A row statistic, (t,) or (t, 1), broadcast across a (t, s) tile. Explicitly: Mosaic GPU's
+  layout inference follows a broadcast_in_dim of a row vector, not a (t, 1) intermediate."""
+  return lax.broadcast_in_dim(x, shape, [0]) if x.ndim == 1 else jnp.broadcast_to(x, shape)
 
 
 def _row_reduce(fn, x_ts, like):
@@ -38,16 +39,22 @@ def _row_reduce(fn, x_ts, like):
   return fn(x_ts, axis=1, keepdims=like.ndim == 2)
 
 
-def scores(q_tH, k_sH, i_t1, j_1s, rule, *, kv_padded: bool, qseg_t1=None, kseg_1s=None,
-           qpos_t1=None, kpos_1s=None, slope=None):
-  """Base-2 masked scores of a tile and its mask (None when nothing needs masking).
+def scores(q_tH, k_sH, i_t1, j_1s, rule, **kw):
+  """Base-2 masked scores of a tile and its mask (None when nothing needs masking): q·kᵀ, then
+  `mask_logits` (whose keywords it takes)."""
+  return mask_logits(dot(q_tH, k_sH, 1, 1, rule), i_t1, j_1s, rule, **kw)
+
+
+def mask_logits(logits_ts, i_t1, j_1s, rule, *, kv_padded: bool, qseg_t1=None, kseg_1s=None,
+                qpos_t1=None, kpos_1s=None, slope=None):
+  """q·kᵀ of a tile (float32, unscaled) to base-2 masked scores, and the mask.
 
   i_t1 / j_1s: the tile's query index i = q_offset + t (a column) and key index j (a row);
   qseg/kseg, qpos/kpos the same way. kv_padded: the tile may hold padding keys (j >= kv_len).
   The mask rule is block_ranges.visible's, plus equal segment ids; ALiBi adds
   slope * (kpos - qpos) (Press et al. 2022, eq. in sec. 3).
   """
-  s_ts = dot(q_tH, k_sH, 1, 1, rule) * (rule.scale * LOG2E)
+  s_ts = logits_ts * (rule.scale * LOG2E)
   if rule.alibi:
     s_ts += (slope * LOG2E) * (kpos_1s - qpos_t1).astype(jnp.float32)
   conds = []
@@ -73,24 +80,29 @@ def masked_exp2(x_ts, mask_ts):
   return p_ts if mask_ts is None else jnp.where(mask_ts, p_ts, 0.0)
 
 
-def online_softmax_step(acc_tH, m_t, l_t, s_ts, mask_ts, v_sH, rule):
-  """One key tile of FlashAttention-2's forward (Dao 2023, Alg. 1 lines 8-10): the running max
-  m, the running sum l and the unnormalised accumulator after this tile."""
+def softmax_update(m_t, l_t, s_ts, mask_ts):
+  """The statistics part of one key tile of FlashAttention-2's forward (Dao 2023, Alg. 1 lines
+  8-10): the tile's probabilities p, the rescale alpha of the old accumulator, the new m and l."""
   m_new_t = jnp.maximum(m_t, _row_reduce(jnp.max, s_ts, m_t))
   alpha_t = jnp.exp2(m_t - m_new_t)
-  p_ts = masked_exp2(s_ts - _col(m_new_t), mask_ts)
-  acc_tH = _col(alpha_t) * acc_tH + dot(p_ts.astype(v_sH.dtype), v_sH, 1, 0, rule)
-  return acc_tH, m_new_t, alpha_t * l_t + _row_reduce(jnp.sum, p_ts, l_t)
+  p_ts = masked_exp2(s_ts - _across(m_new_t, s_ts.shape), mask_ts)
+  return p_ts, alpha_t, m_new_t, alpha_t * l_t + _row_reduce(jnp.sum, p_ts, l_t)
+
+
+def online_softmax_step(acc_tH, m_t, l_t, s_ts, mask_ts, v_sH, rule):
+  """One key tile of the forward: m, l and the unnormalised accumulator after it."""
+  p_ts, alpha_t, m_t, l_t = softmax_update(m_t, l_t, s_ts, mask_ts)
+  return _across(alpha_t, acc_tH.shape) * acc_tH + dot(p_ts.astype(v_sH.dtype), v_sH, 1, 0, rule), m_t, l_t
 
 
 def finish_rows(acc_tH, m_t, l_t):
   """The normalised output and the base-2 log-sum-exp; a row with no allowed key gives 0."""
   l_t = jnp.where(l_t == 0.0, 1.0, l_t)
-  return acc_tH / _col(l_t), m_t + jnp.log2(l_t)
+  return acc_tH / _across(l_t, acc_tH.shape), m_t + jnp.log2(l_t)
 
 
 def grad_tile(s_ts, mask_ts, do_tH, v_sH, lse_t, delta_t, rule):
   """P and dS / scale of a tile (Dao 2023, Alg. 2 lines 11-14), from its masked scores."""
-  p_ts = masked_exp2(s_ts - _col(lse_t), mask_ts)
+  p_ts = masked_exp2(s_ts - _across(lse_t, s_ts.shape), mask_ts)
   dp_ts = dot(do_tH, v_sH, 1, 1, rule)
-  return p_ts, p_ts * (dp_ts - _col(delta_t))
+  return p_ts, p_ts * (dp_ts - _across(delta_t, dp_ts.shape))
