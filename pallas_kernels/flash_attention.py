@@ -26,12 +26,13 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels import tile_math as tm
+from pallas_kernels.common import (MaskRule, check_inputs, default_positions, flash_vjp, pad_to,
+                                    padded_ids)
 from pallas_kernels.block_ranges import MASK_VALUE, kv_block_range, q_block_range  # noqa: F401
 
 
@@ -62,21 +63,10 @@ DEFAULT_BLOCKS = {'gpu': default_blocks(128, 'gpu'), 'cpu': default_blocks(128, 
 
 
 @dataclasses.dataclass(frozen=True)
-class _Cfg:
-  scale: float
-  causal: bool
-  window: int | None
-  q_offset: int
-  q_len: int
-  kv_len: int
-  groups: int
+class _Cfg(MaskRule):
   blocks: BlockSizes
   num_warps: int
   num_stages: int
-  interpret: bool
-  segments: bool
-  alibi: bool
-  precision: lax.Precision | None
 
   def ranges(self, bwd: bool):
     bq, bk = (self.blocks[2:] if bwd else self.blocks[:2])
@@ -283,30 +273,7 @@ def _backward(cfg, q_BTNH, k_BSKH, v_BSKH, ex, o_BTNH, lse_BNT, do_BTNH):
   return dq_BTNH, dk_BSKH, dv_BSKH
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash(cfg, q_BTNH, k_BSKH, v_BSKH, ex):
-  return _forward(cfg, q_BTNH, k_BSKH, v_BSKH, ex)[0]
-
-
-def _flash_fwd(cfg, q_BTNH, k_BSKH, v_BSKH, ex):
-  o_BTNH, lse_BNT = _forward(cfg, q_BTNH, k_BSKH, v_BSKH, ex)
-  return o_BTNH, (q_BTNH, k_BSKH, v_BSKH, ex, o_BTNH, lse_BNT)
-
-
-def _flash_bwd(cfg, res, do_BTNH):
-  ex = res[3]  # ids, positions, slopes: no gradient
-  return (*_backward(cfg, *res, do_BTNH), jax.tree.map(lambda _: None, ex))
-
-
-_flash.defvjp(_flash_fwd, _flash_bwd)
-
-
-def _pad_to(x, axis, size, mode='constant'):
-  if x.shape[axis] == size:
-    return x
-  widths = [(0, 0)] * x.ndim
-  widths[axis] = (0, size - x.shape[axis])
-  return jnp.pad(x, widths, mode=mode)
+_flash = flash_vjp(_forward, _backward)
 
 
 def _block(requested, default, length):
@@ -333,14 +300,7 @@ def flash_attention(q_BTNH, k_BSKH, v_BSKH, *, scale: float, causal: bool = True
   """
   B, T, N, H = q_BTNH.shape
   _, S, K, _ = k_BSKH.shape
-  if k_BSKH.shape != v_BSKH.shape or k_BSKH.shape[0] != B or k_BSKH.shape[3] != H or N % K:
-    raise ValueError(f'bad shapes q={q_BTNH.shape} k={k_BSKH.shape} v={v_BSKH.shape}')
-  if not q_BTNH.dtype == k_BSKH.dtype == v_BSKH.dtype:  # tl.dot wants equal operand types
-    raise ValueError(f'q, k, v dtypes differ: {q_BTNH.dtype}, {k_BSKH.dtype}, {v_BSKH.dtype}')
-  if (q_segment_ids is None) != (kv_segment_ids is None):
-    raise ValueError('pass both q_segment_ids and kv_segment_ids, or neither')
-  if window is not None and window < 1:
-    raise ValueError(f'window must be >= 1, got {window}')
+  check_inputs(q_BTNH, k_BSKH, v_BSKH, q_segment_ids, kv_segment_ids, window)
   if interpret is None:
     interpret = jax.default_backend() == 'cpu'
   q_offset = S - T if q_offset is None else int(q_offset)
@@ -354,15 +314,11 @@ def flash_attention(q_BTNH, k_BSKH, v_BSKH, *, scale: float, causal: bool = True
 
   alibi = alibi_slopes is not None
   if alibi:
-    q_positions = q_offset + jnp.arange(T) if q_positions is None else q_positions
-    kv_positions = jnp.arange(S) if kv_positions is None else kv_positions
+    q_positions, kv_positions = default_positions(T, S, q_offset, q_positions, kv_positions)
   segments = q_segment_ids is not None
 
   def side(x, length, padded, use):
-    # Edge padding keeps every tile's [min, max] id range that of its real tokens.
-    if not use:
-      return None
-    return _pad_to(jnp.broadcast_to(jnp.asarray(x, jnp.int32), (B, length)), 1, padded, 'edge')
+    return padded_ids(x, B, length, padded) if use else None
 
   ex = _Extras(side(q_segment_ids, T, Tp, segments), side(kv_segment_ids, S, Sp, segments),
                side(q_positions, T, Tp, alibi), side(kv_positions, S, Sp, alibi),
@@ -375,7 +331,7 @@ def flash_attention(q_BTNH, k_BSKH, v_BSKH, *, scale: float, causal: bool = True
              precision=lax.Precision.HIGHEST if q_BTNH.dtype == jnp.float32 else None)
 
   def pad(x, length):
-    return _pad_to(_pad_to(x, 1, length), 3, Hp)
+    return pad_to(pad_to(x, 1, length), 3, Hp)
 
   o = _flash(cfg, pad(q_BTNH, Tp), pad(k_BSKH, Sp), pad(v_BSKH, Sp), ex)
   return o[:, :T, :, :H]

@@ -28,6 +28,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import tile_math as tm
+from pallas_kernels.common import (MaskRule, check_inputs, default_positions, pad_to, padded_ids,
+                                    round_up)
 from pallas_kernels.block_ranges import MASK_VALUE, kv_block_range
 
 BLOCK_Q = 64   # rows of a warpgroup's query tile: wgmma's M
@@ -36,20 +38,9 @@ DEFAULT_BLOCK_K, DEFAULT_STEPS = 128, 2
 
 
 @dataclasses.dataclass(frozen=True)
-class _Cfg:
-  scale: float
-  causal: bool
-  window: int | None
-  q_offset: int
-  q_len: int
-  kv_len: int
-  groups: int
+class _Cfg(MaskRule):
   block_k: int
   steps: int
-  segments: bool
-  alibi: bool
-  interpret: bool
-  precision: None = None  # tile_math.dot's; unused (the products are wgmma here)
 
   def ranges(self):
     return dict(block_q=BLOCK_Q, block_k=self.block_k, q_len=self.q_len, kv_len=self.kv_len,
@@ -219,18 +210,6 @@ def _forward(cfg, q_BTNH, k_BSKH, v_BSKH, side):
   return call(q_BTNH, k_BSKH, v_BSKH, *side)
 
 
-def _round_up(x: int, m: int) -> int:
-  return -(-x // m) * m
-
-
-def _pad_to(x, axis, size, mode='constant'):
-  if x.shape[axis] == size:
-    return x
-  widths = [(0, 0)] * x.ndim
-  widths[axis] = (0, size - x.shape[axis])
-  return jnp.pad(x, widths, mode=mode)
-
-
 def flash_attention_forward(q_BTNH, k_BSKH, v_BSKH, *, scale: float, causal: bool = True,
                             window: int | None = None, q_offset: int | None = None,
                             q_segment_ids=None, kv_segment_ids=None, alibi_slopes=None,
@@ -245,16 +224,9 @@ def flash_attention_forward(q_BTNH, k_BSKH, v_BSKH, *, scale: float, causal: boo
   """
   B, T, N, H = q_BTNH.shape
   _, S, K, _ = k_BSKH.shape
-  if k_BSKH.shape != v_BSKH.shape or k_BSKH.shape[0] != B or k_BSKH.shape[3] != H or N % K:
-    raise ValueError(f'bad shapes q={q_BTNH.shape} k={k_BSKH.shape} v={v_BSKH.shape}')
-  if not q_BTNH.dtype == k_BSKH.dtype == v_BSKH.dtype or q_BTNH.dtype not in (jnp.bfloat16,
-                                                                                jnp.float16):
-    raise ValueError('the Mosaic GPU kernel takes bfloat16 or float16 q, k, v of one dtype; got '
-                     f'{q_BTNH.dtype}, {k_BSKH.dtype}, {v_BSKH.dtype}')
-  if (q_segment_ids is None) != (kv_segment_ids is None):
-    raise ValueError('pass both q_segment_ids and kv_segment_ids, or neither')
-  if window is not None and window < 1:
-    raise ValueError(f'window must be >= 1, got {window}')
+  check_inputs(q_BTNH, k_BSKH, v_BSKH, q_segment_ids, kv_segment_ids, window)
+  if q_BTNH.dtype not in (jnp.bfloat16, jnp.float16):
+    raise ValueError(f'the Mosaic GPU kernel takes bfloat16 or float16 inputs; got {q_BTNH.dtype}')
   bk = DEFAULT_BLOCK_K if block_k is None else block_k
   steps = DEFAULT_STEPS if steps is None else steps
   if bk < 64 or bk % 64 or steps < 2:
@@ -262,17 +234,16 @@ def flash_attention_forward(q_BTNH, k_BSKH, v_BSKH, *, scale: float, causal: boo
   if interpret is None:
     interpret = jax.default_backend() != 'gpu'
   q_offset = S - T if q_offset is None else int(q_offset)
-  bk = min(bk, _round_up(S, 64))
-  Tp, Sp, Hp = _round_up(T, 2 * BLOCK_Q), _round_up(S, bk), _round_up(H, HEAD_MULTIPLE)
+  bk = min(bk, round_up(S, 64))
+  Tp, Sp, Hp = round_up(T, 2 * BLOCK_Q), round_up(S, bk), round_up(H, HEAD_MULTIPLE)
 
   segments, alibi = q_segment_ids is not None, alibi_slopes is not None
   if alibi:
-    q_positions = q_offset + jnp.arange(T) if q_positions is None else q_positions
-    kv_positions = jnp.arange(S) if kv_positions is None else kv_positions
+    q_positions, kv_positions = default_positions(T, S, q_offset, q_positions, kv_positions)
 
   def ids(x, length, padded):
-    # Edge padding keeps every block's [min, max] id range that of its real tokens.
-    return _pad_to(jnp.broadcast_to(jnp.asarray(x, jnp.int32), (B, length)), 1, padded, 'edge')
+    return padded_ids(x, B, length, padded)
+
 
   side = []
   if segments:
@@ -285,10 +256,10 @@ def flash_attention_forward(q_BTNH, k_BSKH, v_BSKH, *, scale: float, causal: boo
              jnp.asarray(alibi_slopes, jnp.float32)]
   cfg = _Cfg(scale=float(scale), causal=bool(causal), window=window, q_offset=q_offset,
              q_len=T, kv_len=S, groups=N // K, block_k=bk, steps=steps, segments=segments,
-             alibi=alibi, interpret=bool(interpret))
+             alibi=alibi, interpret=bool(interpret), precision=None)
 
   def pad(x, length):
-    return _pad_to(_pad_to(x, 1, length), 3, Hp)
+    return pad_to(pad_to(x, 1, length), 3, Hp)
 
   o, lse = _forward(cfg, pad(q_BTNH, Tp), pad(k_BSKH, Sp), pad(v_BSKH, Sp), side)
   return o[:, :T, :, :H], lse[:, :, :T]

@@ -30,6 +30,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels import tile_math as tm
+from pallas_kernels.common import (MaskRule, check_inputs, default_positions, flash_vjp, pad_to,
+                                    padded_ids, round_up)
 from pallas_kernels.block_ranges import MASK_VALUE, kv_block_range, q_block_range
 
 LANES, SUBLANES = 128, 8
@@ -37,20 +39,9 @@ DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K = 128, 128
 
 
 @dataclasses.dataclass(frozen=True)
-class _Cfg:
-  scale: float
-  causal: bool
-  window: int | None
-  q_offset: int
-  q_len: int
-  kv_len: int
-  groups: int
+class _Cfg(MaskRule):
   block_q: int
   block_k: int
-  segments: bool
-  alibi: bool
-  interpret: bool
-  precision: lax.Precision | None
 
   def ranges(self):
     return dict(block_q=self.block_q, block_k=self.block_k, q_len=self.q_len,
@@ -298,45 +289,18 @@ def _backward(cfg, q_BNTH, k_BKSH, v_BKSH, ex, o_BNTH, lse_BNT1, do_BNTH):
   return dq, dk, dv
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash(cfg, q_BNTH, k_BKSH, v_BKSH, ex):
-  return _forward(cfg, q_BNTH, k_BKSH, v_BKSH, ex)[0]
-
-
-def _flash_fwd(cfg, q_BNTH, k_BKSH, v_BKSH, ex):
-  o_BNTH, lse_BNT1 = _forward(cfg, q_BNTH, k_BKSH, v_BKSH, ex)
-  return o_BNTH, (q_BNTH, k_BKSH, v_BKSH, ex, o_BNTH, lse_BNT1)
-
-
-def _flash_bwd(cfg, res, do_BNTH):
-  ex = res[3]  # ids, positions, slopes: no gradient
-  return (*_backward(cfg, *res, do_BNTH), jax.tree.map(lambda _: None, ex))
-
-
-_flash.defvjp(_flash_fwd, _flash_bwd)
+_flash = flash_vjp(_forward, _backward)
 
 
 # ---------------------------------------------------------------------------------------------
 # The public function: [B, T, N, H] in and out, like pallas_kernels.flash_attention.
 # ---------------------------------------------------------------------------------------------
 
-def _round_up(x: int, m: int) -> int:
-  return -(-x // m) * m
-
-
-def _pad_to(x, axis, size, mode='constant'):
-  if x.shape[axis] == size:
-    return x
-  widths = [(0, 0)] * x.ndim
-  widths[axis] = (0, size - x.shape[axis])
-  return jnp.pad(x, widths, mode=mode)
-
-
 def _block(requested, default, length, multiple, name):
   b = default if requested is None else requested
   if b < multiple or b % multiple:
     raise ValueError(f'{name} must be a positive multiple of {multiple} on TPU, got {b}')
-  return min(b, _round_up(length, multiple))
+  return min(b, round_up(length, multiple))
 
 
 def _block_min_max(ids_BL, block):
@@ -362,29 +326,21 @@ def flash_attention(q_BTNH, k_BSKH, v_BSKH, *, scale: float, causal: bool = True
   """
   B, T, N, H = q_BTNH.shape
   _, S, K, _ = k_BSKH.shape
-  if k_BSKH.shape != v_BSKH.shape or k_BSKH.shape[0] != B or k_BSKH.shape[3] != H or N % K:
-    raise ValueError(f'bad shapes q={q_BTNH.shape} k={k_BSKH.shape} v={v_BSKH.shape}')
-  if not q_BTNH.dtype == k_BSKH.dtype == v_BSKH.dtype:
-    raise ValueError(f'q, k, v dtypes differ: {q_BTNH.dtype}, {k_BSKH.dtype}, {v_BSKH.dtype}')
-  if (q_segment_ids is None) != (kv_segment_ids is None):
-    raise ValueError('pass both q_segment_ids and kv_segment_ids, or neither')
-  if window is not None and window < 1:
-    raise ValueError(f'window must be >= 1, got {window}')
+  check_inputs(q_BTNH, k_BSKH, v_BSKH, q_segment_ids, kv_segment_ids, window)
   if interpret is None:
     interpret = jax.default_backend() != 'tpu'
   q_offset = S - T if q_offset is None else int(q_offset)
   bq = _block(block_q, DEFAULT_BLOCK_Q, T, SUBLANES, 'block_q')
   bk = _block(block_k, DEFAULT_BLOCK_K, S, LANES, 'block_k')
-  Tp, Sp, Hp = _round_up(T, bq), _round_up(S, bk), _round_up(H, LANES)
+  Tp, Sp, Hp = round_up(T, bq), round_up(S, bk), round_up(H, LANES)
 
   segments, alibi = q_segment_ids is not None, alibi_slopes is not None
   if alibi:
-    q_positions = q_offset + jnp.arange(T) if q_positions is None else q_positions
-    kv_positions = jnp.arange(S) if kv_positions is None else kv_positions
+    q_positions, kv_positions = default_positions(T, S, q_offset, q_positions, kv_positions)
 
   def ids(x, length, padded):
-    # Edge padding keeps every block's [min, max] id range that of its real tokens.
-    return _pad_to(jnp.broadcast_to(jnp.asarray(x, jnp.int32), (B, length)), 1, padded, 'edge')
+    return padded_ids(x, B, length, padded)
+
 
   def lanes(x_BT):  # [B, T] -> [B, T, 128]: one query per sublane row
     return jnp.broadcast_to(x_BT[:, :, None], (*x_BT.shape, LANES))
@@ -407,7 +363,7 @@ def flash_attention(q_BTNH, k_BSKH, v_BSKH, *, scale: float, causal: bool = True
              precision=lax.Precision.HIGHEST if q_BTNH.dtype == jnp.float32 else None)
 
   def head_major(x, length):  # [B, L, heads, H] -> [B, heads, Lp, Hp]
-    return _pad_to(_pad_to(x, 1, length), 3, Hp).transpose(0, 2, 1, 3)
+    return pad_to(pad_to(x, 1, length), 3, Hp).transpose(0, 2, 1, 3)
 
   o = _flash(cfg, head_major(q_BTNH, Tp), head_major(k_BSKH, Sp), head_major(v_BSKH, Sp), ex)
   return o.transpose(0, 2, 1, 3)[:, :T, :, :H]

@@ -92,7 +92,8 @@ def softmax_update(m_t, l_t, s_ts, mask_ts):
 def online_softmax_step(acc_tH, m_t, l_t, s_ts, mask_ts, v_sH, rule):
   """One key tile of the forward: m, l and the unnormalised accumulator after it."""
   p_ts, alpha_t, m_t, l_t = softmax_update(m_t, l_t, s_ts, mask_ts)
-  return _across(alpha_t, acc_tH.shape) * acc_tH + dot(p_ts.astype(v_sH.dtype), v_sH, 1, 0, rule), m_t, l_t
+  acc_tH = _across(alpha_t, acc_tH.shape) * acc_tH + dot(p_ts.astype(v_sH.dtype), v_sH, 1, 0, rule)
+  return acc_tH, m_t, l_t
 
 
 def finish_rows(acc_tH, m_t, l_t):
