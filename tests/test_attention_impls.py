@@ -164,10 +164,12 @@ def test_outputs_and_gradients_match_float64_reference(impl, case):
     np.testing.assert_array_equal(_f32(out[0, case.T // 2]), 0.0)
 
 
-# Splash (JAX's TPU kernel, interpreted here at ~10 s a case): the hand-picked cases without ALiBi
-# that add something, and two spanning several of its 128-blocks.
-SPLASH_CASES = [CASES[i] for i in (0, 3, 4, 7, 8, 12)] + [
-    Case(1, 200, 300, 4, 2, 64), Case(1, 300, 100, 2, 1, 64, window=40)]
+# Splash (JAX's TPU kernel, interpreted here at ~5-10 s a case): the hand-picked cases without
+# ALiBi that add something (MHA, MQA with a window, a two-sided window: -m slow), and two
+# spanning several of its 128-blocks.
+SPLASH_CASES = [CASES[i] for i in (7, 8, 12)] + [
+    Case(1, 200, 300, 4, 2, 64), Case(1, 300, 100, 2, 1, 64, window=40)] + [
+    pytest.param(CASES[i], marks=pytest.mark.slow) for i in (0, 3, 4)]
 
 
 @pytest.mark.parametrize('case', SPLASH_CASES, ids=str)

@@ -30,7 +30,7 @@ def mgpu_case(name, *, unit=2, B=1, slow=False, **kw):
 CASES = [
     mgpu_case('causal-gqa2', G=2, H=64, slow=True),
     mgpu_case('causal-gqa2-q-offset', G=2, H=64, shape='short_q', explicit_offset=True,
-              expect_skip=True),
+              expect_skip=True, slow=True),
     mgpu_case('noncausal-window-q-offset', unit=4, G=1, H=64, causal=False, window=9,
               shape='mid_q', explicit_offset=True, expect_skip=True),
     mgpu_case('packed-docs-alibi-window-h80', G=2, H=80, window=40, segments='packed',

@@ -22,14 +22,15 @@ def tpu_case(name, *, unit=4, B=1, slow=False, **kw):
                       marks=[pytest.mark.slow] if slow else [])
 
 
+# The interpreter costs ~0.1 s a grid step: the cases another one covers run with -m slow
+# (a window and a head padded to 128 lanes: bf16-everything).
 CASES = [
-    tpu_case('causal-gqa2-h64', G=2, H=64, blocks=(64, 128)),
-    # The interpreter costs ~0.1 s a grid step: the cases another one covers run with -m slow.
+    tpu_case('causal-gqa2-h64', G=2, H=64, blocks=(64, 128), slow=True),
     tpu_case('noncausal-mha', G=1, H=64, causal=False, shape='short_q', blocks=(64, 128),
              slow=True),
     tpu_case('causal-mqa8-q-offset', G=8, H=64, shape='short_q', explicit_offset=True,
              blocks=(64, 128), expect_skip=True),
-    tpu_case('causal-window', G=2, H=64, window=40, blocks=(64, 128)),
+    tpu_case('causal-window', G=2, H=64, window=40, blocks=(64, 128), slow=True),
     tpu_case('noncausal-window-q-offset', unit=8, G=1, H=64, causal=False, window=9,
              shape='mid_q', explicit_offset=True, blocks=(64, 128), expect_skip=True),
     tpu_case('alibi-h80', G=2, H=80, alibi=True, blocks=(64, 128), slow=True),
@@ -40,7 +41,7 @@ CASES = [
     tpu_case('more-queries-than-keys', G=1, H=64, shape='tall_q', blocks=(64, 128)),
     tpu_case('bf16-everything', G=4, H=80, window=80, segments='packed', alibi=True,
              dtype='bfloat16', blocks=(128, 128)),
-    tpu_case('default-blocks-h192', G=2, H=192, blocks=(None, None)),
+    tpu_case('default-blocks-h192', G=2, H=192, blocks=(None, None), slow=True),
 ]
 
 
