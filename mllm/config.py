@@ -391,10 +391,10 @@ def _check_attention_impl(m: config_dict.ConfigDict, p: str) -> None:
     if impl == 'pallas' and (value < 16 or value & (value - 1)):
       raise ConfigError(f'{p}.attention.{key}', value, "the Pallas kernel (Triton) needs a power of "
                         'two >= 16; allowed: 16, 32, 64, 128, 256, or None for its default')
-    multiple = {'block_q': 8, 'block_k': 128}[key]  # TPU sublanes (queries), lanes (keys)
     if impl == 'splash' and value % 128:
       raise ConfigError(f'{p}.attention.{key}', value, 'splash tiles queries and keys in multiples '
                         'of 128; allowed: 128, 256, 512, ..., or None for 128')
+    multiple = {'block_q': 8, 'block_k': 128}[key]  # TPU sublanes (queries), lanes (keys)
     if impl == 'pallas_tpu' and value % multiple:
       raise ConfigError(f'{p}.attention.{key}', value, f'the TPU kernel tiles {key[-1]} in '
                         f'multiples of {multiple}; allowed: {multiple}, {2 * multiple}, ..., '

@@ -66,6 +66,13 @@ def padded_ids(x, batch: int, length: int, padded: int):
   return pad_to(jnp.broadcast_to(jnp.asarray(x, jnp.int32), (batch, length)), 1, padded, 'edge')
 
 
+def block_min_max(ids_BL, block: int):
+  """Per-block [min, max] of ids [B, L] (L a multiple of block): two [B, L // block] arrays, what
+  a kernel compares to skip a tile pair whose segment ids cannot meet."""
+  blocks = ids_BL.reshape(ids_BL.shape[0], -1, block)
+  return blocks.min(-1), blocks.max(-1)
+
+
 def flash_vjp(forward, backward):
   """attend(cfg, q, k, v, side) with FlashAttention's custom VJP: forward(cfg, q, k, v, side) ->
   (out, lse) saves (q, k, v, side, out, lse); backward(cfg, *saved, d_out) -> (dq, dk, dv). The

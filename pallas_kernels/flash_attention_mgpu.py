@@ -28,8 +28,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import tile_math as tm
-from pallas_kernels.common import (MaskRule, check_inputs, default_positions, pad_to, padded_ids,
-                                    round_up)
+from pallas_kernels.common import (MaskRule, block_min_max, check_inputs, default_positions,
+                                    pad_to, padded_ids, round_up)
 from pallas_kernels.block_ranges import MASK_VALUE, kv_block_range
 
 BLOCK_Q = 64   # rows of a warpgroup's query tile: wgmma's M
@@ -248,9 +248,7 @@ def flash_attention_forward(q_BTNH, k_BSKH, v_BSKH, *, scale: float, causal: boo
   side = []
   if segments:
     q_ids, kv_ids = ids(q_segment_ids, T, Tp), ids(kv_segment_ids, S, Sp)
-    q_blocks, kv_blocks = q_ids.reshape(B, -1, BLOCK_Q), kv_ids.reshape(B, -1, bk)
-    side += [q_ids, kv_ids, q_blocks.min(-1), q_blocks.max(-1), kv_blocks.min(-1),
-             kv_blocks.max(-1)]
+    side += [q_ids, kv_ids, *block_min_max(q_ids, BLOCK_Q), *block_min_max(kv_ids, bk)]
   if alibi:
     side += [ids(q_positions, T, Tp), ids(kv_positions, S, Sp),
              jnp.asarray(alibi_slopes, jnp.float32)]

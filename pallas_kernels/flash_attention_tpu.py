@@ -30,8 +30,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels import tile_math as tm
-from pallas_kernels.common import (MaskRule, check_inputs, default_positions, flash_vjp, pad_to,
-                                    padded_ids, round_up)
+from pallas_kernels.common import (MaskRule, block_min_max, check_inputs, default_positions,
+                                    flash_vjp, pad_to, padded_ids, round_up)
 from pallas_kernels.block_ranges import MASK_VALUE, kv_block_range, q_block_range
 
 LANES, SUBLANES = 128, 8
@@ -303,12 +303,6 @@ def _block(requested, default, length, multiple, name):
   return min(b, round_up(length, multiple))
 
 
-def _block_min_max(ids_BL, block):
-  """Per-block [min, max] of ids [B, L] (L a multiple of block): two [B, L // block] arrays."""
-  blocks = ids_BL.reshape(ids_BL.shape[0], -1, block)
-  return blocks.min(-1), blocks.max(-1)
-
-
 def flash_attention(q_BTNH, k_BSKH, v_BSKH, *, scale: float, causal: bool = True,
                     window: int | None = None, q_offset: int | None = None,
                     q_segment_ids=None, kv_segment_ids=None,
@@ -351,7 +345,7 @@ def flash_attention(q_BTNH, k_BSKH, v_BSKH, *, scale: float, causal: bool = True
   seg_ranges = q_seg = kv_seg = q_pos = kv_pos = slopes = None
   if segments:
     q_ids, kv_ids = ids(q_segment_ids, T, Tp), ids(kv_segment_ids, S, Sp)
-    seg_ranges = (*_block_min_max(q_ids, bq), *_block_min_max(kv_ids, bk))
+    seg_ranges = (*block_min_max(q_ids, bq), *block_min_max(kv_ids, bk))
     q_seg, kv_seg = lanes(q_ids), sublanes(kv_ids)
   if alibi:
     q_pos, kv_pos = lanes(ids(q_positions, T, Tp)), sublanes(ids(kv_positions, S, Sp))

@@ -22,12 +22,9 @@ import numpy as np
 from jax import lax
 
 from pallas_kernels.block_ranges import visible
+from pallas_kernels.common import pad_to, round_up
 
 BLOCK = 128  # splash's block sizes must divide the padded lengths; its own default
-
-
-def _round_up(x: int, m: int) -> int:
-  return -(-x // m) * m
 
 
 @functools.lru_cache(maxsize=32)
@@ -54,20 +51,16 @@ def _kernel(n_heads: int, Tp: int, Sp: int, causal: bool, window: int | None, of
 
 def _static_rows_with_keys(T: int, S: int, causal: bool, window: int | None, offset: int):
   """[T] bool (NumPy): does query t see any key by the causal/window rule alone."""
-  d = (offset + np.arange(T))[:, None] - np.arange(S)[None, :]  # i - j, the rule of `visible`
-  ok = np.ones(d.shape, bool)
-  if causal:
-    ok &= d >= 0
-  if window is not None:
-    ok &= (d < window) & (causal or d > -window)
-  return ok.any(-1)
+  d = (offset + np.arange(T))[:, None] - np.arange(S)[None, :]  # i - j
+  with jax.ensure_compile_time_eval():  # static: a value, even inside a jit trace
+    return np.asarray(visible(d, causal=causal, window=window)).any(-1)
 
 
 def _rows_with_keys(q_seg_BT, kv_seg_BS, T, S, causal, window, offset, chunk=256):
   """[B, T] bool: does query t see a key with its segment id; chunks of queries at a time, so
   only a [B, chunk, S] boolean ever exists."""
-  Tp = _round_up(T, chunk)
-  q_seg = jnp.pad(q_seg_BT, ((0, 0), (0, Tp - T)))
+  Tp = round_up(T, chunk)
+  q_seg = pad_to(q_seg_BT, 1, Tp)
   j = jnp.arange(S)
 
   def block(t0):
@@ -96,13 +89,13 @@ def splash_attention(q_BTNH, k_BSKH, v_BSKH, *, mask, bias, rel_values, scale: f
   for name, b in (('block_q', bq), ('block_k', bk)):
     if b % BLOCK:
       raise ValueError(f'splash {name} must be a multiple of {BLOCK}, got {b}')
-  Tp, Sp = _round_up(T, bq), _round_up(S, bk)
+  Tp, Sp = round_up(T, bq), round_up(S, bk)
   if interpret is None:
     interpret = jax.default_backend() != 'tpu'
   kernel = _kernel(N, Tp, Sp, mask.causal, mask.window, offset, bq, bk, bool(interpret))
 
   def head_major(x, length):  # [B, L, heads, H] -> [B, heads, Lp, H]
-    return jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
+    return pad_to(x, 1, length).transpose(0, 2, 1, 3)
 
   q = head_major((q_BTNH.astype(jnp.float32) * scale).astype(q_BTNH.dtype), Tp)
   k, v = head_major(k_BSKH, Sp), head_major(v_BSKH, Sp)
@@ -110,14 +103,12 @@ def splash_attention(q_BTNH, k_BSKH, v_BSKH, *, mask, bias, rel_values, scale: f
   q_ids = kv_ids = None
   if segments or Sp > S:
     # Real ids are the caller's (or 0); a padded key gets an id below every query's.
-    q_ids = (jnp.broadcast_to(mask.q_segment_ids, (B, T)).astype(jnp.int32) if segments
-             else jnp.zeros((B, T), jnp.int32))
-    kv_ids = (jnp.broadcast_to(mask.kv_segment_ids, (B, S)).astype(jnp.int32) if segments
-              else jnp.zeros((B, S), jnp.int32))
+    def ids(x, length):
+      return jnp.broadcast_to(jnp.asarray(x if segments else 0, jnp.int32), (B, length))
+    q_ids, kv_ids = ids(mask.q_segment_ids, T), ids(mask.kv_segment_ids, S)
     pad_id = jnp.minimum(jnp.min(q_ids), jnp.min(kv_ids)) - 1
-    q_ids_p = jnp.pad(q_ids, ((0, 0), (0, Tp - T)), mode='edge')
-    kv_ids_p = jnp.pad(kv_ids, ((0, 0), (0, Sp - S)), constant_values=0)
-    kv_ids_p = jnp.where(jnp.arange(Sp) < S, kv_ids_p, pad_id)
+    q_ids_p = pad_to(q_ids, 1, Tp, 'edge')
+    kv_ids_p = jnp.where(jnp.arange(Sp) < S, pad_to(kv_ids, 1, Sp), pad_id)
     out = jax.vmap(lambda q, k, v, qi, ki: kernel(q, k, v, segment_ids=sa.SegmentIds(qi, ki)))(
         q, k, v, q_ids_p, kv_ids_p)
   else:
