@@ -72,6 +72,28 @@ def _name(suite: Suite, name: str) -> str:
   return f"{name} ({'fine-tuned' if variant.trains else 'evaluated'} from {variant.starts_from})"
 
 
+def cost(results: dict) -> dict:
+  """What the suite's own runs cost: runs trained and runs only evaluated here (not copied from
+  another suite), and the sum of their wall times from each run's result.json."""
+  own = [r for r in results['runs'] if not r.get('copied_from')]
+  timed = [r['wall_s'] for r in own if r.get('wall_s')]
+  return {'trained': sum(1 for r in own if r.get('steps')),
+          'evaluated': sum(1 for r in own if not r.get('steps')), 'untimed': len(own) - len(timed),
+          'run_minutes': sum(timed) / 60, 'copied': len(results['runs']) - len(own)}
+
+
+def _cost_line(results: dict) -> str:
+  c = cost(results)
+  runs = (f"Cost: {c['trained']} runs trained and {c['evaluated']} only evaluated by this suite "
+          f"({c['copied']} copied from other suites)")
+  if c['untimed'] == c['trained'] + c['evaluated']:
+    return runs + ": no recorded times (an older runner did not keep them)."
+  return (runs + f", {c['run_minutes']:.0f} run-minutes (the sum of each run's wall time"
+          + (f"; {c['untimed']} runs from an older runner have no recorded time" if c['untimed']
+             else '')
+          + '). With `--jobs=2` two runs share the machine, so the suite takes about half that.')
+
+
 def markdown(suite: Suite, results: dict, rows: list[dict]) -> str:
   lines = [f'# Suite `{suite.name}`: {suite.description}', '',
            f"Preset `{results['preset']}`, {results['seeds']} paired seeds, metric "
@@ -108,6 +130,7 @@ def markdown(suite: Suite, results: dict, rows: list[dict]) -> str:
     lines += ['', f"Not run yet: {len(results['pending'])} of "
               f"{len(results['pending']) + len(results['runs']) + len(results['failed'])} runs "
               '(the suite resumes where it stopped).']
+  lines += ['', _cost_line(results)]
   if results['failed']:
     lines += ['', 'Failed runs (after one retry): ' + '; '.join(
         f"{f['variant']} seed {f['seed']}: {f['errors'][-1]}" for f in results['failed'])]

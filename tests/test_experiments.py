@@ -91,6 +91,13 @@ def test_finished_runs_are_skipped_and_a_changed_config_is_a_new_run(finished):
   # a copied run cost nothing and says where it came from instead.
   assert [r.get('wall_s') for r in again['runs']] == [r.get('wall_s') for r in results['runs']]
   assert all((r.get('wall_s', 0) > 0) != ('copied_from' in r) for r in again['runs'])
+  own = [r['wall_s'] for r in again['runs'] if 'copied_from' not in r]
+  spent = report.cost(again)
+  assert (spent['trained'], spent['evaluated'], spent['untimed'], spent['copied']) == (
+      len(own), 0, 0, len(again['runs']) - len(own))
+  assert spent['run_minutes'] == pytest.approx(sum(own) / 60)
+  assert f"Cost: {len(own)} runs trained and 0 only evaluated by this suite" in report.markdown(
+      SUITE, again, report.summarize(SUITE, again))
   a = resolve(SUITE, SUITE.variants[0], 'tiny', 0, extra)
   b = resolve(SUITE, SUITE.variants[0], 'tiny', 0, {**extra, 'train.learning_rate': 1e-3})
   assert config_hash(a) != config_hash(b) and a.seed == 0
@@ -229,6 +236,9 @@ def test_starts_from_variants_evaluate_or_fine_tune_their_parents_parameters(tmp
   assert runs['tuned']['train_flops'] == own + runs['parent']['train_flops']
   text = report.markdown(suite, out, report.summarize(suite, out))
   assert '| same-math (evaluated from parent) |' in text and '| tuned (fine-tuned from parent) |' in text
+  spent = report.cost(out)  # the evaluated-only child's time counts too
+  assert (spent['trained'], spent['evaluated']) == (2, 1)
+  assert spent['run_minutes'] == pytest.approx(sum(r['wall_s'] for r in out['runs']) / 60)
   # A changed parent changes every child's directory; an unchanged one keeps them.
   again = run_suite(suite, preset='tiny', seeds=1, out=str(tmp_path), extra=extra, run=None,
                     progress=False)
