@@ -9,9 +9,9 @@ the two tiles' key-block ranges (block_ranges.kv_block_range), and a compute war
 only the blocks of its own range whose segment-id [min, max] meets its tile's; it still arrives
 on every consumed barrier, so the ring stays in step.
 
-Interpret mode (CPU, tests): JAX's Mosaic GPU interpreter has no rule for a transposed shared-
-memory operand, a register-held MMA operand or `run_state`, which is how Q·Kᵀ and P·V are written
-for the hardware. In interpret mode exactly those two products are `jnp.dot`s on the same
+Interpret mode (CPU, tests): JAX's Mosaic GPU interpreter has no rule for a register-held MMA
+operand or `run_state` (jax 0.10.2 and 0.11.2), nor, in 0.10.2, for a transposed shared-memory
+operand, which is how Q·Kᵀ and P·V are written for the hardware. In interpret mode exactly those two products are `jnp.dot`s on the same
 shared-memory tiles; everything else (TMA copies, barriers, warpgroups, masks, the softmax) is
 what the GPU runs. The hardware path is checked by lowering for CUDA on CPU (tests).
 Layout: q [B, T, N, H], k/v [B, S, K, H] (the caller's; TMA reads a head's rows with a stride).
@@ -111,7 +111,7 @@ def _kernel(*refs, cfg, dtype, Hp):
           logits = jnp.dot(q_s[wg], k_s[slot].T, preferred_element_type=jnp.float32)
         else:
           logits = pl.run_scoped(
-              lambda r: (plgpu.wgmma(r, q_s.at[wg], plgpu.transpose_ref(k_s.at[slot], (1, 0))),
+              lambda r: (plgpu.wgmma(r, q_s.at[wg], k_s.at[slot].transpose((1, 0))),
                          r[...])[1], plgpu.ACC(shape, jnp.float32))
         cols = lambda x: lax.broadcast_in_dim(x, shape, [1])  # a key's value across queries
         s, mask = tm.mask_logits(

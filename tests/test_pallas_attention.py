@@ -280,6 +280,10 @@ def test_lowers_to_triton_for_gpu(dtype, H, extras):
   # jax 0.11 deprecated Pallas's Triton backend: each Triton lowering warns, and must.
   warns = (pytest.warns(DeprecationWarning, match='Pallas Triton backend is deprecated')
            if TRITON_DEPRECATED else contextlib.nullcontext())
-  with warns:
+  # With no GPU attached, jax >= 0.11 asks which GPU the Triton kernel is for: an H100 (sm_90),
+  # named by an abstract device on the mesh the lowering sees.
+  h100 = jax.sharding.AbstractMesh((1,), ('x',), abstract_device=jax.sharding.AbstractDevice(
+      device_kind='NVIDIA H100', num_cores=None, platform='gpu'))
+  with warns, jax.sharding.use_abstract_mesh(h100):
     hlo = jax.jit(fwd_bwd).trace(q, kv, kv, q, *ex).lower(lowering_platforms=('cuda',)).as_text()
   assert hlo.count('__gpu$xla.gpu.triton') + hlo.count('triton_kernel_call') == 3
