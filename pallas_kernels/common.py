@@ -1,5 +1,6 @@
 """What every flash-attention backend's wrapper shares: the checks of its inputs, padding, the
-static mask rule the kernels read (tile_math's `rule`) and the custom_vjp around a kernel pair."""
+static mask rule the kernels read (tile_math's `rule`) and the custom_vjp around a forward /
+backward pair. mllm.ops.blockwise (the plain-JAX loop) uses the padding and the custom_vjp too."""
 from __future__ import annotations
 
 import dataclasses

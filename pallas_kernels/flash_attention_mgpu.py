@@ -244,7 +244,6 @@ def flash_attention_forward(q_BTNH, k_BSKH, v_BSKH, *, scale: float, causal: boo
   def ids(x, length, padded):
     return padded_ids(x, B, length, padded)
 
-
   side = []
   if segments:
     q_ids, kv_ids = ids(q_segment_ids, T, Tp), ids(kv_segment_ids, S, Sp)

@@ -335,7 +335,6 @@ def flash_attention(q_BTNH, k_BSKH, v_BSKH, *, scale: float, causal: bool = True
   def ids(x, length, padded):
     return padded_ids(x, B, length, padded)
 
-
   def lanes(x_BT):  # [B, T] -> [B, T, 128]: one query per sublane row
     return jnp.broadcast_to(x_BT[:, :, None], (*x_BT.shape, LANES))
 

@@ -32,13 +32,13 @@ queries are dropped.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from pallas_kernels.block_ranges import MASK_VALUE, kv_block_range, q_block_range, visible
+from pallas_kernels.common import flash_vjp, pad_to, padded_ids, round_up
 
 
 DEFAULT_BLOCK = 512  # CPU: big enough for efficient matmuls; [B, N, 512, 512] f32 is 1 MiB per head
@@ -92,20 +92,11 @@ def _query_block_range(j, lay: BlockLayout):
 # Block layout in and out.
 # ----------------------------------------------------------------------------------------------
 
-def _pad_to(x, axis, size):
-  extra = size - x.shape[axis]
-  if extra == 0:
-    return x
-  widths = [(0, 0)] * x.ndim
-  widths[axis] = (0, extra)
-  return jnp.pad(x, widths, mode='edge' if x.dtype.kind in 'iu' else 'constant')
-
-
 def _q_blocks(x_BTNH, n_kv, block):
   """[B, T, N, H] → [nq, B, K, G, bq, H]."""
   B, T, N, H = x_BTNH.shape
-  n = -(-T // block)
-  x = _pad_to(x_BTNH, 1, n * block).reshape(B, n, block, n_kv, N // n_kv, H)
+  n = round_up(T, block) // block
+  x = pad_to(x_BTNH, 1, n * block).reshape(B, n, block, n_kv, N // n_kv, H)
   return x.transpose(1, 0, 3, 4, 2, 5)
 
 
@@ -117,35 +108,34 @@ def _from_q_blocks(x_nBKGqH, T):
 def _k_blocks(x_BSKH, block):
   """[B, S, K, H] → [nk, B, K, bk, H]."""
   B, S, K, H = x_BSKH.shape
-  n = -(-S // block)
-  return _pad_to(x_BSKH, 1, n * block).reshape(B, n, block, K, H).transpose(1, 0, 3, 2, 4)
+  n = round_up(S, block) // block
+  return pad_to(x_BSKH, 1, n * block).reshape(B, n, block, K, H).transpose(1, 0, 3, 2, 4)
 
 
-def _seq_blocks(x_BT, block):
-  """Per-token ints [B, T] → [n, B, block] (edge-padded, so block min/max stay real values)."""
-  B, T = x_BT.shape
-  n = -(-T // block)
-  return _pad_to(x_BT, 1, n * block).reshape(B, n, block).transpose(1, 0, 2)
+def _seq_blocks(x, B, T, block):
+  """Per-token ints, [B, T] or broadcastable to it → [n, B, block] int32 (edge-padded, so block
+  min/max stay real values)."""
+  n = round_up(T, block) // block
+  return padded_ids(x, B, T, n * block).reshape(B, n, block).transpose(1, 0, 2)
 
 
 def _aux_arrays(mask, bias, B, T, S, n_heads, n_kv, block_q, block_k):
   """The non-differentiable per-token inputs, in block layout."""
   aux = {}
   if mask.q_segment_ids is not None:
-    q_seg = _seq_blocks(jnp.broadcast_to(mask.q_segment_ids, (B, T)).astype(jnp.int32), block_q)
-    kv_seg = _seq_blocks(jnp.broadcast_to(mask.kv_segment_ids, (B, S)).astype(jnp.int32), block_k)
+    q_seg = _seq_blocks(mask.q_segment_ids, B, T, block_q)
+    kv_seg = _seq_blocks(mask.kv_segment_ids, B, S, block_k)
     aux.update(q_seg=q_seg, kv_seg=kv_seg,
                q_seg_range=(q_seg.min(-1), q_seg.max(-1)), kv_seg_range=(kv_seg.min(-1), kv_seg.max(-1)))
   if mask.kv_positions is not None:
-    q_pos = _seq_blocks(jnp.broadcast_to(mask.q_positions, (B, T)).astype(jnp.int32), block_q)
-    kv_pos = _seq_blocks(jnp.broadcast_to(mask.kv_positions, (B, S)).astype(jnp.int32), block_k)
+    q_pos = _seq_blocks(mask.q_positions, B, T, block_q)
+    kv_pos = _seq_blocks(mask.kv_positions, B, S, block_k)
     aux.update(mask_q_pos=q_pos, mask_kv_pos=kv_pos, q_pos_range=(q_pos.min(-1), q_pos.max(-1)),
                kv_pos_range=_valid_range(kv_pos))
   if bias is not None and bias.alibi_slopes is not None:
     aux['slopes'] = bias.alibi_slopes.astype(jnp.float32).reshape(n_kv, n_heads // n_kv)
-    aux['q_pos'] = _seq_blocks(jnp.broadcast_to(bias.q_positions, (B, T)).astype(jnp.int32), block_q)
-    aux['kv_pos'] = _seq_blocks(jnp.broadcast_to(bias.kv_positions, (B, S)).astype(jnp.int32),
-                                block_k)
+    aux['q_pos'] = _seq_blocks(bias.q_positions, B, T, block_q)
+    aux['kv_pos'] = _seq_blocks(bias.kv_positions, B, S, block_k)
   return aux
 
 
@@ -260,7 +250,7 @@ def _initial_carry(q_BKGqH):
 # Fixed score modifiers: hand-written backward.
 # ----------------------------------------------------------------------------------------------
 
-def _flash_forward(q_blocks, k_blocks, v_blocks, aux, lay):
+def _flash_forward(lay, q_blocks, k_blocks, v_blocks, aux):
   def query_block(_, xs):
     i, q = xs
 
@@ -279,19 +269,8 @@ def _flash_forward(q_blocks, k_blocks, v_blocks, aux, lay):
   return out_blocks, lse_blocks
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _flash(q_blocks, k_blocks, v_blocks, aux, lay):
-  return _flash_forward(q_blocks, k_blocks, v_blocks, aux, lay)[0]
-
-
-def _flash_fwd(q_blocks, k_blocks, v_blocks, aux, lay):
-  out_blocks, lse_blocks = _flash_forward(q_blocks, k_blocks, v_blocks, aux, lay)
-  return out_blocks, (q_blocks, k_blocks, v_blocks, aux, out_blocks, lse_blocks)
-
-
-def _flash_bwd(lay, residuals, d_out_blocks):
+def _flash_backward(lay, q_blocks, k_blocks, v_blocks, aux, out_blocks, lse_blocks, d_out_blocks):
   """Dao 2023, Alg. 2, one pass: for each key block, walk the query blocks that see it."""
-  q_blocks, k_blocks, v_blocks, aux, out_blocks, lse_blocks = residuals
   dtype = q_blocks.dtype
   delta_blocks = jnp.sum(d_out_blocks.astype(jnp.float32) * out_blocks.astype(jnp.float32), -1)
 
@@ -322,10 +301,10 @@ def _flash_bwd(lay, residuals, d_out_blocks):
   dq_acc, (dk_blocks, dv_blocks) = lax.scan(
       key_block, jnp.zeros(q_blocks.shape, jnp.float32),
       (jnp.arange(lay.n_k_blocks), k_blocks, v_blocks))
-  return (dq_acc * lay.scale).astype(dtype), dk_blocks, dv_blocks, None
+  return (dq_acc * lay.scale).astype(dtype), dk_blocks, dv_blocks
 
 
-_flash.defvjp(_flash_fwd, _flash_bwd)
+_flash = flash_vjp(_flash_forward, _flash_backward)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -336,7 +315,7 @@ def _dense_bias_blocks(dense, n_kv, lay):
   """[B|1, N|1, T, S] → [nq, nk, B|1, K|1, G|1, bq, bk], float32."""
   b, n, _, _ = dense.shape
   nq, nk, bq, bk = lay.n_q_blocks, lay.n_k_blocks, lay.block_q, lay.block_k
-  x = _pad_to(_pad_to(dense.astype(jnp.float32), 2, nq * bq), 3, nk * bk)
+  x = pad_to(pad_to(dense.astype(jnp.float32), 2, nq * bq), 3, nk * bk)
   k, g = (n_kv, n // n_kv) if n > 1 else (1, 1)
   x = x.reshape(b, k, g, nq, bq, nk, bk)
   return x.transpose(3, 5, 0, 1, 2, 4, 6)
@@ -345,7 +324,7 @@ def _dense_bias_blocks(dense, n_kv, lay):
 def _index_blocks(index_BTS, batch, lay):
   """Shaw's relative index [B|1, T, S] → [nq, nk, B|1, bq, bk]."""
   nq, nk, bq, bk = lay.n_q_blocks, lay.n_k_blocks, lay.block_q, lay.block_k
-  x = _pad_to(_pad_to(index_BTS.astype(jnp.int32), 1, nq * bq), 2, nk * bk)
+  x = pad_to(pad_to(index_BTS.astype(jnp.int32), 1, nq * bq, 'edge'), 2, nk * bk, 'edge')
   x = jnp.broadcast_to(x, (batch,) + x.shape[1:])  # einsum does not broadcast a size-1 batch
   return x.reshape(batch, nq, bq, nk, bk).transpose(1, 3, 0, 2, 4)
 
@@ -424,7 +403,7 @@ def blockwise_attention(q_BTNH, k_BSKH, v_BSKH, *, mask, bias=None, rel_values=N
   dense = None if bias is None else bias.dense
   dropout = dropout_rate > 0.0 and dropout_rng is not None
   if dense is None and rel_values is None and not dropout:
-    out_blocks = _flash(q_blocks, k_blocks, v_blocks, aux, lay)
+    out_blocks = _flash(lay, q_blocks, k_blocks, v_blocks, aux)
   else:
     dense_blocks = None if dense is None else _dense_bias_blocks(dense, K, lay)
     index_blocks = None if rel_values is None else _index_blocks(rel_values.index, B, lay)
