@@ -161,6 +161,8 @@ def main(argv: list[str]) -> None:
   if _MODE.value not in MODES:
     _fail(f"--mode={_MODE.value!r}: unknown mode; allowed: {', '.join(MODES)}")
   logging.set_verbosity(logging.WARNING)  # keep JAX's backend probing out of the output
+  from mllm import compile_cache
+  compile_cache.enable()  # a relaunch of the same shapes reads XLA's output from disk
   config = _PREFLIGHT_CONFIG
   try:
     MODES[_MODE.value](config, _config_spec(sys.argv))

@@ -23,7 +23,9 @@ def main(argv=None) -> int:
   parser.add_argument('--remeasure', action='store_true',
                       help="run the suite's measure (decode speed, ...) again on finished runs")
   args = parser.parse_args(argv)
+  from mllm import compile_cache
   from mllm.config import ConfigError
+  compile_cache.enable()  # every seed of a variant compiles the same shapes (--jobs=1 runs here)
   try:
     if args.seeds < 1:
       raise ValueError(f'--seeds={args.seeds}; allowed: a positive integer')

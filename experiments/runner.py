@@ -86,7 +86,7 @@ def run_one(config, workdir: str, *, progress: bool = True, measure=None,
   flops_per_token = mllm.training_flops_per_token(config, counts=counts).total
   result = {'params': counts.total, 'active_params': counts.active,
             'flops_per_token': flops_per_token}
-  checkpoint = workdir
+  checkpoint, trained_eval = workdir, None
   if parent is not None and not config.train.init_from:  # evaluated only: nothing trained here
     checkpoint = parent['workdir']
     # .get: a parent finished by an older runner may lack these counts.
@@ -110,7 +110,10 @@ def run_one(config, workdir: str, *, progress: bool = True, measure=None,
                   tokens_per_s=summary['tokens_per_s'], median_step_s=summary['median_step_s'],
                   train_flops=flops_per_token * tokens + (parent['train_flops'] if parent else 0),
                   curve=train_curve(os.path.join(workdir, 'metrics.jsonl')))
-  final = evaluate(config, checkpoint)
+    trained_eval = summary['eval']
+  # train() evaluated the parameters it saved at its last step, on the same batches: the same
+  # numbers as evaluate(config, workdir) (a test holds them equal), without a second compile.
+  final = trained_eval or evaluate(config, checkpoint)
   result.update(eval_loss=final['loss'], eval_perplexity=final['perplexity'],
                 bits_per_byte=final['bits_per_byte'])
   if parent is not None:

@@ -12,6 +12,8 @@ import sys
 
 def main(workdir: str) -> int:
   from experiments.measures import MEASURES
+  from mllm import compile_cache
+  compile_cache.enable()  # every seed of a variant compiles the same shapes
   from experiments.runner import run_one
   with open(os.path.join(workdir, 'job.pkl'), 'rb') as f:
     job = pickle.load(f)

@@ -53,6 +53,21 @@ def test_every_run_finishes_and_paired_seeds_agree_exactly(finished):
   assert steps == sorted(set(steps)) and steps[-1] == PRESETS['tiny']['train.steps']
 
 
+def test_a_runs_eval_loss_is_what_evaluate_gives_on_its_checkpoint(finished):
+  """run_one keeps train()'s final evaluation instead of evaluating again: it must be exactly
+  what `launch.py --mode=eval` (evaluate) reads from the saved checkpoint."""
+  from mllm.train import evaluate
+  _, extra, results = finished
+  for r in results['runs']:
+    if r['variant'] == 'same' and r['seed'] == 1:
+      continue  # copied from base seed 1
+    config = resolve(SUITE, next(v for v in SUITE.variants if v.name == r['variant']), 'tiny',
+                     r['seed'], extra)
+    again = evaluate(config, r['workdir'])
+    assert (again['loss'], again['perplexity'], again['bits_per_byte']) == (
+        r['eval_loss'], r['eval_perplexity'], r['bits_per_byte'])
+
+
 def test_runs_in_worker_processes_give_the_same_numbers(finished, tmp_path):
   """jobs=2: two runs at once, each in its own process; the same losses as in this process."""
   _, extra, results = finished
