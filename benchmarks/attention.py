@@ -18,7 +18,7 @@ CPU (defaults: float32, batch 1, 8 heads, d 64, N 512…16384; dense scores capp
     python -m benchmarks.attention --seq_lens=128,256 --repeats=1 --impls=xla --out=/tmp/a.md  # smoke
 GPU (FlashAttention's setting: 16k tokens per batch, model width 2048):
     python -m benchmarks.attention --dtype=bfloat16 --tokens_per_batch=16384 --heads=16 \\
-        --head_dim=128 --causal=both --impls=xla,pallas,cudnn
+        --head_dim=128 --causal=both --impls=xla,pallas,pallas_mgpu,cudnn
 
 Implementations come from the registry ATTENTION_IMPLS; one that is not registered, or not available
 on the backend ('cudnn' needs a GPU), is skipped with a printed reason, and one that raises for a
@@ -134,11 +134,13 @@ def one_line(e: Exception) -> str:
 
 
 def interpreted(impl: str) -> bool:
-  """Does this impl run a Pallas kernel in an interpreter here (Triton's on CPU, TPU's off a TPU)?"""
+  """Does this impl run a Pallas kernel in an interpreter here (any on CPU, the TPU kernel off a
+  TPU, the Mosaic GPU one off a GPU)?"""
   if impl not in PALLAS_IMPLS:
     return False
   backend = jax.default_backend()
-  return backend == 'cpu' or (pallas_kernel(impl, backend) == 'tpu' and backend != 'tpu')
+  home = {'tpu': 'tpu', 'mgpu': 'gpu'}.get(pallas_kernel(impl, backend), backend)
+  return backend == 'cpu' or backend != home
 
 
 def run_cell(impl, causal, n, batch, inputs, args, budget_bytes) -> dict:
@@ -241,7 +243,8 @@ FOOTNOTES = """\
   scores (~4 × B·H·N² float32) or the compiled scratch exceed --max_gb; n/a: the implementation
   raised for this combination (message in the log and the JSON).
 - Rows marked (interpreted) run a Pallas kernel in an interpreter (Triton's on CPU, the TPU kernel
-  off a TPU): their times say nothing about the kernel's speed on its hardware."""
+  off a TPU, the Mosaic GPU one off a GPU): their times say nothing about the kernel's speed on its
+  hardware."""
 
 
 def plot(rows, path, title) -> None:

@@ -37,7 +37,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   model.remat = 'none'  # none | full (recompute each layer in the backward) | dots (keep matmuls)
 
   attention = model.attention = config_dict.ConfigDict()
-  attention.impl = 'auto'  # xla|blockwise|pallas|pallas_tpu|splash|cudnn|auto (mllm/ops/attention.py)
+  attention.impl = 'auto'  # xla|blockwise|pallas|pallas_tpu|pallas_mgpu|splash|cudnn|auto (mllm/ops/attention.py)
   attention.block_q = placeholder(int)  # blockwise / pallas tile sizes; None: the impl's default
   attention.block_k = placeholder(int)
   attention.sliding_window = placeholder(int)  # None: full causal; W: the W most recent keys

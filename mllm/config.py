@@ -394,12 +394,16 @@ def _check_attention_impl(m: config_dict.ConfigDict, p: str) -> None:
     if impl == 'splash' and value % 128:
       raise ConfigError(f'{p}.attention.{key}', value, 'splash tiles queries and keys in multiples '
                         'of 128; allowed: 128, 256, 512, ..., or None for 128')
+    if impl == 'pallas_mgpu' and (value != 64 if key == 'block_q' else value % 64):
+      raise ConfigError(f'{p}.attention.{key}', value, 'the Mosaic GPU kernel gives each warpgroup '
+                        '64 query rows and streams keys in multiples of 64; allowed: block_q 64, '
+                        'block_k 64, 128, 192, ..., or None for their defaults')
     multiple = {'block_q': 8, 'block_k': 128}[key]  # TPU sublanes (queries), lanes (keys)
     if impl == 'pallas_tpu' and value % multiple:
       raise ConfigError(f'{p}.attention.{key}', value, f'the TPU kernel tiles {key[-1]} in '
                         f'multiples of {multiple}; allowed: {multiple}, {2 * multiple}, ..., '
                         'or None for its default')
-  if impl not in ('pallas', 'pallas_tpu', 'splash', 'cudnn'):
+  if impl not in ('pallas', 'pallas_tpu', 'pallas_mgpu', 'splash', 'cudnn'):
     return
   if impl == 'splash' and m.position.kind == 'alibi':
     raise ConfigError(f'{p}.attention.impl', impl, "splash adds no bias to the scores, so no "
@@ -413,9 +417,10 @@ def _check_attention_impl(m: config_dict.ConfigDict, p: str) -> None:
     raise ConfigError(f'{p}.attention.impl', impl,
                       f'the {impl} kernel has no attention dropout ({p}.attention.dropout='
                       f"{a.dropout}); allowed with it: 'xla', 'blockwise', 'auto'")
-  if impl == 'cudnn' and m.dtype != 'bfloat16':
+  if impl in ('cudnn', 'pallas_mgpu') and m.dtype != 'bfloat16':
+    what = 'cuDNN flash attention' if impl == 'cudnn' else 'the Mosaic GPU kernel (wgmma)'
     raise ConfigError(f'{p}.attention.impl', impl,
-                      f"cuDNN flash attention runs in bfloat16/float16 but {p}.dtype={m.dtype!r}; "
+                      f"{what} runs in bfloat16/float16 but {p}.dtype={m.dtype!r}; "
                       f"set {p}.dtype='bfloat16' or use 'xla', 'blockwise', 'pallas'")
 
 
@@ -430,6 +435,10 @@ def check_backend(m: config_dict.ConfigDict, backend: str | None = None, p: str 
     raise ConfigError(f'{p}.attention.impl', 'splash', "splash is a TPU kernel (off a TPU it only "
                       "interprets, for tests); allowed on gpu: 'xla', 'blockwise', 'pallas', "
                       "'cudnn', 'auto'")
+  if m.attention.impl == 'pallas_mgpu' and backend == 'tpu':
+    raise ConfigError(f'{p}.attention.impl', 'pallas_mgpu', "the Mosaic GPU kernel is for Hopper "
+                      "GPUs (off a GPU it only interprets, for tests); allowed on tpu: 'xla', "
+                      "'blockwise', 'pallas', 'pallas_tpu', 'splash', 'auto'")
   if m.attention.impl == 'cudnn' and backend != 'gpu':
     raise ConfigError(f'{p}.attention.impl', 'cudnn', f"cuDNN needs a GPU, this machine's JAX "
                       f"backend is {backend!r}; allowed here: 'xla', 'blockwise', 'pallas', 'auto'")

@@ -1,25 +1,33 @@
-"""FlashAttention forward for Hopper GPUs in Pallas's Mosaic GPU backend, FA3's structure (Shah et
-al. 2024): per CTA two compute warpgroups, each owning a 64-row query tile, and one producer
-warpgroup streaming K/V tiles into a ring of `steps` shared-memory slots with TMA, the slots
+"""FlashAttention for Hopper GPUs in Pallas's Mosaic GPU backend, FA3's structure (Shah et al.
+2024): per CTA two compute warpgroups, each owning a 64-row tile, and one producer warpgroup
+streaming the other side's tiles into a ring of `steps` shared-memory slots with TMA, the slots
 handed over by barriers (ready: the copy landed; consumed: both compute warpgroups are done).
-Q·Kᵀ and P·V are warpgroup MMAs (wgmma) with float32 accumulators.
+Every product is a warpgroup MMA (wgmma) with a float32 accumulator.
+
+- forward: a CTA owns 2 query tiles and streams K/V blocks (Q·Kᵀ, then P·V).
+- dq: the same walk; per key block S = Q·Kᵀ, dP = dO·Vᵀ, dS = P ∘ (dP − δ), dQ += dS·K.
+- dk/dv: a CTA owns 2 key tiles of one KV head and streams (head of its group, query block)
+  tiles of Q, dO, LSE and δ = rowsum(dO ∘ O): Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, dV += Pᵀ·dO,
+  dK += dSᵀ·Q (FlashAttention-2, Dao 2023, Alg. 2). Working in the transposed orientation keeps
+  the key rows as wgmma's M; GQA's group sums in the accumulator, never in HBM.
 
 The tile math is the other backends' (tile_math.py). Skipping: the producer streams the union of
-the two tiles' key-block ranges (block_ranges.kv_block_range), and a compute warpgroup computes
-only the blocks of its own range whose segment-id [min, max] meets its tile's; it still arrives
-on every consumed barrier, so the ring stays in step.
+the two tiles' block ranges (block_ranges), and a compute warpgroup computes only the blocks of
+its own range whose segment-id [min, max] meets its tile's; it still arrives on every consumed
+barrier, so the ring stays in step.
 
 Interpret mode (CPU, tests): JAX's Mosaic GPU interpreter has no rule for a register-held MMA
 operand or `run_state` (jax 0.10.2 and 0.11.2), nor, in 0.10.2, for a transposed shared-memory
-operand, which is how Q·Kᵀ and P·V are written for the hardware. In interpret mode exactly those two products are `jnp.dot`s on the same
-shared-memory tiles; everything else (TMA copies, barriers, warpgroups, masks, the softmax) is
-what the GPU runs. The hardware path is checked by lowering for CUDA on CPU (tests).
+operand. In interpret mode exactly the products are `jnp.dot`s on the same shared-memory tiles;
+everything else (TMA copies, barriers, warpgroups, masks, the softmax) is what the GPU runs. The
+hardware path is checked by lowering for CUDA on CPU (tests).
 Layout: q [B, T, N, H], k/v [B, S, K, H] (the caller's; TMA reads a head's rows with a stride).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -29,12 +37,13 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import tile_math as tm
 from pallas_kernels.common import (MaskRule, block_min_max, check_inputs, default_positions,
-                                    pad_to, padded_ids, round_up)
-from pallas_kernels.block_ranges import MASK_VALUE, kv_block_range
+                                    flash_vjp, pad_to, padded_ids, round_up)
+from pallas_kernels.block_ranges import MASK_VALUE, kv_block_range, q_block_range
 
-BLOCK_Q = 64   # rows of a warpgroup's query tile: wgmma's M
+TILE = 64   # rows of a compute warpgroup's tile (queries, or keys in dk/dv): wgmma's M
 HEAD_MULTIPLE = 64  # head_dim is padded to this: one 128-byte swizzle row of 16-bit elements
 DEFAULT_BLOCK_K, DEFAULT_STEPS = 128, 2
+_TILED = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,9 +51,10 @@ class _Cfg(MaskRule):
   block_k: int
   steps: int
 
-  def ranges(self):
-    return dict(block_q=BLOCK_Q, block_k=self.block_k, q_len=self.q_len, kv_len=self.kv_len,
-                q_offset=self.q_offset, causal=self.causal, window=self.window)
+  def ranges(self, block_k=None):
+    return dict(block_q=TILE, block_k=block_k or self.block_k, q_len=self.q_len,
+                kv_len=self.kv_len, q_offset=self.q_offset, causal=self.causal,
+                window=self.window)
 
 
 def _interpret_params():
@@ -62,19 +72,115 @@ def _union(r0, r1):
   return lo, hi
 
 
-def _kernel(*refs, cfg, dtype, Hp):
+def _mine(wg, ranges):
+  return (jnp.where(wg == 0, ranges[0][0], ranges[1][0]),
+          jnp.where(wg == 0, ranges[0][1], ranges[1][1]))
+
+
+def _dot_t(a_ref, b_ref, interpret):
+  """a · bᵀ of two shared-memory tiles in float32: wgmma with a transposed operand."""
+  if interpret:
+    return jnp.dot(a_ref[...], b_ref[...].T, preferred_element_type=jnp.float32)
+  shape = (a_ref.shape[0], b_ref.shape[0])
+  return pl.run_scoped(lambda r: (plgpu.wgmma(r, a_ref, b_ref.transpose((1, 0))), r[...])[1],
+                       plgpu.ACC(shape, jnp.float32))
+
+
+def _dot_add(acc, a, b_ref, interpret):
+  """acc + a · b: `a` in registers, `b` a shared-memory tile (wgmma into a live accumulator)."""
+  if interpret:
+    return acc + jnp.dot(a, b_ref[...], preferred_element_type=jnp.float32)
+  return pl.run_state(lambda r: plgpu.wgmma(r[0], a, b_ref))((plgpu.ACC.init(acc),))[0]
+
+
+def _produce(lo, hi, steps, copy, done_bars):
+  """The producer warpgroup: block j of [lo, hi) goes to slot (j - lo) % steps once both compute
+  warpgroups released the slot's previous block (`copy(j, slot)` starts its TMA copies)."""
+  @pl.loop(lo, hi)
+  def _(j):
+    slot = lax.rem(j - lo, steps)
+
+    @pl.when(j - lo >= steps)
+    def _():
+      for bar in done_bars:
+        plgpu.barrier_wait(bar.at[slot])
+
+    copy(j, slot)
+
+  # Wait out the last blocks too: free on the GPU, and the interpreter checks that every
+  # thread that waits on a barrier sees all its phases.
+  @pl.loop(jnp.maximum(hi - steps, lo), hi)
+  def _(j):
+    for bar in done_bars:
+      plgpu.barrier_wait(bar.at[lax.rem(j - lo, steps)])
+
+
+def _kv_producer(cfg, b, kv_head, lo, hi, k_ref, v_ref, kseg_ref, kpos_ref, k_s, v_s, kseg_s,
+                 kpos_s, k_bar, v_bar, k_done, v_done):
+  """Streams key blocks [lo, hi) of one KV head, their segment ids and positions with K."""
+  def copy(j, slot):
+    keys = pl.ds(j * cfg.block_k, cfg.block_k)
+    plgpu.copy_gmem_to_smem(k_ref.at[b, keys, kv_head], k_s.at[slot], k_bar.at[slot])
+    if cfg.segments:
+      plgpu.copy_gmem_to_smem(kseg_ref.at[b, keys], kseg_s.at[slot], k_bar.at[slot])
+    if cfg.alibi:
+      plgpu.copy_gmem_to_smem(kpos_ref.at[b, keys], kpos_s.at[slot], k_bar.at[slot])
+    plgpu.copy_gmem_to_smem(v_ref.at[b, keys, kv_head], v_s.at[slot], v_bar.at[slot])
+
+  _produce(lo, hi, cfg.steps, copy, (k_done, v_done))
+
+
+def _kv_ring(cfg, dtype, Hp):
+  """Scratch of a K/V stream: tiles, side inputs, ready and consumed barriers."""
+  bk, steps = cfg.block_k, cfg.steps
+  ring = [plgpu.SMEM((steps, bk, Hp), dtype, transforms=_TILED),
+          plgpu.SMEM((steps, bk, Hp), dtype, transforms=_TILED)]
+  ring += [plgpu.SMEM((steps, bk), jnp.int32)] * (int(cfg.segments) + int(cfg.alibi))
+  copies = 1 + int(cfg.segments) + int(cfg.alibi)  # a TMA copy is one arrival on its barrier
+  return ring + [plgpu.Barrier(num_arrivals=copies, num_barriers=steps),
+                 plgpu.Barrier(num_barriers=steps),
+                 plgpu.Barrier(num_arrivals=2, num_barriers=steps),
+                 plgpu.Barrier(num_arrivals=2, num_barriers=steps)]
+
+
+def _split(refs, cfg, n_main, n_out, n_own):
+  """The kernel's refs: main inputs, side inputs (segments: ids and block [min, max] of both
+  sides; ALiBi: positions and slopes), outputs, this kernel's own scratch, then the K/V ring."""
   refs = list(refs)
-  q_ref, k_ref, v_ref = refs[:3]
-  refs = refs[3:]
   take = lambda use, n: [refs.pop(0) for _ in range(n)] if use else [None] * n
-  qseg_ref, kseg_ref, qmin_ref, qmax_ref, kmin_ref, kmax_ref = take(cfg.segments, 6)
-  qpos_ref, kpos_ref, slopes_ref = take(cfg.alibi, 3)
-  o_ref, lse_ref, q_s, k_s, v_s = refs[:5]
-  refs = refs[5:]
-  qseg_s, kseg_s = take(cfg.segments, 2)
-  qpos_s, kpos_s = take(cfg.alibi, 2)
-  lse_s, q_bar, k_bar, v_bar, k_done, v_done = refs
-  bq, bk, steps = BLOCK_Q, cfg.block_k, cfg.steps
+  main = take(True, n_main)
+  seg = take(cfg.segments, 6)
+  alibi = take(cfg.alibi, 3)
+  outs = take(True, n_out)
+  own = take(True, n_own)
+  return main, seg, alibi, outs, own, refs
+
+
+def _tile_scores(cfg, logits, i, j, qseg, kseg, qpos, kpos, slope, kv_padded):
+  """Base-2 masked scores of a tile whose query and key indices are the full-shape `i`, `j`
+  (either orientation: the mask and ALiBi are elementwise)."""
+  return tm.mask_logits(logits, i, j, cfg, kv_padded=kv_padded, qseg_t1=qseg, kseg_1s=kseg,
+                        qpos_t1=qpos, kpos_1s=kpos, slope=slope)
+
+
+def _q_tile_kernel(*refs, cfg, dtype, Hp, grad):
+  """Forward (grad=False) or dq (grad=True): a CTA owns query tiles 2·q and 2·q + 1."""
+  main, (qseg_ref, kseg_ref, qmin_ref, qmax_ref, kmin_ref, kmax_ref), \
+      (qpos_ref, kpos_ref, slopes_ref), outs, own, ring = _split(
+          refs, cfg, 6 if grad else 3, 1 if grad else 2, 5 if grad else 3)
+  q_ref, k_ref, v_ref = main[:3]
+  do_ref, lse_ref, delta_ref = main[3:] if grad else (None, None, None)
+  if grad:
+    q_s, do_s, lse_s, delta_s, q_bar = own
+  else:
+    (q_s, lse_s, q_bar), do_s, delta_s = own, None, None
+  qseg_s = ring.pop(0) if cfg.segments else None
+  qpos_s = ring.pop(0) if cfg.alibi else None
+  k_s, v_s, *side_s = ring[:-4]
+  kseg_s = side_s.pop(0) if cfg.segments else None
+  kpos_s = side_s.pop(0) if cfg.alibi else None
+  k_bar, v_bar, k_done, v_done = ring[-4:]
+  bq, bk = TILE, cfg.block_k
 
   b, h, wg = lax.axis_index('b'), lax.axis_index('h'), lax.axis_index('wg')
   tile = lax.axis_index('q')
@@ -85,49 +191,48 @@ def _kernel(*refs, cfg, dtype, Hp):
   def _compute():
     qb = 2 * tile + wg
     r0 = qb * bq
-    my_lo = jnp.where(wg == 0, ranges[0][0], ranges[1][0])
-    my_hi = jnp.where(wg == 0, ranges[0][1], ranges[1][1])
-    plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(r0, bq), h], q_s.at[wg], q_bar.at[wg])
+    my_lo, my_hi = _mine(wg, ranges)
+    rows = pl.ds(r0, bq)
+    plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_s.at[wg], q_bar.at[wg])
+    if grad:
+      plgpu.copy_gmem_to_smem(do_ref.at[b, rows, h], do_s.at[wg], q_bar.at[wg])
+      plgpu.copy_gmem_to_smem(lse_ref.at[b, h, rows], lse_s.at[wg], q_bar.at[wg])
+      plgpu.copy_gmem_to_smem(delta_ref.at[b, h, rows], delta_s.at[wg], q_bar.at[wg])
     if cfg.segments:
-      plgpu.copy_gmem_to_smem(qseg_ref.at[b, pl.ds(r0, bq)], qseg_s.at[wg], q_bar.at[wg])
+      plgpu.copy_gmem_to_smem(qseg_ref.at[b, rows], qseg_s.at[wg], q_bar.at[wg])
     if cfg.alibi:
-      plgpu.copy_gmem_to_smem(qpos_ref.at[b, pl.ds(r0, bq)], qpos_s.at[wg], q_bar.at[wg])
+      plgpu.copy_gmem_to_smem(qpos_ref.at[b, rows], qpos_s.at[wg], q_bar.at[wg])
     plgpu.barrier_wait(q_bar.at[wg])
     slope = slopes_ref[h] if cfg.alibi else None
     shape = (bq, bk)
     i_ts = cfg.q_offset + r0 + lax.broadcasted_iota(jnp.int32, shape, 0)
-    rows = lambda x: lax.broadcast_in_dim(x, shape, [0])  # a query's value across its keys
-    qseg_ts = rows(qseg_s[wg]) if cfg.segments else None
-    qpos_ts = rows(qpos_s[wg]) if cfg.alibi else None
+    across = lambda x: lax.broadcast_in_dim(x, shape, [0])  # a query's value across its keys
+    down = lambda x: lax.broadcast_in_dim(x, shape, [1])  # a key's value across queries
+    qseg_ts = across(qseg_s[wg]) if cfg.segments else None
+    qpos_ts = across(qpos_s[wg]) if cfg.alibi else None
+    if grad:
+      lse_ts, delta_ts = across(lse_s[wg]), across(delta_s[wg])
 
     def step(j, carry):
-      slot = lax.rem(j - lo, steps)
+      slot = lax.rem(j - lo, cfg.steps)
       plgpu.barrier_wait(k_bar.at[slot])
       plgpu.barrier_wait(v_bar.at[slot])
 
       def compute(carry):
+        s, mask = _tile_scores(
+            cfg, _dot_t(q_s.at[wg], k_s.at[slot], cfg.interpret), i_ts,
+            j * bk + lax.broadcasted_iota(jnp.int32, shape, 1), qseg_ts,
+            down(kseg_s[slot]) if cfg.segments else None, qpos_ts,
+            down(kpos_s[slot]) if cfg.alibi else None, slope, bool(cfg.kv_len % bk))
+        if grad:
+          p = tm.masked_exp2(s - lse_ts, mask)
+          dp = _dot_t(do_s.at[wg], v_s.at[slot], cfg.interpret)
+          ds = (p * (dp - delta_ts)).astype(dtype)
+          return _dot_add(carry, ds, k_s.at[slot], cfg.interpret)
         acc, m, l = carry
-        if cfg.interpret:
-          logits = jnp.dot(q_s[wg], k_s[slot].T, preferred_element_type=jnp.float32)
-        else:
-          logits = pl.run_scoped(
-              lambda r: (plgpu.wgmma(r, q_s.at[wg], k_s.at[slot].transpose((1, 0))),
-                         r[...])[1], plgpu.ACC(shape, jnp.float32))
-        cols = lambda x: lax.broadcast_in_dim(x, shape, [1])  # a key's value across queries
-        s, mask = tm.mask_logits(
-            logits, i_ts, j * bk + lax.broadcasted_iota(jnp.int32, shape, 1), cfg,
-            kv_padded=bool(cfg.kv_len % bk), qseg_t1=qseg_ts,
-            kseg_1s=cols(kseg_s[slot]) if cfg.segments else None, qpos_t1=qpos_ts,
-            kpos_1s=cols(kpos_s[slot]) if cfg.alibi else None, slope=slope)
         p, alpha, m, l = tm.softmax_update(m, l, s, mask)
         acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-        p = p.astype(dtype)
-        if cfg.interpret:
-          acc = acc + jnp.dot(p, v_s[slot], preferred_element_type=jnp.float32)
-        else:
-          acc = pl.run_state(lambda r: plgpu.wgmma(r[0], p, v_s.at[slot]))(
-              (plgpu.ACC.init(acc),))[0]
-        return acc, m, l
+        return _dot_add(acc, p.astype(dtype), v_s.at[slot], cfg.interpret), m, l
 
       visit = (j >= my_lo) & (j < my_hi)
       if cfg.segments:
@@ -137,91 +242,200 @@ def _kernel(*refs, cfg, dtype, Hp):
       plgpu.barrier_arrive(v_done.at[slot])
       return carry
 
-    init = (jnp.zeros((bq, Hp), jnp.float32), jnp.full((bq,), MASK_VALUE, jnp.float32),
-            jnp.zeros((bq,), jnp.float32))
-    acc, m, l = lax.fori_loop(lo, hi, step, init)
-    l = jnp.where(l == 0.0, 1.0, l)  # no allowed key: acc == 0, so the output is 0
-    q_s[wg] = (acc / lax.broadcast_in_dim(l, acc.shape, [0])).astype(dtype)
-    lse_s[wg] = m + jnp.log2(l)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(q_s.at[wg], o_ref.at[b, pl.ds(r0, bq), h])
-    plgpu.copy_smem_to_gmem(lse_s.at[wg], lse_ref.at[b, h, pl.ds(r0, bq)])
+    zeros = jnp.zeros((bq, Hp), jnp.float32)
+    if grad:
+      dq = lax.fori_loop(lo, hi, step, zeros)
+      q_s[wg] = (dq * cfg.scale).astype(dtype)
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(q_s.at[wg], outs[0].at[b, rows, h])
+    else:
+      init = (zeros, jnp.full((bq,), MASK_VALUE, jnp.float32), jnp.zeros((bq,), jnp.float32))
+      acc, m, l = lax.fori_loop(lo, hi, step, init)
+      l = jnp.where(l == 0.0, 1.0, l)  # no allowed key: acc == 0, so the output is 0
+      q_s[wg] = (acc / lax.broadcast_in_dim(l, acc.shape, [0])).astype(dtype)
+      lse_s[wg] = m + jnp.log2(l)
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(q_s.at[wg], outs[0].at[b, rows, h])
+      plgpu.copy_smem_to_gmem(lse_s.at[wg], outs[1].at[b, h, rows])
     plgpu.wait_smem_to_gmem(0)
 
   @pl.when(wg == 2)
   def _producer():
-    kv_head = lax.div(h, cfg.groups)
+    _kv_producer(cfg, b, lax.div(h, cfg.groups), lo, hi, k_ref, v_ref, kseg_ref, kpos_ref, k_s,
+                 v_s, kseg_s, kpos_s, k_bar, v_bar, k_done, v_done)
 
-    @pl.loop(lo, hi)
-    def _(j):
-      slot = lax.rem(j - lo, steps)
 
-      @pl.when(j - lo >= steps)
-      def _():  # the slot's previous block is consumed by both compute warpgroups
-        plgpu.barrier_wait(k_done.at[slot])
-        plgpu.barrier_wait(v_done.at[slot])
+def _dkv_kernel(*refs, cfg, dtype, Hp):
+  """dk, dv: a CTA owns key tiles 2·k and 2·k + 1 of one KV head."""
+  (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref), \
+      (qseg_ref, kseg_ref, qmin_ref, qmax_ref, kmin_ref, kmax_ref), \
+      (qpos_ref, kpos_ref, slopes_ref), (dk_ref, dv_ref), own, side = _split(
+          refs, cfg, 6, 2, 9)
+  k_s, v_s, q_s, do_s, lse_s, delta_s, kv_bar, ready, done = own
+  kseg_s, qseg_s = (side.pop(0), side.pop(0)) if cfg.segments else (None, None)
+  kpos_s, qpos_s = (side.pop(0), side.pop(0)) if cfg.alibi else (None, None)
+  bq, bk, steps = TILE, TILE, cfg.steps
 
-      keys = pl.ds(j * bk, bk)
-      plgpu.copy_gmem_to_smem(k_ref.at[b, keys, kv_head], k_s.at[slot], k_bar.at[slot])
+  b, kv_head, wg = lax.axis_index('b'), lax.axis_index('h'), lax.axis_index('wg')
+  tile = lax.axis_index('k')
+  ranges = [q_block_range(2 * tile + w, **cfg.ranges(TILE)) for w in (0, 1)]
+  lo, hi = _union(*ranges)
+  n_q = hi - lo  # streamed per head of the group; item n is (head n // n_q, block lo + n % n_q)
+
+  @pl.when(wg < 2)
+  def _compute():
+    kb = 2 * tile + wg
+    keys = pl.ds(kb * bk, bk)
+    my_lo, my_hi = _mine(wg, ranges)
+    plgpu.copy_gmem_to_smem(k_ref.at[b, keys, kv_head], k_s.at[wg], kv_bar.at[wg])
+    plgpu.copy_gmem_to_smem(v_ref.at[b, keys, kv_head], v_s.at[wg], kv_bar.at[wg])
+    if cfg.segments:
+      plgpu.copy_gmem_to_smem(kseg_ref.at[b, keys], kseg_s.at[wg], kv_bar.at[wg])
+    if cfg.alibi:
+      plgpu.copy_gmem_to_smem(kpos_ref.at[b, keys], kpos_s.at[wg], kv_bar.at[wg])
+    plgpu.barrier_wait(kv_bar.at[wg])
+    shape = (bk, bq)  # transposed: keys are the rows
+    j_st = kb * bk + lax.broadcasted_iota(jnp.int32, shape, 0)
+    down = lambda x: lax.broadcast_in_dim(x, shape, [0])  # a key's value across queries
+    across = lambda x: lax.broadcast_in_dim(x, shape, [1])  # a query's value across keys
+    kseg_st = down(kseg_s[wg]) if cfg.segments else None
+    kpos_st = down(kpos_s[wg]) if cfg.alibi else None
+
+    def step(n, carry):
+      slot = lax.rem(n, steps)
+      g, qb = lax.div(n, n_q), lo + lax.rem(n, n_q)
+      plgpu.barrier_wait(ready.at[slot])
+
+      def compute(carry):
+        dk, dv = carry
+        slope = slopes_ref[kv_head * cfg.groups + g] if cfg.alibi else None
+        i_st = cfg.q_offset + qb * bq + lax.broadcasted_iota(jnp.int32, shape, 1)
+        s, mask = _tile_scores(
+            cfg, _dot_t(k_s.at[wg], q_s.at[slot], cfg.interpret), i_st, j_st,
+            across(qseg_s[slot]) if cfg.segments else None, kseg_st,
+            across(qpos_s[slot]) if cfg.alibi else None, kpos_st, slope,
+            bool(cfg.kv_len % bk))
+        p = tm.masked_exp2(s - across(lse_s[slot]), mask)
+        dp = _dot_t(v_s.at[wg], do_s.at[slot], cfg.interpret)
+        ds = p * (dp - across(delta_s[slot]))
+        dv = _dot_add(dv, p.astype(dtype), do_s.at[slot], cfg.interpret)
+        dk = _dot_add(dk, ds.astype(dtype), q_s.at[slot], cfg.interpret)
+        return dk, dv
+
+      visit = (qb >= my_lo) & (qb < my_hi)
       if cfg.segments:
-        plgpu.copy_gmem_to_smem(kseg_ref.at[b, keys], kseg_s.at[slot], k_bar.at[slot])
-      if cfg.alibi:
-        plgpu.copy_gmem_to_smem(kpos_ref.at[b, keys], kpos_s.at[slot], k_bar.at[slot])
-      plgpu.copy_gmem_to_smem(v_ref.at[b, keys, kv_head], v_s.at[slot], v_bar.at[slot])
+        visit &= (kmin_ref[b, kb] <= qmax_ref[b, qb]) & (qmin_ref[b, qb] <= kmax_ref[b, kb])
+      carry = lax.cond(visit, compute, lambda c: c, carry)
+      plgpu.barrier_arrive(done.at[slot])
+      return carry
 
-    # Wait out the last blocks too: free on the GPU, and the interpreter checks that every
-    # thread that waits on a barrier sees all its phases.
-    @pl.loop(jnp.maximum(hi - steps, lo), hi)
-    def _(j):
-      slot = lax.rem(j - lo, steps)
-      plgpu.barrier_wait(k_done.at[slot])
-      plgpu.barrier_wait(v_done.at[slot])
+    zeros = jnp.zeros((bk, Hp), jnp.float32)
+    dk, dv = lax.fori_loop(0, n_q * cfg.groups, step, (zeros, zeros))
+    k_s[wg] = (dk * cfg.scale).astype(dtype)
+    v_s[wg] = dv.astype(dtype)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(k_s.at[wg], dk_ref.at[b, keys, kv_head])
+    plgpu.copy_smem_to_gmem(v_s.at[wg], dv_ref.at[b, keys, kv_head])
+    plgpu.wait_smem_to_gmem(0)
+
+  @pl.when(wg == 2)
+  def _producer():
+    def copy(n, slot):
+      h = kv_head * cfg.groups + lax.div(n, n_q)
+      rows = pl.ds((lo + lax.rem(n, n_q)) * bq, bq)
+      plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_s.at[slot], ready.at[slot])
+      plgpu.copy_gmem_to_smem(do_ref.at[b, rows, h], do_s.at[slot], ready.at[slot])
+      plgpu.copy_gmem_to_smem(lse_ref.at[b, h, rows], lse_s.at[slot], ready.at[slot])
+      plgpu.copy_gmem_to_smem(delta_ref.at[b, h, rows], delta_s.at[slot], ready.at[slot])
+      if cfg.segments:
+        plgpu.copy_gmem_to_smem(qseg_ref.at[b, rows], qseg_s.at[slot], ready.at[slot])
+      if cfg.alibi:
+        plgpu.copy_gmem_to_smem(qpos_ref.at[b, rows], qpos_s.at[slot], ready.at[slot])
+
+    _produce(0, n_q * cfg.groups, steps, copy, (done,))
+
+
+def _call(kernel, cfg, out_type, scratch, grid, grid_names, args):
+  return plgpu.kernel(
+      kernel, out_type=out_type, scratch_types=scratch, grid=grid, grid_names=grid_names,
+      num_threads=3, thread_name='wg',
+      compiler_params=plgpu.CompilerParams(
+          approx_math=True, lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+      interpret=_interpret_params() if cfg.interpret else None)(*args)
+
+
+def _q_side_scratch(cfg, rows):
+  return [plgpu.SMEM(rows, jnp.int32)] * (int(cfg.segments) + int(cfg.alibi))
 
 
 def _forward(cfg, q_BTNH, k_BSKH, v_BSKH, side):
   """(out [B, Tp, N, Hp], base-2 lse [B, N, Tp]) of padded inputs."""
   B, Tp, N, Hp = q_BTNH.shape
-  bq, bk, steps, dtype = BLOCK_Q, cfg.block_k, cfg.steps, q_BTNH.dtype
-  tiled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
-  scratch = [plgpu.SMEM((2, bq, Hp), dtype, transforms=tiled),
-             plgpu.SMEM((steps, bk, Hp), dtype, transforms=tiled),
-             plgpu.SMEM((steps, bk, Hp), dtype, transforms=tiled)]
-  if cfg.segments:
-    scratch += [plgpu.SMEM((2, bq), jnp.int32), plgpu.SMEM((steps, bk), jnp.int32)]
-  if cfg.alibi:
-    scratch += [plgpu.SMEM((2, bq), jnp.int32), plgpu.SMEM((steps, bk), jnp.int32)]
-  # A TMA copy is one arrival on its barrier: a Q or K tile lands with its side inputs.
+  dtype = q_BTNH.dtype
   copies = 1 + int(cfg.segments) + int(cfg.alibi)
-  scratch += [plgpu.SMEM((2, bq), jnp.float32),
-              plgpu.Barrier(num_arrivals=copies, num_barriers=2),  # a warpgroup's Q tile landed
-              plgpu.Barrier(num_arrivals=copies, num_barriers=steps),
-              plgpu.Barrier(num_barriers=steps),
-              plgpu.Barrier(num_arrivals=2, num_barriers=steps),
-              plgpu.Barrier(num_arrivals=2, num_barriers=steps)]
-  call = plgpu.kernel(
-      functools.partial(_kernel, cfg=cfg, dtype=dtype, Hp=Hp),
-      out_type=(jax.ShapeDtypeStruct(q_BTNH.shape, dtype),
+  own = [plgpu.SMEM((2, TILE, Hp), dtype, transforms=_TILED), plgpu.SMEM((2, TILE), jnp.float32),
+         plgpu.Barrier(num_arrivals=copies, num_barriers=2)]  # a warpgroup's Q tile landed
+  return _call(functools.partial(_q_tile_kernel, cfg=cfg, dtype=dtype, Hp=Hp, grad=False), cfg,
+               (jax.ShapeDtypeStruct(q_BTNH.shape, dtype),
                 jax.ShapeDtypeStruct((B, N, Tp), jnp.float32)),
-      scratch_types=scratch, grid=(N, Tp // (2 * bq), B), grid_names=('h', 'q', 'b'),
-      num_threads=3, thread_name='wg',
-      compiler_params=plgpu.CompilerParams(
-          approx_math=True, lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
-      interpret=_interpret_params() if cfg.interpret else None)
-  return call(q_BTNH, k_BSKH, v_BSKH, *side)
+               own + _q_side_scratch(cfg, (2, TILE)) + _kv_ring(cfg, dtype, Hp),
+               (N, Tp // (2 * TILE), B), ('h', 'q', 'b'),
+               (q_BTNH, k_BSKH, v_BSKH, *_side_for(cfg, side, cfg.block_k)))
 
 
-def flash_attention_forward(q_BTNH, k_BSKH, v_BSKH, *, scale: float, causal: bool = True,
-                            window: int | None = None, q_offset: int | None = None,
-                            q_segment_ids=None, kv_segment_ids=None, alibi_slopes=None,
-                            q_positions=None, kv_positions=None, block_k: int | None = None,
-                            steps: int | None = None, interpret: bool | None = None):
-  """(softmax(q kᵀ scale + alibi, masked) v, base-2 log-sum-exp [B, N, T]), forward only.
+def _side_for(cfg, side, block_k):
+  """Side inputs with the key-block [min, max] segment ids of this kernel's key blocks."""
+  if not cfg.segments:
+    return side
+  q_ids, kv_ids, *rest = side
+  return [q_ids, kv_ids, *block_min_max(q_ids, TILE), *block_min_max(kv_ids, block_k), *rest]
 
-  The contract of pallas_kernels.flash_attention.flash_attention (masks, offset, GQA, ALiBi, a
-  query with no allowed key gives 0), for bfloat16 / float16 inputs (wgmma's). block_k: key rows
-  per pipeline slot (a multiple of 64); steps: slots in the ring (>= 2). interpret: run in JAX's
-  Mosaic GPU interpreter (default: when the backend is not a GPU).
-  """
+
+def _backward(cfg, q_BTNH, k_BSKH, v_BSKH, side, o_BTNH, lse_BNT, do_BTNH):
+  B, Tp, N, Hp = q_BTNH.shape
+  Sp, K = k_BSKH.shape[1], k_BSKH.shape[2]
+  dtype = q_BTNH.dtype
+  delta_BNT = jnp.einsum('btnh,btnh->bnt', o_BTNH.astype(jnp.float32),
+                         do_BTNH.astype(jnp.float32))
+  main = (q_BTNH, k_BSKH, v_BSKH, do_BTNH, lse_BNT, delta_BNT)
+  copies = 4 + int(cfg.segments) + int(cfg.alibi)
+  tile = plgpu.SMEM((2, TILE, Hp), dtype, transforms=_TILED)
+  stats = plgpu.SMEM((2, TILE), jnp.float32)
+  own = [tile, tile, stats, stats, plgpu.Barrier(num_arrivals=copies, num_barriers=2)]
+  dq = _call(functools.partial(_q_tile_kernel, cfg=cfg, dtype=dtype, Hp=Hp, grad=True), cfg,
+             jax.ShapeDtypeStruct(q_BTNH.shape, dtype),
+             own + _q_side_scratch(cfg, (2, TILE)) + _kv_ring(cfg, dtype, Hp),
+             (N, Tp // (2 * TILE), B), ('h', 'q', 'b'),
+             (*main, *_side_for(cfg, side, cfg.block_k)))
+
+  if cfg.interpret:
+    # One kernel at a time: two interpreted kernels that XLA runs at once (dq and dk/dv do not
+    # depend on each other) deadlock in the interpreter's barriers (seen with 2 CPU threads).
+    dq, main = lax.optimization_barrier((dq, main))
+  steps = cfg.steps
+  ring = plgpu.SMEM((steps, TILE, Hp), dtype, transforms=_TILED)
+  ring_stats = plgpu.SMEM((steps, TILE), jnp.float32)
+  kv_copies = 2 + int(cfg.segments) + int(cfg.alibi)
+  own = [tile, tile, ring, ring, ring_stats, ring_stats,
+         plgpu.Barrier(num_arrivals=kv_copies, num_barriers=2),  # a warpgroup's K, V landed
+         plgpu.Barrier(num_arrivals=copies, num_barriers=steps),  # a query block landed
+         plgpu.Barrier(num_arrivals=2, num_barriers=steps)]  # both warpgroups are done with it
+  side_scratch = []
+  for use in (cfg.segments, cfg.alibi):  # the key tiles' ids, then the streamed queries'
+    side_scratch += [plgpu.SMEM((2, TILE), jnp.int32), plgpu.SMEM((steps, TILE), jnp.int32)] * use
+  kv_out = jax.ShapeDtypeStruct(k_BSKH.shape, dtype)
+  dk, dv = _call(functools.partial(_dkv_kernel, cfg=cfg, dtype=dtype, Hp=Hp), cfg,
+                 (kv_out, kv_out), own + side_scratch, (K, Sp // (2 * TILE), B),
+                 ('h', 'k', 'b'), (*main, *_side_for(cfg, side, TILE)))
+  return dq, dk, dv
+
+
+_flash = flash_vjp(_forward, _backward)
+
+
+def _prepare(q_BTNH, k_BSKH, v_BSKH, *, scale, causal, window, q_offset, q_segment_ids,
+             kv_segment_ids, alibi_slopes, q_positions, kv_positions, block_k, steps, interpret):
+  """Checked, padded inputs, the side inputs and the static config."""
   B, T, N, H = q_BTNH.shape
   _, S, K, _ = k_BSKH.shape
   check_inputs(q_BTNH, k_BSKH, v_BSKH, q_segment_ids, kv_segment_ids, window)
@@ -235,28 +449,66 @@ def flash_attention_forward(q_BTNH, k_BSKH, v_BSKH, *, scale: float, causal: boo
     interpret = jax.default_backend() != 'gpu'
   q_offset = S - T if q_offset is None else int(q_offset)
   bk = min(bk, round_up(S, 64))
-  Tp, Sp, Hp = round_up(T, 2 * BLOCK_Q), round_up(S, bk), round_up(H, HEAD_MULTIPLE)
+  if (q_segment_ids is not None or alibi_slopes is not None) and bk > 64:
+    # Known bug, cause not yet found: with key blocks over 64 rows, the TMA copies of a block's
+    # segment ids or positions ((block_k,) int32) never complete in the interpreter (jax 0.10.2)
+    # and the kernel hangs. 64-row blocks are correct (tests); the GPU is untested either way.
+    bk = 64
+  # Keys pad to whole forward blocks and whole pairs of the backward's 64-row key tiles.
+  Tp, Sp, Hp = round_up(T, 2 * TILE), round_up(S, math.lcm(bk, 2 * TILE)), round_up(
+      H, HEAD_MULTIPLE)
 
   segments, alibi = q_segment_ids is not None, alibi_slopes is not None
   if alibi:
     q_positions, kv_positions = default_positions(T, S, q_offset, q_positions, kv_positions)
-
-  def ids(x, length, padded):
-    return padded_ids(x, B, length, padded)
-
   side = []
   if segments:
-    q_ids, kv_ids = ids(q_segment_ids, T, Tp), ids(kv_segment_ids, S, Sp)
-    side += [q_ids, kv_ids, *block_min_max(q_ids, BLOCK_Q), *block_min_max(kv_ids, bk)]
+    side += [padded_ids(q_segment_ids, B, T, Tp), padded_ids(kv_segment_ids, B, S, Sp)]
   if alibi:
-    side += [ids(q_positions, T, Tp), ids(kv_positions, S, Sp),
+    side += [padded_ids(q_positions, B, T, Tp), padded_ids(kv_positions, B, S, Sp),
              jnp.asarray(alibi_slopes, jnp.float32)]
   cfg = _Cfg(scale=float(scale), causal=bool(causal), window=window, q_offset=q_offset,
              q_len=T, kv_len=S, groups=N // K, block_k=bk, steps=steps, segments=segments,
              alibi=alibi, interpret=bool(interpret), precision=None)
+  pad = lambda x, length: pad_to(pad_to(x, 1, length), 3, Hp)
+  return cfg, pad(q_BTNH, Tp), pad(k_BSKH, Sp), pad(v_BSKH, Sp), side
 
-  def pad(x, length):
-    return pad_to(pad_to(x, 1, length), 3, Hp)
 
-  o, lse = _forward(cfg, pad(q_BTNH, Tp), pad(k_BSKH, Sp), pad(v_BSKH, Sp), side)
+def flash_attention(q_BTNH, k_BSKH, v_BSKH, *, scale: float, causal: bool = True,
+                    window: int | None = None, q_offset: int | None = None, q_segment_ids=None,
+                    kv_segment_ids=None, alibi_slopes=None, q_positions=None, kv_positions=None,
+                    block_q: int | None = None, block_k: int | None = None,
+                    steps: int | None = None, interpret: bool | None = None):
+  """softmax(q kᵀ scale + alibi, masked) v with FlashAttention's backward (custom VJP).
+
+  The contract of pallas_kernels.flash_attention.flash_attention (masks, offset, GQA, ALiBi, a
+  query with no allowed key gives 0), for bfloat16 / float16 inputs (wgmma's). block_q: 64 or
+  None (a warpgroup's tile); block_k: key rows per forward / dq pipeline slot (a multiple of 64);
+  steps: slots in each ring (>= 2). interpret: run in JAX's Mosaic GPU interpreter (default: when
+  the backend is not a GPU).
+  """
+  if block_q not in (None, TILE):
+    raise ValueError(f'block_q must be {TILE} (a warpgroup tile) or None; got {block_q}')
+  T, H = q_BTNH.shape[1], q_BTNH.shape[3]
+  cfg, q, k, v, side = _prepare(
+      q_BTNH, k_BSKH, v_BSKH, scale=scale, causal=causal, window=window, q_offset=q_offset,
+      q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, alibi_slopes=alibi_slopes,
+      q_positions=q_positions, kv_positions=kv_positions, block_k=block_k, steps=steps,
+      interpret=interpret)
+  return _flash(cfg, q, k, v, side)[:, :T, :, :H]
+
+
+def flash_attention_forward(q_BTNH, k_BSKH, v_BSKH, *, scale: float, causal: bool = True,
+                            window: int | None = None, q_offset: int | None = None,
+                            q_segment_ids=None, kv_segment_ids=None, alibi_slopes=None,
+                            q_positions=None, kv_positions=None, block_k: int | None = None,
+                            steps: int | None = None, interpret: bool | None = None):
+  """(output, base-2 log-sum-exp [B, N, T]) of `flash_attention`, forward only."""
+  T, H = q_BTNH.shape[1], q_BTNH.shape[3]
+  cfg, q, k, v, side = _prepare(
+      q_BTNH, k_BSKH, v_BSKH, scale=scale, causal=causal, window=window, q_offset=q_offset,
+      q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, alibi_slopes=alibi_slopes,
+      q_positions=q_positions, kv_positions=kv_positions, block_k=block_k, steps=steps,
+      interpret=interpret)
+  o, lse = _forward(cfg, q, k, v, side)
   return o[:, :T, :, :H], lse[:, :, :T]

@@ -141,7 +141,7 @@ def test_unknown_impl_and_bad_grouping_are_refused():
   with pytest.raises(ValueError, match='multiple of key/value heads'):
     attention_ops.attend(q, k, v, mask=AttentionMask())
   q, k, v = _qkv(jax.random.key(0), 1, 2, 2, 2, 2, 4)
-  with pytest.raises(ValueError, match="allowed: auto, blockwise, cudnn, pallas, pallas_tpu, splash, xla"):
+  with pytest.raises(ValueError, match="allowed: auto, blockwise, cudnn, pallas, pallas_mgpu, pallas_tpu, splash, xla"):
     attention_ops.attend(q, k, v, mask=AttentionMask(), impl='flash')
 
 

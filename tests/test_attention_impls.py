@@ -343,6 +343,7 @@ def test_position_ordered_blockwise_skips_future_key_blocks(monkeypatch):
 @pytest.mark.parametrize('impl,q_len,want', [('pallas', 1, 'xla'), ('blockwise', 1, 'xla'),
                                              ('pallas', 8, 'blockwise'), ('xla', 8, 'xla'),
                                              ('pallas_tpu', 8, 'blockwise'), ('splash', 8, 'blockwise'),
+                                             ('pallas_mgpu', 8, 'blockwise'),
                                              ('blockwise', 8, 'blockwise'), ('cudnn', 8, 'cudnn')])
 def test_cached_impl(impl, q_len, want):
   assert attention_ops.cached_impl(impl, q_len) == want
@@ -379,6 +380,7 @@ def test_pallas_runs_the_kernel_of_the_backend():
   assert [attention_ops.pallas_kernel('pallas', b) for b in ('cpu', 'gpu', 'tpu')] == [
       'triton', 'triton', 'tpu']
   assert attention_ops.pallas_kernel('pallas_tpu', 'cpu') == 'tpu'
+  assert attention_ops.pallas_kernel('pallas_mgpu', 'cpu') == 'mgpu'
 
 
 @pytest.mark.parametrize('choices,message', [
@@ -395,6 +397,10 @@ def test_pallas_runs_the_kernel_of_the_backend():
     ('attn=pallas_tpu,model.attention.block_q=12', 'tiles q in multiples of 8'),
     ('pos=t5,attn=pallas_tpu', "position.kind='t5' is a learned relative bias"),
     ('attn=blockwise,model.attention.block_k=0', 'positive integer'),
+    ('attn=pallas_mgpu', "Mosaic GPU kernel \\(wgmma\\) runs in bfloat16/float16 but model.dtype="),
+    ('attn=pallas_mgpu,model.dtype=bfloat16,model.attention.block_q=128', '64 query rows'),
+    ('attn=pallas_mgpu,model.dtype=bfloat16,model.attention.block_k=96', 'multiples of 64'),
+    ('pos=t5,attn=pallas_mgpu,model.dtype=bfloat16', "position.kind='t5' is a learned relative"),
 ])
 def test_config_refuses_unsupported_combinations(choices, message):
   with pytest.raises(mllm.ConfigError, match=message) as err:
@@ -408,13 +414,21 @@ def test_splash_is_refused_on_a_gpu():
     mllm.config.check_backend(config.model, backend='gpu')
 
 
+def test_the_mosaic_gpu_kernel_is_refused_on_a_tpu():
+  config = tiny_config('attn=pallas_mgpu,model.dtype=bfloat16')
+  with pytest.raises(mllm.ConfigError, match='the Mosaic GPU kernel is for Hopper GPUs'):
+    mllm.config.check_backend(config.model, backend='tpu')
+  mllm.config.check_backend(config.model, backend='gpu')
+  mllm.config.check_backend(config.model, backend='cpu')  # interpreted, for tests
+
+
 def test_cudnn_is_refused_without_a_gpu():
   config = tiny_config('attn=cudnn,model.dtype=bfloat16')
   with pytest.raises(mllm.ConfigError, match="cuDNN needs a GPU, this machine's JAX backend is"):
     mllm.build_model(config, rngs=nnx.Rngs(0))
 
 
-@pytest.mark.parametrize('impl', ['pallas', 'pallas_tpu', 'splash', 'cudnn'])
+@pytest.mark.parametrize('impl', ['pallas', 'pallas_tpu', 'pallas_mgpu', 'splash', 'cudnn'])
 def test_kernels_refuse_learned_terms_at_call_time(impl):
   q = jnp.zeros((1, 8, 2, 16))
   with pytest.raises(ValueError, match="learned biases"):
@@ -438,6 +452,7 @@ MODEL_CASES = [
 
 def _model_logits_and_grads(choices, impl, tokens, segments, **overrides):
   blocks = {'blockwise': (16, 8), 'pallas': (16, 16), 'pallas_tpu': (16, 128), 'auto': (None, None),
+            'pallas_mgpu': (None, 64),
             'splash': (None, None), 'xla': (None, None)}
   config = tiny_config(choices, model__max_seq_len=48, model__attention__impl=impl,
                        model__attention__block_q=blocks[impl][0],
@@ -471,3 +486,45 @@ def test_whole_model_matches_xla(impl, choices, overrides):
   assert len(flat) == len(ref_flat)
   for got, want in zip(flat, ref_flat):
     assert relative_error(got, want) < 1e-4
+
+
+@pytest.mark.slow  # ~75 s: the interpreter runs 2 layers' forward, dq and dk/dv kernels
+def test_whole_model_with_the_mosaic_gpu_kernel_matches_xla_in_bfloat16():
+  """impl='pallas_mgpu' (interpreted here) in a bfloat16 model with ALiBi, a window and packed
+  documents: the logits and every gradient of 'xla' in bfloat16, to bfloat16's precision."""
+  tokens = jax.random.randint(jax.random.key(0), (2, 40), 0, 32)
+  segments = jnp.asarray(np.repeat([[0, 1, 2, 3], [0, 0, 1, 1]], 10, axis=1))
+  run = functools.partial(_model_logits_and_grads, 'pos=alibi,window=9', tokens=tokens,
+                          segments=segments, model__dtype='bfloat16')
+  (grads, logits), (ref_grads, ref_logits) = run(impl='pallas_mgpu'), run(impl='xla')
+  errors = [relative_error(logits, ref_logits)] + [
+      relative_error(got, want) for got, want in zip(jax.tree.leaves(grads),
+                                                     jax.tree.leaves(ref_grads))]
+  assert max(errors) < 3e-2, errors
+
+
+@pytest.mark.slow  # the interpreter's intermittent 2-core deadlock: test_pallas_mgpu_attention.py
+def test_pallas_mgpu_runs_the_mosaic_gpu_kernel_behind_the_attention_contract():
+  """The impl's wiring: AttentionMask (window, segments) and ALiBi reach the kernel (interpreted
+  here), and it agrees with 'xla' in bfloat16, output and gradients."""
+  B, T, N, H = 1, 80, 2, 32
+  rng = np.random.default_rng(0)
+  q, k, v, d_out = (jnp.asarray(rng.standard_normal((B, T, N, H)), jnp.bfloat16)
+                    for _ in range(4))
+  segments = jnp.asarray(np.repeat([[0, 1]], 40, axis=1))
+  positions = jnp.asarray(np.arange(T)[None])
+  mask = AttentionMask(window=17, q_segment_ids=segments, kv_segment_ids=segments)
+  bias = ScoreBias(alibi_slopes=jnp.asarray([0.5, 0.125]), q_positions=positions,
+                   kv_positions=positions)
+
+  # Under jit, as the kernel tests run it: eagerly, the interpreter's warpgroup threads can wait
+  # on each other's barriers with every XLA CPU thread taken (seen on 2 cores: a hang).
+  @functools.partial(jax.jit, static_argnums=0)
+  def out_and_grads(impl, q, k, v):
+    def f(q, k, v):
+      return attention_ops.attend(q, k, v, mask=mask, bias=bias, impl=impl)
+    out, vjp = jax.vjp(f, q, k, v)
+    return (out, *vjp(d_out))
+
+  for got, want in zip(out_and_grads('pallas_mgpu', q, k, v), out_and_grads('xla', q, k, v)):
+    assert relative_error(got, want) < 2e-2

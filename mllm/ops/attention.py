@@ -10,7 +10,8 @@ Implementations (`ATTENTION_IMPLS`): 'xla' materializes the scores (the referenc
 FlashAttention's online softmax in plain JAX (mllm/ops/blockwise.py, O(N) memory, any backend);
 'pallas' is mllm's flash-attention kernel for the backend (pallas_kernels/flash_attention.py,
 Triton; flash_attention_tpu.py on a TPU), 'pallas_tpu' the TPU one on any backend (interpreted off
-a TPU); 'cudnn' is cuDNN's fused kernel (GPU); 'auto' picks one per call (`choose_impl`).
+a TPU), 'pallas_mgpu' the Mosaic GPU (Hopper) one (flash_attention_mgpu.py; interpreted off a GPU);
+'cudnn' is cuDNN's fused kernel (GPU); 'auto' picks one per call (`choose_impl`).
 
 What an implementation needs to know about the mask and the positional terms comes in small
 objects, so the tiled implementations skip whole blocks and compute ALiBi in-kernel instead of
@@ -276,9 +277,10 @@ def refuse_biases(impl: str, bias, rel_values, dropout: bool, alibi: bool = Fals
 
 def pallas_kernel(impl: str, backend: str | None = None) -> str:
   """Which of mllm's Pallas kernels an impl runs: 'pallas' the one for this backend (Mosaic TPU
-  on a TPU, else Triton, interpreted on CPU); 'pallas_tpu' the TPU one anywhere."""
-  if impl == 'pallas_tpu':
-    return 'tpu'
+  on a TPU, else Triton, interpreted on CPU); 'pallas_tpu' the TPU one and 'pallas_mgpu' the
+  Mosaic GPU one anywhere."""
+  if impl in ('pallas_tpu', 'pallas_mgpu'):
+    return impl[len('pallas_'):]
   return 'tpu' if (backend or jax.default_backend()) == 'tpu' else 'triton'
 
 
@@ -287,10 +289,14 @@ def pallas_attention(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: Score
                      dropout_rng=None, block_q: int | None = None, block_k: int | None = None,
                      impl: str = 'pallas') -> jax.Array:
   """mllm's Pallas flash-attention kernel: pallas_kernels/flash_attention.py (Triton; interpreted
-  on CPU) or flash_attention_tpu.py (Mosaic TPU; interpreted off a TPU), by `pallas_kernel`."""
+  on CPU), flash_attention_tpu.py (Mosaic TPU; interpreted off a TPU) or flash_attention_mgpu.py
+  (Mosaic GPU; interpreted off a GPU), by `pallas_kernel`."""
   # noqa: PLC0415 below: importing Pallas is deferred until a kernel runs.
-  if pallas_kernel(impl) == 'tpu':
+  kernel = pallas_kernel(impl)
+  if kernel == 'tpu':
     from pallas_kernels.flash_attention_tpu import flash_attention  # noqa: PLC0415
+  elif kernel == 'mgpu':
+    from pallas_kernels.flash_attention_mgpu import flash_attention  # noqa: PLC0415
   else:
     from pallas_kernels.flash_attention import flash_attention  # noqa: PLC0415
   refuse_biases(impl, bias, rel_values, dropout_rate > 0.0 and dropout_rng is not None)
@@ -380,7 +386,7 @@ def splash_attention(q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
   return run(q_BTNH, k_BSKH, v_BSKH, **kwargs)
 
 
-PALLAS_IMPLS = ('pallas', 'pallas_tpu')  # mllm's own kernels: index-ordered masks, ALiBi only
+PALLAS_IMPLS = ('pallas', 'pallas_tpu', 'pallas_mgpu')  # mllm's own: index-ordered masks, ALiBi
 INDEX_ORDERED_IMPLS = (*PALLAS_IMPLS, 'splash')  # masks by index: a KV cache's chunk goes blockwise
 
 # name → implementation.
@@ -389,6 +395,7 @@ ATTENTION_IMPLS: dict[str, Callable[..., jax.Array]] = {
     'blockwise': blockwise_attention,
     'pallas': pallas_attention,
     'pallas_tpu': functools.partial(pallas_attention, impl='pallas_tpu'),
+    'pallas_mgpu': functools.partial(pallas_attention, impl='pallas_mgpu'),
     'splash': splash_attention,
     'cudnn': cudnn_attention,
     'auto': auto_attention,
