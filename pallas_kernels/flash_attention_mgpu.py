@@ -115,17 +115,37 @@ def _produce(lo, hi, steps, copy, done_bars):
       plgpu.barrier_wait(bar.at[lax.rem(j - lo, steps)])
 
 
+def _copy_tile(gmem, smem, indices, slot, bar):
+  """TMA copies of one tile's arrays, gmem[i].at[indices[i]] into smem[i].at[slot], each one
+  arrival on `bar`; an absent array (None) is skipped."""
+  for src, dst, index in zip(gmem, smem, indices):
+    if src is not None:
+      plgpu.copy_gmem_to_smem(src.at[index], dst.at[slot], bar)
+
+
+def _copy_query_tile(gmem, smem, slot, bar, b, h, rows):
+  """Q and, of dO, LSE, δ, segment ids and positions, those that exist (gmem / smem: 6-tuples;
+  [B, T, N, H] tiles, [B, N, T] row statistics, [B, T] ids)."""
+  tile, stats, ids = (b, rows, h), (b, h, rows), (b, rows)
+  _copy_tile(gmem, smem, (tile, tile, stats, stats, ids, ids), slot, bar)
+
+
+def _copy_key_tile(gmem, smem, slot, bar, b, kv_head, keys):
+  """K, V, segment ids and positions, those that exist (gmem / smem: 4-tuples)."""
+  tile, ids = (b, keys, kv_head), (b, keys)
+  _copy_tile(gmem, smem, (tile, tile, ids, ids), slot, bar)
+
+
 def _kv_producer(cfg, b, kv_head, lo, hi, k_ref, v_ref, kseg_ref, kpos_ref, k_s, v_s, kseg_s,
                  kpos_s, k_bar, v_bar, k_done, v_done):
   """Streams key blocks [lo, hi) of one KV head, their segment ids and positions with K."""
   def copy(j, slot):
     keys = pl.ds(j * cfg.block_k, cfg.block_k)
-    plgpu.copy_gmem_to_smem(k_ref.at[b, keys, kv_head], k_s.at[slot], k_bar.at[slot])
-    if cfg.segments:
-      plgpu.copy_gmem_to_smem(kseg_ref.at[b, keys], kseg_s.at[slot], k_bar.at[slot])
-    if cfg.alibi:
-      plgpu.copy_gmem_to_smem(kpos_ref.at[b, keys], kpos_s.at[slot], k_bar.at[slot])
-    plgpu.copy_gmem_to_smem(v_ref.at[b, keys, kv_head], v_s.at[slot], v_bar.at[slot])
+    # V has a barrier of its own: Q·Kᵀ starts before V lands.
+    _copy_key_tile((k_ref, None, kseg_ref, kpos_ref), (k_s, None, kseg_s, kpos_s), slot,
+                   k_bar.at[slot], b, kv_head, keys)
+    _copy_key_tile((None, v_ref, None, None), (None, v_s, None, None), slot, v_bar.at[slot], b,
+                   kv_head, keys)
 
   _produce(lo, hi, cfg.steps, copy, (k_done, v_done))
 
@@ -193,15 +213,8 @@ def _q_tile_kernel(*refs, cfg, dtype, Hp, grad):
     r0 = qb * bq
     my_lo, my_hi = _mine(wg, ranges)
     rows = pl.ds(r0, bq)
-    plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_s.at[wg], q_bar.at[wg])
-    if grad:
-      plgpu.copy_gmem_to_smem(do_ref.at[b, rows, h], do_s.at[wg], q_bar.at[wg])
-      plgpu.copy_gmem_to_smem(lse_ref.at[b, h, rows], lse_s.at[wg], q_bar.at[wg])
-      plgpu.copy_gmem_to_smem(delta_ref.at[b, h, rows], delta_s.at[wg], q_bar.at[wg])
-    if cfg.segments:
-      plgpu.copy_gmem_to_smem(qseg_ref.at[b, rows], qseg_s.at[wg], q_bar.at[wg])
-    if cfg.alibi:
-      plgpu.copy_gmem_to_smem(qpos_ref.at[b, rows], qpos_s.at[wg], q_bar.at[wg])
+    _copy_query_tile((q_ref, do_ref, lse_ref, delta_ref, qseg_ref, qpos_ref),
+                     (q_s, do_s, lse_s, delta_s, qseg_s, qpos_s), wg, q_bar.at[wg], b, h, rows)
     plgpu.barrier_wait(q_bar.at[wg])
     slope = slopes_ref[h] if cfg.alibi else None
     shape = (bq, bk)
@@ -287,12 +300,8 @@ def _dkv_kernel(*refs, cfg, dtype, Hp):
     kb = 2 * tile + wg
     keys = pl.ds(kb * bk, bk)
     my_lo, my_hi = _mine(wg, ranges)
-    plgpu.copy_gmem_to_smem(k_ref.at[b, keys, kv_head], k_s.at[wg], kv_bar.at[wg])
-    plgpu.copy_gmem_to_smem(v_ref.at[b, keys, kv_head], v_s.at[wg], kv_bar.at[wg])
-    if cfg.segments:
-      plgpu.copy_gmem_to_smem(kseg_ref.at[b, keys], kseg_s.at[wg], kv_bar.at[wg])
-    if cfg.alibi:
-      plgpu.copy_gmem_to_smem(kpos_ref.at[b, keys], kpos_s.at[wg], kv_bar.at[wg])
+    _copy_key_tile((k_ref, v_ref, kseg_ref, kpos_ref), (k_s, v_s, kseg_s, kpos_s), wg,
+                   kv_bar.at[wg], b, kv_head, keys)
     plgpu.barrier_wait(kv_bar.at[wg])
     shape = (bk, bq)  # transposed: keys are the rows
     j_st = kb * bk + lax.broadcasted_iota(jnp.int32, shape, 0)
@@ -343,14 +352,9 @@ def _dkv_kernel(*refs, cfg, dtype, Hp):
     def copy(n, slot):
       h = kv_head * cfg.groups + lax.div(n, n_q)
       rows = pl.ds((lo + lax.rem(n, n_q)) * bq, bq)
-      plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_s.at[slot], ready.at[slot])
-      plgpu.copy_gmem_to_smem(do_ref.at[b, rows, h], do_s.at[slot], ready.at[slot])
-      plgpu.copy_gmem_to_smem(lse_ref.at[b, h, rows], lse_s.at[slot], ready.at[slot])
-      plgpu.copy_gmem_to_smem(delta_ref.at[b, h, rows], delta_s.at[slot], ready.at[slot])
-      if cfg.segments:
-        plgpu.copy_gmem_to_smem(qseg_ref.at[b, rows], qseg_s.at[slot], ready.at[slot])
-      if cfg.alibi:
-        plgpu.copy_gmem_to_smem(qpos_ref.at[b, rows], qpos_s.at[slot], ready.at[slot])
+      _copy_query_tile((q_ref, do_ref, lse_ref, delta_ref, qseg_ref, qpos_ref),
+                       (q_s, do_s, lse_s, delta_s, qseg_s, qpos_s), slot, ready.at[slot], b, h,
+                       rows)
 
     _produce(0, n_q * cfg.groups, steps, copy, (done,))
 
