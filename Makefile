@@ -10,7 +10,7 @@ ARGS ?=
 # tests of one xdist_group (the training runs sharing a module fixture) on one worker.
 PYTEST_ARGS ?= -n 2 --dist loadgroup
 
-.PHONY: install train summary test test-slow ablate clean
+.PHONY: install train summary test test-slow test-tpu ablate clean
 
 # Re-created whenever pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -46,5 +46,18 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS) -m slow tests
 
+# Compile the TPU kernels and whole train steps for TPU v4/v5e/v5p/v6e with libtpu, on this host
+# (no TPU needed): a venv of its own, since libtpu makes JAX look for a TPU when it starts;
+# ALLOW_MULTIPLE_LIBTPU_LOAD lets both pytest workers load it; a compile-only client cannot read
+# the persistent compilation cache.
+TPU_VENV := .venv-tpu
+$(TPU_VENV)/.installed-stamp: pyproject.toml
+	test -x $(TPU_VENV)/bin/python || $(PYTHON) -m venv $(TPU_VENV)
+	$(TPU_VENV)/bin/python -m pip install --quiet -e '.[dev,tpu]'
+	touch $@
+
+test-tpu: $(TPU_VENV)/.installed-stamp
+	JAX_PLATFORMS=cpu ALLOW_MULTIPLE_LIBTPU_LOAD=1 JAX_ENABLE_COMPILATION_CACHE=false $(TPU_VENV)/bin/python -m pytest -q $(PYTEST_ARGS) -m tpu_compile tests
+
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) $(TPU_VENV) *.egg-info .pytest_cache

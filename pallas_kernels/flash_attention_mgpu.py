@@ -20,7 +20,10 @@ Interpret mode (CPU, tests): JAX's Mosaic GPU interpreter has no rule for a regi
 operand or `run_state` (jax 0.10.2 and 0.11.2), nor, in 0.10.2, for a transposed shared-memory
 operand. In interpret mode exactly the products are `jnp.dot`s on the same shared-memory tiles;
 everything else (TMA copies, barriers, warpgroups, masks, the softmax) is what the GPU runs. The
-hardware path is checked by lowering for CUDA on CPU (tests).
+hardware path is checked by lowering for CUDA on CPU (tests). The interpreter runs each warpgroup
+as a thread whose ops execute on XLA's CPU thread pool, one pool thread held by the kernel launch
+and one by each warpgroup blocked on a barrier: a pool of fewer than 4 threads (by default one per
+core) can deadlock, so interpret mode needs NPROC >= 4 set before JAX starts (`_check_pool`).
 Layout: q [B, T, N, H], k/v [B, S, K, H] (the caller's; TMA reads a head's rows with a stride).
 """
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -61,6 +65,22 @@ def _interpret_params():
   # Private in jax 0.10.2 and 0.11 alike (plgpu does not export it).
   from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams  # noqa: PLC0415
   return InterpretGPUParams()
+
+
+INTERPRETER_THREADS = 4  # the kernel launch + 3 warpgroups, each holding an XLA CPU pool thread
+
+
+def _check_pool():
+  """Refuse to interpret with an XLA CPU pool too small to run every warpgroup at once: XLA sizes
+  it by $NPROC, else by the cores this process may use, when JAX starts."""
+  nproc = os.environ.get('NPROC', '')
+  threads = int(nproc) if nproc.isdigit() else len(os.sched_getaffinity(0))
+  if threads < INTERPRETER_THREADS:
+    source = 'NPROC' if nproc.isdigit() else "this machine's cores"
+    raise RuntimeError(
+        f'the Mosaic GPU interpreter needs >= {INTERPRETER_THREADS} XLA CPU threads (the kernel '
+        f'launch and 3 warpgroups each hold one while they wait on barriers) but has {threads} '
+        f'({source}), and would deadlock; set NPROC=8 in the environment before JAX starts')
 
 
 def _union(r0, r1):
@@ -451,13 +471,10 @@ def _prepare(q_BTNH, k_BSKH, v_BSKH, *, scale, causal, window, q_offset, q_segme
     raise ValueError(f'block_k must be a multiple of 64 and steps >= 2; got {bk}, {steps}')
   if interpret is None:
     interpret = jax.default_backend() != 'gpu'
+  if interpret:
+    _check_pool()
   q_offset = S - T if q_offset is None else int(q_offset)
   bk = min(bk, round_up(S, 64))
-  if (q_segment_ids is not None or alibi_slopes is not None) and bk > 64:
-    # Known bug, cause not yet found: with key blocks over 64 rows, the TMA copies of a block's
-    # segment ids or positions ((block_k,) int32) never complete in the interpreter (jax 0.10.2)
-    # and the kernel hangs. 64-row blocks are correct (tests); the GPU is untested either way.
-    bk = 64
   # Keys pad to whole forward blocks and whole pairs of the backward's 64-row key tiles.
   Tp, Sp, Hp = round_up(T, 2 * TILE), round_up(S, math.lcm(bk, 2 * TILE)), round_up(
       H, HEAD_MULTIPLE)

@@ -14,6 +14,11 @@ os.environ.setdefault('JAX_COMPILATION_CACHE_DIR',
                       os.path.join(tempfile.gettempdir(), f'mllm-tests-jax-cache-{os.getuid()}'))
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.5')
 
+# XLA sizes its CPU thread pool by $NPROC, else one thread per core, when JAX starts. JAX's Mosaic
+# GPU interpreter holds one pool thread per warpgroup waiting on a barrier, plus the launch: on a
+# 2-core machine it deadlocks (pallas_kernels/flash_attention_mgpu.py refuses a pool under 4).
+os.environ.setdefault('NPROC', '8')
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = os.path.join(ROOT, 'configs', 'base.py')
 

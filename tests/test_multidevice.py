@@ -24,7 +24,7 @@ from mllm.train.state import setup
 from mllm.train.step import make_train_step, synthetic_batch
 
 assert jax.device_count() == 8, jax.devices()
-config = tiny_config(CHOICES, model__vocab_size=64, model__d_model=32, model__n_heads=4,
+config = tiny_config(CHOICES, model__vocab_size=64, **OVERRIDES, model__d_model=32, model__n_heads=4,
                      model__n_kv_heads=2, model__max_seq_len=32, data__seq_len=32,
                      data__batch_size=8, train__warmup_steps=1, train__steps=10,
                      model__dropout=0.1, model__scan_layers=SCAN)
@@ -36,6 +36,7 @@ for shape in MESHES:
   mesh = make_mesh({'data': 1, 'fsdp': 1, 'expert': 1, 'tensor': 1, **shape}, jax.devices()[:n])
   model, init = setup(config, mesh)
   step, state = make_train_step(model), init()
+  text = step.lower(state, global_batch(batches[0], mesh)).as_text()
   losses = []
   for b in batches:
     state, metrics = step(state, global_batch(b, mesh))
@@ -44,15 +45,16 @@ for shape in MESHES:
   specs = sorted({str(leaf.sharding.spec) for leaf in jax.tree.leaves(state['params'])})
   result[json.dumps(shape)] = {
       'losses': losses, 'params': [np.asarray(p).tolist() for p in jax.tree.leaves(params)],
-      'specs': specs}
+      'specs': specs, 'per_shard': 'manual_computation' in text or 'FullToShard' in text}
 print('RESULT' + json.dumps(result))
 '''
 
 
-def run(meshes: list[dict], scan: bool = False, choices: str = '') -> dict:
+def run(meshes: list[dict], scan: bool = False, choices: str = '', **overrides) -> dict:
   env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='--xla_force_host_platform_device_count=8')
   code = (SCRIPT.replace('ROOT', repr(os.path.join(ROOT, 'tests'))).replace('SCAN', str(scan))
-          .replace('MESHES', repr(meshes)).replace('CHOICES', repr(choices)))
+          .replace('MESHES', repr(meshes)).replace('CHOICES', repr(choices))
+          .replace('OVERRIDES', repr(overrides)))
   proc = subprocess.run([sys.executable, '-c', code], cwd=ROOT, env=env, capture_output=True,
                         text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -90,3 +92,12 @@ def test_expert_parallel_meshes_match_one_device():
   # Adam divides by √v: where a gradient is ~0, float32 reassociation of the sharded sums moves
   # an update by a small fraction of the learning rate (3e-3); one weight in 11,264 by 4e-6.
   assert_matches_one_device(result, atol=1e-5)
+
+
+def test_kernels_run_per_shard_and_match_one_device():
+  """A Pallas kernel is a custom call XLA cannot split: on a mesh it runs per device under
+  shard_map (batch over data, heads and ALiBi slopes over tensor), packed documents included."""
+  result = run([{}, {'data': 2, 'tensor': 2}], choices='pos=alibi,attn=pallas',
+               data__document_mask=True)
+  assert not result['{}']['per_shard'] and result['{"data": 2, "tensor": 2}']['per_shard']
+  assert_matches_one_device(result)

@@ -20,8 +20,8 @@ from test_pallas_attention import make_inputs, must_skip_blocks, reference, rel_
 from pallas_kernels import flash_attention_mgpu as fm
 
 
-def mgpu_case(name, *, unit=2, B=1, slow=False, **kw):
-  p = case(name, dtype='bfloat16', blocks=(fm.TILE, 64), **kw)
+def mgpu_case(name, *, unit=2, B=1, slow=False, block_k=64, **kw):
+  p = case(name, dtype='bfloat16', blocks=(fm.TILE, block_k), **kw)
   return pytest.param({**p.values[0], 'unit': unit, 'B': B}, id=name,
                       marks=[pytest.mark.slow] if slow else [])
 
@@ -36,13 +36,12 @@ CASES = [
               shape='mid_q', explicit_offset=True, expect_skip=True),
     mgpu_case('packed-docs-alibi-window-h80', G=2, H=80, window=40, segments='packed',
               alibi=True),
+    # 128-key blocks with side inputs: this hung on a 2-thread XLA CPU pool (tests/conftest.py).
+    mgpu_case('packed-docs-alibi-bk128', unit=4, G=2, H=64, segments='packed', alibi=True,
+              block_k=128),
 ]
 
 
-# -m slow: on this 2-core machine the interpreter sometimes deadlocks running the three kernels of
-# a forward + backward (its warpgroup threads wait on barriers inside XLA host callbacks, and the
-# thread that would arrive never gets an XLA CPU thread); the same cases pass when it does not.
-@pytest.mark.slow
 @pytest.mark.parametrize('p', CASES)
 def test_output_and_gradients_match_float64_reference(p, request):
   """flash_attention with its custom VJP: the forward, dq and dk/dv kernels."""
@@ -50,7 +49,7 @@ def test_output_and_gradients_match_float64_reference(p, request):
                           unit=p['unit'], B=p['B'])
 
 
-@pytest.mark.parametrize('p', CASES[:1] + CASES[2:3])
+@pytest.mark.parametrize('p', CASES[:1] + CASES[2:3] + CASES[4:])
 def test_forward_alone_matches_float64_reference(p, request):
   x = make_inputs(p, sum(map(ord, request.node.callspec.id)), p['unit'], p['B'])
   B, T, N, H = x['q'].shape
@@ -102,6 +101,14 @@ def test_lowers_for_cuda(extras):
   text = jax.jit(fwd_bwd).trace(q, kv, kv, ids_q, ids_kv).lower(
       lowering_platforms=('cuda',)).as_text()
   assert text.count('mosaic_gpu') >= 3  # the forward, dq and dk/dv kernels
+
+
+def test_interpreting_on_a_small_cpu_pool_is_refused(monkeypatch):
+  """A pool of fewer than 4 XLA CPU threads would deadlock the interpreter: a one-line error."""
+  q = jnp.zeros((1, 64, 1, 64), jnp.bfloat16)
+  monkeypatch.setenv('NPROC', '3')
+  with pytest.raises(RuntimeError, match='needs >= 4 XLA CPU threads .* has 3 .*NPROC=8'):
+    fm.flash_attention_forward(q, q, q, scale=1.0, interpret=True)
 
 
 def test_inputs_are_checked():

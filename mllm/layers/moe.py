@@ -33,6 +33,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mllm.layers.ffn import FFNS, hidden_dim
+from mllm.ops import mesh as on_mesh
 
 ROUTERS = ('softmax', 'sigmoid')
 DISPATCHES = ('capacity', 'dropless')
@@ -207,6 +208,12 @@ def grouped_matmul(x_SD: jax.Array, w_EDF: jax.Array, group_sizes_E: jax.Array,
   if impl != 'megablox':
     raise ValueError(f'unknown grouped matmul {impl!r}; allowed: {", ".join(GROUPED_MATMULS)}')
   from jax.experimental.pallas.ops.tpu.megablox import gmm  # noqa: PLC0415 (TPU kernel)
+  mesh = on_mesh.current_mesh()
+  if mesh is not None and mesh.size > 1:
+    # gmm is an opaque kernel XLA cannot split, and the rows are sorted by expert over the whole
+    # batch: splitting needs the whole dispatch under shard_map (not written yet).
+    raise ValueError(f"moe.grouped_matmul='megablox' runs on one device, but the mesh has "
+                     f"{mesh.size}; use 'ragged_dot' on a mesh")
   rows, d_in = x_SD.shape
   tile_m = min(128, rows)
   pad = -rows % tile_m
@@ -214,7 +221,7 @@ def grouped_matmul(x_SD: jax.Array, w_EDF: jax.Array, group_sizes_E: jax.Array,
   sizes = group_sizes_E.astype(jnp.int32).at[-1].add(pad)
   tiling = (tile_m, min(128, d_in), min(128, w_EDF.shape[-1]))
   out = gmm(x_padded, w_EDF, sizes, x_SD.dtype, tiling, None, None, False,
-            jax.default_backend() != 'tpu')
+            on_mesh.backend() != 'tpu')
   return out[:rows]
 
 
@@ -404,7 +411,7 @@ def resolve_dispatch(dispatch: str, backend: str | None = None) -> str:
   dropless on accelerators."""
   if dispatch != 'auto':
     return dispatch
-  return 'capacity' if (backend or jax.default_backend()) == 'cpu' else 'dropless'
+  return 'capacity' if (backend or on_mesh.backend()) == 'cpu' else 'dropless'
 
 
 def moe_metrics(stats: dict[str, jax.Array], top_k: int, convention: str) -> dict[str, jax.Array]:

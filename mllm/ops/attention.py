@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from mllm.ops import mesh as on_mesh
 from mllm.ops.blockwise import blockwise_attention
 from pallas_kernels.block_ranges import MASK_VALUE, visible  # noqa: F401 (MASK_VALUE re-exported)
 
@@ -281,7 +282,7 @@ def pallas_kernel(impl: str, backend: str | None = None) -> str:
   Mosaic GPU one anywhere."""
   if impl in ('pallas_tpu', 'pallas_mgpu'):
     return impl[len('pallas_'):]
-  return 'tpu' if (backend or jax.default_backend()) == 'tpu' else 'triton'
+  return 'tpu' if (backend or on_mesh.backend()) == 'tpu' else 'triton'
 
 
 def pallas_attention(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: ScoreBias | None,
@@ -293,6 +294,8 @@ def pallas_attention(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: Score
   (Mosaic GPU; interpreted off a GPU), by `pallas_kernel`."""
   # noqa: PLC0415 below: importing Pallas is deferred until a kernel runs.
   kernel = pallas_kernel(impl)
+  # Interpreted off the kernel's hardware, judged by the devices the code is traced for.
+  interpret = on_mesh.backend() != ('tpu' if kernel == 'tpu' else 'gpu')
   if kernel == 'tpu':
     from pallas_kernels.flash_attention_tpu import flash_attention  # noqa: PLC0415
   elif kernel == 'mgpu':
@@ -307,7 +310,8 @@ def pallas_attention(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: Score
       q_offset=mask.static_offset(T, S, impl), q_segment_ids=mask.q_segment_ids,
       kv_segment_ids=mask.kv_segment_ids, alibi_slopes=bias.alibi_slopes if alibi else None,
       q_positions=bias.q_positions if alibi else None,
-      kv_positions=bias.kv_positions if alibi else None, block_q=block_q, block_k=block_k)
+      kv_positions=bias.kv_positions if alibi else None, block_q=block_q, block_k=block_k,
+      interpret=interpret)
 
 
 def cudnn_attention(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: ScoreBias | None,
@@ -362,7 +366,7 @@ def choose_impl(q_BTNH, k_BSKH, *, bias: ScoreBias | None, rel_values: RelativeV
   BLOCKWISE_FROM keys and 'blockwise' from there. mllm's GPU kernels are not picked until they
   have been measured on a GPU.
   """
-  backend = backend or jax.default_backend()
+  backend = backend or on_mesh.backend()
   learned = rel_values is not None or dropout or (bias is not None and bias.dense is not None)
   alibi = bias is not None and bias.alibi_slopes is not None
   if (backend == 'gpu' and not learned and not alibi
@@ -377,7 +381,32 @@ def auto_attention(q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
   dropout = kwargs.get('dropout_rate', 0.0) > 0.0 and kwargs.get('dropout_rng') is not None
   impl = choose_impl(q_BTNH, k_BSKH, bias=kwargs.get('bias'), rel_values=kwargs.get('rel_values'),
                      dropout=dropout)
-  return ATTENTION_IMPLS[impl](q_BTNH, k_BSKH, v_BSKH, **kwargs)
+  return run_impl(impl, q_BTNH, k_BSKH, v_BSKH, **kwargs)
+
+
+def run_impl(impl: str, q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
+  """ATTENTION_IMPLS[impl](...), a kernel impl run on each device's shard of the batch and heads
+  when the mesh in context has several devices (mllm/ops/mesh.py: XLA cannot split a kernel)."""
+  if impl not in KERNEL_IMPLS:
+    return ATTENTION_IMPLS[impl](q_BTNH, k_BSKH, v_BSKH, **kwargs)
+  mask, bias = kwargs.pop('mask'), kwargs.pop('bias')
+  B = q_BTNH.shape[0]
+  b, h = on_mesh.split_axes(B, (q_BTNH.shape[2], k_BSKH.shape[2]))
+  rows = lambda x: on_mesh.P(b if x.ndim and x.shape[0] == B else None)  # [B, ...] or shared
+  # A Python-int offset stays static (the kernels skip blocks with it); arrays are split by row.
+  static_offset = None if isinstance(mask.q_offset, jax.Array) else mask.q_offset
+  mask = mask.replace(q_offset=None) if static_offset is not None else mask
+  mask_specs = jax.tree.map(rows, mask)
+  bias_specs = None if bias is None else jax.tree.map(rows, bias).replace(
+      alibi_slopes=None if bias.alibi_slopes is None else on_mesh.P(h))
+  heads = on_mesh.P(b, None, h, None)
+
+  def kernel(q, k, v, mask, bias):
+    if static_offset is not None:
+      mask = mask.replace(q_offset=static_offset)
+    return ATTENTION_IMPLS[impl](q, k, v, mask=mask, bias=bias, **kwargs)
+  return on_mesh.per_shard(kernel, (q_BTNH, k_BSKH, v_BSKH, mask, bias),
+                           (heads, heads, heads, mask_specs, bias_specs), heads)
 
 
 def splash_attention(q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
@@ -388,6 +417,7 @@ def splash_attention(q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
 
 PALLAS_IMPLS = ('pallas', 'pallas_tpu', 'pallas_mgpu')  # mllm's own: index-ordered masks, ALiBi
 INDEX_ORDERED_IMPLS = (*PALLAS_IMPLS, 'splash')  # masks by index: a KV cache's chunk goes blockwise
+KERNEL_IMPLS = (*PALLAS_IMPLS, 'splash')  # opaque custom calls: run per shard on a mesh
 
 # name → implementation.
 ATTENTION_IMPLS: dict[str, Callable[..., jax.Array]] = {
@@ -431,6 +461,6 @@ def attend(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: ScoreBias | Non
     scale = q_BTNH.shape[-1] ** -0.5
   if mask.kv_positions is not None:
     impl = cached_impl(impl, q_BTNH.shape[1])
-  return ATTENTION_IMPLS[impl](q_BTNH, k_BSKH, v_BSKH, mask=mask, bias=bias, rel_values=rel_values,
-                               scale=scale, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
-                               block_q=block_q, block_k=block_k)
+  return run_impl(impl, q_BTNH, k_BSKH, v_BSKH, mask=mask, bias=bias, rel_values=rel_values,
+                  scale=scale, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
+                  block_q=block_q, block_k=block_k)

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from mllm.ops import mesh as on_mesh
 from pallas_kernels.block_ranges import visible
 from pallas_kernels.common import pad_to, round_up
 
@@ -91,7 +92,7 @@ def splash_attention(q_BTNH, k_BSKH, v_BSKH, *, mask, bias, rel_values, scale: f
       raise ValueError(f'splash {name} must be a multiple of {BLOCK}, got {b}')
   Tp, Sp = round_up(T, bq), round_up(S, bk)
   if interpret is None:
-    interpret = jax.default_backend() != 'tpu'
+    interpret = on_mesh.backend() != 'tpu'
   kernel = _kernel(N, Tp, Sp, mask.causal, mask.window, offset, bq, bk, bool(interpret))
 
   def head_major(x, length):  # [B, L, heads, H] -> [B, heads, Lp, H]

@@ -19,12 +19,13 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from mllm.config import MESH_AXES, ConfigError
+from mllm.ops.mesh import BATCH_AXES, HEADS_AXIS
 
 LOGICAL_RULES: dict[str, str | None] = {
     'embed': 'fsdp',
     'vocab': 'tensor',
-    'heads': 'tensor',
-    'kv_heads': 'tensor',
+    'heads': HEADS_AXIS,
+    'kv_heads': HEADS_AXIS,
     'mlp': 'tensor',
     'expert': 'expert',
     'head_dim': None,
@@ -32,7 +33,6 @@ LOGICAL_RULES: dict[str, str | None] = {
     'positions': None,
     'relpos_buckets': None,
 }
-BATCH_AXES = ('data', 'fsdp', 'expert')
 
 
 def mesh_shape(mesh_cfg, n_devices: int) -> tuple[int, ...]:

@@ -18,6 +18,7 @@ from flax import nnx
 from mllm.config import check_expert_axis
 from mllm.layers.moe import ExpertBias
 from mllm.model import build_model
+from mllm.ops.mesh import traced_on
 from mllm.train.optimizer import make_optimizer
 from mllm.train.sharding import param_shardings, replicated
 
@@ -73,7 +74,8 @@ def abstract_state(config) -> TrainState:
 
 def setup(config, mesh) -> tuple[Model, Callable[[], TrainState]]:
   """Structure, optimizer and shardings of a run; returns it with a jitted initializer."""
-  abstract_model, tx, schedule, init = _parts(config)
+  with traced_on(mesh):  # choices made at construction (MoE dispatch) are for the mesh's devices
+    abstract_model, tx, schedule, init = _parts(config)
   if 'expert' in mesh.shape:
     check_expert_axis(config.model, mesh.shape['expert'])  # a -1 axis is known only now
   graphdef = nnx.split(abstract_model, SAVED, ...)[0]

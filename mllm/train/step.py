@@ -16,12 +16,18 @@ from flax import nnx
 
 from mllm.config import moe_layers
 from mllm.layers.moe import balancing_objective, moe_metrics, update_expert_biases
+from mllm.ops.mesh import traced_on
 from mllm.train.sharding import batch_sharding, replicated
 from mllm.train.state import Model, TrainState, split_trained
 
 
 def _forward(model: Model, params, batch, dropout_key=None):
   """(per-token losses × loss_mask [B, T], the MoE layers' routing statistics; {} if dense)."""
+  with traced_on(model.mesh):  # kernels choose for, and split over, the step's devices
+    return _forward_on_mesh(model, params, batch, dropout_key)
+
+
+def _forward_on_mesh(model: Model, params, batch, dropout_key):
   net = model.merge(params)
   if dropout_key is not None:
     nnx.reseed(net, dropout=dropout_key, policy='match_shape')
