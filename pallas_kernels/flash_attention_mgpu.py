@@ -433,8 +433,8 @@ def _backward(cfg, q_BTNH, k_BSKH, v_BSKH, side, o_BTNH, lse_BNT, do_BTNH):
              (*main, *_side_for(cfg, side, cfg.block_k)))
 
   if cfg.interpret:
-    # One kernel at a time: two interpreted kernels that XLA runs at once (dq and dk/dv do not
-    # depend on each other) deadlock in the interpreter's barriers (seen with 2 CPU threads).
+    # One kernel at a time: dq and dk/dv do not depend on each other, and run at once they would
+    # hold 8 of XLA's CPU pool threads (`_check_pool` asks for the 4 that one kernel needs).
     dq, main = lax.optimization_barrier((dq, main))
   steps = cfg.steps
   ring = plgpu.SMEM((steps, TILE, Hp), dtype, transforms=_TILED)

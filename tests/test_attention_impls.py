@@ -503,7 +503,6 @@ def test_whole_model_with_the_mosaic_gpu_kernel_matches_xla_in_bfloat16():
   assert max(errors) < 3e-2, errors
 
 
-@pytest.mark.slow  # the interpreter's intermittent 2-core deadlock: test_pallas_mgpu_attention.py
 def test_pallas_mgpu_runs_the_mosaic_gpu_kernel_behind_the_attention_contract():
   """The impl's wiring: AttentionMask (window, segments) and ALiBi reach the kernel (interpreted
   here), and it agrees with 'xla' in bfloat16, output and gradients."""
@@ -517,8 +516,6 @@ def test_pallas_mgpu_runs_the_mosaic_gpu_kernel_behind_the_attention_contract():
   bias = ScoreBias(alibi_slopes=jnp.asarray([0.5, 0.125]), q_positions=positions,
                    kv_positions=positions)
 
-  # Under jit, as the kernel tests run it: eagerly, the interpreter's warpgroup threads can wait
-  # on each other's barriers with every XLA CPU thread taken (seen on 2 cores: a hang).
   @functools.partial(jax.jit, static_argnums=0)
   def out_and_grads(impl, q, k, v):
     def f(q, k, v):
