@@ -45,6 +45,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   attention.softmax_scale = placeholder(float)  # None: 1 / sqrt(head_dim)
   attention.dropout = 0.0
   attention.use_bias = False  # biases on the q, k, v and output projections (GPT-2)
+  attention.qkv_bias = False  # biases on q, k and v only (Qwen2); use_bias includes them
 
   position = model.position = config_dict.ConfigDict()
   position.kind = 'rope'  # none | learned | sinusoidal | shaw | t5 | rope | alibi
@@ -62,7 +63,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   position.shaw_max_distance = 16  # clipping distance k
 
   ffn = model.ffn = config_dict.ConfigDict()
-  ffn.kind = 'swiglu'  # relu | gelu | swish | glu | bilinear | geglu | swiglu | reglu | moe
+  ffn.kind = 'swiglu'  # relu | gelu | gelu_tanh | swish | glu | bilinear | geglu | swiglu | reglu | moe
   ffn.d_ff = placeholder(int)  # None: 4 * d_model
   ffn.match_params = True  # gated FFNs: d_ff * 2/3, so parameters match the ungated FFN
   ffn.multiple_of = 8

@@ -220,7 +220,7 @@ OPTIONAL_KEYS = ('head_dim', 'attention.sliding_window', 'attention.softmax_scal
                  'position.rope_original_max_len', 'ffn.d_ff', 'norm.use_bias',
                  'moe.expert_d_ff', 'moe.shared_d_ff')
 BOOL_KEYS = ('tie_embeddings', 'depth_scaled_init', 'scan_layers', 'attention.qk_norm',
-             'attention.use_bias', 'ffn.match_params', 'ffn.use_bias', 'norm.fp32',
+             'attention.use_bias', 'attention.qkv_bias', 'ffn.match_params', 'ffn.use_bias', 'norm.fp32',
              'norm.final_norm', 'norm.use_bias', 'moe.renormalize', 'moe.expert_bias',
              'moe.force_uniform_routing')
 

@@ -29,8 +29,10 @@ class Attention(nnx.Module):
     out_init = nnx.initializers.normal(out_projection_std(cfg))
 
     def proj(spec, kernel_shape, axes, kernel_init):
-      bias_shape = kernel_shape[-2:] if spec.endswith('btnh') else kernel_shape[-1:]
-      return nnx.Einsum(spec, kernel_shape, bias_shape if acfg.use_bias else None, dtype=dtype,
+      into_heads = spec.endswith('btnh')  # q, k, v (Qwen2's qkv_bias) rather than the output
+      bias_shape = kernel_shape[-2:] if into_heads else kernel_shape[-1:]
+      bias = acfg.use_bias or (into_heads and acfg.qkv_bias)
+      return nnx.Einsum(spec, kernel_shape, bias_shape if bias else None, dtype=dtype,
                         param_dtype=param_dtype, kernel_init=kernel_init, rngs=rngs,
                         kernel_metadata={'logical_axes': axes},
                         bias_metadata={'logical_axes': axes[-(len(bias_shape)):]})

@@ -15,6 +15,7 @@ from flax import nnx
 
 # GELU here is the exact x·Φ(x) (Hendrycks & Gimpel 2016), as in Shazeer's table; GPT-2 used tanh.
 gelu = functools.partial(jax.nn.gelu, approximate=False)
+gelu_tanh = functools.partial(jax.nn.gelu, approximate=True)  # GPT-2's "gelu_new"
 
 
 def _linear(d_in, d_out, axes, *, use_bias, std, dtype, param_dtype, rngs):
@@ -124,6 +125,11 @@ class GELU(MLP):
   activation = staticmethod(gelu)
 
 
+class GELUTanh(MLP):
+  """FFN_GELU with GELU's tanh approximation (Hendrycks & Gimpel 2016, sec. 2; GPT-2)."""
+  activation = staticmethod(gelu_tanh)
+
+
 class Swish(MLP):
   """FFN_Swish with β = 1, i.e. SiLU (Shazeer 2020, eq. 3)."""
   activation = staticmethod(jax.nn.silu)
@@ -155,7 +161,7 @@ class ReGLU(GatedMLP):
 
 
 FFNS: dict[str, type[nnx.Module]] = {
-    'relu': ReLU, 'gelu': GELU, 'swish': Swish,
+    'relu': ReLU, 'gelu': GELU, 'gelu_tanh': GELUTanh, 'swish': Swish,
     'glu': GLU, 'bilinear': Bilinear, 'geglu': GEGLU, 'swiglu': SwiGLU, 'reglu': ReGLU,
 }
 

@@ -1,0 +1,1 @@
+"""Checkpoint formats of other tools: Hugging Face transformers (`mllm.interop.hf`)."""

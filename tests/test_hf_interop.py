@@ -1,0 +1,175 @@
+"""mllm.interop.hf against transformers: tiny random checkpoints of each family with transformers'
+own float32 eager logits and greedy continuations (tests/fixtures/make_hf_fixtures.py wrote
+them; these tests need no torch).
+
+Llama (plain, and with Llama 3 RoPE scaling), Mistral (a 64-token window under a 224-token
+prompt), Qwen2 (q/k/v biases, tied), Qwen3 (QK-norm, head_dim ≠ d_model / heads) and GPT-2
+(learned positions, LayerNorm, tanh GELU, Conv1D weights).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mllm.generate import generate_tokens
+from mllm.interop import hf
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'fixtures', 'hf')
+FAMILIES = ['llama', 'llama3-scaled', 'mistral', 'qwen2', 'qwen3', 'gpt2']
+
+
+def reference(family):
+  return np.load(os.path.join(FIXTURES, family, 'reference.npz'))
+
+
+def logits_of(model, ids):
+  out = model(jnp.asarray(ids))
+  return np.asarray(out[0] if isinstance(out, tuple) else out)
+
+
+@pytest.fixture(scope='module')
+def imported():
+  cache = {}
+
+  def get(family, path=None):
+    if path is not None:
+      return hf.from_hf(path)
+    if family not in cache:
+      cache[family] = hf.from_hf(os.path.join(FIXTURES, family))
+    return cache[family]
+  return get
+
+
+@pytest.mark.parametrize('family', FAMILIES)
+def test_logits_match_transformers(family, imported):
+  _, model = imported(family)
+  ref = reference(family)
+  for which in ('long', 'short'):
+    got, want = logits_of(model, ref[f'{which}_ids']), ref[f'logits_{which}']
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0, err_msg=f'{family} {which}')
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+
+
+@pytest.mark.parametrize('family', FAMILIES)
+def test_greedy_generation_with_the_kv_cache_matches_transformers(family, imported):
+  _, model = imported(family)
+  ref = reference(family)
+  prompts, want = ref['short_ids'], ref['greedy'][:, ref['short_ids'].shape[1]:]
+  got = generate_tokens(model, [list(map(int, p)) for p in prompts],
+                        max_new_tokens=want.shape[1])
+  assert np.array_equal(np.asarray(got), want)
+
+
+@pytest.mark.parametrize('family,keys', [
+    ('qwen3', {'model.attention.qk_norm': True, 'model.head_dim': 32, 'model.n_kv_heads': 2,
+               'model.tie_embeddings': True}),
+    ('qwen2', {'model.attention.qkv_bias': True, 'model.attention.use_bias': False}),
+    ('mistral', {'model.attention.sliding_window': 64}),
+    ('llama3-scaled', {'model.position.rope_scaling': 'llama3',
+                       'model.position.rope_original_max_len': 64,
+                       'model.position.rope_scaling_factor': 8.0}),
+    ('gpt2', {'model.position.kind': 'learned', 'model.ffn.kind': 'gelu_tanh',
+              'model.norm.kind': 'layernorm', 'model.ffn.d_ff': 256}),
+])
+def test_config_fields_map(family, keys, imported):
+  config, _ = imported(family)
+  for key, value in keys.items():
+    node = config
+    for part in key.split('.'):
+      node = node[part]
+    assert node == value, key
+
+
+def write_copy(tmp_path, family, edit_config=None, edit_weights=None, shards=1):
+  """A copy of a fixture folder with its config.json and/or weights edited."""
+  from safetensors.numpy import load_file, save_file
+  folder = tmp_path / family
+  shutil.copytree(os.path.join(FIXTURES, family), folder)
+  with open(folder / 'config.json') as f:
+    config = json.load(f)
+  if edit_config:
+    edit_config(config)
+  with open(folder / 'config.json', 'w') as f:
+    json.dump(config, f)
+  weights = load_file(str(folder / 'model.safetensors'))
+  if edit_weights:
+    weights = edit_weights(weights)
+  os.remove(folder / 'model.safetensors')
+  if shards == 1:
+    save_file(weights, str(folder / 'model.safetensors'), metadata={'format': 'pt'})
+  else:
+    names = sorted(weights)
+    weight_map = {}
+    for s in range(shards):
+      file = f'model-{s + 1:05d}-of-{shards:05d}.safetensors'
+      part = {n: weights[n] for n in names[s::shards]}
+      save_file(part, str(folder / file), metadata={'format': 'pt'})
+      weight_map.update({n: file for n in part})
+    with open(folder / 'model.safetensors.index.json', 'w') as f:
+      json.dump({'metadata': {}, 'weight_map': weight_map}, f)
+  return str(folder)
+
+
+def test_a_sharded_checkpoint_loads_the_same(tmp_path, imported):
+  path = write_copy(tmp_path, 'qwen3', shards=3)
+  assert not os.path.exists(os.path.join(path, 'model.safetensors'))
+  _, model = imported(None, path)
+  ref = reference('qwen3')
+  np.testing.assert_allclose(logits_of(model, ref['short_ids']), ref['logits_short'], atol=1e-4)
+
+
+def test_a_bfloat16_checkpoint_loads_its_values_exactly(tmp_path, imported):
+  import ml_dtypes
+  path = write_copy(tmp_path, 'llama', edit_weights=lambda w: {
+      k: v.astype(ml_dtypes.bfloat16) for k, v in w.items()})
+  _, model = imported(None, path)
+  _, f32 = imported('llama')
+  got = np.asarray(model.blocks[1].attention.query.kernel[...])
+  want = np.asarray(f32.blocks[1].attention.query.kernel[...])
+  assert got.dtype == np.float32 and not np.array_equal(got, want)
+  np.testing.assert_array_equal(got, want.astype(ml_dtypes.bfloat16).astype(np.float32))
+
+
+def test_transformers_4_rope_fields_give_the_same_config(tmp_path, imported):
+  """Checkpoints saved before transformers 5 spell RoPE as rope_theta + rope_scaling."""
+  def to_v4(config):
+    params = config.pop('rope_parameters')
+    config['rope_theta'] = params.pop('rope_theta')
+    config['rope_scaling'] = params
+  config, _ = imported(None, write_copy(tmp_path, 'llama3-scaled', edit_config=to_v4))
+  assert config.model.to_dict() == imported('llama3-scaled')[0].model.to_dict()
+
+
+@pytest.mark.parametrize('edit,message', [
+    (lambda c: c.update(model_type='falcon'), r"model_type='falcon'.*allowed: llama, mistral"),
+    (lambda c: c.update(hidden_act='gelu'), r"hidden_act='gelu'.*allowed: 'silu'"),
+    (lambda c: c['rope_parameters'].update(rope_type='dynamic'), r"rope_type='dynamic'"),
+    (lambda c: c.update(pretraining_tp=2), r'pretraining_tp=2'),
+])
+def test_unsupported_config_fields_are_refused(tmp_path, edit, message):
+  with pytest.raises(hf.HFImportError, match=message):
+    hf.from_hf(write_copy(tmp_path, 'llama', edit_config=edit))
+
+
+def test_missing_and_extra_weights_are_refused(tmp_path):
+  def drop(w):
+    w = dict(w)
+    del w['model.layers.1.mlp.up_proj.weight']
+    return w
+  with pytest.raises(hf.HFImportError, match=r"no weight 'model.layers.1.mlp.up_proj.weight'"):
+    hf.from_hf(write_copy(tmp_path, 'llama', edit_weights=drop))
+  extra = lambda w: {**w, 'model.layers.0.mlp.extra.weight': np.zeros(3, np.float32)}  # noqa
+  with pytest.raises(hf.HFImportError, match='weights mllm does not use: model.layers.0.mlp.extra'):
+    hf.from_hf(write_copy(tmp_path / 'x', 'llama', edit_weights=extra))
+
+
+def test_qwen3_mixing_full_and_sliding_layers_is_refused(tmp_path):
+  def mixed(c):
+    c.update(layer_types=['full_attention', 'sliding_attention'], sliding_window=32)
+  with pytest.raises(hf.HFImportError, match='layer_types mixes full and sliding'):
+    hf.from_hf(write_copy(tmp_path, 'qwen3', edit_config=mixed))
