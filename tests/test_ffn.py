@@ -19,6 +19,8 @@ _erf = np.vectorize(math.erf)
 NP_ACTIVATIONS = {
     'relu': lambda z: np.maximum(z, 0.0),
     'gelu': lambda z: 0.5 * z * (1.0 + _erf(z / math.sqrt(2.0))),
+    # Hendrycks & Gimpel 2016, sec. 2: GPT-2's approximation
+    'gelu_tanh': lambda z: 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z ** 3))),
     'swish': lambda z: z / (1.0 + np.exp(-z)),
     'glu': lambda z: 1.0 / (1.0 + np.exp(-z)),
     'bilinear': lambda z: z,
@@ -26,7 +28,7 @@ NP_ACTIVATIONS = {
     'swiglu': lambda z: z / (1.0 + np.exp(-z)),
     'reglu': lambda z: np.maximum(z, 0.0),
 }
-UNGATED = ('relu', 'gelu', 'swish')
+UNGATED = ('relu', 'gelu', 'gelu_tanh', 'swish')
 GATED = ('glu', 'bilinear', 'geglu', 'swiglu', 'reglu')
 
 
@@ -88,7 +90,7 @@ def test_gelu_is_exact_not_tanh():
   z = np.array([-3.0, -1.5, 0.7, 2.5])
   out = np.asarray(ffn(jnp.asarray(z[:, None], jnp.float32)))[:, 0]
   exact = NP_ACTIVATIONS['gelu'](z)
-  tanh = 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z ** 3)))
+  tanh = NP_ACTIVATIONS['gelu_tanh'](z)
   np.testing.assert_allclose(out, exact, atol=1e-6)
   assert np.max(np.abs(exact - tanh)) > 1e-4
 
