@@ -173,3 +173,131 @@ def test_qwen3_mixing_full_and_sliding_layers_is_refused(tmp_path):
     c.update(layer_types=['full_attention', 'sliding_attention'], sliding_window=32)
   with pytest.raises(hf.HFImportError, match='layer_types mixes full and sliding'):
     hf.from_hf(write_copy(tmp_path, 'qwen3', edit_config=mixed))
+
+
+# --- Export -------------------------------------------------------------------------------------
+
+def load_tensors(path):
+  from safetensors.numpy import load_file
+  files = sorted(f for f in os.listdir(path) if f.endswith('.safetensors'))
+  out = {}
+  for f in files:
+    out.update(load_file(os.path.join(path, f)))
+  return out
+
+
+@pytest.mark.parametrize('family', FAMILIES)
+def test_hf_to_mllm_to_hf_is_bitwise_the_same(family, imported, tmp_path):
+  config, model = imported(family)
+  with open(os.path.join(FIXTURES, family, 'config.json')) as f:
+    original = json.load(f)
+  assert hf.to_hf(config, model, str(tmp_path)) == original['model_type']
+  before, after = load_tensors(os.path.join(FIXTURES, family)), load_tensors(str(tmp_path))
+  assert sorted(before) == sorted(after)
+  for name in before:
+    assert before[name].dtype == after[name].dtype and np.array_equal(before[name], after[name])
+  from safetensors import safe_open
+  with safe_open(str(tmp_path / 'model.safetensors'), 'np') as f:
+    assert f.metadata() == {'format': 'pt'}
+  exported = hf.read_config(str(tmp_path))
+  assert hf.config_overrides(exported) == hf.config_overrides(original)
+
+
+def test_a_bfloat16_checkpoint_round_trips_bitwise_in_bfloat16(tmp_path, imported):
+  import ml_dtypes
+  path = write_copy(tmp_path, 'qwen3', edit_weights=lambda w: {
+      k: v.astype(ml_dtypes.bfloat16) for k, v in w.items()})
+  config, model = imported(None, path)
+  hf.to_hf(config, model, str(tmp_path / 'out'), dtype='bfloat16')
+  before, after = load_tensors(path), load_tensors(str(tmp_path / 'out'))
+  assert sorted(before) == sorted(after)
+  for name in before:
+    assert after[name].dtype == ml_dtypes.bfloat16
+    assert before[name].tobytes() == after[name].tobytes()
+  assert hf.read_config(str(tmp_path / 'out'))['dtype'] == 'bfloat16'
+
+
+def randomized(config, seed=0):
+  """An mllm model of `config` with every parameter random (norm scales near 1, biases near 0
+  included, so a dropped or swapped tensor shows in the logits)."""
+  import jax
+  from flax import nnx
+  import mllm
+  model = mllm.build_model(config.model, rngs=nnx.Rngs(seed))
+  params = nnx.state(model, nnx.Param)
+  key = jax.random.key(seed + 1)
+
+  def noisy(path, x):
+    scale = 1.0 if 'scale' in str(path[-1]) else 0.0
+    return scale + 0.3 * jax.random.normal(jax.random.fold_in(key, hash(str(path)) % 2**31),
+                                           x.shape, x.dtype)
+  nnx.update(model, jax.tree.map_with_path(noisy, params))
+  return model
+
+
+# mllm configs that a transformers class computes exactly, and the family each exports as.
+EXPORTABLE = {
+    'llama-gqa': ('llama', {}),
+    'llama-untied-biases': ('llama', {'model.tie_embeddings': False,
+                                      'model.attention.use_bias': True, 'model.ffn.use_bias': True}),
+    'llama-pi': ('llama', {'model.position.rope_scaling': 'linear',
+                           'model.position.rope_scaling_factor': 2.0}),
+    'llama-scanned': ('llama', {'model.scan_layers': True}),
+    'mistral': ('mistral', {'model.attention.sliding_window': 5}),
+    'qwen2': ('qwen2', {'model.attention.qkv_bias': True}),
+    'qwen3': ('qwen3', {'model.attention.qk_norm': True, 'model.head_dim': 8}),
+    'gpt2': ('gpt2', {'model.position.kind': 'learned', 'model.norm.kind': 'layernorm',
+                      'model.ffn.kind': 'gelu_tanh', 'model.attention.use_bias': True,
+                      'model.ffn.use_bias': True, 'model.n_kv_heads': 4}),
+}
+
+
+@pytest.mark.parametrize('name', EXPORTABLE)
+def test_mllm_to_hf_to_mllm_gives_the_same_logits(name, tiny, tmp_path):
+  family, keys = EXPORTABLE[name]
+  config = tiny(**{k.replace('.', '__'): v for k, v in keys.items()})
+  model = randomized(config)
+  assert hf.to_hf(config, model, str(tmp_path)) == family
+  assert hf.read_config(str(tmp_path))['architectures'] == [hf.ARCHITECTURES[family]]
+  _, back = hf.from_hf(str(tmp_path), {'model.scan_layers': config.model.scan_layers})
+  ids = np.random.default_rng(0).integers(0, config.model.vocab_size, (2, 16))
+  np.testing.assert_allclose(logits_of(back, ids), logits_of(model, ids), atol=1e-6, rtol=0)
+
+
+def test_a_large_export_is_written_in_shards_that_import_the_same(tmp_path, imported):
+  config, model = imported('llama')
+  hf.to_hf(config, model, str(tmp_path), max_shard_bytes=20_000)
+  with open(tmp_path / 'model.safetensors.index.json') as f:
+    index = json.load(f)
+  assert len(set(index['weight_map'].values())) > 3
+  assert not (tmp_path / 'model.safetensors').exists()
+  _, back = imported(None, str(tmp_path))
+  ref = reference('llama')
+  np.testing.assert_array_equal(logits_of(back, ref['short_ids']), logits_of(model, ref['short_ids']))
+
+
+@pytest.mark.parametrize('keys,message', [
+    ({'model.position.kind': 'alibi'}, r"model.position.kind='alibi': .*LlamaForCausalLM.* 'rope'"),
+    ({'model.position.kind': 't5'}, r"model.position.kind='t5'"),
+    ({'model.position.kind': 'shaw'}, r"model.position.kind='shaw'"),
+    ({'model.position.kind': 'sinusoidal'}, r"model.position.kind='sinusoidal'"),
+    ({'model.norm.kind': 'partial_rmsnorm'}, r"model.norm.kind='partial_rmsnorm'"),
+    ({'model.norm.placement': 'post'}, r"model.norm.placement='post'"),
+    ({'model.ffn.kind': 'geglu'}, r"model.ffn.kind='geglu'"),
+    ({'model.position.rope_layout': 'interleaved'}, r"model.position.rope_layout='interleaved'"),
+    ({'model.position.rope_scaling': 'ntk', 'model.position.rope_scaling_factor': 2.0},
+     r"model.position.rope_scaling='ntk'"),
+    ({'model.embed_scale': 4.0}, r'model.embed_scale=4.0'),
+    ({'model.attention.softmax_scale': 0.1}, r'model.attention.softmax_scale=0.1'),
+    ({'model.norm.final_norm': False}, r'model.norm.final_norm=False'),
+    ({'model.attention.sliding_window': 5, 'model.attention.use_bias': True},
+     r'model.attention.use_bias=True: .*MistralForCausalLM'),
+    ({'model.position.kind': 'learned', 'model.n_kv_heads': 4}, r"model.norm.kind='rmsnorm': .*GPT2LMHeadModel"),
+])
+def test_models_no_transformers_class_computes_are_refused(keys, message, tiny, tmp_path):
+  config = tiny(**{k.replace('.', '__'): v for k, v in keys.items()})
+  model = randomized(config)
+  with pytest.raises(hf.HFExportError, match=message) as err:
+    hf.to_hf(config, model, str(tmp_path / 'out'))
+  assert '\n' not in str(err.value) and 'allowed:' in str(err.value)
+  assert not (tmp_path / 'out').exists()

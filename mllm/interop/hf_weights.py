@@ -1,0 +1,224 @@
+"""Hugging Face tensor names ↔ mllm parameters: one list of links per family, read both ways.
+
+A `Link` ties some HF tensors to some mllm parameters with a map each way, so import and export
+are the same table and a round trip is exact by construction (transposes and reshapes only):
+  - PyTorch Linear weights are [out, in]; mllm's kernels are [in, ..., out] with the heads split
+    out: [D, N, H] for q/k/v, [N, H, D] for the output projection.
+  - GPT-2's Conv1D weights are already [in, out]; its q, k and v are one fused c_attn tensor.
+  - Mixtral and Qwen3-MoE store each expert's FFN separately; mllm stacks them [E, D, F].
+mllm parameters are named by their path in `nnx.to_pure_dict`, '/'-joined ('blocks/0/ffn/up/kernel').
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+  hf: tuple[str, ...]
+  mllm: tuple[str, ...]
+  to_mllm: Callable[..., tuple[np.ndarray, ...]]
+  to_hf: Callable[..., tuple[np.ndarray, ...]]
+
+
+def _one(hf: str, mllm: str, to_mllm, to_hf) -> Link:
+  return Link((hf,), (mllm,), lambda w: (to_mllm(w),), lambda p: (to_hf(p),))
+
+
+def same(hf: str, mllm: str) -> Link:
+  return _one(hf, mllm, lambda w: w, lambda p: p)
+
+
+def transposed(hf: str, mllm: str) -> Link:
+  """A Linear [out, in] ↔ a kernel [in, out]."""
+  return _one(hf, mllm, lambda w: w.T, lambda p: p.T)
+
+
+def heads_in(hf: str, mllm: str, heads: int, head_dim: int) -> Link:
+  """A q/k/v Linear [heads·head_dim, D] ↔ a kernel [D, heads, head_dim]."""
+  return _one(hf, mllm, lambda w: w.T.reshape(w.shape[1], heads, head_dim),
+              lambda p: p.reshape(p.shape[0], heads * head_dim).T)
+
+
+def heads_out(hf: str, mllm: str, heads: int, head_dim: int) -> Link:
+  """The output Linear [D, heads·head_dim] ↔ a kernel [heads, head_dim, D]."""
+  return _one(hf, mllm, lambda w: w.T.reshape(heads, head_dim, w.shape[0]),
+              lambda p: p.reshape(heads * head_dim, p.shape[-1]).T)
+
+
+def head_bias(hf: str, mllm: str, heads: int, head_dim: int) -> Link:
+  return _one(hf, mllm, lambda b: b.reshape(heads, head_dim), lambda p: p.reshape(-1))
+
+
+def experts(hf: list[str], mllm: str, transpose: bool = True) -> Link:
+  """One Linear per expert ([out, in] each) ↔ a stacked kernel [E, in, out]."""
+  def to_mllm(*ws):
+    return (np.stack([w.T if transpose else w for w in ws]),)
+
+  def to_hf(p):
+    return tuple((e.T if transpose else e) for e in p)
+  return Link(tuple(hf), (mllm,), to_mllm, to_hf)
+
+
+def fused_qkv(hf: str, mllm: tuple[str, str, str], heads: int, head_dim: int,
+              bias: bool) -> Link:
+  """GPT-2's c_attn, Conv1D [D, 3·N·H] (bias [3·N·H]) ↔ query, key, value [D, N, H] ([N, H])."""
+  shape = (heads, head_dim)
+
+  def to_mllm(w):
+    return tuple(part.reshape(*part.shape[:-1], *shape) for part in np.split(w, 3, axis=-1))
+
+  def to_hf(*parts):
+    return (np.concatenate([p.reshape(*p.shape[:-2], heads * head_dim) for p in parts], -1),)
+  del bias  # the same split for the weight and the bias
+  return Link((hf,), mllm, to_mllm, to_hf)
+
+
+# --- The families ------------------------------------------------------------------------------
+
+def _attention_links(c, p: str, m: str) -> list[Link]:
+  """Llama-style self_attn (q/k/v/o_proj; biases; Qwen3's q_norm/k_norm)."""
+  n, k, h = c.n_heads, c.n_kv_heads, head_dim_of(c)
+  links = [heads_in(f'{p}q_proj.weight', f'{m}query/kernel', n, h),
+           heads_in(f'{p}k_proj.weight', f'{m}key/kernel', k, h),
+           heads_in(f'{p}v_proj.weight', f'{m}value/kernel', k, h),
+           heads_out(f'{p}o_proj.weight', f'{m}out/kernel', n, h)]
+  if c.attention.use_bias or c.attention.qkv_bias:
+    links += [head_bias(f'{p}{x}_proj.bias', f'{m}{name}/bias', heads, h)
+              for x, name, heads in (('q', 'query', n), ('k', 'key', k), ('v', 'value', k))]
+  if c.attention.use_bias:
+    links.append(same(f'{p}o_proj.bias', f'{m}out/bias'))
+  if c.attention.qk_norm:
+    links += [same(f'{p}q_norm.weight', f'{m}query_norm/scale'),
+              same(f'{p}k_norm.weight', f'{m}key_norm/scale')]
+  return links
+
+
+def _dense_ffn_links(c, p: str, m: str) -> list[Link]:
+  links = [transposed(f'{p}{x}_proj.weight', f'{m}{x}/kernel') for x in ('gate', 'up', 'down')]
+  if c.ffn.use_bias:
+    links += [same(f'{p}{x}_proj.bias', f'{m}{x}/bias') for x in ('gate', 'up', 'down')]
+  return links
+
+
+def _moe_links(c, family: str, p: str, m: str) -> list[Link]:
+  """Mixtral: block_sparse_moe.{gate, experts.E.w1 (gate), w3 (up), w2 (down)};
+  Qwen3-MoE: mlp.{gate, experts.E.gate_proj, up_proj, down_proj}. The router is a Linear [E, D]."""
+  e = range(c.moe.num_experts)
+  if family == 'mixtral':
+    p, names = p + 'block_sparse_moe.', {'gate': 'w1', 'up': 'w3', 'down': 'w2'}
+  else:
+    p, names = p + 'mlp.', {x: f'{x}_proj' for x in ('gate', 'up', 'down')}
+  return [transposed(f'{p}gate.weight', f'{m}router')] + [
+      experts([f'{p}experts.{i}.{names[x]}.weight' for i in e], f'{m}experts/{x}')
+      for x in ('gate', 'up', 'down')]
+
+
+def llama_links(c, family: str) -> list[Link]:
+  """Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE: model.{embed_tokens, layers.i, norm}, lm_head."""
+  from mllm.config import moe_layers  # noqa: PLC0415
+  sparse = set(moe_layers(c)) if c.ffn.kind == 'moe' else set()
+  links = [same('model.embed_tokens.weight', 'embed/embedding'),
+           same('model.norm.weight', 'final_norm/scale')]
+  if not c.tie_embeddings:
+    links.append(transposed('lm_head.weight', 'head/kernel'))
+  for i in range(c.n_layers):
+    p, m = f'model.layers.{i}.', f'blocks/{i}/'
+    links += _attention_links(c, p + 'self_attn.', m + 'attention/')
+    links += (_moe_links(c, family, p, m + 'ffn/') if i in sparse
+              else _dense_ffn_links(c, p + 'mlp.', m + 'ffn/'))
+    links += [same(p + 'input_layernorm.weight', m + 'attention_norm/scale'),
+              same(p + 'post_attention_layernorm.weight', m + 'ffn_norm/scale')]
+  return links
+
+
+def gpt2_links(c, prefix: str = 'transformer.') -> list[Link]:
+  """GPT2LMHeadModel: transformer.{wte, wpe, h.i, ln_f}; Conv1D weights are [in, out] already."""
+  n, h = c.n_heads, head_dim_of(c)
+  t = prefix
+
+  def norm(hf: str, mllm: str) -> list[Link]:
+    return [same(f'{t}{hf}.weight', f'{mllm}/scale'), same(f'{t}{hf}.bias', f'{mllm}/bias')]
+  links = [same(f'{t}wte.weight', 'embed/embedding'), same(f'{t}wpe.weight', 'position/table'),
+           *norm('ln_f', 'final_norm')]
+  if not c.tie_embeddings:
+    links.append(transposed('lm_head.weight', 'head/kernel'))
+  for i in range(c.n_layers):
+    p, m = f'{t}h.{i}.', f'blocks/{i}/'
+    qkv = tuple(f'{m}attention/{x}/' for x in ('query', 'key', 'value'))
+    links += [fused_qkv(p + 'attn.c_attn.weight', tuple(x + 'kernel' for x in qkv), n, h, False),
+              fused_qkv(p + 'attn.c_attn.bias', tuple(x + 'bias' for x in qkv), n, h, True),
+              _one(p + 'attn.c_proj.weight', m + 'attention/out/kernel',
+                   lambda w: w.reshape(n, h, w.shape[-1]), lambda k: k.reshape(n * h, -1)),
+              same(p + 'attn.c_proj.bias', m + 'attention/out/bias'),
+              same(p + 'mlp.c_fc.weight', m + 'ffn/up/kernel'),
+              same(p + 'mlp.c_fc.bias', m + 'ffn/up/bias'),
+              same(p + 'mlp.c_proj.weight', m + 'ffn/down/kernel'),
+              same(p + 'mlp.c_proj.bias', m + 'ffn/down/bias'),
+              *norm(f'h.{i}.ln_1', m + 'attention_norm'), *norm(f'h.{i}.ln_2', m + 'ffn_norm')]
+  return links
+
+
+def links_for(c, family: str, names: list[str] | None = None) -> list[Link]:
+  """The links of model config `c` in HF `family`. names: the checkpoint's tensor names, if read
+  (GPT-2 checkpoints exist with and without the 'transformer.' prefix)."""
+  if family == 'gpt2':
+    bare = names is not None and not any(n.startswith('transformer.') for n in names)
+    return gpt2_links(c, '' if bare else 'transformer.')
+  return llama_links(c, family)
+
+
+def head_dim_of(c) -> int:
+  return c.head_dim or c.d_model // c.n_heads
+
+
+# --- Between a pure dict and '/'-paths ----------------------------------------------------------
+
+def flat(tree: dict, prefix: str = '') -> dict[str, np.ndarray]:
+  out = {}
+  for key, value in tree.items():
+    path = f'{prefix}{key}'
+    out.update(flat(value, path + '/') if isinstance(value, dict) else {path: value})
+  return out
+
+
+def nested(flat_params: dict[str, np.ndarray]) -> dict:
+  """Back to a pure dict; numeric path parts become int keys (nnx.List indices)."""
+  out: dict = {}
+  for path, value in flat_params.items():
+    node = out
+    *parents, leaf = [int(p) if p.isdigit() else p for p in path.split('/')]
+    for part in parents:
+      node = node.setdefault(part, {})
+    node[leaf] = value
+  return out
+
+
+def layer_path(path: str, i: int | None) -> str:
+  """'blocks/x' → 'blocks/i/x' (i None: the path as is)."""
+  return path if i is None else f'blocks/{i}/{path[len("blocks/"):]}'
+
+
+def unstack_layers(params: dict[str, np.ndarray], n_layers: int) -> dict[str, np.ndarray]:
+  """scan_layers' 'blocks/x' [L, ...] as 'blocks/i/x' (the same parameters, one per layer)."""
+  out = {}
+  for path, value in params.items():
+    layers = range(n_layers) if path.startswith('blocks/') else [None]
+    out.update({layer_path(path, i): value if i is None else value[i] for i in layers})
+  return out
+
+
+def stack_layers(params: dict[str, np.ndarray], n_layers: int) -> dict[str, np.ndarray]:
+  """The inverse of unstack_layers."""
+  out, per_layer = {}, {}
+  for path, value in params.items():
+    if path.startswith('blocks/'):
+      _, i, rest = path.split('/', 2)
+      per_layer.setdefault(rest, [None] * n_layers)[int(i)] = value
+    else:
+      out[path] = value
+  out.update({f'blocks/{rest}': np.stack(layers) for rest, layers in per_layer.items()})
+  return out
