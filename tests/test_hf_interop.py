@@ -20,7 +20,8 @@ from mllm.generate import generate_tokens
 from mllm.interop import hf
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'fixtures', 'hf')
-FAMILIES = ['llama', 'llama3-scaled', 'mistral', 'qwen2', 'qwen3', 'gpt2']
+FAMILIES = ['llama', 'llama3-scaled', 'llama-yarn', 'mistral', 'qwen2', 'qwen3', 'gpt2', 'mixtral',
+            'qwen3-moe']
 
 
 def reference(family):
@@ -73,6 +74,14 @@ def test_greedy_generation_with_the_kv_cache_matches_transformers(family, import
     ('llama3-scaled', {'model.position.rope_scaling': 'llama3',
                        'model.position.rope_original_max_len': 64,
                        'model.position.rope_scaling_factor': 8.0}),
+    ('llama-yarn', {'model.position.rope_scaling': 'yarn', 'model.position.rope_scaling_factor': 4.0,
+                    'model.position.rope_original_max_len': 64,
+                    'model.position.yarn_beta_fast': 32.0}),
+    ('mixtral', {'model.ffn.kind': 'moe', 'model.moe.num_experts': 4, 'model.moe.top_k': 2,
+                 'model.moe.expert_d_ff': 96, 'model.moe.renormalize': True,
+                 'model.moe.dispatch': 'dropless', 'model.position.rope_theta': 1e6}),
+    ('qwen3-moe', {'model.moe.num_experts': 4, 'model.moe.expert_d_ff': 48,
+                   'model.attention.qk_norm': True, 'model.moe.first_dense_layers': 0}),
     ('gpt2', {'model.position.kind': 'learned', 'model.ffn.kind': 'gelu_tanh',
               'model.norm.kind': 'layernorm', 'model.ffn.d_ff': 256}),
 ])
@@ -150,10 +159,26 @@ def test_transformers_4_rope_fields_give_the_same_config(tmp_path, imported):
     (lambda c: c.update(hidden_act='gelu'), r"hidden_act='gelu'.*allowed: 'silu'"),
     (lambda c: c['rope_parameters'].update(rope_type='dynamic'), r"rope_type='dynamic'"),
     (lambda c: c.update(pretraining_tp=2), r'pretraining_tp=2'),
+    (lambda c: c['rope_parameters'].update(rope_type='yarn', factor=4.0, attention_factor=2.0,
+                                           original_max_position_embeddings=64),
+     r'rope_parameters.attention_factor=2.0'),
+    (lambda c: c['rope_parameters'].update(rope_type='yarn', factor=4.0, truncate=False,
+                                           original_max_position_embeddings=64),
+     r'rope_parameters.truncate=False'),
 ])
 def test_unsupported_config_fields_are_refused(tmp_path, edit, message):
   with pytest.raises(hf.HFImportError, match=message):
     hf.from_hf(write_copy(tmp_path, 'llama', edit_config=edit))
+
+
+@pytest.mark.parametrize('edit,message', [
+    (lambda c: c.update(mlp_only_layers=[1]), r'mlp_only_layers=\[1\]'),
+    (lambda c: c.update(router_jitter_noise=0.1), r'router_jitter_noise=0.1'),
+])
+def test_unsupported_moe_fields_are_refused(tmp_path, edit, message):
+  with pytest.raises(hf.HFImportError, match=message):
+    hf.from_hf(write_copy(tmp_path, 'qwen3-moe', edit_config=edit))
+
 
 
 def test_missing_and_extra_weights_are_refused(tmp_path):
@@ -246,6 +271,15 @@ EXPORTABLE = {
     'mistral': ('mistral', {'model.attention.sliding_window': 5}),
     'qwen2': ('qwen2', {'model.attention.qkv_bias': True}),
     'qwen3': ('qwen3', {'model.attention.qk_norm': True, 'model.head_dim': 8}),
+    'llama-yarn': ('llama', {'model.position.rope_scaling': 'yarn',
+                             'model.position.rope_scaling_factor': 4.0,
+                             'model.position.rope_original_max_len': 8}),
+    'mixtral': ('mixtral', {'model.ffn.kind': 'moe', 'model.moe.num_experts': 4,
+                            'model.moe.dispatch': 'dropless'}),
+    'qwen3-moe': ('qwen3_moe', {'model.ffn.kind': 'moe', 'model.moe.num_experts': 4,
+                                'model.moe.expert_d_ff': 24, 'model.attention.qk_norm': True,
+                                'model.moe.first_dense_layers': 1, 'model.n_layers': 3,
+                                'model.moe.renormalize': False, 'model.moe.dispatch': 'dropless'}),
     'gpt2': ('gpt2', {'model.position.kind': 'learned', 'model.norm.kind': 'layernorm',
                       'model.ffn.kind': 'gelu_tanh', 'model.attention.use_bias': True,
                       'model.ffn.use_bias': True, 'model.n_kv_heads': 4}),
@@ -292,6 +326,12 @@ def test_a_large_export_is_written_in_shards_that_import_the_same(tmp_path, impo
     ({'model.norm.final_norm': False}, r'model.norm.final_norm=False'),
     ({'model.attention.sliding_window': 5, 'model.attention.use_bias': True},
      r'model.attention.use_bias=True: .*MistralForCausalLM'),
+    ({'model.ffn.kind': 'moe', 'model.moe.num_shared_experts': 1},
+     r'model.moe.num_shared_experts=1: .*MixtralForCausalLM'),
+    ({'model.ffn.kind': 'moe', 'model.moe.router': 'sigmoid'}, r"model.moe.router='sigmoid'"),
+    ({'model.ffn.kind': 'moe', 'model.moe.expert_bias': True}, r'model.moe.expert_bias=True'),
+    ({'model.ffn.kind': 'moe', 'model.moe.renormalize': False},
+     r'model.moe.renormalize=False: .*MixtralForCausalLM'),
     ({'model.position.kind': 'learned', 'model.n_kv_heads': 4}, r"model.norm.kind='rmsnorm': .*GPT2LMHeadModel"),
 ])
 def test_models_no_transformers_class_computes_are_refused(keys, message, tiny, tmp_path):

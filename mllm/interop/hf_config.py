@@ -58,9 +58,23 @@ def _rope(hf: dict) -> dict[str, Any]:
                 'position.llama3_low_freq_factor': float(params['low_freq_factor']),
                 'position.llama3_high_freq_factor': float(params['high_freq_factor']),
                 'position.rope_original_max_len': int(original)})
+  elif kind == 'yarn':
+    for field in ('attention_factor', 'mscale', 'mscale_all_dim', 'partial_rotary_factor'):
+      if params.get(field) is not None:
+        raise HFImportError(f'rope_parameters.{field}={params[field]!r}: mllm\'s YaRN has the '
+                            'paper\'s attention factor 0.1·ln(s) + 1 only; allowed: unset')
+    if params.get('truncate', True) is not True:
+      raise HFImportError(f"rope_parameters.truncate={params['truncate']!r}: mllm's YaRN rounds "
+                          'the correction range (floor/ceil); allowed: true')
+    factor = params.get('factor') or hf['max_position_embeddings'] / original
+    out.update({'position.rope_scaling': 'yarn', 'position.rope_scaling_factor': float(factor),
+                'position.rope_original_max_len': int(original or hf['max_position_embeddings']),
+                # transformers reads 0 or null as the defaults too
+                'position.yarn_beta_fast': float(params.get('beta_fast') or 32.0),
+                'position.yarn_beta_slow': float(params.get('beta_slow') or 1.0)})
   else:
     raise HFImportError(f'rope_type={kind!r}: not mapped to mllm yet; allowed: default, '
-                        'linear, llama3')
+                        'linear, llama3, yarn')
   return out
 
 
@@ -90,7 +104,9 @@ def _moe(hf: dict, family: str) -> dict[str, Any]:
     experts, expert_d_ff, every, first_dense, renormalize = (
         hf['num_local_experts'], hf['intermediate_size'], 1, 0, True)
   else:
-    experts, expert_d_ff = hf['num_experts'], hf['moe_intermediate_size']
+    # transformers 5 writes num_local_experts (its attribute map); the hub's configs num_experts.
+    experts = hf.get('num_experts') or hf['num_local_experts']
+    expert_d_ff = hf['moe_intermediate_size']
     every, dense = hf.get('decoder_sparse_step', 1), list(hf.get('mlp_only_layers') or [])
     first_dense = len(dense)
     if dense != list(range(first_dense)):
@@ -187,6 +203,10 @@ def _hf_rope(m) -> dict[str, Any]:
   params: dict[str, Any] = {'rope_type': 'default', 'rope_theta': float(p.rope_theta)}
   if p.rope_scaling == 'linear':
     params.update(rope_type='linear', factor=float(p.rope_scaling_factor))
+  elif p.rope_scaling == 'yarn':
+    params.update(rope_type='yarn', factor=float(p.rope_scaling_factor),
+                  original_max_position_embeddings=int(p.rope_original_max_len or m.max_seq_len),
+                  beta_fast=float(p.yarn_beta_fast), beta_slow=float(p.yarn_beta_slow))
   elif p.rope_scaling == 'llama3':
     params.update(rope_type='llama3', factor=float(p.rope_scaling_factor),
                   low_freq_factor=float(p.llama3_low_freq_factor),
