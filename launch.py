@@ -5,6 +5,11 @@
     python launch.py --config=configs/rope_swiglu.py --mode=summary   # tables, counts, one forward
     python launch.py --mode=generate --workdir=runs/rope_swiglu --prompt="def fib(n):"
     python launch.py --config=configs/base.py:pos=alibi,ffn=geglu --config.model.n_layers=2
+    python launch.py --mode=import --hf=PATH --workdir=runs/llama  # a Hugging Face checkpoint
+    python launch.py --workdir=runs/llama --config.model.position.rope_scaling=yarn  # train on
+    python launch.py --mode=export --workdir=runs/llama --hf=OUT    # back to Hugging Face
+
+Without --config, a --workdir that holds a run's config.json runs with that config.
 
 Bad configs, overrides, flags, paths and data print one line naming the key or path, the value and
 what is allowed, and exit with status 2: the config is read and checked before absl parses the
@@ -18,8 +23,8 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from mllm.config import (ConfigError, field_info, load_config, parse_value, read_config, set_path,
-                         validate)
+from mllm.config import (ConfigError, field_info, get_path, load_config, parse_value, read_config,
+                         set_path, validate)
 
 DEFAULT_CONFIG = 'configs/rope_swiglu.py'
 
@@ -98,7 +103,44 @@ def _generate(config, spec: str) -> None:
         file=sys.stderr)
 
 
-MODES = {'train': _train, 'eval': _eval, 'summary': _summary, 'generate': _generate}
+def _import(config, spec: str) -> None:
+  """A normal workdir from a Hugging Face folder: its config (the model, the tokenizer; the rest
+  from --config), tokenizer.json and the weights as checkpoint step 0, for train/eval/generate."""
+  from mllm.train import train
+  from mllm.train.checkpoint import checkpoint_dir
+  workdir = _hf_workdir()
+  if os.path.isdir(checkpoint_dir(workdir)) and os.listdir(checkpoint_dir(workdir)):
+    raise ConfigError('--workdir', workdir, 'already holds checkpoints; allowed: a new workdir')
+  train(config, workdir, stop_after=0, progress=False)
+  print(f'imported {_HF.value} into {workdir} (step 0). Next: python launch.py --workdir={workdir} '
+        '[--mode=eval|generate]')
+
+
+def _export(config, spec: str) -> None:
+  from mllm.data.tokenizers import BPETokenizer
+  from mllm.generate import load_run
+  from mllm.interop.hf import HFExportError, to_hf
+  workdir = _hf_workdir()
+  model, tokenizer, step, config = load_run(workdir, config)
+  try:
+    family = to_hf(config, model, _HF.value,
+                   tokenizer=tokenizer if isinstance(tokenizer, BPETokenizer) else None)
+  except HFExportError as err:
+    _fail(str(err))
+  print(f'exported {workdir} step {step} to {_HF.value} as {family} '
+        '(transformers: AutoModelForCausalLM.from_pretrained)')
+
+
+def _hf_workdir() -> str:
+  if not _HF.value:
+    _fail(f'--hf: --mode={_MODE.value} needs the Hugging Face folder; allowed: --hf=PATH')
+  if not _WORKDIR.value:
+    _fail(f'--workdir: --mode={_MODE.value} needs the mllm workdir; allowed: --workdir=DIR')
+  return _WORKDIR.value
+
+
+MODES = {'train': _train, 'eval': _eval, 'summary': _summary, 'generate': _generate,
+         'import': _import, 'export': _export}
 
 
 def _fail(message: str) -> None:
@@ -132,27 +174,70 @@ def config_first(argv: list[str]) -> list[str]:
   return argv[:1] + first + rest
 
 
+def _flag(argv: list[str], name: str) -> str | None:
+  """The value of --name=VALUE in argv (absl has not parsed it yet)."""
+  values = [a.split('=', 1)[1] for a in argv[1:] if a.startswith(f'--{name}=')]
+  return values[-1] if values else None
+
+
+def _read_config(argv: list[str]):
+  """--config's file; without --config, the config.json of --workdir if it holds one."""
+  workdir = _flag(argv, 'workdir')
+  explicit = any(a == '--config' or a.startswith('--config=') for a in argv[1:])
+  if not explicit and workdir and os.path.isfile(os.path.join(workdir, 'config.json')):
+    from mllm.train.resume import as_config, read_config_json
+    base = read_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs',
+                                    'base.py'))
+    return as_config(read_config_json(workdir), base), True
+  return read_config(_config_spec(argv)), False
+
+
 def preflight(argv: list[str]):
   """Read the config and apply the `--config.key=value` overrides ourselves, so that a bad file,
   choice, key, type or combination is reported in one line instead of a flag-parser trace.
 
+  With --mode=import or train.init_from='hf:PATH' (and a config not read from the workdir), the
+  model and tokenizer settings come from the Hugging Face folder; the overrides still win.
+
   Returns the validated, locked config: the run uses it, not absl's parse of the same flags, so
   one parser decides every value (absl reads `--config.data.path=none` as the string 'none').
   """
-  spec = _config_spec(argv)
   try:
-    config = read_config(spec)
+    config, from_workdir = _read_config(argv)
+    explicit = {}
     for arg in argv[1:]:
       if arg.startswith('--config.'):
         key, sep, value = arg[len('--config.'):].partition('=')
         if not sep:
           raise ConfigError(f'--config.{key}', None, 'expected --config.key=value')
         set_path(config, key, parse_value(value, *field_info(config, key)))
+        explicit[key] = get_path(config, key)
+    hf_path = _flag(argv, 'hf') if _flag(argv, 'mode') == 'import' else None
+    if hf_path:
+      config.train.init_from = 'hf:' + os.path.abspath(hf_path)
     validate(config)
+    init_from = config.train.init_from or ''
+    if init_from.startswith('hf:') and not from_workdir:
+      config = _from_hf(config, init_from[len('hf:'):], explicit)
   except ConfigError as err:
     _fail(str(err))
   config.lock()
   return config
+
+
+def _from_hf(config, path: str, explicit: dict):
+  from mllm.interop.hf import HFImportError, run_config
+  if not os.path.isfile(os.path.join(path, 'config.json')):
+    raise ConfigError('train.init_from', config.train.init_from, f'{path} has no config.json; '
+                      "allowed: 'hf:PATH' with PATH a Hugging Face checkpoint folder")
+  if not os.path.isfile(os.path.join(path, 'tokenizer.json')):
+    raise ConfigError('train.init_from', config.train.init_from, f'{path} has no tokenizer.json '
+                      '(a tokenizer made here would give the ids other meanings); allowed: a '
+                      'folder with the tokenizer.json its model was trained with')
+  try:
+    return run_config(config, path, explicit)
+  except HFImportError as err:
+    raise ConfigError('train.init_from', config.train.init_from, str(err)) from None
 
 
 def main(argv: list[str]) -> None:
@@ -199,6 +284,8 @@ if __name__ == '__main__':
   _STOP_AFTER = flags.DEFINE_integer('stop_after', None, 'Train up to this step, save and exit '
                                      '(for chunked jobs); the schedule still ends at train.steps.',
                                      lower_bound=1)
+  _HF = flags.DEFINE_string('hf', None, '--mode=import: the Hugging Face folder to read; '
+                            '--mode=export: the folder to write.')
   _PROMPT = flags.DEFINE_string('prompt', None, '--mode=generate: the text to continue.')
   _PROMPT_FILE = flags.DEFINE_string('prompt_file', None, '--mode=generate: a file of prompts, '
                                      'one per line (a batch).')

@@ -112,6 +112,10 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   data.val_fraction = 0.02  # documents go to val by a hash of their path (or row id)
   data.tokenizer = 'bpe'  # bpe (HF tokenizers, trained on the train split) | byte (256 + specials)
   data.tokenizer_train_bytes = 8_000_000  # bpe: train on at most this much text
+  # bpe: the special tokens that end a document and fill padding (an imported Hugging Face
+  # tokenizer names its own: '</s>', '<|endoftext|>', ...)
+  data.eos_token = '<eos>'
+  data.pad_token = '<pad>'
   data.cache_dir = placeholder(str)  # None: $MLLM_CACHE_DIR or ~/.cache/mllm
   data.document_mask = True  # packed documents: per-document positions, no cross-document attention
   data.seq_len = 256
@@ -139,7 +143,9 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   train.async_checkpoint = True
   train.peak_flops = placeholder(float)  # per device, for MFU; None: look the chip up
   # A fresh run starting from the parameters of another: "workdir:PATH" (its latest checkpoint, or
-  # PATH/checkpoints/<step>). Optimizer, step and data start anew; ignored once this run has saved.
+  # PATH/checkpoints/<step>), or "hf:PATH" (a Hugging Face checkpoint folder; launch.py then takes
+  # the model config and tokenizer from it). Optimizer, step and data start anew; ignored once
+  # this run has saved.
   train.init_from = placeholder(str)
   train.tensorboard = True
 

@@ -27,7 +27,7 @@ DATA_SOURCES = ('stdlib', 'text', 'jsonl', 'parquet', 'hf')
 TOKENIZERS = ('bpe', 'byte')
 SCHEDULES = ('cosine', 'linear', 'constant', 'inverse_sqrt')
 MESH_AXES = ('data', 'fsdp', 'expert', 'tensor')
-INIT_SOURCES = ('workdir',)
+INIT_SOURCES = ('workdir', 'hf')
 FFN_KINDS = (*FFNS, 'moe')  # the dense FFNs, and the mixture of experts built from them
 MOE_DISPATCHES = ('auto', *DISPATCHES)  # train.init_from='workdir:PATH'
 
@@ -469,6 +469,9 @@ def validate_data(config: config_dict.ConfigDict) -> None:
   _number('data.val_fraction', d.val_fraction, 0.0, 0.5, 'the share of documents held out')
   _one_of('data.tokenizer', d.tokenizer, TOKENIZERS, 'tokenizer')
   _integer('data.tokenizer_train_bytes', d.tokenizer_train_bytes)
+  for key in ('eos_token', 'pad_token'):
+    if not isinstance(d[key], str) or not d[key]:
+      raise ConfigError(f'data.{key}', d[key], 'must name a special token of the BPE tokenizer')
   # Whether the tokenizer fits model.vocab_size is checked when the data is built.
   if not isinstance(d.document_mask, bool):
     raise ConfigError('data.document_mask', d.document_mask, 'must be true or false')
@@ -516,8 +519,9 @@ def validate_train(config: config_dict.ConfigDict) -> None:
     kind, sep, path = t.init_from.partition(':') if isinstance(t.init_from, str) else ('', '', '')
     if kind not in INIT_SOURCES or not sep or not path.strip():
       raise ConfigError('train.init_from', t.init_from, 'start a fresh run from the parameters of '
-                        "another run; allowed: None, or 'workdir:PATH' (a training workdir, or "
-                        'one of its checkpoints/<step> folders)')
+                        "another run; allowed: None, 'workdir:PATH' (a training workdir, or "
+                        "one of its checkpoints/<step> folders), or 'hf:PATH' (a Hugging Face "
+                        'checkpoint folder)')
 
 
 def validate_mesh(config: config_dict.ConfigDict) -> None:

@@ -238,7 +238,7 @@ def load_run(workdir: str, like):
   else:
     path = f'{workdir}/tokenizer.json'
     try:
-      tokenizer = BPETokenizer.from_file(path)
+      tokenizer = BPETokenizer.from_file(path, config.data.eos_token, config.data.pad_token)
     except Exception as err:  # pylint: disable=broad-except  (missing or unreadable)
       raise ConfigError('--workdir', workdir, f'its tokenizer.json cannot be read '
                         f'({type(err).__name__}); allowed: the workdir of a training run') from None

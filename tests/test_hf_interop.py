@@ -341,3 +341,81 @@ def test_models_no_transformers_class_computes_are_refused(keys, message, tiny, 
     hf.to_hf(config, model, str(tmp_path / 'out'))
   assert '\n' not in str(err.value) and 'allowed:' in str(err.value)
   assert not (tmp_path / 'out').exists()
+
+
+# --- A Hugging Face folder through launch.py: import, generate, train, export -------------------
+
+def add_tokenizer(folder):
+  """A character-level tokenizer.json for a fixture's 96 ids, EOS '</s>' named in
+  tokenizer_config.json (as the hub's folders name theirs)."""
+  from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+  chars = [chr(c) for c in range(32, 125)] + ['\n', '<unk>', '</s>']
+  tok = Tokenizer(models.WordLevel({c: i for i, c in enumerate(chars)}, unk_token='<unk>'))
+  tok.pre_tokenizer = pre_tokenizers.Split(Regex('.|\n'), behavior='isolated')
+  tok.decoder = decoders.Fuse()
+  tok.add_special_tokens(['</s>'])
+  tok.save(os.path.join(folder, 'tokenizer.json'))
+  with open(os.path.join(folder, 'tokenizer_config.json'), 'w') as f:
+    json.dump({'eos_token': '</s>', 'tokenizer_class': 'PreTrainedTokenizerFast'}, f)
+
+
+def test_tokenizer_settings_name_the_folders_eos(tmp_path):
+  path = write_copy(tmp_path, 'llama')
+  assert hf.tokenizer_settings(path) == {}
+  add_tokenizer(path)
+  assert hf.tokenizer_settings(path) == {'data.tokenizer': 'bpe', 'data.eos_token': '</s>',
+                                         'data.pad_token': '</s>'}
+
+
+def test_import_generate_train_and_export_through_launch(corpus, tmp_path):
+  """launch.py --mode=import writes a normal workdir: generate, train (its config read from the
+  workdir, a shape-keeping toggle on top) and export all work on it."""
+  from test_launch import run_launch
+  from mllm.generate import generate, load_run
+  path = write_copy(tmp_path, 'qwen3')
+  add_tokenizer(path)
+  workdir, out = str(tmp_path / 'run'), str(tmp_path / 'exported')
+  data = [f'--config.data.source=text', f'--config.data.path={corpus}',
+          '--config.data.batch_size=2', '--config.data.seq_len=32', '--config.train.steps=2',
+          '--config.train.eval_batches=1', '--config.train.warmup_steps=1']
+  result = run_launch('--mode=import', f'--hf={path}', f'--workdir={workdir}', *data)
+  assert result.returncode == 0, result.stderr
+  assert os.path.isfile(os.path.join(workdir, 'tokenizer.json'))
+
+  # The workdir's step 0 is the checkpoint: the same logits, and generate finds its tokenizer.
+  import mllm
+  like = mllm.load_config(hf.base_config_path())
+  model, tokenizer, step, config = load_run(workdir, like)
+  assert step == 0 and config.data.eos_token == '</s>' and config.model.attention.qk_norm
+  ref = reference('qwen3')
+  np.testing.assert_allclose(logits_of(model, ref['long_ids']), ref['logits_long'], atol=1e-4)
+  result = run_launch('--mode=generate', f'--workdir={workdir}', '--prompt=def f(x):',
+                      '--max_new_tokens=6')
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.rstrip('\n') == 'def f(x):' + generate(model, tokenizer, ['def f(x):'],
+                                                              max_new_tokens=6)[0]
+
+  # Continue pre-training with the workdir's own config (no --config) and YaRN on top.
+  result = run_launch(f'--workdir={workdir}', '--config.model.position.rope_scaling=yarn',
+                      '--config.model.position.rope_scaling_factor=2.0',
+                      '--config.model.position.rope_original_max_len=128')
+  assert result.returncode == 0, result.stderr
+  trained, _, step, config = load_run(workdir, like)
+  assert step == 2 and config.model.position.rope_scaling == 'yarn'
+
+  result = run_launch('--mode=export', f'--workdir={workdir}', f'--hf={out}')
+  assert result.returncode == 0, result.stderr
+  exported = hf.read_config(out)
+  assert exported['rope_parameters']['rope_type'] == 'yarn'
+  assert exported['eos_token_id'] == tokenizer.eos_id
+  assert os.path.isfile(os.path.join(out, 'tokenizer.json'))
+  _, back = hf.from_hf(out)
+  np.testing.assert_array_equal(logits_of(back, ref['short_ids']), logits_of(trained, ref['short_ids']))
+
+
+def test_init_from_a_folder_without_its_tokenizer_is_refused(tmp_path):
+  from test_launch import run_launch
+  path = write_copy(tmp_path, 'llama')
+  result = run_launch(f'--config.train.init_from=hf:{path}', f'--workdir={tmp_path / "w"}')
+  assert result.returncode == 2
+  assert 'has no tokenizer.json' in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -187,7 +187,8 @@ def test_capacity_drops_match_a_hand_computed_case():
   y, stats = run(moe, x)
   y = np.asarray(y[0])
   full = np.asarray(out(make_moe_like(moe, 8.0), x)[0])
-  np.testing.assert_allclose(y[[0, 3]], full[[0, 3]], rtol=1e-6)
+  # atol: outputs near 1e-5 differ in the last bits between the two dispatches' summation orders.
+  np.testing.assert_allclose(y[[0, 3]], full[[0, 3]], rtol=1e-6, atol=1e-7)
   assert np.all(y[[1, 2]] == 0)
   assert float(stats['drop_rate']) == pytest.approx(0.5)
   np.testing.assert_array_equal(stats['tokens_per_expert'], [3, 1])  # routed, before the drop

@@ -22,7 +22,7 @@ import tqdm
 
 from mllm.config import ConfigError
 from mllm.data.sources import Source, is_val
-from mllm.data.tokenizers import BPETokenizer, ByteTokenizer, Tokenizer
+from mllm.data.tokenizers import EOS, PAD, BPETokenizer, ByteTokenizer, Tokenizer
 
 FORMAT_VERSION = 1
 SPLITS = ('train', 'val')
@@ -87,24 +87,27 @@ def load_tokenizer(config, workdir: str, source: Source, verbose: bool = True) -
   if d.tokenizer == 'byte':
     tok = ByteTokenizer()
   else:
-    if vocab < ByteTokenizer.vocab_size:
-      raise ConfigError('model.vocab_size', vocab, 'byte-level BPE needs the 256 bytes and 2 '
-                        f'specials; allowed: >= {ByteTokenizer.vocab_size}')
     path = os.path.join(workdir, 'tokenizer.json')
-    if os.path.exists(path):  # resuming: the run keeps the tokenizer it started with
-      tok = BPETokenizer.from_file(path)
+    if os.path.exists(path):  # resuming, or an imported model's: the run keeps it
+      tok = _read_bpe(path, d)
     else:
+      if vocab < ByteTokenizer.vocab_size:
+        raise ConfigError('model.vocab_size', vocab, 'byte-level BPE needs the 256 bytes and 2 '
+                          f'specials; allowed: >= {ByteTokenizer.vocab_size}')
+      specials = {} if (d.eos_token, d.pad_token) == (EOS, PAD) else {
+          'specials': [d.eos_token, d.pad_token]}
       key = _digest({'version': FORMAT_VERSION, 'source': source.describe(), 'vocab': vocab,
-                     'train_bytes': d.tokenizer_train_bytes, 'val_fraction': d.val_fraction})
+                     'train_bytes': d.tokenizer_train_bytes, 'val_fraction': d.val_fraction,
+                     **specials})
       cached = os.path.join(cache_root(d), 'tokenizers', f'bpe-{key[:20]}.json')
       if os.path.exists(cached):
-        tok = BPETokenizer.from_file(cached)
+        tok = _read_bpe(cached, d)
       else:
         start = time.perf_counter()
         texts = tokenizer_sample(source, d.val_fraction, d.tokenizer_train_bytes)
         if not texts:
           raise _no_text(d)
-        tok = BPETokenizer.train(texts, vocab)
+        tok = BPETokenizer.train(texts, vocab, d.eos_token, d.pad_token)
         if verbose:
           print(f'BPE tokenizer: vocab {tok.vocab_size}, trained on '
                 f'{sum(len(t.encode()) for t in texts):,} bytes in '
@@ -117,6 +120,14 @@ def load_tokenizer(config, workdir: str, source: Source, verbose: bool = True) -
     raise ConfigError('model.vocab_size', vocab, f'the {d.tokenizer} tokenizer has '
                       f'{tok.vocab_size} tokens; allowed: >= {tok.vocab_size}')
   return tok
+
+
+def _read_bpe(path: str, d) -> BPETokenizer:
+  try:
+    return BPETokenizer.from_file(path, d.eos_token, d.pad_token)
+  except ValueError as err:  # the named specials are not in it
+    raise ConfigError('data.eos_token', d.eos_token, f'{path}: {err}; allowed: the names of '
+                      'its EOS and pad tokens in data.eos_token and data.pad_token') from None
 
 
 def _no_text(d) -> ConfigError:

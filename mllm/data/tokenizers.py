@@ -46,39 +46,40 @@ class ByteTokenizer:
 
 
 class BPETokenizer:
-  """A byte-level BPE `tokenizers.Tokenizer` with the specials <eos> and <pad>."""
+  """A `tokenizers.Tokenizer` (byte-level BPE, mllm's own, or an imported Hugging Face one) with an
+  EOS and a pad token (mllm's: <eos> and <pad>)."""
 
-  def __init__(self, tokenizer):
+  def __init__(self, tokenizer, eos: str = EOS, pad: str = PAD):
     self.tok = tokenizer
     # Text that happens to contain '<eos>' must stay text, or it would split documents.
     self.tok.encode_special_tokens = True
     self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-    self.eos_id = tokenizer.token_to_id(EOS)
-    self.pad_id = tokenizer.token_to_id(PAD)
+    self.eos_id = tokenizer.token_to_id(eos)
+    self.pad_id = tokenizer.token_to_id(pad)
     if self.eos_id is None or self.pad_id is None:
-      raise ValueError(f'a BPE tokenizer for mllm needs the special tokens {EOS} and {PAD}')
+      raise ValueError(f'a BPE tokenizer for mllm needs the special tokens {eos} and {pad}')
     specials = {t.content for t in tokenizer.get_added_tokens_decoder().values()}
-    # Every byte-level symbol is one character standing for one byte.
     self.token_bytes = np.array(
-        [0 if (t := tokenizer.id_to_token(i)) is None or t in specials else len(t)
+        [0 if (t := tokenizer.id_to_token(i)) is None or t in specials else _n_bytes(t, tokenizer)
          for i in range(self.vocab_size)], np.int32)
 
   @classmethod
-  def from_file(cls, path: str) -> 'BPETokenizer':
+  def from_file(cls, path: str, eos: str = EOS, pad: str = PAD) -> 'BPETokenizer':
     from tokenizers import Tokenizer as HFTokenizer
-    return cls(HFTokenizer.from_file(path))
+    return cls(HFTokenizer.from_file(path), eos, pad)
 
   @classmethod
-  def train(cls, texts: Iterable[str], vocab_size: int) -> 'BPETokenizer':
+  def train(cls, texts: Iterable[str], vocab_size: int, eos: str = EOS,
+            pad: str = PAD) -> 'BPETokenizer':
     from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS, PAD],
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[eos, pad],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     tok.train_from_iterator(texts, trainer)
-    return cls(tok)
+    return cls(tok, eos, pad)
 
   def save(self, path: str) -> None:
     """Write tokenizer.json atomically (several processes may save the same file)."""
@@ -97,3 +98,14 @@ class BPETokenizer:
 
   def decode(self, ids: Iterable[int]) -> str:
     return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+
+def _n_bytes(token: str, tokenizer) -> int:
+  """UTF-8 bytes a vocabulary entry stands for. Byte-level BPE: one character per byte (GPT-2's
+  byte-to-unicode map); SentencePiece-style: '▁' is a space and '<0xNN>' one byte."""
+  from tokenizers import decoders
+  if isinstance(tokenizer.decoder, decoders.ByteLevel):
+    return len(token)
+  if len(token) == 6 and token.startswith('<0x') and token.endswith('>'):
+    return 1
+  return len(token.replace('\u2581', ' ').encode('utf-8'))

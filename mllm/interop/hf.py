@@ -22,8 +22,8 @@ from mllm.interop.hf_config import (ARCHITECTURES, FAMILIES, HFExportError, HFIm
                                     check_exact, config_overrides, family_for, family_of,
                                     hf_config)
 
-__all__ = ['ARCHITECTURES', 'FAMILIES', 'HFExportError', 'HFImportError', 'from_hf', 'hf_params', 'read_config',
-           'to_hf', 'tokenizer_settings']
+__all__ = ['ARCHITECTURES', 'FAMILIES', 'HFExportError', 'HFImportError', 'from_hf', 'hf_params',
+           'read_config', 'run_config', 'to_hf', 'tokenizer_settings']
 
 # Buffers some transformers versions save beside the weights: not parameters.
 _BUFFERS = ('.attn.bias', '.attn.masked_bias', 'rotary_emb.inv_freq')
@@ -164,6 +164,30 @@ def from_hf(path: str, overrides: dict[str, Any] | None = None):
   graphdef, params, _ = nnx.split(abstract, SAVED, ...)
   return config, nnx.merge(graphdef, hf_params(path, config, params),
                            _placeholder_rest(abstract))
+
+
+# Keys of config_overrides that set how the imported model runs, not what it is: a run's own
+# config keeps its values for these.
+_RUN_KEYS = ('model.dtype', 'model.param_dtype', 'model.dropout', 'model.embed_dropout',
+             'model.attention.dropout', 'data.seq_len')
+
+
+def run_config(config, path: str, explicit: dict[str, Any] | None = None):
+  """`config` with the model (and tokenizer settings) of the HF folder `path`, for a run that
+  starts from its weights: its other sections stay, data.seq_len is capped at the model's context,
+  and `explicit` (dotted keys the user set, e.g. on the command line) is applied last."""
+  from mllm.config import set_path, validate  # noqa: PLC0415
+  from ml_collections import config_dict  # noqa: PLC0415
+  keys = {k: v for k, v in config_overrides(read_config(path)).items() if k not in _RUN_KEYS}
+  keys.update(tokenizer_settings(path))
+  out = config_dict.ConfigDict(config.to_dict())
+  with out.ignore_type():
+    for key, value in {**keys, **(explicit or {})}.items():
+      set_path(out, key, value)
+    if out.data.seq_len > out.model.max_seq_len and 'data.seq_len' not in (explicit or {}):
+      out.data.seq_len = out.model.max_seq_len
+  validate(out)
+  return out
 
 
 def base_config_path() -> str:

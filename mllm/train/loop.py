@@ -144,6 +144,11 @@ def _train(config, workdir, stop_after, progress, mesh, model, init, ckpt, closi
   iterator = data.train_iterator()
   start, state = _restore_or_init(config, workdir, ckpt, model, init, iterator)
   end = t.steps if stop_after is None else min(t.steps, stop_after)
+  if start == end == 0:  # stop_after=0: save the initial state (launch.py --mode=import)
+    ckpt.save(0, state, iterator, saved_config)
+    ckpt.wait()
+    return {'step': 0, 'train_loss': float('nan'), 'eval': None, 'interrupted': None,
+            'workdir': workdir}
   # Records after the resumed step are replayed; so is the final eval of a finished run.
   def keep(record) -> bool:
     final_eval = record['split'] == 'eval' and start == t.steps

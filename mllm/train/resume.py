@@ -184,7 +184,7 @@ def check_resumable(workdir: str, config, ckpt: Checkpointer, abstract, *,
 # --------------------------------------------------------------------------------------------
 
 def _source(init_from: str) -> tuple[str, int | None]:
-  """'workdir:PATH' → (workdir, step or None for its latest)."""
+  """'workdir:PATH' → (workdir, step or None for its latest); 'hf:PATH' → (PATH, None)."""
   kind, _, path = init_from.partition(':')
   assert kind in INIT_SOURCES, kind  # validate() checked it
   path = os.path.abspath(os.path.expanduser(path.strip()))
@@ -212,6 +212,8 @@ def init_params(config, abstract_params, log: Callable[[str], None] = note):
   """The parameters `train.init_from` names, restored onto the shardings of `abstract_params`."""
   value = config.train.init_from
   workdir, step = _source(value)
+  if value.startswith('hf:'):
+    return _hf_params(config, workdir, abstract_params, log)
   if not os.path.isdir(os.path.join(workdir, 'checkpoints')):
     raise ConfigError('train.init_from', value, f'{workdir} holds no checkpoints/ folder; allowed: '
                       "'workdir:PATH' with PATH a training workdir or one of its "
@@ -239,4 +241,18 @@ def init_params(config, abstract_params, log: Callable[[str], None] = note):
     ckpt.close()
   log(f'initialized the parameters from {workdir} step {step} (train.init_from); the optimizer, '
       'step count and data order start anew')
+  return params
+
+
+def _hf_params(config, path: str, abstract_params, log: Callable[[str], None]):
+  from mllm.interop.hf import HFImportError, hf_params  # noqa: PLC0415
+  if not os.path.isfile(os.path.join(path, 'config.json')):
+    raise ConfigError('train.init_from', config.train.init_from, f'{path} has no config.json; '
+                      "allowed: 'hf:PATH' with PATH a Hugging Face checkpoint folder")
+  try:
+    params = hf_params(path, config, abstract_params)
+  except HFImportError as err:
+    raise ConfigError('train.init_from', config.train.init_from, str(err)) from None
+  log(f'initialized the parameters from the Hugging Face checkpoint {path} (train.init_from); '
+      'the optimizer, step count and data order start anew')
   return params
