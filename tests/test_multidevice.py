@@ -101,3 +101,42 @@ def test_kernels_run_per_shard_and_match_one_device():
                data__document_mask=True)
   assert not result['{}']['per_shard'] and result['{"data": 2, "tensor": 2}']['per_shard']
   assert_matches_one_device(result)
+
+
+HF_SCRIPT = r'''
+import jax, numpy as np
+from flax import nnx
+import mllm
+from mllm.interop import hf
+from mllm.train.sharding import make_mesh
+from mllm.train.state import setup
+assert jax.device_count() == 4, jax.devices()
+path = PATH
+config = mllm.load_config(hf.base_config_path(), {**hf.config_overrides(hf.read_config(path)),
+                                                  'mesh.data': 1, 'mesh.expert': 2, 'mesh.tensor': 2})
+model, _ = setup(config, make_mesh(config.mesh))
+abstract = model.abstract_state['params']
+placed = hf.hf_params(path, config, abstract)
+_, reference = hf.from_hf(path)
+want = nnx.state(reference, nnx.Param)
+sharded = 0
+for got, like, ref in zip(jax.tree.leaves(placed), jax.tree.leaves(abstract), jax.tree.leaves(want)):
+  assert got.sharding == like.sharding, (got.sharding, like.sharding)
+  assert np.array_equal(np.asarray(got), np.asarray(ref))
+  if len(got.sharding.device_set) == 4 and not got.sharding.is_fully_replicated:
+    sharded += 1
+    shard = got.addressable_shards[0]
+    assert shard.data.shape != got.shape  # a device holds its slice, not the whole tensor
+print('SHARDED', sharded)
+'''
+
+
+def test_hf_weights_load_straight_onto_the_meshs_shardings():
+  """Qwen3-MoE on an (expert 2, tensor 2) mesh: every imported tensor has the sharding the train
+  state wants, each device holding its slice, with the unsharded import's values."""
+  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='--xla_force_host_platform_device_count=4')
+  path = os.path.join(ROOT, 'tests', 'fixtures', 'hf', 'qwen3-moe')
+  proc = subprocess.run([sys.executable, '-c', HF_SCRIPT.replace('PATH', repr(path))], cwd=ROOT,
+                        env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert int(proc.stdout.split('SHARDED')[-1]) > 10, proc.stdout
