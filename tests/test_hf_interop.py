@@ -419,3 +419,57 @@ def test_init_from_a_folder_without_its_tokenizer_is_refused(tmp_path):
   result = run_launch(f'--config.train.init_from=hf:{path}', f'--workdir={tmp_path / "w"}')
   assert result.returncode == 2
   assert 'has no tokenizer.json' in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+# --- What mllm exported, as transformers read it --------------------------------------------------
+# tests/fixtures/make_export_fixtures.py: `to_hf` wrote random mllm models of each family, then
+# transformers 5.24 loaded each folder and recorded its logits, greedy continuations and tokenizer ids.
+
+EXPORTED = ['exported-llama', 'exported-mistral', 'exported-qwen2', 'exported-qwen3',
+            'exported-gpt2', 'exported-mixtral', 'exported-qwen3-moe']
+
+
+@pytest.mark.parametrize('name', EXPORTED)
+def test_transformers_computes_what_mllm_exported(name, imported):
+  _, model = imported(name)
+  ref = reference(name)
+  for which in ('long', 'short'):
+    got, want = logits_of(model, ref[f'{which}_ids']), ref[f'logits_{which}']
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0, err_msg=f'{name} {which}')
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+  prompts, want = ref['short_ids'], ref['greedy'][:, ref['short_ids'].shape[1]:]
+  got = generate_tokens(model, [list(map(int, p)) for p in prompts], max_new_tokens=want.shape[1])
+  assert np.array_equal(np.asarray(got), want)
+
+
+@pytest.mark.parametrize('name', EXPORTED)
+def test_to_hf_still_writes_the_files_transformers_read(name, imported, tmp_path):
+  """If to_hf's output changes, these fixtures no longer show that transformers reads it: rerun
+  make_export_fixtures.py (both steps)."""
+  from mllm.data.tokenizers import BPETokenizer
+  folder = os.path.join(FIXTURES, name)
+  config, model = imported(name)
+  tokenizer = None
+  if os.path.isfile(os.path.join(folder, 'tokenizer.json')):
+    settings = hf.tokenizer_settings(folder)
+    tokenizer = BPETokenizer.from_file(os.path.join(folder, 'tokenizer.json'),
+                                       settings['data.eos_token'], settings['data.pad_token'])
+  hf.to_hf(config, model, str(tmp_path), tokenizer=tokenizer)
+  for file in ('config.json', 'tokenizer_config.json'):
+    if os.path.isfile(os.path.join(folder, file)):
+      with open(os.path.join(folder, file)) as a, open(tmp_path / file) as b:
+        assert json.load(a) == json.load(b), file
+  before, after = load_tensors(folder), load_tensors(str(tmp_path))
+  assert sorted(before) == sorted(after)
+  assert all(np.array_equal(before[n], after[n]) for n in before)
+
+
+def test_an_exported_bpe_tokenizer_gives_transformers_ids():
+  from mllm.data.tokenizers import BPETokenizer
+  folder = os.path.join(FIXTURES, 'exported-gpt2')
+  settings = hf.tokenizer_settings(folder)
+  assert settings['data.eos_token'] == '<eos>' and settings['data.pad_token'] == '<pad>'
+  tok = BPETokenizer.from_file(os.path.join(folder, 'tokenizer.json'), '<eos>', '<pad>')
+  text = 'def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)  # é ü 中\n'
+  assert tok.encode(text) == reference('exported-gpt2')['text_ids'].tolist()
+  assert tok.decode(tok.encode(text)) == text
