@@ -42,7 +42,7 @@ def read_config(path: str) -> dict:
 
 class Checkpoint:
   """The tensors of model.safetensors or of the shards its index names, read one at a time
-  (a tensor is on the host only while it is being placed), remembering which were read."""
+  (a tensor is on the host only while it is being placed)."""
 
   def __init__(self, path: str):
     from safetensors import safe_open  # noqa: PLC0415 (only interop needs it)
@@ -57,18 +57,19 @@ class Checkpoint:
       raise HFImportError(f'{path}: no model.safetensors or model.safetensors.index.json '
                           '(PyTorch .bin checkpoints are not read: re-save with '
                           'safe_serialization)')
-    self.handles = [safe_open(os.path.join(path, f), framework='np') for f in files]
-    self.where = {name: h for h in self.handles for name in h.keys()}
-    self.names, self.used = sorted(self.where), set()
+    self.where = {}  # tensor name → its file
+    for file in files:
+      with safe_open(os.path.join(path, file), framework='np') as h:
+        self.where.update(dict.fromkeys(h.keys(), os.path.join(path, file)))
+    self.names = sorted(self.where)
 
   def __call__(self, name: str) -> np.ndarray:
     if name not in self.where:
       raise HFImportError(f'the checkpoint has no weight {name!r}')
-    self.used.add(name)
-    return np.asarray(self.where[name].get_tensor(name))
-
-  def leftover(self) -> list[str]:
-    return sorted(n for n in self.names if n not in self.used and not n.endswith(_BUFFERS))
+    from safetensors import safe_open  # noqa: PLC0415
+    # Opened per tensor: the file's memory map is released as soon as the tensor is copied out.
+    with safe_open(self.where[name], framework='np') as h:
+      return h.get_tensor(name)
 
 
 def tokenizer_settings(path: str) -> dict[str, Any]:
@@ -123,28 +124,41 @@ def hf_params(path: str, config, abstract_params: nnx.State) -> nnx.State:
     raise HFImportError(f'the config builds parameters the checkpoint lacks: {missing[:4]} '
                         f'(and the mapping gives {extra[:4]}); allowed: overrides that keep '
                         'the parameters')
-  values = {}
+  # Both lists before reading a byte: a wrong checkpoint fails at once, not after gigabytes.
+  needed = [n for link in links for n in link.hf]
+  absent = [n for n in needed if n not in take.where]
+  if absent:
+    raise HFImportError(f'the checkpoint has no weight {absent[0]!r}'
+                        + (f' (+{len(absent) - 1} more)' if len(absent) > 1 else ''))
+  leftover = sorted(set(take.names) - set(needed))
+  leftover = [n for n in leftover if not n.endswith(_BUFFERS)]
+  if leftover:
+    raise HFImportError(f'weights mllm does not use: {", ".join(leftover[:8])}'
+                        + (f' (+{len(leftover) - 8} more)' if len(leftover) > 8 else ''))
+  # Each parameter is placed as soon as it is read (a scanned one once its last layer is), so
+  # the host holds about one tensor besides the placed parameters.
+  placed, layers = {}, {}
   for link in links:
     for name, value in zip(link.mllm, link.to_mllm(*[take(n) for n in link.hf])):
       if tuple(value.shape) != shapes[name]:
         raise HFImportError(f'{name}: the checkpoint gives shape {tuple(value.shape)}, the '
                             f'config needs {shapes[name]}')
-      values[name] = value
-  leftover = take.leftover()
-  if leftover:
-    raise HFImportError(f'weights mllm does not use: {", ".join(leftover[:8])}'
-                        + (f' (+{len(leftover) - 8} more)' if len(leftover) > 8 else ''))
-  if c.scan_layers:
-    values = hf_weights.stack_layers(values, c.n_layers)
-  # Cast to the parameter's dtype: a bfloat16 checkpoint gives float32 parameters holding its
-  # exact values (the compute dtype is the config's business, not the file's).
-  placed = {name: _place(value, abstract[name]) for name, value in values.items()}
+      if c.scan_layers and name.startswith('blocks/'):
+        _, i, rest = name.split('/', 2)
+        stack = layers.setdefault(rest, [None] * c.n_layers)
+        stack[int(i)] = value
+        if all(v is not None for v in stack):
+          placed[f'blocks/{rest}'] = _place(np.stack(layers.pop(rest)), abstract[f'blocks/{rest}'])
+      else:
+        placed[name] = _place(value, abstract[name])
   state = jax.tree.map(lambda x: x, abstract_params)
   nnx.replace_by_pure_dict(state, hf_weights.nested(placed))
   return state
 
 
 def _place(value: np.ndarray, like) -> jax.Array:
+  """Cast to the parameter's dtype (a bfloat16 checkpoint gives float32 parameters holding its
+  exact values: the compute dtype is the config's business, not the file's) and place it."""
   value = np.asarray(value).astype(like.dtype)
   sharding = getattr(like, 'sharding', None)
   if sharding is None:

@@ -209,16 +209,3 @@ def unstack_layers(params: dict[str, np.ndarray], n_layers: int) -> dict[str, np
     layers = range(n_layers) if path.startswith('blocks/') else [None]
     out.update({layer_path(path, i): value if i is None else value[i] for i in layers})
   return out
-
-
-def stack_layers(params: dict[str, np.ndarray], n_layers: int) -> dict[str, np.ndarray]:
-  """The inverse of unstack_layers."""
-  out, per_layer = {}, {}
-  for path, value in params.items():
-    if path.startswith('blocks/'):
-      _, i, rest = path.split('/', 2)
-      per_layer.setdefault(rest, [None] * n_layers)[int(i)] = value
-    else:
-      out[path] = value
-  out.update({f'blocks/{rest}': np.stack(layers) for rest, layers in per_layer.items()})
-  return out
