@@ -30,6 +30,7 @@ from flax import nnx
 from jax.experimental import io_callback
 
 from mllm.layers.kv_cache import KVCache, empty_cache, slots_for
+from mllm.ops.mesh import mesh_of, traced_on
 
 
 def penalize_repeats(logits_BV: jax.Array, seen_BV: jax.Array, penalty: float) -> jax.Array:
@@ -100,10 +101,14 @@ def generate_tokens(model: nnx.Module, prompts: list[list[int]], *, max_new_toke
   # Compiled ahead of time (cached by JAX after the first call), so the timings below hold only
   # the prefill and the decode.
   start = time.perf_counter()
-  prefill = _prefill.lower(graphdef, state, *chunks[0], cache).compile()
-  logits_shape = jax.ShapeDtypeStruct((len(prompts), model.embed.num_embeddings), jnp.float32)
-  decode = _decode.lower(graphdef, state, cache, logits_shape, jnp.zeros(len(prompts), jnp.int32),
-                         jnp.asarray(seen), jax.random.key(seed), **decode_kwargs).compile()
+  # Traced for the mesh the parameters live on (load_run's), as the train step is: kernels then
+  # run per shard there and `auto` chooses for its devices.
+  with traced_on(mesh_of(state)):
+    prefill = _prefill.lower(graphdef, state, *chunks[0], cache).compile()
+    logits_shape = jax.ShapeDtypeStruct((len(prompts), model.embed.num_embeddings), jnp.float32)
+    decode = _decode.lower(graphdef, state, cache, logits_shape,
+                           jnp.zeros(len(prompts), jnp.int32), jnp.asarray(seen),
+                           jax.random.key(seed), **decode_kwargs).compile()
   compiled = time.perf_counter()
   last_logits = None
   for start_index, (chunk_tokens, chunk_positions) in zip(range(0, width, chunk), chunks):

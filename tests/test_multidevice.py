@@ -140,3 +140,54 @@ def test_hf_weights_load_straight_onto_the_meshs_shardings():
                         env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert int(proc.stdout.split('SHARDED')[-1]) > 10, proc.stdout
+
+
+GENERATE_SCRIPT = r'''
+import sys
+import jax, numpy as np
+sys.path.insert(0, ROOT)
+from conftest import tiny_config
+from mllm.generate import generate_tokens
+import mllm.ops.attention as attention
+import mllm.ops.mesh as on_mesh
+from mllm.train.sharding import make_mesh
+from mllm.train.state import setup
+assert jax.device_count() == 4, jax.devices()
+config = tiny_config('pos=alibi,attn=pallas', model__vocab_size=64, model__d_model=32,
+                     model__n_heads=4, model__n_kv_heads=2, model__max_seq_len=64,
+                     mesh__data=2, mesh__tensor=2)
+calls = []
+plain = attention.run_impl
+def recording(impl, *args, **kwargs):
+  mesh = on_mesh.current_mesh()
+  calls.append((impl, 0 if mesh is None else mesh.size))
+  return plain(impl, *args, **kwargs)
+attention.run_impl = recording
+parts, init = setup(config, make_mesh(config.mesh))
+params = init()['params']
+sharded = parts.merge(params)
+sharded.eval()
+prompts = [[1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12, 13]]
+got = generate_tokens(sharded, prompts, max_new_tokens=8)
+on_mesh_calls = list(calls)
+one_parts, _ = setup(config, make_mesh({'data': 1, 'fsdp': 1, 'expert': 1, 'tensor': 1},
+                                       jax.devices()[:1]))
+single = one_parts.merge(jax.device_put(jax.device_get(params), jax.devices()[0]))
+single.eval()
+want = generate_tokens(single, prompts, max_new_tokens=8)
+assert got == want, (got, want)
+print('TRACED', sorted(set(on_mesh_calls)))
+'''
+
+
+def test_generation_on_a_mesh_traces_for_it_and_matches_one_device():
+  """generate_tokens traces for the mesh its parameters live on (as the train step does, so
+  `auto` chooses for those devices): on a (data 2, tensor 2) mesh the prefill chunk runs
+  blockwise (a kernel's index-only masks cannot follow cache positions), the decode step xla,
+  both traced under the 4-device mesh, and the tokens are the 1-device ones."""
+  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='--xla_force_host_platform_device_count=4')
+  code = GENERATE_SCRIPT.replace('ROOT', repr(os.path.join(ROOT, 'tests')))
+  proc = subprocess.run([sys.executable, '-c', code], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.split('TRACED')[-1].strip() == "[('blockwise', 4), ('xla', 4)]", proc.stdout

@@ -30,6 +30,15 @@ def traced_on(mesh: jax.sharding.Mesh):
   return jax.sharding.use_abstract_mesh(mesh.abstract_mesh)
 
 
+def mesh_of(tree) -> jax.sharding.Mesh | None:
+  """The mesh the arrays of `tree` are sharded over (the first NamedSharding found), else None."""
+  for leaf in jax.tree.leaves(tree):
+    sharding = getattr(leaf, 'sharding', None)
+    if isinstance(sharding, jax.sharding.NamedSharding):
+      return sharding.mesh
+  return None
+
+
 def current_mesh() -> jax.sharding.AbstractMesh | None:
   mesh = jax.sharding.get_abstract_mesh()
   return None if mesh.empty else mesh
@@ -69,5 +78,5 @@ def per_shard(fn: Callable, args: tuple, in_specs: tuple, out_specs) -> object:
                        check_vma=False)(*args)
 
 
-__all__ = ['BATCH_AXES', 'HEADS_AXIS', 'P', 'backend', 'current_mesh', 'per_shard', 'split_axes',
-           'traced_on']
+__all__ = ['BATCH_AXES', 'HEADS_AXIS', 'P', 'backend', 'current_mesh', 'mesh_of', 'per_shard',
+           'split_axes', 'traced_on']
