@@ -5,8 +5,9 @@ from mllm.model import Transformer, build_model
 # `mllm.generate(model, tokenizer, prompts, ...)` is the function; its module's other names come
 # with `from mllm.generate import ...`.
 from mllm.generate import generate, generate_tokens, load_run  # noqa: E402  (after model)
-from mllm.interop.hf import from_hf  # noqa: E402
+from mllm.interop.hf import from_hf, to_hf  # noqa: E402
 
 __all__ = ['ConfigError', 'Transformer', 'build_model', 'count_params', 'from_hf', 'generate',
-           'generate_tokens', 'load_config', 'load_run', 'training_flops_per_token', 'validate']
+           'generate_tokens', 'load_config', 'load_run', 'to_hf', 'training_flops_per_token',
+           'validate']
 __version__ = '0.1.0'

@@ -291,9 +291,10 @@ def test_mllm_to_hf_to_mllm_gives_the_same_logits(name, tiny, tmp_path):
   family, keys = EXPORTABLE[name]
   config = tiny(**{k.replace('.', '__'): v for k, v in keys.items()})
   model = randomized(config)
-  assert hf.to_hf(config, model, str(tmp_path)) == family
+  import mllm  # the top-level names
+  assert mllm.to_hf(config, model, str(tmp_path)) == family
   assert hf.read_config(str(tmp_path))['architectures'] == [hf.ARCHITECTURES[family]]
-  _, back = hf.from_hf(str(tmp_path), {'model.scan_layers': config.model.scan_layers})
+  _, back = mllm.from_hf(str(tmp_path), {'model.scan_layers': config.model.scan_layers})
   ids = np.random.default_rng(0).integers(0, config.model.vocab_size, (2, 16))
   np.testing.assert_allclose(logits_of(back, ids), logits_of(model, ids), atol=1e-6, rtol=0)
 
