@@ -404,6 +404,9 @@ def test_import_generate_train_and_export_through_launch(corpus, tmp_path):
   trained, _, step, config = load_run(workdir, like)
   assert step == 2 and config.model.position.rope_scaling == 'yarn'
 
+  result = run_launch('--mode=eval', f'--workdir={workdir}')
+  assert result.returncode == 0 and 'step 2 of' in result.stdout, result.stderr
+
   result = run_launch('--mode=export', f'--workdir={workdir}', f'--hf={out}')
   assert result.returncode == 0, result.stderr
   exported = hf.read_config(out)
@@ -474,3 +477,29 @@ def test_an_exported_bpe_tokenizer_gives_transformers_ids():
   text = 'def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)  # é ü 中\n'
   assert tok.encode(text) == reference('exported-gpt2')['text_ids'].tolist()
   assert tok.decode(tok.encode(text)) == text
+
+
+def test_launch_import_and_export_refusals_are_one_line(corpus, tmp_path):
+  from test_launch import run_launch
+  path = write_copy(tmp_path, 'llama')
+  add_tokenizer(path)
+
+  def one_line_error(result, text):
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and text in lines[0], result.stderr
+
+  one_line_error(run_launch('--mode=import', f'--workdir={tmp_path / "a"}'),
+                 '--hf: --mode=import needs the Hugging Face folder')
+  one_line_error(run_launch('--mode=import', f'--hf={tmp_path / "nope"}',
+                            f'--workdir={tmp_path / "a"}'), 'has no config.json')
+  # ALiBi keeps the parameters' shapes, so the import takes it; no HF class computes it.
+  workdir = str(tmp_path / 'alibi')
+  result = run_launch('--mode=import', f'--hf={path}', f'--workdir={workdir}',
+                      '--config.model.position.kind=alibi', '--config.data.source=text',
+                      f'--config.data.path={corpus}', '--config.data.seq_len=32')
+  assert result.returncode == 0, result.stderr
+  one_line_error(run_launch('--mode=export', f'--workdir={workdir}', f'--hf={tmp_path / "out"}'),
+                 "model.position.kind='alibi'")
+  one_line_error(run_launch('--mode=import', f'--hf={path}', f'--workdir={workdir}'),
+                 'already holds checkpoints')
