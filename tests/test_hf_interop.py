@@ -503,3 +503,24 @@ def test_launch_import_and_export_refusals_are_one_line(corpus, tmp_path):
                  "model.position.kind='alibi'")
   one_line_error(run_launch('--mode=import', f'--hf={path}', f'--workdir={workdir}'),
                  'already holds checkpoints')
+
+
+def test_a_tied_checkpoint_that_also_stores_its_head_loads_unless_they_differ(tmp_path):
+  ref = reference('qwen2')
+  path = write_copy(tmp_path, 'qwen2', edit_weights=lambda w: {
+      **w, 'lm_head.weight': w['model.embed_tokens.weight'].copy()})
+  _, model = hf.from_hf(path)
+  np.testing.assert_allclose(logits_of(model, ref['short_ids']), ref['logits_short'], atol=1e-4)
+  path = write_copy(tmp_path / 'x', 'qwen2', edit_weights=lambda w: {
+      **w, 'lm_head.weight': w['model.embed_tokens.weight'] + 1})
+  with pytest.raises(hf.HFImportError, match='lm_head.weight differs from model.embed_tokens'):
+    hf.from_hf(path)
+
+
+def test_gpt2_checkpoints_without_the_transformer_prefix_load_the_same(tmp_path):
+  """The original gpt2 repository names its tensors 'h.0.attn...' and 'wte.weight'."""
+  path = write_copy(tmp_path, 'gpt2', edit_weights=lambda w: {
+      k.removeprefix('transformer.'): v for k, v in w.items()})
+  _, model = hf.from_hf(path)
+  ref = reference('gpt2')
+  np.testing.assert_allclose(logits_of(model, ref['long_ids']), ref['logits_long'], atol=1e-4)

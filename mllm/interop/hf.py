@@ -132,6 +132,14 @@ def hf_params(path: str, config, abstract_params: nnx.State) -> nnx.State:
                         + (f' (+{len(absent) - 1} more)' if len(absent) > 1 else ''))
   leftover = sorted(set(take.names) - set(needed))
   leftover = [n for n in leftover if not n.endswith(_BUFFERS)]
+  if c.tie_embeddings and 'lm_head.weight' in leftover:
+    # Some tied checkpoints store the head too: harmless if it is the embedding, else not tied.
+    embedding = next(n for link in links for n in link.hf if n.endswith(('embed_tokens.weight',
+                                                                          'wte.weight')))
+    if not np.array_equal(take('lm_head.weight'), take(embedding)):
+      raise HFImportError('tie_word_embeddings is true but lm_head.weight differs from '
+                          f'{embedding}; allowed: a checkpoint whose head is its embedding')
+    leftover.remove('lm_head.weight')
   if leftover:
     raise HFImportError(f'weights mllm does not use: {", ".join(leftover[:8])}'
                         + (f' (+{len(leftover) - 8} more)' if len(leftover) > 8 else ''))
