@@ -637,3 +637,28 @@ def test_real_stdlib_corpus(tmp_path):
   val_keys = [k for k in sorted(texts) if texts[k] and expected_val(k, 0.02)]
   assert [data.tokenizer.decode(d) for d in docs] == [texts[k] for k in val_keys]
   assert data.tokenizer.token_bytes[stream].sum() == data.stats['val']['bytes']
+
+
+def test_token_bytes_of_a_sentencepiece_style_tokenizer():
+  """An imported Llama-2-style vocabulary (Metaspace '▁' for spaces, '<0xNN>' byte fallback):
+  token_bytes counts '▁' as the space it stands for and a byte token as one byte, so the bytes of
+  an encoded text sum to its UTF-8 length plus the one space Metaspace prepends."""
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+  specials = ['<unk>', '<s>', '</s>']
+  pieces = specials + [f'<0x{b:02X}>' for b in range(256)] + ['▁', 'a', 'b', '▁a', 'ab', '▁ab']
+  model = models.BPE(vocab={p: i for i, p in enumerate(pieces)},
+                     merges=[('▁', 'a'), ('a', 'b'), ('▁a', 'b')], byte_fallback=True,
+                     unk_token='<unk>')
+  raw = Tokenizer(model)
+  raw.pre_tokenizer = pre_tokenizers.Metaspace(replacement='▁', prepend_scheme='first')
+  raw.decoder = decoders.Sequence([decoders.Replace('▁', ' '), decoders.ByteFallback(),
+                                   decoders.Fuse(), decoders.Strip(' ', 1, 0)])
+  raw.add_special_tokens(specials)
+  tok = BPETokenizer(raw, eos='</s>', pad='</s>')
+  assert tok.eos_id == tok.pad_id == 2
+  assert [tok.token_bytes[raw.token_to_id(p)] for p in ('<0xC3>', '▁', '▁ab', 'ab', '<s>')] == [
+      1, 1, 3, 2, 0]
+  for text in ('ab ab', 'ab aé b', 'é東'):
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text
+    assert sum(int(tok.token_bytes[i]) for i in ids) == len(text.encode('utf-8')) + 1, text
