@@ -46,24 +46,33 @@ def imported():
   return get
 
 
-@pytest.mark.parametrize('family', FAMILIES)
-def test_logits_match_transformers(family, imported):
-  _, model = imported(family)
-  ref = reference(family)
+def assert_logits_match(model, name):
+  """transformers' float32 logits for the fixture's long and short prompts: within 1e-4, same
+  argmax."""
+  ref = reference(name)
   for which in ('long', 'short'):
     got, want = logits_of(model, ref[f'{which}_ids']), ref[f'logits_{which}']
-    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0, err_msg=f'{family} {which}')
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0, err_msg=f'{name} {which}')
     assert (got.argmax(-1) == want.argmax(-1)).all()
 
 
-@pytest.mark.parametrize('family', FAMILIES)
-def test_greedy_generation_with_the_kv_cache_matches_transformers(family, imported):
-  _, model = imported(family)
-  ref = reference(family)
+def assert_greedy_matches(model, name):
+  """transformers' greedy continuation of the short prompts, decoded with the KV cache."""
+  ref = reference(name)
   prompts, want = ref['short_ids'], ref['greedy'][:, ref['short_ids'].shape[1]:]
   got = generate_tokens(model, [list(map(int, p)) for p in prompts],
                         max_new_tokens=want.shape[1])
   assert np.array_equal(np.asarray(got), want)
+
+
+@pytest.mark.parametrize('family', FAMILIES)
+def test_logits_match_transformers(family, imported):
+  assert_logits_match(imported(family)[1], family)
+
+
+@pytest.mark.parametrize('family', FAMILIES)
+def test_greedy_generation_with_the_kv_cache_matches_transformers(family, imported):
+  assert_greedy_matches(imported(family)[1], family)
 
 
 @pytest.mark.parametrize('family,keys', [
@@ -436,14 +445,8 @@ EXPORTED = ['exported-llama', 'exported-mistral', 'exported-qwen2', 'exported-qw
 @pytest.mark.parametrize('name', EXPORTED)
 def test_transformers_computes_what_mllm_exported(name, imported):
   _, model = imported(name)
-  ref = reference(name)
-  for which in ('long', 'short'):
-    got, want = logits_of(model, ref[f'{which}_ids']), ref[f'logits_{which}']
-    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0, err_msg=f'{name} {which}')
-    assert (got.argmax(-1) == want.argmax(-1)).all()
-  prompts, want = ref['short_ids'], ref['greedy'][:, ref['short_ids'].shape[1]:]
-  got = generate_tokens(model, [list(map(int, p)) for p in prompts], max_new_tokens=want.shape[1])
-  assert np.array_equal(np.asarray(got), want)
+  assert_logits_match(model, name)
+  assert_greedy_matches(model, name)
 
 
 @pytest.mark.parametrize('name', EXPORTED)
