@@ -39,6 +39,10 @@ def main(argv=None) -> int:
   except (ValueError, ConfigError) as err:
     print(f'error: {err}', file=sys.stderr)
     return 2
+  except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the started runs saved their checkpoints
+    print(f'error: interrupted; finished runs are kept and started ones saved a checkpoint: run '
+          f'the same command again to resume', file=sys.stderr)
+    return 130
   path = report.write(suite, results, args.out)
   print(open(path).read())
   return 1 if results['failed'] else 0

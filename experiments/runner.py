@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import json
@@ -18,8 +19,10 @@ import math
 import os
 import pickle
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 
@@ -179,6 +182,24 @@ def adopt(source: str, config, workdir: str, measure=None) -> dict:
   return result
 
 
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+  """SIGTERM (a scheduler's preemption, `kill`) stops the suite as Ctrl-C does: the workers get
+  SIGTERM in turn and save a checkpoint, and none is left running unsupervised (where a relaunch
+  would start a second process on the same workdir)."""
+  if threading.current_thread() is not threading.main_thread():  # only it may set handlers
+    yield
+    return
+
+  def interrupt(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+  previous = signal.signal(signal.SIGTERM, interrupt)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+
+
 def _start_worker(job: dict, workdir: str) -> subprocess.Popen:
   """`python -m experiments.worker WORKDIR`: one run in its own process, its output in
   WORKDIR/worker.log."""
@@ -294,38 +315,39 @@ def run_suite(suite: Suite, *, preset: str, seeds: int, out: str, extra: dict | 
 
   running = {}  # Popen -> (item, job, attempt)
   try:
-    while todo or running:
-      blocked = [item for item in todo if ready(item) is None]
-      for item in blocked:
-        todo.remove(item)
-        done(item, errors=[f'its starts_from run {item[0].starts_from} seed {item[1]} did not '
-                           'finish'])
-      startable = [item for item in todo if ready(item)]
-      if startable and len(running) < jobs:
-        item = startable[0]
-        todo.remove(item)
-        kwargs = prepare(item)
-        if adopted(item):
+    with _sigterm_as_interrupt():
+      while todo or running:
+        blocked = [item for item in todo if ready(item) is None]
+        for item in blocked:
+          todo.remove(item)
+          done(item, errors=[f'its starts_from run {item[0].starts_from} seed {item[1]} did not '
+                             'finish'])
+        startable = [item for item in todo if ready(item)]
+        if startable and len(running) < jobs:
+          item = startable[0]
+          todo.remove(item)
+          kwargs = prepare(item)
+          if adopted(item):
+            continue
+          workdir = records[item[0].name, item[1]]['workdir']
+          if jobs == 1:
+            _run_here(item, workdir, run, kwargs, progress, measure, done)
+          else:
+            job = {'config': item[2], 'measure': suite.extra_metrics, **kwargs}
+            running[_start_worker(job, workdir)] = (item, job, 1)
           continue
-        workdir = records[item[0].name, item[1]]['workdir']
-        if jobs == 1:
-          _run_here(item, workdir, run, kwargs, progress, measure, done)
-        else:
-          job = {'config': item[2], 'measure': suite.extra_metrics, **kwargs}
-          running[_start_worker(job, workdir)] = (item, job, 1)
-        continue
-      if not running:
-        break
-      time.sleep(1)
-      for proc in [p for p in running if p.poll() is not None]:
-        item, job, attempt = running.pop(proc)
-        workdir = records[item[0].name, item[1]]['workdir']
-        if proc.returncode == 0 and os.path.exists(os.path.join(workdir, 'result.json')):
-          done(item, _read_result(workdir))
-        elif attempt == 1:  # a failed run is retried once
-          running[_start_worker(job, workdir)] = (item, job, 2)
-        else:
-          done(item, errors=[_last_error(workdir)])
+        if not running:
+          break
+        time.sleep(1)
+        for proc in [p for p in running if p.poll() is not None]:
+          item, job, attempt = running.pop(proc)
+          workdir = records[item[0].name, item[1]]['workdir']
+          if proc.returncode == 0 and os.path.exists(os.path.join(workdir, 'result.json')):
+            done(item, _read_result(workdir))
+          elif attempt == 1:  # a failed run is retried once
+            running[_start_worker(job, workdir)] = (item, job, 2)
+          else:
+            done(item, errors=[_last_error(workdir)])
   except KeyboardInterrupt:
     for proc in running:  # train() saves a checkpoint on SIGTERM: the next call resumes it
       proc.terminate()

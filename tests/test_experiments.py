@@ -392,3 +392,68 @@ def test_remeasure_runs_the_measure_again_on_finished_runs(finished, monkeypatch
   assert sorted(seen) == sorted(r['workdir'] for r in again['runs']) and len(seen) == 6
   for run in again['runs']:
     assert json.load(open(os.path.join(run['workdir'], 'result.json')))['decode_tok_s'] == 123.0
+
+
+KILL_SCRIPT = r'''
+import sys
+sys.path.insert(0, TESTS)
+from experiments.runner import run_suite
+from test_experiments import SUITE, data_overrides
+extra = {**data_overrides(CORPUS, CACHE), 'train.steps': 100000, 'train.log_every': 1,
+         'train.checkpoint_every': 100000, 'train.eval_every': 0}
+two = type(SUITE)('demo', 'x', 'configs/base.py', (SUITE.variants[0], SUITE.variants[2]),
+                  SUITE.presets)
+try:
+  run_suite(two, preset='tiny', seeds=1, out=OUT, extra=extra, progress=False, jobs=2)
+except KeyboardInterrupt:
+  sys.exit(130)
+'''
+
+
+def _workers_of(out: str) -> list[int]:
+  """PIDs of live `python -m experiments.worker` processes working under `out`."""
+  pids = []
+  for pid in filter(str.isdigit, os.listdir('/proc')):
+    try:
+      with open(f'/proc/{pid}/cmdline', 'rb') as f:
+        cmd = f.read().decode(errors='replace').split('\0')
+      with open(f'/proc/{pid}/stat') as f:
+        state = f.read().rsplit(')', 1)[1].split()[0]
+    except OSError:
+      continue
+    if 'experiments.worker' in cmd and any(a.startswith(out) for a in cmd) and state != 'Z':
+      pids.append(int(pid))
+  return pids
+
+
+def test_sigterm_to_the_suite_stops_its_workers_and_they_save(corpus, tmp_path):
+  """A preempted suite (SIGTERM to its main process, jobs=2) passes the signal on: the workers
+  save a checkpoint and exit, none keeps training unsupervised, and the suite exits 130."""
+  import glob
+  import signal
+  import time
+  out = str(tmp_path / 'out')
+  code = (KILL_SCRIPT.replace('TESTS', repr(os.path.join(ROOT, 'tests')))
+          .replace('CORPUS', repr(str(corpus))).replace('CACHE', repr(str(tmp_path / 'cache')))
+          .replace('OUT', repr(out)))
+  proc = subprocess.Popen([sys.executable, '-c', code], cwd=ROOT,
+                          env=dict(os.environ, JAX_PLATFORMS='cpu'))
+  try:
+    deadline = time.time() + 240
+    while time.time() < deadline:  # both workers past their first logged step
+      logs = glob.glob(os.path.join(out, '**', 'metrics.jsonl'), recursive=True)
+      if len(logs) == 2 and all('"train"' in open(p).read() for p in logs):
+        break
+      assert proc.poll() is None, 'the suite ended before it was stopped'
+      time.sleep(0.5)
+    workers = _workers_of(out)
+    assert len(workers) == 2, workers
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 130
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert not _workers_of(out)
+  for workdir in {os.path.dirname(p) for p in logs}:
+    steps = [int(s) for s in os.listdir(os.path.join(workdir, 'checkpoints')) if s.isdigit()]
+    assert steps and max(steps) > 0, workdir  # the SIGTERM save (checkpoint_every is 100,000)
