@@ -527,3 +527,9 @@ def test_gpt2_checkpoints_without_the_transformer_prefix_load_the_same(tmp_path)
   _, model = hf.from_hf(path)
   ref = reference('gpt2')
   np.testing.assert_allclose(logits_of(model, ref['long_ids']), ref['logits_long'], atol=1e-4)
+
+
+def test_an_override_that_changes_the_parameters_is_refused_naming_them():
+  with pytest.raises(hf.HFImportError, match=r'the config builds parameters the checkpoint '
+                     r'lacks: blocks/0/attention_norm/bias.*allowed: overrides that keep'):
+    hf.from_hf(os.path.join(FIXTURES, 'llama'), {'model.norm.kind': 'layernorm'})

@@ -120,10 +120,11 @@ def hf_params(path: str, config, abstract_params: nnx.State) -> nnx.State:
   links = hf_weights.links_for(c, family, take.names)
   given = {name for link in links for name in link.mllm}
   missing, extra = sorted(set(shapes) - given), sorted(given - set(shapes))
-  if missing or extra:  # a config the links do not describe (an override that changes params)
-    raise HFImportError(f'the config builds parameters the checkpoint lacks: {missing[:4]} '
-                        f'(and the mapping gives {extra[:4]}); allowed: overrides that keep '
-                        'the parameters')
+  if missing or extra:  # an override that changes the parameters (norm biases, ...)
+    problems = ([f'the config builds parameters the checkpoint lacks: {", ".join(missing[:4])}']
+                if missing else []) + ([f'the checkpoint maps to parameters the config does not '
+                                        f'build: {", ".join(extra[:4])}'] if extra else [])
+    raise HFImportError('; '.join(problems) + '; allowed: overrides that keep the parameters')
   # Both lists before reading a byte: a wrong checkpoint fails at once, not after gigabytes.
   needed = [n for link in links for n in link.hf]
   absent = [n for n in needed if n not in take.where]
