@@ -118,32 +118,7 @@ def hf_params(path: str, config, abstract_params: nnx.State) -> nnx.State:
               for name, shape in shapes.items()
               for i in (range(c.n_layers) if name.startswith('blocks/') else [None])}
   links = hf_weights.links_for(c, family, take.names)
-  given = {name for link in links for name in link.mllm}
-  missing, extra = sorted(set(shapes) - given), sorted(given - set(shapes))
-  if missing or extra:  # an override that changes the parameters (norm biases, ...)
-    problems = ([f'the config builds parameters the checkpoint lacks: {", ".join(missing[:4])}']
-                if missing else []) + ([f'the checkpoint maps to parameters the config does not '
-                                        f'build: {", ".join(extra[:4])}'] if extra else [])
-    raise HFImportError('; '.join(problems) + '; allowed: overrides that keep the parameters')
-  # Both lists before reading a byte: a wrong checkpoint fails at once, not after gigabytes.
-  needed = [n for link in links for n in link.hf]
-  absent = [n for n in needed if n not in take.where]
-  if absent:
-    raise HFImportError(f'the checkpoint has no weight {absent[0]!r}'
-                        + (f' (+{len(absent) - 1} more)' if len(absent) > 1 else ''))
-  leftover = sorted(set(take.names) - set(needed))
-  leftover = [n for n in leftover if not n.endswith(_BUFFERS)]
-  if c.tie_embeddings and 'lm_head.weight' in leftover:
-    # Some tied checkpoints store the head too: harmless if it is the embedding, else not tied.
-    embedding = next(n for link in links for n in link.hf if n.endswith(('embed_tokens.weight',
-                                                                          'wte.weight')))
-    if not np.array_equal(take('lm_head.weight'), take(embedding)):
-      raise HFImportError('tie_word_embeddings is true but lm_head.weight differs from '
-                          f'{embedding}; allowed: a checkpoint whose head is its embedding')
-    leftover.remove('lm_head.weight')
-  if leftover:
-    raise HFImportError(f'weights mllm does not use: {", ".join(leftover[:8])}'
-                        + (f' (+{len(leftover) - 8} more)' if len(leftover) > 8 else ''))
+  _check_names(c, links, shapes, take)
   # Each parameter is placed as soon as it is read (a scanned one once its last layer is), so
   # the host holds about one tensor besides the placed parameters.
   placed, layers = {}, {}
@@ -163,6 +138,37 @@ def hf_params(path: str, config, abstract_params: nnx.State) -> nnx.State:
   state = jax.tree.map(lambda x: x, abstract_params)
   nnx.replace_by_pure_dict(state, hf_weights.nested(placed))
   return state
+
+
+def _check_names(c, links: list, shapes: dict, take: Checkpoint) -> None:
+  """Every parameter the config builds is mapped, every tensor the mapping needs is in the
+  checkpoint and every tensor in it is used: checked before a byte is read, so a wrong
+  checkpoint fails at once, not after gigabytes."""
+  given = {name for link in links for name in link.mllm}
+  missing, extra = sorted(set(shapes) - given), sorted(given - set(shapes))
+  if missing or extra:  # an override that changes the parameters (norm biases, ...)
+    problems = ([f'the config builds parameters the checkpoint lacks: {", ".join(missing[:4])}']
+                if missing else []) + ([f'the checkpoint maps to parameters the config does not '
+                                        f'build: {", ".join(extra[:4])}'] if extra else [])
+    raise HFImportError('; '.join(problems) + '; allowed: overrides that keep the parameters')
+  needed = [n for link in links for n in link.hf]
+  absent = [n for n in needed if n not in take.where]
+  if absent:
+    raise HFImportError(f'the checkpoint has no weight {absent[0]!r}'
+                        + (f' (+{len(absent) - 1} more)' if len(absent) > 1 else ''))
+  leftover = sorted(set(take.names) - set(needed))
+  leftover = [n for n in leftover if not n.endswith(_BUFFERS)]
+  if c.tie_embeddings and 'lm_head.weight' in leftover:
+    # Some tied checkpoints store the head too: harmless if it is the embedding, else not tied.
+    embedding = next(n for link in links for n in link.hf if n.endswith(('embed_tokens.weight',
+                                                                          'wte.weight')))
+    if not np.array_equal(take('lm_head.weight'), take(embedding)):
+      raise HFImportError('tie_word_embeddings is true but lm_head.weight differs from '
+                          f'{embedding}; allowed: a checkpoint whose head is its embedding')
+    leftover.remove('lm_head.weight')
+  if leftover:
+    raise HFImportError(f'weights mllm does not use: {", ".join(leftover[:8])}'
+                        + (f' (+{len(leftover) - 8} more)' if len(leftover) > 8 else ''))
 
 
 def _place(value: np.ndarray, like) -> jax.Array:
