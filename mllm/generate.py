@@ -101,8 +101,9 @@ def generate_tokens(model: nnx.Module, prompts: list[list[int]], *, max_new_toke
   # Compiled ahead of time (cached by JAX after the first call), so the timings below hold only
   # the prefill and the decode.
   start = time.perf_counter()
-  # Traced for the mesh the parameters live on (load_run's), as the train step is: kernels then
-  # run per shard there and `auto` chooses for its devices.
+  # Traced for the mesh the parameters live on (load_run's), as the train step is, so `auto`
+  # chooses for those devices. (No Pallas kernel runs here: a prefill chunk with a cache goes
+  # blockwise and a decode step xla, see ops.attention.cached_impl.)
   with traced_on(mesh_of(state)):
     prefill = _prefill.lower(graphdef, state, *chunks[0], cache).compile()
     logits_shape = jax.ShapeDtypeStruct((len(prompts), model.embed.num_embeddings), jnp.float32)

@@ -58,9 +58,11 @@ class BPETokenizer:
     self.pad_id = tokenizer.token_to_id(pad)
     if self.eos_id is None or self.pad_id is None:
       raise ValueError(f'a BPE tokenizer for mllm needs the special tokens {eos} and {pad}')
+    from tokenizers import decoders
     specials = {t.content for t in tokenizer.get_added_tokens_decoder().values()}
+    byte_level = isinstance(tokenizer.decoder, decoders.ByteLevel)
     self.token_bytes = np.array(
-        [0 if (t := tokenizer.id_to_token(i)) is None or t in specials else _n_bytes(t, tokenizer)
+        [0 if (t := tokenizer.id_to_token(i)) is None or t in specials else _n_bytes(t, byte_level)
          for i in range(self.vocab_size)], np.int32)
 
   @classmethod
@@ -100,11 +102,10 @@ class BPETokenizer:
     return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
 
 
-def _n_bytes(token: str, tokenizer) -> int:
+def _n_bytes(token: str, byte_level: bool) -> int:
   """UTF-8 bytes a vocabulary entry stands for. Byte-level BPE: one character per byte (GPT-2's
   byte-to-unicode map); SentencePiece-style: '▁' is a space and '<0xNN>' one byte."""
-  from tokenizers import decoders
-  if isinstance(tokenizer.decoder, decoders.ByteLevel):
+  if byte_level:
     return len(token)
   if len(token) == 6 and token.startswith('<0x') and token.endswith('>'):
     return 1

@@ -77,8 +77,6 @@ def tokenizer_settings(path: str) -> dict[str, Any]:
   tokenizer_config.json or config.json's ids. {} if the folder has no tokenizer.json."""
   if not os.path.isfile(os.path.join(path, 'tokenizer.json')):
     return {}
-  from tokenizers import Tokenizer  # noqa: PLC0415
-  tok = Tokenizer.from_file(os.path.join(path, 'tokenizer.json'))
   names = {}
   config_file = os.path.join(path, 'tokenizer_config.json')
   if os.path.isfile(config_file):
@@ -93,7 +91,9 @@ def tokenizer_settings(path: str) -> dict[str, Any]:
     if isinstance(token_id, list):
       token_id = token_id[0]
     if not names.get(key) and token_id is not None:
-      names[key] = tok.id_to_token(int(token_id))
+      from tokenizers import Tokenizer  # noqa: PLC0415  (read only to name an id)
+      names[key] = Tokenizer.from_file(os.path.join(path, 'tokenizer.json')).id_to_token(
+          int(token_id))
   if not names.get('eos_token'):
     raise HFImportError(f'{path}: its tokenizer names no EOS token (tokenizer_config.json '
                         'eos_token or config.json eos_token_id); allowed: a tokenizer with one')

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from mllm.layers import resolved_head_dim
+
 # model_type → the architecture transformers builds for it.
 ARCHITECTURES = {'llama': 'LlamaForCausalLM', 'mistral': 'MistralForCausalLM',
                  'qwen2': 'Qwen2ForCausalLM', 'qwen3': 'Qwen3ForCausalLM',
@@ -223,7 +225,8 @@ def hf_config(m, family: str, dtype: str) -> dict[str, Any]:
   """config.json for model config `m` as `family` (unchecked: see `check_exact`)."""
   from mllm.layers.ffn import hidden_dim  # noqa: PLC0415
   from mllm.layers.moe import expert_hidden_dim  # noqa: PLC0415
-  head_dim = m.head_dim or m.d_model // m.n_heads
+  from mllm.model import dense_ffn_kind  # noqa: PLC0415
+  head_dim = resolved_head_dim(m)
   common = {'architectures': [ARCHITECTURES[family]], 'model_type': family,
             'vocab_size': m.vocab_size, 'tie_word_embeddings': bool(m.tie_embeddings),
             'dtype': dtype, 'bos_token_id': None, 'eos_token_id': None, 'pad_token_id': None}
@@ -234,11 +237,10 @@ def hf_config(m, family: str, dtype: str) -> dict[str, Any]:
             'n_positions': m.max_seq_len, 'n_inner': hidden_dim(m.ffn, m.d_model),
             'activation_function': kind, 'layer_norm_epsilon': float(m.norm.eps),
             'resid_pdrop': 0.0, 'embd_pdrop': 0.0, 'attn_pdrop': 0.0, 'scale_attn_weights': True}
-  dense_kind = m.moe.expert_kind if m.ffn.kind == 'moe' else m.ffn.kind
   out = {**common, 'hidden_size': m.d_model, 'num_hidden_layers': m.n_layers,
          'num_attention_heads': m.n_heads, 'num_key_value_heads': m.n_kv_heads,
          'head_dim': head_dim, 'max_position_embeddings': m.max_seq_len,
-         'intermediate_size': hidden_dim(m.ffn, m.d_model, dense_kind),
+         'intermediate_size': hidden_dim(m.ffn, m.d_model, dense_ffn_kind(m)),
          'rms_norm_eps': float(m.norm.eps), 'hidden_act': 'silu', 'attention_dropout': 0.0,
          **_hf_rope(m)}
   if family in ('llama', 'qwen3', 'qwen3_moe'):
@@ -266,21 +268,21 @@ def math_of(m) -> dict[str, Any]:
   from mllm.config import moe_layers  # noqa: PLC0415
   from mllm.layers.ffn import hidden_dim  # noqa: PLC0415
   from mllm.layers.moe import expert_hidden_dim  # noqa: PLC0415
+  from mllm.model import dense_ffn_kind  # noqa: PLC0415
   keys = ('vocab_size', 'd_model', 'n_layers', 'n_heads', 'n_kv_heads', 'tie_embeddings',
           'embed_scale', 'position.kind', 'norm.kind', 'norm.placement', 'norm.eps',
           'norm.final_norm', 'ffn.kind', 'ffn.use_bias', 'attention.qk_norm',
           'attention.use_bias', 'attention.qkv_bias', 'attention.sliding_window')
   out = {k: _get(m, k) for k in keys}
-  head_dim = m.head_dim or m.d_model // m.n_heads
+  head_dim = resolved_head_dim(m)
   out['head_dim'] = head_dim
   out['attention.softmax_scale'] = m.attention.softmax_scale or head_dim ** -0.5
   out['norm.use_bias'] = (m.norm.kind == 'layernorm' if m.norm.use_bias is None
                           else bool(m.norm.use_bias))
   if m.norm.kind == 'partial_rmsnorm':
     out['norm.partial_p'] = m.norm.partial_p
-  dense_kind = m.moe.expert_kind if m.ffn.kind == 'moe' else m.ffn.kind
-  if m.ffn.kind != 'moe' or len(moe_layers(m)) < m.n_layers:
-    out['ffn.d_ff'] = hidden_dim(m.ffn, m.d_model, dense_kind)
+  if len(moe_layers(m)) < m.n_layers:  # there are dense layers (all of them without MoE)
+    out['ffn.d_ff'] = hidden_dim(m.ffn, m.d_model, dense_ffn_kind(m))
   if m.position.kind == 'learned':
     out['max_seq_len'] = m.max_seq_len
   if m.position.kind == 'rope':

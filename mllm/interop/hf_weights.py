@@ -15,6 +15,8 @@ from typing import Callable
 
 import numpy as np
 
+from mllm.layers import resolved_head_dim
+
 
 @dataclasses.dataclass(frozen=True)
 class Link:
@@ -53,19 +55,15 @@ def head_bias(hf: str, mllm: str, heads: int, head_dim: int) -> Link:
   return _one(hf, mllm, lambda b: b.reshape(heads, head_dim), lambda p: p.reshape(-1))
 
 
-def experts(hf: list[str], mllm: str, transpose: bool = True) -> Link:
+def experts(hf: list[str], mllm: str) -> Link:
   """One Linear per expert ([out, in] each) ↔ a stacked kernel [E, in, out]."""
-  def to_mllm(*ws):
-    return (np.stack([w.T if transpose else w for w in ws]),)
-
-  def to_hf(p):
-    return tuple((e.T if transpose else e) for e in p)
-  return Link(tuple(hf), (mllm,), to_mllm, to_hf)
+  return Link(tuple(hf), (mllm,), lambda *ws: (np.stack([w.T for w in ws]),),
+              lambda p: tuple(e.T for e in p))
 
 
-def fused_qkv(hf: str, mllm: tuple[str, str, str], heads: int, head_dim: int,
-              bias: bool) -> Link:
-  """GPT-2's c_attn, Conv1D [D, 3·N·H] (bias [3·N·H]) ↔ query, key, value [D, N, H] ([N, H])."""
+def fused_qkv(hf: str, mllm: tuple[str, str, str], heads: int, head_dim: int) -> Link:
+  """GPT-2's c_attn, Conv1D [D, 3·N·H] (bias [3·N·H]) ↔ query, key, value [D, N, H] ([N, H]):
+  the same split on the last axis for the weight and the bias."""
   shape = (heads, head_dim)
 
   def to_mllm(w):
@@ -73,7 +71,6 @@ def fused_qkv(hf: str, mllm: tuple[str, str, str], heads: int, head_dim: int,
 
   def to_hf(*parts):
     return (np.concatenate([p.reshape(*p.shape[:-2], heads * head_dim) for p in parts], -1),)
-  del bias  # the same split for the weight and the bias
   return Link((hf,), mllm, to_mllm, to_hf)
 
 
@@ -81,7 +78,7 @@ def fused_qkv(hf: str, mllm: tuple[str, str, str], heads: int, head_dim: int,
 
 def _attention_links(c, p: str, m: str) -> list[Link]:
   """Llama-style self_attn (q/k/v/o_proj; biases; Qwen3's q_norm/k_norm)."""
-  n, k, h = c.n_heads, c.n_kv_heads, head_dim_of(c)
+  n, k, h = c.n_heads, c.n_kv_heads, resolved_head_dim(c)
   links = [heads_in(f'{p}q_proj.weight', f'{m}query/kernel', n, h),
            heads_in(f'{p}k_proj.weight', f'{m}key/kernel', k, h),
            heads_in(f'{p}v_proj.weight', f'{m}value/kernel', k, h),
@@ -120,7 +117,7 @@ def _moe_links(c, family: str, p: str, m: str) -> list[Link]:
 def llama_links(c, family: str) -> list[Link]:
   """Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE: model.{embed_tokens, layers.i, norm}, lm_head."""
   from mllm.config import moe_layers  # noqa: PLC0415
-  sparse = set(moe_layers(c)) if c.ffn.kind == 'moe' else set()
+  sparse = set(moe_layers(c))
   links = [same('model.embed_tokens.weight', 'embed/embedding'),
            same('model.norm.weight', 'final_norm/scale')]
   if not c.tie_embeddings:
@@ -137,7 +134,7 @@ def llama_links(c, family: str) -> list[Link]:
 
 def gpt2_links(c, prefix: str = 'transformer.') -> list[Link]:
   """GPT2LMHeadModel: transformer.{wte, wpe, h.i, ln_f}; Conv1D weights are [in, out] already."""
-  n, h = c.n_heads, head_dim_of(c)
+  n, h = c.n_heads, resolved_head_dim(c)
   t = prefix
 
   def norm(hf: str, mllm: str) -> list[Link]:
@@ -149,8 +146,8 @@ def gpt2_links(c, prefix: str = 'transformer.') -> list[Link]:
   for i in range(c.n_layers):
     p, m = f'{t}h.{i}.', f'blocks/{i}/'
     qkv = tuple(f'{m}attention/{x}/' for x in ('query', 'key', 'value'))
-    links += [fused_qkv(p + 'attn.c_attn.weight', tuple(x + 'kernel' for x in qkv), n, h, False),
-              fused_qkv(p + 'attn.c_attn.bias', tuple(x + 'bias' for x in qkv), n, h, True),
+    links += [fused_qkv(p + 'attn.c_attn.weight', tuple(x + 'kernel' for x in qkv), n, h),
+              fused_qkv(p + 'attn.c_attn.bias', tuple(x + 'bias' for x in qkv), n, h),
               _one(p + 'attn.c_proj.weight', m + 'attention/out/kernel',
                    lambda w: w.reshape(n, h, w.shape[-1]), lambda k: k.reshape(n * h, -1)),
               same(p + 'attn.c_proj.bias', m + 'attention/out/bias'),
@@ -169,10 +166,6 @@ def links_for(c, family: str, names: list[str] | None = None) -> list[Link]:
     bare = names is not None and not any(n.startswith('transformer.') for n in names)
     return gpt2_links(c, '' if bare else 'transformer.')
   return llama_links(c, family)
-
-
-def head_dim_of(c) -> int:
-  return c.head_dim or c.d_model // c.n_heads
 
 
 # --- Between a pure dict and '/'-paths ----------------------------------------------------------

@@ -244,11 +244,16 @@ def init_params(config, abstract_params, log: Callable[[str], None] = note):
   return params
 
 
-def _hf_params(config, path: str, abstract_params, log: Callable[[str], None]):
-  from mllm.interop.hf import HFImportError, hf_params  # noqa: PLC0415
+def check_hf_folder(config, path: str) -> None:
+  """train.init_from='hf:PATH' names a folder with a config.json (one line if not)."""
   if not os.path.isfile(os.path.join(path, 'config.json')):
     raise ConfigError('train.init_from', config.train.init_from, f'{path} has no config.json; '
                       "allowed: 'hf:PATH' with PATH a Hugging Face checkpoint folder")
+
+
+def _hf_params(config, path: str, abstract_params, log: Callable[[str], None]):
+  from mllm.interop.hf import HFImportError, hf_params  # noqa: PLC0415
+  check_hf_folder(config, path)
   try:
     params = hf_params(path, config, abstract_params)
   except HFImportError as err:
