@@ -27,12 +27,12 @@ from mllm.config import (ConfigError, field_info, get_path, load_config, parse_v
                          set_path, validate)
 
 DEFAULT_CONFIG = 'configs/rope_swiglu.py'
+BASE_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'base.py')
 
 
 def _summary(config, spec: str) -> None:
   from mllm.summary import summarize
-  base_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'base.py')
-  base = load_config(base_path) if os.path.isfile(base_path) else None
+  base = load_config(BASE_CONFIG) if os.path.isfile(BASE_CONFIG) else None
   summarize(config, base, spec=spec)
 
 
@@ -149,13 +149,8 @@ def _fail(message: str) -> None:
 
 
 def _config_spec(argv: list[str]) -> str:
-  spec = DEFAULT_CONFIG
-  for i, arg in enumerate(argv):
-    if arg.startswith('--config='):
-      spec = arg.split('=', 1)[1]
-    elif arg == '--config' and i + 1 < len(argv):
-      spec = argv[i + 1]
-  return spec
+  spec = _flag(argv, 'config')
+  return DEFAULT_CONFIG if spec is None else spec
 
 
 def config_first(argv: list[str]) -> list[str]:
@@ -175,20 +170,23 @@ def config_first(argv: list[str]) -> list[str]:
 
 
 def _flag(argv: list[str], name: str) -> str | None:
-  """The value of --name=VALUE in argv (absl has not parsed it yet)."""
-  values = [a.split('=', 1)[1] for a in argv[1:] if a.startswith(f'--{name}=')]
-  return values[-1] if values else None
+  """The value of --name=VALUE or --name VALUE in argv (absl has not parsed it yet): the last."""
+  value = None
+  for i, arg in enumerate(argv):
+    if arg.startswith(f'--{name}='):
+      value = arg.split('=', 1)[1]
+    elif arg == f'--{name}' and i + 1 < len(argv):
+      value = argv[i + 1]
+  return value
 
 
 def _read_config(argv: list[str]):
   """--config's file; without --config, the config.json of --workdir if it holds one."""
   workdir = _flag(argv, 'workdir')
-  explicit = any(a == '--config' or a.startswith('--config=') for a in argv[1:])
-  if not explicit and workdir and os.path.isfile(os.path.join(workdir, 'config.json')):
+  has_saved = workdir and os.path.isfile(os.path.join(workdir, 'config.json'))
+  if _flag(argv, 'config') is None and has_saved:
     from mllm.train.resume import as_config, read_config_json
-    base = read_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs',
-                                    'base.py'))
-    return as_config(read_config_json(workdir), base), True
+    return as_config(read_config_json(workdir), read_config(BASE_CONFIG)), True
   return read_config(_config_spec(argv)), False
 
 
@@ -227,9 +225,8 @@ def preflight(argv: list[str]):
 
 def _from_hf(config, path: str, explicit: dict):
   from mllm.interop.hf import HFImportError, run_config
-  if not os.path.isfile(os.path.join(path, 'config.json')):
-    raise ConfigError('train.init_from', config.train.init_from, f'{path} has no config.json; '
-                      "allowed: 'hf:PATH' with PATH a Hugging Face checkpoint folder")
+  from mllm.train.resume import check_hf_folder
+  check_hf_folder(config, path)
   if not os.path.isfile(os.path.join(path, 'tokenizer.json')):
     raise ConfigError('train.init_from', config.train.init_from, f'{path} has no tokenizer.json '
                       '(a tokenizer made here would give the ids other meanings); allowed: a '

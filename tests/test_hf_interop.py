@@ -369,6 +369,13 @@ def add_tokenizer(folder):
     json.dump({'eos_token': '</s>', 'tokenizer_class': 'PreTrainedTokenizerFast'}, f)
 
 
+def test_tokenizer_settings_take_an_eos_id_from_config_json(tmp_path):
+  path = write_copy(tmp_path, 'llama', edit_config=lambda c: c.update(eos_token_id=[95, 94]))
+  add_tokenizer(path)
+  os.remove(os.path.join(path, 'tokenizer_config.json'))
+  assert hf.tokenizer_settings(path)['data.eos_token'] == '</s>'  # id 95, the first listed
+
+
 def test_tokenizer_settings_name_the_folders_eos(tmp_path):
   path = write_copy(tmp_path, 'llama')
   assert hf.tokenizer_settings(path) == {}
@@ -495,6 +502,8 @@ def test_launch_import_and_export_refusals_are_one_line(corpus, tmp_path):
   one_line_error(run_launch('--mode=import', f'--workdir={tmp_path / "a"}'),
                  '--hf: --mode=import needs the Hugging Face folder')
   one_line_error(run_launch('--mode=import', f'--hf={tmp_path / "nope"}',
+                            f'--workdir={tmp_path / "a"}'), 'has no config.json')
+  one_line_error(run_launch('--mode', 'import', '--hf', str(tmp_path / 'nope'),  # absl's spaced form
                             f'--workdir={tmp_path / "a"}'), 'has no config.json')
   # ALiBi keeps the parameters' shapes, so the import takes it; no HF class computes it.
   workdir = str(tmp_path / 'alibi')
