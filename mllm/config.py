@@ -16,6 +16,7 @@ from ml_collections import config_dict
 
 from mllm.layers import resolved_head_dim
 from mllm.layers.ffn import FFNS
+from mllm.layers.init import INIT_SCHEMES
 from mllm.layers.moe import BALANCE_CONVENTIONS, DISPATCHES, GROUPED_MATMULS, NOISES, ROUTERS
 from mllm.layers.norms import NORMS, PLACEMENTS
 from mllm.layers.positions import POSITIONS, ROPE_LAYOUTS, ROPE_SCALINGS
@@ -23,6 +24,7 @@ from mllm.ops.attention import ATTENTION_IMPLS
 
 DTYPES = ('float32', 'bfloat16')
 REMAT_POLICIES = ('none', 'full', 'dots')
+DEFAULT_INIT_STD = 0.02  # configs/base.py's model.init_std
 DATA_SOURCES = ('stdlib', 'text', 'jsonl', 'parquet', 'hf')
 TOKENIZERS = ('bpe', 'byte')
 SCHEDULES = ('cosine', 'linear', 'constant', 'inverse_sqrt')
@@ -244,7 +246,12 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
     if not isinstance(value, bool) and not (value is None and path in OPTIONAL_KEYS):
       raise ConfigError(f'{p}.{path}', value, 'must be true or false')
   _integer(f'{p}.head_dim', m.head_dim, optional=True)
+  _one_of(f'{p}.init', m.init, INIT_SCHEMES, 'initialisation scheme')
   _positive(f'{p}.init_std', m.init_std)
+  if m.init != 'fixed' and m.init_std != DEFAULT_INIT_STD:  # set, and silently unused
+    raise ConfigError(f'{p}.init_std', m.init_std,
+                      f"read only by {p}.init='fixed' (it is {m.init!r}); allowed here: "
+                      f'{DEFAULT_INIT_STD} (the default)')
   _positive(f'{p}.embed_scale', m.embed_scale)
   _one_of(f'{p}.dtype', m.dtype, DTYPES, 'compute dtype')
   _one_of(f'{p}.param_dtype', m.param_dtype, DTYPES, 'parameter dtype')

@@ -16,8 +16,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mllm.config import moe_layers
-from mllm.layers.attention import Attention, out_projection_std
+from mllm.layers.attention import Attention
 from mllm.layers.ffn import FFNS, hidden_dim
+from mllm.layers.init import weight_std
 from mllm.layers.kv_cache import KVCache, LayerCache, scatter, write_slots, writes_first
 from mllm.layers.moe import MoE
 from mllm.layers.norms import make_norm
@@ -29,10 +30,12 @@ def make_ffn(cfg, moe: bool, *, rngs: nnx.Rngs) -> nnx.Module:
   """The layer's FFN: `MoE`, or the dense FFN `ffn.kind` names (`moe.expert_kind` in the dense
   layers of an MoE model)."""
   if moe:
-    return MoE.from_config(cfg, out_std=out_projection_std(cfg), rngs=rngs)
+    return MoE.from_config(cfg, rngs=rngs)
   kind = dense_ffn_kind(cfg)
-  return FFNS[kind](cfg.d_model, hidden_dim(cfg.ffn, cfg.d_model, kind), use_bias=cfg.ffn.use_bias,
-                    init_std=cfg.init_std, out_std=out_projection_std(cfg),
+  d_ff = hidden_dim(cfg.ffn, cfg.d_model, kind)
+  return FFNS[kind](cfg.d_model, d_ff, use_bias=cfg.ffn.use_bias,
+                    init_std=weight_std(cfg, 'in', fan_in=cfg.d_model),
+                    out_std=weight_std(cfg, 'out', fan_in=d_ff),
                     dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype), rngs=rngs)
 
 
@@ -88,8 +91,9 @@ class Transformer(nnx.Module):
 
   def __init__(self, cfg, *, rngs: nnx.Rngs):
     dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
+    table_init = nnx.initializers.normal(weight_std(cfg, 'table'))  # the embedding and the head
     self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=param_dtype,
-                           embedding_init=nnx.initializers.normal(cfg.init_std), rngs=rngs,
+                           embedding_init=table_init, rngs=rngs,
                            embedding_metadata={'logical_axes': ('vocab', 'embed')})
     self.position = POSITIONS[cfg.position.kind](cfg, rngs=rngs)
     self.embed_dropout = nnx.Dropout(cfg.embed_dropout, rngs=rngs)
@@ -110,7 +114,7 @@ class Transformer(nnx.Module):
                        if cfg.norm.final_norm else None)
     self.head = None if cfg.tie_embeddings else nnx.Linear(
         cfg.d_model, cfg.vocab_size, use_bias=False, dtype=dtype, param_dtype=param_dtype,
-        kernel_init=nnx.initializers.normal(cfg.init_std), rngs=rngs,
+        kernel_init=table_init, rngs=rngs,
         kernel_metadata={'logical_axes': ('embed', 'vocab')})
     self.window = cfg.attention.sliding_window
     self.embed_scale = cfg.embed_scale

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mllm.layers import resolved_head_dim
+from mllm.layers.init import weight_std
 from mllm.layers.kv_cache import LayerCache
 from mllm.layers.norms import RMSNorm
 from mllm.layers.positions import POSITIONS, PositionContext
@@ -25,8 +26,8 @@ class Attention(nnx.Module):
     acfg = cfg.attention
     d, n, k, h = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, resolved_head_dim(cfg)
     dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
-    init = nnx.initializers.normal(cfg.init_std)
-    out_init = nnx.initializers.normal(out_projection_std(cfg))
+    init = nnx.initializers.normal(weight_std(cfg, 'in', fan_in=d))
+    out_init = nnx.initializers.normal(weight_std(cfg, 'out', fan_in=n * h))
 
     def proj(spec, kernel_shape, axes, kernel_init):
       into_heads = spec.endswith('btnh')  # q, k, v (Qwen2's qkv_bias) rather than the output
@@ -81,10 +82,3 @@ class Attention(nnx.Module):
     if self.out.bias is not None:
       out_BTD = out_BTD + self.out.bias[...].astype(out_BTD.dtype)
     return out_BTD, updated
-
-
-def out_projection_std(cfg) -> float:
-  """GPT-2's depth-scaled init: residual-branch output projections get std / √(2·n_layers)."""
-  if cfg.depth_scaled_init:
-    return cfg.init_std / (2 * cfg.n_layers) ** 0.5
-  return cfg.init_std

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mllm.layers.ffn import FFNS, hidden_dim
+from mllm.layers.init import weight_std
 from mllm.ops import mesh as on_mesh
 
 ROUTERS = ('softmax', 'sigmoid')
@@ -293,8 +294,9 @@ class MoE(nnx.Module):
                capacity_factor: float = 1.25, grouped_matmul: str = 'ragged_dot',
                noise: str = 'none', noise_alpha: float = 0.1,
                expert_bias: bool = False, force_uniform_routing: bool = False,
-               init_std: float = 0.02, out_std: float = 0.02, dtype=None,
-               param_dtype=jnp.float32, rngs: nnx.Rngs):
+               init_std: float = 0.02, out_std: float = 0.02,
+               shared_out_std: float | None = None, dtype=None, param_dtype=jnp.float32,
+               rngs: nnx.Rngs):
     if not 1 <= top_k <= num_experts:
       raise ValueError(f'top_k={top_k} must be in [1, num_experts={num_experts}]')
     if router not in ROUTERS or dispatch not in DISPATCHES or noise not in NOISES:
@@ -320,24 +322,33 @@ class MoE(nnx.Module):
     self.rngs = rngs['dropout'].fork() if noise != 'none' else None
     self.experts = Experts(num_experts, d_model, expert_d_ff, ffn_kind, init_std=init_std,
                            out_std=out_std, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    # shared_out_std: the shared experts' down projection, whose fan-in (shared_d_ff) may differ
+    # from the routed experts'; None: out_std.
+    shared_out_std = out_std if shared_out_std is None else shared_out_std
     self.shared = (Experts(num_shared_experts, d_model, shared_d_ff or expert_d_ff, ffn_kind,
-                           init_std=init_std, out_std=out_std, dtype=dtype,
+                           init_std=init_std, out_std=shared_out_std, dtype=dtype,
                            param_dtype=param_dtype, rngs=rngs)
                    if num_shared_experts else None)
 
   @classmethod
-  def from_config(cls, cfg, *, out_std: float, rngs: nnx.Rngs) -> 'MoE':
-    """The layer `model.moe` describes (cfg: the model config)."""
+  def from_config(cls, cfg, *, rngs: nnx.Rngs) -> 'MoE':
+    """The layer `model.moe` describes (cfg: the model config), initialised as `model.init` says:
+    the router and the experts' gate and up read d_model features, each down projection its
+    expert's hidden size."""
     moe = cfg.moe
+    expert_d_ff = expert_hidden_dim(cfg)
     return cls(cfg.d_model, num_experts=moe.num_experts, top_k=moe.top_k,
-               expert_d_ff=expert_hidden_dim(cfg), ffn_kind=moe.expert_kind,
+               expert_d_ff=expert_d_ff, ffn_kind=moe.expert_kind,
                num_shared_experts=moe.num_shared_experts, shared_d_ff=moe.shared_d_ff,
                router=moe.router, renormalize=moe.renormalize,
                dispatch=resolve_dispatch(moe.dispatch), capacity_factor=moe.capacity_factor,
                grouped_matmul=moe.grouped_matmul,
                noise=moe.noise, noise_alpha=moe.noise_alpha, expert_bias=moe.expert_bias,
-               force_uniform_routing=moe.force_uniform_routing, init_std=cfg.init_std,
-               out_std=out_std, dtype=jnp.dtype(cfg.dtype),
+               force_uniform_routing=moe.force_uniform_routing,
+               init_std=weight_std(cfg, 'in', fan_in=cfg.d_model),
+               out_std=weight_std(cfg, 'out', fan_in=expert_d_ff),
+               shared_out_std=weight_std(cfg, 'out', fan_in=moe.shared_d_ff or expert_d_ff),
+               dtype=jnp.dtype(cfg.dtype),
                param_dtype=jnp.dtype(cfg.param_dtype), rngs=rngs)
 
   def _route(self, x_TD):

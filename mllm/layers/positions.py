@@ -22,6 +22,7 @@ import numpy as np
 from flax import nnx, struct
 
 from mllm.layers import resolved_head_dim
+from mllm.layers.init import weight_std
 from mllm.ops.attention import RelativeValues, ScoreBias
 
 # ---------------------------------------------------------------------------------------------
@@ -251,7 +252,7 @@ class LearnedPositions(PositionScheme):
   """A learned vector per absolute position, added to the token embedding (GPT-2)."""
 
   def __init__(self, cfg, *, rngs):
-    init = nnx.initializers.normal(cfg.init_std)
+    init = nnx.initializers.normal(weight_std(cfg, 'table'))
     self.max_positions = cfg.max_seq_len
     self.table = nnx.Param(init(rngs.params(), (cfg.max_seq_len, cfg.d_model), cfg.param_dtype),
                            logical_axes=('positions', 'embed'))
@@ -306,7 +307,8 @@ class T5Positions(PositionScheme):
   def __init__(self, cfg, *, rngs):
     self.num_buckets = cfg.position.t5_num_buckets
     self.max_distance = cfg.position.t5_max_distance
-    init = nnx.initializers.normal(cfg.d_model ** -0.5)  # HF T5's initialization
+    # HF T5's initialization under every model.init: a bias per head, not a projection.
+    init = nnx.initializers.normal(cfg.d_model ** -0.5)
     self.table = nnx.Param(init(rngs.params(), (self.num_buckets, cfg.n_heads), cfg.param_dtype),
                            logical_axes=('relpos_buckets', 'heads'))
 
@@ -351,7 +353,7 @@ class ShawPositions(PositionScheme):
   @staticmethod
   def layer_part(cfg, *, rngs):
     return ShawTables(2 * cfg.position.shaw_max_distance + 1, resolved_head_dim(cfg),
-                      init_std=cfg.init_std, param_dtype=cfg.param_dtype, rngs=rngs)
+                      init_std=weight_std(cfg, 'table'), param_dtype=cfg.param_dtype, rngs=rngs)
 
 
 POSITIONS: dict[str, type[PositionScheme]] = {
