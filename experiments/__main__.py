@@ -1,4 +1,5 @@
-"""python -m experiments SUITE [--preset=cpu|gpu|tiny] [--seeds=N] [--jobs=N] [--out=experiments/results]"""
+"""python -m experiments SUITE [--preset=cpu|gpu|tiny] [--seeds=N] [--jobs=N] [--out=experiments/results]
+                             [--tune_lr | --no-tune_lr] [--tune_seeds=N]"""
 from __future__ import annotations
 
 import argparse
@@ -18,6 +19,12 @@ def main(argv=None) -> int:
   parser.add_argument('--jobs', type=int, default=1,
                       help='runs at once, each in its own process (2 on 2 cores: ~1.4x faster, '
                            'but tokens/s is then a shared machine\'s)')
+  parser.add_argument('--tune_lr', action=argparse.BooleanOptionalAction, default=True,
+                      help="tune each variant's learning rate first (a log grid on tuning seeds "
+                           "1000+, experiments/tuning.py), then run the table's seeds at each "
+                           "variant's best; --no-tune_lr: every variant at its configured rate")
+  parser.add_argument('--tune_seeds', type=int, default=1,
+                      help='seeds per learning-rate grid point (1000, 1001, ...)')
   parser.add_argument('--report_only', action='store_true',
                       help='run nothing: write the report of the runs finished so far')
   parser.add_argument('--remeasure', action='store_true',
@@ -35,7 +42,8 @@ def main(argv=None) -> int:
       return 0
     results = run_suite(suite, preset=args.preset, seeds=args.seeds, out=args.out,
                         run=None if args.report_only else run_one, jobs=args.jobs,
-                        remeasure=args.remeasure)
+                        remeasure=args.remeasure, tune_lr=args.tune_lr,
+                        tune_seeds=args.tune_seeds)
   except (ValueError, ConfigError) as err:
     print(f'error: {err}', file=sys.stderr)
     return 2

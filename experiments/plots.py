@@ -137,8 +137,37 @@ def grad_norms(suite, results: dict, path: str) -> str | None:
   return path
 
 
+def lr_sensitivity(suite, results: dict, path: str) -> str | None:
+  """Final eval loss against learning rate (log axis) on the tuning seeds, one curve per variant
+  (Wortsman et al. 2023, Fig. 1): the mean over seeds, each variant's chosen rate filled; a
+  diverged point is an x on the top edge."""
+  tuning = results.get('tuning') or {}
+  finite = [loss for t in tuning.values() for p in t['points'] for loss in p['eval_loss']
+            if np.isfinite(loss)]
+  if not finite:
+    return None
+  top = max(finite) + 0.05 * (max(finite) - min(finite) or 1.0)
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  for name, t in tuning.items():
+    points = [p for p in t['points'] if p['eval_loss']]
+    ok = [p for p in points if all(np.isfinite(p['eval_loss']))]
+    line, = ax.plot([p['lr'] for p in ok], [np.mean(p['eval_loss']) for p in ok], 'o-', lw=1.2,
+                    mfc='none', label=name)
+    bad = [p['lr'] for p in points if not all(np.isfinite(p['eval_loss']))]
+    if bad:
+      ax.plot(bad, [top] * len(bad), 'x', color=line.get_color(), ms=8)
+    best = [p for p in ok if t['best_lr'] is not None and np.isclose(p['lr'], t['best_lr'])]
+    if best:
+      ax.plot([best[0]['lr']], [np.mean(best[0]['eval_loss'])], 'o', color=line.get_color())
+  ax.set_xscale('log')
+  ax.set(xlabel='peak learning rate', ylabel='eval loss (tuning seeds)',
+         title=f'suite {suite.name}: learning-rate sensitivity (x: diverged; filled: chosen)')
+  return _finish(fig, ax, path)
+
+
 def write_all(suite, results: dict, rows: list[dict], folder: str) -> list[str]:
   made = [loss_curves(suite, results, os.path.join(folder, 'loss_curves.png')),
+          lr_sensitivity(suite, results, os.path.join(folder, 'lr_sensitivity.png')),
           loss_vs_context(suite, results, os.path.join(folder, 'loss_vs_context.png')),
           grad_norms(suite, results, os.path.join(folder, 'grad_norms.png')),
           pareto(suite, rows, os.path.join(folder, 'pareto.png'))]

@@ -39,7 +39,8 @@ def summarize(suite: Suite, results: dict) -> list[dict]:
       speeds = [r['tokens_per_s'] for r in runs.values() if r.get('tokens_per_s')]
       row.update(params=first['params'], active_params=first['active_params'],
                  tokens_per_s=stats.mean_std(speeds)[0] if speeds else None,
-                 train_flops=first.get('train_flops'))
+                 train_flops=first.get('train_flops'), tokens=first.get('tokens'),
+                 lr=first.get('learning_rate'))
       for key in EXTRA_COLUMNS:
         if all(key in r for r in runs.values()):
           row[key] = stats.mean_std([r[key] for r in runs.values()])[0]
@@ -55,7 +56,43 @@ def summarize(suite: Suite, results: dict) -> list[dict]:
   for row, adjusted in zip(tests, stats.holm([r['test'].p for r in tests])):
     row['p_holm'] = adjusted
     row['verdict'] = stats.verdict(row['test'], adjusted)
+  tuning = results.get('tuning', {})
+  for row in rows:
+    if row['variant'] in tuning:
+      row['lr_edge'] = tuning[row['variant']]['edge']
+    row['agreement'] = agreement(suite, row)
   return rows
+
+
+# Paper numbers closer than this (relative to the baseline's) are read as "no difference": e.g.
+# sinusoidal 20.05 vs rotary 20.07 ppl (Press et al. 2022) is no claim that either is better.
+PAPER_SAME = 0.005
+
+
+def expected_direction(suite: Suite, variant) -> str | None:
+  """What the literature says of `variant` against the baseline: 'better', 'worse' or 'same',
+  from the paper's numbers when both rows have one, else the variant's stated `expect`."""
+  ours, base = variant.paper.get(suite.metric), suite.baseline.paper.get(suite.metric)
+  if ours is not None and base is not None and variant is not suite.baseline:
+    if abs(ours - base) <= PAPER_SAME * abs(base):
+      return 'same'
+    return 'better' if ours < base else 'worse'
+  return variant.expect or None
+
+
+def agreement(suite: Suite, row: dict) -> str:
+  """'same direction', 'within noise' or 'contradicts' (with the suite's diagnosis), against
+  what the literature expects; '' where it says nothing or there is no test."""
+  variant = next(v for v in suite.variants if v.name == row['variant'])
+  expected, verdict = expected_direction(suite, variant), row.get('verdict')
+  if expected is None or verdict not in ('better', 'worse', 'within noise'):
+    return ''
+  if verdict == 'within noise':
+    return 'agrees (within noise)' if expected == 'same' else 'within noise'
+  if verdict == expected:
+    return 'same direction'
+  diagnosis = suite.diagnoses.get(row['variant'])
+  return 'contradicts' + (f': {diagnosis}' if diagnosis else ' (no diagnosis yet)')
 
 
 def _cell(key: str, row: dict) -> str:
@@ -103,14 +140,17 @@ def markdown(suite: Suite, results: dict, rows: list[dict]) -> str:
   if suite.paper_source:
     lines += [f'Paper column: {suite.paper_source}. Our runs are far smaller: compare the '
               'ordering, not the values.', '']
+  if results.get('tuning'):
+    lines += [_tuning_line(suite, results), '']
   extras = [k for k in EXTRA_COLUMNS if k != suite.metric and any(k in row for row in rows)]
-  lines += ['| variant | params | mean ± std | Δ vs baseline [95% CI] | p (Holm) | verdict | '
-            'paper | train tokens/s |' + ''.join(f' {EXTRA_COLUMNS[k][0]} |' for k in extras),
-            '|---|---:|---:|---:|---:|---|---:|---:|' + '---:|' * len(extras)]
+  lines += ['| variant | params | tokens/param | lr | mean ± std | Δ vs baseline [95% CI] | '
+            'p (Holm) | verdict | paper | vs paper | train tokens/s |'
+            + ''.join(f' {EXTRA_COLUMNS[k][0]} |' for k in extras),
+            '|---|---:|---:|---:|---:|---:|---:|---|---:|---|---:|' + '---:|' * len(extras)]
   for row in rows:
     if not row['n']:
       what = row.get('verdict', 'no finished run')
-      lines.append(f"| {_name(suite, row['variant'])} | | {what} | | | | | |")
+      lines.append(f"| {_name(suite, row['variant'])} | | | | {what} | | | | | | |")
       continue
     params = f"{row['params']:,}"
     if row['active_params'] != row['params']:
@@ -122,8 +162,10 @@ def markdown(suite: Suite, results: dict, rows: list[dict]) -> str:
     paper = '' if row['paper'] is None else f"{row['paper']:.3f}"
     spread = f" ± {row['std']:.4f}" if row['n'] > 1 else ' (1 seed)'
     speed = '—' if row['tokens_per_s'] is None else f"{row['tokens_per_s']:,.0f}"
-    lines.append(f"| {_name(suite, row['variant'])} | {params} | {row['mean']:.4f}{spread} | "
-                 f"{delta} | {p} | {row.get('verdict', '')} | {paper} | {speed} |" + ''.join(
+    per_param = f"{row['tokens'] / row['active_params']:.2f}" if row.get('tokens') else ''
+    lines.append(f"| {_name(suite, row['variant'])} | {params} | {per_param} | {_lr_cell(row)} | "
+                 f"{row['mean']:.4f}{spread} | {delta} | {p} | {row.get('verdict', '')} | "
+                 f"{paper} | {row['agreement']} | {speed} |" + ''.join(
                      f' {_cell(k, row)} |'
                      for k in extras))
   if results.get('pending'):
@@ -135,6 +177,27 @@ def markdown(suite: Suite, results: dict, rows: list[dict]) -> str:
     lines += ['', 'Failed runs (after one retry): ' + '; '.join(
         f"{f['variant']} seed {f['seed']}: {f['errors'][-1]}" for f in results['failed'])]
   return '\n'.join(lines) + '\n'
+
+
+def _lr_cell(row: dict) -> str:
+  """The run's learning rate; a tuned rate at an edge of its grid says which (the best may
+  lie beyond it)."""
+  if row.get('lr') is None:
+    return ''
+  edge = {'low': ' (lowest tried)', 'high': ' (highest tried)'}.get(row.get('lr_edge'), '')
+  return f"{row['lr']:.3g}{edge}"
+
+
+def _tuning_line(suite: Suite, results: dict) -> str:
+  tuning = results['tuning']
+  runs = sum(len(p['seeds']) for t in tuning.values() for p in t['points'])
+  grid = suite.lr_grid
+  return (f"Learning rates: each variant's own, tuned first on seeds "
+          f"{', '.join(map(str, results['tune_seeds']))} (not the table's): {grid.points} "
+          f"log-spaced rates a factor {grid.ratio:g} apart around its configured rate, widened "
+          f"past an edge where the best sat (up to {grid.max_widen} more per side); {runs} tuning "
+          'runs, diverged runs counted as infinitely bad (lr_sensitivity.png). Tokens/param: '
+          'training tokens per (active) parameter.')
 
 
 def write(suite: Suite, results: dict, out: str) -> str:

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import glob
 import hashlib
 import json
@@ -31,6 +32,7 @@ from tqdm import tqdm
 import mllm
 from experiments.measures import MEASURES
 from experiments.suite import BenchmarkSuite, Suite, Variant
+from experiments.tuning import TUNING_SEED_BASE, choose, tuning_seeds
 
 
 def resolve(suite: Suite, variant: Variant, preset: str, seed: int, extra: dict | None = None):
@@ -49,7 +51,7 @@ def resolve(suite: Suite, variant: Variant, preset: str, seed: int, extra: dict 
 
 # Keys added to configs/base.py after suites had finished runs, with the value that reproduces
 # the code before them: at that value they are left out of the hash, so those runs stay valid.
-ADDED_KEYS = {'model.embed_scale': 1.0}
+ADDED_KEYS = {'model.embed_scale': 1.0, 'model.init': 'fixed'}
 
 
 def config_hash(config, parent: str = '') -> str:
@@ -88,7 +90,7 @@ def run_one(config, workdir: str, *, progress: bool = True, measure=None,
   counts = mllm.count_params(config)  # from an abstract model: nothing allocated
   flops_per_token = mllm.training_flops_per_token(config, counts=counts).total
   result = {'params': counts.total, 'active_params': counts.active,
-            'flops_per_token': flops_per_token}
+            'flops_per_token': flops_per_token, 'learning_rate': config.train.learning_rate}
   checkpoint, trained_eval = workdir, None
   if parent is not None and not config.train.init_from:  # evaluated only: nothing trained here
     checkpoint = parent['workdir']
@@ -138,7 +140,8 @@ def train_curve(metrics_path: str) -> dict:
 
 
 # What run_one itself records (a run adopted from another suite keeps these, not its measures).
-_TRAINED_KEYS = ('params', 'active_params', 'flops_per_token', 'steps', 'tokens', 'train_loss',
+_TRAINED_KEYS = ('params', 'active_params', 'flops_per_token', 'learning_rate', 'steps', 'tokens',
+                 'train_loss',
                  'tokens_per_s', 'median_step_s', 'train_flops', 'curve', 'eval_loss',
                  'eval_perplexity', 'bits_per_byte')
 
@@ -200,15 +203,32 @@ def _sigterm_as_interrupt():
     signal.signal(signal.SIGTERM, previous)
 
 
-def _start_worker(job: dict, workdir: str) -> subprocess.Popen:
+def _cpu_slots(jobs: int) -> list[frozenset | None]:
+  """The CPUs each of `jobs` concurrent workers is pinned to: the machine's cores split evenly,
+  or no pinning where there are fewer cores than jobs (or no affinity API). On 2 cores, two
+  unpinned runs each sized XLA's thread pool to both cores and ran slower together (6,500
+  tokens/s) than one alone (6,850); pinned to a core each: 8,700 (2-core EPYC, 2026-11-25)."""
+  if not hasattr(os, 'sched_getaffinity'):
+    return [None] * jobs
+  cpus = sorted(os.sched_getaffinity(0))
+  if jobs < 2 or len(cpus) < jobs:
+    return [None] * jobs
+  share = len(cpus) // jobs
+  return [frozenset(cpus[i * share:(i + 1) * share]) for i in range(jobs)]
+
+
+def _start_worker(job: dict, workdir: str, cpus: frozenset | None = None) -> subprocess.Popen:
   """`python -m experiments.worker WORKDIR`: one run in its own process, its output in
-  WORKDIR/worker.log."""
+  WORKDIR/worker.log; pinned to `cpus`, with XLA's thread pool sized to them, when given."""
   with open(os.path.join(workdir, 'job.pkl'), 'wb') as f:
     pickle.dump(job, f)
   log = open(os.path.join(workdir, 'worker.log'), 'a')  # pylint: disable=consider-using-with
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = {**os.environ, 'PYTHONPATH': os.pathsep.join(
       [root] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p])}
+  if cpus:  # the worker pins itself before JAX starts (a preexec_fn is unsafe in threaded code)
+    env['MLLM_WORKER_CPUS'] = ','.join(map(str, sorted(cpus)))
+    env['NPROC'] = str(len(cpus))  # XLA sizes its CPU thread pool by $NPROC
   return subprocess.Popen([sys.executable, '-m', 'experiments.worker', workdir], stdout=log,
                           stderr=subprocess.STDOUT, env=env, cwd=os.getcwd())
 
@@ -224,11 +244,193 @@ def _last_error(workdir: str) -> str:
   return (errors or lines or ['the worker exited without output'])[-1]
 
 
-def run_suite(suite: Suite, *, preset: str, seeds: int, out: str, extra: dict | None = None,
-              progress: bool = True, run=run_one, jobs: int = 1, remeasure: bool = False) -> dict:
-  """{'runs': [...], 'failed': [...], 'pending': [...]} for every (variant, seed), finished ones
-  read back. run=None runs nothing: a report of what has finished so far.
+@dataclasses.dataclass
+class _Job:
+  """One run to execute: a table run (key (variant, seed)) or a tuning run (key (variant, seed,
+  k), k the learning-rate grid's exponent)."""
+  key: tuple
+  variant: Variant
+  seed: int
+  config: object
+  workdir: str
+  hash: str
+  parent: tuple | None = None  # the key of the run a starts_from variant begins from
+  measure: str | None = None  # a name in MEASURES
 
+  def record(self) -> dict:
+    return {'variant': self.variant.name, 'seed': self.seed, 'workdir': self.workdir,
+            'hash': self.hash}
+
+
+def _execute(plan: list[_Job], *, out: str, run, jobs: int, progress: bool, remeasure: bool,
+             desc: str, finished: dict | None = None) -> tuple[dict, dict, list]:
+  """Run what has not finished of `plan`: (finished {key: record + result}, failed {key: record +
+  errors}, pending [records] (run=None)). Finished runs are read back (remeasured if asked); an
+  identical finished run elsewhere under `out` is copied; a failed run is retried once; a
+  starts_from run waits for its parent, whose record `finished` may already hold."""
+  finished = dict(finished or {})
+  todo, pending, failed = [], [], {}
+  for job in plan:
+    measure = MEASURES[job.measure] if job.measure else None
+    if os.path.exists(os.path.join(job.workdir, 'result.json')):
+      result = _read_result(job.workdir)
+      if remeasure and measure is not None and 'diverged_at_step' not in result:
+        source = finished[job.parent]['workdir'] if (
+            job.parent and not job.variant.trains) else job.workdir
+        result.update(measure(job.config, source))
+        _write_result(job.workdir, result)
+      finished[job.key] = {**job.record(), **result}
+    elif run is None:
+      pending.append(job.record())
+    else:
+      todo.append(job)
+  bar = tqdm(total=len(plan), initial=len(plan) - len(todo), desc=desc, unit='run',
+             disable=not progress or not todo, position=0)
+
+  def ready(job) -> bool | None:
+    """True: it can start; None: it never can (its parent failed); False: not yet."""
+    if job.parent is None:
+      return True
+    if job.parent in failed or 'diverged_at_step' in finished.get(job.parent, {}):
+      return None
+    return job.parent in finished
+
+  def prepare(job) -> dict:
+    kwargs = {}
+    if job.parent is not None:
+      kwargs['parent'] = finished[job.parent]
+      if job.variant.trains:
+        job.config.train.init_from = f"workdir:{kwargs['parent']['workdir']}"
+    os.makedirs(job.workdir, exist_ok=True)
+    with open(os.path.join(job.workdir, 'run_config.json'), 'w') as f:
+      f.write(job.config.to_json(sort_keys=True, indent=1))
+    return kwargs
+
+  def done(job, result=None, errors=None):
+    if result is not None:
+      finished[job.key] = {**job.record(), **result}
+    else:
+      failed[job.key] = {**job.record(), 'errors': errors}
+      bar.write(f'run {job.variant.name} seed {job.seed} failed: {errors[-1]}')
+    bar.update(1)
+
+  def adopted(job) -> bool:
+    """An identical finished run elsewhere under `out` is copied, not trained again."""
+    if job.parent is not None or os.path.isdir(os.path.join(job.workdir, 'checkpoints')):
+      return False  # a child depends on its parent's path; a started run resumes instead
+    source = _same_run_elsewhere(out, job.seed, job.hash, job.workdir)
+    if source is None:
+      return False
+    bar.write(f'run {job.variant.name} seed {job.seed}: the same config and seed finished in '
+              f'{source}; copied, not trained again')
+    done(job, adopt(source, job.config, job.workdir,
+                    MEASURES[job.measure] if job.measure else None))
+    return True
+
+  running = {}  # Popen -> (job, payload, attempt, slot)
+  slots = _cpu_slots(jobs)
+
+  def start(job, payload, attempt, slot=None):
+    if slot is None:
+      slot = min(set(range(jobs)) - {entry[3] for entry in running.values()})
+    running[_start_worker(payload, job.workdir, slots[slot])] = (job, payload, attempt, slot)
+
+  try:
+    with _sigterm_as_interrupt():
+      while todo or running:
+        for job in [job for job in todo if ready(job) is None]:
+          todo.remove(job)
+          done(job, errors=[f'its starts_from run {job.variant.starts_from} seed {job.seed} did '
+                            'not finish'])
+        startable = [job for job in todo if ready(job)]
+        if startable and len(running) < jobs:
+          job = startable[0]
+          todo.remove(job)
+          kwargs = prepare(job)
+          if adopted(job):
+            continue
+          if jobs == 1:
+            _run_here(job, run, kwargs, progress, done)
+          else:
+            start(job, {'config': job.config, 'measure': job.measure, **kwargs}, 1)
+          continue
+        if not running:
+          break
+        time.sleep(1)
+        for proc in [p for p in running if p.poll() is not None]:
+          job, payload, attempt, slot = running.pop(proc)
+          if proc.returncode == 0 and os.path.exists(os.path.join(job.workdir, 'result.json')):
+            done(job, _read_result(job.workdir))
+          elif attempt == 1:  # a failed run is retried once
+            start(job, payload, 2, slot)
+          else:
+            done(job, errors=[_last_error(job.workdir)])
+  except KeyboardInterrupt:
+    for proc in running:  # train() saves a checkpoint on SIGTERM: the next call resumes it
+      proc.terminate()
+    for proc in running:
+      proc.wait()
+    raise
+  finally:
+    bar.close()
+  return finished, failed, pending
+
+
+def _tune(suite: Suite, *, preset: str, extra: dict, tune_seeds: int, out: str,
+          **execute) -> dict:
+  """Tune each tuned variant's learning rate on the tuning seeds, widening the grid past an edge
+  where the best rate sits: {variant: {'center', 'points', 'best_lr', 'edge', 'complete'}}."""
+  grid = suite.lr_grid
+  tuned = [v for v in suite.variants if v.tune and not v.starts_from]
+  centers = {v.name: resolve(suite, v, preset, 0, extra).train.learning_rate for v in tuned}
+  steps = {v.name: grid.steps() for v in tuned}
+  seeds = tuning_seeds(tune_seeds)
+  while True:
+    plan = []
+    for v in tuned:
+      for k in steps[v.name]:
+        for seed in seeds:
+          lr = grid.lr(centers[v.name], k)
+          config = resolve(suite, v, preset, seed, {**extra, 'train.learning_rate': lr})
+          digest = config_hash(config)
+          workdir = os.path.join(out, suite.name, 'runs', f'{v.name}-lr{lr:.3g}-s{seed}-{digest}')
+          plan.append(_Job((v.name, seed, k), v, seed, config, workdir, digest))
+    finished, failed, _ = _execute(plan, out=out, desc=f'suite {suite.name}: lr tuning',
+                                   **execute)
+    summary, grew = {}, False
+    for v in tuned:
+      losses, points, complete = {}, [], True
+      for k in sorted(steps[v.name]):
+        done = [finished[v.name, s, k] for s in seeds if (v.name, s, k) in finished]
+        complete &= all((v.name, s, k) in finished or (v.name, s, k) in failed for s in seeds)
+        if done:
+          losses[k] = [r['eval_loss'] for r in done]
+        points.append({'lr': grid.lr(centers[v.name], k), 'seeds': [r['seed'] for r in done],
+                       'eval_loss': [r['eval_loss'] for r in done],
+                       'diverged_at_step': [r.get('diverged_at_step') for r in done],
+                       'failed': sum((v.name, s, k) in failed for s in seeds)})
+      choice = choose(losses, grid) if complete else None
+      if choice is not None and choice.widen is not None and execute['run'] is not None:
+        steps[v.name] = steps[v.name] + [choice.widen]
+        grew = True
+      summary[v.name] = {
+          'center': centers[v.name], 'points': points, 'complete': complete,
+          'best_lr': None if choice is None or choice.best is None else grid.lr(
+              centers[v.name], choice.best),
+          'edge': None if choice is None else choice.edge}
+    if not grew:
+      return summary
+
+
+def run_suite(suite: Suite, *, preset: str, seeds: int, out: str, extra: dict | None = None,
+              progress: bool = True, run=run_one, jobs: int = 1, remeasure: bool = False,
+              tune_lr: bool = False, tune_seeds: int = 1) -> dict:
+  """{'runs': [...], 'failed': [...], 'pending': [...], 'tuning': {...}} for every (variant,
+  seed), finished ones read back. run=None runs nothing: a report of what has finished so far.
+
+  tune_lr: first tune every variant's learning rate (experiments/tuning.py) on `tune_seeds`
+  tuning seeds (1000, 1001, ...), then run the table's seeds 0..seeds-1 at each variant's best
+  rate (a starts_from variant at its parent's).
   remeasure: run the suite's measure again on every finished run (e.g. decode speed, on a quiet
   machine) and update its result.json.
   jobs > 1 runs that many runs at once, each in its own process (`experiments.worker`); a
@@ -239,145 +441,71 @@ def run_suite(suite: Suite, *, preset: str, seeds: int, out: str, extra: dict | 
     raise ValueError(f'--jobs={jobs}; allowed: a positive integer')
   if jobs > 1 and run not in (run_one, None):
     raise ValueError('jobs > 1 runs run_one in worker processes; a custom `run` needs jobs=1')
-  plan = [(variant, seed) for seed in range(seeds) for variant in suite.variants]
-  configs = [resolve(suite, v, preset, s, extra) for v, s in plan]  # every config checked first
-  measure = MEASURES[suite.extra_metrics] if suite.extra_metrics else None
-  records, hashes, finished, todo, pending = {}, {}, {}, [], []
-  for (variant, seed), config in zip(plan, configs):
-    parent_hash = hashes[variant.starts_from, seed] if variant.starts_from else ''
-    key = (variant.name, seed)
-    hashes[key] = config_hash(config, parent_hash)
-    workdir = run_dir(out, suite, variant, config, parent_hash)
-    records[key] = {'variant': variant.name, 'seed': seed, 'workdir': workdir,
-                    'hash': hashes[key]}
-    if os.path.exists(os.path.join(workdir, 'result.json')):
-      result = _read_result(workdir)
-      if remeasure and measure is not None and 'diverged_at_step' not in result:
-        source = finished[variant.starts_from, seed]['workdir'] if (
-            variant.starts_from and not variant.trains) else workdir
-        result.update(measure(config, source))
-        _write_result(workdir, result)
-      finished[key] = {**records[key], **result}
-    elif run is None:
-      pending.append(records[key])
+  if tune_lr and not 1 <= tune_seeds:
+    raise ValueError(f'--tune_seeds={tune_seeds}; allowed: a positive integer')
+  if tune_lr and seeds > TUNING_SEED_BASE:
+    raise ValueError(f'--seeds={seeds}; allowed with --tune_lr: at most {TUNING_SEED_BASE} '
+                     f'(tuning seeds start at {TUNING_SEED_BASE})')
+  extra = dict(extra or {})
+  order = [(variant, seed) for seed in range(seeds) for variant in suite.variants]
+  for variant, seed in order:  # every config checked before anything runs
+    resolve(suite, variant, preset, seed, extra)
+  execute = dict(run=run, jobs=jobs, progress=progress, remeasure=remeasure)
+  tuning = _tune(suite, preset=preset, extra=extra, tune_seeds=tune_seeds, out=out,
+                 **{**execute, 'remeasure': False}) if tune_lr else {}
+  by_name = {v.name: v for v in suite.variants}
+
+  def tuned_lr(variant: Variant) -> dict | None:
+    """The learning-rate override of `variant`: its root variant's tuned rate; {} untuned;
+    None while that tuning has no answer."""
+    while variant.starts_from:
+      variant = by_name[variant.starts_from]
+    if variant.name not in tuning:
+      return {}
+    best = tuning[variant.name]['best_lr']
+    return None if best is None else {'train.learning_rate': best}
+
+  plan, hashes, blocked = [], {}, []
+  for variant, seed in order:
+    lr = tuned_lr(variant)
+    if lr is None:
+      blocked.append(_Job((variant.name, seed), variant, seed, None, '', ''))
+      continue
+    config = resolve(suite, variant, preset, seed, {**extra, **lr})
+    parent = (variant.starts_from, seed) if variant.starts_from else None
+    hashes[variant.name, seed] = config_hash(config, hashes[parent] if parent else '')
+    plan.append(_Job((variant.name, seed), variant, seed, config,
+                     run_dir(out, suite, variant, config, hashes[parent] if parent else ''),
+                     hashes[variant.name, seed], parent, suite.extra_metrics))
+  finished, failed, pending = _execute(plan, out=out, desc=f'suite {suite.name}', **execute)
+  for job in blocked:  # its learning-rate tuning has not finished (or every run of it failed)
+    if run is None:
+      pending.append(job.record())
     else:
-      todo.append((variant, seed, config))
-  failed: dict = {}
-  bar = tqdm(total=len(plan), initial=len(plan) - len(todo), desc=f'suite {suite.name}',
-             unit='run', disable=not progress, position=0)
-
-  def ready(item) -> bool | None:
-    """True: it can start; None: it never can (its parent failed); False: not yet."""
-    variant, seed, _ = item
-    if not variant.starts_from:
-      return True
-    parent = (variant.starts_from, seed)
-    if parent in failed or 'diverged_at_step' in finished.get(parent, {}):
-      return None
-    return parent in finished
-
-  def prepare(item) -> tuple[dict, dict]:
-    variant, seed, config = item
-    workdir = records[variant.name, seed]['workdir']
-    kwargs = {}
-    if variant.starts_from:
-      kwargs['parent'] = finished[variant.starts_from, seed]
-      if variant.trains:
-        config.train.init_from = f"workdir:{kwargs['parent']['workdir']}"
-    os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, 'run_config.json'), 'w') as f:
-      f.write(config.to_json(sort_keys=True, indent=1))
-    return kwargs
-
-  def done(item, result=None, errors=None):
-    variant, seed, _ = item
-    key = (variant.name, seed)
-    if result is not None:
-      finished[key] = {**records[key], **result}
-    else:
-      failed[key] = {**records[key], 'errors': errors}
-      bar.write(f'run {variant.name} seed {seed} failed: {errors[-1]}')
-    bar.update(1)
-
-  def adopted(item) -> bool:
-    """An identical finished run elsewhere under `out` is copied, not trained again."""
-    variant, seed, config = item
-    workdir = records[variant.name, seed]['workdir']
-    if variant.starts_from or os.path.isdir(os.path.join(workdir, 'checkpoints')):
-      return False  # a child depends on its parent's path; a started run resumes instead
-    source = _same_run_elsewhere(out, seed, hashes[variant.name, seed], workdir)
-    if source is None:
-      return False
-    bar.write(f'run {variant.name} seed {seed}: the same config and seed finished in {source}; '
-              'copied, not trained again')
-    done(item, adopt(source, config, workdir, measure))
-    return True
-
-  running = {}  # Popen -> (item, job, attempt)
-  try:
-    with _sigterm_as_interrupt():
-      while todo or running:
-        blocked = [item for item in todo if ready(item) is None]
-        for item in blocked:
-          todo.remove(item)
-          done(item, errors=[f'its starts_from run {item[0].starts_from} seed {item[1]} did not '
-                             'finish'])
-        startable = [item for item in todo if ready(item)]
-        if startable and len(running) < jobs:
-          item = startable[0]
-          todo.remove(item)
-          kwargs = prepare(item)
-          if adopted(item):
-            continue
-          workdir = records[item[0].name, item[1]]['workdir']
-          if jobs == 1:
-            _run_here(item, workdir, run, kwargs, progress, measure, done)
-          else:
-            job = {'config': item[2], 'measure': suite.extra_metrics, **kwargs}
-            running[_start_worker(job, workdir)] = (item, job, 1)
-          continue
-        if not running:
-          break
-        time.sleep(1)
-        for proc in [p for p in running if p.poll() is not None]:
-          item, job, attempt = running.pop(proc)
-          workdir = records[item[0].name, item[1]]['workdir']
-          if proc.returncode == 0 and os.path.exists(os.path.join(workdir, 'result.json')):
-            done(item, _read_result(workdir))
-          elif attempt == 1:  # a failed run is retried once
-            running[_start_worker(job, workdir)] = (item, job, 2)
-          else:
-            done(item, errors=[_last_error(workdir)])
-  except KeyboardInterrupt:
-    for proc in running:  # train() saves a checkpoint on SIGTERM: the next call resumes it
-      proc.terminate()
-    for proc in running:
-      proc.wait()
-    raise
-  finally:
-    bar.close()
-  order = [(v.name, s) for v, s in plan]
+      failed[job.key] = {**job.record(), 'errors': ['its learning-rate tuning has no finished run']}
+  keys = [(v.name, s) for v, s in order]
   return {'suite': suite.name, 'preset': preset, 'seeds': seeds,
-          'runs': [finished[k] for k in order if k in finished],
-          'failed': [failed[k] for k in order if k in failed], 'pending': pending}
+          'runs': [finished[k] for k in keys if k in finished],
+          'failed': [failed[k] for k in keys if k in failed], 'pending': pending,
+          **({'tuning': tuning, 'tune_seeds': tuning_seeds(tune_seeds)} if tune_lr else {})}
 
 
-def _run_here(item, workdir, run, kwargs, progress, measure, done) -> None:
+def _run_here(job: _Job, run, kwargs, progress, done) -> None:
   """One run in this process, retried once on an exception (e.g. a transient I/O error)."""
-  config = item[2]
+  measure = MEASURES[job.measure] if job.measure else None
   errors = []
   for _ in range(2):
     try:
-      result = run(config, workdir, progress=progress, measure=measure, **kwargs)
-      done(item, result)
+      result = run(job.config, job.workdir, progress=progress, measure=measure, **kwargs)
+      done(job, result)
       return
     except KeyboardInterrupt:
       raise
     except Exception as err:  # pylint: disable=broad-except  (reported, the suite goes on)
       errors.append(f'{type(err).__name__}: {err}')
-      with open(os.path.join(workdir, 'errors.log'), 'a') as f:
+      with open(os.path.join(job.workdir, 'errors.log'), 'a') as f:
         f.write(traceback.format_exc() + '\n')
-  done(item, errors=errors)
+  done(job, errors=errors)
 
 
 def run_benchmark(suite: BenchmarkSuite, preset: str, out: str) -> str:

@@ -11,6 +11,8 @@ import importlib
 import pkgutil
 from typing import Callable
 
+from experiments.tuning import LrGrid
+
 PRESETS = ('tiny', 'cpu', 'gpu')
 
 
@@ -28,6 +30,12 @@ class Variant:
   # them under its own config (e.g. a RoPE scaling applied at inference).
   starts_from: str = ''
   trains: bool = True
+  # Tune this variant's learning rate (experiments/tuning.py) when the suite is tuned. A
+  # starts_from variant is never tuned itself: it inherits its parent's tuned rate.
+  tune: bool = True
+  # The literature's direction against the baseline where `paper` has no number for both:
+  # 'better', 'worse' or 'same' (results.md then says whether this suite agrees).
+  expect: str = ''
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +48,10 @@ class Suite:
   metric: str = 'eval_loss'  # the compared metric; lower is better
   paper_source: str = ''  # where the paper's numbers come from
   extra_metrics: str | None = None  # a name in experiments/measures.py, run after each run
+  lr_grid: LrGrid = LrGrid()  # the per-variant learning-rate grid (--tune_lr)
+  # variant -> why its result departs from the paper: the controlled experiment that shows it
+  # (a suite and variant, or a results file), or 'unexplained: ...' with what was ruled out.
+  diagnoses: dict = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     names = [v.name for v in self.variants]
@@ -49,6 +61,9 @@ class Suite:
       if v.starts_from and v.starts_from not in names[:i]:
         raise ValueError(f'suite {self.name!r}: variant {v.name!r} starts_from={v.starts_from!r}; '
                          f'allowed: an earlier variant ({", ".join(names[:i]) or "none"})')
+      if v.expect not in ('', 'better', 'worse', 'same'):
+        raise ValueError(f"suite {self.name!r}: variant {v.name!r} has expect={v.expect!r}; "
+                         "allowed: 'better', 'worse', 'same' or ''")
       if not v.trains and not v.starts_from:
         raise ValueError(f'suite {self.name!r}: variant {v.name!r} has trains=False but no '
                          'starts_from; allowed: a starts_from variant to take the parameters of')

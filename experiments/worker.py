@@ -11,6 +11,9 @@ import sys
 
 
 def main(workdir: str) -> int:
+  cpus = os.environ.get('MLLM_WORKER_CPUS')
+  if cpus:  # the runner's share of the cores for this worker, set before JAX sizes its pool
+    os.sched_setaffinity(0, {int(c) for c in cpus.split(',')})
   from experiments.measures import MEASURES
   from mllm import compile_cache
   compile_cache.enable()  # every seed of a variant compiles the same shapes

@@ -1,0 +1,72 @@
+"""Per-variant learning-rate tuning: the learning rate is a nuisance parameter of every
+architecture comparison, so each variant gets its own best one before the table compares them
+(Google's Deep Learning Tuning Playbook; Wortsman et al. 2023 plot final loss against learning
+rate, one curve per intervention).
+
+A variant's grid is log-spaced around its own configured rate (`LrGrid`: 5 points a factor 2
+apart span 16x). The tuning runs use seeds of their own (`tuning_seeds`, from 1000), never the
+table's paired seeds 0..S-1, so the table's runs are not the ones the rate was picked on. Where the
+best rate sits at an edge of the grid, the grid grows one point past that edge (up to
+`max_widen` times a side); a diverged run is a data point (an infinite loss), not a failure.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+TUNING_SEED_BASE = 1000  # tuning seeds are 1000, 1001, ...; the table's are 0, 1, ...
+
+
+@dataclasses.dataclass(frozen=True)
+class LrGrid:
+  points: int = 5  # log-spaced rates around the variant's own learning rate
+  ratio: float = 2.0  # between neighbours: 5 points span 2^4 = 16x
+  max_widen: int = 2  # points added past an edge where the best rate sits, per side
+
+  def __post_init__(self):
+    if self.points < 2 or not self.ratio > 1 or self.max_widen < 0:
+      raise ValueError(f'LrGrid(points={self.points}, ratio={self.ratio}, max_widen='
+                       f'{self.max_widen}); allowed: points >= 2, ratio > 1, max_widen >= 0')
+
+  def steps(self) -> list[int]:
+    """The grid's exponents k (rate = center · ratio^k), centred on 0."""
+    low = -(self.points // 2)
+    return list(range(low, low + self.points))
+
+  def lr(self, center: float, k: int) -> float:
+    return center * self.ratio ** k
+
+
+def tuning_seeds(n: int) -> list[int]:
+  return [TUNING_SEED_BASE + i for i in range(n)]
+
+
+def _mean(losses: list[float]) -> float:
+  """The mean over seeds; a diverged (NaN) seed makes the point infinitely bad."""
+  return math.inf if not losses or any(not math.isfinite(x) for x in losses) else (
+      sum(losses) / len(losses))
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+  best: int | None  # exponent of the best rate; None when nothing finished
+  edge: str | None  # 'low' / 'high': the best is the lowest / highest rate tried
+  widen: int | None  # the exponent to try next (past that edge), or None: done
+
+
+def choose(losses: dict[int, list[float]], grid: LrGrid) -> Choice:
+  """The best exponent from {k: eval losses over the tuning seeds}, whether it sits at an edge,
+  and the next point to try. Ties go to the lower rate; if every point diverged, the lowest is
+  'best' and the grid widens downwards."""
+  tried = sorted(losses)
+  if not tried:
+    return Choice(None, None, None)
+  best = min(tried, key=lambda k: (_mean(losses[k]), k))
+  edge = 'low' if best == tried[0] else 'high' if best == tried[-1] else None
+  first = grid.steps()
+  widen = None
+  if edge == 'low' and first[0] - tried[0] < grid.max_widen:
+    widen = tried[0] - 1
+  elif edge == 'high' and tried[-1] - first[-1] < grid.max_widen:
+    widen = tried[-1] + 1
+  return Choice(best, edge, widen)

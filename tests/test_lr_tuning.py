@@ -1,0 +1,166 @@
+"""Per-variant learning-rate tuning in the suite runner: the grid, widening past an edge, tuning
+seeds kept apart from the table's, divergence as data, the report's lr column and plot."""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+
+from experiments import report
+from experiments.runner import resolve, run_suite
+from experiments.suite import Suite, Variant
+from experiments.suites._presets import PRESETS
+from experiments.tuning import TUNING_SEED_BASE, LrGrid, choose, tuning_seeds
+from test_experiments import data_overrides
+
+
+def test_the_default_grid_has_five_log_spaced_rates_spanning_over_10x():
+  grid = LrGrid()
+  rates = [grid.lr(3e-3, k) for k in grid.steps()]
+  assert len(rates) >= 5 and rates[-1] / rates[0] >= 10
+  ratios = [b / a for a, b in zip(rates, rates[1:])]
+  assert ratios == pytest.approx([ratios[0]] * len(ratios)) and 3e-3 in rates
+
+
+def test_choose_picks_the_lowest_mean_and_widens_past_an_edge():
+  grid = LrGrid(points=3, ratio=2.0, max_widen=2)  # steps -1, 0, 1
+  assert grid.steps() == [-1, 0, 1]
+  inner = choose({-1: [3.0], 0: [2.0], 1: [2.5]}, grid)
+  assert (inner.best, inner.edge, inner.widen) == (0, None, None)
+  high = choose({-1: [3.0], 0: [2.5], 1: [2.0]}, grid)
+  assert (high.best, high.edge, high.widen) == (1, 'high', 2)
+  low = choose({-1: [2.0, 2.2], 0: [2.5, 2.5], 1: [3.0, 3.0]}, grid)  # mean over seeds
+  assert (low.best, low.edge, low.widen) == (-1, 'low', -2)
+  # Widened twice already on the high side: the edge is reported, nothing more is tried.
+  capped = choose({-1: [3.0], 0: [2.9], 1: [2.8], 2: [2.7], 3: [2.6]}, grid)
+  assert (capped.best, capped.edge, capped.widen) == (3, 'high', None)
+  # A diverged seed (NaN) makes its point infinitely bad, whatever the other seed gave.
+  diverged = choose({-1: [3.0], 0: [2.9], 1: [1.0, math.nan]}, grid)
+  assert (diverged.best, diverged.edge) == (0, None)
+  # Everything diverged: the lowest rate is the best guess and the grid grows downwards.
+  nothing = choose({k: [math.nan] for k in (-1, 0, 1)}, grid)
+  assert (nothing.best, nothing.edge, nothing.widen) == (-1, 'low', -2)
+  tie = choose({-1: [2.0], 0: [2.0], 1: [3.0]}, grid)  # a tie goes to the lower rate
+  assert tie.best == -1
+
+
+def _fake_run(best_lr: dict, diverge_above: float, calls: list):
+  """A stand-in for run_one (result.json included, so finished runs are skipped): eval loss a
+  parabola in log10(lr) around each variant's optimum, NaN (diverged at step 3) above
+  `diverge_above`."""
+  def run(config, workdir, progress, measure, parent=None):
+    lr, variant = config.train.learning_rate, os.path.basename(workdir).split('-')[0]
+    calls.append((variant, config.seed, lr))
+    result = {'params': 1, 'active_params': 1, 'tokens_per_s': 1.0, 'learning_rate': lr,
+              'tokens': 10}
+    if lr > diverge_above:
+      result.update(eval_loss=math.nan, diverged_at_step=3, tokens_per_s=None)
+    else:
+      result['eval_loss'] = (2.0 + (math.log10(lr) - math.log10(best_lr[variant])) ** 2
+                             + 0.01 * config.seed)
+    with open(os.path.join(workdir, 'result.json'), 'w') as f:
+      json.dump(result, f)
+    return result
+  return run
+
+
+SUITE = Suite('tune', 'x', 'configs/base.py',
+              (Variant('base'), Variant('relu', 'ffn=relu'),
+               Variant('child', overrides={'train.steps': 3}, starts_from='base')),
+              PRESETS, lr_grid=LrGrid(points=5, ratio=2.0, max_widen=2))
+
+
+def test_each_variant_is_tuned_on_its_own_seeds_then_runs_the_table_at_its_best(tmp_path):
+  center = resolve(SUITE, SUITE.variants[0], 'tiny', 0).train.learning_rate
+  grid = SUITE.lr_grid
+  # base's optimum is inside the grid, relu's two steps past its top edge, above which runs
+  # diverge after one more step: relu's grid widens upwards until a run diverges.
+  optimum = {'base': grid.lr(center, 1), 'relu': grid.lr(center, 4), 'child': 1.0}
+  calls = []
+  out = run_suite(SUITE, preset='tiny', seeds=2, out=str(tmp_path), progress=False,
+                  run=_fake_run(optimum, grid.lr(center, 3) * 1.01, calls), tune_lr=True,
+                  tune_seeds=2)
+  tuning = out['tuning']
+  assert set(tuning) == {'base', 'relu'}  # a starts_from variant inherits, it is not tuned
+  assert tuning['base']['best_lr'] == pytest.approx(grid.lr(center, 1))
+  assert tuning['base']['edge'] is None and len(tuning['base']['points']) == 5
+  relu = tuning['relu']
+  assert [p['lr'] for p in relu['points']] == pytest.approx([grid.lr(center, k)
+                                                             for k in range(-2, 5)])
+  assert relu['best_lr'] == pytest.approx(grid.lr(center, 3)) and relu['edge'] is None
+  assert relu['points'][-1]['diverged_at_step'] == [3, 3]  # a data point, not a failure
+  assert not out['failed']
+  tuning_calls = [c for c in calls if c[1] >= TUNING_SEED_BASE]
+  table_calls = [c for c in calls if c[1] < TUNING_SEED_BASE]
+  assert {c[1] for c in tuning_calls} == set(tuning_seeds(2)) == {1000, 1001}
+  assert sorted({c[1] for c in table_calls}) == [0, 1]
+  assert len(tuning_calls) == 2 * (5 + 7)
+  # The table: each variant at its own best rate, the child at its parent's.
+  lrs = {(v, s): lr for v, s, lr in table_calls}
+  for seed in (0, 1):
+    assert lrs['base', seed] == pytest.approx(tuning['base']['best_lr'])
+    assert lrs['relu', seed] == pytest.approx(tuning['relu']['best_lr'])
+    assert lrs['child', seed] == pytest.approx(tuning['base']['best_lr'])
+  rows = {r['variant']: r for r in report.summarize(SUITE, out)}
+  assert rows['relu']['lr'] == pytest.approx(relu['best_lr'])
+  text = report.markdown(SUITE, out, list(rows.values()))
+  assert '| lr |' in text and 'tokens/param' in text and 'tuned first on seeds 1000, 1001' in text
+
+
+def test_a_best_rate_still_at_the_edge_after_widening_is_flagged(tmp_path):
+  center = resolve(SUITE, SUITE.variants[0], 'tiny', 0).train.learning_rate
+  low = Suite('low', 'x', 'configs/base.py', (Variant('base'),), PRESETS,
+              lr_grid=LrGrid(points=5, ratio=2.0, max_widen=1))
+  calls = []
+  out = run_suite(low, preset='tiny', seeds=1, out=str(tmp_path), progress=False,
+                  run=_fake_run({'base': center / 1000}, 1.0, calls), tune_lr=True)
+  base = out['tuning']['base']
+  assert len(base['points']) == 6 and base['edge'] == 'low'
+  assert base['best_lr'] == pytest.approx(center / 8)
+  rows = report.summarize(low, out)
+  assert '(lowest tried)' in report.markdown(low, out, rows)
+
+
+def test_seeds_that_would_reach_the_tuning_seeds_are_refused(tmp_path):
+  with pytest.raises(ValueError, match='--seeds=1001; allowed with --tune_lr: at most 1000'):
+    run_suite(SUITE, preset='tiny', seeds=1001, out=str(tmp_path), run=None, tune_lr=True)
+
+
+def test_tuning_for_real_on_the_tiny_preset_writes_the_lr_plot(tmp_path, corpus):
+  """Real runs (tiny preset): tuning runs get their own directories, the table's run uses the
+  chosen rate, the report has the lr column and the sensitivity plot; a second call runs
+  nothing."""
+  extra = data_overrides(corpus, str(tmp_path / 'cache'))
+  one = Suite('real', 'x', 'configs/base.py', (Variant('base'),), PRESETS,
+              lr_grid=LrGrid(points=2, ratio=10.0, max_widen=0))
+  out_dir = str(tmp_path / 'out')
+  out = run_suite(one, preset='tiny', seeds=1, out=out_dir, extra=extra, progress=False,
+                  tune_lr=True)
+  assert not out['failed'] and len(out['runs']) == 1
+  best = out['tuning']['base']['best_lr']
+  losses = {p['lr']: p['eval_loss'][0] for p in out['tuning']['base']['points']}
+  assert best == min(losses, key=losses.get)
+  saved = json.load(open(os.path.join(out['runs'][0]['workdir'], 'run_config.json')))
+  assert saved['train']['learning_rate'] == best and saved['seed'] == 0
+  runs = sorted(os.listdir(os.path.join(out_dir, 'real', 'runs')))
+  assert len(runs) == 3 and sum('-s1000-' in r for r in runs) == 2
+  path = report.write(one, out, out_dir)
+  assert os.path.getsize(os.path.join(out_dir, 'real', 'lr_sensitivity.png')) > 1000
+  assert '![lr_sensitivity.png](lr_sensitivity.png)' in open(path).read()
+  again = run_suite(one, preset='tiny', seeds=1, out=out_dir, extra=extra, progress=False,
+                    tune_lr=True, run=lambda *a, **k: pytest.fail('ran again'))
+  assert again['tuning'] == out['tuning']
+
+
+def test_concurrent_workers_get_their_own_share_of_the_cores(monkeypatch):
+  """jobs=2 on 2 cores pins one worker to each (unpinned, both size XLA's pool to both cores and
+  run slower together than one alone); no pinning where the cores do not go round."""
+  from experiments import runner
+  monkeypatch.setattr(runner.os, 'sched_getaffinity', lambda pid: {0, 1}, raising=False)
+  assert runner._cpu_slots(2) == [frozenset({0}), frozenset({1})]
+  assert runner._cpu_slots(3) == [None] * 3 and runner._cpu_slots(1) == [None]
+  monkeypatch.setattr(runner.os, 'sched_getaffinity', lambda pid: set(range(16)), raising=False)
+  assert [len(s) for s in runner._cpu_slots(2)] == [8, 8]
+  assert set().union(*runner._cpu_slots(2)) == set(range(16))
