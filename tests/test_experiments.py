@@ -345,8 +345,8 @@ def test_a_diverged_run_is_a_result_and_its_row_says_so(tmp_path, corpus):
 def test_norms_suite_measures_each_layers_gradient_norm(tmp_path, corpus):
   suite = load_suite('norms')
   names = [v.name for v in suite.variants]
-  assert names == ['rmsnorm', 'layernorm', 'partial_rmsnorm', 'pre-no_warmup', 'post-warmup',
-                   'post-no_warmup']
+  assert names == ['rmsnorm', 'layernorm', 'partial_rmsnorm', 'partial_rmsnorm-32_features',
+                   'pre-no_warmup', 'post-warmup', 'post-no_warmup']
   post = resolve(suite, suite.variants[names.index('post-no_warmup')], 'cpu', 0)
   base = resolve(suite, suite.variants[0], 'cpu', 0)
   assert post.model.norm.placement == 'post' and post.train.warmup_steps == 0
