@@ -114,15 +114,19 @@ def cost(results: dict) -> dict:
   another suite), and the sum of their wall times from each run's result.json."""
   own = [r for r in results['runs'] if not r.get('copied_from')]
   timed = [r['wall_s'] for r in own if r.get('wall_s')]
+  tuning = [w for t in results.get('tuning', {}).values() for p in t['points']
+            for w in p.get('wall_s', []) if w]
   return {'trained': sum(1 for r in own if r.get('steps')),
           'evaluated': sum(1 for r in own if not r.get('steps')), 'untimed': len(own) - len(timed),
-          'run_minutes': sum(timed) / 60, 'copied': len(results['runs']) - len(own)}
+          'run_minutes': (sum(timed) + sum(tuning)) / 60, 'tuning_runs': len(tuning),
+          'copied': len(results['runs']) - len(own)}
 
 
 def _cost_line(results: dict) -> str:
   c = cost(results)
   runs = (f"Cost: {c['trained']} runs trained and {c['evaluated']} only evaluated by this suite "
-          f"({c['copied']} copied from other suites)")
+          f"({c['copied']} copied from other suites)"
+          + (f" after {c['tuning_runs']} learning-rate tuning runs" if c['tuning_runs'] else ''))
   if c['untimed'] == c['trained'] + c['evaluated']:
     return runs + ": no recorded times (an older runner did not keep them)."
   return (runs + f", {c['run_minutes']:.0f} run-minutes (the sum of each run's wall time"

@@ -408,6 +408,7 @@ def _tune(suite: Suite, *, preset: str, extra: dict, tune_seeds: int, out: str,
         points.append({'lr': grid.lr(centers[v.name], k), 'seeds': [r['seed'] for r in done],
                        'eval_loss': [r['eval_loss'] for r in done],
                        'diverged_at_step': [r.get('diverged_at_step') for r in done],
+                       'wall_s': [r.get('wall_s') for r in done if not r.get('copied_from')],
                        'failed': sum((v.name, s, k) in failed for s in seeds)})
       choice = choose(losses, grid) if complete else None
       if choice is not None and choice.widen is not None and execute['run'] is not None:
