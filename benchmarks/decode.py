@@ -117,9 +117,9 @@ def end_to_end(config, model, batch: int, prompt_len: int, new_tokens: int, repe
 # decoding of random weights produce varied tokens (at 0.02 it repeats one token, which would
 # make the same-tokens check nearly vacuous); it does not change the cost.
 HF_MODELS = {
-    '4.9M': {'model.vocab_size': 8192, 'model.init_std': 0.1},
-    '32M': {'model.vocab_size': 8192, 'model.init_std': 0.1, 'model.d_model': 512,
-            'model.n_layers': 10},
+    '4.9M': {'model.vocab_size': 8192, 'model.init': 'fixed', 'model.init_std': 0.1},
+    '32M': {'model.vocab_size': 8192, 'model.init': 'fixed', 'model.init_std': 0.1,
+            'model.d_model': 512, 'model.n_layers': 10},
 }
 
 

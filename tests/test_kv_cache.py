@@ -203,7 +203,7 @@ def test_repetition_penalty_equals_the_formula_on_full_forward_logits():
   """Greedy with CTRL's penalty (HF's RepetitionPenaltyLogitsProcessor): step by step in NumPy
   on the full forward's logits, the prompt's tokens counting as seen."""
   from mllm.generate import generate_tokens
-  cfg, _, full = make('rope', 2, None, model__init_std=0.3)  # peaked logits: varied tokens
+  cfg, _, full = make('rope', 2, None, model__init='fixed', model__init_std=0.3)  # peaked logits: varied tokens
   model = build_model(cfg, rngs=nnx.Rngs(0))
   model.eval()
   prompts = [[3, 3, 7, 1], [5, 9]]

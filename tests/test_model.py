@@ -169,7 +169,8 @@ def _param_paths(cfg):
     'placement=post', 'model.dtype=bfloat16', 'model.dropout=0.1', 'window=4',
     'model.position.rope_layout=interleaved', 'rope_scaling=yarn,rope_scaling_factor=2.0',
     'pos=alibi', 'pos=none', 'pos=sinusoidal', 'ffn=geglu', 'ffn=reglu',
-    'model.attention.softmax_scale=0.5', 'model.init_std=0.1',
+    'model.attention.softmax_scale=0.5', 'model.init=fixed,model.init_std=0.1', 'model.init=fan_in',
+    'model.init=small_init',
 ])
 def test_parameter_names_do_not_change_with_math_free_toggles(toggle):
   """Toggles that add no parameters keep the parameter tree (checkpoints stay loadable)."""
@@ -197,7 +198,8 @@ def test_logical_axis_names_on_every_parameter():
 
 
 def test_depth_scaled_init():
-  cfg = tiny_config(model__n_layers=8, model__d_model=64, model__init_std=0.02)
+  cfg = tiny_config(model__n_layers=8, model__d_model=64, model__init='fixed',
+                    model__init_std=0.02)
   model = mllm.build_model(cfg, rngs=nnx.Rngs(0))
   out_std = float(np.std(np.asarray(model.blocks[0].ffn.down.kernel[...])))
   in_std = float(np.std(np.asarray(model.blocks[0].ffn.up.kernel[...])))

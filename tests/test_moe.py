@@ -287,6 +287,7 @@ def test_noise_only_in_training_and_reproducible_from_its_seed(noise):
   for name in ('gate', 'up', 'down'):
     getattr(clean.experts, name)[...] = getattr(moe.experts, name)[...]
   moe.eval()
+  clean.eval()  # both infer (dropless): the same computation but for the noise
   np.testing.assert_allclose(out(moe, x), out(clean, x), rtol=1e-6)
   moe.train()
   nnx.reseed(moe, dropout=7)

@@ -256,3 +256,65 @@ def test_moe_model_loss_falls_metrics_are_logged_and_resume_is_exact_with_noise(
   assert np.abs(a['params']['blocks'][1]['ffn']['expert_bias'][...]).max() > 0
   # Eval restores the biases with the parameters: it reproduces the run's final eval.
   assert evaluate(config, straight)['loss'] == pytest.approx(summary['eval']['loss'], rel=1e-6)
+
+
+# --- Inference never drops tokens: capacity is a training device. -------------------------------
+
+def _small_mixtral(**extra):
+  """configs/mixtral_like.py shrunk to 2 layers, d_model 64, random init (the issue's case); on
+  CPU its dispatch 'auto' is capacity."""
+  import mllm
+  return mllm.load_config('configs/mixtral_like.py', {
+      'model.n_layers': 2, 'model.d_model': 64, 'model.n_heads': 4, 'model.vocab_size': 128,
+      'model.max_seq_len': 64, 'data.seq_len': 64, **extra})
+
+
+def _eval_logits(model, tokens):
+  model.eval()
+  return np.asarray(model(jnp.asarray(tokens)))
+
+
+def test_an_exported_capacity_model_gives_the_same_logits_in_transformers_layout(tmp_path):
+  """Exported with to_hf and imported back (from_hf is dropless, as transformers computes), the
+  eval-mode logits of a capacity-dispatch model agree on a 2 × 32 batch. Before inference went
+  dropless, its capacity dropped assignments: max difference 2.9e-2 here (the batch-independence
+  test below: 2.6e-2)."""
+  import mllm
+  from mllm.layers.moe import resolve_dispatch
+  config = _small_mixtral()
+  assert resolve_dispatch(config.model.moe.dispatch) == 'capacity'
+  model = build_model(config, rngs=nnx.Rngs(0))
+  mllm.to_hf(config, model, str(tmp_path))
+  imported_config, imported = mllm.from_hf(str(tmp_path))
+  assert imported_config.model.moe.dispatch == 'dropless'
+  tokens = np.random.default_rng(0).integers(0, 128, (2, 32))
+  np.testing.assert_allclose(_eval_logits(model, tokens), _eval_logits(imported, tokens),
+                             atol=2e-5, rtol=0)
+
+
+def test_eval_logits_do_not_depend_on_the_rest_of_the_batch():
+  """A sequence evaluated alone and beside others gives the same logits (a capacity filled by
+  other tokens would drop some of its assignments)."""
+  model = build_model(_small_mixtral(), rngs=nnx.Rngs(1))
+  rng = np.random.default_rng(1)
+  batch = rng.integers(0, 128, (4, 32))
+  batch[1:] = batch[1, 0]  # three sequences of one token all choose the same experts
+  alone = _eval_logits(model, batch[:1])
+  together = _eval_logits(model, batch)[:1]
+  np.testing.assert_allclose(alone, together, atol=2e-5, rtol=0)
+
+
+def test_training_still_drops_past_capacity_and_inference_does_not():
+  layer = MoE(16, num_experts=4, top_k=1, expert_d_ff=8, dispatch='capacity',
+              capacity_factor=0.5, init_std=0.3, out_std=0.3, rngs=nnx.Rngs(0))
+  dropless = MoE(16, num_experts=4, top_k=1, expert_d_ff=8, dispatch='dropless',
+                 init_std=0.3, out_std=0.3, rngs=nnx.Rngs(0))
+  x = jax.random.normal(jax.random.key(0), (2, 16, 16))
+  trained, stats = layer(x)
+  assert float(stats['drop_rate']) >= 0.5 - 1e-6  # capacity 0.5 × the even share
+  assert not np.allclose(trained, dropless(x)[0], atol=1e-6)
+  layer.eval()
+  dropless.eval()
+  inferred, stats = layer(x)
+  assert float(stats['drop_rate']) == 0.0
+  np.testing.assert_allclose(inferred, dropless(x)[0], atol=1e-6, rtol=0)

@@ -12,6 +12,8 @@ Two ways to run the experts, equal when no token overflows (tested):
   [E, C, D] buffer: about the active FLOPs, and memory O(E·C·D), not a [T, E, C] mask.
 - `dropless` (MegaBlocks, Gale et al. 2023): the T·k assignments sorted by expert and run through
   a grouped matmul, `jax.lax.ragged_dot` (or megablox's Pallas `gmm` on TPU). Nothing is dropped.
+  A capacity model runs dropless at inference (after `model.eval()`: evaluation, generation,
+  HF export parity), so its eval loss does not depend on the batch.
   On CPU XLA expands ragged_dot to a dense masked product (about E× one expert's FLOPs;
   benchmarks/moe.py measures it).
 
@@ -380,7 +382,10 @@ class MoE(nnx.Module):
     batch, length, d_model = x_BTD.shape
     x_TD = x_BTD.reshape(batch * length, d_model)
     gates_Tk, experts_Tk, logits_TE, probs_TE = self._route(x_TD)
-    if self.dispatch == 'capacity':
+    # Capacity is a training device (fixed shapes, ~active FLOPs). At inference (model.eval())
+    # nothing is dropped, as Switch Transformer evaluates: a token's output must not depend on
+    # which other tokens share its batch, and must equal transformers' (which never drops).
+    if self.dispatch == 'capacity' and not self.deterministic:
       cap = capacity(x_TD.shape[0], self.num_experts, self.k, self.capacity_factor)
       y_TD, kept_Tk = capacity_dispatch(self.experts, x_TD, gates_Tk, experts_Tk,
                                         self.num_experts, cap)
