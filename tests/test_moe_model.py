@@ -269,9 +269,14 @@ def _small_mixtral(**extra):
       'model.max_seq_len': 64, 'data.seq_len': 64, **extra})
 
 
+@nnx.jit
+def _forward_logits(model, tokens):
+  return model(tokens)
+
+
 def _eval_logits(model, tokens):
   model.eval()
-  return np.asarray(model(jnp.asarray(tokens)))
+  return np.asarray(_forward_logits(model, jnp.asarray(tokens)))
 
 
 def test_an_exported_capacity_model_gives_the_same_logits_in_transformers_layout(tmp_path):
@@ -295,7 +300,7 @@ def test_an_exported_capacity_model_gives_the_same_logits_in_transformers_layout
 def test_eval_logits_do_not_depend_on_the_rest_of_the_batch():
   """A sequence evaluated alone and beside others gives the same logits (a capacity filled by
   other tokens would drop some of its assignments)."""
-  model = build_model(_small_mixtral(), rngs=nnx.Rngs(1))
+  model = build_model(_small_mixtral(**{'model.n_layers': 1}), rngs=nnx.Rngs(1))
   rng = np.random.default_rng(1)
   batch = rng.integers(0, 128, (4, 32))
   batch[1:] = batch[1, 0]  # three sequences of one token all choose the same experts
