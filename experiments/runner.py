@@ -270,11 +270,13 @@ def _execute(plan: list[_Job], *, out: str, run, jobs: int, progress: bool, reme
   starts_from run waits for its parent, whose record `finished` may already hold."""
   finished = dict(finished or {})
   todo, pending, failed = [], [], {}
+  _restore_from_ledgers(plan, out)
   for job in plan:
     measure = MEASURES[job.measure] if job.measure else None
     if os.path.exists(os.path.join(job.workdir, 'result.json')):
       result = _read_result(job.workdir)
-      if remeasure and measure is not None and 'diverged_at_step' not in result:
+      if remeasure and measure is not None and 'diverged_at_step' not in result and (
+          os.path.isdir(os.path.join(job.workdir, 'checkpoints')) or not job.variant.trains):
         source = finished[job.parent]['workdir'] if (
             job.parent and not job.variant.trains) else job.workdir
         result.update(measure(job.config, source))
@@ -309,6 +311,7 @@ def _execute(plan: list[_Job], *, out: str, run, jobs: int, progress: bool, reme
   def done(job, result=None, errors=None):
     if result is not None:
       finished[job.key] = {**job.record(), **result}
+      _append_ledger(job, result)
     else:
       failed[job.key] = {**job.record(), 'errors': errors}
       bar.write(f'run {job.variant.name} seed {job.seed} failed: {errors[-1]}')
@@ -374,6 +377,53 @@ def _execute(plan: list[_Job], *, out: str, run, jobs: int, progress: bool, reme
   finally:
     bar.close()
   return finished, failed, pending
+
+
+# Each suite folder keeps a ledger of its finished runs, <out>/<suite>/finished.jsonl (committed
+# with the results): a fresh clone, without the run directories, resumes a suite where it
+# stopped instead of training its finished runs again.
+LEDGER = 'finished.jsonl'
+
+
+def _append_ledger(job: _Job, result: dict) -> None:
+  suite_folder = os.path.dirname(os.path.dirname(job.workdir))
+  with open(os.path.join(suite_folder, LEDGER), 'a') as f:
+    f.write(json.dumps({'hash': job.hash, 'seed': job.seed, 'run': os.path.basename(job.workdir),
+                        'result': result}) + '\n')
+
+
+def _read_ledgers(out: str) -> dict:
+  """{hash: entry} of every suite's ledger under `out` (a run's later entry wins)."""
+  entries = {}
+  for path in sorted(glob.glob(os.path.join(out, '*', LEDGER))):
+    with open(path) as f:
+      for line in f:
+        if line.strip():
+          entry = json.loads(line)
+          entries[entry['hash']] = {**entry, 'suite_folder': os.path.dirname(path)}
+  return entries
+
+
+def _restore_from_ledgers(plan: list[_Job], out: str) -> None:
+  """Give every unfinished job of `plan` that a ledger records its result.json back (without
+  checkpoints), unless a child of it still has to run and needs its parameters."""
+  ledger = _read_ledgers(out)
+  unfinished = {job.key for job in plan
+                if not os.path.exists(os.path.join(job.workdir, 'result.json'))}
+  restorable = {job.key for job in plan if job.key in unfinished and job.hash in ledger}
+  for job in plan:
+    if job.parent in restorable and job.key not in restorable and job.key in unfinished:
+      restorable.discard(job.parent)
+  for job in plan:
+    if job.key not in restorable:
+      continue
+    entry = ledger[job.hash]
+    result = dict(entry['result'])
+    if os.path.abspath(entry['suite_folder']) != os.path.abspath(
+        os.path.dirname(os.path.dirname(job.workdir))):
+      result['copied_from'] = os.path.join(entry['suite_folder'], 'runs', entry['run'])
+    os.makedirs(job.workdir, exist_ok=True)
+    _write_result(job.workdir, result)
 
 
 def _tune(suite: Suite, *, preset: str, extra: dict, tune_seeds: int, out: str,

@@ -164,3 +164,31 @@ def test_concurrent_workers_get_their_own_share_of_the_cores(monkeypatch):
   monkeypatch.setattr(runner.os, 'sched_getaffinity', lambda pid: set(range(16)), raising=False)
   assert [len(s) for s in runner._cpu_slots(2)] == [8, 8]
   assert set().union(*runner._cpu_slots(2)) == set(range(16))
+
+
+def test_a_fresh_clone_resumes_from_the_ledger_without_run_directories(tmp_path):
+  """finished.jsonl (committed beside results.json) restores every finished run, tuning runs
+  included, when the run directories are gone; a parent whose child still has to run is trained
+  again, since the child needs its parameters."""
+  import shutil
+  center = resolve(SUITE, SUITE.variants[0], 'tiny', 0).train.learning_rate
+  optimum = {'base': center, 'relu': center, 'child': 1.0}
+  calls = []
+  first = run_suite(SUITE, preset='tiny', seeds=1, out=str(tmp_path), progress=False,
+                    run=_fake_run(optimum, 1.0, calls), tune_lr=True)
+  runs = os.path.join(str(tmp_path), 'tune', 'runs')
+  shutil.rmtree(runs)
+  again = run_suite(SUITE, preset='tiny', seeds=1, out=str(tmp_path), progress=False,
+                    run=lambda *a, **k: pytest.fail('ran again'), tune_lr=True)
+  assert again['tuning'] == first['tuning']
+  assert [r['eval_loss'] for r in again['runs']] == [r['eval_loss'] for r in first['runs']]
+  # The child's result is lost: its parent (restored without checkpoints) trains again first.
+  shutil.rmtree(runs)
+  with open(os.path.join(str(tmp_path), 'tune', 'finished.jsonl')) as f:
+    kept = [line for line in f if '"child-' not in line]
+  with open(os.path.join(str(tmp_path), 'tune', 'finished.jsonl'), 'w') as f:
+    f.writelines(kept)
+  calls.clear()
+  run_suite(SUITE, preset='tiny', seeds=1, out=str(tmp_path), progress=False,
+            run=_fake_run(optimum, 1.0, calls), tune_lr=True)
+  assert [(v, s) for v, s, _ in calls] == [('base', 0), ('child', 0)]
