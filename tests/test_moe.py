@@ -401,6 +401,24 @@ def test_megablox_gmm_in_interpret_mode_equals_ragged_dot_with_gradients():
   np.testing.assert_allclose(out(other, tokens()), out(moe, tokens()), rtol=1e-5, atol=1e-6)
 
 
+def test_a_capacity_layer_infers_with_ragged_dot_where_megablox_would_only_interpret(monkeypatch):
+  """grouped_matmul names the dropless path's kernel. A capacity layer reaches that path only at
+  inference; off TPU gmm would only interpret (slowly) there, so it takes ragged_dot. An explicit
+  dropless layer keeps megablox (the tests' interpret mode)."""
+  from mllm.layers import moe as moe_module
+  called, real = [], moe_module.grouped_matmul
+  monkeypatch.setattr(moe_module, 'grouped_matmul',
+                      lambda *args: called.append(args[-1]) or real(*args))
+  capacity_layer = make_moe(dispatch='capacity', grouped_matmul='megablox')
+  dropless_layer = make_moe(dispatch='dropless', grouped_matmul='megablox')
+  capacity_layer.eval()
+  capacity_layer(tokens())
+  assert set(called) == {'ragged_dot'}
+  called.clear()
+  dropless_layer(tokens())
+  assert set(called) == {'megablox'}
+
+
 def np_transformers_balancing_loss(gate_logits_per_layer, num_experts, k):
   """transformers' `load_balancing_loss_func` (Mixtral, no attention mask), in float64 NumPy:
   the layers' logits concatenated, top-k of the softmax, E · Σ mean(one-hot) · mean(probs)."""

@@ -13,7 +13,8 @@ Two ways to run the experts, equal when no token overflows (tested):
 - `dropless` (MegaBlocks, Gale et al. 2023): the T·k assignments sorted by expert and run through
   a grouped matmul, `jax.lax.ragged_dot` (or megablox's Pallas `gmm` on TPU). Nothing is dropped.
   A capacity model runs dropless at inference (after `model.eval()`: evaluation, generation,
-  HF export parity), so its eval loss does not depend on the batch.
+  HF export parity), so its eval loss does not depend on the batch and matches transformers'
+  (Switch, too, evaluates with more capacity than it trains with).
   On CPU XLA expands ragged_dot to a dense masked product (about E× one expert's FLOPs;
   benchmarks/moe.py measures it).
 
@@ -378,13 +379,24 @@ class MoE(nnx.Module):
                                    selection_bias_E=bias)
     return gates_Tk, experts_Tk, logits_TE, probs_TE
 
+  def _dropless_matmul(self) -> str:
+    """The dropless path's kernel. A capacity layer takes that path only at inference, where
+    megablox's gmm would run in Pallas interpret mode (off TPU: slow, for tests) or refuse the
+    multi-device mesh that training ran on: ragged_dot there, the same result."""
+    if self.dispatch == 'dropless' or self.grouped_matmul != 'megablox':
+      return self.grouped_matmul
+    mesh = on_mesh.current_mesh()
+    one_tpu = on_mesh.backend() == 'tpu' and (mesh is None or mesh.size == 1)
+    return 'megablox' if one_tpu else 'ragged_dot'
+
   def __call__(self, x_BTD: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
     batch, length, d_model = x_BTD.shape
     x_TD = x_BTD.reshape(batch * length, d_model)
     gates_Tk, experts_Tk, logits_TE, probs_TE = self._route(x_TD)
     # Capacity is a training device (fixed shapes, ~active FLOPs). At inference (model.eval())
-    # nothing is dropped, as Switch Transformer evaluates: a token's output must not depend on
-    # which other tokens share its batch, and must equal transformers' (which never drops).
+    # nothing is dropped (Switch's Mesh TensorFlow code evaluates with a separate, larger capacity
+    # factor; dropless is the limit): a token's output must not depend on which other tokens share
+    # its batch, and must equal transformers' (which never drops).
     if self.dispatch == 'capacity' and not self.deterministic:
       cap = capacity(x_TD.shape[0], self.num_experts, self.k, self.capacity_factor)
       y_TD, kept_Tk = capacity_dispatch(self.experts, x_TD, gates_Tk, experts_Tk,
@@ -392,7 +404,7 @@ class MoE(nnx.Module):
       drop_rate = jnp.mean((~kept_Tk).astype(jnp.float32))
     else:
       y_TD = dropless_dispatch(self.experts, x_TD, gates_Tk, experts_Tk, self.num_experts,
-                               self.grouped_matmul)
+                               self._dropless_matmul())
       drop_rate = jnp.zeros((), jnp.float32)
     if self.shared is not None:  # every token through every shared expert, weight 1
       y_TD = y_TD + jnp.sum(self.shared.grouped(
