@@ -250,8 +250,8 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
   _positive(f'{p}.init_std', m.init_std)
   if m.init != 'fixed' and m.init_std != DEFAULT_INIT_STD:  # set, and silently unused
     raise ConfigError(f'{p}.init_std', m.init_std,
-                      f"read only by {p}.init='fixed' (it is {m.init!r}); allowed here: "
-                      f'{DEFAULT_INIT_STD} (the default)')
+                      f"read only by {p}.init='fixed' (it is {m.init!r}); set "
+                      f"{p}.init='fixed' to use it, else leave it at {DEFAULT_INIT_STD}")
   _positive(f'{p}.embed_scale', m.embed_scale)
   _one_of(f'{p}.dtype', m.dtype, DTYPES, 'compute dtype')
   _one_of(f'{p}.param_dtype', m.param_dtype, DTYPES, 'parameter dtype')

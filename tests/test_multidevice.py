@@ -90,8 +90,10 @@ def test_expert_parallel_meshes_match_one_device():
   assert any("'expert'" in s and 'tensor' in s
              for s in result['{"fsdp": 2, "expert": 2, "tensor": 2}']['specs'])
   # Adam divides by √v: where a gradient is ~0, float32 reassociation of the sharded sums moves
-  # an update by a small fraction of the learning rate (3e-3); one weight in 11,264 by 4e-6.
-  assert_matches_one_device(result, atol=1e-5)
+  # an update by a small fraction of the learning rate (3e-3): one weight in 11,264 by 4e-6 under
+  # model.init='fixed', two by 2.6e-5 (1% of the rate) under 'fan_in'. A sharding bug moves
+  # most weights, by far more.
+  assert_matches_one_device(result, atol=5e-5)
 
 
 def test_kernels_run_per_shard_and_match_one_device():
