@@ -176,11 +176,45 @@ def markdown(suite: Suite, results: dict, rows: list[dict]) -> str:
     lines += ['', f"Not run yet: {len(results['pending'])} of "
               f"{len(results['pending']) + len(results['runs']) + len(results['failed'])} runs "
               '(the suite resumes where it stopped).']
+  power = _power_line(suite, rows)
+  if power:
+    lines += ['', power]
   lines += ['', _cost_line(results)]
   if results['failed']:
     lines += ['', 'Failed runs (after one retry): ' + '; '.join(
         f"{f['variant']} seed {f['seed']}: {f['errors'][-1]}" for f in results['failed'])]
   return '\n'.join(lines) + '\n'
+
+
+def paper_effect(suite: Suite, row: dict, rows: list[dict]) -> float | None:
+  """The paper's difference to its baseline as a fraction of its baseline's metric, applied to
+  ours: the effect this suite would see if the paper's relative gap held at our scale."""
+  variant = next(v for v in suite.variants if v.name == row['variant'])
+  ours, base = variant.paper.get(suite.metric), suite.baseline.paper.get(suite.metric)
+  baseline_row = next(r for r in rows if r['variant'] == suite.baseline.name)
+  if ours is None or base is None or variant is suite.baseline or 'mean' not in baseline_row:
+    return None
+  return (ours - base) / base * baseline_row['mean']
+
+
+def _power_line(suite: Suite, rows: list[dict]) -> str:
+  """For each row within noise where the paper reports a gap: the seeds that would resolve it."""
+  cells = []
+  for row in rows:
+    effect, test = paper_effect(suite, row, rows), row.get('test')
+    if effect is None or test is None or row.get('verdict') != 'within noise':
+      continue
+    if abs(effect) <= PAPER_SAME * abs(rows[0].get('mean', 0.0)):
+      continue  # the paper reports no difference: nothing to resolve
+    n = stats.seeds_for_power(test.std, effect)
+    cells.append(f"{row['variant']} {'more than 1000' if n is None else n} "
+                 f'(effect {effect:+.3f}, paired std {test.std:.3f})')
+  if not cells:
+    return ''
+  return ("Power: seeds a row within noise would need to resolve the paper's gap, taken as the "
+          "same fraction of our baseline's loss (paired t-test, α 0.05 before Holm's "
+          "correction, 80% power, the row's own paired std over its seeds): "
+          + '; '.join(cells) + '.')
 
 
 def _lr_cell(row: dict) -> str:

@@ -135,3 +135,20 @@ def verdict(test: PairedTest, adjusted_p: float, *, lower_is_better: bool = True
     return 'within noise'
   improved = test.mean < 0 if lower_is_better else test.mean > 0
   return 'better' if improved else 'worse'
+
+
+def seeds_for_power(diff_std: float, effect: float, *, alpha: float = 0.05,
+                    power: float = 0.8, max_n: int = 1000) -> int | None:
+  """The fewest paired seeds n at which a two-sided paired t-test at level `alpha` detects a
+  true mean difference `effect`, with differences of std `diff_std`, with probability ~`power`:
+      |effect| / (diff_std / √n) >= t_{1−α/2, n−1} + t_{power, n−1}
+  (the t form of the normal-approximation sample size; Cohen 1988, §2.4). None past max_n."""
+  if diff_std <= 0.0:
+    return 2
+  if effect == 0.0:
+    return None
+  for n in range(2, max_n + 1):
+    need = t_quantile(1.0 - alpha / 2.0, n - 1) + t_quantile(power, n - 1)
+    if abs(effect) * math.sqrt(n) / diff_std >= need:
+      return n
+  return None

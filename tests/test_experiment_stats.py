@@ -64,3 +64,27 @@ def test_degenerate_and_bad_inputs():
     stats.paired_test([1.0, 2.0, 3.0], [1.0, 2.0])
   assert stats.mean_std([3.0]) == (3.0, 0.0)
   assert stats.mean_std([1.0, 2.0, 3.0]) == pytest.approx((2.0, 1.0))
+
+
+@pytest.mark.parametrize('diff_std,effect', [(0.03, 0.07), (0.03, 0.03), (0.05, 0.02)])
+def test_seeds_for_power_reach_the_power_by_simulation(diff_std, effect):
+  """Against a Monte Carlo of the paired t-test itself: at the n returned, 40,000 simulated
+  suites with N(effect, diff_std) differences reject at α 0.05 in >= 79% of cases (the 80% asked,
+  less simulation noise); one seed fewer falls short of 81%."""
+  import numpy as np
+  rng = np.random.default_rng(0)
+
+  def simulated_power(n):
+    diffs = rng.normal(effect, diff_std, size=(40_000, n))
+    t = diffs.mean(1) / (diffs.std(1, ddof=1) / np.sqrt(n))
+    return np.mean(np.abs(t) > stats.t_quantile(0.975, n - 1))
+  n = stats.seeds_for_power(diff_std, effect)
+  assert simulated_power(n) >= 0.79
+  assert simulated_power(n - 1) < 0.81
+  assert stats.seeds_for_power(diff_std, -effect) == n  # the sign of the effect does not matter
+
+
+def test_seeds_for_power_edges():
+  assert stats.seeds_for_power(0.0, 0.01) == 2  # no spread: the smallest paired test
+  assert stats.seeds_for_power(0.05, 0.0) is None  # no effect is never detected
+  assert stats.seeds_for_power(1.0, 1e-3, max_n=50) is None
