@@ -165,10 +165,43 @@ def lr_sensitivity(suite, results: dict, path: str) -> str | None:
   return _finish(fig, ax, path)
 
 
+def loss_vs_tokens(suite, results: dict, path: str) -> str | None:
+  """Eval loss against training tokens (log axis) per variant, from runs evaluated during
+  training (train.eval_every): the mean over seeds, shaded min–max band. Where two curves cross,
+  one variant overtakes the other at that budget (within one schedule: the points before the end
+  are at a learning rate not yet decayed)."""
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  drawn = False
+  for variant in suite.variants:
+    runs = [r for r in results['runs'] if r['variant'] == variant.name and r.get('eval_curve')]
+    if not runs:
+      continue
+    steps = sorted(set.intersection(*(set(r['eval_curve']['step']) for r in runs)))
+    if len(steps) < 2:
+      continue
+    per_step = runs[0]['tokens'] / runs[0]['steps']
+    losses = np.array([[dict(zip(r['eval_curve']['step'], r['eval_curve']['loss']))[s]
+                        for s in steps] for r in runs])
+    tokens = np.array(steps) * per_step
+    line, = ax.plot(tokens, losses.mean(0), 'o-', ms=3, lw=1.2,
+                    label=f'{variant.name} ({len(runs)} seeds)')
+    if len(runs) > 1:
+      ax.fill_between(tokens, losses.min(0), losses.max(0), color=line.get_color(), alpha=0.2)
+    drawn = True
+  if not drawn:
+    plt.close(fig)
+    return None
+  ax.set_xscale('log')
+  ax.set(xlabel='training tokens', ylabel='eval loss',
+         title=f'suite {suite.name}: eval loss against tokens')
+  return _finish(fig, ax, path)
+
+
 def write_all(suite, results: dict, rows: list[dict], folder: str) -> list[str]:
   made = [loss_curves(suite, results, os.path.join(folder, 'loss_curves.png')),
           lr_sensitivity(suite, results, os.path.join(folder, 'lr_sensitivity.png')),
           loss_vs_context(suite, results, os.path.join(folder, 'loss_vs_context.png')),
+          loss_vs_tokens(suite, results, os.path.join(folder, 'loss_vs_tokens.png')),
           grad_norms(suite, results, os.path.join(folder, 'grad_norms.png')),
           pareto(suite, rows, os.path.join(folder, 'pareto.png'))]
   return [p for p in made if p]

@@ -146,6 +146,10 @@ def markdown(suite: Suite, results: dict, rows: list[dict]) -> str:
               'ordering, not the values.', '']
   if results.get('tuning'):
     lines += [_tuning_line(suite, results), '']
+  if results.get('lr_from'):
+    rates = ', '.join(f'{name} {lr:.3g}' for name, lr in results['lr_from']['rates'].items())
+    lines += [f"Learning rates: each variant's tuned rate in suite `{results['lr_from']['suite']}` "
+              f'({rates}), not tuned again at this suite\'s budget.', '']
   extras = [k for k in EXTRA_COLUMNS if k != suite.metric and any(k in row for row in rows)]
   lines += ['| variant | params | tokens/param | lr | mean ± std | Δ vs baseline [95% CI] | '
             'p (Holm) | verdict | paper | vs paper | train tokens/s |'

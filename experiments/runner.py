@@ -115,6 +115,9 @@ def run_one(config, workdir: str, *, progress: bool = True, measure=None,
                   tokens_per_s=summary['tokens_per_s'], median_step_s=summary['median_step_s'],
                   train_flops=flops_per_token * tokens + (parent['train_flops'] if parent else 0),
                   curve=train_curve(os.path.join(workdir, 'metrics.jsonl')))
+    evals = train_curve(os.path.join(workdir, 'metrics.jsonl'), 'eval')
+    if len(evals['step']) > 1:  # evaluated during training too (train.eval_every)
+      result['eval_curve'] = evals
     trained_eval = summary['eval']
   # train() evaluated the parameters it saved at its last step, on the same batches: the same
   # numbers as evaluate(config, workdir) (a test holds them equal), without a second compile.
@@ -132,17 +135,17 @@ def run_one(config, workdir: str, *, progress: bool = True, measure=None,
   return result
 
 
-def train_curve(metrics_path: str) -> dict:
-  """{'step': [...], 'loss': [...]}: the run's logged train losses."""
+def train_curve(metrics_path: str, split: str = 'train') -> dict:
+  """{'step': [...], 'loss': [...]}: the run's logged train (or eval) losses."""
   from mllm.train.metrics import read_metrics
-  records = [r for r in read_metrics(metrics_path) if r['split'] == 'train' and 'loss' in r]
+  records = [r for r in read_metrics(metrics_path) if r['split'] == split and 'loss' in r]
   return {'step': [r['step'] for r in records], 'loss': [r['loss'] for r in records]}
 
 
 # What run_one itself records (a run adopted from another suite keeps these, not its measures).
 _TRAINED_KEYS = ('params', 'active_params', 'flops_per_token', 'learning_rate', 'steps', 'tokens',
                  'train_loss',
-                 'tokens_per_s', 'median_step_s', 'train_flops', 'curve', 'eval_loss',
+                 'tokens_per_s', 'median_step_s', 'train_flops', 'curve', 'eval_curve', 'eval_loss',
                  'eval_perplexity', 'bits_per_byte')
 
 
@@ -502,8 +505,9 @@ def run_suite(suite: Suite, *, preset: str, seeds: int, out: str, extra: dict | 
   for variant, seed in order:  # every config checked before anything runs
     resolve(suite, variant, preset, seed, extra)
   execute = dict(run=run, jobs=jobs, progress=progress, remeasure=remeasure)
+  borrowed = _borrowed_rates(suite, out) if tune_lr and suite.lr_from else None
   tuning = _tune(suite, preset=preset, extra=extra, tune_seeds=tune_seeds, out=out,
-                 **{**execute, 'remeasure': False}) if tune_lr else {}
+                 **{**execute, 'remeasure': False}) if tune_lr and not suite.lr_from else {}
   by_name = {v.name: v for v in suite.variants}
 
   def tuned_lr(variant: Variant) -> dict | None:
@@ -511,6 +515,8 @@ def run_suite(suite: Suite, *, preset: str, seeds: int, out: str, extra: dict | 
     None while that tuning has no answer."""
     while variant.starts_from:
       variant = by_name[variant.starts_from]
+    if borrowed is not None:
+      return {'train.learning_rate': borrowed[variant.name]}
     if variant.name not in tuning:
       return {}
     best = tuning[variant.name]['best_lr']
@@ -538,7 +544,27 @@ def run_suite(suite: Suite, *, preset: str, seeds: int, out: str, extra: dict | 
   return {'suite': suite.name, 'preset': preset, 'seeds': seeds,
           'runs': [finished[k] for k in keys if k in finished],
           'failed': [failed[k] for k in keys if k in failed], 'pending': pending,
-          **({'tuning': tuning, 'tune_seeds': tuning_seeds(tune_seeds)} if tune_lr else {})}
+          **({'tuning': tuning, 'tune_seeds': tuning_seeds(tune_seeds)}
+             if tune_lr and not suite.lr_from else {}),
+          **({'lr_from': {'suite': suite.lr_from, 'rates': borrowed}} if borrowed else {})}
+
+
+def _borrowed_rates(suite: Suite, out: str) -> dict:
+  """{variant: lr} from suite.lr_from's tuning (its results.json under `out`), for each of this
+  suite's tuned variants, which must be there under the same names."""
+  path = os.path.join(out, suite.lr_from, 'results.json')
+  tuning = {}
+  if os.path.exists(path):
+    with open(path) as f:
+      tuning = json.load(f).get('tuning', {})
+  names = [v.name for v in suite.variants if v.tune and not v.starts_from]
+  missing = [n for n in names if (tuning.get(n) or {}).get('best_lr') is None]
+  if missing:
+    raise ValueError(f'suite {suite.name!r} takes its learning rates from suite '
+                     f'{suite.lr_from!r}, whose tuning ({path}) has no best rate for '
+                     f'{", ".join(missing)}; allowed: run `python -m experiments {suite.lr_from}` '
+                     'first, or --no-tune_lr (every variant at its configured rate)')
+  return {n: tuning[n]['best_lr'] for n in names}
 
 
 def _run_here(job: _Job, run, kwargs, progress, done) -> None:

@@ -49,6 +49,9 @@ class Suite:
   paper_source: str = ''  # where the paper's numbers come from
   extra_metrics: str | None = None  # a name in experiments/measures.py, run after each run
   lr_grid: LrGrid = LrGrid()  # the per-variant learning-rate grid (--tune_lr)
+  # Another suite whose tuned rates its same-named variants take instead of tuning here (e.g. a
+  # longer-training copy of some of its rows, where a grid would cost 4x).
+  lr_from: str = ''
   # variant -> why its result departs from the paper: the controlled experiment that shows it
   # (a suite and variant, or a results file), or 'unexplained: ...' with what was ruled out.
   diagnoses: dict = dataclasses.field(default_factory=dict)

@@ -192,3 +192,54 @@ def test_a_fresh_clone_resumes_from_the_ledger_without_run_directories(tmp_path)
   run_suite(SUITE, preset='tiny', seeds=1, out=str(tmp_path), progress=False,
             run=_fake_run(optimum, 1.0, calls), tune_lr=True)
   assert [(v, s) for v, s, _ in calls] == [('base', 0), ('child', 0)]
+
+
+def test_a_suite_can_take_its_rates_from_another_suites_tuning(tmp_path):
+  """lr_from: a longer copy of some rows runs each at the rate its donor suite tuned (no grid of
+  its own); before the donor has tuned, the suite refuses in one line naming what is missing."""
+  donor = Suite('donor', 'x', 'configs/base.py', (Variant('base'), Variant('relu', 'ffn=relu')),
+                PRESETS, lr_grid=LrGrid(points=3, ratio=2.0, max_widen=2))
+  borrower = Suite('borrower', 'x', 'configs/base.py',
+                   (Variant('base'), Variant('relu', 'ffn=relu')),
+                   {'tiny': {**PRESETS['tiny'], 'train.steps': 12}}, lr_from='donor')
+  with pytest.raises(ValueError, match=r"suite 'borrower' takes its learning rates from suite "
+                                       r"'donor', whose tuning .* has no best rate for base, relu"):
+    run_suite(borrower, preset='tiny', seeds=1, out=str(tmp_path), run=None, tune_lr=True)
+  center = resolve(donor, donor.variants[0], 'tiny', 0).train.learning_rate
+  grid = donor.lr_grid
+  calls = []
+  tuned = run_suite(donor, preset='tiny', seeds=1, out=str(tmp_path), progress=False,
+                    run=_fake_run({'base': grid.lr(center, -1), 'relu': grid.lr(center, 1)},
+                                  1.0, calls), tune_lr=True)
+  report.write(donor, tuned, str(tmp_path))
+  calls.clear()
+  out = run_suite(borrower, preset='tiny', seeds=2, out=str(tmp_path), progress=False,
+                  run=_fake_run({'base': 1.0, 'relu': 1.0}, 1.0, calls), tune_lr=True)
+  assert all(seed < TUNING_SEED_BASE for _, seed, _ in calls)  # nothing tuned here
+  rates = {(v, s): lr for v, s, lr in calls}
+  assert sorted(rates) == [('base', 0), ('base', 1), ('relu', 0), ('relu', 1)]
+  for seed in (0, 1):
+    assert rates['base', seed] == pytest.approx(grid.lr(center, -1))
+    assert rates['relu', seed] == pytest.approx(grid.lr(center, 1))
+  assert 'tuning' not in out and out['lr_from']['suite'] == 'donor'
+  text = report.markdown(borrower, out, report.summarize(borrower, out))
+  assert "tuned rate in suite `donor`" in text
+  # --no-tune_lr: every variant at its configured rate, donor or not.
+  calls.clear()
+  run_suite(borrower, preset='tiny', seeds=1, out=str(tmp_path / 'other'), progress=False,
+            run=_fake_run({'base': 1.0, 'relu': 1.0}, 1.0, calls), tune_lr=False)
+  assert {lr for _, _, lr in calls} == {center}
+
+
+def test_runs_evaluated_during_training_draw_loss_against_tokens(tmp_path, corpus):
+  """train.eval_every > 0: the run keeps its eval losses (eval_curve), the eval at the last step
+  equal to the run's eval_loss, and the report draws loss_vs_tokens.png."""
+  extra = {**data_overrides(corpus, str(tmp_path / 'cache')), 'train.eval_every': 2}
+  one = Suite('evals', 'x', 'configs/base.py', (Variant('base'),), PRESETS)
+  out = run_suite(one, preset='tiny', seeds=1, out=str(tmp_path), extra=extra, progress=False)
+  run = out['runs'][0]
+  assert run['eval_curve']['step'] == [2, 4, 6]
+  assert run['eval_curve']['loss'][-1] == pytest.approx(run['eval_loss'])
+  path = report.write(one, out, str(tmp_path))
+  assert os.path.getsize(os.path.join(str(tmp_path), 'evals', 'loss_vs_tokens.png')) > 1000
+  assert '![loss_vs_tokens.png](loss_vs_tokens.png)' in open(path).read()
