@@ -64,3 +64,24 @@ def test_the_power_line_names_the_seeds_a_row_within_noise_would_need():
   assert f'noisy {n} (effect {-0.01 * base_mean:+.3f}' in line
   # Rows outside noise and rows whose paper reports no gap ('level') need no more seeds.
   assert 'level' not in line and 'better' not in line and 'expected' not in line
+
+
+def test_the_overview_counts_every_judged_row_once():
+  """experiments.overview: 'better' and 'expected' agree in direction and 'level' agrees with
+  the paper's no-difference; 'noisy' is within noise; 'worse_here' contradicts with a diagnosis.
+  The baseline is not judged. Runs of variants a suite no longer has are left out."""
+  from experiments import overview
+  stale = results()
+  stale['runs'].append({**stale['runs'][0], 'variant': 'removed'})
+  tally = overview.tally(SUITE, stale)
+  assert tally['counts'] == {'agrees': 3, 'within noise': 1, 'contradicts, diagnosed': 1,
+                             'contradicts, undiagnosed': 0}
+  assert tally['protocol'] == "baseline's lr (old)" and tally['rows'] == 6
+  tuned = {**results(), 'lr_from': {'suite': 'x', 'rates': {}}}
+  undiagnosed = overview.tally(Suite(**{**SUITE.__dict__, 'diagnoses': {}}), tuned)
+  assert undiagnosed['protocol'] == 'tuned lr'
+  assert undiagnosed['counts']['contradicts, undiagnosed'] == 1
+  text = overview.markdown([tally, undiagnosed])
+  assert 'Of 10 rows where the literature states a direction' in text
+  assert '6 agree, 2 are within noise, 2 contradict it (1 with a diagnosis)' in text
+  assert '- `verdicts` worse_here: contradicts (no diagnosis yet)' in text
