@@ -549,6 +549,18 @@ def test_process_shards_are_disjoint_and_cover_each_epoch(process_count):
   assert not np.array_equal(epochs[0], epochs[1])  # reshuffled each epoch
 
 
+@pytest.mark.parametrize('process_count', [2, 3])
+def test_the_processes_rows_stacked_are_the_single_process_batch(process_count):
+  """Process p reads rows [p*B, (p+1)*B) of each global batch: stacked in process order they
+  are one process's batch, row for row (so dropout masks meet the same rows), across epochs."""
+  n, global_batch = 24, 6
+  whole = index_dataset(n, 7, global_batch, 0, 1)
+  shards = [index_dataset(n, 7, global_batch, p, process_count) for p in range(process_count)]
+  for step in range(3 * n // global_batch):
+    np.testing.assert_array_equal(np.concatenate([ds[step]['i'] for ds in shards]),
+                                  whole[step]['i'])
+
+
 def test_train_batches_depend_only_on_the_seed(tmp_path):
   cfg = text_config(tmp_path)
   a = take(build_data(cfg, str(tmp_path / 'w')).train_iterator(), 5)

@@ -111,6 +111,24 @@ def load_metric_eval(workdir):
           if r['split'] == 'eval'][-1]['loss']
 
 
+def test_a_finished_run_started_again_says_nothing_is_left(reference_run, tmp_path, capsys):
+  """Resumed at its last step, a run trains nothing and reports the losses it ended with (it
+  printed 'train loss nan' before)."""
+  import shutil
+  config, workdir, summary, _ = reference_run
+  again = str(tmp_path / 'again')
+  shutil.copytree(workdir, again)
+  capsys.readouterr()
+  repeat = train(config, again, progress=True)
+  assert repeat['step'] == summary['step'] == STEPS
+  assert repeat['train_loss'] == pytest.approx(summary['train_loss'], rel=1e-6)
+  assert repeat['eval']['loss'] == pytest.approx(summary['eval']['loss'], rel=1e-6)
+  captured = capsys.readouterr()
+  out = captured.out + captured.err
+  assert f'nothing left to train: the run is at step {STEPS} already' in out
+  assert 'nan' not in out
+
+
 def test_sigterm_saves_exits_cleanly_and_resumes_exactly(reference_run, corpus, tmp_path):
   config, ref_dir, _, cache = reference_run
   workdir = str(tmp_path / 'killed')

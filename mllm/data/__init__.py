@@ -81,12 +81,27 @@ def build_data(config, workdir: str, *, process_index: int = 0, process_count: i
                       f'{process_count}')
   if verbose is None:
     verbose = process_index == 0
+  # Several processes: process 0 trains the tokenizer and builds the corpus cache first, the
+  # others then read them (or, on a host that does not share its disk, build their own), so no
+  # file is written twice at once.
+  if process_index != 0:
+    _barrier('mllm: data built by process 0')
   writable_dir(corpus_lib.cache_key(d), cache_root(d))
   source = make_source(d)
   tokenizer = corpus_lib.load_tokenizer(config, workdir, source, verbose)
   corpus = corpus_lib.load_corpus(config, source, tokenizer, verbose)
+  if process_index == 0:
+    _barrier('mllm: data built by process 0')
   return Data(tokenizer, corpus, d.seq_len, d.batch_size, config.seed, d.document_mask,
               process_index, process_count)
+
+
+def _barrier(name: str) -> None:
+  """Every process of a multi-process job waits here until all have arrived."""
+  import jax  # pylint: disable=import-outside-toplevel  (data loading needs no jax otherwise)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    multihost_utils.sync_global_devices(name)
 
 
 __all__ = ['BATCH_KEYS', 'BPETokenizer', 'ByteTokenizer', 'Corpus', 'Data', 'Document',

@@ -69,10 +69,17 @@ class ReadWindow:
 
 def train_dataset(read: ReadWindow, n: int, *, seed: int, global_batch: int, process_index: int,
                   process_count: int) -> grain.MapDataset:
-  """Shuffled windows, reshuffled each epoch (repeat after shuffle), sharded, batched locally."""
-  ds = grain.MapDataset.range(n).shuffle(seed=seed).repeat(None)
-  ds = ds[process_index::process_count]
-  return ds.map(read).batch(global_batch // process_count, drop_remainder=True)
+  """Shuffled windows, reshuffled each epoch (repeat after shuffle), in global batches of which
+  process p reads rows [p*B, (p+1)*B), B = global_batch / process_count: the global batch, row
+  for row, is the one a single process reads (dropout's masks then meet the same rows)."""
+  local = global_batch // process_count
+  ids = grain.MapDataset.range(n).shuffle(seed=seed).repeat(None)
+  ids = ids.batch(global_batch, drop_remainder=True)  # window ids only: nothing read yet
+
+  def read_rows(batch_ids: np.ndarray) -> dict[str, np.ndarray]:
+    rows = [read(i) for i in batch_ids[process_index * local:(process_index + 1) * local]]
+    return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+  return ids.map(read_rows)
 
 
 def train_iterator(dataset: grain.MapDataset) -> grain.DatasetIterator:

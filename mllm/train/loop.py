@@ -24,7 +24,7 @@ from mllm.paths import existing_dir, writable_dir
 from mllm.train.checkpoint import (Checkpointer, StateMismatch, checkpoint_dir, config_as_dict,
                                    note, write_config)
 from mllm.train.metrics import (MetricsWriter, Progress, moe_records, peak_flops_per_device,
-                                plot_losses)
+                                plot_losses, read_metrics)
 from mllm.train.resume import adopt_tokenizer, check_resumable, init_params, mismatch_error
 from mllm.train.sharding import global_batch, make_mesh
 from mllm.train.state import setup
@@ -50,8 +50,33 @@ def maybe_initialize_distributed() -> None:
   many = (env.get('JAX_COORDINATOR_ADDRESS') or int(env.get('SLURM_NTASKS', '1')) > 1
           or int(env.get('OMPI_COMM_WORLD_SIZE', '1')) > 1
           or ',' in env.get('TPU_WORKER_HOSTNAMES', ''))
-  if many and not jax.distributed.is_initialized():
-    jax.distributed.initialize()
+  if not many or jax.distributed.is_initialized():
+    return
+  # CPU devices of different processes exchange data over gloo (JAX's CPU default has no
+  # cross-process collectives); GPUs and TPUs are not affected by this setting.
+  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  jax.distributed.initialize(**explicit_cluster(env))
+
+
+def explicit_cluster(env) -> dict:
+  """initialize()'s arguments from JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID
+  (jax reads only the first itself; without the others it fails with 'Number of processes must
+  be defined'); {} where a cluster JAX detects (SLURM, Open MPI, TPU pods) names the job."""
+  address = env.get('JAX_COORDINATOR_ADDRESS')
+  if not address:
+    return {}
+  values = {}
+  for key, name in (('JAX_NUM_PROCESSES', 'num_processes'), ('JAX_PROCESS_ID', 'process_id')):
+    value = env.get(key, '')
+    if not value.isdigit():
+      raise ConfigError(key, value or '(unset)', f'JAX_COORDINATOR_ADDRESS={address} starts '
+                        'a job of several processes; allowed: JAX_NUM_PROCESSES (a count) and '
+                        'JAX_PROCESS_ID (0 to that count - 1) set beside it in every process')
+    values[name] = int(value)
+  if values['process_id'] >= values['num_processes']:
+    raise ConfigError('JAX_PROCESS_ID', values['process_id'],
+                      f"allowed: 0 to JAX_NUM_PROCESSES - 1 = {values['num_processes'] - 1}")
+  return {'coordinator_address': address, **values}
 
 
 class _StopRequest:
@@ -170,6 +195,8 @@ def _train(config, workdir, stop_after, progress, mesh, model, init, ckpt, closi
             + ' × '.join(f'{k}={v}' for k, v in mesh.shape.items()))
 
   step, last_saved, loss, compile_s, last_eval = start, start, float('nan'), 0.0, None
+  if start >= end:  # resumed at its last step: report the losses it ended with, not NaN
+    loss = _last_train_loss(writer.path, start)
   times = []
   with _StopRequest() as stop:
     try:
@@ -233,14 +260,28 @@ def _train(config, workdir, stop_after, progress, mesh, model, init, ckpt, closi
   median = float(np.median(times)) if times else float('nan')
   summary = {'step': step, 'train_loss': loss, 'eval': last_eval, 'compile_s': compile_s,
              'median_step_s': median, 'tokens_per_s': tokens_per_step / median if times else None,
-             'interrupted': stop.signal, 'workdir': workdir, 'plot': plot}
+             'interrupted': stop.signal, 'workdir': workdir, 'plot': plot,
+             'nothing_left': start >= end}
   bar.print(_summary_line(summary))
   return summary
 
 
+def _last_train_loss(metrics_path: str, step: int) -> float:
+  """The train loss recorded at `step` (or the last before it), NaN if none was."""
+  if not os.path.exists(metrics_path):
+    return float('nan')
+  losses = [r['loss'] for r in read_metrics(metrics_path)
+            if r['split'] == 'train' and r['step'] <= step and 'loss' in r]
+  return float(losses[-1]) if losses else float('nan')
+
+
 def _summary_line(s: dict) -> str:
-  parts = [f"{'stopped' if s['interrupted'] else 'done'} at step {s['step']}",
-           f"train loss {s['train_loss']:.4f}"]
+  if s.get('nothing_left'):
+    parts = [f"nothing left to train: the run is at step {s['step']} already "
+             f"(train.steps or --stop_after); its last train loss {s['train_loss']:.4f}"]
+  else:
+    parts = [f"{'stopped' if s['interrupted'] else 'done'} at step {s['step']}",
+             f"train loss {s['train_loss']:.4f}"]
   if s['eval']:
     parts.append(_fmt_eval(s['eval']))
   if s['tokens_per_s']:

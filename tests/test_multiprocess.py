@@ -1,0 +1,132 @@
+"""Training as several processes, as on several hosts: `python -m mllm.multiprocess -n 2` starts
+launch.py twice on localhost (JAX's multi-controller runtime, CPU collectives over gloo), 2 CPU
+devices each, and the job must train what one process over the same 4-device mesh trains.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, load_state
+from mllm.train.metrics import read_metrics
+
+pytestmark = pytest.mark.xdist_group('multiprocess')
+
+STEPS = 6
+
+
+def flags(corpus: str, cache: str, **overrides) -> list[str]:
+  values = {'model.d_model': 32, 'model.n_layers': 2, 'model.n_heads': 2, 'model.n_kv_heads': 2,
+            'model.max_seq_len': 32, 'model.dropout': 0.1, 'data.seq_len': 32,
+            'data.batch_size': 8, 'train.steps': STEPS, 'train.warmup_steps': 1,
+            'train.eval_every': 0, 'train.eval_batches': 2, 'train.log_every': 1,
+            'train.tensorboard': True, 'data.source': 'text', 'data.path': corpus,
+            'data.tokenizer': 'bpe', 'model.vocab_size': 300, 'data.val_fraction': 0.3,
+            'data.cache_dir': cache, 'mesh.data': 2, 'mesh.fsdp': 2, **overrides}
+  return ['--config=configs/base.py', *(f'--config.{k}={v}' for k, v in values.items())]
+
+
+def launch(args: list[str], processes: int, devices: int) -> subprocess.CompletedProcess:
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  if processes > 1:
+    command = [sys.executable, '-m', 'mllm.multiprocess', '-n', str(processes),
+               f'--devices={devices}', '--', 'launch.py', *args]
+  else:
+    env['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={devices}'
+    command = [sys.executable, 'launch.py', *args]
+  proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  return proc
+
+
+def train_losses(workdir: str) -> list[tuple[int, float]]:
+  return [(r['step'], r['loss']) for r in read_metrics(os.path.join(workdir, 'metrics.jsonl'))
+          if r['split'] == 'train']
+
+
+def saved_params(workdir: str):
+  """The run's final parameters, restored in this process on one device (re-sharded from the
+  4 devices of the 2 processes that wrote them)."""
+  import mllm
+  from mllm.train.resume import as_config, read_config_json
+  saved = read_config_json(workdir)
+  assert (saved['mesh']['data'], saved['mesh']['fsdp']) == (2, 2)
+  config = as_config(saved, mllm.load_config('configs/base.py'))
+  config.mesh.data = config.mesh.fsdp = 1
+  return load_state(config, workdir)['params']
+
+
+@pytest.fixture(scope='module')
+def runs(corpus, tmp_path_factory):
+  """The same config trained by 1 process x 4 devices, by 2 processes x 2 devices, and by 2
+  processes stopped at step 3 (--stop_after) and started again."""
+  cache = str(tmp_path_factory.mktemp('cache'))
+  dirs = {name: str(tmp_path_factory.mktemp(name)) for name in ('one', 'two', 'resumed')}
+  launch(flags(corpus, cache) + [f'--workdir={dirs["one"]}'], processes=1, devices=4)
+  two = launch(flags(corpus, cache) + [f'--workdir={dirs["two"]}'], processes=2, devices=2)
+  launch(flags(corpus, cache) + [f'--workdir={dirs["resumed"]}', '--stop_after=3'],
+         processes=2, devices=2)
+  launch(flags(corpus, cache) + [f'--workdir={dirs["resumed"]}'], processes=2, devices=2)
+  return corpus, cache, dirs, two.stdout
+
+
+def test_two_processes_train_what_one_process_trains(runs):
+  """Every step's loss agrees (float32, 1e-5 relative: the batch's rows sit on other devices, so
+  sums reassociate) and so do the final parameters, on a (data 2, fsdp 2) mesh whose data axis
+  spans the two processes; dropout on."""
+  _, _, dirs, _ = runs
+  one, two = train_losses(dirs['one']), train_losses(dirs['two'])
+  assert [s for s, _ in one] == [s for s, _ in two] == list(range(1, STEPS + 1))
+  np.testing.assert_allclose([l for _, l in two], [l for _, l in one], rtol=1e-5)
+  import jax
+  for a, b in zip(jax.tree.leaves(saved_params(dirs['two'])),
+                  jax.tree.leaves(saved_params(dirs['one']))):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
+def test_process_zero_alone_writes_the_run_files(runs):
+  """metrics.jsonl has each step once, TensorBoard one event file, the log one summary line
+  (process 0's); both processes started, each on its 2 devices of the 4."""
+  _, _, dirs, stdout = runs
+  records = read_metrics(os.path.join(dirs['two'], 'metrics.jsonl'))
+  steps = [(r['step'], r['split']) for r in records]
+  assert len(steps) == len(set(steps))
+  events = [f for _, _, files in os.walk(os.path.join(dirs['two'], 'tensorboard'))
+            for f in files if f.startswith('events.')]
+  assert len(events) == 1
+  assert stdout.count('done at step') == 1 and '[0] done at step' in stdout
+  assert '4 × cpu' in stdout
+
+
+def test_a_two_process_run_resumes_bitwise_in_two_processes(runs):
+  _, _, dirs, _ = runs
+  assert train_losses(dirs['resumed']) == train_losses(dirs['two'])
+  import jax
+  for a, b in zip(jax.tree.leaves(saved_params(dirs['resumed'])),
+                  jax.tree.leaves(saved_params(dirs['two']))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_the_launcher_environment_and_bad_cluster_variables(monkeypatch):
+  """Each process gets the coordinator, the count and its id, and on CPU its devices; a job
+  named by JAX_COORDINATOR_ADDRESS without the other two is refused in one line."""
+  from mllm.config import ConfigError
+  from mllm.multiprocess import process_env
+  from mllm.train.loop import explicit_cluster
+  env = process_env(1, 2, 1234, devices=2, base={'XLA_FLAGS': '--xla_foo=1'})
+  assert env['JAX_COORDINATOR_ADDRESS'] == '127.0.0.1:1234'
+  assert (env['JAX_NUM_PROCESSES'], env['JAX_PROCESS_ID']) == ('2', '1')
+  assert env['XLA_FLAGS'] == '--xla_foo=1 --xla_force_host_platform_device_count=2'
+  assert explicit_cluster(env) == {'coordinator_address': '127.0.0.1:1234', 'num_processes': 2,
+                                   'process_id': 1}
+  assert explicit_cluster({}) == {}  # SLURM, Open MPI, TPU pods: JAX finds the job itself
+  with pytest.raises(ConfigError, match=r"JAX_NUM_PROCESSES='\(unset\)': JAX_COORDINATOR"):
+    explicit_cluster({'JAX_COORDINATOR_ADDRESS': 'h:1', 'JAX_PROCESS_ID': '0'})
+  with pytest.raises(ConfigError, match=r'JAX_PROCESS_ID=2: allowed: 0 to JAX_NUM_PROCESSES'):
+    explicit_cluster({'JAX_COORDINATOR_ADDRESS': 'h:1', 'JAX_NUM_PROCESSES': '2',
+                      'JAX_PROCESS_ID': '2'})
