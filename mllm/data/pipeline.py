@@ -77,7 +77,7 @@ def train_dataset(read: ReadWindow, n: int, *, seed: int, global_batch: int, pro
   ids = ids.batch(global_batch, drop_remainder=True)  # window ids only: nothing read yet
 
   def read_rows(batch_ids: np.ndarray) -> dict[str, np.ndarray]:
-    rows = [read(i) for i in batch_ids[process_index * local:(process_index + 1) * local]]
+    rows = [read(int(i)) for i in batch_ids[process_index * local:(process_index + 1) * local]]
     return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
   return ids.map(read_rows)
 
