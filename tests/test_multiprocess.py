@@ -130,3 +130,70 @@ def test_the_launcher_environment_and_bad_cluster_variables(monkeypatch):
   with pytest.raises(ConfigError, match=r'JAX_PROCESS_ID=2: allowed: 0 to JAX_NUM_PROCESSES'):
     explicit_cluster({'JAX_COORDINATOR_ADDRESS': 'h:1', 'JAX_NUM_PROCESSES': '2',
                       'JAX_PROCESS_ID': '2'})
+
+
+def _start_job(args: list[str], processes: int, env_extra: dict | None = None):
+  """The job's processes, started as mllm.multiprocess starts them, but held here so a test
+  can signal one of them."""
+  from mllm.multiprocess import free_port, process_env
+  port = free_port()
+  base = dict(os.environ, JAX_PLATFORMS='cpu', **(env_extra or {}))
+  return [subprocess.Popen([sys.executable, 'launch.py', *args], cwd=ROOT,
+                           env=process_env(i, processes, port, 2, base),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+          for i in range(processes)]
+
+
+def _wait_for_steps(workdir: str, steps: int, procs) -> None:
+  import time
+  metrics = os.path.join(workdir, 'metrics.jsonl')
+  deadline = time.time() + 240
+  while time.time() < deadline:
+    if os.path.exists(metrics) and len(read_metrics(metrics)) >= steps:
+      return
+    assert all(p.poll() is None for p in procs), [p.communicate()[0][-2000:] for p in procs]
+    time.sleep(0.1)
+  raise AssertionError('the job made no progress')
+
+
+def test_sigterm_to_one_process_stops_the_whole_job_at_one_step(corpus, tmp_path):
+  """A scheduler's SIGTERM can reach the processes a step apart, or only one: they agree to
+  stop, save the same step once and all exit 0; started again, the job resumes from it."""
+  args = flags(corpus, str(tmp_path / 'cache'), **{'train.steps': 100_000}) + [
+      f'--workdir={tmp_path / "w"}']
+  procs = _start_job(args, 2)
+  _wait_for_steps(str(tmp_path / 'w'), 3, procs)
+  import signal
+  procs[1].send_signal(signal.SIGTERM)
+  outs = [p.communicate(timeout=120)[0] for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
+  assert 'a signal to another process of the job: saved step' in outs[0]
+  from mllm.train.checkpoint import Checkpointer
+  ckpt = Checkpointer(str(tmp_path / 'w'), read_only=True)
+  saved = ckpt.all_steps()
+  ckpt.close()
+  assert len(saved) == 1 and f'saved step {saved[0]} ' in outs[0]
+  resumed = launch(args + [f'--stop_after={saved[0] + 2}'], processes=2, devices=2)
+  assert f'resuming from step {saved[0]}' in resumed.stdout
+  assert f'stopped at step {saved[0] + 2}' in resumed.stdout or (
+      f'done at step {saved[0] + 2}' in resumed.stdout)
+
+
+@pytest.mark.slow
+def test_a_killed_process_ends_the_others_within_the_heartbeat_timeout(corpus, tmp_path):
+  """SIGKILL to one process (a lost host): the other is blocked in a collective until JAX's
+  coordinator misses the dead one's heartbeats (MLLM_HEARTBEAT_TIMEOUT_S, 10 s here), then ends
+  with an error that says another task died; no hang."""
+  import signal
+  import time
+  args = flags(corpus, str(tmp_path / 'cache'), **{'train.steps': 100_000}) + [
+      f'--workdir={tmp_path / "w"}']
+  procs = _start_job(args, 2, {'MLLM_HEARTBEAT_TIMEOUT_S': '10'})
+  _wait_for_steps(str(tmp_path / 'w'), 3, procs)
+  killed_at = time.time()
+  procs[1].send_signal(signal.SIGKILL)
+  out = procs[0].communicate(timeout=120)[0]
+  procs[1].communicate()
+  assert procs[0].returncode != 0
+  assert time.time() - killed_at < 60
+  assert 'another task died' in out

@@ -55,7 +55,13 @@ def maybe_initialize_distributed() -> None:
   # CPU devices of different processes exchange data over gloo (JAX's CPU default has no
   # cross-process collectives); GPUs and TPUs are not affected by this setting.
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-  jax.distributed.initialize(**explicit_cluster(env))
+  # A process that dies (SIGKILL, a lost host) leaves the others blocked in a collective; JAX's
+  # coordinator ends them once it has missed the dead one's heartbeats this long.
+  timeout = env.get('MLLM_HEARTBEAT_TIMEOUT_S', '100')
+  if not timeout.isdigit() or int(timeout) < 1:
+    raise ConfigError('MLLM_HEARTBEAT_TIMEOUT_S', timeout, 'allowed: a whole number of seconds '
+                      ">= 1 (JAX's default: 100)")
+  jax.distributed.initialize(**explicit_cluster(env), heartbeat_timeout_seconds=int(timeout))
 
 
 def explicit_cluster(env) -> dict:
@@ -101,6 +107,18 @@ class _StopRequest:
   def __exit__(self, *exc):
     for sig, handler in self._previous.items():
       signal.signal(sig, handler)
+
+  def agreed(self) -> str | None:
+    """The request as every process of the job sees it: a signal can reach them a step apart
+    (or reach one only), and all must save the same step and leave the loop together, or the
+    others would wait in the next step's collectives for ever."""
+    if jax.process_count() == 1:
+      return self.signal
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    flags = multihost_utils.process_allgather(np.array(self.signal is not None))
+    if not np.any(flags):
+      return None
+    return self.signal or 'a signal to another process of the job'
 
 
 def run_eval(eval_step, params, data, mesh, max_batches: int) -> dict | None:
@@ -195,6 +213,7 @@ def _train(config, workdir, stop_after, progress, mesh, model, init, ckpt, closi
             + ' × '.join(f'{k}={v}' for k, v in mesh.shape.items()))
 
   step, last_saved, loss, compile_s, last_eval = start, start, float('nan'), 0.0, None
+  interrupted = None  # the signal that stopped the job (in any of its processes)
   if start >= end:  # resumed at its last step: report the losses it ended with, not NaN
     loss = _last_train_loss(writer.path, start)
   times = []
@@ -240,16 +259,17 @@ def _train(config, workdir, stop_after, progress, mesh, model, init, ckpt, closi
         if step % t.checkpoint_every == 0 or step == end:
           ckpt.save(step, state, iterator, saved_config)
           last_saved = step
-        if stop.signal:
+        interrupted = stop.agreed()
+        if interrupted:
           if last_saved != step:
             ckpt.save(step, state, iterator, saved_config)
             last_saved = step
-          bar.print(f'{stop.signal}: saved step {step} in {ckpt.directory}; run again to resume')
+          bar.print(f'{interrupted}: saved step {step} in {ckpt.directory}; run again to resume')
           break
     finally:
       bar.close()
   ckpt.wait()  # the last save is committed before the run reports itself done
-  if step == t.steps and not stop.signal:
+  if step == t.steps and not interrupted:
     last_eval = run_eval(eval_step, state['params'], data, mesh, t.eval_batches)
     if last_eval:
       writer.write(step, 'eval', last_eval)
@@ -260,7 +280,7 @@ def _train(config, workdir, stop_after, progress, mesh, model, init, ckpt, closi
   median = float(np.median(times)) if times else float('nan')
   summary = {'step': step, 'train_loss': loss, 'eval': last_eval, 'compile_s': compile_s,
              'median_step_s': median, 'tokens_per_s': tokens_per_step / median if times else None,
-             'interrupted': stop.signal, 'workdir': workdir, 'plot': plot,
+             'interrupted': interrupted, 'workdir': workdir, 'plot': plot,
              'nothing_left': start >= end}
   bar.print(_summary_line(summary))
   return summary
