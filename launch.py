@@ -49,9 +49,11 @@ def _eval(config, spec: str) -> None:
   from mllm.train import evaluate
   workdir = _workdir(spec)
   result = evaluate(config, workdir)
-  print(f"step {result['step']} of {workdir}: val loss {result['loss']:.4f}  "
-        f"perplexity {result['perplexity']:.2f}  bits/byte {result['bits_per_byte']:.4f}  "
-        f"({result['tokens']:,.0f} tokens)")
+  import jax  # initialized by evaluate (several processes: each computes the same numbers)
+  if jax.process_index() == 0:
+    print(f"step {result['step']} of {workdir}: val loss {result['loss']:.4f}  "
+          f"perplexity {result['perplexity']:.2f}  bits/byte {result['bits_per_byte']:.4f}  "
+          f"({result['tokens']:,.0f} tokens)")
 
 
 def _workdir(spec: str) -> str:
@@ -67,6 +69,11 @@ def _workdir(spec: str) -> str:
 
 def _generate(config, spec: str) -> None:
   from mllm.generate import generate, load_run
+  from mllm.train.loop import several_processes
+  if several_processes(os.environ):
+    raise ConfigError('--mode', 'generate', 'decodes in one process (a checkpoint written by '
+                      'several processes restores in one); allowed: start it once, without the '
+                      'cluster variables (JAX_COORDINATOR_ADDRESS, SLURM_NTASKS > 1, ...)')
   workdir = _workdir(spec)
   prompts = [_PROMPT.value] if _PROMPT.value is not None else []
   if _PROMPT_FILE.value:

@@ -197,3 +197,25 @@ def test_a_killed_process_ends_the_others_within_the_heartbeat_timeout(corpus, t
   assert procs[0].returncode != 0
   assert time.time() - killed_at < 60
   assert 'another task died' in out
+
+
+def test_eval_runs_in_several_processes_and_generation_refuses(runs):
+  """--mode=eval under 2 processes prints process 0's line once, the run's final val loss;
+  --mode=generate refuses in one line (it decodes in one process)."""
+  _, _, dirs, _ = runs
+  args = flags(*runs[:2]) + [f'--workdir={dirs["two"]}']
+  out = launch(args + ['--mode=eval'], processes=2, devices=2).stdout
+  lines = [l for l in out.splitlines() if 'val loss' in l]
+  final = [r for r in read_metrics(os.path.join(dirs['two'], 'metrics.jsonl'))
+           if r['split'] == 'eval'][-1]
+  assert len(lines) == 1 and lines[0].startswith('[0] ')
+  assert f"val loss {final['loss']:.4f}" in lines[0]
+  env = dict(os.environ, JAX_PLATFORMS='cpu', JAX_COORDINATOR_ADDRESS='127.0.0.1:1',
+             JAX_NUM_PROCESSES='2', JAX_PROCESS_ID='0')
+  proc = subprocess.run([sys.executable, 'launch.py', *args, '--mode=generate', '--prompt=def '],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+  assert proc.returncode != 0
+  assert proc.stderr.strip().splitlines() == [
+      "error: --mode='generate': decodes in one process (a checkpoint written by several "
+      'processes restores in one); allowed: start it once, without the cluster variables '
+      '(JAX_COORDINATOR_ADDRESS, SLURM_NTASKS > 1, ...)']

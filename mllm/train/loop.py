@@ -47,10 +47,7 @@ def maybe_initialize_distributed() -> None:
   covers anything else.
   """
   env = os.environ
-  many = (env.get('JAX_COORDINATOR_ADDRESS') or int(env.get('SLURM_NTASKS', '1')) > 1
-          or int(env.get('OMPI_COMM_WORLD_SIZE', '1')) > 1
-          or ',' in env.get('TPU_WORKER_HOSTNAMES', ''))
-  if not many or jax.distributed.is_initialized():
+  if not several_processes(env) or jax.distributed.is_initialized():
     return
   # CPU devices of different processes exchange data over gloo (JAX's CPU default has no
   # cross-process collectives); GPUs and TPUs are not affected by this setting.
@@ -62,6 +59,13 @@ def maybe_initialize_distributed() -> None:
     raise ConfigError('MLLM_HEARTBEAT_TIMEOUT_S', timeout, 'allowed: a whole number of seconds '
                       ">= 1 (JAX's default: 100)")
   jax.distributed.initialize(**explicit_cluster(env), heartbeat_timeout_seconds=int(timeout))
+
+
+def several_processes(env) -> bool:
+  """Whether the environment starts this process as one of several (a cluster's variables)."""
+  return bool(env.get('JAX_COORDINATOR_ADDRESS') or int(env.get('SLURM_NTASKS', '1')) > 1
+              or int(env.get('OMPI_COMM_WORLD_SIZE', '1')) > 1
+              or ',' in env.get('TPU_WORKER_HOSTNAMES', ''))
 
 
 def explicit_cluster(env) -> dict:
