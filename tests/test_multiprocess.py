@@ -219,3 +219,48 @@ def test_eval_runs_in_several_processes_and_generation_refuses(runs):
       "error: --mode='generate': decodes in one process (a checkpoint written by several "
       'processes restores in one); allowed: start it once, without the cluster variables '
       '(JAX_COORDINATOR_ADDRESS, SLURM_NTASKS > 1, ...)']
+
+
+@pytest.mark.slow
+def test_four_processes_with_experts_match_one_and_restore_a_two_process_run(runs, tmp_path):
+  """4 processes x 1 device: an MoE model on (fsdp 2, expert 2), both axes across processes,
+  trains the losses of 1 process x 4 devices; and the 2-process run's checkpoint, written on 2 x 2
+  devices, resumes in 4 processes (each restores its own shards; the data position is the
+  global batch count, which the 2 processes' files agree on) as it resumes in 2."""
+  corpus, cache, dirs, _ = runs
+  moe = {'model.ffn.kind': 'moe', 'model.moe.num_experts': 4, 'model.moe.top_k': 2,
+         'mesh.data': 1, 'mesh.fsdp': 2, 'mesh.expert': 2}
+  one, four = str(tmp_path / 'one'), str(tmp_path / 'four')
+  launch(flags(corpus, cache, **moe) + [f'--workdir={one}'], processes=1, devices=4)
+  launch(flags(corpus, cache, **moe) + [f'--workdir={four}'], processes=4, devices=1)
+  np.testing.assert_allclose([l for _, l in train_losses(four)],
+                             [l for _, l in train_losses(one)], rtol=1e-5)
+  import shutil
+  longer = flags(corpus, cache, **{'train.steps': STEPS + 2})
+  for name, processes, devices in (('in_two', 2, 2), ('in_four', 4, 1)):
+    shutil.copytree(dirs['two'], str(tmp_path / name))
+    more = launch(longer + [f'--workdir={tmp_path / name}'], processes=processes, devices=devices)
+    assert f'resuming from step {STEPS}' in more.stdout and '4 × cpu' in more.stdout
+  in_two, in_four = train_losses(str(tmp_path / 'in_two')), train_losses(str(tmp_path / 'in_four'))
+  assert [s for s, _ in in_four] == list(range(1, STEPS + 3))
+  np.testing.assert_allclose([l for _, l in in_four], [l for _, l in in_two], rtol=1e-5)
+
+
+def test_a_data_position_saved_by_another_process_count(tmp_path):
+  """One process resuming a 2-process checkpoint takes the data position the two files agree
+  on; files that disagree are refused in one line naming the process counts."""
+  from mllm.config import ConfigError
+  from mllm.train.checkpoint import Checkpointer
+  ckpt = Checkpointer(str(tmp_path), read_only=True)
+  folder = tmp_path / 'checkpoints' / '6' / 'data'
+  folder.mkdir(parents=True)
+  for i in range(2):
+    (folder / f'process_{i}-of-2.json').write_text(json.dumps({'next_index': 6}))
+  assert ckpt.data_state_of_another_job(6) == {'next_index': 6}
+  (folder / 'process_1-of-2.json').write_text(json.dumps({'next_index': 7}))
+  with pytest.raises(ConfigError, match='saved by 2 processes whose data positions differ .* '
+                                        'cannot be resumed by 1; allowed: resume it with 2'):
+    ckpt.data_state_of_another_job(6)
+  (folder / 'process_0-of-1.json').write_text(json.dumps({'next_index': 6}))
+  assert ckpt.data_state_of_another_job(6) is None  # this job's own file: grain reads it
+  ckpt.close()

@@ -261,9 +261,37 @@ class Checkpointer:
   def restore(self, step: int, abstract_state, iterator=None):
     """The state at `step` on the shardings of `abstract_state`; restores `iterator` in place."""
     items = {'state': ocp.args.StandardRestore(abstract_state)}
-    if iterator is not None:
+    data_state = None if iterator is None else self.data_state_of_another_job(step)
+    if iterator is not None and data_state is None:
       items['data'] = grain.checkpoint.CheckpointRestore(iterator)
-    return self.manager.restore(step, args=ocp.args.Composite(**items))['state']
+    restored = self.manager.restore(step, args=ocp.args.Composite(**items))['state']
+    if data_state is not None:
+      iterator.set_state(data_state)
+      iterator.start_prefetch()
+    return restored
+
+  def data_state_of_another_job(self, step: int) -> dict | None:
+    """The data iterator's state at `step` when it was saved by a job of another process count
+    (grain names each process's file process_<i>-of-<n>.json); None when this job's own file is
+    there. Every process's state counts global batches (each reads its rows of the same global
+    batch, mllm/data/pipeline.py), so the saved ones agree and any of them serves."""
+    folder = os.path.join(self.directory, str(step), 'data')
+    mine = f'process_{jax.process_index()}-of-{jax.process_count()}.json'
+    if not os.path.isdir(folder) or os.path.exists(os.path.join(folder, mine)):
+      return None
+    names = sorted(n for n in os.listdir(folder) if n.startswith('process_'))
+    states = []
+    for name in names:
+      with open(os.path.join(folder, name), encoding='utf-8') as f:
+        states.append(json.load(f))
+    if not states:
+      return None
+    if any(state != states[0] for state in states):
+      raise ConfigError('--workdir', self.directory, f'checkpoint step {step} was saved by '
+                        f'{len(names)} processes whose data positions differ ({states}), so it '
+                        f'cannot be resumed by {jax.process_count()}; allowed: resume it with '
+                        f'{len(names)} processes')
+    return states[0]
 
   def restore_params(self, step: int, abstract_params):
     """Only the parameters of the state at `step` (Orbax partial restore), on their shardings."""
