@@ -1,0 +1,20 @@
+"""Diagnosis of the `ffn` suite's gated rows that trail ReLU (sigmoid GLU and the bilinear
+layer, against Shazeer 2020, Table 1, where every gated variant beats ReLU after 65k steps):
+ReLU, GLU, Bilinear and SwiGLU trained 4x longer (4 M tokens, ~4.7 tokens per parameter instead
+of ~1.2), evaluated every 250 steps, so loss_vs_tokens.png shows whether the gap closes or the
+curves cross with more training. Each variant at the rate the `ffn` suite tuned for it (lr_from)."""
+from experiments.suite import Suite
+from experiments.suites import ffn
+from experiments.suites.moe_tokens import LONGER
+
+SUITE = Suite(
+    name='ffn_tokens',
+    description='ReLU vs GLU / Bilinear / SwiGLU over 4x the tokens, eval loss against tokens',
+    base=ffn.SUITE.base,
+    variants=tuple(v for v in ffn.SUITE.variants
+                   if v.name in ('relu', 'glu', 'bilinear', 'swiglu')),
+    presets={name: {**overrides, **LONGER.get(name, {})}
+             for name, overrides in ffn.SUITE.presets.items()},
+    lr_from='ffn',
+    paper_source=ffn.SUITE.paper_source,
+)
