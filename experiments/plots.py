@@ -20,6 +20,21 @@ def _finish(fig, ax, path: str, legend: bool = True) -> str:
   return path
 
 
+def _mean_and_band(ax, name: str, curves: list[dict], min_points: int, style: str = '-',
+                   **line_kw) -> bool:
+  """One variant's curves ({'step': x, 'loss': y} per seed) at the x they share: the mean,
+  shaded min–max band over seeds; False (nothing drawn) below `min_points` shared points."""
+  xs = sorted(set.intersection(*(set(c['step']) for c in curves)))
+  if len(xs) < min_points:
+    return False
+  losses = np.array([[dict(zip(c['step'], c['loss']))[x] for x in xs] for c in curves])
+  line, = ax.plot(xs, losses.mean(0), style, lw=1.2, label=f'{name} ({len(curves)} seeds)',
+                  **line_kw)
+  if len(curves) > 1:
+    ax.fill_between(xs, losses.min(0), losses.max(0), color=line.get_color(), alpha=0.2)
+  return True
+
+
 def loss_curves(suite, results: dict, path: str) -> str | None:
   """Train loss against step per variant: the mean over seeds, shaded min–max band. A fine-tuning
   variant's curve continues its parent's, from the parent's last step."""
@@ -34,14 +49,7 @@ def loss_curves(suite, results: dict, path: str) -> str | None:
     offsets = [last_step.get((variant.starts_from, r['seed']), 0) for r in runs]
     curves = [{'step': [s + o for s in r['curve']['step']], 'loss': r['curve']['loss']}
               for r, o in zip(runs, offsets)]
-    steps = sorted(set.intersection(*(set(c['step']) for c in curves)))
-    if not steps:
-      continue
-    losses = np.array([[dict(zip(c['step'], c['loss']))[s] for s in steps] for c in curves])
-    line, = ax.plot(steps, losses.mean(0), label=f'{variant.name} ({len(curves)} seeds)', lw=1.2)
-    if len(curves) > 1:
-      ax.fill_between(steps, losses.min(0), losses.max(0), color=line.get_color(), alpha=0.2)
-    drawn = True
+    drawn |= _mean_and_band(ax, variant.name, curves, min_points=1)
   if not drawn:
     plt.close(fig)
     return None
@@ -176,18 +184,10 @@ def loss_vs_tokens(suite, results: dict, path: str) -> str | None:
     runs = [r for r in results['runs'] if r['variant'] == variant.name and r.get('eval_curve')]
     if not runs:
       continue
-    steps = sorted(set.intersection(*(set(r['eval_curve']['step']) for r in runs)))
-    if len(steps) < 2:
-      continue
     per_step = runs[0]['tokens'] / runs[0]['steps']
-    losses = np.array([[dict(zip(r['eval_curve']['step'], r['eval_curve']['loss']))[s]
-                        for s in steps] for r in runs])
-    tokens = np.array(steps) * per_step
-    line, = ax.plot(tokens, losses.mean(0), 'o-', ms=3, lw=1.2,
-                    label=f'{variant.name} ({len(runs)} seeds)')
-    if len(runs) > 1:
-      ax.fill_between(tokens, losses.min(0), losses.max(0), color=line.get_color(), alpha=0.2)
-    drawn = True
+    curves = [{'step': [s * per_step for s in r['eval_curve']['step']],
+               'loss': r['eval_curve']['loss']} for r in runs]
+    drawn |= _mean_and_band(ax, variant.name, curves, min_points=2, style='o-', ms=3)
   if not drawn:
     plt.close(fig)
     return None
