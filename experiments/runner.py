@@ -18,11 +18,8 @@ import hashlib
 import json
 import math
 import os
-import pickle
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 import traceback
@@ -30,6 +27,7 @@ import traceback
 from tqdm import tqdm
 
 import mllm
+from experiments.engines import LocalPool, RayEngine, check_out_for_ray, parse_resources
 from experiments.measures import MEASURES
 from experiments.suite import BenchmarkSuite, Suite, Variant
 from experiments.tuning import TUNING_SEED_BASE, choose, tuning_seeds
@@ -206,36 +204,6 @@ def _sigterm_as_interrupt():
     signal.signal(signal.SIGTERM, previous)
 
 
-def _cpu_slots(jobs: int) -> list[frozenset | None]:
-  """The CPUs each of `jobs` concurrent workers is pinned to: the machine's cores split evenly,
-  or no pinning where there are fewer cores than jobs (or no affinity API). On 2 cores, two
-  unpinned runs each sized XLA's thread pool to both cores and ran slower together (6,500
-  tokens/s) than one alone (6,850); pinned to a core each: 8,700 (2-core EPYC, 2026-11-25)."""
-  if not hasattr(os, 'sched_getaffinity'):
-    return [None] * jobs
-  cpus = sorted(os.sched_getaffinity(0))
-  if jobs < 2 or len(cpus) < jobs:
-    return [None] * jobs
-  share = len(cpus) // jobs
-  return [frozenset(cpus[i * share:(i + 1) * share]) for i in range(jobs)]
-
-
-def _start_worker(job: dict, workdir: str, cpus: frozenset | None = None) -> subprocess.Popen:
-  """`python -m experiments.worker WORKDIR`: one run in its own process, its output in
-  WORKDIR/worker.log; pinned to `cpus`, with XLA's thread pool sized to them, when given."""
-  with open(os.path.join(workdir, 'job.pkl'), 'wb') as f:
-    pickle.dump(job, f)
-  log = open(os.path.join(workdir, 'worker.log'), 'a')  # pylint: disable=consider-using-with
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = {**os.environ, 'PYTHONPATH': os.pathsep.join(
-      [root] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p])}
-  if cpus:  # the worker pins itself before JAX starts (a preexec_fn is unsafe in threaded code)
-    env['MLLM_WORKER_CPUS'] = ','.join(map(str, sorted(cpus)))
-    env['NPROC'] = str(len(cpus))  # XLA sizes its CPU thread pool by $NPROC
-  return subprocess.Popen([sys.executable, '-m', 'experiments.worker', workdir], stdout=log,
-                          stderr=subprocess.STDOUT, env=env, cwd=os.getcwd())
-
-
 def _last_error(workdir: str) -> str:
   try:
     with open(os.path.join(workdir, 'worker.log')) as f:
@@ -265,12 +233,13 @@ class _Job:
             'hash': self.hash}
 
 
-def _execute(plan: list[_Job], *, out: str, run, jobs: int, progress: bool, remeasure: bool,
+def _execute(plan: list[_Job], *, out: str, run, engine, progress: bool, remeasure: bool,
              desc: str, finished: dict | None = None) -> tuple[dict, dict, list]:
   """Run what has not finished of `plan`: (finished {key: record + result}, failed {key: record +
   errors}, pending [records] (run=None)). Finished runs are read back (remeasured if asked); an
   identical finished run elsewhere under `out` is copied; a failed run is retried once; a
-  starts_from run waits for its parent, whose record `finished` may already hold."""
+  starts_from run waits for its parent, whose record `finished` may already hold. engine: where
+  the runs execute (experiments/engines.py); None: one at a time in this process."""
   finished = dict(finished or {})
   todo, pending, failed = [], [], {}
   _restore_from_ledgers(plan, out)
@@ -333,13 +302,10 @@ def _execute(plan: list[_Job], *, out: str, run, jobs: int, progress: bool, reme
                     MEASURES[job.measure] if job.measure else None))
     return True
 
-  running = {}  # Popen -> (job, payload, attempt, slot)
-  slots = _cpu_slots(jobs)
+  running = {}  # the engine's handle -> (job, payload, attempt)
 
-  def start(job, payload, attempt, slot=None):
-    if slot is None:
-      slot = min(set(range(jobs)) - {entry[3] for entry in running.values()})
-    running[_start_worker(payload, job.workdir, slots[slot])] = (job, payload, attempt, slot)
+  def start(job, payload, attempt):
+    running[engine.submit(payload, job.workdir)] = (job, payload, attempt)
 
   try:
     with _sigterm_as_interrupt():
@@ -349,33 +315,30 @@ def _execute(plan: list[_Job], *, out: str, run, jobs: int, progress: bool, reme
           done(job, errors=[f'its starts_from run {job.variant.starts_from} seed {job.seed} did '
                             'not finish'])
         startable = [job for job in todo if ready(job)]
-        if startable and len(running) < jobs:
+        if startable and (engine is None or len(running) < engine.slots):
           job = startable[0]
           todo.remove(job)
           kwargs = prepare(job)
           if adopted(job):
             continue
-          if jobs == 1:
+          if engine is None:
             _run_here(job, run, kwargs, progress, done)
           else:
             start(job, {'config': job.config, 'measure': job.measure, **kwargs}, 1)
           continue
         if not running:
           break
-        time.sleep(1)
-        for proc in [p for p in running if p.poll() is not None]:
-          job, payload, attempt, slot = running.pop(proc)
-          if proc.returncode == 0 and os.path.exists(os.path.join(job.workdir, 'result.json')):
+        for handle, ok in engine.wait(1.0):
+          job, payload, attempt = running.pop(handle)
+          if ok and os.path.exists(os.path.join(job.workdir, 'result.json')):
             done(job, _read_result(job.workdir))
-          elif attempt == 1:  # a failed run is retried once
-            start(job, payload, 2, slot)
+          elif attempt == 1:  # a failed (or killed) run is retried once: it resumes
+            start(job, payload, 2)
           else:
             done(job, errors=[_last_error(job.workdir)])
   except KeyboardInterrupt:
-    for proc in running:  # train() saves a checkpoint on SIGTERM: the next call resumes it
-      proc.terminate()
-    for proc in running:
-      proc.wait()
+    if running:  # the runs save a checkpoint: the next call resumes them
+      engine.stop()
     raise
   finally:
     bar.close()
@@ -478,7 +441,8 @@ def _tune(suite: Suite, *, preset: str, extra: dict, tune_seeds: int, out: str,
 
 def run_suite(suite: Suite, *, preset: str, seeds: int, out: str, extra: dict | None = None,
               progress: bool = True, run=run_one, jobs: int = 1, remeasure: bool = False,
-              tune_lr: bool = False, tune_seeds: int = 1) -> dict:
+              tune_lr: bool = False, tune_seeds: int = 1, engine: str = 'local',
+              ray_address: str | None = None, resources: str | None = None) -> dict:
   """{'runs': [...], 'failed': [...], 'pending': [...], 'tuning': {...}} for every (variant,
   seed), finished ones read back. run=None runs nothing: a report of what has finished so far.
 
@@ -490,11 +454,20 @@ def run_suite(suite: Suite, *, preset: str, seeds: int, out: str, extra: dict | 
   jobs > 1 runs that many runs at once, each in its own process (`experiments.worker`); a
   starts_from run waits for its parent. Two runs on 2 cores finish in about 0.7 of the time one
   after the other takes, but each one's tokens/s is then that of a shared machine.
+  engine='ray' submits every run as a Ray task (experiments/engines.py) with `resources` (JSON;
+  default this machine's cores over `jobs`) to the cluster at `ray_address`, or to a local Ray
+  started here without one.
   """
   if jobs < 1:
     raise ValueError(f'--jobs={jobs}; allowed: a positive integer')
-  if jobs > 1 and run not in (run_one, None):
-    raise ValueError('jobs > 1 runs run_one in worker processes; a custom `run` needs jobs=1')
+  if engine not in ('local', 'ray'):
+    raise ValueError(f"--engine={engine!r}; allowed: 'local' (--jobs processes here), 'ray'")
+  if (jobs > 1 or engine == 'ray') and run not in (run_one, None):
+    raise ValueError('jobs > 1 and --engine=ray run run_one in worker processes; a custom `run` '
+                     'needs jobs=1')
+  if engine == 'ray':
+    check_out_for_ray(out)
+    resources = parse_resources(resources, jobs)
   if tune_lr and not 1 <= tune_seeds:
     raise ValueError(f'--tune_seeds={tune_seeds}; allowed: a positive integer')
   if tune_lr and seeds > TUNING_SEED_BASE:
@@ -504,8 +477,25 @@ def run_suite(suite: Suite, *, preset: str, seeds: int, out: str, extra: dict | 
   order = [(variant, seed) for seed in range(seeds) for variant in suite.variants]
   for variant, seed in order:  # every config checked before anything runs
     resolve(suite, variant, preset, seed, extra)
-  execute = dict(run=run, jobs=jobs, progress=progress, remeasure=remeasure)
   borrowed = _borrowed_rates(suite, out) if tune_lr and suite.lr_from else None
+  if run is None:  # a report of what has finished: nothing runs, no engine starts
+    where = None
+  elif engine == 'ray':
+    where = RayEngine(resources, ray_address)
+  else:
+    where = LocalPool(jobs) if jobs > 1 else None
+  try:
+    return _run_suite(suite, preset=preset, seeds=seeds, out=out, extra=extra, order=order,
+                      tune_lr=tune_lr, tune_seeds=tune_seeds, borrowed=borrowed, execute=dict(
+                          run=run, engine=where, progress=progress, remeasure=remeasure))
+  finally:
+    if hasattr(where, 'close'):
+      where.close()
+
+
+def _run_suite(suite: Suite, *, preset: str, seeds: int, out: str, extra: dict, order: list,
+               tune_lr: bool, tune_seeds: int, borrowed: dict | None, execute: dict) -> dict:
+  run = execute['run']
   tuning = _tune(suite, preset=preset, extra=extra, tune_seeds=tune_seeds, out=out,
                  **{**execute, 'remeasure': False}) if tune_lr and not suite.lr_from else {}
   by_name = {v.name: v for v in suite.variants}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import socket
 import sys
 
 
@@ -21,6 +22,11 @@ def main(workdir: str) -> int:
   with open(os.path.join(workdir, 'job.pkl'), 'rb') as f:
     job = pickle.load(f)
   measure = MEASURES[job['measure']] if job['measure'] else None
+  # Which attempt this is, for whoever reads worker.log after a retry (a node lost, a kill).
+  from mllm.train.checkpoint import committed_steps
+  saved = committed_steps(workdir)
+  print(f'worker pid {os.getpid()} on {socket.gethostname()}: '
+        + (f'resuming from step {saved[-1]}' if saved else 'starting'), flush=True)
   run_one(job['config'], workdir, progress=False, measure=measure, parent=job.get('parent'))
   return 0
 

@@ -80,6 +80,82 @@ def test_runs_in_worker_processes_give_the_same_numbers(finished, tmp_path):
   assert all(os.path.exists(os.path.join(r['workdir'], 'worker.log')) for r in out['runs'])
 
 
+# What a run's record may differ in between two engines: where it ran and how fast.
+_TIMING = ('workdir', 'wall_s', 'tokens_per_s', 'median_step_s')
+
+
+@pytest.mark.xdist_group('ray')
+def test_ray_tasks_give_the_same_results_as_this_process_and_the_pool(finished, tmp_path):
+  """--engine=ray on a local Ray (2 CPUs, a task each): every run's record is the one trained in
+  this process (and by jobs=2, test above), timings and paths aside."""
+  _, extra, results = finished
+  two = Suite('demo', 'x', 'configs/base.py', (SUITE.variants[0], SUITE.variants[2]), PRESETS)
+  out = run_suite(two, preset='tiny', seeds=1, out=str(tmp_path), extra=extra, progress=False,
+                  jobs=2, engine='ray')
+  serial = {(r['variant'], r['seed']): r for r in results['runs']}
+  assert not out['failed'] and len(out['runs']) == 2
+  for run in out['runs']:
+    assert 'copied_from' not in run
+    same = serial[run['variant'], run['seed']]
+    assert {k: v for k, v in run.items() if k not in _TIMING} == {
+        k: v for k, v in same.items() if k not in _TIMING}
+    assert ': starting\n' in open(os.path.join(run['workdir'], 'worker.log')).read()
+
+
+def _holder_of(path: str) -> int | None:
+  """The PID of a live process with `path` open (a worker writes its worker.log)."""
+  for pid in filter(str.isdigit, os.listdir('/proc')):
+    try:
+      if any(os.readlink(f'/proc/{pid}/fd/{fd}') == path for fd in os.listdir(f'/proc/{pid}/fd')):
+        return int(pid)
+    except OSError:
+      continue
+  return None
+
+
+@pytest.mark.xdist_group('ray')
+def test_a_killed_ray_worker_is_retried_and_its_run_resumes(corpus, tmp_path):
+  """SIGKILL to the Ray worker process training a run (a node lost, the OOM killer): the runner
+  submits the run again once, and it resumes from its last checkpoint to the end."""
+  import glob
+  import signal
+  import threading
+  import time
+  from experiments.suite import Variant
+  out = str(tmp_path / 'out')
+  extra = {**data_overrides(corpus, str(tmp_path / 'cache')), 'train.steps': 200,
+           'train.checkpoint_every': 20}
+  one = Suite('demo', 'x', 'configs/base.py', (Variant('base'),), PRESETS)
+  killed = []
+
+  def kill_after_first_checkpoint():
+    deadline = time.time() + 240
+    while time.time() < deadline and not killed:
+      # At step 40's save, step 20 is committed whatever stage 40's own save is at.
+      for steps in glob.glob(os.path.join(out, 'demo', 'runs', '*', 'checkpoints', '40')):
+        log = os.path.join(os.path.dirname(os.path.dirname(steps)), 'worker.log')
+        pid = _holder_of(log)
+        if pid is not None:
+          os.kill(pid, signal.SIGKILL)
+          killed.append(log)
+      time.sleep(0.05)
+  killer = threading.Thread(target=kill_after_first_checkpoint)
+  killer.start()
+  try:
+    results = run_suite(one, preset='tiny', seeds=1, out=out, extra=extra, progress=False,
+                        engine='ray')
+  finally:
+    killed.append(None)  # stops the thread if the suite raised
+    killer.join()
+  assert killed[0] is not None, 'the run was never killed'
+  assert not results['failed'] and results['runs'][0]['steps'] == 200
+  log = open(killed[0]).read()
+  assert log.count('worker pid ') == 2, log[-2000:]  # one retry
+  assert ': starting\n' in log and 'resuming from step ' in log, log[-2000:]
+  resumed_at = int(log.split('resuming from step ')[1].split()[0])
+  assert 20 <= resumed_at < 200
+
+
 def test_an_identical_finished_run_is_copied_not_trained(finished):
   """'same' is 'base' under another name: its seed-1 run was copied from base's, while its
   seed-0 run, started (and killed) before, resumed instead."""
@@ -192,6 +268,22 @@ def test_cli_refuses_an_unknown_suite_in_one_line():
                         cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(
       "error: suite 'nonesuch' does not exist; allowed:")
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--engine=ray', "--resources=[1]"], "error: --resources='[1]'; allowed: a JSON object"),
+    (['--engine=ray', '--resources={"GPU": -1}'], 'error: --resources=\'{"GPU": -1}\'; allowed'),
+    (['--engine=ray', '--out=gs://bucket/x'], "error: --out='gs://bucket/x'; allowed with "
+                                              '--engine=ray: a directory every Ray node mounts'),
+    (['--ray_address=auto'], 'error: --ray_address and --resources go with --engine=ray'),
+    (['--engine=ray'], "error: --engine=ray; allowed for the benchmark suite 'flash': local"),
+])
+def test_cli_refuses_bad_engine_flags_in_one_line(args, message):
+  suite = 'flash' if args == ['--engine=ray'] else 'noise'
+  proc = subprocess.run([sys.executable, '-m', 'experiments', suite, '--preset=tiny', *args],
+                        cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+  assert proc.stderr.startswith(message), proc.stderr
 
 
 def test_attention_heads_variants_match_parameters_and_measure_decoding(tmp_path, corpus):

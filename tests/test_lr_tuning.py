@@ -157,13 +157,13 @@ def test_tuning_for_real_on_the_tiny_preset_writes_the_lr_plot(tmp_path, corpus)
 def test_concurrent_workers_get_their_own_share_of_the_cores(monkeypatch):
   """jobs=2 on 2 cores pins one worker to each (unpinned, both size XLA's pool to both cores and
   run slower together than one alone); no pinning where the cores do not go round."""
-  from experiments import runner
-  monkeypatch.setattr(runner.os, 'sched_getaffinity', lambda pid: {0, 1}, raising=False)
-  assert runner._cpu_slots(2) == [frozenset({0}), frozenset({1})]
-  assert runner._cpu_slots(3) == [None] * 3 and runner._cpu_slots(1) == [None]
-  monkeypatch.setattr(runner.os, 'sched_getaffinity', lambda pid: set(range(16)), raising=False)
-  assert [len(s) for s in runner._cpu_slots(2)] == [8, 8]
-  assert set().union(*runner._cpu_slots(2)) == set(range(16))
+  from experiments import engines
+  monkeypatch.setattr(engines.os, 'sched_getaffinity', lambda pid: {0, 1}, raising=False)
+  assert engines.cpu_slots(2) == [frozenset({0}), frozenset({1})]
+  assert engines.cpu_slots(3) == [None] * 3 and engines.cpu_slots(1) == [None]
+  monkeypatch.setattr(engines.os, 'sched_getaffinity', lambda pid: set(range(16)), raising=False)
+  assert [len(s) for s in engines.cpu_slots(2)] == [8, 8]
+  assert set().union(*engines.cpu_slots(2)) == set(range(16))
 
 
 def test_a_fresh_clone_resumes_from_the_ledger_without_run_directories(tmp_path):

@@ -126,6 +126,15 @@ def _is_committed(path: str) -> bool:
   return any(os.path.exists(os.path.join(path, m)) for m in COMMIT_MARKERS)
 
 
+def committed_steps(workdir: str) -> list[int]:
+  """The steps a run in `workdir` has fully saved (what a restart resumes from), read from the
+  folder names and commit markers without starting Orbax."""
+  directory = checkpoint_dir(workdir)
+  names = os.listdir(directory) if os.path.isdir(directory) else []
+  return sorted(int(n) for n in names
+                if n.isdigit() and _is_committed(os.path.join(directory, n)))
+
+
 def purge_deleted(directory: str) -> int:
   """Remove what `.deleting/` holds (steps Orbax dropped); the folder itself stays, since Orbax
   may be renaming the next one into it. Returns how many entries were removed."""
