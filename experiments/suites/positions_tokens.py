@@ -1,0 +1,24 @@
+"""Diagnosis of the `positions` suite's absolute rows (learned and sinusoidal positions trail RoPE
+at 1 M tokens after per-variant lr tuning, and learned positions are no better than none; at the
+training length the literature puts absolute positions within a few percent of rotary: Press et
+al. 2022, sinusoidal 20.05 vs rotary 20.07 ppl; Vaswani et al. 2017, Table 3 E, learned ~
+sinusoidal): RoPE, none, learned and sinusoidal trained 4x longer (4 M tokens), evaluated every
+250 steps, so loss_vs_tokens.png shows whether the absolute schemes close the gap with training
+(a token-budget effect: RoPE hands attention relative offsets that absolute positions must learn
+to compute through q and k) or keep it. Each variant at the rate the `positions` suite tuned for
+it (lr_from); no extrapolation measure (the question is the training length)."""
+from experiments.suite import Suite
+from experiments.suites import positions
+from experiments.suites.moe_tokens import LONGER
+
+SUITE = Suite(
+    name='positions_tokens',
+    description='RoPE vs none / learned / sinusoidal over 4x the tokens, eval loss against tokens',
+    base=positions.SUITE.base,
+    variants=tuple(v for v in positions.SUITE.variants
+                   if v.name in ('rope', 'none', 'learned', 'sinusoidal')),
+    presets={name: {**overrides, **LONGER.get(name, {})}
+             for name, overrides in positions.SUITE.presets.items()},
+    lr_from='positions',
+    paper_source=positions.SUITE.paper_source,
+)
