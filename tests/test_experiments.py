@@ -102,17 +102,6 @@ def test_ray_tasks_give_the_same_results_as_this_process_and_the_pool(finished, 
     assert ': starting\n' in open(os.path.join(run['workdir'], 'worker.log')).read()
 
 
-def _holder_of(path: str) -> int | None:
-  """The PID of a live process with `path` open (a worker writes its worker.log)."""
-  for pid in filter(str.isdigit, os.listdir('/proc')):
-    try:
-      if any(os.readlink(f'/proc/{pid}/fd/{fd}') == path for fd in os.listdir(f'/proc/{pid}/fd')):
-        return int(pid)
-    except OSError:
-      continue
-  return None
-
-
 @pytest.mark.xdist_group('ray')
 def test_a_killed_ray_worker_is_retried_and_its_run_resumes(corpus, tmp_path):
   """SIGKILL to the Ray worker process training a run (a node lost, the OOM killer): the runner
@@ -134,8 +123,7 @@ def test_a_killed_ray_worker_is_retried_and_its_run_resumes(corpus, tmp_path):
       # At step 40's save, step 20 is committed whatever stage 40's own save is at.
       for steps in glob.glob(os.path.join(out, 'demo', 'runs', '*', 'checkpoints', '40')):
         log = os.path.join(os.path.dirname(os.path.dirname(steps)), 'worker.log')
-        pid = _holder_of(log)
-        if pid is not None:
+        for pid in _workers_of(log):
           os.kill(pid, signal.SIGKILL)
           killed.append(log)
       time.sleep(0.05)
@@ -499,38 +487,43 @@ extra = {**data_overrides(CORPUS, CACHE), 'train.steps': 100000, 'train.log_ever
 two = type(SUITE)('demo', 'x', 'configs/base.py', (SUITE.variants[0], SUITE.variants[2]),
                   SUITE.presets)
 try:
-  run_suite(two, preset='tiny', seeds=1, out=OUT, extra=extra, progress=False, jobs=2)
+  run_suite(two, preset='tiny', seeds=1, out=OUT, extra=extra, progress=False, jobs=2,
+            engine=ENGINE)
 except KeyboardInterrupt:
   sys.exit(130)
 '''
 
 
 def _workers_of(out: str) -> list[int]:
-  """PIDs of live `python -m experiments.worker` processes working under `out`."""
+  """PIDs of live processes writing a worker.log under `out`: the local pool's
+  `python -m experiments.worker` processes, or Ray's worker processes running a run."""
   pids = []
   for pid in filter(str.isdigit, os.listdir('/proc')):
     try:
-      with open(f'/proc/{pid}/cmdline', 'rb') as f:
-        cmd = f.read().decode(errors='replace').split('\0')
       with open(f'/proc/{pid}/stat') as f:
-        state = f.read().rsplit(')', 1)[1].split()[0]
+        if f.read().rsplit(')', 1)[1].split()[0] == 'Z':
+          continue
+      targets = [os.readlink(f'/proc/{pid}/fd/{fd}') for fd in os.listdir(f'/proc/{pid}/fd')]
     except OSError:
       continue
-    if 'experiments.worker' in cmd and any(a.startswith(out) for a in cmd) and state != 'Z':
+    if any(t.startswith(out) and t.endswith('worker.log') for t in targets):
       pids.append(int(pid))
   return pids
 
 
-def test_sigterm_to_the_suite_stops_its_workers_and_they_save(corpus, tmp_path):
+@pytest.mark.parametrize('engine', ['local', pytest.param('ray', marks=pytest.mark.xdist_group(
+    'ray'))])
+def test_sigterm_to_the_suite_stops_its_workers_and_they_save(corpus, tmp_path, engine):
   """A preempted suite (SIGTERM to its main process, jobs=2) passes the signal on: the workers
-  save a checkpoint and exit, none keeps training unsupervised, and the suite exits 130."""
+  save a checkpoint and exit, none keeps training unsupervised, and the suite exits 130. Ray's
+  workers get the stop as a task cancellation (KeyboardInterrupt in the run)."""
   import glob
   import signal
   import time
   out = str(tmp_path / 'out')
   code = (KILL_SCRIPT.replace('TESTS', repr(os.path.join(ROOT, 'tests')))
           .replace('CORPUS', repr(str(corpus))).replace('CACHE', repr(str(tmp_path / 'cache')))
-          .replace('OUT', repr(out)))
+          .replace('OUT', repr(out)).replace('ENGINE', repr(engine)))
   proc = subprocess.Popen([sys.executable, '-c', code], cwd=ROOT,
                           env=dict(os.environ, JAX_PLATFORMS='cpu'))
   try:
