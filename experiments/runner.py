@@ -359,31 +359,43 @@ def _append_ledger(job: _Job, result: dict) -> None:
 
 
 def _read_ledgers(out: str) -> dict:
-  """{hash: entry} of every suite's ledger under `out` (a run's later entry wins)."""
+  """{hash: [entry, ...]} of every suite's ledger under `out`, each with its suite folder."""
   entries = {}
   for path in sorted(glob.glob(os.path.join(out, '*', LEDGER))):
     with open(path) as f:
       for line in f:
         if line.strip():
           entry = json.loads(line)
-          entries[entry['hash']] = {**entry, 'suite_folder': os.path.dirname(path)}
+          entries.setdefault(entry['hash'], []).append(
+              {**entry, 'suite_folder': os.path.dirname(path)})
   return entries
 
 
 def _restore_from_ledgers(plan: list[_Job], out: str) -> None:
   """Give every unfinished job of `plan` that a ledger records its result.json back (without
-  checkpoints), unless a child of it still has to run and needs its parameters."""
+  checkpoints), unless a child of it still has to run and needs its parameters. Its own suite's
+  record wins (its latest); another suite's stands in only for a job without a measure, since
+  that suite did not measure it (such a run is copied with its checkpoint and measured, or
+  trained again)."""
   ledger = _read_ledgers(out)
-  unfinished = {job.key for job in plan
-                if not os.path.exists(os.path.join(job.workdir, 'result.json'))}
-  restorable = {job.key for job in plan if job.key in unfinished and job.hash in ledger}
+
+  def record(job) -> dict | None:
+    entries = ledger.get(job.hash, [])
+    own = os.path.abspath(os.path.dirname(os.path.dirname(job.workdir)))
+    mine = [e for e in entries if os.path.abspath(e['suite_folder']) == own]
+    if mine:
+      return mine[-1]
+    return entries[-1] if entries and job.measure is None else None
+  found = {job.key: record(job) for job in plan
+           if not os.path.exists(os.path.join(job.workdir, 'result.json'))}
+  restorable = {key for key, entry in found.items() if entry is not None}
   for job in plan:
-    if job.parent in restorable and job.key not in restorable and job.key in unfinished:
+    if job.parent in restorable and job.key not in restorable and job.key in found:
       restorable.discard(job.parent)
   for job in plan:
     if job.key not in restorable:
       continue
-    entry = ledger[job.hash]
+    entry = found[job.key]
     result = dict(entry['result'])
     if os.path.abspath(entry['suite_folder']) != os.path.abspath(
         os.path.dirname(os.path.dirname(job.workdir))):

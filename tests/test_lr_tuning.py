@@ -194,6 +194,33 @@ def test_a_fresh_clone_resumes_from_the_ledger_without_run_directories(tmp_path)
   assert [(v, s) for v, s, _ in calls] == [('base', 0), ('child', 0)]
 
 
+def test_another_suites_ledger_does_not_stand_in_for_a_run_this_suite_measures(tmp_path):
+  """A run that another suite's ledger records (same config and seed) lacks this suite's
+  measure (e.g. `positions`' loss at 2L..16L on a run the `noise` suite trained): without its
+  checkpoint it trains again here, and is measured; this suite's own ledger restores it after."""
+  plain = Suite('plain', 'x', 'configs/base.py', (Variant('base'),), PRESETS)
+  measured = Suite('measured', 'x', 'configs/base.py', (Variant('base'),), PRESETS,
+                   extra_metrics='extrapolation')
+  center = resolve(plain, plain.variants[0], 'tiny', 0).train.learning_rate
+  calls = []
+  run_suite(plain, preset='tiny', seeds=1, out=str(tmp_path), progress=False,
+            run=_fake_run({'base': center}, 1.0, calls))
+  assert os.path.exists(os.path.join(str(tmp_path), 'plain', 'finished.jsonl'))
+  copied = run_suite(Suite('copy', 'x', 'configs/base.py', (Variant('base'),), PRESETS),
+                     preset='tiny', seeds=1, out=str(tmp_path), progress=False,
+                     run=lambda *a, **k: pytest.fail('ran again'))
+  assert copied['runs'][0]['copied_from'].startswith(os.path.join(str(tmp_path), 'plain'))
+  calls.clear()
+  run_suite(measured, preset='tiny', seeds=1, out=str(tmp_path), progress=False,
+            run=_fake_run({'base': center}, 1.0, calls))
+  assert [(v, s) for v, s, _ in calls] == [('base', 0)]
+  import shutil
+  shutil.rmtree(os.path.join(str(tmp_path), 'measured', 'runs'))
+  again = run_suite(measured, preset='tiny', seeds=1, out=str(tmp_path), progress=False,
+                    run=lambda *a, **k: pytest.fail('ran again'))
+  assert 'copied_from' not in again['runs'][0]
+
+
 def test_a_suite_can_take_its_rates_from_another_suites_tuning(tmp_path):
   """lr_from: a longer copy of some rows runs each at the rate its donor suite tuned (no grid of
   its own); before the donor has tuned, the suite refuses in one line naming what is missing."""
