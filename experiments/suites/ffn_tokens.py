@@ -3,18 +3,10 @@
 ReLU, GLU, Bilinear and SwiGLU trained 4x longer (4 M tokens, ~4.7 tokens per parameter instead
 of ~1.2), evaluated every 250 steps, so loss_vs_tokens.png shows whether the gap closes or the
 curves cross with more training. Each variant at the rate the `ffn` suite tuned for it (lr_from)."""
-from experiments.suite import Suite
 from experiments.suites import ffn
-from experiments.suites.moe_tokens import LONGER
+from experiments.suites._longer import longer_copy
 
-SUITE = Suite(
-    name='ffn_tokens',
+SUITE = longer_copy(
+    ffn.SUITE, name='ffn_tokens',
     description='ReLU vs GLU / Bilinear / SwiGLU over 4x the tokens, eval loss against tokens',
-    base=ffn.SUITE.base,
-    variants=tuple(v for v in ffn.SUITE.variants
-                   if v.name in ('relu', 'glu', 'bilinear', 'swiglu')),
-    presets={name: {**overrides, **LONGER.get(name, {})}
-             for name, overrides in ffn.SUITE.presets.items()},
-    lr_from='ffn',
-    paper_source=ffn.SUITE.paper_source,
-)
+    keep=('relu', 'glu', 'bilinear', 'swiglu'))

@@ -3,22 +3,11 @@ Switch Transformer, Fedus et al. 2022, Fig. 1, where top-1 pulls ahead early in 
 top-1 and top-2 trained 4x longer (4 M tokens; each of 8 experts then sees ~500 k tokens, not
 ~125 k), evaluated every 250 steps, so loss_vs_tokens.png shows whether and where the curves
 cross. Each variant at the rate the `moe` suite tuned for it at 1 M tokens (lr_from)."""
-from experiments.suite import Suite
 from experiments.suites import moe
-from experiments.suites._presets import PRESETS
+from experiments.suites._longer import longer_copy
 
-# 4x the cpu preset's steps, evaluated every 250 (ffn_tokens uses the same).
-LONGER = {'cpu': {'train.steps': 2000, 'train.eval_every': 250},
-          'tiny': {'train.eval_every': 2}}
-
-SUITE = Suite(
-    name='moe_tokens',
+SUITE = longer_copy(
+    moe.SUITE, name='moe_tokens',
     description='dense vs MoE top-1 / top-2 (8 experts) over 4x the tokens, eval loss against '
                 'tokens',
-    base=moe.SUITE.base,
-    variants=tuple(v for v in moe.SUITE.variants if v.name in ('dense', 'top1', 'top2')),
-    presets={name: {**overrides, **LONGER.get(name, {})} for name, overrides in PRESETS.items()},
-    extra_metrics=moe.SUITE.extra_metrics,
-    lr_from='moe',
-    paper_source=moe.SUITE.paper_source,
-)
+    keep=('dense', 'top1', 'top2'), extra_metrics=moe.SUITE.extra_metrics)

@@ -7,18 +7,10 @@ sinusoidal): RoPE, none, learned and sinusoidal trained 4x longer (4 M tokens), 
 (a token-budget effect: RoPE hands attention relative offsets that absolute positions must learn
 to compute through q and k) or keep it. Each variant at the rate the `positions` suite tuned for
 it (lr_from); no extrapolation measure (the question is the training length)."""
-from experiments.suite import Suite
 from experiments.suites import positions
-from experiments.suites.moe_tokens import LONGER
+from experiments.suites._longer import longer_copy
 
-SUITE = Suite(
-    name='positions_tokens',
+SUITE = longer_copy(
+    positions.SUITE, name='positions_tokens',
     description='RoPE vs none / learned / sinusoidal over 4x the tokens, eval loss against tokens',
-    base=positions.SUITE.base,
-    variants=tuple(v for v in positions.SUITE.variants
-                   if v.name in ('rope', 'none', 'learned', 'sinusoidal')),
-    presets={name: {**overrides, **LONGER.get(name, {})}
-             for name, overrides in positions.SUITE.presets.items()},
-    lr_from='positions',
-    paper_source=positions.SUITE.paper_source,
-)
+    keep=('rope', 'none', 'learned', 'sinusoidal'))
