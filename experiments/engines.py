@@ -8,7 +8,8 @@ failed or killed run retried once, resuming from its checkpoint.
 
 An engine has `slots` (how many runs it takes at once; the runner submits no more), `submit(job,
 workdir) -> handle`, `wait(timeout_s) -> [(handle, ok)]` (the runs that ended) and `stop()`
-(interrupt every run, which saves a checkpoint, and wait for them).
+(interrupt every run, which saves a checkpoint, and wait for them); the runner calls the last two
+only while runs are in flight.
 """
 from __future__ import annotations
 
@@ -24,9 +25,20 @@ import warnings
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _pythonpath() -> str:
+  """PYTHONPATH with the project first, so a worker process imports this checkout."""
+  return os.pathsep.join(
+      [ROOT] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p])
+
+
 def write_job(job: dict, workdir: str) -> None:
   with open(os.path.join(workdir, 'job.pkl'), 'wb') as f:
     pickle.dump(job, f)
+
+
+def _cores() -> list[int]:
+  return sorted(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else list(
+      range(os.cpu_count() or 1))
 
 
 def cpu_slots(jobs: int) -> list[frozenset | None]:
@@ -36,7 +48,7 @@ def cpu_slots(jobs: int) -> list[frozenset | None]:
   tokens/s) than one alone (6,850); pinned to a core each: 8,700 (2-core EPYC, 2026-11-25)."""
   if not hasattr(os, 'sched_getaffinity'):
     return [None] * jobs
-  cpus = sorted(os.sched_getaffinity(0))
+  cpus = _cores()
   if jobs < 2 or len(cpus) < jobs:
     return [None] * jobs
   share = len(cpus) // jobs
@@ -56,8 +68,7 @@ class LocalPool:
     write_job(job, workdir)
     slot = min(set(range(self.slots)) - set(self._running.values()))
     log = open(os.path.join(workdir, 'worker.log'), 'a')  # pylint: disable=consider-using-with
-    env = {**os.environ, 'PYTHONPATH': os.pathsep.join(
-        [ROOT] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p])}
+    env = {**os.environ, 'PYTHONPATH': _pythonpath()}
     cpus = self._cpus[slot]
     if cpus:  # the worker pins itself before JAX starts (a preexec_fn is unsafe in threaded code)
       env['MLLM_WORKER_CPUS'] = ','.join(map(str, sorted(cpus)))
@@ -100,11 +111,6 @@ def parse_resources(text: str | None, jobs: int) -> dict:
     raise ValueError(f'--resources={text!r}; allowed: a JSON object of Ray resources per run, '
                      'e.g. \'{"CPU": 4}\' or \'{"GPU": 1}\'')
   return resources
-
-
-def _cores() -> list[int]:
-  return sorted(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else list(
-      range(os.cpu_count() or 1))
 
 
 def check_out_for_ray(out: str) -> None:
@@ -158,9 +164,8 @@ def init_ray(address: str | None = None) -> None:
     os.environ.setdefault('RAY_worker_niceness', '0')
   with warnings.catch_warnings():  # JAX warns of any fork; Ray's is a fork-exec
     warnings.filterwarnings('ignore', message='os.fork', category=RuntimeWarning)
-    ray.init(**kwargs, log_to_driver=False, runtime_env={'env_vars': {
-        'PYTHONPATH': os.pathsep.join([ROOT] + [
-            p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p])}})
+    ray.init(**kwargs, log_to_driver=False,
+             runtime_env={'env_vars': {'PYTHONPATH': _pythonpath()}})
 
 
 class RayEngine:
@@ -193,9 +198,6 @@ class RayEngine:
     return ref
 
   def wait(self, timeout_s: float) -> list[tuple[object, bool]]:
-    if not self._running:
-      time.sleep(timeout_s)
-      return []
     ready, _ = self._ray.wait(list(self._running), num_returns=len(self._running),
                               timeout=timeout_s)
     ended = []
@@ -214,8 +216,7 @@ class RayEngine:
     refs = list(self._running)
     for ref in refs:
       self._ray.cancel(ref)
-    _, left = self._ray.wait(refs, num_returns=len(refs), timeout=self.STOP_GRACE_S) if refs else (
-        [], [])
+    _, left = self._ray.wait(refs, num_returns=len(refs), timeout=self.STOP_GRACE_S)
     for ref in left:
       self._ray.cancel(ref, force=True)
     self._running.clear()
