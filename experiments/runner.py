@@ -413,16 +413,24 @@ def _tune(suite: Suite, *, preset: str, extra: dict, tune_seeds: int, out: str,
   centers = {v.name: resolve(suite, v, preset, 0, extra).train.learning_rate for v in tuned}
   steps = {v.name: grid.steps() for v in tuned}
   seeds = tuning_seeds(tune_seeds)
+
+  def point(v: Variant, k: int) -> list[_Job]:
+    lr = grid.lr(centers[v.name], k)
+    jobs = []
+    for seed in seeds:
+      config = resolve(suite, v, preset, seed, {**extra, 'train.learning_rate': lr})
+      digest = config_hash(config)
+      workdir = os.path.join(out, suite.name, 'runs', f'{v.name}-lr{lr:.3g}-s{seed}-{digest}')
+      jobs.append(_Job((v.name, seed, k), v, seed, config, workdir, digest))
+    return jobs
+
+  def widens(v: Variant, k: int) -> bool:
+    """Training: always; a report of what finished (run=None): where that point finished."""
+    return execute['run'] is not None or not _execute(
+        point(v, k), out=out, desc='', **execute)[2]
+
   while True:
-    plan = []
-    for v in tuned:
-      for k in steps[v.name]:
-        for seed in seeds:
-          lr = grid.lr(centers[v.name], k)
-          config = resolve(suite, v, preset, seed, {**extra, 'train.learning_rate': lr})
-          digest = config_hash(config)
-          workdir = os.path.join(out, suite.name, 'runs', f'{v.name}-lr{lr:.3g}-s{seed}-{digest}')
-          plan.append(_Job((v.name, seed, k), v, seed, config, workdir, digest))
+    plan = [job for v in tuned for k in steps[v.name] for job in point(v, k)]
     finished, failed, _ = _execute(plan, out=out, desc=f'suite {suite.name}: lr tuning',
                                    **execute)
     summary, grew = {}, False
@@ -439,7 +447,7 @@ def _tune(suite: Suite, *, preset: str, extra: dict, tune_seeds: int, out: str,
                        'wall_s': [r.get('wall_s') for r in done if not r.get('copied_from')],
                        'failed': sum((v.name, s, k) in failed for s in seeds)})
       choice = choose(losses, grid) if complete else None
-      if choice is not None and choice.widen is not None and execute['run'] is not None:
+      if choice is not None and choice.widen is not None and widens(v, choice.widen):
         steps[v.name] = steps[v.name] + [choice.widen]
         grew = True
       summary[v.name] = {
