@@ -15,6 +15,16 @@ _PPL_AT_L = {'sinusoidal': 20.05, 'rope': 20.07, 't5': 19.65, 'alibi': 19.73}
 # rotary; a decoder without positions learns some but trails (Haviv et al. 2022, Table 1).
 _EXPECT = {'learned': 'same', 'none': 'worse'}
 
+# positions_tokens (same rows, 4x the tokens, eval every 250 steps): the absolute schemes' gap to
+# RoPE peaks near 1.5 M tokens and then shrinks on every seed.
+_TOKENS = ('token budget (positions_tokens): at 4x the tokens the gap to RoPE falls from +{at_1m} '
+           'to +{at_4m} [{ci}], within noise at 3 seeds; per seed it peaks near 1.5 M tokens and '
+           'shrinks every 250 steps after, still positive at 4 M')
+_DIAGNOSES = {
+    'learned': _TOKENS.format(at_1m='0.32', at_4m='0.15', ci='-0.05, +0.36'),
+    'sinusoidal': _TOKENS.format(at_1m='0.21', at_4m='0.12', ci='-0.06, +0.29'),
+}
+
 
 def _variant(kind: str) -> Variant:
   paper = {'eval_loss': math.log(_PPL_AT_L[kind])} if kind in _PPL_AT_L else {}
@@ -33,6 +43,7 @@ SUITE = Suite(
                    for kind in ('rope', 'none', 'learned', 'sinusoidal', 'shaw', 't5', 'alibi')),
     presets=PRESETS,
     extra_metrics='extrapolation',
+    diagnoses=_DIAGNOSES,
     paper_source='Press et al. 2022, WikiText-103 at L = 512 (ln ppl); at 2L/5L/30L the paper has '
                  'sinusoidal 43.5/132/406, rotary 21.4/31.6/79.3, T5 18.8/20.4/OOM, ALiBi '
                  '18.7/18.4/18.3 ppl',
