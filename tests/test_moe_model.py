@@ -163,7 +163,7 @@ def test_objective_is_cross_entropy_plus_the_weighted_balancing_and_z_losses(cor
   params = jax.device_get(init()['params'])
 
   def by_hand(p):  # the objective written out from the model's outputs
-    losses, stats = _forward(model, p, batch)
+    losses, stats = _forward(model, p, batch, train=True)
     counts = jax.lax.stop_gradient(stats['tokens_per_expert'])  # [L, E]
     f = counts / counts.sum(-1, keepdims=True)
     switch = 4 * jnp.sum(f * stats['mean_prob'], -1)
@@ -180,6 +180,24 @@ def test_objective_is_cross_entropy_plus_the_weighted_balancing_and_z_losses(cor
                           train__grad_clip=0.0)
   _, _, [plain_metrics] = _step_outputs(plain, batch)
   assert abs(float(plain_metrics['grad_norm']) - float(metrics['grad_norm'])) > 1e-3
+
+
+def test_the_training_step_drops_past_capacity_and_evaluation_does_not(corpus):
+  """A capacity model trains at its capacity (what overflows is dropped, as Switch trains) and
+  infers dropless. The step once ran its forward in inference mode whenever the config had no
+  dropout or router noise, so capacity models trained dropless (and, on CPU, ~5x slower)."""
+  config = _moe_run_config(corpus, model__moe__dispatch='capacity',
+                           model__moe__capacity_factor=0.5)
+  batch = synthetic_batch(config, np.random.default_rng(0))
+  _, _, [metrics] = _step_outputs(config, batch)
+  assert np.all(metrics['moe']['drop_rate'] >= 0.5 - 1e-6)  # capacity 0.5 x the even share
+  model, init = setup(config, make_mesh(config.mesh))
+  params = jax.device_get(init()['params'])
+  n_tokens = float(batch['loss_mask'].sum())
+  trained = float(_forward(model, params, batch, train=True)[0].sum()) / n_tokens
+  inferred = float(_forward(model, params, batch, train=False)[0].sum()) / n_tokens
+  assert float(metrics['loss']) == pytest.approx(trained, rel=1e-5)
+  assert abs(trained - inferred) > 1e-4  # half of the assignments dropped changes the loss
 
 
 def test_accumulated_steps_balance_over_the_global_batch(corpus):
@@ -207,7 +225,7 @@ def test_accumulated_steps_balance_over_the_global_batch(corpus):
 
 def _counts(config, state, batch):
   model, _ = setup(config, make_mesh(config.mesh))
-  return np.asarray(_forward(model, state['params'], batch)[1]['tokens_per_expert'])
+  return np.asarray(_forward(model, state['params'], batch, train=True)[1]['tokens_per_expert'])
 
 
 def test_expert_bias_is_updated_by_its_rule_and_untouched_by_the_optimizer(corpus):

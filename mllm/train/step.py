@@ -21,18 +21,22 @@ from mllm.train.sharding import batch_sharding, replicated
 from mllm.train.state import Model, TrainState, split_trained
 
 
-def _forward(model: Model, params, batch, dropout_key=None):
-  """(per-token losses × loss_mask [B, T], the MoE layers' routing statistics; {} if dense)."""
+def _forward(model: Model, params, batch, *, train: bool, dropout_key=None):
+  """(per-token losses × loss_mask [B, T], the MoE layers' routing statistics; {} if dense).
+
+  train=True: the training computation (dropout and router noise drawn from `dropout_key` where
+  the config has them; a capacity MoE drops what overflows its capacity). train=False:
+  inference (`model.eval()`: nothing random, no token dropped)."""
   with traced_on(model.mesh):  # kernels choose for, and split over, the step's devices
-    return _forward_on_mesh(model, params, batch, dropout_key)
+    return _forward_on_mesh(model, params, batch, train, dropout_key)
 
 
-def _forward_on_mesh(model: Model, params, batch, dropout_key):
+def _forward_on_mesh(model: Model, params, batch, train: bool, dropout_key):
   net = model.merge(params)
-  if dropout_key is not None:
+  if not train:
+    net.eval()
+  elif dropout_key is not None:
     nnx.reseed(net, dropout=dropout_key, policy='match_shape')
-  else:
-    net.eval()  # dropout and router noise off
   packed = model.config.data.document_mask
   logits, moe_stats = net(batch['inputs'], positions=batch['positions'] if packed else None,
                           segment_ids=batch['segment_ids'] if packed else None,
@@ -64,7 +68,7 @@ def make_train_step(model: Model):
     """(this micro-batch's share of the objective, (its loss sum, its MoE stats)). Differentiated
     with respect to all saved variables (NNX's scan refuses variables traced at another level);
     the ExpertBias gradient is zero (it only selects) and is dropped."""
-    losses, stats = _forward(model, params, batch, key)
+    losses, stats = _forward(model, params, batch, train=True, dropout_key=key)
     value = losses.sum() / n_tokens
     if has_moe:
       counts = stats['tokens_per_expert'] if counts_LE is None else counts_LE
@@ -92,9 +96,11 @@ def make_train_step(model: Model):
         def count(carry, inputs):  # the variables ride in the carry: NNX merges them in-trace
           total, variables = carry
           mb, k = inputs
-          stats = _forward(model, variables, mb, k if stochastic else None)[1]
+          stats = _forward(model, variables, mb, train=True,
+                           dropout_key=k if stochastic else None)[1]
           return (total + stats['tokens_per_expert'], variables), None
-        shapes = jax.eval_shape(lambda p, mb: _forward(model, p, mb)[1], params, _first(micro))
+        shapes = jax.eval_shape(lambda p, mb: _forward(model, p, mb, train=True)[1], params,
+                                _first(micro))
         (counts, _), _ = jax.lax.scan(count, (_zeros(shapes['tokens_per_expert']), params),
                                       (micro, keys))
 
@@ -148,7 +154,7 @@ def make_eval_step(model: Model, token_bytes: np.ndarray):
   table = jnp.asarray(token_bytes, jnp.float32)
 
   def evaluate(params, batch):
-    losses = _forward(model, params, batch)[0]
+    losses = _forward(model, params, batch, train=False)[0]
     mask = batch['loss_mask']
     return {'loss_sum': losses.sum(), 'tokens': mask.sum(),
             'bytes': (table[batch['targets']] * mask).sum()}
