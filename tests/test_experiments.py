@@ -426,13 +426,16 @@ def test_norms_suite_measures_each_layers_gradient_norm(tmp_path, corpus):
   suite = load_suite('norms')
   names = [v.name for v in suite.variants]
   assert names == ['rmsnorm', 'layernorm', 'partial_rmsnorm', 'partial_rmsnorm-32_features',
-                   'pre-no_warmup', 'post-warmup', 'post-no_warmup']
+                   'pre-no_warmup', 'post-warmup', 'post-no_warmup', 'post-warmup-at_3e-3']
   post = resolve(suite, suite.variants[names.index('post-no_warmup')], 'cpu', 0)
   base = resolve(suite, suite.variants[0], 'cpu', 0)
   assert post.model.norm.placement == 'post' and post.train.warmup_steps == 0
   # The learning rate is tuned per variant (the runner's grid), not a variant of its own.
   assert post.train.learning_rate == base.train.learning_rate
   assert base.train.warmup_steps == base.train.steps // 10
+  # The diagnosis row: Post-LN with warm-up at a fixed rate one grid step below its tuned one.
+  lower = suite.variants[names.index('post-warmup-at_3e-3')]
+  assert not lower.tune and resolve(suite, lower, 'cpu', 0).train.learning_rate == 3e-3
   two = Suite('nrm', 'x', suite.base, (suite.variants[0],
                                        suite.variants[names.index('post-warmup')]),
               suite.presets, extra_metrics=suite.extra_metrics)
