@@ -321,18 +321,29 @@ def main(argv=None) -> None:
               f"{fmt(row.get('fwd_scratch'), '.1f', MiB)} / {fmt(row.get('fwdbwd_scratch'), '.1f', MiB)} MiB, "
               f"compile {fmt(row.get('fwd_compile_s'))} + {fmt(row.get('fwdbwd_compile_s'))} s", flush=True)
       del inputs
+      write_outputs(rows, args, env, notes, backend, final=False)  # a killed run keeps its rows
+  write_outputs(rows, args, env, notes, backend, final=True)
+
+
+def write_outputs(rows, args, env, notes, backend, *, final: bool) -> None:
+  """The markdown table, the raw rows as JSON and (final) the plot; printed when final."""
   text = tables(rows, args.repeats)
-  print('\n' + text + '\n\n' + FOOTNOTES)
+  if final:
+    print('\n' + text + '\n\n' + FOOTNOTES)
   if args.out:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, 'w') as f:
       f.write(f'# Attention benchmark ({backend})\n\n' + '\n'.join(f'- {k}: {v}' for k, v in env.items())
-              + ''.join(f'\n- skipped {note}' for note in notes) + '\n\n' + text + '\n\n' + FOOTNOTES + '\n')
+              + ''.join(f'\n- skipped {note}' for note in notes)
+              + ('' if final else '\n- INCOMPLETE: the run stopped before its last cell')
+              + '\n\n' + text + '\n\n' + FOOTNOTES + '\n')
     json_path = os.path.splitext(args.out)[0] + '.json'
     with open(json_path, 'w') as f:
-      json.dump({'environment': env, 'args': vars(args), 'skipped_impls': notes, 'rows': rows}, f, indent=1)
-    print(f'wrote {args.out} and {json_path}')
-  if args.plot and rows:
+      json.dump({'environment': env, 'args': vars(args), 'skipped_impls': notes, 'rows': rows,
+                 'complete': final}, f, indent=1)
+    if final:
+      print(f'wrote {args.out} and {json_path}')
+  if final and args.plot and rows:
     plot(rows, args.plot, f"attention {env['setting']}; {env['machine']}")
     print(f'wrote {args.plot}')
 

@@ -16,6 +16,8 @@ warm-up excluded, median of `--repeats` runs, prefill reported apart from decode
     with a note if absent): the same Llama-shaped model with the same weights
     (benchmarks/hf_llama.py), float32, greedy, EOS ignored, both sides on all cores, at 4.9 M and
     32 M parameters, batch 1 and 8, in one run; checks that both produce the same tokens.
+(5) `--only_125m` (GPU_CHECKLIST item 5): `generate_tokens` tokens/s at batch 1 and 32 for the
+    125M model of benchmarks/train_step.py (d 768, 12 layers, MHA), bf16 compute and cache.
     transformers' decode time is generate(N) − generate(1) over N − 1 tokens (its prefill and
     first token taken out); mllm's is the while_loop's N steps (N forward passes, one more than
     needed: the comparison is conservative).
@@ -166,21 +168,26 @@ def main() -> None:
   parser.add_argument('--repeats', type=int, default=5)
   parser.add_argument('--out', default=None)
   parser.add_argument('--only_hf', action='store_true', help='run only (4)')
+  parser.add_argument('--only_125m', action='store_true', help='run only (5)')
   args = parser.parse_args()
   console = Console()
   backend = jax.default_backend()
   machine = describe()
   config, model = load()
   n_params = mllm.count_params(model).total
-  lines = [f'# Decoding ({backend})', '', f'Machine: {machine}.', '',
-           f'Model: configs/rope_swiglu.py ({n_params:,} parameters, d_model '
-           f'{config.model.d_model}, {config.model.n_layers} layers, 8 query / 2 KV heads), '
-           f'float32, greedy, median of {args.repeats} after a warm-up. '
-           '`python -m benchmarks.decode` regenerates this file.', '']
+  lines = [f'# Decoding ({backend})', '', f'Machine: {machine}.', '']
+  if not args.only_125m:
+    lines += [f'Model: configs/rope_swiglu.py ({n_params:,} parameters, d_model '
+              f'{config.model.d_model}, {config.model.n_layers} layers, 8 query / 2 KV heads), '
+              f'float32, greedy, median of {args.repeats} after a warm-up. '
+              '`python -m benchmarks.decode` regenerates this file.', '']
 
-  if not args.only_hf:
-    lines += _sections_1_to_3(console, config, model, args.repeats)
-  lines += _section_4(console, args.repeats)
+  if args.only_125m:
+    lines += _section_5(console, args.repeats)
+  else:
+    if not args.only_hf:
+      lines += _sections_1_to_3(console, config, model, args.repeats)
+    lines += _section_4(console, args.repeats)
   out = args.out or os.path.join(ROOT, 'benchmarks', 'results', f'decode-{backend}.md')
   with open(out, 'w') as f:
     f.write('\n'.join(lines) + '\n')
@@ -208,6 +215,25 @@ def _section_4(console, repeats: int) -> list[str]:
     lines.append(f'| {name} | {n:,} | {batch} | {hf_ms:.1f} | {hf_rate:,.0f} | {our_ms:.1f} | '
                  f'{our_rate:,.0f} | {our_rate / hf_rate:.2f}x | {same} |')
   console.print('\n'.join(lines))
+  return lines
+
+
+def _section_5(console, repeats: int, prompt_len: int = 128, new_tokens: int = 256) -> list[str]:
+  from benchmarks.train_step import MODELS
+  overrides = {k: v for k, v in MODELS['125m'][0].items() if k.startswith('model.')}
+  config, model = load(**overrides)
+  n_params = mllm.count_params(model).total
+  lines = ['', f'## (5) The 125M model: generate_tokens (prompt {prompt_len}, {new_tokens} new, '
+           'EOS ignored)', '',
+           f'{n_params:,} parameters ({MODELS["125m"][1]}); weights float32, compute and KV cache '
+           f'{config.model.dtype}.', '',
+           '| batch | prefill ms | decode s | decode tokens/s | ms per step |',
+           '|---:|---:|---:|---:|---:|']
+  for batch in (1, 32):
+    prefill_s, decode_s = end_to_end(config, model, batch, prompt_len, new_tokens, repeats)
+    lines.append(f'| {batch} | {prefill_s * 1e3:.1f} | {decode_s:.3f} | '
+                 f'{batch * new_tokens / decode_s:,.0f} | {decode_s / new_tokens * 1e3:.2f} |')
+    console.print(lines[-1])
   return lines
 
 

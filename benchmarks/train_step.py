@@ -3,9 +3,10 @@
     python -m benchmarks.train_step            # default and ~25M configs, prints the table
     python -m benchmarks.train_step --out table.md   # also write environment + table as markdown
     python -m benchmarks.train_step --quick    # smoke run: tiny model, 2 timed steps
+    python -m benchmarks.train_step --models=125m --only=jax --batch_size=64   # GPU: MFU
 
 Both sides train the same model (configs/rope_swiglu.py: RoPE 'half', GQA, SwiGLU, RMSNorm pre-LN,
-tied embeddings, float32; benchmarks/torch_llama.py for PyTorch) on the same random tokens with
+tied embeddings, float32, or bf16 compute for 125m; benchmarks/torch_llama.py for PyTorch) on the same random tokens with
 next-token cross-entropy, global-norm clipping at 1.0 and AdamW; the parameter counts are printed
 and must agree. Steps of the two alternate (one JAX step, one PyTorch step, ...) so that load from
 other processes on a shared machine hits both alike. Step time is the median over the timed steps
@@ -14,7 +15,9 @@ batch × seq_len over it. JAX compile time is printed separately.
 
 The JAX step is `mllm.train.step.benchmark_step(config)` (the library's own training step) when it
 exists, else an equivalent built here (split params, value_and_grad, optax chain, jit with donation;
-`--jax_step=local` forces it). Document masking is off so that both sides compute plain causal
+`--jax_step=local` forces it). JAX MFU = the library's FLOPs per token
+(`mllm.training_flops_per_token`: 6N + attention) × tokens/s ÷ the chip's peak
+(`mllm.train.metrics.PEAK_FLOPS`), as the training loop reports it; '-' on a CPU. Document masking is off so that both sides compute plain causal
 attention, and warm-up of the learning rate is off so that every timed step does the same work.
 """
 from __future__ import annotations
@@ -34,6 +37,7 @@ from flax import nnx
 
 import mllm
 from benchmarks.machine import cpu_model
+from mllm.train.metrics import peak_flops_per_device
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -42,14 +46,22 @@ MODELS = {
     'default': ({}, 'configs/rope_swiglu.py as is: d 256, 4 layers, 8 heads / 2 KV, vocab 512'),
     '25m': ({'model.d_model': 512, 'model.n_layers': 8, 'model.vocab_size': 8192},
             'd 512, 8 layers, 8 heads / 2 KV, vocab 8192'),
+    # GPU_CHECKLIST item 3: GPT-2 small's shape, Llama-style (RoPE, SwiGLU, RMSNorm), MHA, vocab
+    # 50304 (GPT-2's 50257 rounded up to a multiple of 64), bf16 compute on fp32 master weights.
+    '125m': ({'model.d_model': 768, 'model.n_layers': 12, 'model.n_heads': 12,
+              'model.n_kv_heads': 12, 'model.vocab_size': 50304, 'model.max_seq_len': 1024,
+              'data.seq_len': 1024, 'data.batch_size': 32, 'model.dtype': 'bfloat16'},
+             'd 768, 12 layers, 12 heads (MHA), vocab 50304, seq 1024, bf16 compute'),
     'quick': ({'model.d_model': 64, 'model.n_layers': 2, 'model.n_heads': 4,
                'model.vocab_size': 256, 'model.max_seq_len': 64, 'data.seq_len': 64,
                'data.batch_size': 2}, 'smoke test: d 64, 2 layers, seq 64, batch 2'),
 }
 
 
-def load(name: str):
+def load(name: str, batch_size: int | None = None):
   overrides = dict(MODELS[name][0])
+  if batch_size:
+    overrides['data.batch_size'] = batch_size
   overrides.setdefault('data.document_mask', False)
   overrides['train.warmup_steps'] = 0  # a constant learning rate: every timed step does the same
   return mllm.load_config(os.path.join(ROOT, 'configs', 'rope_swiglu.py'), overrides)
@@ -105,11 +117,14 @@ def jax_benchmark_step(config, which: str):
 
 def setup_jax(config, which: str) -> dict:
   """Compiles the JAX step; `run()` does one step (blocked on) and returns its loss."""
+  start = time.perf_counter()
   step_fn, state, batch, source = jax_benchmark_step(config, which)
   n_params = sum(x.size for x in jax.tree.leaves(state['params']))
+  print(f'built the model and optimizer state in {time.perf_counter() - start:.1f} s', flush=True)
   start = time.perf_counter()
   compiled = step_fn.lower(state, batch).compile()
   compile_s = time.perf_counter() - start
+  print(f'compiled the step in {compile_s:.1f} s', flush=True)
   box = [state]
 
   def run() -> float:
@@ -156,19 +171,25 @@ def time_interleaved(runners: dict, steps: int, warmup: int) -> dict:
 
 # ---------------------------------------------------------------------------------------------
 
-def environment() -> dict:
-  import torch
-  cpu = cpu_model()
-  return {
-      'machine': f'{cpu}, {os.cpu_count()} CPU cores, {platform.system()} {platform.release()}',
+def environment(with_torch: bool = True) -> dict:
+  import flax
+  torch = None
+  if with_torch:
+    import torch
+  env = {
+      'machine': f'{cpu_model()}, {os.cpu_count()} CPU cores, {platform.system()} {platform.release()}',
+      'device': f'{jax.devices()[0].device_kind} ({jax.default_backend()})',
       'date': datetime.date.today().isoformat(),
       'versions': (f'python {platform.python_version()}, jax {jax.__version__} '
-                   f'({jax.default_backend()}), flax {nnx.__name__ and __import__("flax").__version__}, '
-                   f'optax {optax.__version__}, torch {torch.__version__}'),
-      'threads': (f'torch intra-op {torch.get_num_threads()} / inter-op '
-                  f'{torch.get_num_interop_threads()}; XLA_FLAGS={os.environ.get("XLA_FLAGS", "")!r}; '
-                  f'OMP_NUM_THREADS={os.environ.get("OMP_NUM_THREADS", "unset")}'),
+                   f'({jax.default_backend()}), flax {flax.__version__}, optax {optax.__version__}'
+                   + (f', torch {torch.__version__}' if torch else '')),
+      'threads': f'XLA_FLAGS={os.environ.get("XLA_FLAGS", "")!r}; '
+                 f'OMP_NUM_THREADS={os.environ.get("OMP_NUM_THREADS", "unset")}',
   }
+  if torch:
+    env['threads'] = (f'torch intra-op {torch.get_num_threads()} / inter-op '
+                      f'{torch.get_num_interop_threads()}; ' + env['threads'])
+  return env
 
 
 def main() -> None:
@@ -179,20 +200,23 @@ def main() -> None:
   parser.add_argument('--warmup', type=int, default=2)
   parser.add_argument('--jax_step', choices=['auto', 'library', 'local'], default='auto')
   parser.add_argument('--only', choices=['both', 'jax', 'torch'], default='both')
+  parser.add_argument('--batch_size', type=int, default=None, help="override the models' batch")
   parser.add_argument('--out', default=None,
                       help='markdown table (default: print only; e.g. benchmarks/results/x.md)')
   args = parser.parse_args()
   names = ['quick'] if args.quick else args.models.split(',')
-  env = environment()
+  env = environment(with_torch=args.only != 'jax')
   for key, value in env.items():
     print(f'{key}: {value}')
   rows = []
   for name in names:
-    config = load(name)
+    config = load(name, args.batch_size)
     steps = args.steps or (2 if args.quick else 5 if name == '25m' else 10)
     warmup = 1 if args.quick else args.warmup
     tokens = config.data.batch_size * config.data.seq_len
-    row = dict(name=name, desc=MODELS[name][1], tokens=tokens)
+    row = dict(name=name, desc=MODELS[name][1], tokens=tokens,
+               flops_per_token=mllm.training_flops_per_token(config).total,
+               peak=peak_flops_per_device(jax.devices()[0].device_kind, config.model.dtype))
     runners = {}
     if args.only in ('both', 'jax'):
       j = setup_jax(config, args.jax_step)
@@ -219,7 +243,7 @@ def print_table(rows, env, out):
   """Tokens/s from the median step time; the fastest step is shown too (the machine is shared)."""
   header = ['model', 'params (JAX = torch)', 'tokens/step', 'JAX compile s',
             'JAX step ms (median / min)', 'torch step ms (median / min)', 'JAX tokens/s',
-            'torch tokens/s', 'JAX / torch']
+            'torch tokens/s', 'JAX / torch', 'JAX MFU']
   lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' + '---:|' * (len(header) - 1)]
   for r in rows:
     tps = {side: r['tokens'] / r[f'{side}_ms'] * 1e3 for side in ('jax', 'torch')
@@ -233,7 +257,9 @@ def print_table(rows, env, out):
              f"{r['jax_compile_s']:.1f}" if 'jax_compile_s' in r else '-', step['jax'],
              step['torch'], f"{tps['jax']:,.0f}" if 'jax' in tps else '-',
              f"{tps['torch']:,.0f}" if 'torch' in tps else '-',
-             f"{tps['jax'] / tps['torch']:.2f}x" if len(tps) == 2 else '-']
+             f"{tps['jax'] / tps['torch']:.2f}x" if len(tps) == 2 else '-',
+             f"{r['flops_per_token'] * tps['jax'] / r['peak']:.1%}" if r['peak'] and 'jax' in tps
+             else '-']
     lines.append('| ' + ' | '.join(cells) + ' |')
   text = '\n'.join(lines)
   print(text)

@@ -48,7 +48,11 @@ def _div(a, b):
 
 
 def _select(c, a, b):
-  return (a if c else b) if isinstance(c, bool) else jnp.where(c, a, b)
+  if isinstance(c, bool):
+    return a if c else b
+  # int32 operands, not Python ints: Pallas's Triton lowering (jax 0.10-0.11) gives a weakly typed
+  # literal operand of select_n the predicate's type, i1, and the loop bound then fails to verify.
+  return jnp.where(c, jnp.asarray(a, jnp.int32), jnp.asarray(b, jnp.int32))
 
 
 def kv_block_range(q_block, *, block_q, block_k, q_len, kv_len, q_offset, causal, window):

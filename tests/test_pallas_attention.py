@@ -287,3 +287,40 @@ def test_lowers_to_triton_for_gpu(dtype, H, extras):
   with warns, jax.sharding.use_abstract_mesh(h100):
     hlo = jax.jit(fwd_bwd).trace(q, kv, kv, q, *ex).lower(lowering_platforms=('cuda',)).as_text()
   assert hlo.count('__gpu$xla.gpu.triton') + hlo.count('triton_kernel_call') == 3
+
+
+@pytest.mark.parametrize('causal,window,segments', [(False, None, False), (False, None, True),
+                                                    (True, None, False), (False, 32, False)])
+def test_triton_modules_pass_the_mlir_verifier(causal, window, segments, monkeypatch):
+  """Every Triton module of forward + backward verifies, as the GPU's Triton compiler requires
+  before it compiles (the cross-lowering above does not verify). Non-causal attention without a
+  window failed on an H200 (2026-11-26, 'scf.for' bounds of two types): a loop bound from a
+  select of Python ints took the predicate's type, i1."""
+  from jax._src.pallas.triton import lowering as triton_lowering
+  lower, verified = triton_lowering.lower_jaxpr_to_triton_module, []
+
+  def lower_and_verify(*args, **kwargs):
+    result = lower(*args, **kwargs)
+    with result.module.context:
+      verified.append(result.module.operation.verify())  # raises MLIRError naming the op
+    return result
+
+  monkeypatch.setattr(triton_lowering, 'lower_jaxpr_to_triton_module', lower_and_verify)
+  q = jax.ShapeDtypeStruct((1, 96, 4, 64), jnp.bfloat16)
+  ids = jax.ShapeDtypeStruct((1, 96), jnp.int32)
+  attn = functools.partial(fa.flash_attention, scale=0.125, causal=causal, window=window,
+                           interpret=False)
+
+  def fwd_bwd(q, k, v, do, *ids):
+    seg = dict(zip(('q_segment_ids', 'kv_segment_ids'), ids))
+    o, vjp = jax.vjp(lambda q, k, v: attn(q, k, v, **seg), q, k, v)
+    return o, vjp(do)
+
+  warns = (pytest.warns(DeprecationWarning, match='Pallas Triton backend is deprecated')
+           if TRITON_DEPRECATED else contextlib.nullcontext())
+  h100 = jax.sharding.AbstractMesh((1,), ('x',), abstract_device=jax.sharding.AbstractDevice(
+      device_kind='NVIDIA H100', num_cores=None, platform='gpu'))
+  with warns, jax.sharding.use_abstract_mesh(h100):
+    jax.jit(fwd_bwd).trace(q, q, q, q, *((ids, ids) if segments else ())).lower(
+        lowering_platforms=('cuda',))
+  assert verified == [True] * 3
