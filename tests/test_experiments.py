@@ -548,3 +548,20 @@ def test_sigterm_to_the_suite_stops_its_workers_and_they_save(corpus, tmp_path, 
   for workdir in {os.path.dirname(p) for p in logs}:
     steps = [int(s) for s in os.listdir(os.path.join(workdir, 'checkpoints')) if s.isdigit()]
     assert steps and max(steps) > 0, workdir  # the SIGTERM save (checkpoint_every is 100,000)
+
+
+def test_the_moe_suites_top1_row_gates_its_expert_by_the_router_probability():
+  """Switch's top-1 (eq. 2): y = p_i E_i(x). The row trained renormalised gates until 2026-11-26,
+  a gate of 1 whose router learned only from the balancing and z losses; that setting stays as a
+  diagnosis row of its own."""
+  from mllm.layers.moe import training_note
+  suite = load_suite('moe')
+  rows = {v.name: resolve(suite, v, 'cpu', 0) for v in suite.variants}
+  assert rows['top1'].model.moe.top_k == 1 and not rows['top1'].model.moe.renormalize
+  assert training_note(rows['top1'].model.moe) is None
+  assert training_note(rows['top1-renormalized'].model.moe) is not None
+  # The two rows differ in that one key, so the diagnosis row is the old top1 row's config and
+  # its finished runs (same hash) stand.
+  top1 = rows['top1']
+  top1.model.moe.renormalize = True
+  assert config_hash(top1) == config_hash(rows['top1-renormalized'])

@@ -147,6 +147,47 @@ def test_one_expert_top1_equals_the_dense_ffn_with_its_weights():
   np.testing.assert_allclose(out(moe, x), dense(x), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize('renormalize', [False, True])
+def test_a_top1_router_gets_the_losss_gradient_only_when_its_gate_is_the_probability(renormalize):
+  """Switch (Fedus et al. 2022, eq. 2) gates the top-1 expert by p_i: the output, and so the loss,
+  depends on the router. Renormalised over k = 1 the gate is p_i / p_i = 1 and that gradient is
+  zero. JAX's gradient against central differences of the float64 NumPy layer."""
+  moe = make_moe(k=1, renormalize=renormalize, dispatch='dropless')  # NumPy's layer never drops
+  x = tokens()
+  target = np.random.default_rng(5).normal(size=(24, 8))
+  router = np.asarray(moe.router[...], np.float64)
+
+  def np_loss(w):
+    moe.router[...] = jnp.asarray(w, jnp.float32)  # np_moe reads the router in float64
+    moe_f64 = np_moe(moe, x[0], renormalize=renormalize)
+    return np.mean((moe_f64 - target) ** 2)
+
+  def jax_loss(m):
+    return jnp.mean((m(x)[0][0] - target) ** 2)
+
+  grad = np.asarray(nnx.grad(jax_loss)(moe).router[...], np.float64)
+  eps, numeric = 1e-4, np.zeros_like(router)
+  for index in np.ndindex(router.shape):
+    step = np.zeros_like(router)
+    step[index] = eps
+    numeric[index] = (np_loss(router + step) - np_loss(router - step)) / (2 * eps)
+  if renormalize:
+    assert np.max(np.abs(numeric)) == 0.0  # the gate is exactly 1 in float64 too
+    assert np.max(np.abs(grad)) < 1e-7  # float32 rounding of p / p; gated by p it is ~1e-2
+  else:
+    assert np.max(np.abs(numeric)) > 1e-3
+    np.testing.assert_allclose(grad, numeric, rtol=2e-2, atol=2e-5)
+
+
+def test_top1_with_renormalised_gates_trains_with_a_note(tiny):
+  from mllm.layers.moe import training_note
+  top1 = tiny('ffn=moe', model__moe__top_k=1).model.moe
+  assert 'no gradient' in training_note(top1)
+  top1.renormalize = False
+  assert training_note(top1) is None
+  assert training_note(tiny('ffn=moe').model.moe) is None  # top-2: the gates keep their ratio
+
+
 def test_shared_experts_add_exactly_their_dense_output():
   with_shared = make_moe(num_shared_experts=2, shared_d_ff=12)
   routed_only = make_moe()

@@ -250,7 +250,9 @@ def test_moe_model_loss_falls_metrics_are_logged_and_resume_is_exact_with_noise(
   config = _moe_run_config(corpus, **{**extra, 'data.cache_dir': str(tmp_path / 'cache')})
   straight = str(tmp_path / 'straight')
   summary = train(config, straight, progress=True)  # not a terminal: plain progress lines
-  progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith('step ')]
+  printed = capsys.readouterr().out
+  assert 'makes every gate 1' not in printed  # top-2: no note
+  progress = [line for line in printed.splitlines() if line.startswith('step ')]
   assert progress and all('drop ' in line and 'max/mean load ' in line for line in progress)
   records = [r for r in read_metrics(os.path.join(straight, 'metrics.jsonl'))
              if r['split'] == 'train']
@@ -341,3 +343,16 @@ def test_training_still_drops_past_capacity_and_inference_does_not():
   inferred, stats = layer(x)
   assert float(stats['drop_rate']) == 0.0
   np.testing.assert_allclose(inferred, dropless(x)[0], atol=1e-6, rtol=0)
+
+
+def test_training_top1_with_renormalised_gates_says_its_router_gets_no_gradient(corpus, tmp_path,
+                                                                               capsys):
+  config = make_config(corpus, str(tmp_path / 'cache'), model__ffn__kind='moe',
+                       model__moe__num_experts=4, model__moe__top_k=1, model__n_layers=1,
+                       train__steps=2, train__warmup_steps=0)
+  train(config, str(tmp_path / 'run'), progress=True)
+  notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith('note: ')]
+  assert notes == ['note: model.moe.top_k=1 with model.moe.renormalize=True makes every gate 1: '
+                   'the router gets no gradient from the loss, only from the balancing and z '
+                   'losses; Switch gates the top-1 expert by its probability '
+                   '(model.moe.renormalize=False)']

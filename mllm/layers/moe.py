@@ -434,6 +434,20 @@ def uniform_assignment(n_tokens: int, k: int, num_experts: int) -> jax.Array:
   return ((order_T[:, None] * k + jnp.arange(k)) % num_experts).astype(jnp.int32)
 
 
+def training_note(moe_cfg) -> str | None:
+  """A warning for a configuration that trains but defeats its router, else None.
+
+  One softmax gate renormalised over k = 1 is p_i / p_i = 1 for every token: the output no longer
+  depends on the router's probabilities, so the router learns only from the balancing and z losses.
+  Switch Transformer (Fedus et al. 2022, eq. 2) gates the top-1 expert by p_i for exactly this
+  reason. Allowed, not refused: a model imported with that setting computes it at inference."""
+  if moe_cfg.top_k == 1 and moe_cfg.renormalize and moe_cfg.router == 'softmax':
+    return ('model.moe.top_k=1 with model.moe.renormalize=True makes every gate 1: the router gets '
+            'no gradient from the loss, only from the balancing and z losses; Switch gates the '
+            'top-1 expert by its probability (model.moe.renormalize=False)')
+  return None
+
+
 def resolve_dispatch(dispatch: str, backend: str | None = None) -> str:
   """`auto` → capacity on CPU (ragged_dot costs E× the FLOPs there: benchmarks/results/moe-layer-*),
   dropless on accelerators."""

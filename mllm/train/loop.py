@@ -20,6 +20,7 @@ import numpy as np
 
 from mllm.accounting import count_params, training_flops_per_token
 from mllm.config import ConfigError, moe_layers
+from mllm.layers.moe import training_note
 from mllm.paths import existing_dir, writable_dir
 from mllm.train.checkpoint import (Checkpointer, StateMismatch, checkpoint_dir, config_as_dict,
                                    note, write_config)
@@ -209,6 +210,9 @@ def _train(config, workdir, stop_after, progress, mesh, model, init, ckpt, closi
   device = jax.devices()[0]
   peak = peak_flops_per_device(device.device_kind, config.model.dtype, t.peak_flops)
   bar = Progress(end, start, log_every=t.log_every, enabled=progress)
+  note = training_note(config.model.moe) if moe_layers(config.model) else None
+  if note:
+    bar.print(f'note: {note}')
   if not data.stats['val']['tokens']:
     bar.print(f'note: the validation split is empty (data.val_fraction={config.data.val_fraction} '
               'of too few documents); no eval metrics')
