@@ -1,4 +1,4 @@
-"""MoE dispatch costs: capacity vs dropless (ragged_dot) vs a dense FFN of the same ACTIVE size.
+"""MoE dispatch costs: capacity vs dropless (ragged_dot, tiled) vs a dense FFN of the same ACTIVE size.
 
     python -m benchmarks.moe                   # results/moe-{layer,step}-<backend>.md
     python -m benchmarks.moe --part=step --repeats=10
@@ -12,7 +12,9 @@ FLOPs a token actually gets from its k experts):
 Each row: the median time, tokens/s, the FLOPs XLA compiled (cost_analysis) and its scratch memory
 (memory_analysis().temp_size_in_bytes). On CPU XLA expands `jax.lax.ragged_dot` to a dense masked
 product (JAX_NOTES): every one of the T·k sorted rows is multiplied by all E experts' weights, so
-dropless compiles to E× the active FLOPs there, which `moe.dispatch=auto` avoids on CPU.
+dropless compiles to E× the active FLOPs there, which `moe.dispatch=auto` avoids on CPU; the tiled
+grouped matmul (`moe.grouped_matmul=tiled`, MegaBlocks' padding to whole tiles) computes at most
+E·128 extra rows.
 """
 from __future__ import annotations
 
@@ -93,14 +95,17 @@ def run_case(experts: int, k: int, d_ff: int, d_model: int, tokens: int, repeats
   x = jax.random.normal(jax.random.key(0), (1, tokens, d_model), jnp.float32)
   dense = FFNS['swiglu'](d_model, k * d_ff, use_bias=False, init_std=0.02, out_std=0.02,
                          rngs=nnx.Rngs(0))
-  moe = {dispatch: MoE(d_model, num_experts=experts, top_k=k, expert_d_ff=d_ff,
-                       dispatch=dispatch, capacity_factor=1.25, rngs=nnx.Rngs(0))
-         for dispatch in ('capacity', 'dropless')}
+  moe = {name: MoE(d_model, num_experts=experts, top_k=k, expert_d_ff=d_ff, dispatch=dispatch,
+                   grouped_matmul=matmul, capacity_factor=1.25, rngs=nnx.Rngs(0))
+         for name, dispatch, matmul in (('capacity', 'capacity', 'ragged_dot'),
+                                        ('dropless', 'dropless', 'ragged_dot'),
+                                        ('tiled', 'dropless', 'tiled'))}
   case = f'E={experts} top-{k} d_ff={d_ff}'
   rows = _interleaved(case, {f'dense swiglu d_ff={k * d_ff}': _setup_layer(dense, x),
                              'moe capacity': _setup_layer(moe['capacity'], x)}, repeats)
   # Dropless alone: its scratch (up to GBs on CPU) would slow the rows it alternated with.
-  return rows + _interleaved(case, {'moe dropless': _setup_layer(moe['dropless'], x)},
+  return rows + _interleaved(case, {'moe dropless': _setup_layer(moe['dropless'], x),
+                                   'moe dropless, tiled': _setup_layer(moe['tiled'], x)},
                              max(3, repeats // 3), base=rows[0])
 
 

@@ -89,7 +89,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   moe.renormalize = True  # gates renormalised over the chosen k (Mixtral)
   moe.dispatch = 'auto'  # capacity | dropless (ragged_dot) | auto: capacity on CPU, else dropless
   moe.capacity_factor = 1.25  # capacity = ceil(tokens / experts * top_k * capacity_factor)
-  moe.grouped_matmul = 'ragged_dot'  # dropless kernel: ragged_dot | megablox (Pallas gmm, TPU)
+  moe.grouped_matmul = 'ragged_dot'  # dropless kernel: ragged_dot | megablox (Pallas gmm, TPU) | tiled
   moe.balance_coef = 0.01  # Switch load-balancing loss, α
   moe.balance_convention = 'switch'  # switch: 1 at uniform routing for every k | hf: k
   moe.z_loss_coef = 0.001  # router z-loss (ST-MoE)

@@ -442,10 +442,31 @@ def test_megablox_gmm_in_interpret_mode_equals_ragged_dot_with_gradients():
   np.testing.assert_allclose(out(other, tokens()), out(moe, tokens()), rtol=1e-5, atol=1e-6)
 
 
-def test_a_capacity_layer_infers_with_ragged_dot_where_megablox_would_only_interpret(monkeypatch):
+@pytest.mark.parametrize('sizes,tile', [([70, 0, 50, 30], 32), ([150, 0, 0, 0], 128),
+                                        ([1, 2, 3, 144], 16), ([40, 40, 40, 30], 7)])
+def test_the_tiled_grouped_matmul_equals_ragged_dot_with_gradients(sizes, tile):
+  """MegaBlocks-style tiles (each group padded to whole tiles) against ragged_dot: uneven and
+  empty groups, one group holding every row, a tile that divides nothing, a tile over the rows."""
+  from mllm.layers.moe import grouped_matmul, tiled_grouped_matmul
+  rng = np.random.default_rng(1)
+  x = jnp.asarray(rng.normal(size=(150, 16)), jnp.float32)
+  w = jnp.asarray(rng.normal(size=(4, 16, 24)), jnp.float32)
+  sizes = jnp.asarray(sizes, jnp.int32)
+  np.testing.assert_allclose(tiled_grouped_matmul(x, w, sizes, tile),
+                             grouped_matmul(x, w, sizes, 'ragged_dot'), rtol=1e-5, atol=1e-5)
+  grads = [jax.grad(lambda a, b: jnp.sum(jnp.sin(f(a, b))), argnums=(0, 1))(x, w)
+           for f in (lambda a, b: grouped_matmul(a, b, sizes, 'ragged_dot'),
+                     lambda a, b: tiled_grouped_matmul(a, b, sizes, tile))]
+  for a, b in zip(*grads):
+    np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4)
+
+
+def test_a_capacity_layer_infers_without_a_kernel_that_would_only_interpret_or_expand(
+    monkeypatch):
   """grouped_matmul names the dropless path's kernel. A capacity layer reaches that path only at
-  inference; off TPU gmm would only interpret (slowly) there, so it takes ragged_dot. An explicit
-  dropless layer keeps megablox (the tests' interpret mode)."""
+  inference: on a CPU, where ragged_dot expands to E× the FLOPs, it takes the tiled matmul; on a
+  GPU, where gmm would only interpret (slowly), ragged_dot. An explicit dropless layer keeps its
+  kernel (megablox: the tests' interpret mode). The outputs are the same."""
   from mllm.layers import moe as moe_module
   called, real = [], moe_module.grouped_matmul
   monkeypatch.setattr(moe_module, 'grouped_matmul',
@@ -453,8 +474,16 @@ def test_a_capacity_layer_infers_with_ragged_dot_where_megablox_would_only_inter
   capacity_layer = make_moe(dispatch='capacity', grouped_matmul='megablox')
   dropless_layer = make_moe(dispatch='dropless', grouped_matmul='megablox')
   capacity_layer.eval()
-  capacity_layer(tokens())
+  on_cpu = capacity_layer(tokens())[0]
+  assert set(called) == {'tiled'}
+  called.clear()
+  monkeypatch.setattr(moe_module.on_mesh, 'backend', lambda: 'gpu')
+  on_gpu = capacity_layer(tokens())[0]
   assert set(called) == {'ragged_dot'}
+  np.testing.assert_allclose(on_cpu, on_gpu, rtol=1e-5, atol=1e-6)
+  monkeypatch.undo()
+  monkeypatch.setattr(moe_module, 'grouped_matmul',
+                      lambda *args: called.append(args[-1]) or real(*args))
   called.clear()
   dropless_layer(tokens())
   assert set(called) == {'megablox'}

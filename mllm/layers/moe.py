@@ -41,7 +41,7 @@ from mllm.ops import mesh as on_mesh
 
 ROUTERS = ('softmax', 'sigmoid')
 DISPATCHES = ('capacity', 'dropless')
-GROUPED_MATMULS = ('ragged_dot', 'megablox')  # the dropless path's kernel
+GROUPED_MATMULS = ('ragged_dot', 'megablox', 'tiled')  # the dropless path's kernel
 NOISES = ('none', 'mixture', 'noisy_topk')
 BALANCE_CONVENTIONS = ('switch', 'hf')
 
@@ -209,6 +209,8 @@ def grouped_matmul(x_SD: jax.Array, w_EDF: jax.Array, group_sizes_E: jax.Array,
   matrix when smaller); extra zero rows pad the last group to a whole tile and are cut off."""
   if impl == 'ragged_dot':
     return jax.lax.ragged_dot(x_SD, w_EDF, group_sizes_E)
+  if impl == 'tiled':
+    return tiled_grouped_matmul(x_SD, w_EDF, group_sizes_E)
   if impl != 'megablox':
     raise ValueError(f'unknown grouped matmul {impl!r}; allowed: {", ".join(GROUPED_MATMULS)}')
   from jax.experimental.pallas.ops.tpu.megablox import gmm  # noqa: PLC0415 (TPU kernel)
@@ -227,6 +229,31 @@ def grouped_matmul(x_SD: jax.Array, w_EDF: jax.Array, group_sizes_E: jax.Array,
   out = gmm(x_padded, w_EDF, sizes, x_SD.dtype, tiling, None, None, False,
             on_mesh.backend() != 'tpu')
   return out[:rows]
+
+
+def tiled_grouped_matmul(x_SD: jax.Array, w_EDF: jax.Array, group_sizes_E: jax.Array,
+                         tile: int = 128) -> jax.Array:
+  """Rows of group e times w_EDF[e], as MegaBlocks tiles them (Gale et al. 2023, sec. 5): each
+  group is padded with zero rows to whole tiles of `tile` rows, so that every tile belongs to one
+  group, and each tile multiplies its group's weight. At most E·(tile − 1) padding rows: for S
+  sorted rows, (S + E·tile)·D·F multiply-adds where XLA:CPU's ragged_dot does E·S·D·F. The
+  weights are gathered per tile ([tiles, D, F] in memory): a path for CPUs and small models."""
+  rows, d_in = x_SD.shape
+  num_experts = w_EDF.shape[0]
+  tile = max(1, min(tile, rows))
+  n_tiles = (rows + num_experts * (tile - 1)) // tile  # >= sum_e ceil(size_e / tile)
+  sizes = group_sizes_E.astype(jnp.int32)
+  padded = (sizes + tile - 1) // tile * tile
+  start, padded_start = jnp.cumsum(sizes) - sizes, jnp.cumsum(padded) - padded
+  group = jnp.repeat(jnp.arange(num_experts), sizes, total_repeat_length=rows)
+  slot = padded_start[group] + jnp.arange(rows) - start[group]  # each row's place among the tiles
+  x_tiles = jnp.zeros((n_tiles * tile, d_in), x_SD.dtype).at[slot].set(x_SD)
+  # Tile t holds group e when padded_start[e] <= t·tile < padded_start[e] + padded[e]; tiles past
+  # the last group hold zero rows only (their weight is any group's).
+  owner = jnp.searchsorted(jnp.cumsum(padded), jnp.arange(n_tiles) * tile, side='right')
+  w_tiles = w_EDF[jnp.minimum(owner, num_experts - 1)]
+  y_tiles = jnp.einsum('tcd,tdf->tcf', x_tiles.reshape(n_tiles, tile, d_in), w_tiles)
+  return y_tiles.reshape(n_tiles * tile, -1)[slot]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -382,8 +409,13 @@ class MoE(nnx.Module):
   def _dropless_matmul(self) -> str:
     """The dropless path's kernel. A capacity layer takes that path only at inference, where
     megablox's gmm would run in Pallas interpret mode (off TPU: slow, for tests) or refuse the
-    multi-device mesh that training ran on: ragged_dot there, the same result."""
-    if self.dispatch == 'dropless' or self.grouped_matmul != 'megablox':
+    multi-device mesh that training ran on: ragged_dot there, the same result; and on a CPU,
+    where ragged_dot costs E× the FLOPs, the tiled grouped matmul, the same result again."""
+    if self.dispatch == 'dropless':
+      return self.grouped_matmul
+    if on_mesh.backend() == 'cpu':
+      return 'tiled'
+    if self.grouped_matmul != 'megablox':
       return self.grouped_matmul
     mesh = on_mesh.current_mesh()
     one_tpu = on_mesh.backend() == 'tpu' and (mesh is None or mesh.size == 1)
