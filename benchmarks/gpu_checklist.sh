@@ -49,6 +49,8 @@ step() {  # step NAME LIMIT_S COMMAND...: run it under a limit, log it, keep the
   step attention 160 python3 -m benchmarks.attention --dtype=bfloat16 --tokens_per_batch=16384 \
     --heads=16 --head_dim=128 --causal=both --impls=xla,blockwise,pallas,pallas_mgpu,cudnn \
     --repeats=5 --time_budget_s=2 --out="$RES/attention-$SUFFIX.md"
+  # (2) the tiles, warps and stages of the Triton kernel (its backward ran at 28-38% of cuDNN's).
+  step tune 100 python3 -m benchmarks.attention_tune --seq_lens=4096,16384
   step moe 50 python3 -m benchmarks.moe --out_dir="$RES"
   step decode 55 python3 -m benchmarks.decode --only_125m --out="$RES/decode-$SUFFIX.md"
   stamp done
