@@ -27,6 +27,13 @@ import traceback
 from tqdm import tqdm
 
 import mllm
+# The library's modules that runs and measures use, imported now rather than on first use: a
+# suite's process lives for hours, and a module imported after the code on disk changed would mix
+# two versions in it (2026-11-26: a new mllm.train.loop, imported into a process that held the old
+# mllm.layers.moe, raised ImportError between a suite's tuning and its table). Workers are new
+# processes and load one version each.
+import mllm.generate  # noqa: F401
+import mllm.train  # noqa: F401
 from experiments.engines import LocalPool, RayEngine, check_out_for_ray, parse_resources
 from experiments.measures import MEASURES
 from experiments.suite import BenchmarkSuite, Suite, Variant

@@ -565,3 +565,14 @@ def test_the_moe_suites_top1_row_gates_its_expert_by_the_router_probability():
   top1 = rows['top1']
   top1.model.moe.renormalize = True
   assert config_hash(top1) == config_hash(rows['top1-renormalized'])
+
+
+def test_the_runner_holds_the_library_from_its_start():
+  """A suite's process imports every library module its runs and measures use when it starts:
+  one imported hours later, after the code on disk changed, would mix two versions."""
+  code = ('import sys, experiments.runner; '
+          "print(all(m in sys.modules for m in ('mllm.train.loop', 'mllm.train.metrics', "
+          "'mllm.generate', 'mllm.layers.moe')))")
+  proc = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True,
+                        timeout=300)
+  assert proc.stdout.strip() == 'True', proc.stderr[-2000:]
