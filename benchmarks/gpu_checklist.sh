@@ -40,6 +40,7 @@ step() {  # step NAME LIMIT_S COMMAND...: run it under a limit, log it, keep the
               "optax", optax.__version__, jax.devices())'
   # (3) first, on an idle GPU.
   step train_step 100 python3 -m benchmarks.train_step --models=125m --only=jax --batch_size=64 \
+    --traceback_every_s=40 \
     --out="$RES/train_step-$SUFFIX.md"
   # (1) float32 references at full precision, so that a failure is the kernel's, not TF32's. The
   # interpreted TPU kernels (splash, pallas_tpu) say nothing about a GPU and take minutes.

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import faulthandler
 import os
 import platform
 import statistics
@@ -201,9 +202,13 @@ def main() -> None:
   parser.add_argument('--jax_step', choices=['auto', 'library', 'local'], default='auto')
   parser.add_argument('--only', choices=['both', 'jax', 'torch'], default='both')
   parser.add_argument('--batch_size', type=int, default=None, help="override the models' batch")
+  parser.add_argument('--traceback_every_s', type=float, default=None,
+                      help="print every thread's stack this often (where a run hangs)")
   parser.add_argument('--out', default=None,
                       help='markdown table (default: print only; e.g. benchmarks/results/x.md)')
   args = parser.parse_args()
+  if args.traceback_every_s:
+    faulthandler.dump_traceback_later(args.traceback_every_s, repeat=True)
   names = ['quick'] if args.quick else args.models.split(',')
   env = environment(with_torch=args.only != 'jax')
   for key, value in env.items():
