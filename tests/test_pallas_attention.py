@@ -259,6 +259,26 @@ def test_default_blocks_and_validation():
     fa.flash_attention(q, q, q, scale=1.0, q_segment_ids=jnp.zeros((1, 8), jnp.int32))
 
 
+def lower_fwd_bwd_for_h100(attn, q, k, v, d_out, **extras):
+  """Forward + backward of attn(q, k, v, **extras) lowered for CUDA on any host (interpret off)."""
+  names = tuple(extras)
+
+  def fwd_bwd(q, k, v, d_out, *ex):
+    o, vjp = jax.vjp(lambda q, k, v: attn(q, k, v, **dict(zip(names, ex))), q, k, v)
+    return o, vjp(d_out)
+
+  # jax 0.11 deprecated Pallas's Triton backend: each Triton lowering warns, and must.
+  warns = (pytest.warns(DeprecationWarning, match='Pallas Triton backend is deprecated')
+           if TRITON_DEPRECATED else contextlib.nullcontext())
+  # With no GPU attached, jax >= 0.11 asks which GPU the Triton kernel is for: an H100 (sm_90),
+  # named by an abstract device on the mesh the lowering sees.
+  h100 = jax.sharding.AbstractMesh((1,), ('x',), abstract_device=jax.sharding.AbstractDevice(
+      device_kind='NVIDIA H100', num_cores=None, platform='gpu'))
+  with warns, jax.sharding.use_abstract_mesh(h100):
+    return jax.jit(fwd_bwd).trace(q, k, v, d_out, *extras.values()).lower(
+        lowering_platforms=('cuda',))
+
+
 @pytest.mark.parametrize('dtype,H,extras', [(jnp.bfloat16, 128, True), (jnp.float32, 80, False)])
 def test_lowers_to_triton_for_gpu(dtype, H, extras):
   """Cross-lowers forward + backward for CUDA (interpret=False) on any host: runs the Pallas
@@ -272,20 +292,7 @@ def test_lowers_to_triton_for_gpu(dtype, H, extras):
   names = ('q_segment_ids', 'kv_segment_ids', 'alibi_slopes', 'q_positions', 'kv_positions')
   attn = functools.partial(fa.flash_attention, scale=0.125, causal=extras, window=64,
                            interpret=False)
-
-  def fwd_bwd(q, k, v, do, *ex):
-    o, vjp = jax.vjp(lambda q, k, v: attn(q, k, v, **dict(zip(names, ex))), q, k, v)
-    return o, vjp(do)
-
-  # jax 0.11 deprecated Pallas's Triton backend: each Triton lowering warns, and must.
-  warns = (pytest.warns(DeprecationWarning, match='Pallas Triton backend is deprecated')
-           if TRITON_DEPRECATED else contextlib.nullcontext())
-  # With no GPU attached, jax >= 0.11 asks which GPU the Triton kernel is for: an H100 (sm_90),
-  # named by an abstract device on the mesh the lowering sees.
-  h100 = jax.sharding.AbstractMesh((1,), ('x',), abstract_device=jax.sharding.AbstractDevice(
-      device_kind='NVIDIA H100', num_cores=None, platform='gpu'))
-  with warns, jax.sharding.use_abstract_mesh(h100):
-    hlo = jax.jit(fwd_bwd).trace(q, kv, kv, q, *ex).lower(lowering_platforms=('cuda',)).as_text()
+  hlo = lower_fwd_bwd_for_h100(attn, q, kv, kv, q, **dict(zip(names, ex))).as_text()
   assert hlo.count('__gpu$xla.gpu.triton') + hlo.count('triton_kernel_call') == 3
 
 
@@ -311,16 +318,6 @@ def test_triton_modules_pass_the_mlir_verifier(causal, window, segments, monkeyp
   attn = functools.partial(fa.flash_attention, scale=0.125, causal=causal, window=window,
                            interpret=False)
 
-  def fwd_bwd(q, k, v, do, *ids):
-    seg = dict(zip(('q_segment_ids', 'kv_segment_ids'), ids))
-    o, vjp = jax.vjp(lambda q, k, v: attn(q, k, v, **seg), q, k, v)
-    return o, vjp(do)
-
-  warns = (pytest.warns(DeprecationWarning, match='Pallas Triton backend is deprecated')
-           if TRITON_DEPRECATED else contextlib.nullcontext())
-  h100 = jax.sharding.AbstractMesh((1,), ('x',), abstract_device=jax.sharding.AbstractDevice(
-      device_kind='NVIDIA H100', num_cores=None, platform='gpu'))
-  with warns, jax.sharding.use_abstract_mesh(h100):
-    jax.jit(fwd_bwd).trace(q, q, q, q, *((ids, ids) if segments else ())).lower(
-        lowering_platforms=('cuda',))
+  segments = dict(q_segment_ids=ids, kv_segment_ids=ids) if segments else {}
+  lower_fwd_bwd_for_h100(attn, q, q, q, q, **segments)
   assert verified == [True] * 3
