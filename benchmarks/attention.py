@@ -80,16 +80,18 @@ def parse_args(argv=None):
 def environment(args) -> dict:
   dev = jax.devices()[0]
   cpu = cpu_model()
+  size = (f'{args.tokens_per_batch} tokens per batch' if args.tokens_per_batch
+          else f'batch {args.batch}')
   machine = cpu if dev.platform == 'cpu' else f'{dev.device_kind} ({jax.device_count()} device(s)), host {cpu}'
   return {
       'machine': f'{machine}, {os.cpu_count()} CPU cores',
       'versions': f'python {platform.python_version()}, jax {jax.__version__} ({jax.default_backend()})',
-      'date': datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC'),
+      'date': datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC'),
       'command': ' '.join(shlex.quote(a) for a in ['python'] + sys.argv),
-      'setting': (f"{'%d tokens per batch' % args.tokens_per_batch if args.tokens_per_batch else 'batch %d' % args.batch}, "
+      'setting': (f'{size}, '
                   f'{args.heads} query heads / {args.kv_heads} KV heads, head_dim {args.head_dim}, '
                   f'{args.dtype}, {args.warmup} warm-up + {args.repeats} timed runs'
-                  f"{', time budget %g s' % args.time_budget_s if args.time_budget_s else ''}, "
+                  f"{f', time budget {args.time_budget_s:g} s' if args.time_budget_s else ''}, "
                   f'scratch budget {args.max_gb:g} GB'),
   }
 

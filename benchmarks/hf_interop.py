@@ -86,10 +86,10 @@ def main() -> None:
   if args.one:
     print(json.dumps(one(args.one, args.sizes, args.path)))
     return
+  import jax
   from rich.console import Console
   from rich.table import Table
 
-  import jax
   from benchmarks.machine import describe
   gib = 2 ** 30
   rows = []
@@ -132,7 +132,7 @@ def _tensor_sizes(path: str) -> dict[str, int]:
   for f in os.listdir(path):
     if f.endswith('.safetensors'):
       with safe_open(os.path.join(path, f), 'np') as h:
-        for name in h.keys():
+        for name in h:
           shape = h.get_slice(name).get_shape()
           n = 1
           for s in shape:

@@ -141,6 +141,7 @@ def setup_jax(config, which: str) -> dict:
 
 def setup_torch(config) -> dict:
   import torch
+
   from benchmarks import torch_llama
   torch.manual_seed(config.seed)
   model = torch_llama.TorchLlama(config.model)
@@ -237,7 +238,7 @@ def main() -> None:
       row[f'{side}_min_ms'] = 1e3 * min(times)
       print(f"[{name}] {side}{' (' + row['jax_source'] + ')' if side == 'jax' else ''}: "
             f"params {row['params' if side == 'jax' else 'torch_params']:,}"
-            f"{', compile %.1f s' % row['jax_compile_s'] if side == 'jax' else ''}, "
+            f"{', compile {:.1f} s'.format(row['jax_compile_s']) if side == 'jax' else ''}, "
             f"step ms {[round(1e3 * x) for x in times]}, losses "
             f"{[round(x, 3) for x in r['losses'][side]]}", flush=True)
     rows.append(row)

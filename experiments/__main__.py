@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from experiments import report
 from experiments.runner import run_benchmark, run_one, run_suite
@@ -55,7 +56,7 @@ def main(argv=None) -> int:
       if args.engine != 'local':
         raise ValueError(f'--engine={args.engine}; allowed for the benchmark suite '
                          f'{args.suite!r}: local (it times kernels on this machine)')
-      print(open(run_benchmark(suite, args.preset, args.out)).read())
+      print(Path(run_benchmark(suite, args.preset, args.out)).read_text())
       return 0
     results = run_suite(suite, preset=args.preset, seeds=args.seeds, out=args.out,
                         run=None if args.report_only else run_one, jobs=args.jobs,
@@ -66,11 +67,11 @@ def main(argv=None) -> int:
     print(f'error: {err}', file=sys.stderr)
     return 2
   except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the started runs saved their checkpoints
-    print(f'error: interrupted; finished runs are kept and started ones saved a checkpoint: run '
-          f'the same command again to resume', file=sys.stderr)
+    print('error: interrupted; finished runs are kept and started ones saved a checkpoint: run '
+          'the same command again to resume', file=sys.stderr)
     return 130
   path = report.write(suite, results, args.out)
-  print(open(path).read())
+  print(Path(path).read_text())
   return 1 if results['failed'] else 0
 
 

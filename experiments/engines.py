@@ -67,7 +67,7 @@ class LocalPool:
   def submit(self, job: dict, workdir: str) -> subprocess.Popen:
     write_job(job, workdir)
     slot = min(set(range(self.slots)) - set(self._running.values()))
-    log = open(os.path.join(workdir, 'worker.log'), 'a')  # pylint: disable=consider-using-with
+    log = open(os.path.join(workdir, 'worker.log'), 'a')  # noqa: SIM115 (the worker's, closed on exit)
     env = {**os.environ, 'PYTHONPATH': _pythonpath()}
     cpus = self._cpus[slot]
     if cpus:  # the worker pins itself before JAX starts (a preexec_fn is unsafe in threaded code)

@@ -6,8 +6,8 @@ import os
 import matplotlib
 
 matplotlib.use('Agg')  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
 
 def _finish(fig, ax, path: str, legend: bool = True) -> str:

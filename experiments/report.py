@@ -9,7 +9,6 @@ import os
 from experiments import plots, stats, tensorboard
 from experiments.suite import Suite
 
-
 # Measurements shown as extra columns (mean over seeds) when a suite's runs have them.
 EXTRA_COLUMNS = {'decode_tok_s': ('decode tok/s', '{:,.0f}'),
                  'kv_bytes_per_token': ('KV bytes/token', '{:,.0f}'),

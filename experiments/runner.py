@@ -27,13 +27,14 @@ import traceback
 from tqdm import tqdm
 
 import mllm
+
 # The library's modules that runs and measures use, imported now rather than on first use: a
 # suite's process lives for hours, and a module imported after the code on disk changed would mix
 # two versions in it (2026-11-26: a new mllm.train.loop, imported into a process that held the old
 # mllm.layers.moe, raised ImportError between a suite's tuning and its table). Workers are new
 # processes and load one version each.
-import mllm.generate  # noqa: F401
-import mllm.train  # noqa: F401
+import mllm.generate
+import mllm.train
 from experiments.engines import LocalPool, RayEngine, check_out_for_ray, parse_resources
 from experiments.measures import MEASURES
 from experiments.suite import BenchmarkSuite, Suite, Variant
@@ -495,7 +496,7 @@ def run_suite(suite: Suite, *, preset: str, seeds: int, out: str, extra: dict | 
   if engine == 'ray':
     check_out_for_ray(out)
     resources = parse_resources(resources, jobs)
-  if tune_lr and not 1 <= tune_seeds:
+  if tune_lr and not tune_seeds >= 1:
     raise ValueError(f'--tune_seeds={tune_seeds}; allowed: a positive integer')
   if tune_lr and seeds > TUNING_SEED_BASE:
     raise ValueError(f'--seeds={seeds}; allowed with --tune_lr: at most {TUNING_SEED_BASE} '

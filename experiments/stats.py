@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def _beta_continued_fraction(a: float, b: float, x: float) -> float:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import pkgutil
-from typing import Callable
+from collections.abc import Callable
 
 from experiments.tuning import LrGrid
 
@@ -48,7 +48,7 @@ class Suite:
   metric: str = 'eval_loss'  # the compared metric; lower is better
   paper_source: str = ''  # where the paper's numbers come from
   extra_metrics: str | None = None  # a name in experiments/measures.py, run after each run
-  lr_grid: LrGrid = LrGrid()  # the per-variant learning-rate grid (--tune_lr)
+  lr_grid: LrGrid = dataclasses.field(default_factory=LrGrid)  # the per-variant learning-rate grid (--tune_lr)
   # Another suite whose tuned rates its same-named variants take instead of tuning here (e.g. a
   # longer-training copy of some of its rows, where a grid would cost 4x).
   lr_from: str = ''

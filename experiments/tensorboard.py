@@ -10,6 +10,7 @@ import math
 import os
 import shutil
 
+
 def write(suite, results: dict, folder: str, final: tuple[str, ...]) -> str | None:
   """(Re)write <folder>/tensorboard, with the run metrics named in `final` as scalars at each
   run's last step; its path, or None when no run has finished."""

@@ -10,7 +10,8 @@ import importlib.util
 import math
 import os
 import sys
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from ml_collections import config_dict
 
@@ -63,7 +64,7 @@ class ConfigError(ValueError):
 # --------------------------------------------------------------------------------------------
 
 def _leaf_paths(config: config_dict.ConfigDict, prefix: str = '') -> Iterable[str]:
-  for key in config.keys():
+  for key in config:
     value = config[key]  # placeholders read as None, sub-configs as ConfigDicts
     if isinstance(value, config_dict.ConfigDict):
       yield from _leaf_paths(value, f'{prefix}{key}.')
@@ -433,7 +434,7 @@ def _check_attention_impl(m: config_dict.ConfigDict, p: str) -> None:
 
 def check_backend(m: config_dict.ConfigDict, backend: str | None = None, p: str = 'model') -> None:
   """What only the machine can tell: is the attention implementation available on it?"""
-  import jax  # noqa: PLC0415 (validation itself never touches a backend)
+  import jax  # deferred: validation itself never touches a backend
   backend = backend or jax.default_backend()
   if m.ffn.kind == 'moe' and m.moe.grouped_matmul == 'megablox' and backend == 'gpu':
     raise ConfigError(f'{p}.moe.grouped_matmul', 'megablox', "megablox's gmm is a TPU kernel (off "

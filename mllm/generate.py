@@ -236,7 +236,7 @@ def load_run(workdir: str, like):
                                          set_aside=False)
     except StateMismatch as err:
       raise ConfigError('--workdir', workdir, f'its checkpoint step {err.step} does not match its '
-                        'config; allowed: a workdir whose config.json describes its checkpoints')
+                        'config; allowed: a workdir whose config.json describes its checkpoints') from None
   finally:
     ckpt.close()
   if config.data.tokenizer == 'byte':

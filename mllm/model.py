@@ -130,7 +130,7 @@ class Transformer(nnx.Module):
         positions = start_B[:, None] + jnp.arange(T, dtype=jnp.int32)
       else:
         table = self.position.max_positions
-        if table is not None and T > table:
+        if table is not None and table < T:
           raise ValueError(f'sequence length {T} exceeds model.max_seq_len={table}, the '
                            'size of the learned position table')
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
@@ -215,7 +215,7 @@ def _scan_blocks(x_BTD, blocks: Block, context, mask, remat: str, cached=None):
 
 def build_model(config, *, rngs: nnx.Rngs) -> Transformer:
   """Validate `config` (the full config or its `model` part) and build the transformer it names."""
-  from mllm.config import check_backend, validate_model  # noqa: PLC0415 (imports the registries)
+  from mllm.config import check_backend, validate_model  # deferred: imports the registries
   model_cfg = config.model if 'model' in config else config
   validate_model(model_cfg)
   check_backend(model_cfg)

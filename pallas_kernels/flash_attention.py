@@ -31,9 +31,15 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels import tile_math as tm
-from pallas_kernels.common import (MaskRule, check_inputs, default_positions, flash_vjp, pad_to,
-                                    padded_ids)
-from pallas_kernels.block_ranges import MASK_VALUE, kv_block_range, q_block_range  # noqa: F401
+from pallas_kernels.block_ranges import MASK_VALUE, kv_block_range, q_block_range
+from pallas_kernels.common import (
+  MaskRule,
+  check_inputs,
+  default_positions,
+  flash_vjp,
+  pad_to,
+  padded_ids,
+)
 
 
 class BlockSizes(NamedTuple):

@@ -40,9 +40,17 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import tile_math as tm
-from pallas_kernels.common import (MaskRule, block_min_max, check_inputs, default_positions,
-                                    flash_vjp, pad_to, padded_ids, round_up)
 from pallas_kernels.block_ranges import MASK_VALUE, kv_block_range, q_block_range
+from pallas_kernels.common import (
+  MaskRule,
+  block_min_max,
+  check_inputs,
+  default_positions,
+  flash_vjp,
+  pad_to,
+  padded_ids,
+  round_up,
+)
 
 TILE = 64   # rows of a compute warpgroup's tile (queries, or keys in dk/dv): wgmma's M
 HEAD_MULTIPLE = 64  # head_dim is padded to this: one 128-byte swizzle row of 16-bit elements
@@ -63,7 +71,7 @@ class _Cfg(MaskRule):
 
 def _interpret_params():
   # Private in jax 0.10.2 and 0.11 alike (plgpu does not export it).
-  from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams  # noqa: PLC0415
+  from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
   return InterpretGPUParams()
 
 

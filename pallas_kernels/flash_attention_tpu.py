@@ -30,9 +30,17 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels import tile_math as tm
-from pallas_kernels.common import (MaskRule, block_min_max, check_inputs, default_positions,
-                                    flash_vjp, pad_to, padded_ids, round_up)
 from pallas_kernels.block_ranges import MASK_VALUE, kv_block_range, q_block_range
+from pallas_kernels.common import (
+  MaskRule,
+  block_min_max,
+  check_inputs,
+  default_positions,
+  flash_vjp,
+  pad_to,
+  padded_ids,
+  round_up,
+)
 
 LANES, SUBLANES = 128, 8
 DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K = 128, 128

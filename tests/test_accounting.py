@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import tiny_config
 from flax import nnx
 
 import mllm
-from conftest import tiny_config
 from mllm.accounting import count_params, keys_per_query, training_flops_per_token
 
 

@@ -13,12 +13,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from attention_reference import (
+  alibi_bias,
+  allowed_mask,
+  attention_with_grads,
+  positions_mask,
+  relative_error,
+)
+from conftest import tiny_config
 from flax import nnx
 
 import mllm
-from attention_reference import (alibi_bias, allowed_mask, attention_with_grads, positions_mask,
-                                 relative_error)
-from conftest import tiny_config
 from mllm.ops import attention as attention_ops
 from mllm.ops import blockwise
 from mllm.ops.attention import AttentionMask, RelativeValues, ScoreBias
@@ -181,7 +186,7 @@ def test_splash_matches_float64_reference(case):
 def test_learned_bias_gradients_match_reference(impl):
   """A dense learned bias (T5, Shaw's key term): dL/d_bias = dS, summed over broadcast dims."""
   case = Case(2, 37, 37, 4, 2, 16, segments=True)
-  (q, k, v, d_out), mask, _, reference = _inputs(case, seed=3)
+  (q, k, v, d_out), mask, _, _reference = _inputs(case, seed=3)
   dense = jax.random.normal(jax.random.key(5), (1, 4, 37, 37))
   block_q, block_k = TILES[impl]
 
@@ -226,7 +231,7 @@ def test_shaw_relative_values_match_xla():
 def _shaw_weights(q, k, *, window, index, n_rel):
   """Σ_j p_ij [index_ij = r], float64: the weight each relative embedding gets."""
   q, k = np.asarray(q, np.float64), np.asarray(k, np.float64)
-  B, T, N, H = q.shape
+  B, T, _N, H = q.shape
   ok = allowed_mask(B, T, T, window=window)[:, None]
   logits = np.where(ok, np.einsum('btnh,bsnh->bnts', q, k) * H ** -0.5, -np.inf)
   p = np.exp(logits - logits.max(-1, keepdims=True))

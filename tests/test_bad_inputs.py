@@ -16,7 +16,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import ROOT
 
 TINY = ('--config.model.n_layers=1 --config.model.d_model=32 --config.model.n_heads=2 '

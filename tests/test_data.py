@@ -18,15 +18,16 @@ import grain
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from hypothesis import given, settings, strategies as st
-
 from conftest import tiny_config
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from mllm.config import ConfigError
-from mllm.data import build_data, corpus as corpus_lib, pipeline, sources
+from mllm.data import build_data, pipeline, sources
+from mllm.data import corpus as corpus_lib
 from mllm.data.tokenizers import BPETokenizer, ByteTokenizer
 
-WORDS = ('alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi '
-         'rho sigma tau upsilon phi chi psi omega café naïve 東京 😀 def return class import').split()
+WORDS = ['alpha', 'beta', 'gamma', 'delta', 'epsilon', 'zeta', 'eta', 'theta', 'iota', 'kappa', 'lambda', 'mu', 'nu', 'xi', 'omicron', 'pi', 'rho', 'sigma', 'tau', 'upsilon', 'phi', 'chi', 'psi', 'omega', 'café', 'naïve', '東京', '😀', 'def', 'return', 'class', 'import']
 
 
 def random_text(rng: random.Random, n_words: int) -> str:

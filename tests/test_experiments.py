@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, read_tensorboard_scalars
+
 from experiments import report
 from experiments.runner import config_hash, resolve, run_dir, run_one, run_suite
 from experiments.suite import BenchmarkSuite, Suite, Variant, available, load_suite
@@ -41,7 +41,7 @@ def finished(corpus, tmp_path_factory):
 
 
 def test_every_run_finishes_and_paired_seeds_agree_exactly(finished):
-  out, _, results = finished
+  _out, _, results = finished
   assert not results['failed'] and len(results['runs']) == 6
   by = {(r['variant'], r['seed']): r for r in results['runs']}
   for seed in (0, 1):  # same config, same seed: the same numbers, the resumed run included
@@ -110,6 +110,7 @@ def test_a_killed_ray_worker_is_retried_and_its_run_resumes(corpus, tmp_path):
   import signal
   import threading
   import time
+
   from experiments.suite import Variant
   out = str(tmp_path / 'out')
   extra = {**data_overrides(corpus, str(tmp_path / 'cache')), 'train.steps': 200,

@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, make_config
+
 from mllm.config import ConfigError
 from mllm.generate import generate, generate_tokens, load_run
 from mllm.train import train

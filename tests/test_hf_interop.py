@@ -256,6 +256,7 @@ def randomized(config, seed=0):
   included, so a dropped or swapped tensor shows in the logits)."""
   import jax
   from flax import nnx
+
   import mllm
   model = mllm.build_model(config.model, rngs=nnx.Rngs(seed))
   params = nnx.state(model, nnx.Param)
@@ -388,11 +389,12 @@ def test_import_generate_train_and_export_through_launch(corpus, tmp_path):
   """launch.py --mode=import writes a normal workdir: generate, train (its config read from the
   workdir, a shape-keeping toggle on top) and export all work on it."""
   from test_launch import run_launch
+
   from mllm.generate import generate, load_run
   path = write_copy(tmp_path, 'qwen3')
   add_tokenizer(path)
   workdir, out = str(tmp_path / 'run'), str(tmp_path / 'exported')
-  data = [f'--config.data.source=text', f'--config.data.path={corpus}',
+  data = ['--config.data.source=text', f'--config.data.path={corpus}',
           '--config.data.batch_size=2', '--config.data.seq_len=32', '--config.train.steps=2',
           '--config.train.eval_batches=1', '--config.train.warmup_steps=1']
   result = run_launch('--mode=import', f'--hf={path}', f'--workdir={workdir}', *data)

@@ -7,13 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import tiny_config
 from flax import nnx
 
 import mllm
 from mllm import ConfigError
 from mllm.layers.init import INIT_SCHEMES
-
-from conftest import tiny_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / 'configs'
 SCHEMES = ('fixed', 'fan_in', 'small_init')

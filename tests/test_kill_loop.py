@@ -18,8 +18,8 @@ import time
 import jax
 import numpy as np
 import pytest
-
 from conftest import ROOT, load_state, make_config, run_overrides
+
 from mllm.train.checkpoint import COMMIT_MARKERS, DELETING
 from mllm.train.metrics import read_metrics
 

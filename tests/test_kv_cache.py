@@ -9,9 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import tiny_config
 from flax import nnx
 
-from conftest import tiny_config
 from mllm.layers.kv_cache import cache_size, init_cache, write_slots
 from mllm.layers.positions import POSITIONS
 from mllm.model import build_model

@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT
 
 TINY_FLAGS = ['--config.model.n_layers=1', '--config.model.d_model=32', '--config.model.n_heads=2',

@@ -7,20 +7,21 @@ import math
 import os
 
 import pytest
+from test_experiments import data_overrides
 
 from experiments import report
 from experiments.runner import resolve, run_suite
 from experiments.suite import Suite, Variant
 from experiments.suites._presets import PRESETS
 from experiments.tuning import TUNING_SEED_BASE, LrGrid, choose, tuning_seeds
-from test_experiments import data_overrides
+import itertools
 
 
 def test_the_default_grid_has_five_log_spaced_rates_spanning_over_10x():
   grid = LrGrid()
   rates = [grid.lr(3e-3, k) for k in grid.steps()]
   assert len(rates) >= 5 and rates[-1] / rates[0] >= 10
-  ratios = [b / a for a, b in zip(rates, rates[1:])]
+  ratios = [b / a for a, b in itertools.pairwise(rates)]
   assert ratios == pytest.approx([ratios[0]] * len(ratios)) and 3e-3 in rates
 
 

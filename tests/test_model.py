@@ -9,14 +9,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import tiny_config
 from flax import nnx
 
 import mllm
-from conftest import tiny_config
-from mllm.model import build_model
 from mllm.layers.ffn import FFNS
 from mllm.layers.norms import NORMS, PLACEMENTS
 from mllm.layers.positions import POSITIONS
+from mllm.model import build_model
 
 B, T, V = 2, 8, 32
 

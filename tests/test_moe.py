@@ -9,10 +9,23 @@ import pytest
 from flax import nnx
 
 from mllm.layers.ffn import FFNS
-from mllm.layers.moe import (ExpertBias, MoE, balancing_objective, capacity, load_balancing_loss,
-                             load_summary,
-                             mixture_noise, moe_metrics, noisy_topk_logits, router_probs, top_k,
-                             uniform_assignment, update_expert_bias, update_expert_biases, z_loss)
+from mllm.layers.moe import (
+  ExpertBias,
+  MoE,
+  balancing_objective,
+  capacity,
+  load_balancing_loss,
+  load_summary,
+  mixture_noise,
+  moe_metrics,
+  noisy_topk_logits,
+  router_probs,
+  top_k,
+  uniform_assignment,
+  update_expert_bias,
+  update_expert_biases,
+  z_loss,
+)
 
 ACTIVATIONS = {  # float64 NumPy versions of the experts' activations
     'swiglu': lambda x: x / (1 + np.exp(-x)),

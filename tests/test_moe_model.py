@@ -10,9 +10,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import STEPS, load_state, make_config, tiny_config
 from flax import nnx
 
-from conftest import STEPS, load_state, make_config, tiny_config
 from mllm.accounting import count_params, training_flops_per_token
 from mllm.config import ConfigError, moe_layers
 from mllm.layers.moe import MoE, update_expert_bias
@@ -126,7 +126,9 @@ def test_active_parameters_and_flops_count_k_of_e_experts():
 
 def test_summary_names_the_moe_layers_and_the_active_parameters():
   import io
+
   from rich.console import Console
+
   from mllm.summary import summarize
   cfg = tiny_config(MOE, model__n_layers=4, model__moe__every=2)
   buffer = io.StringIO()
@@ -231,7 +233,7 @@ def _counts(config, state, batch):
 def test_expert_bias_is_updated_by_its_rule_and_untouched_by_the_optimizer(corpus):
   config = _moe_run_config(corpus, model__moe__expert_bias=True, model__moe__bias_update_rate=0.01)
   batch = synthetic_batch(config, np.random.default_rng(2))
-  model, state, metrics = _step_outputs(config, batch, steps=3)  # odd: ±γ steps cannot cancel
+  _model, state, metrics = _step_outputs(config, batch, steps=3)  # odd: ±γ steps cannot cancel
   bias = np.stack([state['params']['blocks'][i]['ffn']['expert_bias'][...] for i in (0, 1)])
   expected = np.zeros((2, 4), np.float32)
   for m in metrics:

@@ -58,7 +58,7 @@ def run(meshes: list[dict], scan: bool = False, choices: str = '', **overrides) 
   proc = subprocess.run([sys.executable, '-c', code], cwd=ROOT, env=env, capture_output=True,
                         text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  line = [l for l in proc.stdout.splitlines() if l.startswith('RESULT')][0]
+  line = next(ln for ln in proc.stdout.splitlines() if ln.startswith('RESULT'))
   return {name: value for name, value in json.loads(line[len('RESULT'):]).items()}
 
 

@@ -11,8 +11,8 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import ROOT, load_state
+
 from mllm.train.metrics import read_metrics
 
 pytestmark = pytest.mark.xdist_group('multiprocess')
@@ -82,7 +82,7 @@ def test_two_processes_train_what_one_process_trains(runs):
   _, _, dirs, _ = runs
   one, two = train_losses(dirs['one']), train_losses(dirs['two'])
   assert [s for s, _ in one] == [s for s, _ in two] == list(range(1, STEPS + 1))
-  np.testing.assert_allclose([l for _, l in two], [l for _, l in one], rtol=1e-5)
+  np.testing.assert_allclose([loss for _, loss in two], [loss for _, loss in one], rtol=1e-5)
   import jax
   for a, b in zip(jax.tree.leaves(saved_params(dirs['two'])),
                   jax.tree.leaves(saved_params(dirs['one']))):
@@ -205,7 +205,7 @@ def test_eval_runs_in_several_processes_and_generation_refuses(runs):
   _, _, dirs, _ = runs
   args = flags(*runs[:2]) + [f'--workdir={dirs["two"]}']
   out = launch(args + ['--mode=eval'], processes=2, devices=2).stdout
-  lines = [l for l in out.splitlines() if 'val loss' in l]
+  lines = [ln for ln in out.splitlines() if 'val loss' in ln]
   final = [r for r in read_metrics(os.path.join(dirs['two'], 'metrics.jsonl'))
            if r['split'] == 'eval'][-1]
   assert len(lines) == 1 and lines[0].startswith('[0] ')
@@ -233,8 +233,8 @@ def test_four_processes_with_experts_match_one_and_restore_a_two_process_run(run
   one, four = str(tmp_path / 'one'), str(tmp_path / 'four')
   launch(flags(corpus, cache, **moe) + [f'--workdir={one}'], processes=1, devices=4)
   launch(flags(corpus, cache, **moe) + [f'--workdir={four}'], processes=4, devices=1)
-  np.testing.assert_allclose([l for _, l in train_losses(four)],
-                             [l for _, l in train_losses(one)], rtol=1e-5)
+  np.testing.assert_allclose([loss for _, loss in train_losses(four)],
+                             [loss for _, loss in train_losses(one)], rtol=1e-5)
   import shutil
   longer = flags(corpus, cache, **{'train.steps': STEPS + 2})
   for name, processes, devices in (('in_two', 2, 2), ('in_four', 4, 1)):
@@ -243,7 +243,7 @@ def test_four_processes_with_experts_match_one_and_restore_a_two_process_run(run
     assert f'resuming from step {STEPS}' in more.stdout and '4 × cpu' in more.stdout
   in_two, in_four = train_losses(str(tmp_path / 'in_two')), train_losses(str(tmp_path / 'in_four'))
   assert [s for s, _ in in_four] == list(range(1, STEPS + 3))
-  np.testing.assert_allclose([l for _, l in in_four], [l for _, l in in_two], rtol=1e-5)
+  np.testing.assert_allclose([loss for _, loss in in_four], [loss for _, loss in in_two], rtol=1e-5)
 
 
 def test_a_data_position_saved_by_another_process_count(tmp_path):

@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from attention_reference import alibi_bias, attention_with_grads
 from attention_reference import allowed_mask as reference_mask
+
 from pallas_kernels import flash_attention as fa
 
 F32_TOL, BF16_TOL = 1e-5, 2e-2

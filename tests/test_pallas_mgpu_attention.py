@@ -14,8 +14,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_pallas_attention import BF16_TOL, allowed_mask, case, check_against_reference
-from test_pallas_attention import make_inputs, must_skip_blocks, reference, rel_err
+from test_pallas_attention import (
+  BF16_TOL,
+  allowed_mask,
+  case,
+  check_against_reference,
+  make_inputs,
+  must_skip_blocks,
+  reference,
+  rel_err,
+)
 
 from pallas_kernels import flash_attention_mgpu as fm
 

@@ -9,11 +9,21 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from mllm.layers.positions import (PositionContext, ShawTables, alibi_slopes, apply_rope,
-                                   rope_angles, rope_frequencies_2d, rope_inverse_frequencies,
-                                   shaw_relative_index, sinusoidal_embedding, t5_relative_bucket)
+from mllm.layers.positions import (
+  PositionContext,
+  ShawTables,
+  alibi_slopes,
+  apply_rope,
+  rope_angles,
+  rope_frequencies_2d,
+  rope_inverse_frequencies,
+  shaw_relative_index,
+  sinusoidal_embedding,
+  t5_relative_bucket,
+)
 from mllm.ops.attention import AttentionMask, ScoreBias, attend
 
 
@@ -45,7 +55,7 @@ def _np_rotation_matrix(m, d, layout, base=10000.0):
 def _np_rope(x, positions, layout, base=10000.0):
   """x [B, T, N, H] float64, positions [B, T]: out[b,t,n] = R_{pos[b,t]} x[b,t,n]."""
   x = np.asarray(x, np.float64)
-  B, T, N, H = x.shape
+  B, T, _N, H = x.shape
   out = np.empty_like(x)
   for b in range(B):
     for t in range(T):
@@ -216,7 +226,7 @@ def test_yarn_inverse_frequencies(d, theta, s, L):
   assert 0 < low < math.ceil(high) < d // 2
   # High-frequency dims (below `low`) keep their frequency; the lowest are divided by s.
   np.testing.assert_allclose(inv[:low + 1], orig[:low + 1], rtol=1e-12)
-  hi = int(math.ceil(high))
+  hi = math.ceil(high)
   np.testing.assert_allclose(inv[hi:], orig[hi:] / s, rtol=1e-12)
   # In between, strictly between the two.
   mid = slice(low + 1, hi)

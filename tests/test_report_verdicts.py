@@ -58,7 +58,7 @@ def test_the_power_line_names_the_seeds_a_row_within_noise_would_need():
   # The paper's 1% gap applied to our baseline's mean loss.
   assert report.paper_effect(SUITE, by_name['noisy'], rows) == pytest.approx(-0.01 * base_mean)
   text = report.markdown(SUITE, results(), rows)
-  line = next(l for l in text.splitlines() if l.startswith('Power:'))
+  line = next(ln for ln in text.splitlines() if ln.startswith('Power:'))
   diffs = [v - b for v, b in zip(LOSSES['noisy'], LOSSES['base'])]
   n = stats.seeds_for_power(stats.mean_std(diffs)[1], -0.01 * base_mean)
   assert f'noisy {n} (effect {-0.01 * base_mean:+.3f}' in line

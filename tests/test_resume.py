@@ -10,8 +10,8 @@ import shutil
 import jax
 import numpy as np
 import pytest
-
 from conftest import STEPS, load_state, make_config
+
 from mllm.config import ConfigError
 from mllm.train import evaluate, train
 from mllm.train.checkpoint import DELETING, Checkpointer
@@ -59,7 +59,7 @@ def assert_trees_equal(a, b):
 
 
 def test_optimizer_change_is_refused_naming_the_key_and_nothing_moves(run, tmp_path):
-  config, _, corpus, cache = run
+  _config, _, corpus, cache = run
   workdir = copy_of(run, tmp_path)
   before = fingerprint(workdir)
   no_clip = make_config(corpus, cache, train__grad_clip=0.0, train__steps=80)
@@ -247,7 +247,7 @@ def test_when_no_step_reads_nothing_is_moved(run, tmp_path):
 
 
 def test_interrupted_cleanups_are_finished_at_start(run, tmp_path, capsys):
-  config, *_ = run
+  _config, *_ = run
   workdir = copy_of(run, tmp_path)
   checkpoints = os.path.join(workdir, 'checkpoints')
   # 1. A deletion killed half-way by an rmtree (as earlier versions deleted): step 20 has lost

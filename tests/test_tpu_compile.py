@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import tiny_config
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 pytestmark = pytest.mark.tpu_compile
 
@@ -25,10 +26,10 @@ TOPOLOGIES = {'v4': 'v4:2x2x1', 'v5e': 'v5e:2x2', 'v5p': 'v5p:2x2x1', 'v6e': 'v6
 
 def topology(generation: str):
   try:
-    import libtpu  # noqa: F401, PLC0415
+    import libtpu  # noqa: F401
   except ImportError:
     pytest.fail('these tests compile with libtpu, which is not installed here: run `make test-tpu`')
-  from jax.experimental import topologies  # noqa: PLC0415
+  from jax.experimental import topologies
   return topologies.get_topology_desc(platform='tpu', topology_name=TOPOLOGIES[generation])
 
 
@@ -51,7 +52,7 @@ def flash_fwd_bwd(attention, extras, N):
 @pytest.mark.parametrize('dtype,H,extras', [(jnp.bfloat16, 128, True), (jnp.float32, 80, False)])
 def test_mllm_tpu_kernel_compiles(generation, dtype, H, extras):
   """Forward, dK/dV and dQ kernels: ragged lengths, GQA, a window, segments and ALiBi."""
-  from pallas_kernels import flash_attention_tpu as ft  # noqa: PLC0415
+  from pallas_kernels import flash_attention_tpu as ft
   B, T, S, N, K = 2, 200, 300, 6, 2
   args = on_one_chip(topology(generation), ((B, T, N, H), dtype), ((B, S, K, H), dtype),
                      ((B, S, K, H), dtype), ((B, T), jnp.int32), ((B, S), jnp.int32))
@@ -62,7 +63,7 @@ def test_mllm_tpu_kernel_compiles(generation, dtype, H, extras):
 
 def test_a_block_over_the_vmem_budget_fails_to_compile():
   """The compile above is a real check: blocks too big for VMEM are refused by libtpu."""
-  from pallas_kernels import flash_attention_tpu as ft  # noqa: PLC0415
+  from pallas_kernels import flash_attention_tpu as ft
   B, T, N, H = 1, 8192, 1, 256
   args = on_one_chip(topology('v5e'), ((B, T, N, H), jnp.float32), ((B, T, N, H), jnp.float32),
                      ((B, T, N, H), jnp.float32))
@@ -75,8 +76,8 @@ def test_a_block_over_the_vmem_budget_fails_to_compile():
 
 @pytest.mark.parametrize('generation', ['v5e', 'v6e'])
 def test_splash_compiles(generation):
-  from mllm.ops.attention import AttentionMask  # noqa: PLC0415
-  from mllm.ops.splash import splash_attention  # noqa: PLC0415
+  from mllm.ops.attention import AttentionMask
+  from mllm.ops.splash import splash_attention
   B, T, N, K, H = 2, 300, 8, 2, 128
   args = on_one_chip(topology(generation), ((B, T, N, H), jnp.bfloat16),
                      ((B, T, K, H), jnp.bfloat16), ((B, T, K, H), jnp.bfloat16),
@@ -103,9 +104,9 @@ def test_train_step_compiles_for_a_4_chip_v5e(choices, kernel, mesh_shape):
   """The whole jitted train step, bf16, attention 'auto', sharded over 4 v5e chips: the kernels
   run per shard (mllm/ops/mesh.py); without that XLA refuses ("Mosaic kernels cannot be
   automatically partitioned")."""
-  from mllm.train.sharding import batch_sharding, make_mesh  # noqa: PLC0415
-  from mllm.train.state import setup  # noqa: PLC0415
-  from mllm.train.step import make_train_step, synthetic_batch  # noqa: PLC0415
+  from mllm.train.sharding import batch_sharding, make_mesh
+  from mllm.train.state import setup
+  from mllm.train.step import make_train_step, synthetic_batch
   topo = topology('v5e')
   config = tiny_config(choices, model__d_model=256, model__n_heads=4, model__n_kv_heads=2,
                        model__max_seq_len=512, data__seq_len=512, data__batch_size=8,

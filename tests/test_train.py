@@ -15,8 +15,8 @@ import time
 import jax
 import numpy as np
 import pytest
-
 from conftest import ROOT, STEPS, load_state, make_config, read_tensorboard_scalars, run_overrides
+
 from mllm.config import ConfigError
 from mllm.train import TrainingDiverged, evaluate, train
 from mllm.train.checkpoint import Checkpointer
@@ -87,7 +87,7 @@ def test_learning_rate_follows_warmup_then_cosine(reference_run):
 
 
 def test_resume_after_a_stop_is_bitwise_exact(reference_run, corpus, tmp_path):
-  config, ref_dir, _, cache = reference_run
+  config, ref_dir, _, _cache = reference_run
   workdir = str(tmp_path / 'resumed')
   first = train(config, workdir, stop_after=STEPS // 2 - 3, progress=False)
   assert first['step'] == STEPS // 2 - 3
@@ -130,7 +130,7 @@ def test_a_finished_run_started_again_says_nothing_is_left(reference_run, tmp_pa
 
 
 def test_sigterm_saves_exits_cleanly_and_resumes_exactly(reference_run, corpus, tmp_path):
-  config, ref_dir, _, cache = reference_run
+  _config, _ref_dir, _, cache = reference_run
   workdir = str(tmp_path / 'killed')
   flags = [f'--config.{k}={v}' for k, v in run_overrides(corpus, cache).items()]
   flags += ['--config.train.steps=400']  # long enough to be killed mid-way; checked below

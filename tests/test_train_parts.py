@@ -10,10 +10,10 @@ import sys
 import jax
 import numpy as np
 import pytest
+from conftest import ROOT, tiny_config
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from conftest import ROOT, tiny_config
 from mllm.config import ConfigError
 from mllm.train.metrics import peak_flops_per_device
 from mllm.train.optimizer import learning_rate_schedule, weight_decay_mask
@@ -118,7 +118,7 @@ def test_launch_train_with_a_missing_data_path_is_one_line_exit_2(tmp_path):
        f'--config.data.cache_dir={tmp_path}'], cwd=ROOT, env=env, capture_output=True, text=True,
       timeout=300)
   assert result.returncode == 2, result.stderr
-  lines = [l for l in result.stderr.splitlines() if l.strip()]
+  lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
   assert len(lines) == 1 and lines[0].startswith('error: data.path=') and str(missing) in lines[0]
 
 
@@ -126,7 +126,7 @@ def _two_steps(**overrides):
   return _two_steps_cached(tuple(sorted(overrides.items())))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _two_steps_cached(items):
   overrides = dict(items)
   from mllm.train.sharding import global_batch, make_mesh

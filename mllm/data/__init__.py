@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 
 import grain
-import numpy as np
 
 from mllm.config import ConfigError
 from mllm.data import corpus as corpus_lib

@@ -15,7 +15,7 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import tqdm
@@ -170,7 +170,7 @@ def write_streams(source: Source, tokenizer: Tokenizer, val_fraction: float, fol
   """Tokenize every document into folder/{train,val}.bin; return the per-split stats."""
   dtype = _stream_dtype(tokenizer)
   stats = {s: {'docs': 0, 'bytes': 0, 'tokens': 0} for s in SPLITS}
-  files = {s: open(os.path.join(folder, f'{s}.bin'), 'wb') for s in SPLITS}
+  files = {s: open(os.path.join(folder, f'{s}.bin'), 'wb') for s in SPLITS}  # noqa: SIM115 (closed below)
   bar = tqdm.tqdm(total=getattr(source, 'total_bytes', None), unit='B', unit_scale=True,
                   desc='tokenizing', disable=not verbose, mininterval=1.0)
   try:

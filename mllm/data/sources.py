@@ -13,7 +13,8 @@ import json
 import os
 import re
 import sysconfig
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from mllm.config import ConfigError, first_line
 

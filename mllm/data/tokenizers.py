@@ -6,7 +6,8 @@ Both share one interface (`Tokenizer`); `token_bytes[id]` is how many UTF-8 byte
 from __future__ import annotations
 
 import os
-from typing import Iterable, Protocol
+from collections.abc import Iterable
+from typing import Protocol
 
 import numpy as np
 
@@ -66,14 +67,15 @@ class BPETokenizer:
          for i in range(self.vocab_size)], np.int32)
 
   @classmethod
-  def from_file(cls, path: str, eos: str = EOS, pad: str = PAD) -> 'BPETokenizer':
+  def from_file(cls, path: str, eos: str = EOS, pad: str = PAD) -> BPETokenizer:
     from tokenizers import Tokenizer as HFTokenizer
     return cls(HFTokenizer.from_file(path), eos, pad)
 
   @classmethod
   def train(cls, texts: Iterable[str], vocab_size: int, eos: str = EOS,
-            pad: str = PAD) -> 'BPETokenizer':
-    from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
+            pad: str = PAD) -> BPETokenizer:
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

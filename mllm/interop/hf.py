@@ -18,9 +18,17 @@ import numpy as np
 from flax import nnx
 
 from mllm.interop import hf_weights
-from mllm.interop.hf_config import (ARCHITECTURES, FAMILIES, HFExportError, HFImportError,
-                                    check_exact, config_overrides, family_for, family_of,
-                                    hf_config)
+from mllm.interop.hf_config import (
+  ARCHITECTURES,
+  FAMILIES,
+  HFExportError,
+  HFImportError,
+  check_exact,
+  config_overrides,
+  family_for,
+  family_of,
+  hf_config,
+)
 
 __all__ = ['ARCHITECTURES', 'FAMILIES', 'HFExportError', 'HFImportError', 'from_hf', 'hf_params',
            'read_config', 'run_config', 'to_hf', 'tokenizer_settings']
@@ -45,7 +53,7 @@ class Checkpoint:
   (a tensor is on the host only while it is being placed)."""
 
   def __init__(self, path: str):
-    from safetensors import safe_open  # noqa: PLC0415 (only interop needs it)
+    from safetensors import safe_open  # deferred: only interop needs it
     single = os.path.join(path, 'model.safetensors')
     index = single + '.index.json'
     if os.path.isfile(index):
@@ -66,7 +74,7 @@ class Checkpoint:
   def __call__(self, name: str) -> np.ndarray:
     if name not in self.where:
       raise HFImportError(f'the checkpoint has no weight {name!r}')
-    from safetensors import safe_open  # noqa: PLC0415
+    from safetensors import safe_open
     # Opened per tensor: the file's memory map is released as soon as the tensor is copied out.
     with safe_open(self.where[name], framework='np') as h:
       return h.get_tensor(name)
@@ -91,7 +99,7 @@ def tokenizer_settings(path: str) -> dict[str, Any]:
     if isinstance(token_id, list):
       token_id = token_id[0]
     if not names.get(key) and token_id is not None:
-      from tokenizers import Tokenizer  # noqa: PLC0415  (read only to name an id)
+      from tokenizers import Tokenizer  # deferred: read only to name an id
       names[key] = Tokenizer.from_file(os.path.join(path, 'tokenizer.json')).id_to_token(
           int(token_id))
   if not names.get('eos_token'):
@@ -184,8 +192,8 @@ def _place(value: np.ndarray, like) -> jax.Array:
 def from_hf(path: str, overrides: dict[str, Any] | None = None):
   """(config, model) of the HF checkpoint in folder `path`, in float32. `overrides` (dotted mllm
   keys) apply on top, for toggles that keep the weights' shapes (e.g. an attention impl)."""
-  import mllm  # noqa: PLC0415
-  from mllm.train.state import SAVED, _placeholder_rest  # noqa: PLC0415
+  import mllm
+  from mllm.train.state import SAVED, _placeholder_rest
   keys = config_overrides(read_config(path))
   keys.update(overrides or {})
   config = mllm.load_config(base_config_path(), keys)
@@ -205,8 +213,9 @@ def run_config(config, path: str, explicit: dict[str, Any] | None = None):
   """`config` with the model (and tokenizer settings) of the HF folder `path`, for a run that
   starts from its weights: its other sections stay, data.seq_len is capped at the model's context,
   and `explicit` (dotted keys the user set, e.g. on the command line) is applied last."""
-  from mllm.config import set_path, validate  # noqa: PLC0415
-  from ml_collections import config_dict  # noqa: PLC0415
+  from ml_collections import config_dict
+
+  from mllm.config import set_path, validate
   keys = {k: v for k, v in config_overrides(read_config(path)).items() if k not in _RUN_KEYS}
   keys.update(tokenizer_settings(path))
   out = config_dict.ConfigDict(config.to_dict())
@@ -220,7 +229,7 @@ def run_config(config, path: str, explicit: dict[str, Any] | None = None):
 
 
 def base_config_path() -> str:
-  import configs  # noqa: PLC0415 (installed with mllm: pyproject's packages)
+  import configs  # deferred; installed with mllm (pyproject's packages)
   return os.path.join(os.path.dirname(configs.__file__), 'base.py')
 
 
@@ -234,7 +243,7 @@ def to_hf(config, model: nnx.Module, path: str, *, tokenizer=None, dtype: str | 
   written as tokenizer.json + tokenizer_config.json. Refuses, in one line naming the mllm key,
   a model no transformers class computes exactly.
   """
-  import mllm  # noqa: PLC0415
+  import mllm
   c = config.model
   family = family_for(c)
   params = hf_weights.flat(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
@@ -260,7 +269,7 @@ def to_hf(config, model: nnx.Module, path: str, *, tokenizer=None, dtype: str | 
 
 
 def _write_weights(tensors: dict[str, np.ndarray], path: str, max_shard_bytes: int) -> None:
-  from safetensors.numpy import save_file  # noqa: PLC0415
+  from safetensors.numpy import save_file
   meta = {'format': 'pt'}  # transformers refuses safetensors files without it
   shards, size = [{}], 0
   for name in sorted(tensors):

@@ -8,7 +8,8 @@ is exported imports to the same network, and nothing is approximated either way.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mllm.layers import resolved_head_dim
 
@@ -223,9 +224,9 @@ def _hf_rope(m) -> dict[str, Any]:
 
 def hf_config(m, family: str, dtype: str) -> dict[str, Any]:
   """config.json for model config `m` as `family` (unchecked: see `check_exact`)."""
-  from mllm.layers.ffn import hidden_dim  # noqa: PLC0415
-  from mllm.layers.moe import expert_hidden_dim  # noqa: PLC0415
-  from mllm.model import dense_ffn_kind  # noqa: PLC0415
+  from mllm.layers.ffn import hidden_dim
+  from mllm.layers.moe import expert_hidden_dim
+  from mllm.model import dense_ffn_kind
   head_dim = resolved_head_dim(m)
   common = {'architectures': [ARCHITECTURES[family]], 'model_type': family,
             'vocab_size': m.vocab_size, 'tie_word_embeddings': bool(m.tie_embeddings),
@@ -265,10 +266,10 @@ def hf_config(m, family: str, dtype: str) -> dict[str, Any]:
 def math_of(m) -> dict[str, Any]:
   """The settings of model config `m` that change what the network computes, resolved (a None
   that means a default is replaced by the value it means), keyed by their mllm key."""
-  from mllm.config import moe_layers  # noqa: PLC0415
-  from mllm.layers.ffn import hidden_dim  # noqa: PLC0415
-  from mllm.layers.moe import expert_hidden_dim  # noqa: PLC0415
-  from mllm.model import dense_ffn_kind  # noqa: PLC0415
+  from mllm.config import moe_layers
+  from mllm.layers.ffn import hidden_dim
+  from mllm.layers.moe import expert_hidden_dim
+  from mllm.model import dense_ffn_kind
   keys = ('vocab_size', 'd_model', 'n_layers', 'n_heads', 'n_kv_heads', 'tie_embeddings',
           'embed_scale', 'position.kind', 'norm.kind', 'norm.placement', 'norm.eps',
           'norm.final_norm', 'ffn.kind', 'ffn.use_bias', 'attention.qk_norm',

@@ -11,7 +11,7 @@ mllm parameters are named by their path in `nnx.to_pure_dict`, '/'-joined ('bloc
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -116,7 +116,7 @@ def _moe_links(c, family: str, p: str, m: str) -> list[Link]:
 
 def llama_links(c, family: str) -> list[Link]:
   """Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE: model.{embed_tokens, layers.i, norm}, lm_head."""
-  from mllm.config import moe_layers  # noqa: PLC0415
+  from mllm.config import moe_layers
   sparse = set(moe_layers(c))
   links = [same('model.embed_tokens.weight', 'embed/embedding'),
            same('model.norm.weight', 'final_norm/scale')]

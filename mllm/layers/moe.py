@@ -213,7 +213,7 @@ def grouped_matmul(x_SD: jax.Array, w_EDF: jax.Array, group_sizes_E: jax.Array,
     return tiled_grouped_matmul(x_SD, w_EDF, group_sizes_E)
   if impl != 'megablox':
     raise ValueError(f'unknown grouped matmul {impl!r}; allowed: {", ".join(GROUPED_MATMULS)}')
-  from jax.experimental.pallas.ops.tpu.megablox import gmm  # noqa: PLC0415 (TPU kernel)
+  from jax.experimental.pallas.ops.tpu.megablox import gmm  # deferred: TPU kernel
   mesh = on_mesh.current_mesh()
   if mesh is not None and mesh.size > 1:
     # gmm is an opaque kernel XLA cannot split, and the rows are sorted by expert over the whole
@@ -361,7 +361,7 @@ class MoE(nnx.Module):
                    if num_shared_experts else None)
 
   @classmethod
-  def from_config(cls, cfg, *, rngs: nnx.Rngs) -> 'MoE':
+  def from_config(cls, cfg, *, rngs: nnx.Rngs) -> MoE:
     """The layer `model.moe` describes (cfg: the model config), initialised as `model.init` says:
     the router and the experts' gate and up read d_model features, each down projection its
     expert's hidden size."""

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -52,7 +53,7 @@ class RopeScaling:
   high_freq_factor: float = 4.0
 
   @classmethod
-  def of(cls, scaling: 'RopeScaling | Mapping[str, Any] | str | None') -> 'RopeScaling':
+  def of(cls, scaling: RopeScaling | Mapping[str, Any] | str | None) -> RopeScaling:
     if scaling is None:
       return cls()
     if isinstance(scaling, RopeScaling):

@@ -23,7 +23,7 @@ reading an [N, T, S] tensor:
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -31,8 +31,7 @@ from flax import struct
 
 from mllm.ops import mesh as on_mesh
 from mllm.ops.blockwise import blockwise_attention
-from pallas_kernels.block_ranges import MASK_VALUE, visible  # noqa: F401 (MASK_VALUE re-exported)
-
+from pallas_kernels.block_ranges import MASK_VALUE, visible
 
 
 @struct.dataclass
@@ -292,16 +291,16 @@ def pallas_attention(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: Score
   """mllm's Pallas flash-attention kernel: pallas_kernels/flash_attention.py (Triton; interpreted
   on CPU), flash_attention_tpu.py (Mosaic TPU; interpreted off a TPU) or flash_attention_mgpu.py
   (Mosaic GPU; interpreted off a GPU), by `pallas_kernel`."""
-  # noqa: PLC0415 below: importing Pallas is deferred until a kernel runs.
+  # Importing Pallas is deferred until a kernel runs.
   kernel = pallas_kernel(impl)
   # Interpreted off the kernel's hardware, judged by the devices the code is traced for.
   interpret = on_mesh.backend() != ('tpu' if kernel == 'tpu' else 'gpu')
   if kernel == 'tpu':
-    from pallas_kernels.flash_attention_tpu import flash_attention  # noqa: PLC0415
+    from pallas_kernels.flash_attention_tpu import flash_attention
   elif kernel == 'mgpu':
-    from pallas_kernels.flash_attention_mgpu import flash_attention  # noqa: PLC0415
+    from pallas_kernels.flash_attention_mgpu import flash_attention
   else:
-    from pallas_kernels.flash_attention import flash_attention  # noqa: PLC0415
+    from pallas_kernels.flash_attention import flash_attention
   refuse_biases(impl, bias, rel_values, dropout_rate > 0.0 and dropout_rng is not None)
   T, S = q_BTNH.shape[1], k_BSKH.shape[1]
   alibi = bias is not None and bias.alibi_slopes is not None
@@ -392,7 +391,10 @@ def run_impl(impl: str, q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
   mask, bias = kwargs.pop('mask'), kwargs.pop('bias')
   B = q_BTNH.shape[0]
   b, h = on_mesh.split_axes(B, (q_BTNH.shape[2], k_BSKH.shape[2]))
-  rows = lambda x: on_mesh.P(b if x.ndim and x.shape[0] == B else None)  # [B, ...] or shared
+
+  def rows(x):  # [B, ...] split by row, or shared
+    return on_mesh.P(b if x.ndim and x.shape[0] == B else None)
+
   # A Python-int offset stays static (the kernels skip blocks with it); arrays are split by row.
   static_offset = None if isinstance(mask.q_offset, jax.Array) else mask.q_offset
   mask = mask.replace(q_offset=None) if static_offset is not None else mask
@@ -411,7 +413,7 @@ def run_impl(impl: str, q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
 
 def splash_attention(q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
   """JAX's splash kernel (TPU; interpreted elsewhere) behind this contract: mllm/ops/splash.py."""
-  from mllm.ops.splash import splash_attention as run  # noqa: PLC0415 (imports Pallas)
+  from mllm.ops.splash import splash_attention as run  # deferred: imports Pallas
   return run(q_BTNH, k_BSKH, v_BSKH, **kwargs)
 
 

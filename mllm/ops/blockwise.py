@@ -40,7 +40,6 @@ from jax import lax
 from pallas_kernels.block_ranges import MASK_VALUE, kv_block_range, q_block_range, visible
 from pallas_kernels.common import flash_vjp, pad_to, padded_ids, round_up
 
-
 DEFAULT_BLOCK = 512  # CPU: big enough for efficient matmuls; [B, N, 512, 512] f32 is 1 MiB per head
 
 
@@ -387,7 +386,7 @@ def blockwise_attention(q_BTNH, k_BSKH, v_BSKH, *, mask, bias=None, rel_values=N
                         dropout_rate: float = 0.0, dropout_rng=None, block_q: int | None = None,
                         block_k: int | None = None) -> jax.Array:
   """softmax(q·kᵀ·scale + bias)·v without materializing the scores; see the module docstring."""
-  B, T, N, H = q_BTNH.shape
+  B, T, N, _H = q_BTNH.shape
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
   block_q = min(block_q or DEFAULT_BLOCK, T)
   block_k = min(block_k or DEFAULT_BLOCK, S)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 from jax.sharding import PartitionSpec as P

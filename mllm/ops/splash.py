@@ -32,7 +32,7 @@ BLOCK = 128  # splash's block sizes must divide the padded lengths; its own defa
 def _kernel(n_heads: int, Tp: int, Sp: int, causal: bool, window: int | None, offset: int,
             block_q: int, block_k: int, interpret: bool):
   """A splash kernel for one mask and shape (mask processing runs on the host: cached)."""
-  from jax.experimental.pallas.ops.tpu import splash_attention as sa  # noqa: PLC0415
+  from jax.experimental.pallas.ops.tpu import splash_attention as sa
   shape = (Tp, Sp)
   if window is not None:  # the `window` most recent keys, self included (and ahead if not causal)
     base = sa.LocalMask(shape, window_size=(window - 1, 0 if causal else window - 1),
@@ -78,13 +78,13 @@ def splash_attention(q_BTNH, k_BSKH, v_BSKH, *, mask, bias, rel_values, scale: f
                      dropout_rate: float = 0.0, dropout_rng=None, block_q: int | None = None,
                      block_k: int | None = None, interpret: bool | None = None) -> jax.Array:
   """softmax(q kᵀ scale, masked) v through splash; the contract of mllm.ops.attention.attend."""
-  from jax.experimental.pallas.ops.tpu import splash_attention as sa  # noqa: PLC0415
+  from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
-  from mllm.ops.attention import refuse_biases  # noqa: PLC0415 (attention imports this lazily)
+  from mllm.ops.attention import refuse_biases  # deferred: attention imports this lazily
   refuse_biases('splash', bias, rel_values, dropout_rate > 0.0 and dropout_rng is not None,
                 alibi=True)
-  B, T, N, H = q_BTNH.shape
-  S, K = k_BSKH.shape[1], k_BSKH.shape[2]
+  B, T, N, _H = q_BTNH.shape
+  S, _K = k_BSKH.shape[1], k_BSKH.shape[2]
   offset = mask.static_offset(T, S, 'splash')
   bq, bk = block_q or BLOCK, block_k or BLOCK
   for name, b in (('block_q', bq), ('block_k', bk)):

@@ -22,12 +22,14 @@ How no checkpoint is ever lost:
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import grain
 import jax
@@ -147,10 +149,8 @@ def purge_deleted(directory: str) -> int:
     if os.path.isdir(path) and not os.path.islink(path):
       shutil.rmtree(path, ignore_errors=True)
     else:
-      try:
+      with contextlib.suppress(FileNotFoundError):
         os.remove(path)
-      except FileNotFoundError:
-        pass
   return len(names)
 
 

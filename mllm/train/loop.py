@@ -22,10 +22,22 @@ from mllm.accounting import count_params, training_flops_per_token
 from mllm.config import ConfigError, moe_layers
 from mllm.layers.moe import training_note
 from mllm.paths import existing_dir, writable_dir
-from mllm.train.checkpoint import (Checkpointer, StateMismatch, checkpoint_dir, config_as_dict,
-                                   note, write_config)
-from mllm.train.metrics import (MetricsWriter, Progress, moe_records, peak_flops_per_device,
-                                plot_losses, read_metrics)
+from mllm.train.checkpoint import (
+  Checkpointer,
+  StateMismatch,
+  checkpoint_dir,
+  config_as_dict,
+  note,
+  write_config,
+)
+from mllm.train.metrics import (
+  MetricsWriter,
+  Progress,
+  moe_records,
+  peak_flops_per_device,
+  plot_losses,
+  read_metrics,
+)
 from mllm.train.resume import adopt_tokenizer, check_resumable, init_params, mismatch_error
 from mllm.train.sharding import global_batch, make_mesh
 from mllm.train.state import setup

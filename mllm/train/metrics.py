@@ -58,7 +58,7 @@ class MetricsWriter:
       os.makedirs(workdir, exist_ok=True)
       if resume_step is not None:
         truncate_metrics(self.path, keep or (lambda r: r['step'] <= resume_step))
-      self._file = open(self.path, 'a', encoding='utf-8')
+      self._file = open(self.path, 'a', encoding='utf-8')  # noqa: SIM115 (open for the run)
       if tensorboard:
         from tensorboardX import SummaryWriter
         self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'),
@@ -145,8 +145,8 @@ class Progress:
     self.live = self.enabled and sys.stdout.isatty()
     self._bar = None
     if self.live:
-      from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress,
-                                 TextColumn, TimeRemainingColumn)
+      from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+      from rich.progress import Progress as RichProgress
       self._bar = RichProgress(TextColumn('[bold]train'), BarColumn(), MofNCompleteColumn(),
                                TextColumn('{task.fields[info]}'), TimeRemainingColumn())
       self._task = self._bar.add_task('train', total=total, completed=start, info='compiling…')

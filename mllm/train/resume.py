@@ -15,13 +15,21 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ml_collections import config_dict
 
-from mllm.config import ConfigError, INIT_SOURCES, flatten, set_path
-from mllm.train.checkpoint import (Checkpointer, Signature, StateMismatch, describe_diff,
-                                   note, only, signature)
+from mllm.config import INIT_SOURCES, ConfigError, flatten, set_path
+from mllm.train.checkpoint import (
+  Checkpointer,
+  Signature,
+  StateMismatch,
+  describe_diff,
+  note,
+  only,
+  signature,
+)
 from mllm.train.state import abstract_state
 
 # The state's structure depends only on these sections (the data, mesh and seed do not change it).
@@ -252,7 +260,7 @@ def check_hf_folder(config, path: str) -> None:
 
 
 def _hf_params(config, path: str, abstract_params, log: Callable[[str], None]):
-  from mllm.interop.hf import HFImportError, hf_params  # noqa: PLC0415
+  from mllm.interop.hf import HFImportError, hf_params
   check_hf_folder(config, path)
   try:
     params = hf_params(path, config, abstract_params)

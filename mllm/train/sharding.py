@@ -16,7 +16,8 @@ import math
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from mllm.config import MESH_AXES, ConfigError
 from mllm.ops.mesh import BATCH_AXES, HEADS_AXIS

@@ -8,7 +8,8 @@ resumed run draws the same dropout masks as an uninterrupted one).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
