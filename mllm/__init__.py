@@ -1,4 +1,5 @@
 """mllm: ablate the architecture choices of modern LLMs, one config switch each."""
+
 from mllm.accounting import count_params, training_flops_per_token
 from mllm.config import ConfigError, load_config, validate
 
@@ -8,7 +9,18 @@ from mllm.generate import generate, generate_tokens, load_run
 from mllm.interop.hf import from_hf, to_hf
 from mllm.model import Transformer, build_model
 
-__all__ = ['ConfigError', 'Transformer', 'build_model', 'count_params', 'from_hf', 'generate',
-           'generate_tokens', 'load_config', 'load_run', 'to_hf', 'training_flops_per_token',
-           'validate']
+__all__ = [
+  'ConfigError',
+  'Transformer',
+  'build_model',
+  'count_params',
+  'from_hf',
+  'generate',
+  'generate_tokens',
+  'load_config',
+  'load_run',
+  'to_hf',
+  'training_flops_per_token',
+  'validate',
+]
 __version__ = '0.1.0'

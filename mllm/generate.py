@@ -18,6 +18,7 @@ optional repetition penalty (CTRL) first scales down the logits of tokens alread
 Streaming: `stream=fn` gets each step's tokens from inside the loop through an ordered
 `io_callback`, so text appears as it is produced without giving up the single compiled loop.
 """
+
 from __future__ import annotations
 
 import functools
@@ -40,8 +41,14 @@ def penalize_repeats(logits_BV: jax.Array, seen_BV: jax.Array, penalty: float) -
   return jnp.where(seen_BV, penalized, logits_BV)
 
 
-def sample(logits_BV: jax.Array, key: jax.Array, *, temperature: float = 0.0, top_k: int = 0,
-           top_p: float = 1.0) -> jax.Array:
+def sample(
+  logits_BV: jax.Array,
+  key: jax.Array,
+  *,
+  temperature: float = 0.0,
+  top_k: int = 0,
+  top_p: float = 1.0,
+) -> jax.Array:
   """Next tokens [B] (int32). temperature 0: argmax; top_k 0 and top_p 1: no truncation."""
   if temperature == 0.0:
     return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
@@ -64,11 +71,22 @@ def bucket(length: int, minimum: int = 8) -> int:
   return max(minimum, 1 << max(0, length - 1).bit_length())
 
 
-def generate_tokens(model: nnx.Module, prompts: list[list[int]], *, max_new_tokens: int,
-                    eos_id: int | None = None, temperature: float = 0.0, top_k: int = 0,
-                    top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int = 0,
-                    prefill_chunk: int = 512, max_len: int | None = None,
-                    stream=None, timings: dict | None = None) -> list[list[int]]:
+def generate_tokens(
+  model: nnx.Module,
+  prompts: list[list[int]],
+  *,
+  max_new_tokens: int,
+  eos_id: int | None = None,
+  temperature: float = 0.0,
+  top_k: int = 0,
+  top_p: float = 1.0,
+  repetition_penalty: float = 1.0,
+  seed: int = 0,
+  prefill_chunk: int = 512,
+  max_len: int | None = None,
+  stream=None,
+  timings: dict | None = None,
+) -> list[list[int]]:
   """The new tokens of each prompt (up to and including EOS). `model` in eval mode is assumed.
 
   max_len: the cache's length per sequence (default: the padded prompt plus max_new_tokens).
@@ -82,22 +100,32 @@ def generate_tokens(model: nnx.Module, prompts: list[list[int]], *, max_new_toke
   width = -(-bucket(max(lengths)) // chunk) * chunk  # whole chunks: one prefill program
   max_len = max_len or width + max_new_tokens
   if max(lengths) + max_new_tokens > max_len:
-    raise ValueError(f'the longest prompt ({max(lengths)} tokens) plus max_new_tokens '
-                     f'({max_new_tokens}) exceeds the cache (max_len={max_len})')
+    raise ValueError(
+      f'the longest prompt ({max(lengths)} tokens) plus max_new_tokens '
+      f'({max_new_tokens}) exceeds the cache (max_len={max_len})'
+    )
   tokens = np.zeros((len(prompts), width), np.int32)
   positions = np.full((len(prompts), width), -1, np.int32)
   seen = np.zeros((len(prompts), model.embed.num_embeddings), bool)
   for b, prompt in enumerate(prompts):
-    tokens[b, :len(prompt)] = prompt
-    positions[b, :len(prompt)] = np.arange(len(prompt))
+    tokens[b, : len(prompt)] = prompt
+    positions[b, : len(prompt)] = np.arange(len(prompt))
     seen[b, prompt] = True
   cache = empty_cache_for(model, len(prompts), max_len)
   graphdef, state = nnx.split(model)
-  chunks = [(jnp.asarray(tokens[:, i:i + chunk]), jnp.asarray(positions[:, i:i + chunk]))
-            for i in range(0, width, chunk)]
-  decode_kwargs = dict(max_new_tokens=max_new_tokens, eos_id=-1 if eos_id is None else eos_id,
-                       temperature=temperature, top_k=top_k, top_p=top_p,
-                       repetition_penalty=repetition_penalty, streaming=stream is not None)
+  chunks = [
+    (jnp.asarray(tokens[:, i : i + chunk]), jnp.asarray(positions[:, i : i + chunk]))
+    for i in range(0, width, chunk)
+  ]
+  decode_kwargs = dict(
+    max_new_tokens=max_new_tokens,
+    eos_id=-1 if eos_id is None else eos_id,
+    temperature=temperature,
+    top_k=top_k,
+    top_p=top_p,
+    repetition_penalty=repetition_penalty,
+    streaming=stream is not None,
+  )
   # Compiled ahead of time (cached by JAX after the first call), so the timings below hold only
   # the prefill and the decode.
   start = time.perf_counter()
@@ -107,9 +135,16 @@ def generate_tokens(model: nnx.Module, prompts: list[list[int]], *, max_new_toke
   with traced_on(mesh_of(state)):
     prefill = _prefill.lower(graphdef, state, *chunks[0], cache).compile()
     logits_shape = jax.ShapeDtypeStruct((len(prompts), model.embed.num_embeddings), jnp.float32)
-    decode = _decode.lower(graphdef, state, cache, logits_shape,
-                           jnp.zeros(len(prompts), jnp.int32), jnp.asarray(seen),
-                           jax.random.key(seed), **decode_kwargs).compile()
+    decode = _decode.lower(
+      graphdef,
+      state,
+      cache,
+      logits_shape,
+      jnp.zeros(len(prompts), jnp.int32),
+      jnp.asarray(seen),
+      jax.random.key(seed),
+      **decode_kwargs,
+    ).compile()
   compiled = time.perf_counter()
   last_logits = None
   for start_index, (chunk_tokens, chunk_positions) in zip(range(0, width, chunk), chunks):
@@ -118,23 +153,31 @@ def generate_tokens(model: nnx.Module, prompts: list[list[int]], *, max_new_toke
     ends = np.asarray(lengths) - 1 - start_index
     inside = (ends >= 0) & (ends < chunk)
     picked = logits[jnp.arange(len(prompts)), jnp.asarray(np.clip(ends, 0, chunk - 1))]
-    last_logits = picked if last_logits is None else jnp.where(inside[:, None], picked,
-                                                               last_logits)
+    last_logits = picked if last_logits is None else jnp.where(inside[:, None], picked, last_logits)
   jax.block_until_ready(last_logits)
   prefilled = time.perf_counter()
   global _STREAM_SINK
   _STREAM_SINK = stream
   try:
-    out, count, _ = decode(state, cache, last_logits, jnp.asarray(lengths, jnp.int32),
-                           jnp.asarray(seen), jax.random.key(seed))
+    out, count, _ = decode(
+      state,
+      cache,
+      last_logits,
+      jnp.asarray(lengths, jnp.int32),
+      jnp.asarray(seen),
+      jax.random.key(seed),
+    )
     out, count = np.asarray(out), np.asarray(count)
     jax.effects_barrier()  # every streamed step has reached the sink
   finally:
     _STREAM_SINK = None
   if timings is not None:
-    timings.update(compile_s=compiled - start, prefill_s=prefilled - compiled,
-                   decode_s=time.perf_counter() - prefilled)
-  return [out[b, :count[b]].tolist() for b in range(len(prompts))]
+    timings.update(
+      compile_s=compiled - start,
+      prefill_s=prefilled - compiled,
+      decode_s=time.perf_counter() - prefilled,
+    )
+  return [out[b, : count[b]].tolist() for b in range(len(prompts))]
 
 
 # Where the decode loop's streamed tokens go: set for the length of one generate_tokens call, so
@@ -152,8 +195,14 @@ def empty_cache_for(model, batch: int, max_len: int) -> KVCache:
   key = (model.blocks.attention if model.scan_layers else model.blocks[0].attention).key
   layers = key.kernel.shape[0] if model.scan_layers else len(model.blocks)
   _, kv_heads, head_dim = key.kernel.shape[-3:]
-  return empty_cache(layers, batch, slots_for(model.window, max_len), kv_heads, head_dim,
-                     key.dtype or key.kernel.dtype)
+  return empty_cache(
+    layers,
+    batch,
+    slots_for(model.window, max_len),
+    kv_heads,
+    head_dim,
+    key.dtype or key.kernel.dtype,
+  )
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=4)
@@ -161,12 +210,37 @@ def _prefill(graphdef, state, tokens_BT, positions_BT, cache: KVCache):
   return nnx.merge(graphdef, state)(tokens_BT, positions=positions_BT, cache=cache)
 
 
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=2,
-                   static_argnames=('max_new_tokens', 'eos_id', 'temperature', 'top_k', 'top_p',
-                                    'repetition_penalty', 'streaming'))
-def _decode(graphdef, state, cache: KVCache, logits_BV, next_pos_B, seen_BV, key, *,
-            max_new_tokens: int, eos_id: int, temperature: float, top_k: int, top_p: float,
-            repetition_penalty: float, streaming: bool):
+@functools.partial(
+  jax.jit,
+  static_argnums=0,
+  donate_argnums=2,
+  static_argnames=(
+    'max_new_tokens',
+    'eos_id',
+    'temperature',
+    'top_k',
+    'top_p',
+    'repetition_penalty',
+    'streaming',
+  ),
+)
+def _decode(
+  graphdef,
+  state,
+  cache: KVCache,
+  logits_BV,
+  next_pos_B,
+  seen_BV,
+  key,
+  *,
+  max_new_tokens: int,
+  eos_id: int,
+  temperature: float,
+  top_k: int,
+  top_p: float,
+  repetition_penalty: float,
+  streaming: bool,
+):
   """(tokens [B, max_new_tokens], how many each sequence produced, the final cache) in one
   while_loop. The cache is returned so that the donated input buffers hold it: one cache in
   memory, updated in place."""
@@ -182,8 +256,9 @@ def _decode(graphdef, state, cache: KVCache, logits_BV, next_pos_B, seen_BV, key
     step, cache, logits, out, done, count, seen = carry
     if penalize:
       logits = penalize_repeats(logits, seen, repetition_penalty)
-    token = sample(logits, jax.random.fold_in(key, step), temperature=temperature, top_k=top_k,
-                   top_p=top_p)
+    token = sample(
+      logits, jax.random.fold_in(key, step), temperature=temperature, top_k=top_k, top_p=top_p
+    )
     token = jnp.where(done, 0, token)
     if streaming:
       io_callback(_emit, None, token, done, ordered=True)
@@ -196,9 +271,15 @@ def _decode(graphdef, state, cache: KVCache, logits_BV, next_pos_B, seen_BV, key
     new_logits, cache = model(token[:, None], positions=positions, cache=cache)
     return step + 1, cache, new_logits[:, -1], out, done, count, seen
 
-  carry = (jnp.zeros((), jnp.int32), cache, logits_BV,
-           jnp.zeros((batch, max_new_tokens), jnp.int32), jnp.zeros((batch,), bool),
-           jnp.zeros((batch,), jnp.int32), seen_BV)
+  carry = (
+    jnp.zeros((), jnp.int32),
+    cache,
+    logits_BV,
+    jnp.zeros((batch, max_new_tokens), jnp.int32),
+    jnp.zeros((batch,), bool),
+    jnp.zeros((batch,), jnp.int32),
+    seen_BV,
+  )
   _, cache, _, out, _, count, _ = jax.lax.while_loop(cond, body, carry)
   return out, count, cache
 
@@ -206,6 +287,7 @@ def _decode(graphdef, state, cache: KVCache, logits_BV, next_pos_B, seen_BV, key
 # ---------------------------------------------------------------------------------------------
 # Text in, text out: a trained workdir's model and tokenizer.
 # ---------------------------------------------------------------------------------------------
+
 
 def load_run(workdir: str, like):
   """(model in eval mode, tokenizer, checkpoint step, config) of the training run in `workdir`.
@@ -220,23 +302,32 @@ def load_run(workdir: str, like):
   from mllm.train.resume import as_config, saved_config
   from mllm.train.sharding import make_mesh
   from mllm.train.state import setup
+
   existing_dir('--workdir', workdir, 'the workdir of a training run')
   ckpt = Checkpointer(workdir, read_only=True)
   try:
     step = ckpt.latest_step()
     if step is None:
-      raise ConfigError('--workdir', workdir, 'has no checkpoint to generate from; allowed: the '
-                        'workdir of a training run')
+      raise ConfigError(
+        '--workdir',
+        workdir,
+        'has no checkpoint to generate from; allowed: the workdir of a training run',
+      )
     saved = saved_config(workdir, ckpt, step)
     config = as_config(saved, like) if saved is not None else like
     validate(config)
     model_parts, _ = setup(config, make_mesh(config.mesh))
     try:
-      step, params = ckpt.restore_latest(model_parts.abstract_state['params'], params_only=True,
-                                         set_aside=False)
+      step, params = ckpt.restore_latest(
+        model_parts.abstract_state['params'], params_only=True, set_aside=False
+      )
     except StateMismatch as err:
-      raise ConfigError('--workdir', workdir, f'its checkpoint step {err.step} does not match its '
-                        'config; allowed: a workdir whose config.json describes its checkpoints') from None
+      raise ConfigError(
+        '--workdir',
+        workdir,
+        f'its checkpoint step {err.step} does not match its '
+        'config; allowed: a workdir whose config.json describes its checkpoints',
+      ) from None
   finally:
     ckpt.close()
   if config.data.tokenizer == 'byte':
@@ -245,35 +336,50 @@ def load_run(workdir: str, like):
     path = f'{workdir}/tokenizer.json'
     try:
       tokenizer = BPETokenizer.from_file(path, config.data.eos_token, config.data.pad_token)
-    except Exception as err:  # pylint: disable=broad-except  (missing or unreadable)
-      raise ConfigError('--workdir', workdir, f'its tokenizer.json cannot be read '
-                        f'({type(err).__name__}); allowed: the workdir of a training run') from None
+    except Exception as err:  # missing or unreadable
+      raise ConfigError(
+        '--workdir',
+        workdir,
+        f'its tokenizer.json cannot be read '
+        f'({type(err).__name__}); allowed: the workdir of a training run',
+      ) from None
   model = model_parts.merge(params)
   model.eval()
   return model, tokenizer, step, config
 
 
-def check_request(model, prompts: list[list[int]], max_new_tokens: int,
-                  repetition_penalty: float = 1.0) -> None:
+def check_request(
+  model, prompts: list[list[int]], max_new_tokens: int, repetition_penalty: float = 1.0
+) -> None:
   """One-line ConfigErrors for requests the model cannot serve."""
   from mllm.config import ConfigError
+
   if not repetition_penalty > 0:
-    raise ConfigError('--repetition_penalty', repetition_penalty, 'must be > 0 (1: off; above 1 '
-                      'discourages repeats)')
+    raise ConfigError(
+      '--repetition_penalty',
+      repetition_penalty,
+      'must be > 0 (1: off; above 1 discourages repeats)',
+    )
   if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
     raise ConfigError('--max_new_tokens', max_new_tokens, 'must be a positive integer')
   if not prompts:
-    raise ConfigError('--prompt', '', 'no prompt given; allowed: --prompt=TEXT or '
-                      '--prompt_file=FILE with one prompt per line')
+    raise ConfigError(
+      '--prompt',
+      '',
+      'no prompt given; allowed: --prompt=TEXT or --prompt_file=FILE with one prompt per line',
+    )
   for i, prompt in enumerate(prompts):
     if not prompt:
       raise ConfigError('--prompt', '', f'prompt {i + 1} is empty; allowed: at least one token')
   table = model.position.max_positions
   longest = max(len(p) for p in prompts)
   if table is not None and longest + max_new_tokens > table:
-    raise ConfigError('--max_new_tokens', max_new_tokens,
-                      f'learned positions end at model.max_seq_len={table} and the longest prompt '
-                      f'has {longest} tokens; allowed: <= {max(table - longest, 0)}')
+    raise ConfigError(
+      '--max_new_tokens',
+      max_new_tokens,
+      f'learned positions end at model.max_seq_len={table} and the longest prompt '
+      f'has {longest} tokens; allowed: <= {max(table - longest, 0)}',
+    )
 
 
 class TextStream:
@@ -292,14 +398,25 @@ class TextStream:
     text = self.tokenizer.decode(self.ids)
     if text.endswith('\ufffd'):  # an incomplete character: wait for its other bytes
       return
-    self.on_text(text[self.emitted:])
+    self.on_text(text[self.emitted :])
     self.emitted = len(text)
 
 
-def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int = 100,
-             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-             repetition_penalty: float = 1.0, seed: int = 0, stop_at_eos: bool = True,
-             on_text=None, timings: dict | None = None) -> list[str]:
+def generate(
+  model,
+  tokenizer,
+  prompts: list[str],
+  *,
+  max_new_tokens: int = 100,
+  temperature: float = 0.0,
+  top_k: int = 0,
+  top_p: float = 1.0,
+  repetition_penalty: float = 1.0,
+  seed: int = 0,
+  stop_at_eos: bool = True,
+  on_text=None,
+  timings: dict | None = None,
+) -> list[str]:
   """The continuation of each text prompt (its new tokens, decoded; EOS not included).
   on_text(piece), with one prompt: called with the text as it is generated."""
   ids = [tokenizer.encode(p) for p in prompts]
@@ -310,10 +427,19 @@ def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int = 100,
     if len(prompts) != 1:
       raise ValueError(f'on_text streams one prompt; got {len(prompts)}')
     stream = TextStream(tokenizer, on_text)
-  out = generate_tokens(model, ids, max_new_tokens=max_new_tokens, eos_id=eos,
-                        temperature=temperature, top_k=top_k, top_p=top_p,
-                        repetition_penalty=repetition_penalty, seed=seed, stream=stream,
-                        timings=timings)
+  out = generate_tokens(
+    model,
+    ids,
+    max_new_tokens=max_new_tokens,
+    eos_id=eos,
+    temperature=temperature,
+    top_k=top_k,
+    top_p=top_p,
+    repetition_penalty=repetition_penalty,
+    seed=seed,
+    stream=stream,
+    timings=timings,
+  )
   if timings is not None:
     timings.update(prompt_tokens=sum(len(p) for p in ids), new_tokens=sum(len(o) for o in out))
   return [tokenizer.decode([t for t in seq if t != tokenizer.eos_id]) for seq in out]

@@ -1,4 +1,5 @@
 """`launch.py --mode=summary`: what a config builds, how big it is, and one timed forward pass."""
+
 from __future__ import annotations
 
 import statistics
@@ -52,8 +53,10 @@ def _position_kind(m) -> str:
 def _moe_kind(m) -> str:
   moe = m.moe
   d_ff = expert_hidden_dim(m)
-  text = (f'moe {moe.num_experts}×{moe.expert_kind} top-{moe.top_k} d_ff={d_ff} '
-          f'{resolve_dispatch(moe.dispatch)}')
+  text = (
+    f'moe {moe.num_experts}×{moe.expert_kind} top-{moe.top_k} d_ff={d_ff} '
+    f'{resolve_dispatch(moe.dispatch)}'
+  )
   if moe.num_shared_experts:
     text += f' +{moe.num_shared_experts} shared'
   return text
@@ -72,7 +75,9 @@ def layer_table(config, model) -> Table:
     table.add_column(column, justify='right' if column == 'params' else 'left')
   table.add_row('embed', '', '', '', '', f"{_module_params(params['embed']):,}")
   if 'position' in params:
-    table.add_row('position', '', _position_kind(m), '', '', f"{_module_params(params['position']):,}")
+    table.add_row(
+      'position', '', _position_kind(m), '', '', f"{_module_params(params['position']):,}"
+    )
   dense_kind = dense_ffn_kind(m)
   dense_ffn = f'{dense_kind} d_ff={hidden_dim(m.ffn, m.d_model, dense_kind)}'
   moe_ffn = _moe_kind(m) if m.ffn.kind == 'moe' else ''
@@ -86,7 +91,9 @@ def layer_table(config, model) -> Table:
     ffn = moe_ffn if i in sparse else dense_ffn
     table.add_row(f'layer {i}', _attention_kind(m), _position_kind(m), ffn, norm, f'{count:,}')
   if 'final_norm' in params:
-    table.add_row('final_norm', '', '', '', m.norm.kind, f"{_module_params(params['final_norm']):,}")
+    table.add_row(
+      'final_norm', '', '', '', m.norm.kind, f"{_module_params(params['final_norm']):,}"
+    )
   head = 'tied to embed' if m.tie_embeddings else f"{_module_params(params['head']):,}"
   table.add_row('head', '', '', '', '', head)
   return table
@@ -108,8 +115,14 @@ def time_forward(model, tokens, repeats: int = 5) -> dict:
   return dict(compile_s=compile_s, run_s=statistics.median(times), logits=logits)
 
 
-def summarize(config, base_config=None, *, spec: str = '', console: Console | None = None,
-              run_forward: bool = True) -> dict:
+def summarize(
+  config,
+  base_config=None,
+  *,
+  spec: str = '',
+  console: Console | None = None,
+  run_forward: bool = True,
+) -> dict:
   """Print the config diff, layer table, parameter counts, FLOPs/token and a timed forward pass."""
   console = console or Console(width=None if Console().is_terminal else 120)
   m = config.model
@@ -130,25 +143,34 @@ def summarize(config, base_config=None, *, spec: str = '', console: Console | No
   counts = count_params(model)
   seq_len = config.data.seq_len
   flops = training_flops_per_token(config, seq_len, counts)
-  console.print(f'parameters: {counts.total:,} total = {counts.embedding:,} embedding + '
-                f'{counts.non_embedding:,} non-embedding'
-                + (f'; {counts.active:,} active per token (top-{m.moe.top_k} of '
-                   f'{m.moe.num_experts} experts)' if counts.active != counts.total else ''))
-  console.print(f'training FLOPs/token at seq_len {seq_len}: {flops.total:.4g} '
-                f"(6·N{'_active' if counts.active != counts.total else ''} {flops.dense:.4g} + "
-                f'attention {flops.attention:.4g})')
+  console.print(
+    f'parameters: {counts.total:,} total = {counts.embedding:,} embedding + '
+    f'{counts.non_embedding:,} non-embedding'
+    + (
+      f'; {counts.active:,} active per token (top-{m.moe.top_k} of {m.moe.num_experts} experts)'
+      if counts.active != counts.total
+      else ''
+    )
+  )
+  console.print(
+    f'training FLOPs/token at seq_len {seq_len}: {flops.total:.4g} '
+    f"(6·N{'_active' if counts.active != counts.total else ''} {flops.dense:.4g} + "
+    f'attention {flops.attention:.4g})'
+  )
   result = dict(params=counts, flops=flops)
   if run_forward:
     batch = config.data.batch_size
-    tokens = jax.random.randint(jax.random.key(config.seed), (batch, seq_len), 0, m.vocab_size,
-                                dtype=jnp.int32)
+    tokens = jax.random.randint(
+      jax.random.key(config.seed), (batch, seq_len), 0, m.vocab_size, dtype=jnp.int32
+    )
     timing = time_forward(model, tokens)
     logits = timing['logits']
     finite = bool(jnp.all(jnp.isfinite(logits)))
     console.print(
-        f'forward on random tokens [{batch}, {seq_len}] ({jax.default_backend()}): compile '
-        f"{timing['compile_s']:.2f} s, run {timing['run_s'] * 1e3:.1f} ms (median of 5), "
-        f"{batch * seq_len / timing['run_s']:,.0f} tokens/s; logits {list(logits.shape)} "
-        f"{logits.dtype}, {'all finite' if finite else 'NOT FINITE'}")
+      f'forward on random tokens [{batch}, {seq_len}] ({jax.default_backend()}): compile '
+      f"{timing['compile_s']:.2f} s, run {timing['run_s'] * 1e3:.1f} ms (median of 5), "
+      f"{batch * seq_len / timing['run_s']:,.0f} tokens/s; logits {list(logits.shape)} "
+      f"{logits.dtype}, {'all finite' if finite else 'NOT FINITE'}"
+    )
     result.update(timing, finite=finite)
   return result

@@ -27,6 +27,7 @@ variable that shifts the choice only; `update_expert_bias` is applied after each
 `model.ffn.kind='moe'` with the `model.moe.*` keys puts this layer in place of the FFN
 (`MoE.from_config`); experts and the model's dense layers are FFNs of `moe.expert_kind`.
 """
+
 from __future__ import annotations
 
 import math
@@ -55,6 +56,7 @@ class ExpertBias(nnx.Variable):
 # Routing.
 # ---------------------------------------------------------------------------------------------
 
+
 def router_probs(logits_TE: jax.Array, kind: str = 'softmax') -> jax.Array:
   """Per-expert scores in float32: softmax over experts (they sum to 1), or independent sigmoids
   (DeepSeek-V3, whose gates are then normalised over the chosen k)."""
@@ -66,8 +68,9 @@ def router_probs(logits_TE: jax.Array, kind: str = 'softmax') -> jax.Array:
   raise ValueError(f'unknown router {kind!r}; allowed: {", ".join(ROUTERS)}')
 
 
-def top_k(probs_TE: jax.Array, k: int, *, renormalize: bool,
-          selection_bias_E: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+def top_k(
+  probs_TE: jax.Array, k: int, *, renormalize: bool, selection_bias_E: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array]:
   """(gates [T, k], experts [T, k]): the k best experts per token, best first.
 
   selection_bias_E shifts the choice but not the gates (DeepSeek-V3's aux-loss-free balancing).
@@ -80,8 +83,9 @@ def top_k(probs_TE: jax.Array, k: int, *, renormalize: bool,
   return gates_Tk, experts_Tk
 
 
-def load_balancing_loss(tokens_per_expert_E: jax.Array, mean_prob_E: jax.Array, top_k: int,
-                        convention: str = 'switch') -> jax.Array:
+def load_balancing_loss(
+  tokens_per_expert_E: jax.Array, mean_prob_E: jax.Array, top_k: int, convention: str = 'switch'
+) -> jax.Array:
   """Switch Transformer's auxiliary loss (Fedus et al. 2021, eq. 4), E · Σ_i f_i · P_i, without α.
 
   P_i is the mean router probability of expert i over the T tokens; f_i the fraction of the
@@ -101,15 +105,17 @@ def load_balancing_loss(tokens_per_expert_E: jax.Array, mean_prob_E: jax.Array, 
   return counts_E.shape[-1] * jnp.sum(f_E * mean_prob_E.astype(jnp.float32), axis=-1)
 
 
-def balancing_objective(tokens_per_expert_LE: jax.Array, mean_prob_LE: jax.Array, top_k: int,
-                        convention: str = 'switch') -> jax.Array:
+def balancing_objective(
+  tokens_per_expert_LE: jax.Array, mean_prob_LE: jax.Array, top_k: int, convention: str = 'switch'
+) -> jax.Array:
   """The balancing term of the training objective (before its coefficient), from the stacked
   statistics of the L MoE layers: 'switch', the mean over layers of each layer's loss; 'hf',
   transformers' `load_balancing_loss_func`, which pools the layers (counts summed, P averaged)
   into one loss."""
   if convention == 'hf':
-    return load_balancing_loss(jnp.sum(tokens_per_expert_LE, 0), jnp.mean(mean_prob_LE, 0), top_k,
-                               'hf')
+    return load_balancing_loss(
+      jnp.sum(tokens_per_expert_LE, 0), jnp.mean(mean_prob_LE, 0), top_k, 'hf'
+    )
   return jnp.mean(load_balancing_loss(tokens_per_expert_LE, mean_prob_LE, top_k, convention))
 
 
@@ -126,15 +132,15 @@ def mixture_noise(probs_TE: jax.Array, alpha: float, key: jax.Array) -> jax.Arra
   return (1.0 - alpha) * probs_TE + alpha * epsilon
 
 
-def noisy_topk_logits(logits_TE: jax.Array, noise_logits_TE: jax.Array,
-                      key: jax.Array) -> jax.Array:
+def noisy_topk_logits(
+  logits_TE: jax.Array, noise_logits_TE: jax.Array, key: jax.Array
+) -> jax.Array:
   """Noisy top-k gating (Shazeer et al. 2017, eq. 4): H = x·W_g + N(0, 1)·softplus(x·W_noise)."""
   normal = jax.random.normal(key, logits_TE.shape, jnp.float32)
   return logits_TE + normal * jax.nn.softplus(noise_logits_TE.astype(jnp.float32))
 
 
-def update_expert_bias(bias_E: jax.Array, tokens_per_expert_E: jax.Array,
-                       rate: float) -> jax.Array:
+def update_expert_bias(bias_E: jax.Array, tokens_per_expert_E: jax.Array, rate: float) -> jax.Array:
   """Aux-loss-free balancing (DeepSeek-V3; Wang et al. 2024):
   b_i ← b_i + γ·sign(mean load − load_i), raising under-loaded experts and lowering over-loaded
   ones (over the last axis, E). Use the global batch's counts."""
@@ -148,22 +154,35 @@ def load_summary(tokens_per_expert_E: jax.Array) -> dict[str, jax.Array]:
   got no token."""
   load = tokens_per_expert_E.astype(jnp.float32)
   mean = jnp.maximum(jnp.mean(load, axis=-1), 1e-9)
-  return {'load_cv': jnp.std(load, axis=-1) / mean,
-          'load_max_over_mean': jnp.max(load, axis=-1) / mean,
-          'dead_experts': jnp.mean((load == 0).astype(jnp.float32), axis=-1)}
+  return {
+    'load_cv': jnp.std(load, axis=-1) / mean,
+    'load_max_over_mean': jnp.max(load, axis=-1) / mean,
+    'dead_experts': jnp.mean((load == 0).astype(jnp.float32), axis=-1),
+  }
 
 
 # ---------------------------------------------------------------------------------------------
 # Experts: E FFNs of one kind, weights stacked along a leading expert axis.
 # ---------------------------------------------------------------------------------------------
 
+
 class Experts(nnx.Module):
   """E bias-free FFNs of the kind `ffn_kind` names (its activation and gating): gate/up
   [E, D, F], down [E, F, D]."""
 
-  def __init__(self, num_experts: int, d_model: int, d_ff: int, ffn_kind: str = 'swiglu', *,
-               init_std: float, out_std: float, dtype=None, param_dtype=jnp.float32,
-               rngs: nnx.Rngs):
+  def __init__(
+    self,
+    num_experts: int,
+    d_model: int,
+    d_ff: int,
+    ffn_kind: str = 'swiglu',
+    *,
+    init_std: float,
+    out_std: float,
+    dtype=None,
+    param_dtype=jnp.float32,
+    rngs: nnx.Rngs,
+  ):
     ffn = FFNS[ffn_kind]
     self.activation, self.gated = ffn.activation, ffn.gated
     self.dtype = dtype
@@ -171,6 +190,7 @@ class Experts(nnx.Module):
     def weight(shape, std, axes):
       init = nnx.initializers.normal(std)
       return nnx.Param(init(rngs.params(), shape, param_dtype), logical_axes=axes)
+
     e, d, f = num_experts, d_model, d_ff
     self.gate = weight((e, d, f), init_std, ('expert', 'embed', 'mlp')) if self.gated else None
     self.up = weight((e, d, f), init_std, ('expert', 'embed', 'mlp'))
@@ -191,8 +211,9 @@ class Experts(nnx.Module):
     hidden = self._hidden(pre_gate, jnp.einsum('ecd,edf->ecf', x_ECD, up))
     return jnp.einsum('ecf,efd->ecd', hidden, down)
 
-  def ragged(self, x_SD: jax.Array, group_sizes_E: jax.Array,
-             impl: str = 'ragged_dot') -> jax.Array:
+  def ragged(
+    self, x_SD: jax.Array, group_sizes_E: jax.Array, impl: str = 'ragged_dot'
+  ) -> jax.Array:
     """Rows sorted by expert, group_sizes_E[e] of them for expert e (the dropless path)."""
     gate, up, down = self._weights(self.dtype or x_SD.dtype)
     x_SD = x_SD.astype(up.dtype)
@@ -202,8 +223,9 @@ class Experts(nnx.Module):
     return matmul(hidden, down)
 
 
-def grouped_matmul(x_SD: jax.Array, w_EDF: jax.Array, group_sizes_E: jax.Array,
-                   impl: str = 'ragged_dot') -> jax.Array:
+def grouped_matmul(
+  x_SD: jax.Array, w_EDF: jax.Array, group_sizes_E: jax.Array, impl: str = 'ragged_dot'
+) -> jax.Array:
   """Rows of group e times w_EDF[e]: `jax.lax.ragged_dot`, or megablox's `gmm` (Pallas TPU kernel,
   run in Pallas interpret mode off TPU: for tests, slowly). gmm's row tiles are 128 (the whole
   matrix when smaller); extra zero rows pad the last group to a whole tile and are cut off."""
@@ -214,25 +236,30 @@ def grouped_matmul(x_SD: jax.Array, w_EDF: jax.Array, group_sizes_E: jax.Array,
   if impl != 'megablox':
     raise ValueError(f'unknown grouped matmul {impl!r}; allowed: {", ".join(GROUPED_MATMULS)}')
   from jax.experimental.pallas.ops.tpu.megablox import gmm  # deferred: TPU kernel
+
   mesh = on_mesh.current_mesh()
   if mesh is not None and mesh.size > 1:
     # gmm is an opaque kernel XLA cannot split, and the rows are sorted by expert over the whole
     # batch: splitting needs the whole dispatch under shard_map (not written yet).
-    raise ValueError(f"moe.grouped_matmul='megablox' runs on one device, but the mesh has "
-                     f"{mesh.size}; use 'ragged_dot' on a mesh")
+    raise ValueError(
+      f"moe.grouped_matmul='megablox' runs on one device, but the mesh has "
+      f"{mesh.size}; use 'ragged_dot' on a mesh"
+    )
   rows, d_in = x_SD.shape
   tile_m = min(128, rows)
   pad = -rows % tile_m
   x_padded = jnp.pad(x_SD, ((0, pad), (0, 0)))
   sizes = group_sizes_E.astype(jnp.int32).at[-1].add(pad)
   tiling = (tile_m, min(128, d_in), min(128, w_EDF.shape[-1]))
-  out = gmm(x_padded, w_EDF, sizes, x_SD.dtype, tiling, None, None, False,
-            on_mesh.backend() != 'tpu')
+  out = gmm(
+    x_padded, w_EDF, sizes, x_SD.dtype, tiling, None, None, False, on_mesh.backend() != 'tpu'
+  )
   return out[:rows]
 
 
-def tiled_grouped_matmul(x_SD: jax.Array, w_EDF: jax.Array, group_sizes_E: jax.Array,
-                         tile: int = 128) -> jax.Array:
+def tiled_grouped_matmul(
+  x_SD: jax.Array, w_EDF: jax.Array, group_sizes_E: jax.Array, tile: int = 128
+) -> jax.Array:
   """Rows of group e times w_EDF[e], as MegaBlocks tiles them (Gale et al. 2023, sec. 5): each
   group is padded with zero rows to whole tiles of `tile` rows, so that every tile belongs to one
   group, and each tile multiplies its group's weight. At most E·(tile − 1) padding rows: for S
@@ -260,13 +287,15 @@ def tiled_grouped_matmul(x_SD: jax.Array, w_EDF: jax.Array, group_sizes_E: jax.A
 # Dispatch.
 # ---------------------------------------------------------------------------------------------
 
+
 def capacity(n_tokens: int, num_experts: int, k: int, capacity_factor: float) -> int:
   """Assignments one expert takes: ceil(T/E · k · capacity_factor)."""
   return max(1, math.ceil(n_tokens / num_experts * k * capacity_factor))
 
 
-def capacity_dispatch(experts: Experts, x_TD, gates_Tk, experts_Tk, num_experts: int,
-                      cap: int) -> tuple[jax.Array, jax.Array]:
+def capacity_dispatch(
+  experts: Experts, x_TD, gates_Tk, experts_Tk, num_experts: int, cap: int
+) -> tuple[jax.Array, jax.Array]:
   """(y [T, D], kept [T, k]) running each expert on at most `cap` assignments.
 
   Priority: slot-major (all first choices, then all second choices, ...), token order within a
@@ -292,8 +321,9 @@ def capacity_dispatch(experts: Experts, x_TD, gates_Tk, experts_Tk, num_experts:
   return jnp.einsum('ktd,kt->td', y_kTD, weights_kT), kept_Tk
 
 
-def dropless_dispatch(experts: Experts, x_TD, gates_Tk, experts_Tk, num_experts: int,
-                      impl: str = 'ragged_dot') -> jax.Array:
+def dropless_dispatch(
+  experts: Experts, x_TD, gates_Tk, experts_Tk, num_experts: int, impl: str = 'ragged_dot'
+) -> jax.Array:
   """y [T, D] with every assignment computed: sort by expert, grouped matmul, unsort."""
   n_tokens, k = experts_Tk.shape
   flat = experts_Tk.reshape(-1)  # token-major: assignment a is token a // k
@@ -308,6 +338,7 @@ def dropless_dispatch(experts: Experts, x_TD, gates_Tk, experts_Tk, num_experts:
 # The layer.
 # ---------------------------------------------------------------------------------------------
 
+
 class MoE(nnx.Module):
   """Router + E routed experts (+ shared experts), in place of an FFN: [B, T, D] → [B, T, D].
 
@@ -317,48 +348,88 @@ class MoE(nnx.Module):
   router_entropy, drop_rate.
   """
 
-  def __init__(self, d_model: int, *, num_experts: int, top_k: int, expert_d_ff: int,
-               ffn_kind: str = 'swiglu', num_shared_experts: int = 0,
-               shared_d_ff: int | None = None,
-               router: str = 'softmax', renormalize: bool = True, dispatch: str = 'capacity',
-               capacity_factor: float = 1.25, grouped_matmul: str = 'ragged_dot',
-               noise: str = 'none', noise_alpha: float = 0.1,
-               expert_bias: bool = False, force_uniform_routing: bool = False,
-               init_std: float = 0.02, out_std: float = 0.02,
-               shared_out_std: float | None = None, dtype=None, param_dtype=jnp.float32,
-               rngs: nnx.Rngs):
+  def __init__(
+    self,
+    d_model: int,
+    *,
+    num_experts: int,
+    top_k: int,
+    expert_d_ff: int,
+    ffn_kind: str = 'swiglu',
+    num_shared_experts: int = 0,
+    shared_d_ff: int | None = None,
+    router: str = 'softmax',
+    renormalize: bool = True,
+    dispatch: str = 'capacity',
+    capacity_factor: float = 1.25,
+    grouped_matmul: str = 'ragged_dot',
+    noise: str = 'none',
+    noise_alpha: float = 0.1,
+    expert_bias: bool = False,
+    force_uniform_routing: bool = False,
+    init_std: float = 0.02,
+    out_std: float = 0.02,
+    shared_out_std: float | None = None,
+    dtype=None,
+    param_dtype=jnp.float32,
+    rngs: nnx.Rngs,
+  ):
     if not 1 <= top_k <= num_experts:
       raise ValueError(f'top_k={top_k} must be in [1, num_experts={num_experts}]')
     if router not in ROUTERS or dispatch not in DISPATCHES or noise not in NOISES:
-      raise ValueError(f'router {router!r} / dispatch {dispatch!r} / noise {noise!r}; allowed: '
-                       f'{ROUTERS}, {DISPATCHES}, {NOISES}')
+      raise ValueError(
+        f'router {router!r} / dispatch {dispatch!r} / noise {noise!r}; allowed: '
+        f'{ROUTERS}, {DISPATCHES}, {NOISES}'
+      )
     self.num_experts, self.k, self.router_kind = num_experts, top_k, router
     self.renormalize, self.dispatch, self.capacity_factor = renormalize, dispatch, capacity_factor
     self.grouped_matmul = grouped_matmul
     self.noise, self.noise_alpha = noise, noise_alpha
     self.force_uniform_routing = force_uniform_routing
     init = nnx.initializers.normal(init_std)
-    self.router = nnx.Param(init(rngs.params(), (d_model, num_experts), param_dtype),
-                            logical_axes=('embed', None))
+    self.router = nnx.Param(
+      init(rngs.params(), (d_model, num_experts), param_dtype), logical_axes=('embed', None)
+    )
     # Shazeer et al. initialise the noise matrix to zero: noise of std softplus(0) ≈ 0.69 at first.
-    self.noise_router = (nnx.Param(jnp.zeros((d_model, num_experts), param_dtype),
-                                   logical_axes=('embed', None))
-                         if noise == 'noisy_topk' else None)
-    self.expert_bias = (ExpertBias(jnp.zeros((num_experts,), jnp.float32))
-                        if expert_bias else None)
+    self.noise_router = (
+      nnx.Param(jnp.zeros((d_model, num_experts), param_dtype), logical_axes=('embed', None))
+      if noise == 'noisy_topk'
+      else None
+    )
+    self.expert_bias = ExpertBias(jnp.zeros((num_experts,), jnp.float32)) if expert_bias else None
     # As nnx.Dropout: a 'dropout' stream (the train step reseeds it from (seed, step), so a
     # resumed run draws the same noise) and `deterministic`, which model.eval() sets.
     self.deterministic = False
     self.rngs = rngs['dropout'].fork() if noise != 'none' else None
-    self.experts = Experts(num_experts, d_model, expert_d_ff, ffn_kind, init_std=init_std,
-                           out_std=out_std, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.experts = Experts(
+      num_experts,
+      d_model,
+      expert_d_ff,
+      ffn_kind,
+      init_std=init_std,
+      out_std=out_std,
+      dtype=dtype,
+      param_dtype=param_dtype,
+      rngs=rngs,
+    )
     # shared_out_std: the shared experts' down projection, whose fan-in (shared_d_ff) may differ
     # from the routed experts'; None: out_std.
     shared_out_std = out_std if shared_out_std is None else shared_out_std
-    self.shared = (Experts(num_shared_experts, d_model, shared_d_ff or expert_d_ff, ffn_kind,
-                           init_std=init_std, out_std=shared_out_std, dtype=dtype,
-                           param_dtype=param_dtype, rngs=rngs)
-                   if num_shared_experts else None)
+    self.shared = (
+      Experts(
+        num_shared_experts,
+        d_model,
+        shared_d_ff or expert_d_ff,
+        ffn_kind,
+        init_std=init_std,
+        out_std=shared_out_std,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        rngs=rngs,
+      )
+      if num_shared_experts
+      else None
+    )
 
   @classmethod
   def from_config(cls, cfg, *, rngs: nnx.Rngs) -> MoE:
@@ -367,19 +438,30 @@ class MoE(nnx.Module):
     expert's hidden size."""
     moe = cfg.moe
     expert_d_ff = expert_hidden_dim(cfg)
-    return cls(cfg.d_model, num_experts=moe.num_experts, top_k=moe.top_k,
-               expert_d_ff=expert_d_ff, ffn_kind=moe.expert_kind,
-               num_shared_experts=moe.num_shared_experts, shared_d_ff=moe.shared_d_ff,
-               router=moe.router, renormalize=moe.renormalize,
-               dispatch=resolve_dispatch(moe.dispatch), capacity_factor=moe.capacity_factor,
-               grouped_matmul=moe.grouped_matmul,
-               noise=moe.noise, noise_alpha=moe.noise_alpha, expert_bias=moe.expert_bias,
-               force_uniform_routing=moe.force_uniform_routing,
-               init_std=weight_std(cfg, 'in', fan_in=cfg.d_model),
-               out_std=weight_std(cfg, 'out', fan_in=expert_d_ff),
-               shared_out_std=weight_std(cfg, 'out', fan_in=moe.shared_d_ff or expert_d_ff),
-               dtype=jnp.dtype(cfg.dtype),
-               param_dtype=jnp.dtype(cfg.param_dtype), rngs=rngs)
+    return cls(
+      cfg.d_model,
+      num_experts=moe.num_experts,
+      top_k=moe.top_k,
+      expert_d_ff=expert_d_ff,
+      ffn_kind=moe.expert_kind,
+      num_shared_experts=moe.num_shared_experts,
+      shared_d_ff=moe.shared_d_ff,
+      router=moe.router,
+      renormalize=moe.renormalize,
+      dispatch=resolve_dispatch(moe.dispatch),
+      capacity_factor=moe.capacity_factor,
+      grouped_matmul=moe.grouped_matmul,
+      noise=moe.noise,
+      noise_alpha=moe.noise_alpha,
+      expert_bias=moe.expert_bias,
+      force_uniform_routing=moe.force_uniform_routing,
+      init_std=weight_std(cfg, 'in', fan_in=cfg.d_model),
+      out_std=weight_std(cfg, 'out', fan_in=expert_d_ff),
+      shared_out_std=weight_std(cfg, 'out', fan_in=moe.shared_d_ff or expert_d_ff),
+      dtype=jnp.dtype(cfg.dtype),
+      param_dtype=jnp.dtype(cfg.param_dtype),
+      rngs=rngs,
+    )
 
   def _route(self, x_TD):
     """(gates [T, k], experts [T, k], router logits [T, E], probabilities [T, E])."""
@@ -388,8 +470,9 @@ class MoE(nnx.Module):
     training_noise = self.noise != 'none' and not self.deterministic
     routing_logits = logits_TE
     if training_noise and self.noise == 'noisy_topk':
-      routing_logits = noisy_topk_logits(logits_TE, x32 @ self.noise_router[...].astype(
-          jnp.float32), self.rngs())
+      routing_logits = noisy_topk_logits(
+        logits_TE, x32 @ self.noise_router[...].astype(jnp.float32), self.rngs()
+      )
     probs_TE = router_probs(routing_logits, self.router_kind)
     if training_noise and self.noise == 'mixture':
       probs_TE = mixture_noise(probs_TE, self.noise_alpha, self.rngs())
@@ -400,10 +483,8 @@ class MoE(nnx.Module):
       if renormalize:
         gates_Tk = gates_Tk / jnp.sum(gates_Tk, axis=-1, keepdims=True)
     else:
-      bias = (None if self.expert_bias is None
-              else jax.lax.stop_gradient(self.expert_bias[...]))
-      gates_Tk, experts_Tk = top_k(probs_TE, self.k, renormalize=renormalize,
-                                   selection_bias_E=bias)
+      bias = None if self.expert_bias is None else jax.lax.stop_gradient(self.expert_bias[...])
+      gates_Tk, experts_Tk = top_k(probs_TE, self.k, renormalize=renormalize, selection_bias_E=bias)
     return gates_Tk, experts_Tk, logits_TE, probs_TE
 
   def _dropless_matmul(self) -> str:
@@ -431,24 +512,29 @@ class MoE(nnx.Module):
     # its batch, and must equal transformers' (which never drops).
     if self.dispatch == 'capacity' and not self.deterministic:
       cap = capacity(x_TD.shape[0], self.num_experts, self.k, self.capacity_factor)
-      y_TD, kept_Tk = capacity_dispatch(self.experts, x_TD, gates_Tk, experts_Tk,
-                                        self.num_experts, cap)
+      y_TD, kept_Tk = capacity_dispatch(
+        self.experts, x_TD, gates_Tk, experts_Tk, self.num_experts, cap
+      )
       drop_rate = jnp.mean((~kept_Tk).astype(jnp.float32))
     else:
-      y_TD = dropless_dispatch(self.experts, x_TD, gates_Tk, experts_Tk, self.num_experts,
-                               self._dropless_matmul())
+      y_TD = dropless_dispatch(
+        self.experts, x_TD, gates_Tk, experts_Tk, self.num_experts, self._dropless_matmul()
+      )
       drop_rate = jnp.zeros((), jnp.float32)
     if self.shared is not None:  # every token through every shared expert, weight 1
-      y_TD = y_TD + jnp.sum(self.shared.grouped(
-          jnp.broadcast_to(x_TD, (self.shared.up.shape[0],) + x_TD.shape)), axis=0)
+      y_TD = y_TD + jnp.sum(
+        self.shared.grouped(jnp.broadcast_to(x_TD, (self.shared.up.shape[0],) + x_TD.shape)), axis=0
+      )
     stats = {
-        'tokens_per_expert': jnp.sum(jax.nn.one_hot(experts_Tk, self.num_experts,
-                                                    dtype=jnp.float32), axis=(0, 1)),
-        'mean_prob': jnp.mean(probs_TE, axis=0),
-        'z_loss': z_loss(logits_TE),
-        'router_entropy': jnp.mean(-jnp.sum(probs_TE * jnp.log(jnp.maximum(probs_TE, 1e-30)),
-                                            axis=-1)),
-        'drop_rate': drop_rate,
+      'tokens_per_expert': jnp.sum(
+        jax.nn.one_hot(experts_Tk, self.num_experts, dtype=jnp.float32), axis=(0, 1)
+      ),
+      'mean_prob': jnp.mean(probs_TE, axis=0),
+      'z_loss': z_loss(logits_TE),
+      'router_entropy': jnp.mean(
+        -jnp.sum(probs_TE * jnp.log(jnp.maximum(probs_TE, 1e-30)), axis=-1)
+      ),
+      'drop_rate': drop_rate,
     }
     return y_TD.reshape(batch, length, d_model).astype(x_BTD.dtype), stats
 
@@ -474,9 +560,11 @@ def training_note(moe_cfg) -> str | None:
   Switch Transformer (Fedus et al. 2022, eq. 2) gates the top-1 expert by p_i for exactly this
   reason. Allowed, not refused: a model imported with that setting computes it at inference."""
   if moe_cfg.top_k == 1 and moe_cfg.renormalize and moe_cfg.router == 'softmax':
-    return ('model.moe.top_k=1 with model.moe.renormalize=True makes every gate 1: the router gets '
-            'no gradient from the loss, only from the balancing and z losses; Switch gates the '
-            'top-1 expert by its probability (model.moe.renormalize=False)')
+    return (
+      'model.moe.top_k=1 with model.moe.renormalize=True makes every gate 1: the router gets '
+      'no gradient from the loss, only from the balancing and z losses; Switch gates the '
+      'top-1 expert by its probability (model.moe.renormalize=False)'
+    )
   return None
 
 
@@ -491,14 +579,16 @@ def resolve_dispatch(dispatch: str, backend: str | None = None) -> str:
 def moe_metrics(stats: dict[str, jax.Array], top_k: int, convention: str) -> dict[str, jax.Array]:
   """Per-layer metrics ([L] and [L, E]) from the stacked routing statistics of one step."""
   out = {name: jax.lax.stop_gradient(v) for name, v in stats.items()}
-  out['balance_loss'] = load_balancing_loss(out['tokens_per_expert'], out['mean_prob'], top_k,
-                                            convention)
+  out['balance_loss'] = load_balancing_loss(
+    out['tokens_per_expert'], out['mean_prob'], top_k, convention
+  )
   out.update(load_summary(out['tokens_per_expert']))
   return out
 
 
-def update_expert_biases(variables: nnx.State, tokens_per_expert_LE: jax.Array,
-                         rate: float) -> nnx.State:
+def update_expert_biases(
+  variables: nnx.State, tokens_per_expert_LE: jax.Array, rate: float
+) -> nnx.State:
   """`update_expert_bias` for every ExpertBias in `variables` (other leaves kept), row l of the
   counts going to the l-th MoE layer: the layers in order, or the one stacked [L, E] variable of
   scanned layers."""
@@ -508,7 +598,7 @@ def update_expert_biases(variables: nnx.State, tokens_per_expert_LE: jax.Array,
     if isinstance(var, ExpertBias):
       bias = var.get_value()
       n = bias.size // bias.shape[-1]
-      counts = tokens_per_expert_LE[row:row + n].reshape(bias.shape)
+      counts = tokens_per_expert_LE[row : row + n].reshape(bias.shape)
       var = var.replace(update_expert_bias(bias, counts, rate))
       row += n
     updated.append((path, var))

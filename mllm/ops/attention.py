@@ -20,6 +20,7 @@ reading an [N, T, S] tensor:
   - `ScoreBias`: ALiBi slopes with positions, and/or a dense learned bias (T5, Shaw's key term).
   - `RelativeValues`: Shaw's value term, Σ_j p_ij · a^V[index_ij], added to the output.
 """
+
 from __future__ import annotations
 
 import functools
@@ -46,6 +47,7 @@ class AttentionMask:
   instead of by index, and a key at a negative position is an empty cache slot (never attended).
   'xla' and 'blockwise' read them, 'cudnn' as a dense mask; see `attend` for the others.
   """
+
   causal: bool = struct.field(pytree_node=False, default=True)
   window: int | None = struct.field(pytree_node=False, default=None)
   q_segment_ids: jax.Array | None = None  # [B, T]
@@ -63,8 +65,10 @@ class AttentionMask:
     try:
       return int(self.offset(q_len, kv_len))
     except (TypeError, jax.errors.ConcretizationTypeError):
-      raise ValueError(f"attention impl={impl!r} needs a static q_offset (a Python int or None); "
-                       "got a traced array: use impl='xla' for per-example offsets") from None
+      raise ValueError(
+        f"attention impl={impl!r} needs a static q_offset (a Python int or None); "
+        "got a traced array: use impl='xla' for per-example offsets"
+      ) from None
 
   def allowed(self, q_len: int, kv_len: int) -> jax.Array:
     """Boolean [B or 1, 1, T, S]: True where query i may attend key j."""
@@ -91,6 +95,7 @@ class ScoreBias:
   (Press et al. 2022, sec. 3), which a kernel can compute on the fly. dense [B|1, N|1, T, S] is a
   learned bias (T5, Shaw's key term): autodiff gives its gradient through 'xla'.
   """
+
   alibi_slopes: jax.Array | None = None
   q_positions: jax.Array | None = None
   kv_positions: jax.Array | None = None
@@ -110,6 +115,7 @@ class ScoreBias:
 @struct.dataclass
 class RelativeValues:
   """Shaw et al. (2018) eq. 3: out_i += Σ_j p_ij · table[index_ij]. table [R, H], index [B|1, T, S]."""
+
   table: jax.Array
   index: jax.Array
 
@@ -122,10 +128,20 @@ def _split_heads_bias(bias_BNTS: jax.Array, n_kv: int) -> jax.Array:
   return bias_BNTS.reshape(b, n_kv, n // n_kv, t, s)
 
 
-def xla_attention(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: ScoreBias | None,
-                  rel_values: RelativeValues | None, scale: float, dropout_rate: float = 0.0,
-                  dropout_rng: jax.Array | None = None, block_q: int | None = None,
-                  block_k: int | None = None) -> jax.Array:
+def xla_attention(
+  q_BTNH,
+  k_BSKH,
+  v_BSKH,
+  *,
+  mask: AttentionMask,
+  bias: ScoreBias | None,
+  rel_values: RelativeValues | None,
+  scale: float,
+  dropout_rate: float = 0.0,
+  dropout_rng: jax.Array | None = None,
+  block_q: int | None = None,
+  block_k: int | None = None,
+) -> jax.Array:
   """The reference: materializes the [B, N, T, S] scores and lets XLA fuse what it can.
   (`block_q`/`block_k` are for the tiled implementations; this one has no blocks.)
 
@@ -135,15 +151,20 @@ def xla_attention(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: ScoreBia
   del block_q, block_k
   # One query row (a decode step) takes the einsums below: _plain_attention's heads-first layout
   # would copy the whole KV cache into it at every step (2.2x slower at batch 8, 1,024 keys).
-  if (bias is None and rel_values is None and not (dropout_rate > 0.0 and dropout_rng is not None)
-      and q_BTNH.shape[1] > 1):
+  if (
+    bias is None
+    and rel_values is None
+    and not (dropout_rate > 0.0 and dropout_rng is not None)
+    and q_BTNH.shape[1] > 1
+  ):
     allowed_BTS = mask.allowed(q_BTNH.shape[1], k_BSKH.shape[1])[:, 0]
     return _plain_attention(q_BTNH, k_BSKH, v_BSKH, allowed_BTS, scale)
   B, T, N, H = q_BTNH.shape
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
   q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
-  logits_BKGTS = jnp.einsum('btkgh,bskh->bkgts', q_BTKGH, k_BSKH,
-                            preferred_element_type=jnp.float32) * scale
+  logits_BKGTS = (
+    jnp.einsum('btkgh,bskh->bkgts', q_BTKGH, k_BSKH, preferred_element_type=jnp.float32) * scale
+  )
   if bias is not None:
     logits_BKGTS = logits_BKGTS + _split_heads_bias(bias.materialize(), K)
   allowed = mask.allowed(T, S)[:, :, None]  # [B|1, 1, 1, T, S]
@@ -154,14 +175,19 @@ def xla_attention(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: ScoreBia
   if dropout_rate > 0.0 and dropout_rng is not None:
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs_BKGTS.shape)
     probs_BKGTS = jnp.where(keep, probs_BKGTS / (1.0 - dropout_rate), 0.0)
-  out_BTKGH = jnp.einsum('bkgts,bskh->btkgh', probs_BKGTS.astype(v_BSKH.dtype), v_BSKH,
-                         preferred_element_type=jnp.float32)
+  out_BTKGH = jnp.einsum(
+    'bkgts,bskh->btkgh',
+    probs_BKGTS.astype(v_BSKH.dtype),
+    v_BSKH,
+    preferred_element_type=jnp.float32,
+  )
   if rel_values is not None:
     n_rel = rel_values.table.shape[0]
     onehot_BTSR = jax.nn.one_hot(rel_values.index, n_rel, dtype=jnp.float32)
     weights_BKGTR = jnp.einsum('bkgts,btsr->bkgtr', probs_BKGTS, onehot_BTSR)
-    out_BTKGH = out_BTKGH + jnp.einsum('bkgtr,rh->btkgh', weights_BKGTR,
-                                       rel_values.table.astype(jnp.float32))
+    out_BTKGH = out_BTKGH + jnp.einsum(
+      'bkgtr,rh->btkgh', weights_BKGTR, rel_values.table.astype(jnp.float32)
+    )
   return out_BTKGH.reshape(B, T, N, H).astype(q_BTNH.dtype)
 
 
@@ -180,6 +206,7 @@ def xla_attention(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: ScoreBia
 #     FlashAttention's backward does (Dao et al. 2022, Alg. 4), without the tiling;
 #   - the forward saves q, k, v, the output and the log-sum-exp, not the probabilities.
 # ---------------------------------------------------------------------------------------------
+
 
 def _heads_first(x_BTNH, n_kv):
   """[B, T, N, H] → [B, K, T·G, H]: the G query heads of a KV head next to each other per token."""
@@ -203,8 +230,9 @@ def _rows_allowed(allowed_BTS, group):
 
 def _plain_probs(q_BKMH, k_BKSH, ok_BKMS, scale, lse_BKM=None):
   """Masked softmax probabilities [B, K, M, S] and their log-sum-exp [B, K, M] (float32)."""
-  logits = jnp.matmul(q_BKMH, jnp.swapaxes(k_BKSH, -1, -2),
-                      preferred_element_type=jnp.float32) * scale
+  logits = (
+    jnp.matmul(q_BKMH, jnp.swapaxes(k_BKSH, -1, -2), preferred_element_type=jnp.float32) * scale
+  )
   logits = jnp.where(ok_BKMS, logits, MASK_VALUE)
   if lse_BKM is None:
     peak = jnp.max(logits, axis=-1)
@@ -254,8 +282,12 @@ def _plain_bwd(scale, residuals, d_out_BTNH):
   dk = jnp.matmul(ds_t, q, preferred_element_type=jnp.float32) * scale
   dv = jnp.matmul(probs_t.astype(dtype), do, preferred_element_type=jnp.float32)
   S = k.shape[2]
-  return (_heads_last(dq, T).astype(dtype), _heads_last(dk, S).astype(k.dtype),
-          _heads_last(dv, S).astype(v.dtype), None)
+  return (
+    _heads_last(dq, T).astype(dtype),
+    _heads_last(dk, S).astype(k.dtype),
+    _heads_last(dv, S).astype(v.dtype),
+    None,
+  )
 
 
 _plain_attention.defvjp(_plain_fwd, _plain_bwd)
@@ -264,15 +296,21 @@ _plain_attention.defvjp(_plain_fwd, _plain_bwd)
 def refuse_biases(impl: str, bias, rel_values, dropout: bool, alibi: bool = False) -> None:
   """A kernel's refusal of what it cannot compute: learned biases, dropout (and ALiBi if asked)."""
   if rel_values is not None or (bias is not None and bias.dense is not None):
-    raise ValueError(f"attention impl={impl!r} takes {'no' if alibi else 'only ALiBi as a'} score "
-                     "bias; learned biases (T5, Shaw) need impl='xla' or 'blockwise', where "
-                     'autodiff gives their gradients')
+    raise ValueError(
+      f"attention impl={impl!r} takes {'no' if alibi else 'only ALiBi as a'} score "
+      "bias; learned biases (T5, Shaw) need impl='xla' or 'blockwise', where "
+      'autodiff gives their gradients'
+    )
   if alibi and bias is not None and bias.alibi_slopes is not None:
-    raise ValueError(f"attention impl={impl!r} has no additive bias, so no ALiBi; use impl="
-                     "'pallas' (ALiBi in-kernel) or 'blockwise'")
+    raise ValueError(
+      f"attention impl={impl!r} has no additive bias, so no ALiBi; use impl="
+      "'pallas' (ALiBi in-kernel) or 'blockwise'"
+    )
   if dropout:
-    raise ValueError(f"attention impl={impl!r} has no attention dropout; use impl='xla' or "
-                     "'blockwise', or set model.attention.dropout=0")
+    raise ValueError(
+      f"attention impl={impl!r} has no attention dropout; use impl='xla' or "
+      "'blockwise', or set model.attention.dropout=0"
+    )
 
 
 def pallas_kernel(impl: str, backend: str | None = None) -> str:
@@ -280,14 +318,25 @@ def pallas_kernel(impl: str, backend: str | None = None) -> str:
   on a TPU, else Triton, interpreted on CPU); 'pallas_tpu' the TPU one and 'pallas_mgpu' the
   Mosaic GPU one anywhere."""
   if impl in ('pallas_tpu', 'pallas_mgpu'):
-    return impl[len('pallas_'):]
+    return impl[len('pallas_') :]
   return 'tpu' if (backend or on_mesh.backend()) == 'tpu' else 'triton'
 
 
-def pallas_attention(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: ScoreBias | None,
-                     rel_values: RelativeValues | None, scale: float, dropout_rate: float = 0.0,
-                     dropout_rng=None, block_q: int | None = None, block_k: int | None = None,
-                     impl: str = 'pallas') -> jax.Array:
+def pallas_attention(
+  q_BTNH,
+  k_BSKH,
+  v_BSKH,
+  *,
+  mask: AttentionMask,
+  bias: ScoreBias | None,
+  rel_values: RelativeValues | None,
+  scale: float,
+  dropout_rate: float = 0.0,
+  dropout_rng=None,
+  block_q: int | None = None,
+  block_k: int | None = None,
+  impl: str = 'pallas',
+) -> jax.Array:
   """mllm's Pallas flash-attention kernel: pallas_kernels/flash_attention.py (Triton; interpreted
   on CPU), flash_attention_tpu.py (Mosaic TPU; interpreted off a TPU) or flash_attention_mgpu.py
   (Mosaic GPU; interpreted off a GPU), by `pallas_kernel`."""
@@ -305,18 +354,39 @@ def pallas_attention(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: Score
   T, S = q_BTNH.shape[1], k_BSKH.shape[1]
   alibi = bias is not None and bias.alibi_slopes is not None
   return flash_attention(
-      q_BTNH, k_BSKH, v_BSKH, scale=scale, causal=mask.causal, window=mask.window,
-      q_offset=mask.static_offset(T, S, impl), q_segment_ids=mask.q_segment_ids,
-      kv_segment_ids=mask.kv_segment_ids, alibi_slopes=bias.alibi_slopes if alibi else None,
-      q_positions=bias.q_positions if alibi else None,
-      kv_positions=bias.kv_positions if alibi else None, block_q=block_q, block_k=block_k,
-      interpret=interpret)
+    q_BTNH,
+    k_BSKH,
+    v_BSKH,
+    scale=scale,
+    causal=mask.causal,
+    window=mask.window,
+    q_offset=mask.static_offset(T, S, impl),
+    q_segment_ids=mask.q_segment_ids,
+    kv_segment_ids=mask.kv_segment_ids,
+    alibi_slopes=bias.alibi_slopes if alibi else None,
+    q_positions=bias.q_positions if alibi else None,
+    kv_positions=bias.kv_positions if alibi else None,
+    block_q=block_q,
+    block_k=block_k,
+    interpret=interpret,
+  )
 
 
-def cudnn_attention(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: ScoreBias | None,
-                    rel_values: RelativeValues | None, scale: float, dropout_rate: float = 0.0,
-                    dropout_rng=None, block_q: int | None = None, block_k: int | None = None,
-                    implementation: str = 'cudnn') -> jax.Array:
+def cudnn_attention(
+  q_BTNH,
+  k_BSKH,
+  v_BSKH,
+  *,
+  mask: AttentionMask,
+  bias: ScoreBias | None,
+  rel_values: RelativeValues | None,
+  scale: float,
+  dropout_rate: float = 0.0,
+  dropout_rng=None,
+  block_q: int | None = None,
+  block_k: int | None = None,
+  implementation: str = 'cudnn',
+) -> jax.Array:
   """cuDNN's fused flash attention through `jax.nn.dot_product_attention` (GPU, bf16/fp16).
 
   cuDNN's own causal mask is top-left aligned and its window is causal-only, so those go to cuDNN
@@ -328,8 +398,10 @@ def cudnn_attention(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: ScoreB
   del block_q, block_k
   refuse_biases('cudnn', bias, rel_values, dropout_rate > 0.0 and dropout_rng is not None)
   if implementation == 'cudnn' and q_BTNH.dtype not in (jnp.bfloat16, jnp.float16):
-    raise ValueError(f'attention impl=cudnn needs bfloat16 or float16 inputs, got {q_BTNH.dtype}; '
-                     "set model.dtype='bfloat16' or use impl='blockwise'")
+    raise ValueError(
+      f'attention impl=cudnn needs bfloat16 or float16 inputs, got {q_BTNH.dtype}; '
+      "set model.dtype='bfloat16' or use impl='blockwise'"
+    )
   T, S = q_BTNH.shape[1], k_BSKH.shape[1]
   aligned = mask.static_offset(T, S, 'cudnn') == 0 and T == S
   plain = aligned and mask.q_segment_ids is None and (mask.window is None or mask.causal)
@@ -340,11 +412,25 @@ def cudnn_attention(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: ScoreB
   if plain:
     window = None if mask.window is None else (mask.window - 1, 0)
     return jax.nn.dot_product_attention(
-        q_BTNH, k_BSKH, v_BSKH, bias=dense_bias, scale=scale, is_causal=mask.causal,
-        local_window_size=window, implementation=implementation)
+      q_BTNH,
+      k_BSKH,
+      v_BSKH,
+      bias=dense_bias,
+      scale=scale,
+      is_causal=mask.causal,
+      local_window_size=window,
+      implementation=implementation,
+    )
   allowed = mask.allowed(T, S)  # [B|1, 1, T, S]
-  out = jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, bias=dense_bias, mask=allowed,
-                                     scale=scale, implementation=implementation)
+  out = jax.nn.dot_product_attention(
+    q_BTNH,
+    k_BSKH,
+    v_BSKH,
+    bias=dense_bias,
+    mask=allowed,
+    scale=scale,
+    implementation=implementation,
+  )
   # A query that sees no key gets zeros here too (dot_product_attention would average).
   return jnp.where(jnp.any(allowed, axis=-1)[:, 0, :, None, None], out, 0).astype(q_BTNH.dtype)
 
@@ -355,8 +441,15 @@ def cudnn_attention(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: ScoreB
 BLOCKWISE_FROM = 512
 
 
-def choose_impl(q_BTNH, k_BSKH, *, bias: ScoreBias | None, rel_values: RelativeValues | None,
-                dropout: bool, backend: str | None = None) -> str:
+def choose_impl(
+  q_BTNH,
+  k_BSKH,
+  *,
+  bias: ScoreBias | None,
+  rel_values: RelativeValues | None,
+  dropout: bool,
+  backend: str | None = None,
+) -> str:
   """What 'auto' runs: the fastest implementation that supports the call on this backend.
 
   GPU, bf16/fp16, no learned terms and no ALiBi: cuDNN (the fastest fused kernel on H100 in the
@@ -368,8 +461,7 @@ def choose_impl(q_BTNH, k_BSKH, *, bias: ScoreBias | None, rel_values: RelativeV
   backend = backend or on_mesh.backend()
   learned = rel_values is not None or dropout or (bias is not None and bias.dense is not None)
   alibi = bias is not None and bias.alibi_slopes is not None
-  if (backend == 'gpu' and not learned and not alibi
-      and q_BTNH.dtype in (jnp.bfloat16, jnp.float16)):
+  if backend == 'gpu' and not learned and not alibi and q_BTNH.dtype in (jnp.bfloat16, jnp.float16):
     return 'cudnn'
   if backend == 'tpu' and not learned:
     return 'pallas' if alibi else 'splash'
@@ -378,8 +470,9 @@ def choose_impl(q_BTNH, k_BSKH, *, bias: ScoreBias | None, rel_values: RelativeV
 
 def auto_attention(q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
   dropout = kwargs.get('dropout_rate', 0.0) > 0.0 and kwargs.get('dropout_rng') is not None
-  impl = choose_impl(q_BTNH, k_BSKH, bias=kwargs.get('bias'), rel_values=kwargs.get('rel_values'),
-                     dropout=dropout)
+  impl = choose_impl(
+    q_BTNH, k_BSKH, bias=kwargs.get('bias'), rel_values=kwargs.get('rel_values'), dropout=dropout
+  )
   return run_impl(impl, q_BTNH, k_BSKH, v_BSKH, **kwargs)
 
 
@@ -399,21 +492,32 @@ def run_impl(impl: str, q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
   static_offset = None if isinstance(mask.q_offset, jax.Array) else mask.q_offset
   mask = mask.replace(q_offset=None) if static_offset is not None else mask
   mask_specs = jax.tree.map(rows, mask)
-  bias_specs = None if bias is None else jax.tree.map(rows, bias).replace(
-      alibi_slopes=None if bias.alibi_slopes is None else on_mesh.P(h))
+  bias_specs = (
+    None
+    if bias is None
+    else jax.tree.map(rows, bias).replace(
+      alibi_slopes=None if bias.alibi_slopes is None else on_mesh.P(h)
+    )
+  )
   heads = on_mesh.P(b, None, h, None)
 
   def kernel(q, k, v, mask, bias):
     if static_offset is not None:
       mask = mask.replace(q_offset=static_offset)
     return ATTENTION_IMPLS[impl](q, k, v, mask=mask, bias=bias, **kwargs)
-  return on_mesh.per_shard(kernel, (q_BTNH, k_BSKH, v_BSKH, mask, bias),
-                           (heads, heads, heads, mask_specs, bias_specs), heads)
+
+  return on_mesh.per_shard(
+    kernel,
+    (q_BTNH, k_BSKH, v_BSKH, mask, bias),
+    (heads, heads, heads, mask_specs, bias_specs),
+    heads,
+  )
 
 
 def splash_attention(q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
   """JAX's splash kernel (TPU; interpreted elsewhere) behind this contract: mllm/ops/splash.py."""
   from mllm.ops.splash import splash_attention as run  # deferred: imports Pallas
+
   return run(q_BTNH, k_BSKH, v_BSKH, **kwargs)
 
 
@@ -423,14 +527,14 @@ KERNEL_IMPLS = (*PALLAS_IMPLS, 'splash')  # opaque custom calls: run per shard o
 
 # name → implementation.
 ATTENTION_IMPLS: dict[str, Callable[..., jax.Array]] = {
-    'xla': xla_attention,
-    'blockwise': blockwise_attention,
-    'pallas': pallas_attention,
-    'pallas_tpu': functools.partial(pallas_attention, impl='pallas_tpu'),
-    'pallas_mgpu': functools.partial(pallas_attention, impl='pallas_mgpu'),
-    'splash': splash_attention,
-    'cudnn': cudnn_attention,
-    'auto': auto_attention,
+  'xla': xla_attention,
+  'blockwise': blockwise_attention,
+  'pallas': pallas_attention,
+  'pallas_tpu': functools.partial(pallas_attention, impl='pallas_tpu'),
+  'pallas_mgpu': functools.partial(pallas_attention, impl='pallas_mgpu'),
+  'splash': splash_attention,
+  'cudnn': cudnn_attention,
+  'auto': auto_attention,
 }
 
 
@@ -449,10 +553,21 @@ def cached_impl(impl: str, q_len: int) -> str:
   return 'blockwise' if impl in INDEX_ORDERED_IMPLS else impl
 
 
-def attend(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: ScoreBias | None = None,
-           rel_values: RelativeValues | None = None, scale: float | None = None,
-           impl: str = 'xla', dropout_rate: float = 0.0, dropout_rng: jax.Array | None = None,
-           block_q: int | None = None, block_k: int | None = None) -> jax.Array:
+def attend(
+  q_BTNH,
+  k_BSKH,
+  v_BSKH,
+  *,
+  mask: AttentionMask,
+  bias: ScoreBias | None = None,
+  rel_values: RelativeValues | None = None,
+  scale: float | None = None,
+  impl: str = 'xla',
+  dropout_rate: float = 0.0,
+  dropout_rng: jax.Array | None = None,
+  block_q: int | None = None,
+  block_k: int | None = None,
+) -> jax.Array:
   """softmax(q·kᵀ·scale + bias)·v (+ Shaw's value term), by the implementation named `impl`."""
   if impl not in ATTENTION_IMPLS:
     raise ValueError(f"attention impl={impl!r}; allowed: {', '.join(sorted(ATTENTION_IMPLS))}")
@@ -463,6 +578,17 @@ def attend(q_BTNH, k_BSKH, v_BSKH, *, mask: AttentionMask, bias: ScoreBias | Non
     scale = q_BTNH.shape[-1] ** -0.5
   if mask.kv_positions is not None:
     impl = cached_impl(impl, q_BTNH.shape[1])
-  return run_impl(impl, q_BTNH, k_BSKH, v_BSKH, mask=mask, bias=bias, rel_values=rel_values,
-                  scale=scale, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
-                  block_q=block_q, block_k=block_k)
+  return run_impl(
+    impl,
+    q_BTNH,
+    k_BSKH,
+    v_BSKH,
+    mask=mask,
+    bias=bias,
+    rel_values=rel_values,
+    scale=scale,
+    dropout_rate=dropout_rate,
+    dropout_rng=dropout_rng,
+    block_q=block_q,
+    block_k=block_k,
+  )
