@@ -8,6 +8,7 @@ from flax import nnx
 
 from mllm.layers.ffn import FFNS
 from mllm.ops import attention as A
+from pallas_kernels.block_ranges import MASK_VALUE
 
 
 def _autodiff_attention(q, k, v, mask, scale):
@@ -16,7 +17,7 @@ def _autodiff_attention(q, k, v, mask, scale):
   S, K = k.shape[1], k.shape[2]
   logits = jnp.einsum('btkgh,bskh->bkgts', q.reshape(B, T, K, N // K, H), k) * scale
   allowed = mask.allowed(T, S)[:, :, None]
-  probs = jax.nn.softmax(jnp.where(allowed, logits, A.MASK_VALUE), axis=-1)
+  probs = jax.nn.softmax(jnp.where(allowed, logits, MASK_VALUE), axis=-1)
   probs = jnp.where(jnp.any(allowed, axis=-1, keepdims=True), probs, 0.0)
   return jnp.einsum('bkgts,bskh->btkgh', probs, v).reshape(B, T, N, H)
 

@@ -23,6 +23,7 @@ import numpy as np
 from jax import lax
 
 from mllm.ops import mesh as on_mesh
+from mllm.ops.masks import refuse_biases
 from pallas_kernels.block_ranges import visible
 from pallas_kernels.common import pad_to, round_up
 
@@ -109,8 +110,6 @@ def splash_attention(
 ) -> jax.Array:
   """softmax(q kᵀ scale, masked) v through splash; the contract of mllm.ops.attention.attend."""
   from jax.experimental.pallas.ops.tpu import splash_attention as sa
-
-  from mllm.ops.attention import refuse_biases  # deferred: attention imports this lazily
 
   refuse_biases(
     'splash', bias, rel_values, dropout_rate > 0.0 and dropout_rng is not None, alibi=True
