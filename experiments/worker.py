@@ -20,7 +20,7 @@ def main(workdir: str) -> int:
   from mllm import compile_cache
 
   compile_cache.enable()  # every seed of a variant compiles the same shapes
-  from experiments.runner import run_one
+  from experiments.run import run_one
 
   with open(os.path.join(workdir, 'job.pkl'), 'rb') as f:
     job = pickle.load(f)

@@ -21,10 +21,14 @@ from mllm.layers.attention import Attention
 from mllm.layers.ffn import FFNS, hidden_dim
 from mllm.layers.init import weight_std
 from mllm.layers.kv_cache import KVCache, LayerCache, scatter, write_slots, writes_first
-from mllm.layers.moe import MoE
+from mllm.layers.moe import ExpertBias, MoE
 from mllm.layers.norms import make_norm
 from mllm.layers.positions import POSITIONS, PositionContext
 from mllm.ops.attention import AttentionMask
+
+# The variables that are the model's weights: state['params'] of a run, its checkpoints, an HF
+# export. The rest (RNG streams) is rebuilt, never saved.
+SAVED = (nnx.Param, ExpertBias)
 
 
 def make_ffn(cfg, moe: bool, *, rngs: nnx.Rngs) -> nnx.Module:
@@ -273,3 +277,16 @@ def build_model(config, *, rngs: nnx.Rngs) -> Transformer:
   validate_model(model_cfg)
   check_backend(model_cfg)
   return Transformer(model_cfg, rngs=rngs)
+
+
+def placeholder_rest(abstract_model) -> nnx.State:
+  """Concrete stand-ins for the model's RNG streams: the step reseeds them before every use."""
+  key_data_shape = jax.random.key_data(jax.random.key(0)).shape
+
+  def concrete(x):
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+      return jax.random.wrap_key_data(jnp.zeros(x.shape + key_data_shape, jnp.uint32))
+    return jnp.zeros(x.shape, x.dtype)
+
+  _, _, rest = nnx.split(abstract_model, SAVED, ...)
+  return jax.tree.map(concrete, rest)

@@ -17,7 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from ml_collections import config_dict
 
+from mllm.config import load_config, set_path, validate
 from mllm.interop import hf_weights
 from mllm.interop.hf_config import (
   ARCHITECTURES,
@@ -30,6 +32,7 @@ from mllm.interop.hf_config import (
   family_of,
   hf_config,
 )
+from mllm.model import SAVED, build_model, placeholder_rest
 
 __all__ = [
   'ARCHITECTURES',
@@ -235,15 +238,12 @@ def _place(value: np.ndarray, like) -> jax.Array:
 def from_hf(path: str, overrides: dict[str, Any] | None = None):
   """(config, model) of the HF checkpoint in folder `path`, in float32. `overrides` (dotted mllm
   keys) apply on top, for toggles that keep the weights' shapes (e.g. an attention impl)."""
-  import mllm
-  from mllm.train.state import SAVED, _placeholder_rest
-
   keys = config_overrides(read_config(path))
   keys.update(overrides or {})
-  config = mllm.load_config(base_config_path(), keys)
-  abstract = nnx.eval_shape(lambda: mllm.build_model(config.model, rngs=nnx.Rngs(0)))
+  config = load_config(base_config_path(), keys)
+  abstract = nnx.eval_shape(lambda: build_model(config.model, rngs=nnx.Rngs(0)))
   graphdef, params, _ = nnx.split(abstract, SAVED, ...)
-  return config, nnx.merge(graphdef, hf_params(path, config, params), _placeholder_rest(abstract))
+  return config, nnx.merge(graphdef, hf_params(path, config, params), placeholder_rest(abstract))
 
 
 # Keys of config_overrides that set how the imported model runs, not what it is: a run's own
@@ -262,10 +262,6 @@ def run_config(config, path: str, explicit: dict[str, Any] | None = None):
   """`config` with the model (and tokenizer settings) of the HF folder `path`, for a run that
   starts from its weights: its other sections stay, data.seq_len is capped at the model's context,
   and `explicit` (dotted keys the user set, e.g. on the command line) is applied last."""
-  from ml_collections import config_dict
-
-  from mllm.config import set_path, validate
-
   keys = {k: v for k, v in config_overrides(read_config(path)).items() if k not in _RUN_KEYS}
   keys.update(tokenizer_settings(path))
   out = config_dict.ConfigDict(config.to_dict())
@@ -302,14 +298,12 @@ def to_hf(
   written as tokenizer.json + tokenizer_config.json. Refuses, in one line naming the mllm key,
   a model no transformers class computes exactly.
   """
-  import mllm
-
   c = config.model
   family = family_for(c)
   params = hf_weights.flat(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
   dtype = dtype or str(next(iter(params.values())).dtype)
   hf = hf_config(c, family, dtype)
-  back = mllm.load_config(base_config_path(), config_overrides(hf)).model
+  back = load_config(base_config_path(), config_overrides(hf)).model
   check_exact(c, family, back)
   if c.scan_layers:
     params = hf_weights.unstack_layers(params, c.n_layers)

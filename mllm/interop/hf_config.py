@@ -12,7 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from mllm.config import moe_layers
 from mllm.layers import resolved_head_dim
+from mllm.layers.ffn import hidden_dim
+from mllm.layers.moe import expert_hidden_dim
+from mllm.model import dense_ffn_kind
 
 # model_type → the architecture transformers builds for it.
 ARCHITECTURES = {
@@ -307,9 +311,6 @@ def _hf_rope(m) -> dict[str, Any]:
 
 def hf_config(m, family: str, dtype: str) -> dict[str, Any]:
   """config.json for model config `m` as `family` (unchecked: see `check_exact`)."""
-  from mllm.layers.ffn import hidden_dim
-  from mllm.layers.moe import expert_hidden_dim
-  from mllm.model import dense_ffn_kind
 
   head_dim = resolved_head_dim(m)
   common = {
@@ -383,10 +384,6 @@ def hf_config(m, family: str, dtype: str) -> dict[str, Any]:
 def math_of(m) -> dict[str, Any]:
   """The settings of model config `m` that change what the network computes, resolved (a None
   that means a default is replaced by the value it means), keyed by their mllm key."""
-  from mllm.config import moe_layers
-  from mllm.layers.ffn import hidden_dim
-  from mllm.layers.moe import expert_hidden_dim
-  from mllm.model import dense_ffn_kind
 
   keys = (
     'vocab_size',

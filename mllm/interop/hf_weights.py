@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from mllm.config import moe_layers
 from mllm.layers import resolved_head_dim
 
 
@@ -135,7 +136,6 @@ def _moe_links(c, family: str, p: str, m: str) -> list[Link]:
 
 def llama_links(c, family: str) -> list[Link]:
   """Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE: model.{embed_tokens, layers.i, norm}, lm_head."""
-  from mllm.config import moe_layers
 
   sparse = set(moe_layers(c))
   links = [

@@ -22,6 +22,7 @@ from typing import Any
 from ml_collections import config_dict
 
 from mllm.config import INIT_SOURCES, ConfigError, flatten, set_path
+from mllm.interop.hf import HFImportError, hf_params
 from mllm.train.checkpoint import (
   Checkpointer,
   Signature,
@@ -316,7 +317,6 @@ def check_hf_folder(config, path: str) -> None:
 
 
 def _hf_params(config, path: str, abstract_params, log: Callable[[str], None]):
-  from mllm.interop.hf import HFImportError, hf_params
 
   check_hf_folder(config, path)
   try:

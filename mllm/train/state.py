@@ -18,8 +18,7 @@ import optax
 from flax import nnx
 
 from mllm.config import check_expert_axis
-from mllm.layers.moe import ExpertBias
-from mllm.model import build_model
+from mllm.model import SAVED, build_model, placeholder_rest
 from mllm.ops.mesh import traced_on
 from mllm.train.optimizer import make_optimizer
 from mllm.train.sharding import param_shardings, replicated
@@ -27,7 +26,6 @@ from mllm.train.sharding import param_shardings, replicated
 TrainState = (
   dict  # {'step': int32[], 'params': nnx.State, 'opt_state': optax state, 'rng': uint32[2]}
 )
-SAVED = (nnx.Param, ExpertBias)  # the variables in state['params'] (and so in checkpoints)
 
 
 def split_trained(params: nnx.State) -> tuple[nnx.State, nnx.State]:
@@ -108,19 +106,6 @@ def setup(config, mesh) -> tuple[Model, Callable[[], TrainState]]:
     lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
   )
   model = Model(
-    config, graphdef, _placeholder_rest(abstract_model), tx, schedule, mesh, abstract, shardings
+    config, graphdef, placeholder_rest(abstract_model), tx, schedule, mesh, abstract, shardings
   )
   return model, jax.jit(init, out_shardings=shardings)
-
-
-def _placeholder_rest(abstract_model) -> nnx.State:
-  """Concrete stand-ins for the model's RNG streams: the step reseeds them before every use."""
-  key_data_shape = jax.random.key_data(jax.random.key(0)).shape
-
-  def concrete(x):
-    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-      return jax.random.wrap_key_data(jnp.zeros(x.shape + key_data_shape, jnp.uint32))
-    return jnp.zeros(x.shape, x.dtype)
-
-  _, _, rest = nnx.split(abstract_model, SAVED, ...)
-  return jax.tree.map(concrete, rest)
