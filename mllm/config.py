@@ -22,10 +22,10 @@ from mllm.layers.init import INIT_SCHEMES
 from mllm.layers.moe import BALANCE_CONVENTIONS, DISPATCHES, GROUPED_MATMULS, NOISES, ROUTERS
 from mllm.layers.norms import NORMS, PLACEMENTS
 from mllm.layers.positions import POSITIONS, ROPE_LAYOUTS, ROPE_SCALINGS
+from mllm.layers.remat import REMAT_POLICIES
 from mllm.ops.attention import ATTENTION_IMPLS
 
 DTYPES = ('float32', 'bfloat16')
-REMAT_POLICIES = ('none', 'full', 'dots')
 DEFAULT_INIT_STD = 0.02  # configs/base.py's model.init_std
 DATA_SOURCES = ('stdlib', 'text', 'jsonl', 'parquet', 'hf')
 TOKENIZERS = ('bpe', 'byte')

@@ -24,6 +24,7 @@ from mllm.layers.kv_cache import KVCache, LayerCache, scatter, write_slots, writ
 from mllm.layers.moe import ExpertBias, MoE
 from mllm.layers.norms import make_norm
 from mllm.layers.positions import POSITIONS, PositionContext
+from mllm.layers.remat import REMAT_POLICIES
 from mllm.ops.attention import AttentionMask
 
 # The variables that are the model's weights: state['params'] of a run, its checkpoints, an HF
@@ -225,15 +226,6 @@ class Transformer(nnx.Module):
       new_cache = KVCache(k=kv[0], v=kv[1], positions=new_positions)
       return logits_BTV, new_cache
     return (logits_BTV, stats or {}) if return_moe_stats else logits_BTV
-
-
-# Activation checkpointing (Chen et al. 2016): 'full' keeps only each layer's input and recomputes
-# the layer in the backward pass; 'dots' also keeps the outputs of weight matmuls (not attention
-# scores), trading less recompute for more memory.
-REMAT_POLICIES = {
-  'full': jax.checkpoint_policies.nothing_saveable,
-  'dots': jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
-}
 
 
 def _call_block(block: Block, x_BTD, context, mask, remat: str, cache=None):
