@@ -5,7 +5,7 @@
 
 The setting of benchmarks/attention.py (bf16, --tokens_per_batch per batch, H query heads): for
 every (block_q, block_k, num_warps, num_stages) the forward and the forward+backward of
-`pallas_kernels.flash_attention` are compiled and timed (median of --repeats after a warm-up),
+`pallas_kernels.flash_attention_triton` are compiled and timed (median of --repeats after a warm-up),
 and the best configuration of each pass is printed with its TFLOP/s (FlashAttention's convention:
 forward 4·B·H·N²·D, halved when causal; forward+backward 3.5× that). block_q / block_k set the
 tiles of both passes; `default_blocks` can then take each pass's best. A configuration the
@@ -24,7 +24,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.flash_attention import flash_attention
+from pallas_kernels.flash_attention_triton import flash_attention
 
 
 def timed(fn, args, repeats: int) -> float:

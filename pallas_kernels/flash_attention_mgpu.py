@@ -701,7 +701,7 @@ def flash_attention(
 ):
   """softmax(q kᵀ scale + alibi, masked) v with FlashAttention's backward (custom VJP).
 
-  The contract of pallas_kernels.flash_attention.flash_attention (masks, offset, GQA, ALiBi, a
+  The contract of pallas_kernels.flash_attention_triton.flash_attention (masks, offset, GQA, ALiBi, a
   query with no allowed key gives 0), for bfloat16 / float16 inputs (wgmma's). block_q: 64 or
   None (a warpgroup's tile); block_k: key rows per forward / dq pipeline slot (a multiple of 64);
   steps: slots in each ring (>= 2). interpret: run in JAX's Mosaic GPU interpreter (default: when

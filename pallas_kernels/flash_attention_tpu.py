@@ -362,7 +362,7 @@ _flash = flash_vjp(_forward, _backward)
 
 
 # ---------------------------------------------------------------------------------------------
-# The public function: [B, T, N, H] in and out, like pallas_kernels.flash_attention.
+# The public function: [B, T, N, H] in and out, like pallas_kernels.flash_attention_triton.
 # ---------------------------------------------------------------------------------------------
 
 
@@ -393,7 +393,7 @@ def flash_attention(
 ) -> jax.Array:
   """softmax(q k^T * scale + alibi, masked) v on TPU; GQA when N is a multiple of K.
 
-  The same contract as pallas_kernels.flash_attention.flash_attention: query t (key index
+  The same contract as pallas_kernels.flash_attention_triton.flash_attention: query t (key index
   i = q_offset + t, default S - T) may attend key j iff (not causal or j <= i) and (window is
   None or (i - j < window and (causal or j - i < window))) and equal segment ids; ALiBi adds
   alibi_slopes[n] * (kv_positions[b, j] - q_positions[b, t]); a query with no allowed key returns

@@ -1,6 +1,6 @@
 """The math of one (query tile, key tile) pair, shared by every flash-attention backend.
 
-The Triton kernel (flash_attention.py) and the Mosaic TPU kernel (flash_attention_tpu.py) differ
+The Triton kernel (flash_attention_triton.py) and the Mosaic TPU kernel (flash_attention_tpu.py) differ
 in how they walk the tiles and where they keep state; what they do to a tile is this. Scores are
 in base 2 (logits * log2 e, so exp2 replaces exp and the saved LSE is base 2). Row statistics
 (m, l, lse, delta) may be vectors `(t,)` (Triton) or columns `(t, 1)` (TPU, whose vector layout

@@ -1,4 +1,4 @@
-"""pallas_kernels.flash_attention against a float64 NumPy reference (output and dq, dk, dv).
+"""pallas_kernels.flash_attention_triton against a float64 NumPy reference (output and dq, dk, dv).
 
 Every case also poisons (NaN) the K/V blocks that the kernel must skip -- blocks outside every
 query block's causal/window range, or whose segment ids cannot meet a query block's -- so a
@@ -17,7 +17,7 @@ import pytest
 from attention_reference import alibi_bias, attention_with_grads
 from attention_reference import allowed_mask as reference_mask
 
-from pallas_kernels import flash_attention as fa
+from pallas_kernels import flash_attention_triton as fa
 
 F32_TOL, BF16_TOL = 1e-5, 2e-2
 TRITON_DEPRECATED = tuple(map(int, jax.__version__.split('.')[:2])) >= (0, 11)

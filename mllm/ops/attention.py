@@ -8,7 +8,7 @@ are never repeated in memory.
 
 Implementations (`ATTENTION_IMPLS`): 'xla' materializes the scores (the reference); 'blockwise' is
 FlashAttention's online softmax in plain JAX (mllm/ops/blockwise.py, O(N) memory, any backend);
-'pallas' is mllm's flash-attention kernel for the backend (pallas_kernels/flash_attention.py,
+'pallas' is mllm's flash-attention kernel for the backend (pallas_kernels/flash_attention_triton.py,
 Triton; flash_attention_tpu.py on a TPU), 'pallas_tpu' the TPU one on any backend (interpreted off
 a TPU), 'pallas_mgpu' the Mosaic GPU (Hopper) one (flash_attention_mgpu.py; interpreted off a GPU);
 'cudnn' is cuDNN's fused kernel (GPU); 'auto' picks one per call (`choose_impl`).

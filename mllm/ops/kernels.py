@@ -37,7 +37,7 @@ def pallas_attention(
   block_k: int | None = None,
   impl: str = 'pallas',
 ) -> jax.Array:
-  """mllm's Pallas flash-attention kernel: pallas_kernels/flash_attention.py (Triton; interpreted
+  """mllm's Pallas flash-attention kernel: pallas_kernels/flash_attention_triton.py (Triton; interpreted
   on CPU), flash_attention_tpu.py (Mosaic TPU; interpreted off a TPU) or flash_attention_mgpu.py
   (Mosaic GPU; interpreted off a GPU), by `pallas_kernel`."""
   # Importing Pallas is deferred until a kernel runs.
@@ -49,7 +49,7 @@ def pallas_attention(
   elif kernel == 'mgpu':
     from pallas_kernels.flash_attention_mgpu import flash_attention
   else:
-    from pallas_kernels.flash_attention import flash_attention
+    from pallas_kernels.flash_attention_triton import flash_attention
   refuse_biases(impl, bias, rel_values, dropout_rate > 0.0 and dropout_rng is not None)
   T, S = q_BTNH.shape[1], k_BSKH.shape[1]
   alibi = bias is not None and bias.alibi_slopes is not None
