@@ -83,7 +83,7 @@ def _workdir(spec: str) -> str:
 
 
 def _generate(config, spec: str) -> None:
-  from mllm.generate import generate, load_run
+  from mllm.generation import generate, load_run
   from mllm.train.loop import several_processes
 
   if several_processes(os.environ):
@@ -164,7 +164,7 @@ def _import(config, spec: str) -> None:
 
 def _export(config, spec: str) -> None:
   from mllm.data.tokenizers import BPETokenizer
-  from mllm.generate import load_run
+  from mllm.generation import load_run
   from mllm.interop.hf import HFExportError, to_hf
 
   workdir = _hf_workdir()

@@ -38,7 +38,7 @@ from rich.table import Table
 
 import mllm
 from benchmarks.machine import describe
-from mllm.generate import generate_tokens
+from mllm.generation import generate_tokens
 from mllm.layers.kv_cache import init_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

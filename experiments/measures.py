@@ -10,7 +10,7 @@ import jax.numpy as jnp
 def decode(config, workdir: str) -> dict:
   """Greedy decode speed of the trained model (batch 1, 16-token prompt, 64 new tokens, compile
   excluded, median of 3) and the KV cache's bytes per token: 2·layers·n_kv·head_dim·bytes."""
-  from mllm.generate import generate_tokens, load_run
+  from mllm.generation import generate_tokens, load_run
   from mllm.layers import resolved_head_dim
 
   model, _, _, saved = load_run(workdir, config)
@@ -155,7 +155,7 @@ def layer_grad_norms(config, workdir: str) -> dict:
   import itertools
 
   from mllm.data import build_data
-  from mllm.generate import load_run
+  from mllm.generation import load_run
   from mllm.train.state import initial_model
 
   trained, _, _, saved = load_run(workdir, config)

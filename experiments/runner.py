@@ -28,7 +28,7 @@ from tqdm import tqdm
 # two versions in it (2026-11-26: a new mllm.train.loop, imported into a process that held the old
 # mllm.layers.moe, raised ImportError between a suite's tuning and its table). Workers are new
 # processes and load one version each.
-import mllm.generate
+import mllm.generation
 import mllm.train  # noqa: F401 (this and the line above: for the reason above)
 from experiments.engines import LocalPool, RayEngine, check_out_for_ray, parse_resources
 from experiments.measures import MEASURES

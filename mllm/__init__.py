@@ -3,9 +3,9 @@
 from mllm.accounting import count_params, training_flops_per_token
 from mllm.config import ConfigError, load_config, validate
 
-# `mllm.generate(model, tokenizer, prompts, ...)` is the function; its module's other names come
-# with `from mllm.generate import ...`.
-from mllm.generate import generate, generate_tokens, load_run
+# `mllm.generate(model, tokenizer, prompts, ...)`: the function; the package mllm/generation/ holds
+# the rest (sampling, the decode loop, loading a run).
+from mllm.generation import generate, generate_tokens, load_run
 from mllm.interop.hf import from_hf, to_hf
 from mllm.model import Transformer, build_model
 

@@ -799,7 +799,7 @@ def test_the_runner_holds_the_library_from_its_start():
   code = (
     'import sys, experiments.runner; '
     "print(all(m in sys.modules for m in ('mllm.train.loop', 'mllm.train.metrics', "
-    "'mllm.generate', 'mllm.layers.moe')))"
+    "'mllm.generation.text', 'mllm.layers.moe')))"
   )
   proc = subprocess.run(
     [sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True, timeout=300

@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT, make_config
 
 from mllm.config import ConfigError
-from mllm.generate import generate, generate_tokens, load_run
+from mllm.generation import generate, generate_tokens, load_run
 from mllm.train import train
 
 

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mllm.generate import generate_tokens
+from mllm.generation import generate_tokens
 from mllm.interop import hf
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'fixtures', 'hf')
@@ -526,7 +526,7 @@ def test_import_generate_train_and_export_through_launch(corpus, tmp_path):
   workdir, a shape-keeping toggle on top) and export all work on it."""
   from test_launch import run_launch
 
-  from mllm.generate import generate, load_run
+  from mllm.generation import generate, load_run
 
   path = write_copy(tmp_path, 'qwen3')
   add_tokenizer(path)

@@ -189,7 +189,7 @@ def test_cached_decoding_with_scan_moe_and_qk_norm(extra):
 
 
 def test_generate_greedy_equals_step_by_step_decoding_and_stops_at_eos():
-  from mllm.generate import generate_tokens
+  from mllm.generation import generate_tokens
 
   cfg, forward, _ = make('rope', 2, WINDOW)
   model = build_model(cfg, rngs=nnx.Rngs(0))
@@ -209,7 +209,7 @@ def test_generate_greedy_equals_step_by_step_decoding_and_stops_at_eos():
 
 
 def test_sampling_is_seeded_and_top_k_top_p_keep_only_allowed_tokens():
-  from mllm.generate import sample
+  from mllm.generation import sample
 
   logits = jax.random.normal(jax.random.key(0), (64, 50)) * 3
   probs = np.asarray(jax.nn.softmax(logits, -1))
@@ -234,7 +234,7 @@ def test_sampling_is_seeded_and_top_k_top_p_keep_only_allowed_tokens():
 def test_repetition_penalty_equals_the_formula_on_full_forward_logits():
   """Greedy with CTRL's penalty (HF's RepetitionPenaltyLogitsProcessor): step by step in NumPy
   on the full forward's logits, the prompt's tokens counting as seen."""
-  from mllm.generate import generate_tokens
+  from mllm.generation import generate_tokens
 
   cfg, _, full = make(
     'rope', 2, None, model__init='fixed', model__init_std=0.3
@@ -256,7 +256,7 @@ def test_repetition_penalty_equals_the_formula_on_full_forward_logits():
 
 
 def test_streamed_tokens_are_the_returned_tokens_in_order():
-  from mllm.generate import generate_tokens
+  from mllm.generation import generate_tokens
 
   cfg, _, _ = make('rope', 2, WINDOW)
   model = build_model(cfg, rngs=nnx.Rngs(0))
@@ -280,7 +280,7 @@ def test_streamed_tokens_are_the_returned_tokens_in_order():
 
 def test_text_stream_waits_for_whole_characters():
   from mllm.data.tokenizers import ByteTokenizer
-  from mllm.generate import TextStream
+  from mllm.generation import TextStream
 
   tokenizer = ByteTokenizer()
   pieces = []

@@ -165,7 +165,7 @@ import sys
 import jax, numpy as np
 sys.path.insert(0, ROOT)
 from conftest import tiny_config
-from mllm.generate import generate_tokens
+from mllm.generation import generate_tokens
 import mllm.ops.attention as attention
 import mllm.ops.mesh as on_mesh
 from mllm.train.sharding import make_mesh
