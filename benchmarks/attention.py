@@ -380,8 +380,8 @@ def main(argv=None) -> None:
       notes.append(
         f"{impl}: not registered in ATTENTION_IMPLS ({', '.join(sorted(ATTENTION_IMPLS))})"
       )
-    elif impl == 'cudnn' and backend != 'gpu':
-      notes.append(f'{impl}: needs a GPU (backend is {backend})')
+    elif ATTENTION_IMPLS[impl].backends and ATTENTION_IMPLS[impl].backends(backend):
+      notes.append(f'{impl}: {ATTENTION_IMPLS[impl].backends(backend)}')
     else:
       impls.append(impl)
   for note in notes:

@@ -481,8 +481,10 @@ LEARNED_BIAS_POSITIONS = ('t5', 'shaw')
 
 
 def _check_attention_impl(m: config_dict.ConfigDict, p: str) -> None:
-  """Refuse combinations an attention implementation cannot run, naming the reason."""
-  a, impl = m.attention, m.attention.impl
+  """Refuse what the attention implementation cannot run, naming the reason; each
+  implementation's record (mllm/ops/attention.py) says what it takes."""
+  a = m.attention
+  impl = ATTENTION_IMPLS[a.impl]
   for key in ('block_q', 'block_k'):
     value = a[key]
     if value is None:
@@ -491,67 +493,36 @@ def _check_attention_impl(m: config_dict.ConfigDict, p: str) -> None:
       raise ConfigError(
         f'{p}.attention.{key}', value, 'a tile size must be a positive integer or None'
       )
-    if impl == 'pallas' and (value < 16 or value & (value - 1)):
-      raise ConfigError(
-        f'{p}.attention.{key}',
-        value,
-        "the Pallas kernel (Triton) needs a power of "
-        'two >= 16; allowed: 16, 32, 64, 128, 256, or None for its default',
-      )
-    if impl == 'splash' and value % 128:
-      raise ConfigError(
-        f'{p}.attention.{key}',
-        value,
-        'splash tiles queries and keys in multiples '
-        'of 128; allowed: 128, 256, 512, ..., or None for 128',
-      )
-    if impl == 'pallas_mgpu' and (value != 64 if key == 'block_q' else value % 64):
-      raise ConfigError(
-        f'{p}.attention.{key}',
-        value,
-        'the Mosaic GPU kernel gives each warpgroup '
-        '64 query rows and streams keys in multiples of 64; allowed: block_q 64, '
-        'block_k 64, 128, 192, ..., or None for their defaults',
-      )
-    multiple = {'block_q': 8, 'block_k': 128}[key]  # TPU sublanes (queries), lanes (keys)
-    if impl == 'pallas_tpu' and value % multiple:
-      raise ConfigError(
-        f'{p}.attention.{key}',
-        value,
-        f'the TPU kernel tiles {key[-1]} in '
-        f'multiples of {multiple}; allowed: {multiple}, {2 * multiple}, ..., '
-        'or None for its default',
-      )
-  if impl not in ('pallas', 'pallas_tpu', 'pallas_mgpu', 'splash', 'cudnn'):
-    return
-  if impl == 'splash' and m.position.kind == 'alibi':
+    why = impl.tiles and impl.tiles(key, value)
+    if why:
+      raise ConfigError(f'{p}.attention.{key}', value, why)
+  if m.position.kind == 'alibi' and not impl.alibi:
     raise ConfigError(
       f'{p}.attention.impl',
-      impl,
-      "splash adds no bias to the scores, so no "
+      a.impl,
+      f'{a.impl} adds no bias to the scores, so no '
       f"ALiBi ({p}.position.kind='alibi'); allowed with it: 'pallas' (ALiBi "
       "in-kernel), 'blockwise', 'xla', 'auto'",
     )
-  if m.position.kind in LEARNED_BIAS_POSITIONS:
+  if m.position.kind in LEARNED_BIAS_POSITIONS and not impl.learned_terms:
     raise ConfigError(
       f'{p}.attention.impl',
-      impl,
+      a.impl,
       f'{p}.position.kind={m.position.kind!r} is a learned relative bias, whose '
       f"gradient only autodiff gives; allowed with it: 'xla', 'blockwise', 'auto'",
     )
-  if a.dropout > 0:
+  if a.dropout > 0 and not impl.learned_terms:
     raise ConfigError(
       f'{p}.attention.impl',
-      impl,
-      f'the {impl} kernel has no attention dropout ({p}.attention.dropout='
+      a.impl,
+      f'the {a.impl} kernel has no attention dropout ({p}.attention.dropout='
       f"{a.dropout}); allowed with it: 'xla', 'blockwise', 'auto'",
     )
-  if impl in ('cudnn', 'pallas_mgpu') and m.dtype != 'bfloat16':
-    what = 'cuDNN flash attention' if impl == 'cudnn' else 'the Mosaic GPU kernel (wgmma)'
+  if impl.half_precision and m.dtype != 'bfloat16':
     raise ConfigError(
       f'{p}.attention.impl',
-      impl,
-      f"{what} runs in bfloat16/float16 but {p}.dtype={m.dtype!r}; "
+      a.impl,
+      f"{impl.half_precision} runs in bfloat16/float16 but {p}.dtype={m.dtype!r}; "
       f"set {p}.dtype='bfloat16' or use 'xla', 'blockwise', 'pallas'",
     )
 
@@ -568,29 +539,10 @@ def check_backend(m: config_dict.ConfigDict, backend: str | None = None, p: str 
       "megablox's gmm is a TPU kernel (off "
       "TPU it only interprets, for tests); allowed on gpu: 'ragged_dot'",
     )
-  if m.attention.impl == 'splash' and backend == 'gpu':
-    raise ConfigError(
-      f'{p}.attention.impl',
-      'splash',
-      "splash is a TPU kernel (off a TPU it only "
-      "interprets, for tests); allowed on gpu: 'xla', 'blockwise', 'pallas', "
-      "'cudnn', 'auto'",
-    )
-  if m.attention.impl == 'pallas_mgpu' and backend == 'tpu':
-    raise ConfigError(
-      f'{p}.attention.impl',
-      'pallas_mgpu',
-      "the Mosaic GPU kernel is for Hopper "
-      "GPUs (off a GPU it only interprets, for tests); allowed on tpu: 'xla', "
-      "'blockwise', 'pallas', 'pallas_tpu', 'splash', 'auto'",
-    )
-  if m.attention.impl == 'cudnn' and backend != 'gpu':
-    raise ConfigError(
-      f'{p}.attention.impl',
-      'cudnn',
-      f"cuDNN needs a GPU, this machine's JAX "
-      f"backend is {backend!r}; allowed here: 'xla', 'blockwise', 'pallas', 'auto'",
-    )
+  refuses = ATTENTION_IMPLS[m.attention.impl].backends
+  why = refuses and refuses(backend)
+  if why:
+    raise ConfigError(f'{p}.attention.impl', m.attention.impl, why)
 
 
 def _integer(key: str, value: Any, minimum: int = 1, optional: bool = False) -> None:

@@ -674,3 +674,38 @@ def test_pallas_mgpu_runs_the_mosaic_gpu_kernel_behind_the_attention_contract():
 
   for got, want in zip(out_and_grads('pallas_mgpu', q, k, v), out_and_grads('xla', q, k, v)):
     assert relative_error(got, want) < 2e-2
+
+
+def test_a_new_implementation_is_one_record(monkeypatch):
+  """Validation, the backend check and `attend` read an implementation's record: registering
+  one (here a wrapper of 'xla' with rules of its own) is all it takes."""
+  calls = []
+
+  def run(q, k, v, **kwargs):
+    calls.append(q.shape)
+    return attention_ops.ATTENTION_IMPLS['xla'](q, k, v, **kwargs)
+
+  record = attention_ops.AttentionImpl(
+    run,
+    alibi=False,
+    tiles=lambda key, value: None if value == 32 else 'this kernel tiles by 32 only',
+    backends=lambda backend: 'a test kernel runs nowhere' if backend == 'tpu' else None,
+  )
+  monkeypatch.setitem(attention_ops.ATTENTION_IMPLS, 'mine', record)
+  config = tiny_config('attn=mine,model.attention.block_q=32')
+  mllm.config.check_backend(config.model, 'cpu')
+  with pytest.raises(mllm.ConfigError, match='a test kernel runs nowhere'):
+    mllm.config.check_backend(config.model, 'tpu')
+  with pytest.raises(
+    mllm.ConfigError, match=r'model\.attention\.block_q=16: this kernel tiles by 32'
+  ):
+    tiny_config('attn=mine,model.attention.block_q=16')
+  with pytest.raises(mllm.ConfigError, match='mine adds no bias to the scores, so no ALiBi'):
+    tiny_config('pos=alibi,attn=mine')
+  with pytest.raises(mllm.ConfigError, match=r"position\.kind='t5' is a learned relative bias"):
+    tiny_config('pos=t5,attn=mine')
+  rng = np.random.default_rng(0)
+  q, k, v = (jnp.asarray(rng.standard_normal((2, 8, 4, 16)), jnp.float32) for _ in range(3))
+  out = attention_ops.attend(q, k, v, mask=AttentionMask(), impl='mine')
+  assert calls == [(2, 8, 4, 16)]
+  assert relative_error(out, attention_with_grads(q, k, v, causal=True)) < 1e-5

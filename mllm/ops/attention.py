@@ -20,12 +20,14 @@ registry, 'auto' and `attend`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 
+from mllm.ops import kernels
 from mllm.ops import mesh as on_mesh
 from mllm.ops.blockwise import blockwise_attention
 from mllm.ops.kernels import cudnn_attention, pallas_attention, pallas_kernel, splash_attention
@@ -34,6 +36,7 @@ from mllm.ops.xla_attention import xla_attention
 
 __all__ = [
   'ATTENTION_IMPLS',
+  'AttentionImpl',
   'AttentionMask',
   'RelativeValues',
   'ScoreBias',
@@ -88,7 +91,7 @@ def auto_attention(q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
 def run_impl(impl: str, q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
   """ATTENTION_IMPLS[impl](...), a kernel impl run on each device's shard of the batch and heads
   when the mesh in context has several devices (mllm/ops/mesh.py: XLA cannot split a kernel)."""
-  if impl not in KERNEL_IMPLS:
+  if not ATTENTION_IMPLS[impl].per_shard:
     return ATTENTION_IMPLS[impl](q_BTNH, k_BSKH, v_BSKH, **kwargs)
   mask, bias = kwargs.pop('mask'), kwargs.pop('bias')
   B = q_BTNH.shape[0]
@@ -123,21 +126,60 @@ def run_impl(impl: str, q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
   )
 
 
-PALLAS_IMPLS = ('pallas', 'pallas_tpu', 'pallas_mgpu')  # mllm's own: index-ordered masks, ALiBi
-INDEX_ORDERED_IMPLS = (*PALLAS_IMPLS, 'splash')  # masks by index: a KV cache's chunk goes blockwise
-KERNEL_IMPLS = (*PALLAS_IMPLS, 'splash')  # opaque custom calls: run per shard on a mesh
+@dataclasses.dataclass(frozen=True)
+class AttentionImpl:
+  """One implementation of `attend` and what it can run. Config validation, 'auto', `run_impl`,
+  `cached_impl` and the benchmarks read these fields; adding an implementation is adding a record.
+  Calling the record runs it."""
 
-# name → implementation.
-ATTENTION_IMPLS: dict[str, Callable[..., jax.Array]] = {
-  'xla': xla_attention,
-  'blockwise': blockwise_attention,
-  'pallas': pallas_attention,
-  'pallas_tpu': functools.partial(pallas_attention, impl='pallas_tpu'),
-  'pallas_mgpu': functools.partial(pallas_attention, impl='pallas_mgpu'),
-  'splash': splash_attention,
-  'cudnn': cudnn_attention,
-  'auto': auto_attention,
+  run: Callable[..., jax.Array]
+  learned_terms: bool = False  # T5/Shaw learned biases and attention dropout (autodiff's gradients)
+  alibi: bool = True  # adds ALiBi's bias to the scores
+  per_shard: bool = False  # an opaque custom call: run per shard of a mesh (mllm/ops/mesh.py)
+  index_masks: bool = False  # masks by index only: a KV cache's prefill chunk goes 'blockwise'
+  pallas: bool = False  # one of mllm's Pallas kernels (pallas_kernels/)
+  half_precision: str | None = None  # runs only in bfloat16/float16: what its error calls it
+  tiles: Callable[[str, int], str | None] | None = None  # why a block_q/block_k is refused
+  backends: Callable[[str], str | None] | None = None  # why a JAX backend is refused
+
+  def __call__(self, q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
+    return self.run(q_BTNH, k_BSKH, v_BSKH, **kwargs)
+
+
+_KERNEL = dict(per_shard=True, index_masks=True)
+
+# name → implementation (`model.attention.impl`).
+ATTENTION_IMPLS: dict[str, AttentionImpl] = {
+  'xla': AttentionImpl(xla_attention, learned_terms=True),
+  'blockwise': AttentionImpl(blockwise_attention, learned_terms=True),
+  'pallas': AttentionImpl(pallas_attention, pallas=True, tiles=kernels.triton_tiles, **_KERNEL),
+  'pallas_tpu': AttentionImpl(
+    functools.partial(pallas_attention, impl='pallas_tpu'),
+    pallas=True,
+    tiles=kernels.tpu_tiles,
+    **_KERNEL,
+  ),
+  'pallas_mgpu': AttentionImpl(
+    functools.partial(pallas_attention, impl='pallas_mgpu'),
+    pallas=True,
+    half_precision='the Mosaic GPU kernel (wgmma)',
+    tiles=kernels.mgpu_tiles,
+    backends=kernels.mgpu_backends,
+    **_KERNEL,
+  ),
+  'splash': AttentionImpl(
+    splash_attention,
+    alibi=False,
+    tiles=kernels.splash_tiles,
+    backends=kernels.splash_backends,
+    **_KERNEL,
+  ),
+  'cudnn': AttentionImpl(
+    cudnn_attention, half_precision='cuDNN flash attention', backends=kernels.cudnn_backends
+  ),
+  'auto': AttentionImpl(auto_attention, learned_terms=True),
 }
+PALLAS_IMPLS = tuple(name for name, impl in ATTENTION_IMPLS.items() if impl.pallas)
 
 
 def cached_impl(impl: str, q_len: int) -> str:
@@ -152,7 +194,7 @@ def cached_impl(impl: str, q_len: int) -> str:
   """
   if q_len == 1:
     return 'xla'
-  return 'blockwise' if impl in INDEX_ORDERED_IMPLS else impl
+  return 'blockwise' if ATTENTION_IMPLS[impl].index_masks else impl
 
 
 def attend(

@@ -138,3 +138,71 @@ def cudnn_attention(
 def splash_attention(q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
   """JAX's splash kernel (TPU; interpreted elsewhere) behind this contract: mllm/ops/splash.py."""
   return splash.splash_attention(q_BTNH, k_BSKH, v_BSKH, **kwargs)
+
+
+# --- What each kernel accepts: block sizes and backends (read through mllm/ops/attention.py's
+# records by config validation, before anything is built). Each returns None, or why not.
+
+
+def triton_tiles(key: str, value: int) -> str | None:
+  if value < 16 or value & (value - 1):
+    return (
+      'the Pallas kernel (Triton) needs a power of two >= 16; allowed: 16, 32, 64, 128, 256, '
+      'or None for its default'
+    )
+  return None
+
+
+def tpu_tiles(key: str, value: int) -> str | None:
+  multiple = {'block_q': 8, 'block_k': 128}[key]  # TPU sublanes (queries), lanes (keys)
+  if value % multiple:
+    return (
+      f'the TPU kernel tiles {key[-1]} in multiples of {multiple}; allowed: {multiple}, '
+      f'{2 * multiple}, ..., or None for its default'
+    )
+  return None
+
+
+def mgpu_tiles(key: str, value: int) -> str | None:
+  if value != 64 if key == 'block_q' else value % 64:
+    return (
+      'the Mosaic GPU kernel gives each warpgroup 64 query rows and streams keys in multiples '
+      'of 64; allowed: block_q 64, block_k 64, 128, 192, ..., or None for their defaults'
+    )
+  return None
+
+
+def splash_tiles(key: str, value: int) -> str | None:
+  if value % 128:
+    return (
+      'splash tiles queries and keys in multiples of 128; allowed: 128, 256, 512, ..., or None '
+      'for 128'
+    )
+  return None
+
+
+def splash_backends(backend: str) -> str | None:
+  if backend == 'gpu':
+    return (
+      'splash is a TPU kernel (off a TPU it only interprets, for tests); allowed on gpu: '
+      "'xla', 'blockwise', 'pallas', 'cudnn', 'auto'"
+    )
+  return None
+
+
+def mgpu_backends(backend: str) -> str | None:
+  if backend == 'tpu':
+    return (
+      'the Mosaic GPU kernel is for Hopper GPUs (off a GPU it only interprets, for tests); '
+      "allowed on tpu: 'xla', 'blockwise', 'pallas', 'pallas_tpu', 'splash', 'auto'"
+    )
+  return None
+
+
+def cudnn_backends(backend: str) -> str | None:
+  if backend != 'gpu':
+    return (
+      f"cuDNN needs a GPU, this machine's JAX backend is {backend!r}; allowed here: 'xla', "
+      "'blockwise', 'pallas', 'auto'"
+    )
+  return None
