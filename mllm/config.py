@@ -16,12 +16,12 @@ from typing import Any
 
 from ml_collections import config_dict
 
-from mllm.layers import resolved_head_dim
+from mllm.checks import ConfigError, integer, number, one_of, positive, rate
 from mllm.layers.ffn import FFNS
 from mllm.layers.init import INIT_SCHEMES
 from mllm.layers.moe import BALANCE_CONVENTIONS, DISPATCHES, GROUPED_MATMULS, NOISES, ROUTERS
 from mllm.layers.norms import NORMS, PLACEMENTS
-from mllm.layers.positions import POSITIONS, ROPE_LAYOUTS, ROPE_SCALINGS
+from mllm.layers.positions import POSITIONS, check_position_config
 from mllm.layers.remat import REMAT_POLICIES
 from mllm.ops.attention import ATTENTION_IMPLS
 
@@ -46,18 +46,6 @@ CHOICES = {
   'window': 'model.attention.sliding_window',
   'rope_scaling': 'model.position.rope_scaling',
 }
-
-
-class ConfigError(ValueError):
-  """A bad config value: `key=value: what is wrong and what is allowed`, on one line."""
-
-  def __init__(self, key: str, value: Any = None, allowed: str | None = None):
-    if allowed is None:  # re-raised by a library with just the message (absl's flag parser does)
-      self.key = self.value = self.allowed = None
-      super().__init__(key)
-      return
-    self.key, self.value, self.allowed = key, value, allowed
-    super().__init__(f'{key}={value!r}: {allowed}')
 
 
 # --------------------------------------------------------------------------------------------
@@ -199,24 +187,6 @@ def apply_choices(config: config_dict.ConfigDict, arg: str | None) -> config_dic
 # --------------------------------------------------------------------------------------------
 
 
-def _one_of(key: str, value: Any, allowed: Iterable[str], what: str) -> None:
-  allowed = list(allowed)
-  if value not in allowed:
-    raise ConfigError(key, value, f'unknown {what}; allowed: ' + ', '.join(allowed))
-
-
-def _positive(key: str, value: Any, optional: bool = False) -> None:
-  if optional and value is None:
-    return
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-    raise ConfigError(key, value, 'must be a positive number' + (' or None' if optional else ''))
-
-
-def _rate(key: str, value: Any) -> None:
-  if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-    raise ConfigError(key, value, 'a dropout rate must be in [0, 1)')
-
-
 def check_finite(config: config_dict.ConfigDict, prefix: str = '') -> None:
   """Every float in the config is a number: NaN and ±inf pass most range checks unnoticed
   (`nan <= 0` is False), and would only show up as a NaN loss many steps later."""
@@ -283,9 +253,9 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
     value = get_path(m, path)
     if not isinstance(value, bool) and not (value is None and path in OPTIONAL_KEYS):
       raise ConfigError(f'{p}.{path}', value, 'must be true or false')
-  _integer(f'{p}.head_dim', m.head_dim, optional=True)
-  _one_of(f'{p}.init', m.init, INIT_SCHEMES, 'initialisation scheme')
-  _positive(f'{p}.init_std', m.init_std)
+  integer(f'{p}.head_dim', m.head_dim, optional=True)
+  one_of(f'{p}.init', m.init, INIT_SCHEMES, 'initialisation scheme')
+  positive(f'{p}.init_std', m.init_std)
   if m.init != 'fixed' and m.init_std != DEFAULT_INIT_STD:  # set, and silently unused
     raise ConfigError(
       f'{p}.init_std',
@@ -293,12 +263,12 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
       f"read only by {p}.init='fixed' (it is {m.init!r}); set "
       f"{p}.init='fixed' to use it, else leave it at {DEFAULT_INIT_STD}",
     )
-  _positive(f'{p}.embed_scale', m.embed_scale)
-  _one_of(f'{p}.dtype', m.dtype, DTYPES, 'compute dtype')
-  _one_of(f'{p}.param_dtype', m.param_dtype, DTYPES, 'parameter dtype')
-  _one_of(f'{p}.remat', m.remat, REMAT_POLICIES, 'remat policy')
-  _rate(f'{p}.dropout', m.dropout)
-  _rate(f'{p}.embed_dropout', m.embed_dropout)
+  positive(f'{p}.embed_scale', m.embed_scale)
+  one_of(f'{p}.dtype', m.dtype, DTYPES, 'compute dtype')
+  one_of(f'{p}.param_dtype', m.param_dtype, DTYPES, 'parameter dtype')
+  one_of(f'{p}.remat', m.remat, REMAT_POLICIES, 'remat policy')
+  rate(f'{p}.dropout', m.dropout)
+  rate(f'{p}.embed_dropout', m.embed_dropout)
 
   if m.n_kv_heads > m.n_heads or m.n_heads % m.n_kv_heads:
     raise ConfigError(
@@ -313,88 +283,28 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
       f'must divide {p}.d_model={m.d_model} when {p}.head_dim is unset; allowed: '
       f'{_divisors(m.d_model)}, or set {p}.head_dim',
     )
-  head_dim = resolved_head_dim(m)
 
   a = m.attention
-  _one_of(f'{p}.attention.impl', a.impl, ATTENTION_IMPLS, 'attention implementation')
-  _integer(f'{p}.attention.sliding_window', a.sliding_window, optional=True)
-  _positive(f'{p}.attention.softmax_scale', a.softmax_scale, optional=True)
-  _rate(f'{p}.attention.dropout', a.dropout)
+  one_of(f'{p}.attention.impl', a.impl, ATTENTION_IMPLS, 'attention implementation')
+  integer(f'{p}.attention.sliding_window', a.sliding_window, optional=True)
+  positive(f'{p}.attention.softmax_scale', a.softmax_scale, optional=True)
+  rate(f'{p}.attention.dropout', a.dropout)
 
   pos = m.position
-  _one_of(f'{p}.position.kind', pos.kind, POSITIONS, 'position scheme')
+  one_of(f'{p}.position.kind', pos.kind, POSITIONS, 'position scheme')
   _check_attention_impl(m, p)
-  _one_of(f'{p}.position.rope_layout', pos.rope_layout, ROPE_LAYOUTS, 'RoPE layout')
-  _one_of(f'{p}.position.rope_scaling', pos.rope_scaling, ROPE_SCALINGS, 'RoPE scaling')
-  # Every numeric key is range-checked, used by this scheme or not: a config is valid as a whole.
-  _positive(f'{p}.position.rope_theta', pos.rope_theta)
-  if not isinstance(pos.rope_scaling_factor, (int, float)) or not pos.rope_scaling_factor >= 1.0:
-    raise ConfigError(
-      f'{p}.position.rope_scaling_factor',
-      pos.rope_scaling_factor,
-      'the context extension factor must be >= 1',
-    )
-  _positive(f'{p}.position.rope_original_max_len', pos.rope_original_max_len, optional=True)
-  _positive(f'{p}.position.yarn_beta_slow', pos.yarn_beta_slow)
-  if not pos.yarn_beta_slow < pos.yarn_beta_fast:
-    raise ConfigError(
-      f'{p}.position.yarn_beta_slow',
-      pos.yarn_beta_slow,
-      f'YaRN needs 0 < yarn_beta_slow < yarn_beta_fast={pos.yarn_beta_fast}',
-    )
-  _positive(f'{p}.position.llama3_low_freq_factor', pos.llama3_low_freq_factor)
-  if not pos.llama3_low_freq_factor < pos.llama3_high_freq_factor:
-    raise ConfigError(
-      f'{p}.position.llama3_low_freq_factor',
-      pos.llama3_low_freq_factor,
-      'llama3 scaling needs 0 < low_freq_factor < llama3_high_freq_factor='
-      f'{pos.llama3_high_freq_factor}',
-    )
-  if pos.kind == 'rope' and head_dim % 2:
-    derived = '' if m.head_dim else f' (derived as d_model // n_heads = {m.d_model} // {m.n_heads})'
-    raise ConfigError(
-      f'{p}.head_dim',
-      head_dim,
-      f'RoPE rotates pairs of features, so head_dim must be even{derived}',
-    )
-  if pos.rope_scaling != 'none' and pos.kind != 'rope':
-    raise ConfigError(
-      f'{p}.position.rope_scaling',
-      pos.rope_scaling,
-      f"RoPE scaling needs {p}.position.kind='rope' (it is {pos.kind!r}); allowed here: 'none'",
-    )
-  if pos.kind == 'sinusoidal' and m.d_model % 2:
-    raise ConfigError(f'{p}.d_model', m.d_model, 'sinusoidal positions need an even d_model')
-  if pos.kind == 't5':
-    if not isinstance(pos.t5_num_buckets, int) or pos.t5_num_buckets < 2:
-      raise ConfigError(
-        f'{p}.position.t5_num_buckets', pos.t5_num_buckets, 'must be an integer >= 2'
-      )
-    if not isinstance(pos.t5_max_distance, int) or pos.t5_max_distance <= pos.t5_num_buckets // 2:
-      raise ConfigError(
-        f'{p}.position.t5_max_distance',
-        pos.t5_max_distance,
-        f'must exceed t5_num_buckets // 2 = {pos.t5_num_buckets // 2}, where the exact buckets end',
-      )
-  if pos.kind == 'shaw' and (
-    not isinstance(pos.shaw_max_distance, int) or pos.shaw_max_distance < 0
-  ):
-    raise ConfigError(
-      f'{p}.position.shaw_max_distance',
-      pos.shaw_max_distance,
-      'the clipping distance k must be an integer >= 0',
-    )
+  check_position_config(m, p)
 
   f = m.ffn
-  _one_of(f'{p}.ffn.kind', f.kind, FFN_KINDS, 'FFN')
-  _integer(f'{p}.ffn.d_ff', f.d_ff, optional=True)
-  _integer(f'{p}.ffn.multiple_of', f.multiple_of)
+  one_of(f'{p}.ffn.kind', f.kind, FFN_KINDS, 'FFN')
+  integer(f'{p}.ffn.d_ff', f.d_ff, optional=True)
+  integer(f'{p}.ffn.multiple_of', f.multiple_of)
   _validate_moe(m, p)
 
   n = m.norm
-  _one_of(f'{p}.norm.kind', n.kind, NORMS, 'norm')
-  _one_of(f'{p}.norm.placement', n.placement, PLACEMENTS, 'norm placement')
-  _positive(f'{p}.norm.eps', n.eps)
+  one_of(f'{p}.norm.kind', n.kind, NORMS, 'norm')
+  one_of(f'{p}.norm.placement', n.placement, PLACEMENTS, 'norm placement')
+  positive(f'{p}.norm.eps', n.eps)
   if not (isinstance(n.partial_p, (int, float)) and 0.0 < n.partial_p <= 1.0):
     raise ConfigError(
       f'{p}.norm.partial_p',
@@ -406,7 +316,7 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
 def _validate_moe(m: config_dict.ConfigDict, p: str) -> None:
   """model.moe: every key range-checked (used or not); the combinations only with ffn.kind='moe'."""
   moe, q = m.moe, f'{p}.moe'
-  _integer(f'{q}.num_experts', moe.num_experts)
+  integer(f'{q}.num_experts', moe.num_experts)
   if (
     isinstance(moe.top_k, bool)
     or not isinstance(moe.top_k, int)
@@ -418,27 +328,27 @@ def _validate_moe(m: config_dict.ConfigDict, p: str) -> None:
       f'each token goes to top_k of {q}.num_experts='
       f'{moe.num_experts} experts; allowed: 1 <= top_k <= {moe.num_experts}',
     )
-  _one_of(f'{q}.expert_kind', moe.expert_kind, FFNS, 'expert FFN')
-  _integer(f'{q}.expert_d_ff', moe.expert_d_ff, optional=True)
-  _integer(f'{q}.num_shared_experts', moe.num_shared_experts, 0)
-  _integer(f'{q}.shared_d_ff', moe.shared_d_ff, optional=True)
-  _integer(f'{q}.every', moe.every)
-  _integer(f'{q}.first_dense_layers', moe.first_dense_layers, 0)
-  _one_of(f'{q}.router', moe.router, ROUTERS, 'router')
-  _one_of(f'{q}.dispatch', moe.dispatch, MOE_DISPATCHES, 'dispatch')
-  _one_of(f'{q}.grouped_matmul', moe.grouped_matmul, GROUPED_MATMULS, 'grouped matmul')
-  _one_of(
+  one_of(f'{q}.expert_kind', moe.expert_kind, FFNS, 'expert FFN')
+  integer(f'{q}.expert_d_ff', moe.expert_d_ff, optional=True)
+  integer(f'{q}.num_shared_experts', moe.num_shared_experts, 0)
+  integer(f'{q}.shared_d_ff', moe.shared_d_ff, optional=True)
+  integer(f'{q}.every', moe.every)
+  integer(f'{q}.first_dense_layers', moe.first_dense_layers, 0)
+  one_of(f'{q}.router', moe.router, ROUTERS, 'router')
+  one_of(f'{q}.dispatch', moe.dispatch, MOE_DISPATCHES, 'dispatch')
+  one_of(f'{q}.grouped_matmul', moe.grouped_matmul, GROUPED_MATMULS, 'grouped matmul')
+  one_of(
     f'{q}.balance_convention',
     moe.balance_convention,
     BALANCE_CONVENTIONS,
     'balancing-loss convention',
   )
-  _one_of(f'{q}.noise', moe.noise, NOISES, 'router noise')
-  _positive(f'{q}.capacity_factor', moe.capacity_factor)
-  _number(f'{q}.balance_coef', moe.balance_coef, 0.0, 1e3, 'a loss coefficient (0: off)')
-  _number(f'{q}.z_loss_coef', moe.z_loss_coef, 0.0, 1e3, 'a loss coefficient (0: off)')
-  _number(f'{q}.noise_alpha', moe.noise_alpha, 0.0, 1.0, 'the weight of the noise in the mixture')
-  _number(f'{q}.bias_update_rate', moe.bias_update_rate, 0.0, 1e3, 'the bias step γ')
+  one_of(f'{q}.noise', moe.noise, NOISES, 'router noise')
+  positive(f'{q}.capacity_factor', moe.capacity_factor)
+  number(f'{q}.balance_coef', moe.balance_coef, 0.0, 1e3, 'a loss coefficient (0: off)')
+  number(f'{q}.z_loss_coef', moe.z_loss_coef, 0.0, 1e3, 'a loss coefficient (0: off)')
+  number(f'{q}.noise_alpha', moe.noise_alpha, 0.0, 1.0, 'the weight of the noise in the mixture')
+  number(f'{q}.bias_update_rate', moe.bias_update_rate, 0.0, 1e3, 'the bias step γ')
   if m.ffn.kind != 'moe':
     return
   if m.ffn.use_bias:
@@ -475,11 +385,6 @@ def moe_layers(m: config_dict.ConfigDict) -> list[int]:
   ]
 
 
-# Positional schemes whose score bias is learned: autodiff must reach it, so only the
-# implementations written in plain JAX ('xla', 'blockwise') can run them.
-LEARNED_BIAS_POSITIONS = ('t5', 'shaw')
-
-
 def _check_attention_impl(m: config_dict.ConfigDict, p: str) -> None:
   """Refuse what the attention implementation cannot run, naming the reason; each
   implementation's record (mllm/ops/attention.py) says what it takes."""
@@ -504,7 +409,7 @@ def _check_attention_impl(m: config_dict.ConfigDict, p: str) -> None:
       f"ALiBi ({p}.position.kind='alibi'); allowed with it: 'pallas' (ALiBi "
       "in-kernel), 'blockwise', 'xla', 'auto'",
     )
-  if m.position.kind in LEARNED_BIAS_POSITIONS and not impl.learned_terms:
+  if POSITIONS[m.position.kind].learned_bias and not impl.learned_terms:
     raise ConfigError(
       f'{p}.attention.impl',
       a.impl,
@@ -545,22 +450,9 @@ def check_backend(m: config_dict.ConfigDict, backend: str | None = None, p: str 
     raise ConfigError(f'{p}.attention.impl', m.attention.impl, why)
 
 
-def _integer(key: str, value: Any, minimum: int = 1, optional: bool = False) -> None:
-  if optional and value is None:
-    return
-  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-    what = 'a positive integer' if minimum == 1 else f'an integer >= {minimum}'
-    raise ConfigError(key, value, f'must be {what}' + (' or None' if optional else ''))
-
-
-def _number(key: str, value: Any, low: float, high: float, what: str) -> None:
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-    raise ConfigError(key, value, f'{what}; allowed: {low} <= value <= {high}')
-
-
 def validate_data(config: config_dict.ConfigDict) -> None:
   d = config.data
-  _one_of('data.source', d.source, DATA_SOURCES, 'data source')
+  one_of('data.source', d.source, DATA_SOURCES, 'data source')
   if d.source != 'stdlib' and not d.path:
     raise ConfigError(
       'data.path',
@@ -570,17 +462,17 @@ def validate_data(config: config_dict.ConfigDict) -> None:
     )
   if not isinstance(d.text_field, str) or not d.text_field:
     raise ConfigError('data.text_field', d.text_field, 'must name the text column')
-  _number('data.val_fraction', d.val_fraction, 0.0, 0.5, 'the share of documents held out')
-  _one_of('data.tokenizer', d.tokenizer, TOKENIZERS, 'tokenizer')
-  _integer('data.tokenizer_train_bytes', d.tokenizer_train_bytes)
+  number('data.val_fraction', d.val_fraction, 0.0, 0.5, 'the share of documents held out')
+  one_of('data.tokenizer', d.tokenizer, TOKENIZERS, 'tokenizer')
+  integer('data.tokenizer_train_bytes', d.tokenizer_train_bytes)
   for key in ('eos_token', 'pad_token'):
     if not isinstance(d[key], str) or not d[key]:
       raise ConfigError(f'data.{key}', d[key], 'must name a special token of the BPE tokenizer')
   # Whether the tokenizer fits model.vocab_size is checked when the data is built.
   if not isinstance(d.document_mask, bool):
     raise ConfigError('data.document_mask', d.document_mask, 'must be true or false')
-  _integer('data.seq_len', d.seq_len)
-  _integer('data.batch_size', d.batch_size)
+  integer('data.seq_len', d.seq_len)
+  integer('data.batch_size', d.batch_size)
   for key in ('path', 'cache_dir', 'hf_config'):
     if d[key] is not None and (not isinstance(d[key], str) or not d[key].strip()):
       raise ConfigError(f'data.{key}', d[key], 'must be a non-empty string, or None')
@@ -595,26 +487,26 @@ def validate_data(config: config_dict.ConfigDict) -> None:
 
 def validate_train(config: config_dict.ConfigDict) -> None:
   t = config.train
-  _integer('train.steps', t.steps)
-  _positive('train.learning_rate', t.learning_rate)
-  _one_of('train.schedule', t.schedule, SCHEDULES, 'learning-rate schedule')
-  _integer('train.warmup_steps', t.warmup_steps, 0)
+  integer('train.steps', t.steps)
+  positive('train.learning_rate', t.learning_rate)
+  one_of('train.schedule', t.schedule, SCHEDULES, 'learning-rate schedule')
+  integer('train.warmup_steps', t.warmup_steps, 0)
   if t.schedule in ('cosine', 'linear') and t.warmup_steps >= t.steps:
     raise ConfigError(
       'train.warmup_steps',
       t.warmup_steps,
       f'must be < train.steps={t.steps} for a {t.schedule} decay',
     )
-  _number('train.min_lr_ratio', t.min_lr_ratio, 0.0, 1.0, 'a fraction of the peak rate')
-  _number('train.b1', t.b1, 0.0, 0.999999, 'an Adam moment decay')
-  _number('train.b2', t.b2, 0.0, 0.999999, 'an Adam moment decay')
-  _positive('train.eps', t.eps)
-  _number('train.weight_decay', t.weight_decay, 0.0, 10.0, 'the decoupled weight decay')
-  _number('train.grad_clip', t.grad_clip, 0.0, 1e30, 'a global norm (0: off)')
+  number('train.min_lr_ratio', t.min_lr_ratio, 0.0, 1.0, 'a fraction of the peak rate')
+  number('train.b1', t.b1, 0.0, 0.999999, 'an Adam moment decay')
+  number('train.b2', t.b2, 0.0, 0.999999, 'an Adam moment decay')
+  positive('train.eps', t.eps)
+  number('train.weight_decay', t.weight_decay, 0.0, 10.0, 'the decoupled weight decay')
+  number('train.grad_clip', t.grad_clip, 0.0, 1e30, 'a global norm (0: off)')
   for key in ('decay_embeddings', 'decay_norms_and_biases', 'async_checkpoint', 'tensorboard'):
     if not isinstance(t[key], bool):
       raise ConfigError(f'train.{key}', t[key], 'must be true or false')
-  _integer('train.grad_accum_steps', t.grad_accum_steps)
+  integer('train.grad_accum_steps', t.grad_accum_steps)
   if config.data.batch_size % t.grad_accum_steps:
     raise ConfigError(
       'train.grad_accum_steps',
@@ -622,12 +514,12 @@ def validate_train(config: config_dict.ConfigDict) -> None:
       f'must divide data.batch_size={config.data.batch_size}; allowed: '
       + _divisors(config.data.batch_size),
     )
-  _integer('train.log_every', t.log_every)
-  _integer('train.eval_every', t.eval_every, 0)
-  _integer('train.eval_batches', t.eval_batches, 0)
-  _integer('train.checkpoint_every', t.checkpoint_every)
-  _integer('train.max_to_keep', t.max_to_keep)
-  _positive('train.peak_flops', t.peak_flops, optional=True)
+  integer('train.log_every', t.log_every)
+  integer('train.eval_every', t.eval_every, 0)
+  integer('train.eval_batches', t.eval_batches, 0)
+  integer('train.checkpoint_every', t.checkpoint_every)
+  integer('train.max_to_keep', t.max_to_keep)
+  positive('train.peak_flops', t.peak_flops, optional=True)
   if t.init_from is not None:
     kind, sep, path = t.init_from.partition(':') if isinstance(t.init_from, str) else ('', '', '')
     if kind not in INIT_SOURCES or not sep or not path.strip():

@@ -17,6 +17,7 @@ from mllm.config import config_diff, moe_layers
 from mllm.layers import resolved_head_dim
 from mllm.layers.ffn import hidden_dim
 from mllm.layers.moe import expert_hidden_dim, resolve_dispatch
+from mllm.layers.positions import POSITIONS
 from mllm.model import build_model, dense_ffn_kind
 
 
@@ -34,20 +35,6 @@ def _attention_kind(m) -> str:
   if m.attention.qk_norm:
     extras.append('qk-norm')
   return f"{kind} ({', '.join(extras)})"
-
-
-def _position_kind(m) -> str:
-  p = m.position
-  if p.kind == 'rope':
-    text = f'rope θ={p.rope_theta:g} {p.rope_layout}'
-    if p.rope_scaling != 'none':
-      text += f' {p.rope_scaling}×{p.rope_scaling_factor:g}'
-    return text
-  if p.kind == 't5':
-    return f't5 {p.t5_num_buckets} buckets ≤{p.t5_max_distance}'
-  if p.kind == 'shaw':
-    return f'shaw k={p.shaw_max_distance}'
-  return p.kind
 
 
 def _moe_kind(m) -> str:
@@ -76,7 +63,12 @@ def layer_table(config, model) -> Table:
   table.add_row('embed', '', '', '', '', f"{_module_params(params['embed']):,}")
   if 'position' in params:
     table.add_row(
-      'position', '', _position_kind(m), '', '', f"{_module_params(params['position']):,}"
+      'position',
+      '',
+      POSITIONS[m.position.kind].describe(m),
+      '',
+      '',
+      f"{_module_params(params['position']):,}",
     )
   dense_kind = dense_ffn_kind(m)
   dense_ffn = f'{dense_kind} d_ff={hidden_dim(m.ffn, m.d_model, dense_kind)}'
@@ -89,7 +81,14 @@ def layer_table(config, model) -> Table:
     per_layer = [_module_params(params['blocks'][i]) for i in range(m.n_layers)]
   for i, count in enumerate(per_layer):
     ffn = moe_ffn if i in sparse else dense_ffn
-    table.add_row(f'layer {i}', _attention_kind(m), _position_kind(m), ffn, norm, f'{count:,}')
+    table.add_row(
+      f'layer {i}',
+      _attention_kind(m),
+      POSITIONS[m.position.kind].describe(m),
+      ffn,
+      norm,
+      f'{count:,}',
+    )
   if 'final_norm' in params:
     table.add_row(
       'final_norm', '', '', '', m.norm.kind, f"{_module_params(params['final_norm']):,}"

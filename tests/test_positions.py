@@ -17,14 +17,11 @@ from mllm.layers.positions import (
   PositionContext,
   ShawTables,
   alibi_slopes,
-  apply_rope,
-  rope_angles,
-  rope_frequencies_2d,
-  rope_inverse_frequencies,
   shaw_relative_index,
   sinusoidal_embedding,
   t5_relative_bucket,
 )
+from mllm.layers.rope import apply_rope, rope_angles, rope_frequencies_2d, rope_inverse_frequencies
 from mllm.ops.attention import AttentionMask, ScoreBias, attend
 
 
