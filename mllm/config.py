@@ -31,9 +31,8 @@ DATA_SOURCES = ('stdlib', 'text', 'jsonl', 'parquet', 'hf')
 TOKENIZERS = ('bpe', 'byte')
 SCHEDULES = ('cosine', 'linear', 'constant', 'inverse_sqrt')
 MESH_AXES = ('data', 'fsdp', 'expert', 'tensor')
-INIT_SOURCES = ('workdir', 'hf')
-FFN_KINDS = (*FFNS, 'moe')  # the dense FFNs, and the mixture of experts built from them
-MOE_DISPATCHES = ('auto', *DISPATCHES)  # train.init_from='workdir:PATH'
+INIT_SOURCES = ('workdir', 'hf')  # train.init_from='workdir:PATH' or 'hf:PATH'
+MOE_DISPATCHES = ('auto', *DISPATCHES)  # 'auto': capacity on CPU, dropless on accelerators
 
 # Short names accepted in `--config=configs/base.py:pos=alibi,ffn=geglu,...`. Any dotted path
 # (`model.n_layers=4`) and any leaf name that is unique in the config (`n_kv_heads=2`) work too.
@@ -296,7 +295,8 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
   check_position_config(m, p)
 
   f = m.ffn
-  one_of(f'{p}.ffn.kind', f.kind, FFN_KINDS, 'FFN')
+  # The dense FFNs (read now: a registry may have grown since import), and the MoE built of them.
+  one_of(f'{p}.ffn.kind', f.kind, (*FFNS, 'moe'), 'FFN')
   integer(f'{p}.ffn.d_ff', f.d_ff, optional=True)
   integer(f'{p}.ffn.multiple_of', f.multiple_of)
   _validate_moe(m, p)
