@@ -32,7 +32,8 @@ from rich.table import Table
 
 from benchmarks.machine import describe
 from mllm.layers.ffn import FFNS
-from mllm.layers.moe import MoE, load_balancing_loss
+from mllm.layers.moe import MoE
+from mllm.layers.moe_routing import load_balancing_loss
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (experts, top_k, expert_d_ff): coarse experts, then fine-grained ones (DeepSeekMoE-style).

@@ -19,7 +19,7 @@ from ml_collections import config_dict
 from mllm.checks import ConfigError, integer, number, one_of, positive, rate
 from mllm.layers.ffn import FFNS
 from mllm.layers.init import INIT_SCHEMES
-from mllm.layers.moe import BALANCE_CONVENTIONS, DISPATCHES, GROUPED_MATMULS, NOISES, ROUTERS
+from mllm.layers.moe import check_moe_config
 from mllm.layers.norms import NORMS, PLACEMENTS
 from mllm.layers.positions import POSITIONS, check_position_config
 from mllm.layers.remat import REMAT_POLICIES
@@ -32,7 +32,6 @@ TOKENIZERS = ('bpe', 'byte')
 SCHEDULES = ('cosine', 'linear', 'constant', 'inverse_sqrt')
 MESH_AXES = ('data', 'fsdp', 'expert', 'tensor')
 INIT_SOURCES = ('workdir', 'hf')  # train.init_from='workdir:PATH' or 'hf:PATH'
-MOE_DISPATCHES = ('auto', *DISPATCHES)  # 'auto': capacity on CPU, dropless on accelerators
 
 # Short names accepted in `--config=configs/base.py:pos=alibi,ffn=geglu,...`. Any dotted path
 # (`model.n_layers=4`) and any leaf name that is unique in the config (`n_kv_heads=2`) work too.
@@ -299,7 +298,7 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
   one_of(f'{p}.ffn.kind', f.kind, (*FFNS, 'moe'), 'FFN')
   integer(f'{p}.ffn.d_ff', f.d_ff, optional=True)
   integer(f'{p}.ffn.multiple_of', f.multiple_of)
-  _validate_moe(m, p)
+  check_moe_config(m, p)
 
   n = m.norm
   one_of(f'{p}.norm.kind', n.kind, NORMS, 'norm')
@@ -311,78 +310,6 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
       n.partial_p,
       'partial RMSNorm uses the first p fraction of features; allowed: 0 < p <= 1',
     )
-
-
-def _validate_moe(m: config_dict.ConfigDict, p: str) -> None:
-  """model.moe: every key range-checked (used or not); the combinations only with ffn.kind='moe'."""
-  moe, q = m.moe, f'{p}.moe'
-  integer(f'{q}.num_experts', moe.num_experts)
-  if (
-    isinstance(moe.top_k, bool)
-    or not isinstance(moe.top_k, int)
-    or not (1 <= moe.top_k <= moe.num_experts)
-  ):
-    raise ConfigError(
-      f'{q}.top_k',
-      moe.top_k,
-      f'each token goes to top_k of {q}.num_experts='
-      f'{moe.num_experts} experts; allowed: 1 <= top_k <= {moe.num_experts}',
-    )
-  one_of(f'{q}.expert_kind', moe.expert_kind, FFNS, 'expert FFN')
-  integer(f'{q}.expert_d_ff', moe.expert_d_ff, optional=True)
-  integer(f'{q}.num_shared_experts', moe.num_shared_experts, 0)
-  integer(f'{q}.shared_d_ff', moe.shared_d_ff, optional=True)
-  integer(f'{q}.every', moe.every)
-  integer(f'{q}.first_dense_layers', moe.first_dense_layers, 0)
-  one_of(f'{q}.router', moe.router, ROUTERS, 'router')
-  one_of(f'{q}.dispatch', moe.dispatch, MOE_DISPATCHES, 'dispatch')
-  one_of(f'{q}.grouped_matmul', moe.grouped_matmul, GROUPED_MATMULS, 'grouped matmul')
-  one_of(
-    f'{q}.balance_convention',
-    moe.balance_convention,
-    BALANCE_CONVENTIONS,
-    'balancing-loss convention',
-  )
-  one_of(f'{q}.noise', moe.noise, NOISES, 'router noise')
-  positive(f'{q}.capacity_factor', moe.capacity_factor)
-  number(f'{q}.balance_coef', moe.balance_coef, 0.0, 1e3, 'a loss coefficient (0: off)')
-  number(f'{q}.z_loss_coef', moe.z_loss_coef, 0.0, 1e3, 'a loss coefficient (0: off)')
-  number(f'{q}.noise_alpha', moe.noise_alpha, 0.0, 1.0, 'the weight of the noise in the mixture')
-  number(f'{q}.bias_update_rate', moe.bias_update_rate, 0.0, 1e3, 'the bias step γ')
-  if m.ffn.kind != 'moe':
-    return
-  if m.ffn.use_bias:
-    raise ConfigError(
-      f'{p}.ffn.use_bias',
-      True,
-      "experts are bias-free (as in Switch, Mixtral "
-      f"and DeepSeek); allowed with {p}.ffn.kind='moe': false",
-    )
-  if not moe_layers(m):
-    raise ConfigError(
-      f'{q}.first_dense_layers',
-      moe.first_dense_layers,
-      f'with {q}.every={moe.every} this leaves no MoE layer among the '
-      f'{m.n_layers}; allowed: a smaller value, or a smaller {q}.every',
-    )
-  if m.scan_layers and len(moe_layers(m)) != m.n_layers:
-    raise ConfigError(
-      f'{p}.scan_layers',
-      True,
-      f'scanned layers must be alike, but {q}.every='
-      f'{moe.every} and {q}.first_dense_layers={moe.first_dense_layers} mix MoE '
-      'and dense layers; allowed: false, or every=1 and first_dense_layers=0',
-    )
-
-
-def moe_layers(m: config_dict.ConfigDict) -> list[int]:
-  """The indices of the MoE layers (Qwen2-MoE's decoder_sparse_step and DeepSeek's
-  first_k_dense_replace): i >= first_dense_layers and (i + 1) % every == 0."""
-  if m.ffn.kind != 'moe':
-    return []
-  return [
-    i for i in range(m.n_layers) if i >= m.moe.first_dense_layers and (i + 1) % m.moe.every == 0
-  ]
 
 
 def _check_attention_impl(m: config_dict.ConfigDict, p: str) -> None:

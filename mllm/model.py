@@ -16,12 +16,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mllm.config import moe_layers
 from mllm.layers.attention import Attention
 from mllm.layers.ffn import FFNS, hidden_dim
 from mllm.layers.init import weight_std
 from mllm.layers.kv_cache import KVCache, LayerCache, scatter, write_slots, writes_first
-from mllm.layers.moe import ExpertBias, MoE
+from mllm.layers.moe import MoE, moe_layers
+from mllm.layers.moe_routing import ExpertBias
 from mllm.layers.norms import make_norm
 from mllm.layers.positions import POSITIONS, PositionContext
 from mllm.layers.remat import REMAT_POLICIES

@@ -13,10 +13,11 @@ from rich.console import Console
 from rich.table import Table
 
 from mllm.accounting import count_params, training_flops_per_token
-from mllm.config import config_diff, moe_layers
+from mllm.config import config_diff
 from mllm.layers import resolved_head_dim
 from mllm.layers.ffn import hidden_dim
-from mllm.layers.moe import expert_hidden_dim, resolve_dispatch
+from mllm.layers.moe import expert_hidden_dim, moe_layers
+from mllm.layers.moe_experts import resolve_dispatch
 from mllm.layers.positions import POSITIONS
 from mllm.model import build_model, dense_ffn_kind
 

@@ -10,21 +10,18 @@ import pytest
 from flax import nnx
 
 from mllm.layers.ffn import FFNS
-from mllm.layers.moe import (
+from mllm.layers.moe import MoE, moe_metrics, uniform_assignment, update_expert_biases
+from mllm.layers.moe_experts import capacity
+from mllm.layers.moe_routing import (
   ExpertBias,
-  MoE,
   balancing_objective,
-  capacity,
   load_balancing_loss,
   load_summary,
   mixture_noise,
-  moe_metrics,
   noisy_topk_logits,
   router_probs,
   top_k,
-  uniform_assignment,
   update_expert_bias,
-  update_expert_biases,
   z_loss,
 )
 
@@ -471,7 +468,7 @@ def test_stacked_metrics_and_the_per_layer_bias_update():
 def test_megablox_gmm_in_interpret_mode_equals_ragged_dot_with_gradients():
   """The TPU grouped-matmul kernel (Pallas interpret mode on CPU) and ragged_dot, on uneven
   groups with an empty one and a row count that is not a whole tile (padded, then cut)."""
-  from mllm.layers.moe import grouped_matmul
+  from mllm.layers.moe_experts import grouped_matmul
 
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.normal(size=(150, 16)), jnp.float32)
@@ -502,7 +499,7 @@ def test_megablox_gmm_in_interpret_mode_equals_ragged_dot_with_gradients():
 def test_the_tiled_grouped_matmul_equals_ragged_dot_with_gradients(sizes, tile):
   """MegaBlocks-style tiles (each group padded to whole tiles) against ragged_dot: uneven and
   empty groups, one group holding every row, a tile that divides nothing, a tile over the rows."""
-  from mllm.layers.moe import grouped_matmul, tiled_grouped_matmul
+  from mllm.layers.moe_experts import grouped_matmul, tiled_grouped_matmul
 
   rng = np.random.default_rng(1)
   x = jnp.asarray(rng.normal(size=(150, 16)), jnp.float32)
@@ -530,7 +527,7 @@ def test_a_capacity_layer_infers_without_a_kernel_that_would_only_interpret_or_e
   inference: on a CPU, where ragged_dot expands to E× the FLOPs, it takes the tiled matmul; on a
   GPU, where gmm would only interpret (slowly), ragged_dot. An explicit dropless layer keeps its
   kernel (megablox: the tests' interpret mode). The outputs are the same."""
-  from mllm.layers import moe as moe_module
+  from mllm.layers import moe_experts as moe_module
 
   called, real = [], moe_module.grouped_matmul
   monkeypatch.setattr(

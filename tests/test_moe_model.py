@@ -15,8 +15,9 @@ from conftest import STEPS, load_state, make_config, tiny_config
 from flax import nnx
 
 from mllm.accounting import count_params, training_flops_per_token
-from mllm.config import ConfigError, moe_layers
-from mllm.layers.moe import MoE, update_expert_bias
+from mllm.config import ConfigError
+from mllm.layers.moe import MoE, moe_layers
+from mllm.layers.moe_routing import update_expert_bias
 from mllm.model import build_model
 from mllm.train import evaluate, train
 from mllm.train.metrics import read_metrics
@@ -361,7 +362,7 @@ def test_an_exported_capacity_model_gives_the_same_logits_in_transformers_layout
   dropless, its capacity dropped assignments: max difference 2.9e-2 here under model.init='fixed'
   (the issue's 2.7e-2), 2.3 under 'fan_in' (the batch-independence test below: 3.7e-2, 2.2)."""
   import mllm
-  from mllm.layers.moe import resolve_dispatch
+  from mllm.layers.moe_experts import resolve_dispatch
 
   config = _small_mixtral()
   assert resolve_dispatch(config.model.moe.dispatch) == 'capacity'

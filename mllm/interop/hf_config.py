@@ -12,10 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mllm.config import moe_layers
 from mllm.layers import resolved_head_dim
 from mllm.layers.ffn import hidden_dim
-from mllm.layers.moe import expert_hidden_dim
+from mllm.layers.moe import expert_hidden_dim, moe_layers
 from mllm.model import dense_ffn_kind
 
 # model_type → the architecture transformers builds for it.

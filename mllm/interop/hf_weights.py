@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from mllm.config import moe_layers
 from mllm.layers import resolved_head_dim
+from mllm.layers.moe import moe_layers
 
 
 @dataclasses.dataclass(frozen=True)

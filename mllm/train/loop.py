@@ -20,8 +20,8 @@ import jax
 import numpy as np
 
 from mllm.accounting import count_params, training_flops_per_token
-from mllm.config import ConfigError, moe_layers
-from mllm.layers.moe import training_note
+from mllm.config import ConfigError
+from mllm.layers.moe import moe_layers, training_note
 from mllm.paths import existing_dir, writable_dir
 from mllm.train.checkpoint import (
   Checkpointer,

@@ -15,8 +15,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from mllm.config import moe_layers
-from mllm.layers.moe import balancing_objective, moe_metrics, update_expert_biases
+from mllm.layers.moe import moe_layers, moe_metrics, update_expert_biases
+from mllm.layers.moe_routing import balancing_objective
 from mllm.ops.mesh import traced_on
 from mllm.train.sharding import batch_sharding, replicated
 from mllm.train.state import Model, TrainState, split_trained
