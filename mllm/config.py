@@ -20,7 +20,7 @@ from mllm.checks import ConfigError, integer, number, one_of, positive, rate
 from mllm.layers.ffn import FFNS
 from mllm.layers.init import INIT_SCHEMES
 from mllm.layers.moe import check_moe_config
-from mllm.layers.norms import NORMS, PLACEMENTS
+from mllm.layers.norms import check_norm_config
 from mllm.layers.positions import POSITIONS, check_position_config
 from mllm.layers.remat import REMAT_POLICIES
 from mllm.ops.attention import ATTENTION_IMPLS
@@ -300,16 +300,7 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
   integer(f'{p}.ffn.multiple_of', f.multiple_of)
   check_moe_config(m, p)
 
-  n = m.norm
-  one_of(f'{p}.norm.kind', n.kind, NORMS, 'norm')
-  one_of(f'{p}.norm.placement', n.placement, PLACEMENTS, 'norm placement')
-  positive(f'{p}.norm.eps', n.eps)
-  if not (isinstance(n.partial_p, (int, float)) and 0.0 < n.partial_p <= 1.0):
-    raise ConfigError(
-      f'{p}.norm.partial_p',
-      n.partial_p,
-      'partial RMSNorm uses the first p fraction of features; allowed: 0 < p <= 1',
-    )
+  check_norm_config(m, p)
 
 
 def _check_attention_impl(m: config_dict.ConfigDict, p: str) -> None:

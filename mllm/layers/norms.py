@@ -12,6 +12,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mllm.checks import ConfigError, one_of, positive
+
 
 class _Norm(nnx.Module):
   """Shared parameters: a learned gain γ (`scale`) and, optionally, a learned shift β (`bias`)."""
@@ -112,3 +114,17 @@ def make_norm(norm_cfg, dim: int, *, param_dtype=jnp.float32, rngs: nnx.Rngs) ->
   if norm_cfg.use_bias is not None:
     kwargs['use_bias'] = norm_cfg.use_bias
   return NORMS[norm_cfg.kind](dim, **kwargs)
+
+
+def check_norm_config(m, p: str = 'model') -> None:
+  """`model.norm`: a registered kind and placement, a positive eps, and partial RMSNorm's p."""
+  n = m.norm
+  one_of(f'{p}.norm.kind', n.kind, NORMS, 'norm')
+  one_of(f'{p}.norm.placement', n.placement, PLACEMENTS, 'norm placement')
+  positive(f'{p}.norm.eps', n.eps)
+  if not (isinstance(n.partial_p, (int, float)) and 0.0 < n.partial_p <= 1.0):
+    raise ConfigError(
+      f'{p}.norm.partial_p',
+      n.partial_p,
+      'partial RMSNorm uses the first p fraction of features; allowed: 0 < p <= 1',
+    )
