@@ -24,16 +24,9 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from mllm.config import (
-  ConfigError,
-  field_info,
-  get_path,
-  load_config,
-  parse_value,
-  read_config,
-  set_path,
-  validate,
-)
+from mllm.config import ConfigError, load_config, read_config
+from mllm.config_keys import field_info, get_path, parse_value, set_path
+from mllm.validation import validate
 
 DEFAULT_CONFIG = 'configs/rope_swiglu.py'
 BASE_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'base.py')

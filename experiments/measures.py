@@ -75,8 +75,9 @@ def loss_at_lengths(config, workdir: str, factors) -> dict:
 
   from ml_collections import config_dict
 
-  from mllm.config import set_path, validate
+  from mllm.config_keys import set_path
   from mllm.train import evaluate
+  from mllm.validation import validate
 
   length = base_length(config)
   out = {}

@@ -263,7 +263,7 @@ def _scan_blocks(x_BTD, blocks: Block, context, mask, remat: str, cached=None):
 
 def build_model(config, *, rngs: nnx.Rngs) -> Transformer:
   """Validate `config` (the full config or its `model` part) and build the transformer it names."""
-  from mllm.config import check_backend, validate_model  # deferred: imports the registries
+  from mllm.validation import check_backend, validate_model
 
   model_cfg = config.model if 'model' in config else config
   validate_model(model_cfg)

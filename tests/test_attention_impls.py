@@ -525,15 +525,15 @@ def test_config_refuses_unsupported_combinations(choices, message):
 def test_splash_is_refused_on_a_gpu():
   config = tiny_config('attn=splash')
   with pytest.raises(mllm.ConfigError, match='splash is a TPU kernel'):
-    mllm.config.check_backend(config.model, backend='gpu')
+    mllm.validation.check_backend(config.model, backend='gpu')
 
 
 def test_the_mosaic_gpu_kernel_is_refused_on_a_tpu():
   config = tiny_config('attn=pallas_mgpu,model.dtype=bfloat16')
   with pytest.raises(mllm.ConfigError, match='the Mosaic GPU kernel is for Hopper GPUs'):
-    mllm.config.check_backend(config.model, backend='tpu')
-  mllm.config.check_backend(config.model, backend='gpu')
-  mllm.config.check_backend(config.model, backend='cpu')  # interpreted, for tests
+    mllm.validation.check_backend(config.model, backend='tpu')
+  mllm.validation.check_backend(config.model, backend='gpu')
+  mllm.validation.check_backend(config.model, backend='cpu')  # interpreted, for tests
 
 
 def test_cudnn_is_refused_without_a_gpu():
@@ -693,9 +693,9 @@ def test_a_new_implementation_is_one_record(monkeypatch):
   )
   monkeypatch.setitem(attention_ops.ATTENTION_IMPLS, 'mine', record)
   config = tiny_config('attn=mine,model.attention.block_q=32')
-  mllm.config.check_backend(config.model, 'cpu')
+  mllm.validation.check_backend(config.model, 'cpu')
   with pytest.raises(mllm.ConfigError, match='a test kernel runs nowhere'):
-    mllm.config.check_backend(config.model, 'tpu')
+    mllm.validation.check_backend(config.model, 'tpu')
   with pytest.raises(
     mllm.ConfigError, match=r'model\.attention\.block_q=16: this kernel tiles by 32'
   ):

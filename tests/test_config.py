@@ -13,11 +13,13 @@ from ml_collections import config_dict
 import mllm
 from mllm import ConfigError
 from mllm import model as model_lib
-from mllm.config import CHOICES, DTYPES, config_diff, flatten, get_path, parse_value, validate
+from mllm.config import CHOICES, config_diff
+from mllm.config_keys import flatten, get_path, parse_value
 from mllm.layers.ffn import FFNS
 from mllm.layers.norms import NORMS, PLACEMENTS
 from mllm.layers.positions import POSITIONS, ROPE_LAYOUTS, ROPE_SCALINGS
 from mllm.ops.attention import ATTENTION_IMPLS
+from mllm.validation import DTYPES, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / 'configs'

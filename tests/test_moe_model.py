@@ -59,7 +59,7 @@ def test_bad_moe_configs_are_one_line_errors_naming_the_key(overrides, key, allo
 
 
 def test_megablox_is_refused_on_gpu_naming_the_key():
-  from mllm.config import check_backend
+  from mllm.validation import check_backend
 
   cfg = tiny_config(MOE, model__moe__grouped_matmul='megablox')
   check_backend(cfg.model, 'cpu')  # interpret mode, for tests
@@ -70,7 +70,7 @@ def test_megablox_is_refused_on_gpu_naming_the_key():
 def test_an_expert_axis_needs_an_moe_model_and_must_divide_its_experts():
   with pytest.raises(ConfigError, match=r"^mesh.expert=2: shards the experts .* model.ffn.kind="):
     tiny_config(mesh__expert=2)
-  from mllm.config import check_expert_axis  # what setup() runs once a -1 axis has its size
+  from mllm.validation import check_expert_axis
 
   with pytest.raises(ConfigError, match=r'^mesh.expert=3: must divide model.moe.num_experts=4'):
     check_expert_axis(tiny_config(MOE, mesh__data=1, mesh__expert=-1).model, 3)

@@ -118,7 +118,8 @@ def test_peak_flops_table():
   ],
 )
 def test_training_config_errors(key, value, text):
-  from mllm.config import load_config, parse_value
+  from mllm.config import load_config
+  from mllm.config_keys import parse_value
 
   with pytest.raises(ConfigError) as info:
     load_config(os.path.join(ROOT, 'configs', 'base.py'), {key: parse_value(value)})

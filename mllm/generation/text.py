@@ -3,7 +3,7 @@ streamed text, and `generate` over `generate_tokens`."""
 
 from __future__ import annotations
 
-from mllm.config import ConfigError, validate
+from mllm.config import ConfigError
 from mllm.data.tokenizers import BPETokenizer, ByteTokenizer
 from mllm.generation.decode import generate_tokens
 from mllm.paths import existing_dir
@@ -11,6 +11,7 @@ from mllm.train.checkpoint import Checkpointer, StateMismatch
 from mllm.train.resume import as_config, saved_config
 from mllm.train.sharding import make_mesh
 from mllm.train.state import setup
+from mllm.validation import validate
 
 
 def load_run(workdir: str, like):

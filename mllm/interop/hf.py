@@ -19,7 +19,8 @@ import numpy as np
 from flax import nnx
 from ml_collections import config_dict
 
-from mllm.config import load_config, set_path, validate
+from mllm.config import load_config
+from mllm.config_keys import set_path
 from mllm.interop import hf_weights
 from mllm.interop.hf_config import (
   ARCHITECTURES,
@@ -33,6 +34,7 @@ from mllm.interop.hf_config import (
   hf_config,
 )
 from mllm.model import SAVED, build_model, placeholder_rest
+from mllm.validation import validate
 
 __all__ = [
   'ARCHITECTURES',

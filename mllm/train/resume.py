@@ -21,7 +21,8 @@ from typing import Any
 
 from ml_collections import config_dict
 
-from mllm.config import INIT_SOURCES, ConfigError, flatten, set_path
+from mllm.config import ConfigError
+from mllm.config_keys import flatten, set_path
 from mllm.interop.hf import HFImportError, hf_params
 from mllm.train.checkpoint import (
   Checkpointer,
@@ -33,6 +34,7 @@ from mllm.train.checkpoint import (
   signature,
 )
 from mllm.train.state import abstract_state
+from mllm.validation import INIT_SOURCES
 
 # The state's structure depends only on these sections (the data, mesh and seed do not change it).
 STATE_SECTIONS = ('model.', 'train.')

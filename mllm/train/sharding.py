@@ -20,8 +20,9 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from mllm.config import MESH_AXES, ConfigError
+from mllm.config import ConfigError
 from mllm.ops.mesh import BATCH_AXES, HEADS_AXIS
+from mllm.validation import MESH_AXES
 
 LOGICAL_RULES: dict[str, str | None] = {
   'embed': 'fsdp',

@@ -17,11 +17,11 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from mllm.config import check_expert_axis
 from mllm.model import SAVED, build_model, placeholder_rest
 from mllm.ops.mesh import traced_on
 from mllm.train.optimizer import make_optimizer
 from mllm.train.sharding import param_shardings, replicated
+from mllm.validation import check_expert_axis
 
 TrainState = (
   dict  # {'step': int32[], 'params': nnx.State, 'opt_state': optax state, 'rng': uint32[2]}
