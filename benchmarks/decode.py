@@ -16,7 +16,7 @@ warm-up excluded, median of `--repeats` runs, prefill reported apart from decode
     with a note if absent): the same Llama-shaped model with the same weights
     (benchmarks/hf_llama.py), float32, greedy, EOS ignored, both sides on all cores, at 4.9 M and
     32 M parameters, batch 1 and 8, in one run; checks that both produce the same tokens.
-(5) `--only_125m` (GPU_CHECKLIST item 5): `generate_tokens` tokens/s at batch 1 and 32 for the
+(5) `--only_125m` (a GPU measurement): `generate_tokens` tokens/s at batch 1 and 32 for the
     125M model of benchmarks/train_step.py (d 768, 12 layers, MHA), bf16 compute and cache.
     transformers' decode time is generate(N) − generate(1) over N − 1 tokens (its prefill and
     first token taken out); mllm's is the while_loop's N steps (N forward passes, one more than

@@ -11,7 +11,7 @@ FLOPs a token actually gets from its k experts):
   of configs/base.py with ffn=moe in every layer, against the same model with the dense FFN.
 Each row: the median time, tokens/s, the FLOPs XLA compiled (cost_analysis) and its scratch memory
 (memory_analysis().temp_size_in_bytes). On CPU XLA expands `jax.lax.ragged_dot` to a dense masked
-product (JAX_NOTES): every one of the T·k sorted rows is multiplied by all E experts' weights, so
+product (measured here): every one of the T·k sorted rows is multiplied by all E experts' weights, so
 dropless compiles to E× the active FLOPs there, which `moe.dispatch=auto` avoids on CPU; the tiled
 grouped matmul (`moe.grouped_matmul=tiled`, MegaBlocks' padding to whole tiles) computes at most
 E·128 extra rows.

@@ -51,7 +51,7 @@ MODELS = {
     {'model.d_model': 512, 'model.n_layers': 8, 'model.vocab_size': 8192},
     'd 512, 8 layers, 8 heads / 2 KV, vocab 8192',
   ),
-  # GPU_CHECKLIST item 3: GPT-2 small's shape, Llama-style (RoPE, SwiGLU, RMSNorm), MHA, vocab
+  # For a GPU's MFU: GPT-2 small's shape, Llama-style (RoPE, SwiGLU, RMSNorm), MHA, vocab
   # 50304 (GPT-2's 50257 rounded up to a multiple of 64), bf16 compute on fp32 master weights.
   '125m': (
     {

@@ -3,7 +3,8 @@ for a dense model; (data, expert) and (fsdp, expert, tensor) for an MoE model, w
 sharded over the expert axis.
 
 Runs in a subprocess: the device count is fixed when JAX starts. Each step blocks on its loss,
-which avoids the multi-device CPU rendezvous deadlock (JAX_NOTES.md).
+which avoids a deadlock of XLA:CPU's multi-device collectives when steps are queued back to
+back (mllm/train/loop.py blocks on each step's loss for the same reason).
 """
 
 from __future__ import annotations

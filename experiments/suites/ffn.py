@@ -5,7 +5,7 @@ from experiments.suite import Suite, Variant
 from experiments.suites._presets import PRESETS
 from mllm.layers.ffn import hidden_dim
 
-# Table 1, log-perplexity on C4 after 65,536 steps (Shazeer 2020); ../shared/REFERENCES.md.
+# Table 1, log-perplexity on C4 after 65,536 steps (Shazeer 2020).
 _PAPER = {
   'relu': 1.997,
   'gelu': 1.983,

@@ -1,4 +1,4 @@
-"""Mixture of Experts: a router sends each token to k of E expert FFNs (the lecture's last FFN).
+"""Mixture of Experts: a router sends each token to k of E expert FFNs.
 
     p(x) = softmax(x·W_r)  (or sigmoid, DeepSeek-V3),  in float32 whatever the compute dtype
     y(x) = Σ_{i ∈ top-k(p)} g_i(x) · E_i(x)  [+ Σ_j S_j(x), always-on shared experts]
@@ -20,7 +20,7 @@ Two ways to run the experts, equal when no token overflows (tested):
 
 Balancing: the Switch loss and the router z-loss (the layer returns its routing statistics; the
 training step adds the losses with their coefficients, over the global batch), router noise in
-training (the lecture's mixture, or Shazeer's noisy top-k; drawn from the 'dropout' RNG stream, so
+training (a mixture with uniform noise, or Shazeer's noisy top-k; drawn from the 'dropout' RNG stream, so
 a resumed run draws the same noise), and DeepSeek-V3's aux-loss-free bias (an `ExpertBias`
 variable that shifts the choice only; `update_expert_bias` is applied after each step).
 

@@ -91,7 +91,7 @@ def z_loss(logits_TE: jax.Array) -> jax.Array:
 
 
 def mixture_noise(probs_TE: jax.Array, alpha: float, key: jax.Array) -> jax.Array:
-  """The lecture's noisy router: p = (1 − α)·p + α·ε, with ε uniform on the probability simplex
+  """A noisy router that mixes in uniform noise: p = (1 − α)·p + α·ε, with ε uniform on the probability simplex
   (Dirichlet(1, ..., 1), drawn per token), so p stays a distribution."""
   exponential = jax.random.exponential(key, probs_TE.shape, jnp.float32)
   epsilon = exponential / jnp.sum(exponential, axis=-1, keepdims=True)

@@ -272,7 +272,7 @@ def _train(config, workdir, stop_after, progress, mesh, model, init, ckpt, closi
         t0 = time.perf_counter()
         state, metrics = train_step(state, batch)
         # Reading the loss blocks on the step: it also avoids the multi-device CPU rendezvous
-        # deadlock between consecutive steps (JAX_NOTES.md).
+        # deadlock between consecutive steps that XLA:CPU can otherwise hit.
         loss = float(metrics['loss'])
         dt = time.perf_counter() - t0
         step += 1

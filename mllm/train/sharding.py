@@ -62,8 +62,8 @@ def mesh_shape(mesh_cfg, n_devices: int) -> tuple[int, ...]:
 def make_mesh(mesh_cfg, devices=None) -> jax.sharding.Mesh:
   devices = list(devices if devices is not None else jax.devices())
   shape = mesh_shape(mesh_cfg, len(devices))
-  # Auto axes: shardings are annotations that XLA propagates (JAX_NOTES: make_mesh defaults to
-  # Explicit axes, which put shardings in the type system).
+  # Auto axes: shardings are annotations that XLA propagates (jax.make_mesh defaults to Explicit
+  # axes, which put shardings in the type system).
   return jax.make_mesh(
     shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(shape), devices=devices
   )
