@@ -10,7 +10,7 @@ with their id; SIGTERM or Ctrl-C is passed on to all of them (each saves and exi
 the others are stopped. The exit code is the first failure's, else 0.
 
 This is JAX's own multi-controller runtime on localhost (the tests use it); on a cluster, start
-the same command on every host through its scheduler instead (README, "Several hosts").
+the same command on every host through its scheduler instead (docs/multi-host.md).
 """
 
 from __future__ import annotations
