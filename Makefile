@@ -10,7 +10,7 @@ ARGS ?=
 # tests of one xdist_group (the training runs sharing a module fixture) on one worker.
 PYTEST_ARGS ?= -n 2 --dist loadgroup
 
-.PHONY: install train summary test test-slow test-tpu ablate clean
+.PHONY: install train summary lint format test test-slow test-tpu ablate clean
 
 # Re-created whenever pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -39,6 +39,15 @@ SEEDS ?= 3
 JOBS ?= 1
 ablate: $(STAMP)
 	$(VENV)/bin/python -m experiments $(SUITE) --preset=$(PRESET) --seeds=$(SEEDS) --jobs=$(JOBS) $(ARGS)
+
+# ruff's checks and its formatter (configured in pyproject.toml); `make format` applies both fixes.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS) tests

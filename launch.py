@@ -15,6 +15,7 @@ Bad configs, overrides, flags, paths and data print one line naming the key or p
 what is allowed, and exit with status 2: the config is read and checked before absl parses the
 flags, and what only the run can check (paths, data, a resume) raises ConfigError, so no traceback.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,9 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from mllm.config import (ConfigError, field_info, get_path, load_config, parse_value, read_config,
-                         set_path, validate)
+from mllm.config import ConfigError, load_config, read_config
+from mllm.config_keys import field_info, get_path, parse_value, set_path
+from mllm.validation import validate
 
 DEFAULT_CONFIG = 'configs/rope_swiglu.py'
 BASE_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'base.py')
@@ -32,12 +34,14 @@ BASE_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs'
 
 def _summary(config, spec: str) -> None:
   from mllm.summary import summarize
+
   base = load_config(BASE_CONFIG) if os.path.isfile(BASE_CONFIG) else None
   summarize(config, base, spec=spec)
 
 
 def _train(config, spec: str) -> None:
   from mllm.train import TrainingDiverged, train
+
   try:
     train(config, _workdir(spec), stop_after=_STOP_AFTER.value)
   except TrainingDiverged as err:
@@ -47,13 +51,17 @@ def _train(config, spec: str) -> None:
 
 def _eval(config, spec: str) -> None:
   from mllm.train import evaluate
+
   workdir = _workdir(spec)
   result = evaluate(config, workdir)
   import jax  # initialized by evaluate (several processes: each computes the same numbers)
+
   if jax.process_index() == 0:
-    print(f"step {result['step']} of {workdir}: val loss {result['loss']:.4f}  "
-          f"perplexity {result['perplexity']:.2f}  bits/byte {result['bits_per_byte']:.4f}  "
-          f"({result['tokens']:,.0f} tokens)")
+    print(
+      f"step {result['step']} of {workdir}: val loss {result['loss']:.4f}  "
+      f"perplexity {result['perplexity']:.2f}  bits/byte {result['bits_per_byte']:.4f}  "
+      f"({result['tokens']:,.0f} tokens)"
+    )
 
 
 def _workdir(spec: str) -> str:
@@ -68,12 +76,17 @@ def _workdir(spec: str) -> str:
 
 
 def _generate(config, spec: str) -> None:
-  from mllm.generate import generate, load_run
+  from mllm.generation import generate, load_run
   from mllm.train.loop import several_processes
+
   if several_processes(os.environ):
-    raise ConfigError('--mode', 'generate', 'decodes in one process (a checkpoint written by '
-                      'several processes restores in one); allowed: start it once, without the '
-                      'cluster variables (JAX_COORDINATOR_ADDRESS, SLURM_NTASKS > 1, ...)')
+    raise ConfigError(
+      '--mode',
+      'generate',
+      'decodes in one process (a checkpoint written by '
+      'several processes restores in one); allowed: start it once, without the '
+      'cluster variables (JAX_COORDINATOR_ADDRESS, SLURM_NTASKS > 1, ...)',
+    )
   workdir = _workdir(spec)
   prompts = [_PROMPT.value] if _PROMPT.value is not None else []
   if _PROMPT_FILE.value:
@@ -81,21 +94,35 @@ def _generate(config, spec: str) -> None:
       with open(_PROMPT_FILE.value, encoding='utf-8') as f:
         prompts += [line.rstrip('\n') for line in f if line.strip()]
     except (OSError, UnicodeDecodeError) as err:
-      raise ConfigError('--prompt_file', _PROMPT_FILE.value, f'cannot be read ({err}); allowed: '
-                        'a UTF-8 text file with one prompt per line') from None
+      raise ConfigError(
+        '--prompt_file',
+        _PROMPT_FILE.value,
+        f'cannot be read ({err}); allowed: a UTF-8 text file with one prompt per line',
+      ) from None
   if not prompts:
-    raise ConfigError('--prompt', None, 'no prompt given; allowed: --prompt=TEXT or '
-                      '--prompt_file=FILE with one prompt per line')
+    raise ConfigError(
+      '--prompt',
+      None,
+      'no prompt given; allowed: --prompt=TEXT or --prompt_file=FILE with one prompt per line',
+    )
   model, tokenizer, step, _ = load_run(workdir, config)
   timings = {}
   streaming = len(prompts) == 1  # one prompt: print its text as it is produced
   if streaming:
     print(prompts[0], end='', flush=True)
-  texts = generate(model, tokenizer, prompts, max_new_tokens=_MAX_NEW_TOKENS.value,
-                   temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
-                   repetition_penalty=_REPETITION_PENALTY.value, seed=_SEED.value,
-                   on_text=(lambda piece: print(piece, end='', flush=True)) if streaming else None,
-                   timings=timings)
+  texts = generate(
+    model,
+    tokenizer,
+    prompts,
+    max_new_tokens=_MAX_NEW_TOKENS.value,
+    temperature=_TEMPERATURE.value,
+    top_k=_TOP_K.value,
+    top_p=_TOP_P.value,
+    repetition_penalty=_REPETITION_PENALTY.value,
+    seed=_SEED.value,
+    on_text=(lambda piece: print(piece, end='', flush=True)) if streaming else None,
+    timings=timings,
+  )
   if streaming:
     print(flush=True)
   else:
@@ -103,11 +130,13 @@ def _generate(config, spec: str) -> None:
       print(f'{prompt}{text}', flush=True)
       print('─' * 40)
   prefill_s, decode_s = timings['prefill_s'], timings['decode_s']
-  print(f"{workdir} step {step}: prefill {timings['prompt_tokens']:,} tokens in "
-        f"{prefill_s:.3f} s ({timings['prompt_tokens'] / prefill_s:,.0f} tok/s), decode "
-        f"{timings['new_tokens']:,} tokens in {decode_s:.3f} s "
-        f"({timings['new_tokens'] / decode_s:,.0f} tok/s); compile {timings['compile_s']:.1f} s",
-        file=sys.stderr)
+  print(
+    f"{workdir} step {step}: prefill {timings['prompt_tokens']:,} tokens in "
+    f"{prefill_s:.3f} s ({timings['prompt_tokens'] / prefill_s:,.0f} tok/s), decode "
+    f"{timings['new_tokens']:,} tokens in {decode_s:.3f} s "
+    f"({timings['new_tokens'] / decode_s:,.0f} tok/s); compile {timings['compile_s']:.1f} s",
+    file=sys.stderr,
+  )
 
 
 def _import(config, spec: str) -> None:
@@ -115,27 +144,34 @@ def _import(config, spec: str) -> None:
   from --config), tokenizer.json and the weights as checkpoint step 0, for train/eval/generate."""
   from mllm.train import train
   from mllm.train.checkpoint import checkpoint_dir
+
   workdir = _hf_workdir()
   if os.path.isdir(checkpoint_dir(workdir)) and os.listdir(checkpoint_dir(workdir)):
     raise ConfigError('--workdir', workdir, 'already holds checkpoints; allowed: a new workdir')
   train(config, workdir, stop_after=0, progress=False)
-  print(f'imported {_HF.value} into {workdir} (step 0). Next: python launch.py --workdir={workdir} '
-        '[--mode=eval|generate]')
+  print(
+    f'imported {_HF.value} into {workdir} (step 0). Next: python launch.py --workdir={workdir} '
+    '[--mode=eval|generate]'
+  )
 
 
 def _export(config, spec: str) -> None:
   from mllm.data.tokenizers import BPETokenizer
-  from mllm.generate import load_run
+  from mllm.generation import load_run
   from mllm.interop.hf import HFExportError, to_hf
+
   workdir = _hf_workdir()
   model, tokenizer, step, config = load_run(workdir, config)
   try:
-    family = to_hf(config, model, _HF.value,
-                   tokenizer=tokenizer if isinstance(tokenizer, BPETokenizer) else None)
+    family = to_hf(
+      config, model, _HF.value, tokenizer=tokenizer if isinstance(tokenizer, BPETokenizer) else None
+    )
   except HFExportError as err:
     _fail(str(err))
-  print(f'exported {workdir} step {step} to {_HF.value} as {family} '
-        '(transformers: AutoModelForCausalLM.from_pretrained)')
+  print(
+    f'exported {workdir} step {step} to {_HF.value} as {family} '
+    '(transformers: AutoModelForCausalLM.from_pretrained)'
+  )
 
 
 def _hf_workdir() -> str:
@@ -146,8 +182,14 @@ def _hf_workdir() -> str:
   return _WORKDIR.value
 
 
-MODES = {'train': _train, 'eval': _eval, 'summary': _summary, 'generate': _generate,
-         'import': _import, 'export': _export}
+MODES = {
+  'train': _train,
+  'eval': _eval,
+  'summary': _summary,
+  'generate': _generate,
+  'import': _import,
+  'export': _export,
+}
 
 
 def _fail(message: str) -> None:
@@ -193,6 +235,7 @@ def _read_config(argv: list[str]):
   has_saved = workdir and os.path.isfile(os.path.join(workdir, 'config.json'))
   if _flag(argv, 'config') is None and has_saved:
     from mllm.train.resume import as_config, read_config_json
+
     return as_config(read_config_json(workdir), read_config(BASE_CONFIG)), True
   return read_config(_config_spec(argv)), False
 
@@ -212,7 +255,7 @@ def preflight(argv: list[str]):
     explicit = {}
     for arg in argv[1:]:
       if arg.startswith('--config.'):
-        key, sep, value = arg[len('--config.'):].partition('=')
+        key, sep, value = arg[len('--config.') :].partition('=')
         if not sep:
           raise ConfigError(f'--config.{key}', None, 'expected --config.key=value')
         set_path(config, key, parse_value(value, *field_info(config, key)))
@@ -223,7 +266,7 @@ def preflight(argv: list[str]):
     validate(config)
     init_from = config.train.init_from or ''
     if init_from.startswith('hf:') and not from_workdir:
-      config = _from_hf(config, init_from[len('hf:'):], explicit)
+      config = _from_hf(config, init_from[len('hf:') :], explicit)
   except ConfigError as err:
     _fail(str(err))
   config.lock()
@@ -233,11 +276,16 @@ def preflight(argv: list[str]):
 def _from_hf(config, path: str, explicit: dict):
   from mllm.interop.hf import HFImportError, run_config
   from mllm.train.resume import check_hf_folder
+
   check_hf_folder(config, path)
   if not os.path.isfile(os.path.join(path, 'tokenizer.json')):
-    raise ConfigError('train.init_from', config.train.init_from, f'{path} has no tokenizer.json '
-                      '(a tokenizer made here would give the ids other meanings); allowed: a '
-                      'folder with the tokenizer.json its model was trained with')
+    raise ConfigError(
+      'train.init_from',
+      config.train.init_from,
+      f'{path} has no tokenizer.json '
+      '(a tokenizer made here would give the ids other meanings); allowed: a '
+      'folder with the tokenizer.json its model was trained with',
+    )
   try:
     return run_config(config, path, explicit)
   except HFImportError as err:
@@ -251,6 +299,7 @@ def main(argv: list[str]) -> None:
     _fail(f"--mode={_MODE.value!r}: unknown mode; allowed: {', '.join(MODES)}")
   logging.set_verbosity(logging.WARNING)  # keep JAX's backend probing out of the output
   from mllm import compile_cache
+
   compile_cache.enable()  # a relaunch of the same shapes reads XLA's output from disk
   config = _PREFLIGHT_CONFIG
   try:
@@ -261,8 +310,11 @@ def main(argv: list[str]) -> None:
     where = f'{err.filename}: ' if err.filename else ''
     _fail(f'{where}{err.strerror or err}')
   except KeyboardInterrupt:  # a second Ctrl-C / SIGTERM: stop at once, without a traceback
-    print('error: interrupted; the latest saved checkpoint is kept, run again to resume',
-          file=sys.stderr, flush=True)
+    print(
+      'error: interrupted; the latest saved checkpoint is kept, run again to resume',
+      file=sys.stderr,
+      flush=True,
+    )
     sys.stdout.flush()
     # At once: the interrupt may have landed inside JAX or Orbax with their threads mid-work, and
     # the interpreter's teardown then crashes (seen: a segfault). Committed checkpoints are safe.
@@ -281,27 +333,49 @@ if __name__ == '__main__':
   _PREFLIGHT_CONFIG = preflight(sys.argv)
   # Declared for --help and for flag parsing; the values come from preflight.
   _CONFIG = config_flags.DEFINE_config_file(
-      'config', DEFAULT_CONFIG, 'Config file, optionally with :choices.', lock_config=True)
+    'config', DEFAULT_CONFIG, 'Config file, optionally with :choices.', lock_config=True
+  )
   _MODE = flags.DEFINE_string('mode', 'train', 'What to do: ' + ', '.join(MODES) + '.')
-  _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory: checkpoints, metrics, config; '
-                                 'default runs/<config name>. An existing one is resumed.')
-  _STOP_AFTER = flags.DEFINE_integer('stop_after', None, 'Train up to this step, save and exit '
-                                     '(for chunked jobs); the schedule still ends at train.steps.',
-                                     lower_bound=1)
-  _HF = flags.DEFINE_string('hf', None, '--mode=import: the Hugging Face folder to read; '
-                            '--mode=export: the folder to write.')
+  _WORKDIR = flags.DEFINE_string(
+    'workdir',
+    None,
+    'Run directory: checkpoints, metrics, config; '
+    'default runs/<config name>. An existing one is resumed.',
+  )
+  _STOP_AFTER = flags.DEFINE_integer(
+    'stop_after',
+    None,
+    'Train up to this step, save and exit '
+    '(for chunked jobs); the schedule still ends at train.steps.',
+    lower_bound=1,
+  )
+  _HF = flags.DEFINE_string(
+    'hf',
+    None,
+    '--mode=import: the Hugging Face folder to read; --mode=export: the folder to write.',
+  )
   _PROMPT = flags.DEFINE_string('prompt', None, '--mode=generate: the text to continue.')
-  _PROMPT_FILE = flags.DEFINE_string('prompt_file', None, '--mode=generate: a file of prompts, '
-                                     'one per line (a batch).')
-  _MAX_NEW_TOKENS = flags.DEFINE_integer('max_new_tokens', 100, '--mode=generate: tokens to add '
-                                         'per prompt (fewer if it ends with EOS).')
-  _TEMPERATURE = flags.DEFINE_float('temperature', 0.0, '--mode=generate: 0 is greedy.',
-                                    lower_bound=0.0)
-  _TOP_K = flags.DEFINE_integer('top_k', 0, '--mode=generate: sample from the k likeliest tokens '
-                                '(0: all).', lower_bound=0)
-  _TOP_P = flags.DEFINE_float('top_p', 1.0, '--mode=generate: nucleus sampling mass (1: all).',
-                              lower_bound=0.0, upper_bound=1.0)
+  _PROMPT_FILE = flags.DEFINE_string(
+    'prompt_file', None, '--mode=generate: a file of prompts, one per line (a batch).'
+  )
+  _MAX_NEW_TOKENS = flags.DEFINE_integer(
+    'max_new_tokens', 100, '--mode=generate: tokens to add per prompt (fewer if it ends with EOS).'
+  )
+  _TEMPERATURE = flags.DEFINE_float(
+    'temperature', 0.0, '--mode=generate: 0 is greedy.', lower_bound=0.0
+  )
+  _TOP_K = flags.DEFINE_integer(
+    'top_k', 0, '--mode=generate: sample from the k likeliest tokens (0: all).', lower_bound=0
+  )
+  _TOP_P = flags.DEFINE_float(
+    'top_p',
+    1.0,
+    '--mode=generate: nucleus sampling mass (1: all).',
+    lower_bound=0.0,
+    upper_bound=1.0,
+  )
   _REPETITION_PENALTY = flags.DEFINE_float(
-      'repetition_penalty', 1.0, '--mode=generate: CTRL repetition penalty (1: off).')
+    'repetition_penalty', 1.0, '--mode=generate: CTRL repetition penalty (1: off).'
+  )
   _SEED = flags.DEFINE_integer('seed', 0, '--mode=generate: sampling seed.')
   app.run(main, flags_parser=_parse_flags)

@@ -28,6 +28,7 @@ say nothing about GPU speed, and --pallas_cpu_max_n (2048) caps N there.
 Writes --out (default benchmarks/results/attention-<backend>.md), the raw rows as JSON next to it
 and a log-log plot (--plot, default next to the .md; --out= / --plot= with no value: none).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,31 +49,52 @@ from mllm.ops.attention import ATTENTION_IMPLS, PALLAS_IMPLS, AttentionMask, att
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DENSE = ('xla',)  # implementations that materialize [B, H, N, N] scores
-MiB = 2 ** 20
+MiB = 2**20
 
 
 def parse_args(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                              formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+  p = argparse.ArgumentParser(
+    description=__doc__.splitlines()[0],
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+    epilog=__doc__,
+  )
   p.add_argument('--impls', default='xla,blockwise,pallas,cudnn', help='comma list')
   p.add_argument('--seq_lens', default='512,1024,2048,4096,8192,16384', help='comma list of N')
   p.add_argument('--batch', type=int, default=1)
-  p.add_argument('--tokens_per_batch', type=int, default=None,
-                 help='if set, batch = tokens_per_batch // N (overrides --batch)')
+  p.add_argument(
+    '--tokens_per_batch',
+    type=int,
+    default=None,
+    help='if set, batch = tokens_per_batch // N (overrides --batch)',
+  )
   p.add_argument('--heads', type=int, default=8, help='query heads H')
   p.add_argument('--kv_heads', type=int, default=None, help='key/value heads (default: --heads)')
   p.add_argument('--head_dim', type=int, default=64)
-  p.add_argument('--dtype', choices=['float32', 'bfloat16', 'float16'], default=None,
-                 help='default float32 on CPU, bfloat16 elsewhere')
+  p.add_argument(
+    '--dtype',
+    choices=['float32', 'bfloat16', 'float16'],
+    default=None,
+    help='default float32 on CPU, bfloat16 elsewhere',
+  )
   p.add_argument('--causal', choices=['true', 'false', 'both'], default='true')
   p.add_argument('--repeats', type=int, default=5)
   p.add_argument('--warmup', type=int, default=1)
-  p.add_argument('--time_budget_s', type=float, default=None,
-                 help='per measurement: no further repeats once this much time is spent')
-  p.add_argument('--max_gb', type=float, default=None,
-                 help='skip a cell needing more scratch (default 12 on CPU, the device limit on GPU)')
+  p.add_argument(
+    '--time_budget_s',
+    type=float,
+    default=None,
+    help='per measurement: no further repeats once this much time is spent',
+  )
+  p.add_argument(
+    '--max_gb',
+    type=float,
+    default=None,
+    help='skip a cell needing more scratch (default 12 on CPU, the device limit on GPU)',
+  )
   p.add_argument('--pallas_cpu_max_n', type=int, default=2048)
-  p.add_argument('--out', default=None, help='markdown (default benchmarks/results/attention-<backend>.md)')
+  p.add_argument(
+    '--out', default=None, help='markdown (default benchmarks/results/attention-<backend>.md)'
+  )
   p.add_argument('--plot', default=None, help='png (default: the --out path with .png)')
   return p.parse_args(argv)
 
@@ -80,17 +102,26 @@ def parse_args(argv=None):
 def environment(args) -> dict:
   dev = jax.devices()[0]
   cpu = cpu_model()
-  machine = cpu if dev.platform == 'cpu' else f'{dev.device_kind} ({jax.device_count()} device(s)), host {cpu}'
+  size = (
+    f'{args.tokens_per_batch} tokens per batch' if args.tokens_per_batch else f'batch {args.batch}'
+  )
+  machine = (
+    cpu
+    if dev.platform == 'cpu'
+    else f'{dev.device_kind} ({jax.device_count()} device(s)), host {cpu}'
+  )
   return {
-      'machine': f'{machine}, {os.cpu_count()} CPU cores',
-      'versions': f'python {platform.python_version()}, jax {jax.__version__} ({jax.default_backend()})',
-      'date': datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC'),
-      'command': ' '.join(shlex.quote(a) for a in ['python'] + sys.argv),
-      'setting': (f"{'%d tokens per batch' % args.tokens_per_batch if args.tokens_per_batch else 'batch %d' % args.batch}, "
-                  f'{args.heads} query heads / {args.kv_heads} KV heads, head_dim {args.head_dim}, '
-                  f'{args.dtype}, {args.warmup} warm-up + {args.repeats} timed runs'
-                  f"{', time budget %g s' % args.time_budget_s if args.time_budget_s else ''}, "
-                  f'scratch budget {args.max_gb:g} GB'),
+    'machine': f'{machine}, {os.cpu_count()} CPU cores',
+    'versions': f'python {platform.python_version()}, jax {jax.__version__} ({jax.default_backend()})',
+    'date': datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC'),
+    'command': ' '.join(shlex.quote(a) for a in ['python'] + sys.argv),
+    'setting': (
+      f'{size}, '
+      f'{args.heads} query heads / {args.kv_heads} KV heads, head_dim {args.head_dim}, '
+      f'{args.dtype}, {args.warmup} warm-up + {args.repeats} timed runs'
+      f"{f', time budget {args.time_budget_s:g} s' if args.time_budget_s else ''}, "
+      f'scratch budget {args.max_gb:g} GB'
+    ),
   }
 
 
@@ -123,7 +154,9 @@ def measure(fn, fn_args, args, budget_bytes: float) -> dict:
   if r['scratch'] is not None and r['scratch'] > budget_bytes:
     r['skipped'] = f"memory (compiled scratch {r['scratch'] / 1e9:.3g} GB > {args.max_gb:g} GB)"
     return r
-  seconds, r['runs'] = timed(lambda: compiled(*fn_args), args.repeats, args.warmup, args.time_budget_s)
+  seconds, r['runs'] = timed(
+    lambda: compiled(*fn_args), args.repeats, args.warmup, args.time_budget_s
+  )
   r['ms'] = 1e3 * seconds
   return r
 
@@ -146,11 +179,15 @@ def interpreted(impl: str) -> bool:
 def run_cell(impl, causal, n, batch, inputs, args, budget_bytes) -> dict:
   B, H, D = batch, args.heads, args.head_dim
   fa_fwd = 4 * B * H * n * n * D / (2 if causal else 1)
-  row = dict(impl=impl, causal=causal, N=n, batch=B, fa_fwd_flops=fa_fwd, fa_fwdbwd_flops=3.5 * fa_fwd)
+  row = dict(
+    impl=impl, causal=causal, N=n, batch=B, fa_fwd_flops=fa_fwd, fa_fwdbwd_flops=3.5 * fa_fwd
+  )
   if interpreted(impl):
     row['impl'] = f'{impl} (interpreted)'  # its times say nothing about the kernel's speed
     if n > args.pallas_cpu_max_n:
-      row['skipped'] = f'N > pallas_cpu_max_n (Pallas interpret mode; --pallas_cpu_max_n={args.pallas_cpu_max_n})'
+      row['skipped'] = (
+        f'N > pallas_cpu_max_n (Pallas interpret mode; --pallas_cpu_max_n={args.pallas_cpu_max_n})'
+      )
       return row
   dense_bytes = 4 * B * H * n * n * 4  # ~4 float32 score-sized tensors in the dense fwd+bwd
   if impl in DENSE and dense_bytes > budget_bytes:
@@ -165,8 +202,10 @@ def run_cell(impl, causal, n, batch, inputs, args, budget_bytes) -> dict:
     return jnp.sum(fwd(q, k, v).astype(jnp.float32) * d_out.astype(jnp.float32))
 
   q, k, v, d_out = inputs
-  for kind, fn, fn_args in (('fwd', fwd, (q, k, v)),
-                            ('fwdbwd', jax.grad(loss, argnums=(0, 1, 2)), (q, k, v, d_out))):
+  for kind, fn, fn_args in (
+    ('fwd', fwd, (q, k, v)),
+    ('fwdbwd', jax.grad(loss, argnums=(0, 1, 2)), (q, k, v, d_out)),
+  ):
     try:
       r = measure(fn, fn_args, args, budget_bytes)
     except Exception as e:  # an unsupported combination, or out of device memory
@@ -192,19 +231,45 @@ def ms_cell(row, kind, repeats, unit='') -> str:
 
 
 def tables(rows, repeats) -> str:
-  header = ['impl', 'causal', 'N', 'batch', 'fwd ms', 'fwd+bwd ms', 'fwd TFLOP/s', 'fwd+bwd TFLOP/s',
-            'scratch fwd MiB', 'scratch fwd+bwd MiB', 'FA GFLOPs fwd / fwd+bwd',
-            'XLA GFLOPs fwd / fwd+bwd', 'XLA GB accessed fwd / fwd+bwd']
+  header = [
+    'impl',
+    'causal',
+    'N',
+    'batch',
+    'fwd ms',
+    'fwd+bwd ms',
+    'fwd TFLOP/s',
+    'fwd+bwd TFLOP/s',
+    'scratch fwd MiB',
+    'scratch fwd+bwd MiB',
+    'FA GFLOPs fwd / fwd+bwd',
+    'XLA GFLOPs fwd / fwd+bwd',
+    'XLA GB accessed fwd / fwd+bwd',
+  ]
   lines = ['| ' + ' | '.join(header) + ' |', '|---|---|' + '---:|' * (len(header) - 2)]
   for r in rows:
-    g = lambda key, spec, scale: fmt(r.get(key), spec, scale)  # noqa: E731
-    lines.append('| ' + ' | '.join([
-        r['impl'], str(r['causal']).lower(), str(r['N']), str(r['batch']), ms_cell(r, 'fwd', repeats),
-        ms_cell(r, 'fwdbwd', repeats), g('fwd_tflops', '.3f', 1), g('fwdbwd_tflops', '.3f', 1),
-        g('fwd_scratch', '.1f', MiB), g('fwdbwd_scratch', '.1f', MiB),
-        f"{g('fa_fwd_flops', '.2f', 1e9)} / {g('fa_fwdbwd_flops', '.2f', 1e9)}",
-        f"{g('fwd_xla_flops', '.2f', 1e9)} / {g('fwdbwd_xla_flops', '.2f', 1e9)}",
-        f"{g('fwd_xla_bytes', '.3f', 1e9)} / {g('fwdbwd_xla_bytes', '.3f', 1e9)}"]) + ' |')
+    g = lambda key, spec, scale: fmt(r.get(key), spec, scale)  # noqa: E731, B023 (runs within this iteration)
+    lines.append(
+      '| '
+      + ' | '.join(
+        [
+          r['impl'],
+          str(r['causal']).lower(),
+          str(r['N']),
+          str(r['batch']),
+          ms_cell(r, 'fwd', repeats),
+          ms_cell(r, 'fwdbwd', repeats),
+          g('fwd_tflops', '.3f', 1),
+          g('fwdbwd_tflops', '.3f', 1),
+          g('fwd_scratch', '.1f', MiB),
+          g('fwdbwd_scratch', '.1f', MiB),
+          f"{g('fa_fwd_flops', '.2f', 1e9)} / {g('fa_fwdbwd_flops', '.2f', 1e9)}",
+          f"{g('fwd_xla_flops', '.2f', 1e9)} / {g('fwdbwd_xla_flops', '.2f', 1e9)}",
+          f"{g('fwd_xla_bytes', '.3f', 1e9)} / {g('fwdbwd_xla_bytes', '.3f', 1e9)}",
+        ]
+      )
+      + ' |'
+    )
   by_key = {(r['impl'], r['causal'], r['N']): r for r in rows}
   present = {r['impl'] for r in rows}
   refs = [ref for ref in ('xla', 'cudnn') if ref in present]
@@ -215,17 +280,26 @@ def tables(rows, repeats) -> str:
     a, b = r.get(key), by_key.get((ref_impl, r['causal'], r['N']), {}).get(key)
     return '-' if r['impl'] == ref_impl or a is None or not b else f'{a / b:.2f}'
 
-  cols = {'xla': ['fwd_ms', 'fwdbwd_ms', 'fwd_scratch', 'fwdbwd_scratch'],
-          'cudnn': ['fwd_tflops', 'fwdbwd_tflops']}
-  names = {'fwd_ms': 'fwd time', 'fwdbwd_ms': 'fwd+bwd time', 'fwd_scratch': 'scratch fwd',
-           'fwdbwd_scratch': 'scratch fwd+bwd', 'fwd_tflops': 'fwd TFLOP/s',
-           'fwdbwd_tflops': 'fwd+bwd TFLOP/s'}
+  cols = {
+    'xla': ['fwd_ms', 'fwdbwd_ms', 'fwd_scratch', 'fwdbwd_scratch'],
+    'cudnn': ['fwd_tflops', 'fwdbwd_tflops'],
+  }
+  names = {
+    'fwd_ms': 'fwd time',
+    'fwdbwd_ms': 'fwd+bwd time',
+    'fwd_scratch': 'scratch fwd',
+    'fwdbwd_scratch': 'scratch fwd+bwd',
+    'fwd_tflops': 'fwd TFLOP/s',
+    'fwdbwd_tflops': 'fwd+bwd TFLOP/s',
+  }
   header = ['impl', 'causal', 'N'] + [f'{names[k]} / {ref}' for ref in refs for k in cols[ref]]
   ratios = ['| ' + ' | '.join(header) + ' |', '|---|---|' + '---:|' * (len(header) - 2)]
   for r in rows:
     if r['impl'] != 'xla' or 'cudnn' in refs:
       cells = [r['impl'], str(r['causal']).lower(), str(r['N'])]
-      ratios.append('| ' + ' | '.join(cells + [ratio(r, ref, k) for ref in refs for k in cols[ref]]) + ' |')
+      ratios.append(
+        '| ' + ' | '.join(cells + [ratio(r, ref, k) for ref in refs for k in cols[ref]]) + ' |'
+      )
   what = ['time and scratch: impl / xla, below 1 is faster or smaller'] * ('xla' in refs)
   what += ['TFLOP/s: impl / cudnn, above 1 is faster'] * ('cudnn' in refs)
   return '\n'.join(lines) + f"\n\nRatios ({'; '.join(what)}):\n\n" + '\n'.join(ratios)
@@ -249,18 +323,29 @@ FOOTNOTES = """\
 
 def plot(rows, path, title) -> None:
   import matplotlib
+
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
+
   fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
   colors = {}
-  for impl, causal in sorted({(r['impl'], r['causal']) for r in rows}, key=lambda x: (x[0], not x[1])):
-    cell = sorted((r for r in rows if r['impl'] == impl and r['causal'] == causal), key=lambda r: r['N'])
+  for impl, causal in sorted(
+    {(r['impl'], r['causal']) for r in rows}, key=lambda x: (x[0], not x[1])
+  ):
+    cell = sorted(
+      (r for r in rows if r['impl'] == impl and r['causal'] == causal), key=lambda r: r['N']
+    )
     color = colors.setdefault(impl, f'C{len(colors)}')
     for ax, key, scale in ((axes[0], 'fwdbwd_ms', 1), (axes[1], 'fwdbwd_scratch', MiB)):
       pts = [(r['N'], r[key] / scale) for r in cell if r.get(key)]  # zero scratch cannot be drawn
       if pts:
-        ax.plot(*zip(*pts), '-' if causal else '--', marker='o', color=color,
-                label=f"{impl} {'causal' if causal else 'full'}")
+        ax.plot(
+          *zip(*pts),
+          '-' if causal else '--',
+          marker='o',
+          color=color,
+          label=f"{impl} {'causal' if causal else 'full'}",
+        )
   for ax, ylabel in zip(axes, ('fwd+bwd time (ms)', 'fwd+bwd scratch memory (MiB)')):
     ax.set_xscale('log', base=2)
     ax.set_yscale('log')
@@ -292,9 +377,11 @@ def main(argv=None) -> None:
   impls, notes = [], []
   for impl in args.impls.split(','):
     if impl not in ATTENTION_IMPLS:
-      notes.append(f"{impl}: not registered in ATTENTION_IMPLS ({', '.join(sorted(ATTENTION_IMPLS))})")
-    elif impl == 'cudnn' and backend != 'gpu':
-      notes.append(f'{impl}: needs a GPU (backend is {backend})')
+      notes.append(
+        f"{impl}: not registered in ATTENTION_IMPLS ({', '.join(sorted(ATTENTION_IMPLS))})"
+      )
+    elif ATTENTION_IMPLS[impl].backends and ATTENTION_IMPLS[impl].backends(backend):
+      notes.append(f'{impl}: {ATTENTION_IMPLS[impl].backends(backend)}')
     else:
       impls.append(impl)
   for note in notes:
@@ -306,8 +393,12 @@ def main(argv=None) -> None:
     for n in [int(x) for x in args.seq_lens.split(',')]:
       batch = max(1, args.tokens_per_batch // n) if args.tokens_per_batch else args.batch
       keys = jax.random.split(jax.random.key(n), 4)
-      shapes = [(batch, n, args.heads), (batch, n, args.kv_heads), (batch, n, args.kv_heads),
-                (batch, n, args.heads)]
+      shapes = [
+        (batch, n, args.heads),
+        (batch, n, args.kv_heads),
+        (batch, n, args.kv_heads),
+        (batch, n, args.heads),
+      ]
       inputs = [jax.random.normal(key, s + (args.head_dim,), dtype) for key, s in zip(keys, shapes)]
       for impl in impls:
         row = run_cell(impl, causal, n, batch, inputs, args, budget_bytes)
@@ -315,11 +406,14 @@ def main(argv=None) -> None:
         if 'skipped' in row:
           print(f"[{impl} causal={causal} N={n} B={batch}] skipped: {row['skipped']}", flush=True)
           continue
-        print(f"[{impl} causal={causal} N={n} B={batch}] fwd {ms_cell(row, 'fwd', args.repeats, ' ms')}, "
-              f"fwd+bwd {ms_cell(row, 'fwdbwd', args.repeats, ' ms')}, fwd+bwd "
-              f"{fmt(row.get('fwdbwd_tflops'), '.3f')} TFLOP/s, scratch "
-              f"{fmt(row.get('fwd_scratch'), '.1f', MiB)} / {fmt(row.get('fwdbwd_scratch'), '.1f', MiB)} MiB, "
-              f"compile {fmt(row.get('fwd_compile_s'))} + {fmt(row.get('fwdbwd_compile_s'))} s", flush=True)
+        print(
+          f"[{impl} causal={causal} N={n} B={batch}] fwd {ms_cell(row, 'fwd', args.repeats, ' ms')}, "
+          f"fwd+bwd {ms_cell(row, 'fwdbwd', args.repeats, ' ms')}, fwd+bwd "
+          f"{fmt(row.get('fwdbwd_tflops'), '.3f')} TFLOP/s, scratch "
+          f"{fmt(row.get('fwd_scratch'), '.1f', MiB)} / {fmt(row.get('fwdbwd_scratch'), '.1f', MiB)} MiB, "
+          f"compile {fmt(row.get('fwd_compile_s'))} + {fmt(row.get('fwdbwd_compile_s'))} s",
+          flush=True,
+        )
       del inputs
       write_outputs(rows, args, env, notes, backend, final=False)  # a killed run keeps its rows
   write_outputs(rows, args, env, notes, backend, final=True)
@@ -333,14 +427,30 @@ def write_outputs(rows, args, env, notes, backend, *, final: bool) -> None:
   if args.out:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, 'w') as f:
-      f.write(f'# Attention benchmark ({backend})\n\n' + '\n'.join(f'- {k}: {v}' for k, v in env.items())
-              + ''.join(f'\n- skipped {note}' for note in notes)
-              + ('' if final else '\n- INCOMPLETE: the run stopped before its last cell')
-              + '\n\n' + text + '\n\n' + FOOTNOTES + '\n')
+      f.write(
+        f'# Attention benchmark ({backend})\n\n'
+        + '\n'.join(f'- {k}: {v}' for k, v in env.items())
+        + ''.join(f'\n- skipped {note}' for note in notes)
+        + ('' if final else '\n- INCOMPLETE: the run stopped before its last cell')
+        + '\n\n'
+        + text
+        + '\n\n'
+        + FOOTNOTES
+        + '\n'
+      )
     json_path = os.path.splitext(args.out)[0] + '.json'
     with open(json_path, 'w') as f:
-      json.dump({'environment': env, 'args': vars(args), 'skipped_impls': notes, 'rows': rows,
-                 'complete': final}, f, indent=1)
+      json.dump(
+        {
+          'environment': env,
+          'args': vars(args),
+          'skipped_impls': notes,
+          'rows': rows,
+          'complete': final,
+        },
+        f,
+        indent=1,
+      )
     if final:
       print(f'wrote {args.out} and {json_path}')
   if final and args.plot and rows:

@@ -5,16 +5,18 @@
 
 The setting of benchmarks/attention.py (bf16, --tokens_per_batch per batch, H query heads): for
 every (block_q, block_k, num_warps, num_stages) the forward and the forward+backward of
-`pallas_kernels.flash_attention` are compiled and timed (median of --repeats after a warm-up),
+`pallas_kernels.flash_attention_triton` are compiled and timed (median of --repeats after a warm-up),
 and the best configuration of each pass is printed with its TFLOP/s (FlashAttention's convention:
 forward 4·B·H·N²·D, halved when causal; forward+backward 3.5× that). block_q / block_k set the
 tiles of both passes; `default_blocks` can then take each pass's best. A configuration the
 compiler refuses (shared memory, registers) is listed as n/a. On a CPU the kernel only
 interprets: use tiny sizes (--seq_lens=128 --tokens_per_batch=128 --blocks=32,64) to smoke-test.
 """
+
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import statistics
 import time
@@ -22,7 +24,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.flash_attention import flash_attention
+from pallas_kernels.flash_attention_triton import flash_attention
 
 
 def timed(fn, args, repeats: int) -> float:
@@ -44,16 +46,27 @@ def sweep(n: int, args) -> list[dict]:
   fwd_flops = 4 * batch * args.heads * n * n * args.head_dim / (2 if args.causal else 1)
   rows = []
   blocks = [int(b) for b in args.blocks.split(',')]
-  for bq, bk, warps, stages in itertools.product(blocks, blocks, *(
-      [int(x) for x in spec.split(',')] for spec in (args.warps, args.stages))):
-    attn = lambda q, k, v: flash_attention(  # noqa: E731
-        q, k, v, scale=args.head_dim ** -0.5, causal=args.causal, block_q=bq, block_k=bk,
-        num_warps=warps, num_stages=stages)
-    loss = lambda q, k, v, d: jnp.sum(attn(q, k, v).astype(jnp.float32) * d)  # noqa: E731
+  for bq, bk, warps, stages in itertools.product(
+    blocks, blocks, *([int(x) for x in spec.split(',')] for spec in (args.warps, args.stages))
+  ):
+    attn = functools.partial(
+      flash_attention,
+      scale=args.head_dim**-0.5,
+      causal=args.causal,
+      block_q=bq,
+      block_k=bk,
+      num_warps=warps,
+      num_stages=stages,
+    )
+
+    def loss(q, k, v, d, attn=attn):
+      return jnp.sum(attn(q, k, v).astype(jnp.float32) * d)
+
     row = dict(N=n, batch=batch, block_q=bq, block_k=bk, warps=warps, stages=stages)
     for name, fn, fn_args, flops in (
-        ('fwd', jax.jit(attn), (q, k, v), fwd_flops),
-        ('fwdbwd', jax.jit(jax.grad(loss, argnums=(0, 1, 2))), (q, k, v, d_out), 3.5 * fwd_flops)):
+      ('fwd', jax.jit(attn), (q, k, v), fwd_flops),
+      ('fwdbwd', jax.jit(jax.grad(loss, argnums=(0, 1, 2))), (q, k, v, d_out), 3.5 * fwd_flops),
+    ):
       try:
         seconds = timed(fn, fn_args, args.repeats)
       except Exception as e:  # refused by the compiler: too much shared memory, say
@@ -63,15 +76,25 @@ def sweep(n: int, args) -> list[dict]:
       row[name] = seconds * 1e3
       row[f'{name}_tflops'] = flops / seconds / 1e12
     rows.append(row)
-    print(f"N={n} B={batch} block_q={bq} block_k={bk} warps={warps} stages={stages}: "
-          + ', '.join(f"{p} {row[p]:.2f} ms ({row[p + '_tflops']:.0f} TFLOP/s)" if row[p] else
-                      f"{p} n/a ({row[p + '_error']})" for p in ('fwd', 'fwdbwd')), flush=True)
+    print(
+      f"N={n} B={batch} block_q={bq} block_k={bk} warps={warps} stages={stages}: "
+      + ', '.join(
+        f"{p} {row[p]:.2f} ms ({row[p + '_tflops']:.0f} TFLOP/s)"
+        if row[p]
+        else f"{p} n/a ({row[p + '_error']})"
+        for p in ('fwd', 'fwdbwd')
+      ),
+      flush=True,
+    )
   return rows
 
 
 def main(argv=None) -> None:
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                              formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+  p = argparse.ArgumentParser(
+    description=__doc__.splitlines()[0],
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+    epilog=__doc__,
+  )
   p.add_argument('--seq_lens', default='4096,16384')
   p.add_argument('--tokens_per_batch', type=int, default=16384)
   p.add_argument('--heads', type=int, default=16)
@@ -83,17 +106,21 @@ def main(argv=None) -> None:
   p.add_argument('--repeats', type=int, default=5)
   args = p.parse_args(argv)
   args.causal = args.causal == 'true'
-  print(f'{jax.devices()[0].device_kind}, jax {jax.__version__}; H {args.heads}, D {args.head_dim}, '
-        f"{'causal' if args.causal else 'full'}, {args.tokens_per_batch} tokens per batch, bf16")
+  print(
+    f'{jax.devices()[0].device_kind}, jax {jax.__version__}; H {args.heads}, D {args.head_dim}, '
+    f"{'causal' if args.causal else 'full'}, {args.tokens_per_batch} tokens per batch, bf16"
+  )
   for n in [int(x) for x in args.seq_lens.split(',')]:
     rows = sweep(n, args)
     for name in ('fwd', 'fwdbwd'):
       ok = [r for r in rows if r[name]]
       if ok:
         best = min(ok, key=lambda r: r[name])
-        print(f"best {name} at N={n}: block_q={best['block_q']} block_k={best['block_k']} "
-              f"warps={best['warps']} stages={best['stages']}: {best[name]:.2f} ms, "
-              f"{best[name + '_tflops']:.0f} TFLOP/s")
+        print(
+          f"best {name} at N={n}: block_q={best['block_q']} block_k={best['block_k']} "
+          f"warps={best['warps']} stages={best['stages']}: {best[name]:.2f} ms, "
+          f"{best[name + '_tflops']:.0f} TFLOP/s"
+        )
 
 
 if __name__ == '__main__':

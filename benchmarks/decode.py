@@ -16,12 +16,13 @@ warm-up excluded, median of `--repeats` runs, prefill reported apart from decode
     with a note if absent): the same Llama-shaped model with the same weights
     (benchmarks/hf_llama.py), float32, greedy, EOS ignored, both sides on all cores, at 4.9 M and
     32 M parameters, batch 1 and 8, in one run; checks that both produce the same tokens.
-(5) `--only_125m` (GPU_CHECKLIST item 5): `generate_tokens` tokens/s at batch 1 and 32 for the
+(5) `--only_125m` (a GPU measurement): `generate_tokens` tokens/s at batch 1 and 32 for the
     125M model of benchmarks/train_step.py (d 768, 12 layers, MHA), bf16 compute and cache.
     transformers' decode time is generate(N) − generate(1) over N − 1 tokens (its prefill and
     first token taken out); mllm's is the while_loop's N steps (N forward passes, one more than
     needed: the comparison is conservative).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,7 +38,7 @@ from rich.table import Table
 
 import mllm
 from benchmarks.machine import describe
-from mllm.generate import generate_tokens
+from mllm.generation import generate_tokens
 from mllm.layers.kv_cache import init_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -75,11 +76,12 @@ def per_token_latency(config, model, batch: int, contexts, repeats: int):
     token = tokens[:, -1:]
 
     def cached():
-      logits, box[0] = step(state, token, box[0])
+      logits, box[0] = step(state, token, box[0])  # noqa: B023 (runs within this iteration)
       jax.block_until_ready(logits)
+
     cached_s = _median_s(cached, repeats)
     whole = jnp.concatenate([tokens, token], axis=1)
-    recompute_s = _median_s(lambda: jax.block_until_ready(full(state, whole)), repeats)
+    recompute_s = _median_s(lambda: jax.block_until_ready(full(state, whole)), repeats)  # noqa: B023 (runs within this iteration)
     rows.append((context, cached_s * 1e3, recompute_s * 1e3))
   return rows
 
@@ -119,9 +121,14 @@ def end_to_end(config, model, batch: int, prompt_len: int, new_tokens: int, repe
 # decoding of random weights produce varied tokens (at 0.02 it repeats one token, which would
 # make the same-tokens check nearly vacuous); it does not change the cost.
 HF_MODELS = {
-    '4.9M': {'model.vocab_size': 8192, 'model.init': 'fixed', 'model.init_std': 0.1},
-    '32M': {'model.vocab_size': 8192, 'model.init': 'fixed', 'model.init_std': 0.1,
-            'model.d_model': 512, 'model.n_layers': 10},
+  '4.9M': {'model.vocab_size': 8192, 'model.init': 'fixed', 'model.init_std': 0.1},
+  '32M': {
+    'model.vocab_size': 8192,
+    'model.init': 'fixed',
+    'model.init_std': 0.1,
+    'model.d_model': 512,
+    'model.n_layers': 10,
+  },
 }
 
 
@@ -131,6 +138,7 @@ def against_transformers(repeats: int, prompt_len: int = 16, new_tokens: int = 1
   import torch
 
   from benchmarks.hf_llama import to_hf_llama
+
   torch.set_num_threads(os.cpu_count())
   rows = []
   for name, overrides in HF_MODELS.items():
@@ -138,13 +146,21 @@ def against_transformers(repeats: int, prompt_len: int = 16, new_tokens: int = 1
     hf = to_hf_llama(model, config.model)
     n_params = mllm.count_params(model).total
     for batch in (1, 8):
-      prompts = np.random.default_rng(batch).integers(0, config.model.vocab_size,
-                                                      (batch, prompt_len))
+      prompts = np.random.default_rng(batch).integers(
+        0, config.model.vocab_size, (batch, prompt_len)
+      )
 
       def hf_generate(n):
         with torch.no_grad():
-          return hf.generate(torch.from_numpy(prompts), max_new_tokens=n, min_new_tokens=n,
-                             do_sample=False, eos_token_id=None, pad_token_id=0)
+          return hf.generate(  # noqa: B023 (runs within this iteration)
+            torch.from_numpy(prompts),  # noqa: B023 (runs within this iteration)
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+          )
+
       theirs = hf_generate(new_tokens)[:, prompt_len:].tolist()  # warm-up
       hf_first, hf_decode = [], []
       for _ in range(repeats):
@@ -158,8 +174,18 @@ def against_transformers(repeats: int, prompt_len: int = 16, new_tokens: int = 1
       hf_rate = batch * (new_tokens - 1) / statistics.median(hf_decode)
       our_rate = batch * new_tokens / decode_s
       same = sum(a == b for x, y in zip(ours, theirs) for a, b in zip(x, y))
-      rows.append((name, n_params, batch, statistics.median(hf_first) * 1e3, hf_rate,
-                   prefill_s * 1e3, our_rate, f'{same}/{batch * new_tokens}'))
+      rows.append(
+        (
+          name,
+          n_params,
+          batch,
+          statistics.median(hf_first) * 1e3,
+          hf_rate,
+          prefill_s * 1e3,
+          our_rate,
+          f'{same}/{batch * new_tokens}',
+        )
+      )
   return rows
 
 
@@ -177,10 +203,13 @@ def main() -> None:
   n_params = mllm.count_params(model).total
   lines = [f'# Decoding ({backend})', '', f'Machine: {machine}.', '']
   if not args.only_125m:
-    lines += [f'Model: configs/rope_swiglu.py ({n_params:,} parameters, d_model '
-              f'{config.model.d_model}, {config.model.n_layers} layers, 8 query / 2 KV heads), '
-              f'float32, greedy, median of {args.repeats} after a warm-up. '
-              '`python -m benchmarks.decode` regenerates this file.', '']
+    lines += [
+      f'Model: configs/rope_swiglu.py ({n_params:,} parameters, d_model '
+      f'{config.model.d_model}, {config.model.n_layers} layers, 8 query / 2 KV heads), '
+      f'float32, greedy, median of {args.repeats} after a warm-up. '
+      '`python -m benchmarks.decode` regenerates this file.',
+      '',
+    ]
 
   if args.only_125m:
     lines += _section_5(console, args.repeats)
@@ -195,83 +224,125 @@ def main() -> None:
 
 
 def _section_4(console, repeats: int) -> list[str]:
-  lines = ['', "## (4) Against Hugging Face transformers' generate() (prompt 16, 128 new tokens)",
-           '']
+  lines = [
+    '',
+    "## (4) Against Hugging Face transformers' generate() (prompt 16, 128 new tokens)",
+    '',
+  ]
   try:
     import torch
     import transformers
   except ImportError:
-    return lines + ['Not run: torch and transformers are not installed '
-                    '(`pip install torch transformers`).']
-  lines += [f'transformers {transformers.__version__}, torch {torch.__version__} '
-            f'({os.cpu_count()} threads), same weights, float32, greedy, EOS ignored. Models: '
-            'configs/rope_swiglu.py with vocab 8192 (4.9M: d 256, 4 layers; 32M: d 512, 10 '
-            'layers; 8 query / 2 KV heads). HF first token = generate(1): prefill and one '
-            'token.', '',
-            '| model | params | batch | HF first token ms | HF decode tok/s | mllm prefill ms | '
-            'mllm decode tok/s | mllm / HF | same greedy tokens |',
-            '|---|---:|---:|---:|---:|---:|---:|---:|---:|']
+    return lines + [
+      'Not run: torch and transformers are not installed (`pip install torch transformers`).'
+    ]
+  lines += [
+    f'transformers {transformers.__version__}, torch {torch.__version__} '
+    f'({os.cpu_count()} threads), same weights, float32, greedy, EOS ignored. Models: '
+    'configs/rope_swiglu.py with vocab 8192 (4.9M: d 256, 4 layers; 32M: d 512, 10 '
+    'layers; 8 query / 2 KV heads). HF first token = generate(1): prefill and one '
+    'token.',
+    '',
+    '| model | params | batch | HF first token ms | HF decode tok/s | mllm prefill ms | '
+    'mllm decode tok/s | mllm / HF | same greedy tokens |',
+    '|---|---:|---:|---:|---:|---:|---:|---:|---:|',
+  ]
   for name, n, batch, hf_ms, hf_rate, our_ms, our_rate, same in against_transformers(repeats):
-    lines.append(f'| {name} | {n:,} | {batch} | {hf_ms:.1f} | {hf_rate:,.0f} | {our_ms:.1f} | '
-                 f'{our_rate:,.0f} | {our_rate / hf_rate:.2f}x | {same} |')
+    lines.append(
+      f'| {name} | {n:,} | {batch} | {hf_ms:.1f} | {hf_rate:,.0f} | {our_ms:.1f} | '
+      f'{our_rate:,.0f} | {our_rate / hf_rate:.2f}x | {same} |'
+    )
   console.print('\n'.join(lines))
   return lines
 
 
 def _section_5(console, repeats: int, prompt_len: int = 128, new_tokens: int = 256) -> list[str]:
   from benchmarks.train_step import MODELS
+
   overrides = {k: v for k, v in MODELS['125m'][0].items() if k.startswith('model.')}
   config, model = load(**overrides)
   n_params = mllm.count_params(model).total
-  lines = ['', f'## (5) The 125M model: generate_tokens (prompt {prompt_len}, {new_tokens} new, '
-           'EOS ignored)', '',
-           f'{n_params:,} parameters ({MODELS["125m"][1]}); weights float32, compute and KV cache '
-           f'{config.model.dtype}.', '',
-           '| batch | prefill ms | decode s | decode tokens/s | ms per step |',
-           '|---:|---:|---:|---:|---:|']
+  lines = [
+    '',
+    f'## (5) The 125M model: generate_tokens (prompt {prompt_len}, {new_tokens} new, EOS ignored)',
+    '',
+    f'{n_params:,} parameters ({MODELS["125m"][1]}); weights float32, compute and KV cache '
+    f'{config.model.dtype}.',
+    '',
+    '| batch | prefill ms | decode s | decode tokens/s | ms per step |',
+    '|---:|---:|---:|---:|---:|',
+  ]
   for batch in (1, 32):
     prefill_s, decode_s = end_to_end(config, model, batch, prompt_len, new_tokens, repeats)
-    lines.append(f'| {batch} | {prefill_s * 1e3:.1f} | {decode_s:.3f} | '
-                 f'{batch * new_tokens / decode_s:,.0f} | {decode_s / new_tokens * 1e3:.2f} |')
+    lines.append(
+      f'| {batch} | {prefill_s * 1e3:.1f} | {decode_s:.3f} | '
+      f'{batch * new_tokens / decode_s:,.0f} | {decode_s / new_tokens * 1e3:.2f} |'
+    )
     console.print(lines[-1])
   return lines
 
 
 def _sections_1_to_3(console, config, model, repeats: int) -> list[str]:
-  lines = ['## (1) One new token at a growing context: cached step vs recomputing the forward', '',
-            '| batch | context | cached ms | recompute ms | recompute / cached |',
-            '|---:|---:|---:|---:|---:|']
+  lines = [
+    '## (1) One new token at a growing context: cached step vs recomputing the forward',
+    '',
+    '| batch | context | cached ms | recompute ms | recompute / cached |',
+    '|---:|---:|---:|---:|---:|',
+  ]
   table = Table(title='(1) per-token latency')
   for col in ('batch', 'context', 'cached ms', 'recompute ms', 'ratio'):
     table.add_column(col, justify='right')
   for batch in (1, 8):
     for context, cached_ms, recompute_ms in per_token_latency(
-        config, model, batch, (32, 128, 512, 1024), repeats):
-      cells = [str(batch), str(context), f'{cached_ms:.2f}', f'{recompute_ms:.2f}',
-               f'{recompute_ms / cached_ms:.1f}']
+      config, model, batch, (32, 128, 512, 1024), repeats
+    ):
+      cells = [
+        str(batch),
+        str(context),
+        f'{cached_ms:.2f}',
+        f'{recompute_ms:.2f}',
+        f'{recompute_ms / cached_ms:.1f}',
+      ]
       table.add_row(*cells)
       lines.append('| ' + ' | '.join(cells) + ' |')
   console.print(table)
   windowed, _ = load(**{'model.attention.sliding_window': 64})
-  lines += ['', 'Cache bytes (k, v and positions), batch 1: a full cache grows with the context; '
-            'the sliding-window (W = 64) rolling buffer stays at 64 slots.', '',
-            '| context | full cache bytes | window-64 buffer bytes |', '|---:|---:|---:|']
+  lines += [
+    '',
+    'Cache bytes (k, v and positions), batch 1: a full cache grows with the context; '
+    'the sliding-window (W = 64) rolling buffer stays at 64 slots.',
+    '',
+    '| context | full cache bytes | window-64 buffer bytes |',
+    '|---:|---:|---:|',
+  ]
   for context in (64, 256, 1024, 2048):
-    lines.append(f'| {context} | {init_cache(config.model, 1, context).nbytes:,} | '
-                 f'{init_cache(windowed.model, 1, context).nbytes:,} |')
+    lines.append(
+      f'| {context} | {init_cache(config.model, 1, context).nbytes:,} | '
+      f'{init_cache(windowed.model, 1, context).nbytes:,} |'
+    )
 
-  lines += ['', '## (2) KV-cache bytes per attention variant (batch 8, float32)', '',
-            '| variant | n_kv_heads | length | k + v bytes | 2·L·n_kv·d_head·len·B·4 |',
-            '|---|---:|---:|---:|---:|']
+  lines += [
+    '',
+    '## (2) KV-cache bytes per attention variant (batch 8, float32)',
+    '',
+    '| variant | n_kv_heads | length | k + v bytes | 2·L·n_kv·d_head·len·B·4 |',
+    '|---|---:|---:|---:|---:|',
+  ]
   for name, n_kv, length, measured, formula in kv_bytes_table((256, 2048), 8):
     lines.append(f'| {name} | {n_kv} | {length} | {measured:,} | {formula:,} |')
 
-  lines += ['', '## (3) generate_tokens end to end (prompt 16 tokens, 128 new, EOS ignored)', '',
-            '| batch | prefill ms | decode s | decode tokens/s |', '|---:|---:|---:|---:|']
+  lines += [
+    '',
+    '## (3) generate_tokens end to end (prompt 16 tokens, 128 new, EOS ignored)',
+    '',
+    '| batch | prefill ms | decode s | decode tokens/s |',
+    '|---:|---:|---:|---:|',
+  ]
   for batch in (1, 8):
     prefill_s, decode_s = end_to_end(config, model, batch, 16, 128, repeats)
-    lines.append(f'| {batch} | {prefill_s * 1e3:.1f} | {decode_s:.3f} | '
-                 f'{batch * 128 / decode_s:,.0f} |')
+    lines.append(
+      f'| {batch} | {prefill_s * 1e3:.1f} | {decode_s:.3f} | {batch * 128 / decode_s:,.0f} |'
+    )
   console.print('\n'.join(lines[-4:]))
   return lines
 

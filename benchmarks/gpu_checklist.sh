@@ -1,6 +1,6 @@
 #!/bin/bash
-# ../shared/GPU_CHECKLIST.md items 1-5 in one call of about 9 minutes, the device time a task is
-# lent. Each step has its own time limit; the steps' logs and result files are packed into
+# The GPU measurements (training step, tests, attention, MoE layer, decoding) in one call of about
+# 9 minutes. Each step has its own time limit; the steps' logs and result files are packed into
 # OUT/results.tgz as each one ends, so a step that runs out of time loses only itself.
 #
 #   bash benchmarks/gpu_checklist.sh OUT_DIR [SUFFIX]     # SUFFIX names the files: h100, h200

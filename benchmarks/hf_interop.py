@@ -9,6 +9,7 @@ parameters) and `to_hf` (bfloat16) of it are timed, and the process's peak resid
 its level after importing mllm (`ru_maxrss`) is read. The import reads one tensor at a time, so
 its peak should be the parameters plus about one tensor, not the file plus the parameters.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,10 +28,18 @@ SIZES = {'125m': (768, 12, 12, 12, 2048, 32000), '1.1b': (2048, 22, 32, 4, 5632,
 
 def overrides(size: str) -> dict:
   d, layers, heads, kv, d_ff, vocab = SIZES[size]
-  return {'model.d_model': d, 'model.n_layers': layers, 'model.n_heads': heads,
-          'model.n_kv_heads': kv, 'model.ffn.d_ff': d_ff, 'model.ffn.match_params': False,
-          'model.vocab_size': vocab, 'model.max_seq_len': 2048, 'model.tie_embeddings': False,
-          'data.seq_len': 2048}
+  return {
+    'model.d_model': d,
+    'model.n_layers': layers,
+    'model.n_heads': heads,
+    'model.n_kv_heads': kv,
+    'model.ffn.d_ff': d_ff,
+    'model.ffn.match_params': False,
+    'model.vocab_size': vocab,
+    'model.max_seq_len': 2048,
+    'model.tie_embeddings': False,
+    'data.seq_len': 2048,
+  }
 
 
 def _rss_bytes() -> int:
@@ -49,6 +58,7 @@ def one(step: str, size: str, path: str) -> dict:
 
   import mllm
   from mllm.interop import hf
+
   start_rss = _current_rss_bytes()
   t0 = time.perf_counter()
   if step == 'make':
@@ -69,9 +79,20 @@ def one(step: str, size: str, path: str) -> dict:
 
 
 def _run(step: str, size: str, path: str) -> dict:
-  proc = subprocess.run([sys.executable, '-m', 'benchmarks.hf_interop', f'--one={step}',
-                         f'--sizes={size}', f'--path={path}'], capture_output=True, text=True,
-                        check=False, env=dict(os.environ, JAX_PLATFORMS='cpu'))
+  proc = subprocess.run(
+    [
+      sys.executable,
+      '-m',
+      'benchmarks.hf_interop',
+      f'--one={step}',
+      f'--sizes={size}',
+      f'--path={path}',
+    ],
+    capture_output=True,
+    text=True,
+    check=False,
+    env=dict(os.environ, JAX_PLATFORMS='cpu'),
+  )
   if proc.returncode:
     raise RuntimeError(proc.stderr[-2000:])
   return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -86,37 +107,64 @@ def main() -> None:
   if args.one:
     print(json.dumps(one(args.one, args.sizes, args.path)))
     return
+  import jax
   from rich.console import Console
   from rich.table import Table
 
-  import jax
   from benchmarks.machine import describe
-  gib = 2 ** 30
+
+  gib = 2**30
   rows = []
   for size in args.sizes.split(','):
     with tempfile.TemporaryDirectory() as tmp:
       path = os.path.join(tmp, 'hf')
       _run('make', size, path)
-      file_bytes = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)
-                       if f.endswith('.safetensors'))
+      file_bytes = sum(
+        os.path.getsize(os.path.join(path, f))
+        for f in os.listdir(path)
+        if f.endswith('.safetensors')
+      )
       imported, exported = _run('import', size, path), _run('export', size, path)
       largest = max(_tensor_sizes(path).values())
     params = imported['params']
-    rows.append([size, f'{params / 1e6:,.0f}M', f'{file_bytes / gib:.2f}', f'{4 * params / gib:.2f}',
-                 f"{imported['seconds']:.1f}", f"{imported['peak_above_start'] / gib:.2f}",
-                 f'{largest * 4 / gib:.2f}',
-                 f"{exported['seconds']:.1f}", f"{exported['peak_above_start'] / gib:.2f}"])
-  header = ['model', 'params', 'file GiB (bf16)', 'params GiB (f32)', 'import s',
-            'import peak GiB', 'largest tensor GiB (f32)', 'export s', 'export peak GiB']
+    rows.append(
+      [
+        size,
+        f'{params / 1e6:,.0f}M',
+        f'{file_bytes / gib:.2f}',
+        f'{4 * params / gib:.2f}',
+        f"{imported['seconds']:.1f}",
+        f"{imported['peak_above_start'] / gib:.2f}",
+        f'{largest * 4 / gib:.2f}',
+        f"{exported['seconds']:.1f}",
+        f"{exported['peak_above_start'] / gib:.2f}",
+      ]
+    )
+  header = [
+    'model',
+    'params',
+    'file GiB (bf16)',
+    'params GiB (f32)',
+    'import s',
+    'import peak GiB',
+    'largest tensor GiB (f32)',
+    'export s',
+    'export peak GiB',
+  ]
   table = Table(*header, title='Hugging Face import / export')
   for row in rows:
     table.add_row(*row)
   Console().print(table)
-  lines = [f'# Hugging Face import / export ({describe()})', '',
-           'python -m benchmarks.hf_interop. A Llama-shaped random model written as a bfloat16 '
-           'transformers folder; from_hf to float32 parameters, to_hf back to bfloat16; each in '
-           'a fresh process; peak = ru_maxrss above the process\'s memory before the call.', '',
-           '| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+  lines = [
+    f'# Hugging Face import / export ({describe()})',
+    '',
+    'python -m benchmarks.hf_interop. A Llama-shaped random model written as a bfloat16 '
+    'transformers folder; from_hf to float32 parameters, to_hf back to bfloat16; each in '
+    'a fresh process; peak = ru_maxrss above the process\'s memory before the call.',
+    '',
+    '| ' + ' | '.join(header) + ' |',
+    '|' + '---|' * len(header),
+  ]
   lines += ['| ' + ' | '.join(row) + ' |' for row in rows]
   os.makedirs(os.path.join(os.path.dirname(__file__), 'results'), exist_ok=True)
   out = os.path.join(os.path.dirname(__file__), 'results', f'hf_interop-{jax.default_backend()}.md')
@@ -128,11 +176,12 @@ def main() -> None:
 def _tensor_sizes(path: str) -> dict[str, int]:
   """Each tensor's number of elements."""
   from safetensors import safe_open
+
   out = {}
   for f in os.listdir(path):
     if f.endswith('.safetensors'):
       with safe_open(os.path.join(path, f), 'np') as h:
-        for name in h.keys():
+        for name in h:
           shape = h.get_slice(name).get_shape()
           n = 1
           for s in shape:

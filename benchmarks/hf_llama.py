@@ -6,6 +6,7 @@ torch transformers`). Handles exactly the Llama shape of configs/rope_swiglu.py:
 'half' layout (HF's rotate_half), RMSNorm pre-LN, SwiGLU, no biases, tied embeddings, no scan.
 mllm's kernels are [in, ..., out] (einsum layouts); PyTorch's Linear weights are [out, in].
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,10 +19,20 @@ from mllm.layers.ffn import hidden_dim
 
 def check_llama_shaped(cfg) -> None:
   """ValueError unless `cfg` (a model config) is what this export maps one to one."""
-  wanted = {'position.kind': 'rope', 'position.rope_layout': 'half', 'position.rope_scaling': 'none',
-            'ffn.kind': 'swiglu', 'norm.kind': 'rmsnorm', 'norm.placement': 'pre',
-            'tie_embeddings': True, 'scan_layers': False, 'attention.use_bias': False,
-            'attention.qk_norm': False, 'attention.sliding_window': None, 'ffn.use_bias': False}
+  wanted = {
+    'position.kind': 'rope',
+    'position.rope_layout': 'half',
+    'position.rope_scaling': 'none',
+    'ffn.kind': 'swiglu',
+    'norm.kind': 'rmsnorm',
+    'norm.placement': 'pre',
+    'tie_embeddings': True,
+    'scan_layers': False,
+    'attention.use_bias': False,
+    'attention.qk_norm': False,
+    'attention.sliding_window': None,
+    'ffn.use_bias': False,
+  }
   for key, value in wanted.items():
     got = cfg
     for part in key.split('.'):
@@ -33,12 +44,24 @@ def check_llama_shaped(cfg) -> None:
 def hf_config(cfg) -> LlamaConfig:
   head_dim = cfg.d_model // cfg.n_heads if cfg.head_dim is None else cfg.head_dim
   return LlamaConfig(
-      vocab_size=cfg.vocab_size, hidden_size=cfg.d_model,
-      intermediate_size=hidden_dim(cfg.ffn, cfg.d_model), num_hidden_layers=cfg.n_layers,
-      num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads, head_dim=head_dim,
-      max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm.eps,
-      rope_theta=cfg.position.rope_theta, tie_word_embeddings=True, attention_bias=False,
-      mlp_bias=False, hidden_act='silu', bos_token_id=None, eos_token_id=None, pad_token_id=0)
+    vocab_size=cfg.vocab_size,
+    hidden_size=cfg.d_model,
+    intermediate_size=hidden_dim(cfg.ffn, cfg.d_model),
+    num_hidden_layers=cfg.n_layers,
+    num_attention_heads=cfg.n_heads,
+    num_key_value_heads=cfg.n_kv_heads,
+    head_dim=head_dim,
+    max_position_embeddings=cfg.max_seq_len,
+    rms_norm_eps=cfg.norm.eps,
+    rope_theta=cfg.position.rope_theta,
+    tie_word_embeddings=True,
+    attention_bias=False,
+    mlp_bias=False,
+    hidden_act='silu',
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=0,
+  )
 
 
 def _t(x) -> torch.Tensor:
@@ -50,11 +73,14 @@ def to_hf_llama(model: nnx.Module, cfg) -> LlamaForCausalLM:
   check_llama_shaped(cfg)
   hf = LlamaForCausalLM(hf_config(cfg)).to(torch.float32).eval()
   d = cfg.d_model
-  weights = {'model.embed_tokens.weight': _t(model.embed.embedding[...]),
-             'model.norm.weight': _t(model.final_norm.scale[...])}
+  weights = {
+    'model.embed_tokens.weight': _t(model.embed.embedding[...]),
+    'model.norm.weight': _t(model.final_norm.scale[...]),
+  }
   for i, block in enumerate(model.blocks):
     att, ffn, p = block.attention, block.ffn, f'model.layers.{i}.'
-    weights.update({
+    weights.update(
+      {
         p + 'self_attn.q_proj.weight': _t(att.query.kernel[...].reshape(d, -1).T),
         p + 'self_attn.k_proj.weight': _t(att.key.kernel[...].reshape(d, -1).T),
         p + 'self_attn.v_proj.weight': _t(att.value.kernel[...].reshape(d, -1).T),
@@ -64,7 +90,8 @@ def to_hf_llama(model: nnx.Module, cfg) -> LlamaForCausalLM:
         p + 'mlp.down_proj.weight': _t(ffn.down.kernel[...].T),
         p + 'input_layernorm.weight': _t(block.attention_norm.scale[...]),
         p + 'post_attention_layernorm.weight': _t(block.ffn_norm.scale[...]),
-    })
+      }
+    )
   missing, unexpected = hf.load_state_dict(weights, strict=False)
   missing = [m for m in missing if m != 'lm_head.weight']  # tied to the embedding
   if missing or unexpected:

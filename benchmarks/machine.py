@@ -1,4 +1,5 @@
 """The machine a benchmark ran on, for the header of its results file."""
+
 from __future__ import annotations
 
 import platform
@@ -19,7 +20,10 @@ def describe() -> str:
   import os
 
   import jax
+
   device = jax.devices()[0]
-  return (f'{device.device_kind} ({jax.default_backend()}; {cpu_model()}, {os.cpu_count()} '
-          f'cores), jax {jax.__version__}, Python {platform.python_version()}, '
-          f'{datetime.date.today().isoformat()}')
+  return (
+    f'{device.device_kind} ({jax.default_backend()}; {cpu_model()}, {os.cpu_count()} '
+    f'cores), jax {jax.__version__}, Python {platform.python_version()}, '
+    f'{datetime.date.today().isoformat()}'
+  )

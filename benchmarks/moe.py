@@ -11,11 +11,12 @@ FLOPs a token actually gets from its k experts):
   of configs/base.py with ffn=moe in every layer, against the same model with the dense FFN.
 Each row: the median time, tokens/s, the FLOPs XLA compiled (cost_analysis) and its scratch memory
 (memory_analysis().temp_size_in_bytes). On CPU XLA expands `jax.lax.ragged_dot` to a dense masked
-product (JAX_NOTES): every one of the T·k sorted rows is multiplied by all E experts' weights, so
+product (measured here): every one of the T·k sorted rows is multiplied by all E experts' weights, so
 dropless compiles to E× the active FLOPs there, which `moe.dispatch=auto` avoids on CPU; the tiled
 grouped matmul (`moe.grouped_matmul=tiled`, MegaBlocks' padding to whole tiles) computes at most
 E·128 extra rows.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,7 +32,8 @@ from rich.table import Table
 
 from benchmarks.machine import describe
 from mllm.layers.ffn import FFNS
-from mllm.layers.moe import MoE, load_balancing_loss
+from mllm.layers.moe import MoE
+from mllm.layers.moe_routing import load_balancing_loss
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (experts, top_k, expert_d_ff): coarse experts, then fine-grained ones (DeepSeekMoE-style).
@@ -42,9 +44,13 @@ def _costs(timed: dict, tokens: int) -> dict:
   cost = timed['compiled'].cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   temp = timed['compiled'].memory_analysis().temp_size_in_bytes
-  return dict(ms=timed['median_s'] * 1e3, tok_s=tokens / timed['median_s'],
-              gflops=cost.get('flops', float('nan')) / 1e9, temp_mb=temp / 2**20,
-              compile_s=timed['compile_s'])
+  return dict(
+    ms=timed['median_s'] * 1e3,
+    tok_s=tokens / timed['median_s'],
+    gflops=cost.get('flops', float('nan')) / 1e9,
+    temp_mb=temp / 2**20,
+    compile_s=timed['compile_s'],
+  )
 
 
 def _setup_layer(module, x) -> dict:
@@ -56,7 +62,7 @@ def _setup_layer(module, x) -> dict:
     if isinstance(net, MoE):
       y, stats = net(x)
       balance = load_balancing_loss(stats['tokens_per_expert'], stats['mean_prob'], net.k)
-      return jnp.mean(y ** 2) + 0.01 * balance + 1e-3 * stats['z_loss']
+      return jnp.mean(y**2) + 0.01 * balance + 1e-3 * stats['z_loss']
     return jnp.mean(net(x) ** 2)
 
   start = time.perf_counter()
@@ -67,6 +73,7 @@ def _setup_layer(module, x) -> dict:
     begin = time.perf_counter()
     jax.block_until_ready(compiled(params, x))
     return time.perf_counter() - begin
+
   run()  # warm-up
   return dict(run=run, compiled=compiled, compile_s=compile_s, tokens=x.shape[0] * x.shape[1])
 
@@ -81,8 +88,11 @@ def _interleaved(case: str, setups: dict, repeats: int, base: dict | None = None
       times[name].append(setup['run']())
   rows = []
   for name, setup in setups.items():
-    timed = dict(compiled=setup['compiled'], compile_s=setup['compile_s'],
-                 median_s=statistics.median(times[name]))
+    timed = dict(
+      compiled=setup['compiled'],
+      compile_s=setup['compile_s'],
+      median_s=statistics.median(times[name]),
+    )
     rows.append(dict(case=case, layer=name, **_costs(timed, setup['tokens'])))
   base = base or rows[0]
   for row in rows:
@@ -93,24 +103,50 @@ def _interleaved(case: str, setups: dict, repeats: int, base: dict | None = None
 def run_case(experts: int, k: int, d_ff: int, d_model: int, tokens: int, repeats: int):
   """One layer: dense (d_ff = k·expert_d_ff) vs MoE capacity vs dropless."""
   x = jax.random.normal(jax.random.key(0), (1, tokens, d_model), jnp.float32)
-  dense = FFNS['swiglu'](d_model, k * d_ff, use_bias=False, init_std=0.02, out_std=0.02,
-                         rngs=nnx.Rngs(0))
-  moe = {name: MoE(d_model, num_experts=experts, top_k=k, expert_d_ff=d_ff, dispatch=dispatch,
-                   grouped_matmul=matmul, capacity_factor=1.25, rngs=nnx.Rngs(0))
-         for name, dispatch, matmul in (('capacity', 'capacity', 'ragged_dot'),
-                                        ('dropless', 'dropless', 'ragged_dot'),
-                                        ('tiled', 'dropless', 'tiled'))}
+  dense = FFNS['swiglu'](
+    d_model, k * d_ff, use_bias=False, init_std=0.02, out_std=0.02, rngs=nnx.Rngs(0)
+  )
+  moe = {
+    name: MoE(
+      d_model,
+      num_experts=experts,
+      top_k=k,
+      expert_d_ff=d_ff,
+      dispatch=dispatch,
+      grouped_matmul=matmul,
+      capacity_factor=1.25,
+      rngs=nnx.Rngs(0),
+    )
+    for name, dispatch, matmul in (
+      ('capacity', 'capacity', 'ragged_dot'),
+      ('dropless', 'dropless', 'ragged_dot'),
+      ('tiled', 'dropless', 'tiled'),
+    )
+  }
   case = f'E={experts} top-{k} d_ff={d_ff}'
-  rows = _interleaved(case, {f'dense swiglu d_ff={k * d_ff}': _setup_layer(dense, x),
-                             'moe capacity': _setup_layer(moe['capacity'], x)}, repeats)
+  rows = _interleaved(
+    case,
+    {
+      f'dense swiglu d_ff={k * d_ff}': _setup_layer(dense, x),
+      'moe capacity': _setup_layer(moe['capacity'], x),
+    },
+    repeats,
+  )
   # Dropless alone: its scratch (up to GBs on CPU) would slow the rows it alternated with.
-  return rows + _interleaved(case, {'moe dropless': _setup_layer(moe['dropless'], x),
-                                   'moe dropless, tiled': _setup_layer(moe['tiled'], x)},
-                             max(3, repeats // 3), base=rows[0])
+  return rows + _interleaved(
+    case,
+    {
+      'moe dropless': _setup_layer(moe['dropless'], x),
+      'moe dropless, tiled': _setup_layer(moe['tiled'], x),
+    },
+    max(3, repeats // 3),
+    base=rows[0],
+  )
 
 
 def _step_config(overrides: dict):
   import mllm
+
   base = {'data.document_mask': False, 'train.warmup_steps': 0, 'model.ffn.match_params': False}
   return mllm.load_config(os.path.join(ROOT, 'configs', 'base.py'), {**base, **overrides})
 
@@ -119,6 +155,7 @@ def _setup_step(config) -> dict:
   """The library's jitted training step, compiled; `run()` times one step (the state, donated,
   is threaded through)."""
   from mllm.train.step import benchmark_step
+
   step_fn, state, batch = benchmark_step(config)
   start = time.perf_counter()
   compiled = step_fn.lower(state, batch).compile()
@@ -130,34 +167,65 @@ def _setup_step(config) -> dict:
     box[0], metrics = compiled(box[0], batch)
     jax.block_until_ready(metrics['loss'])
     return time.perf_counter() - begin
+
   run()  # warm-up
-  return dict(run=run, compiled=compiled, compile_s=compile_s,
-              tokens=config.data.batch_size * config.data.seq_len)
+  return dict(
+    run=run,
+    compiled=compiled,
+    compile_s=compile_s,
+    tokens=config.data.batch_size * config.data.seq_len,
+  )
 
 
 def step_cases(experts: int, k: int, d_ff: int, repeats: int, dropless: bool):
   """Whole training steps: dense (d_ff = k·expert_d_ff) vs MoE capacity (vs dropless)."""
   variants = {f'dense swiglu d_ff={k * d_ff}': _step_config({'model.ffn.d_ff': k * d_ff})}
   for dispatch in ('capacity', 'dropless') if dropless else ('capacity',):
-    variants[f'moe {dispatch}'] = _step_config({
-        'model.ffn.kind': 'moe', 'model.moe.num_experts': experts, 'model.moe.top_k': k,
-        'model.moe.expert_d_ff': d_ff, 'model.moe.dispatch': dispatch,
-        'model.moe.capacity_factor': 1.25})
+    variants[f'moe {dispatch}'] = _step_config(
+      {
+        'model.ffn.kind': 'moe',
+        'model.moe.num_experts': experts,
+        'model.moe.top_k': k,
+        'model.moe.expert_d_ff': d_ff,
+        'model.moe.dispatch': dispatch,
+        'model.moe.capacity_factor': 1.25,
+      }
+    )
   setups = {name: _setup_step(config) for name, config in variants.items()}
   return _interleaved(f'E={experts} top-{k} d_ff={d_ff}', setups, repeats)
 
 
 def _section(title: str, rows, console, lines) -> None:
   table = Table(title=title)
-  for col in ('case', 'layer', 'ms', 'tokens/s', '× dense time', 'GFLOP', '× dense FLOPs',
-              'scratch MB', 'compile s'):
+  for col in (
+    'case',
+    'layer',
+    'ms',
+    'tokens/s',
+    '× dense time',
+    'GFLOP',
+    '× dense FLOPs',
+    'scratch MB',
+    'compile s',
+  ):
     table.add_column(col, justify='left' if col in ('case', 'layer') else 'right')
-  lines += ['| case | variant | ms | tokens/s | × dense time | GFLOP | × dense FLOPs | '
-            'scratch MB | compile s |', '|---|---|---:|---:|---:|---:|---:|---:|---:|']
+  lines += [
+    '| case | variant | ms | tokens/s | × dense time | GFLOP | × dense FLOPs | '
+    'scratch MB | compile s |',
+    '|---|---|---:|---:|---:|---:|---:|---:|---:|',
+  ]
   for row in rows:
-    cells = [row['case'], row['layer'], f"{row['ms']:.1f}", f"{row['tok_s']:,.0f}",
-             f"{row['vs_dense_time']:.2f}", f"{row['gflops']:.2f}",
-             f"{row['vs_dense_flops']:.2f}", f"{row['temp_mb']:.1f}", f"{row['compile_s']:.1f}"]
+    cells = [
+      row['case'],
+      row['layer'],
+      f"{row['ms']:.1f}",
+      f"{row['tok_s']:,.0f}",
+      f"{row['vs_dense_time']:.2f}",
+      f"{row['gflops']:.2f}",
+      f"{row['vs_dense_flops']:.2f}",
+      f"{row['temp_mb']:.1f}",
+      f"{row['compile_s']:.1f}",
+    ]
     table.add_row(*cells)
     lines.append('| ' + ' | '.join(cells) + ' |')
   console.print(table)
@@ -174,27 +242,40 @@ def main() -> None:
   console = Console()
   backend = jax.default_backend()
   machine = describe()
-  header = [f'Machine: {machine}.', '',
-            f'Median of {args.repeats} after a warm-up; capacity factor 1.25; FLOPs and scratch '
-            'memory as XLA compiled them. `python -m benchmarks.moe --part=PART` regenerates '
-            'this file.', '']
+  header = [
+    f'Machine: {machine}.',
+    '',
+    f'Median of {args.repeats} after a warm-up; capacity factor 1.25; FLOPs and scratch '
+    'memory as XLA compiled them. `python -m benchmarks.moe --part=PART` regenerates '
+    'this file.',
+    '',
+  ]
   if args.part in ('layer', 'all'):
     title = f'One MoE layer, forward+backward, {args.tokens} tokens × d_model {args.d_model}'
     lines = [f'# {title} ({backend})', ''] + header
-    rows = [row for experts, k, d_ff in CASES
-            for row in run_case(experts, k, d_ff, args.d_model, args.tokens, args.repeats)]
+    rows = [
+      row
+      for experts, k, d_ff in CASES
+      for row in run_case(experts, k, d_ff, args.d_model, args.tokens, args.repeats)
+    ]
     _section(title, rows, console, lines)
     _write(os.path.join(args.out_dir, f'moe-layer-{backend}.md'), lines, console)
   if args.part in ('step', 'all'):
     config = _step_config({})
-    title = (f'Whole training step (configs/base.py: d_model {config.model.d_model}, '
-             f'{config.model.n_layers} layers, batch {config.data.batch_size} × '
-             f'{config.data.seq_len} tokens), MoE in every layer')
+    title = (
+      f'Whole training step (configs/base.py: d_model {config.model.d_model}, '
+      f'{config.model.n_layers} layers, batch {config.data.batch_size} × '
+      f'{config.data.seq_len} tokens), MoE in every layer'
+    )
     lines = [f'# {title} ({backend})', ''] + header
     # Dropless whole steps only where they finish in seconds on a CPU (E× the FLOPs there).
-    rows = [row for experts, k, d_ff in CASES
-            for row in step_cases(experts, k, d_ff, args.repeats,
-                                  dropless=backend != 'cpu' or experts <= 8)]
+    rows = [
+      row
+      for experts, k, d_ff in CASES
+      for row in step_cases(
+        experts, k, d_ff, args.repeats, dropless=backend != 'cpu' or experts <= 8
+      )
+    ]
     _section(title, rows, console, lines)
     _write(os.path.join(args.out_dir, f'moe-step-{backend}.md'), lines, console)
 

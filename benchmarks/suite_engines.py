@@ -9,6 +9,7 @@ processes of the local pool; Ray with a local instance this call starts (its sta
 Ray again on the instance already up. Overhead per run = (engine's wall - pool's wall) / runs.
 Tiny runs make the overhead visible; on the cpu preset a run takes minutes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,9 @@ def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument('--runs', type=int, default=8)
   parser.add_argument('--jobs', type=int, default=2)
-  parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
-                                                     'suite_engines-cpu.md'))
+  parser.add_argument(
+    '--out', default=os.path.join(os.path.dirname(__file__), 'results', 'suite_engines-cpu.md')
+  )
   args = parser.parse_args(argv)
   import ray
 
@@ -44,18 +46,32 @@ def main(argv=None) -> None:
   from experiments.suite import Suite, Variant
   from experiments.suites._presets import PRESETS
   from mllm import compile_cache
+
   compile_cache.enable()
   tmp = tempfile.mkdtemp(prefix='suite-engines-')
-  extra = {'data.source': 'text', 'data.path': _corpus(os.path.join(tmp, 'corpus')),
-           'data.tokenizer': 'byte', 'model.vocab_size': 258, 'data.val_fraction': 0.3,
-           'data.cache_dir': os.path.join(tmp, 'cache')}
+  extra = {
+    'data.source': 'text',
+    'data.path': _corpus(os.path.join(tmp, 'corpus')),
+    'data.tokenizer': 'byte',
+    'model.vocab_size': 258,
+    'data.val_fraction': 0.3,
+    'data.cache_dir': os.path.join(tmp, 'cache'),
+  }
   suite = Suite('bench', 'engine overhead', 'configs/base.py', (Variant('base'),), PRESETS)
 
   def timed(engine: str, name: str) -> float:
     out = os.path.join(tmp, name)
     start = time.perf_counter()
-    results = run_suite(suite, preset='tiny', seeds=args.runs, out=out, extra=extra,
-                        progress=False, jobs=args.jobs, engine=engine)
+    results = run_suite(
+      suite,
+      preset='tiny',
+      seeds=args.runs,
+      out=out,
+      extra=extra,
+      progress=False,
+      jobs=args.jobs,
+      engine=engine,
+    )
     wall = time.perf_counter() - start
     assert not results['failed'] and len(results['runs']) == args.runs, results['failed']
     return wall
@@ -70,15 +86,25 @@ def main(argv=None) -> None:
   finally:
     ray.shutdown()
   shutil.rmtree(tmp, ignore_errors=True)
-  rows = [('local pool', pool), ('Ray, local instance started by the suite', ray_started),
-          ('Ray, instance already up', ray_up)]
-  lines = [f'# Suite engines: {args.runs} tiny runs, --jobs={args.jobs} ({describe()})', '',
-           f'`python -m benchmarks.suite_engines --runs={args.runs} --jobs={args.jobs}`. '
-           'Overhead per run: (wall - local pool wall) / runs. Load average when it started: '
-           f'{load:.1f} on {os.cpu_count()} cores.', '',
-           '| engine | wall s | s per run | overhead per run s |', '|---|---:|---:|---:|']
-  lines += [f'| {name} | {wall:.1f} | {wall / args.runs:.2f} | {(wall - pool) / args.runs:+.2f} |'
-            for name, wall in rows]
+  rows = [
+    ('local pool', pool),
+    ('Ray, local instance started by the suite', ray_started),
+    ('Ray, instance already up', ray_up),
+  ]
+  lines = [
+    f'# Suite engines: {args.runs} tiny runs, --jobs={args.jobs} ({describe()})',
+    '',
+    f'`python -m benchmarks.suite_engines --runs={args.runs} --jobs={args.jobs}`. '
+    'Overhead per run: (wall - local pool wall) / runs. Load average when it started: '
+    f'{load:.1f} on {os.cpu_count()} cores.',
+    '',
+    '| engine | wall s | s per run | overhead per run s |',
+    '|---|---:|---:|---:|',
+  ]
+  lines += [
+    f'| {name} | {wall:.1f} | {wall / args.runs:.2f} | {(wall - pool) / args.runs:+.2f} |'
+    for name, wall in rows
+  ]
   text = '\n'.join(lines) + '\n'
   print(text)
   with open(args.out, 'w') as f:

@@ -1,4 +1,5 @@
 """Compile a jitted function once, then time it: the loop every benchmark here shares."""
+
 from __future__ import annotations
 
 import statistics

@@ -10,6 +10,7 @@ tensor has the same number of elements as its JAX counterpart and the parameter 
 Attention is `F.scaled_dot_product_attention(is_causal=True, enable_gqa=True)`, what HF
 transformers' Llama uses by default ('sdpa'): PyTorch's own fused CPU kernel.
 """
+
 from __future__ import annotations
 
 import torch
@@ -18,7 +19,6 @@ from torch import nn
 
 
 class RMSNorm(nn.Module):
-
   def __init__(self, dim: int, eps: float):
     super().__init__()
     self.eps = eps
@@ -44,9 +44,9 @@ def rotate_half_layout(x, cos, sin):
 
 
 class Attention(nn.Module):
-
-  def __init__(self, d: int, n_heads: int, n_kv: int, head_dim: int, init_std: float,
-               out_std: float):
+  def __init__(
+    self, d: int, n_heads: int, n_kv: int, head_dim: int, init_std: float, out_std: float
+  ):
     super().__init__()
     self.n_heads, self.n_kv, self.head_dim = n_heads, n_kv, head_dim
     self.query = nn.Linear(d, n_heads * head_dim, bias=False)
@@ -63,13 +63,13 @@ class Attention(nn.Module):
     k = self.key(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
     v = self.value(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
     q, k = rotate_half_layout(q, cos, sin), rotate_half_layout(k, cos, sin)
-    o = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                       enable_gqa=self.n_kv != self.n_heads)
+    o = F.scaled_dot_product_attention(
+      q, k, v, is_causal=True, enable_gqa=self.n_kv != self.n_heads
+    )
     return self.out(o.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
 
 class SwiGLU(nn.Module):
-
   def __init__(self, d: int, d_ff: int, init_std: float, out_std: float):
     super().__init__()
     self.gate = nn.Linear(d, d_ff, bias=False)
@@ -84,14 +84,14 @@ class SwiGLU(nn.Module):
 
 
 class Block(nn.Module):
-
   def __init__(self, cfg, d_ff: int):
     super().__init__()
     head_dim = cfg.head_dim or cfg.d_model // cfg.n_heads
     out_std = cfg.init_std / (2 * cfg.n_layers) ** 0.5 if cfg.depth_scaled_init else cfg.init_std
     self.attention_norm = RMSNorm(cfg.d_model, cfg.norm.eps)
-    self.attention = Attention(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, head_dim, cfg.init_std,
-                               out_std)
+    self.attention = Attention(
+      cfg.d_model, cfg.n_heads, cfg.n_kv_heads, head_dim, cfg.init_std, out_std
+    )
     self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm.eps)
     self.ffn = SwiGLU(cfg.d_model, d_ff, cfg.init_std, out_std)
 
@@ -106,11 +106,17 @@ class TorchLlama(nn.Module):
   def __init__(self, cfg):
     super().__init__()
     from mllm.layers.ffn import hidden_dim
-    checks = {'position.kind': (cfg.position.kind, 'rope'), 'rope_layout': (
-        cfg.position.rope_layout, 'half'), 'rope_scaling': (cfg.position.rope_scaling, 'none'),
-              'ffn.kind': (cfg.ffn.kind, 'swiglu'), 'norm.kind': (cfg.norm.kind, 'rmsnorm'),
-              'norm.placement': (cfg.norm.placement, 'pre'), 'tie_embeddings': (
-                  cfg.tie_embeddings, True), 'dtype': (cfg.dtype, 'float32')}
+
+    checks = {
+      'position.kind': (cfg.position.kind, 'rope'),
+      'rope_layout': (cfg.position.rope_layout, 'half'),
+      'rope_scaling': (cfg.position.rope_scaling, 'none'),
+      'ffn.kind': (cfg.ffn.kind, 'swiglu'),
+      'norm.kind': (cfg.norm.kind, 'rmsnorm'),
+      'norm.placement': (cfg.norm.placement, 'pre'),
+      'tie_embeddings': (cfg.tie_embeddings, True),
+      'dtype': (cfg.dtype, 'float32'),
+    }
     for key, (got, want) in checks.items():
       if got != want:
         raise ValueError(f'TorchLlama supports only {key}={want!r}, got {got!r}')
@@ -136,16 +142,20 @@ class TorchLlama(nn.Module):
     return F.linear(self.final_norm(x), self.embed.weight)  # tied head
 
 
-def make_optimizer(model: nn.Module, learning_rate: float, b1: float, b2: float, eps: float,
-                   weight_decay: float) -> torch.optim.AdamW:
+def make_optimizer(
+  model: nn.Module, learning_rate: float, b1: float, b2: float, eps: float, weight_decay: float
+) -> torch.optim.AdamW:
   """AdamW with decoupled weight decay on the matrices only (not embeddings, not norm gains), as
   the benchmark's JAX step does."""
   decay, no_decay = [], []
   for name, p in model.named_parameters():
     (decay if p.ndim == 2 and not name.startswith('embed') else no_decay).append(p)
-  return torch.optim.AdamW([{'params': decay, 'weight_decay': weight_decay},
-                            {'params': no_decay, 'weight_decay': 0.0}],
-                           lr=learning_rate, betas=(b1, b2), eps=eps)
+  return torch.optim.AdamW(
+    [{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay, 'weight_decay': 0.0}],
+    lr=learning_rate,
+    betas=(b1, b2),
+    eps=eps,
+  )
 
 
 def make_train_step(model: nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float = 1.0):

@@ -6,20 +6,22 @@
     python -m benchmarks.train_step --models=125m --only=jax --batch_size=64   # GPU: MFU
 
 Both sides train the same model (configs/rope_swiglu.py: RoPE 'half', GQA, SwiGLU, RMSNorm pre-LN,
-tied embeddings, float32, or bf16 compute for 125m; benchmarks/torch_llama.py for PyTorch) on the same random tokens with
-next-token cross-entropy, global-norm clipping at 1.0 and AdamW; the parameter counts are printed
-and must agree. Steps of the two alternate (one JAX step, one PyTorch step, ...) so that load from
-other processes on a shared machine hits both alike. Step time is the median over the timed steps
-after warm-up, each step blocked on (JAX: block_until_ready; PyTorch runs eagerly); tokens/s is
-batch × seq_len over it. JAX compile time is printed separately.
+tied embeddings, float32, or bf16 compute for 125m; benchmarks/torch_llama.py for PyTorch) on the
+same random tokens with next-token cross-entropy, global-norm clipping at 1.0 and AdamW; the
+parameter counts are printed and must agree. Steps of the two alternate (one JAX step, one PyTorch
+step, ...) so that load from other processes on a shared machine hits both alike. Step time is the
+median over the timed steps after warm-up, each step blocked on (JAX: block_until_ready; PyTorch
+runs eagerly); tokens/s is batch × seq_len over it. JAX compile time is printed separately.
 
 The JAX step is `mllm.train.step.benchmark_step(config)` (the library's own training step) when it
 exists, else an equivalent built here (split params, value_and_grad, optax chain, jit with donation;
 `--jax_step=local` forces it). JAX MFU = the library's FLOPs per token
 (`mllm.training_flops_per_token`: 6N + attention) × tokens/s ÷ the chip's peak
-(`mllm.train.metrics.PEAK_FLOPS`), as the training loop reports it; '-' on a CPU. Document masking is off so that both sides compute plain causal
-attention, and warm-up of the learning rate is off so that every timed step does the same work.
+(`mllm.train.metrics.PEAK_FLOPS`), as the training loop reports it; '-' on a CPU. Document masking
+is off so that both sides compute plain causal attention, and warm-up of the learning rate is off so
+that every timed step does the same work.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,18 +46,39 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # name -> (overrides of configs/rope_swiglu.py, description)
 MODELS = {
-    'default': ({}, 'configs/rope_swiglu.py as is: d 256, 4 layers, 8 heads / 2 KV, vocab 512'),
-    '25m': ({'model.d_model': 512, 'model.n_layers': 8, 'model.vocab_size': 8192},
-            'd 512, 8 layers, 8 heads / 2 KV, vocab 8192'),
-    # GPU_CHECKLIST item 3: GPT-2 small's shape, Llama-style (RoPE, SwiGLU, RMSNorm), MHA, vocab
-    # 50304 (GPT-2's 50257 rounded up to a multiple of 64), bf16 compute on fp32 master weights.
-    '125m': ({'model.d_model': 768, 'model.n_layers': 12, 'model.n_heads': 12,
-              'model.n_kv_heads': 12, 'model.vocab_size': 50304, 'model.max_seq_len': 1024,
-              'data.seq_len': 1024, 'data.batch_size': 32, 'model.dtype': 'bfloat16'},
-             'd 768, 12 layers, 12 heads (MHA), vocab 50304, seq 1024, bf16 compute'),
-    'quick': ({'model.d_model': 64, 'model.n_layers': 2, 'model.n_heads': 4,
-               'model.vocab_size': 256, 'model.max_seq_len': 64, 'data.seq_len': 64,
-               'data.batch_size': 2}, 'smoke test: d 64, 2 layers, seq 64, batch 2'),
+  'default': ({}, 'configs/rope_swiglu.py as is: d 256, 4 layers, 8 heads / 2 KV, vocab 512'),
+  '25m': (
+    {'model.d_model': 512, 'model.n_layers': 8, 'model.vocab_size': 8192},
+    'd 512, 8 layers, 8 heads / 2 KV, vocab 8192',
+  ),
+  # For a GPU's MFU: GPT-2 small's shape, Llama-style (RoPE, SwiGLU, RMSNorm), MHA, vocab
+  # 50304 (GPT-2's 50257 rounded up to a multiple of 64), bf16 compute on fp32 master weights.
+  '125m': (
+    {
+      'model.d_model': 768,
+      'model.n_layers': 12,
+      'model.n_heads': 12,
+      'model.n_kv_heads': 12,
+      'model.vocab_size': 50304,
+      'model.max_seq_len': 1024,
+      'data.seq_len': 1024,
+      'data.batch_size': 32,
+      'model.dtype': 'bfloat16',
+    },
+    'd 768, 12 layers, 12 heads (MHA), vocab 50304, seq 1024, bf16 compute',
+  ),
+  'quick': (
+    {
+      'model.d_model': 64,
+      'model.n_layers': 2,
+      'model.n_heads': 4,
+      'model.vocab_size': 256,
+      'model.max_seq_len': 64,
+      'data.seq_len': 64,
+      'data.batch_size': 2,
+    },
+    'smoke test: d 64, 2 layers, seq 64, batch 2',
+  ),
 }
 
 
@@ -72,6 +95,7 @@ def load(name: str, batch_size: int | None = None):
 # JAX
 # ---------------------------------------------------------------------------------------------
 
+
 def _local_benchmark_step(config):
   """(step_fn, state, batch): the training step written out here, for when mllm.train lacks one."""
   t = config.train
@@ -82,9 +106,17 @@ def _local_benchmark_step(config):
     names = [str(getattr(k, 'key', k)) for k in path]
     return not (names[0] == 'embed' or any('norm' in n for n in names))
 
-  tx = optax.chain(optax.clip_by_global_norm(t.grad_clip),
-                   optax.adamw(t.learning_rate, t.b1, t.b2, t.eps, weight_decay=t.weight_decay,
-                               mask=lambda p: jax.tree_util.tree_map_with_path(decays, p)))
+  tx = optax.chain(
+    optax.clip_by_global_norm(t.grad_clip),
+    optax.adamw(
+      t.learning_rate,
+      t.b1,
+      t.b2,
+      t.eps,
+      weight_decay=t.weight_decay,
+      mask=lambda p: jax.tree_util.tree_map_with_path(decays, p),
+    ),
+  )
 
   def loss_fn(params, batch):
     logits = nnx.merge(graphdef, params, rest)(batch['inputs'])
@@ -93,8 +125,10 @@ def _local_benchmark_step(config):
   def step(state, batch):
     loss, grads = jax.value_and_grad(loss_fn)(state['params'], batch)
     updates, opt_state = tx.update(grads, state['opt_state'], state['params'])
-    return ({'params': optax.apply_updates(state['params'], updates), 'opt_state': opt_state},
-            {'loss': loss, 'grad_norm': optax.global_norm(grads)})
+    return (
+      {'params': optax.apply_updates(state['params'], updates), 'opt_state': opt_state},
+      {'loss': loss, 'grad_norm': optax.global_norm(grads)},
+    )
 
   B, T = config.data.batch_size, config.data.seq_len
   tokens = np.random.default_rng(0).integers(0, config.model.vocab_size, (B, T + 1), np.int32)
@@ -132,6 +166,7 @@ def setup_jax(config, which: str) -> dict:
     box[0], metrics = compiled(box[0], batch)
     jax.block_until_ready((box[0], metrics))
     return metrics['loss']
+
   return dict(run=run, params=n_params, compile_s=compile_s, source=source)
 
 
@@ -139,14 +174,16 @@ def setup_jax(config, which: str) -> dict:
 # PyTorch
 # ---------------------------------------------------------------------------------------------
 
+
 def setup_torch(config) -> dict:
   import torch
+
   from benchmarks import torch_llama
+
   torch.manual_seed(config.seed)
   model = torch_llama.TorchLlama(config.model)
   t = config.train
-  optimizer = torch_llama.make_optimizer(model, t.learning_rate, t.b1, t.b2, t.eps,
-                                         t.weight_decay)
+  optimizer = torch_llama.make_optimizer(model, t.learning_rate, t.b1, t.b2, t.eps, t.weight_decay)
   step = torch_llama.make_train_step(model, optimizer, t.grad_clip)
   B, T = config.data.batch_size, config.data.seq_len
   tokens = np.random.default_rng(0).integers(0, config.model.vocab_size, (B, T + 1), np.int64)
@@ -172,24 +209,30 @@ def time_interleaved(runners: dict, steps: int, warmup: int) -> dict:
 
 # ---------------------------------------------------------------------------------------------
 
+
 def environment(with_torch: bool = True) -> dict:
   import flax
+
   torch = None
   if with_torch:
     import torch
   env = {
-      'machine': f'{cpu_model()}, {os.cpu_count()} CPU cores, {platform.system()} {platform.release()}',
-      'device': f'{jax.devices()[0].device_kind} ({jax.default_backend()})',
-      'date': datetime.date.today().isoformat(),
-      'versions': (f'python {platform.python_version()}, jax {jax.__version__} '
-                   f'({jax.default_backend()}), flax {flax.__version__}, optax {optax.__version__}'
-                   + (f', torch {torch.__version__}' if torch else '')),
-      'threads': f'XLA_FLAGS={os.environ.get("XLA_FLAGS", "")!r}; '
-                 f'OMP_NUM_THREADS={os.environ.get("OMP_NUM_THREADS", "unset")}',
+    'machine': f'{cpu_model()}, {os.cpu_count()} CPU cores, {platform.system()} {platform.release()}',
+    'device': f'{jax.devices()[0].device_kind} ({jax.default_backend()})',
+    'date': datetime.date.today().isoformat(),
+    'versions': (
+      f'python {platform.python_version()}, jax {jax.__version__} '
+      f'({jax.default_backend()}), flax {flax.__version__}, optax {optax.__version__}'
+      + (f', torch {torch.__version__}' if torch else '')
+    ),
+    'threads': f'XLA_FLAGS={os.environ.get("XLA_FLAGS", "")!r}; '
+    f'OMP_NUM_THREADS={os.environ.get("OMP_NUM_THREADS", "unset")}',
   }
   if torch:
-    env['threads'] = (f'torch intra-op {torch.get_num_threads()} / inter-op '
-                      f'{torch.get_num_interop_threads()}; ' + env['threads'])
+    env['threads'] = (
+      f'torch intra-op {torch.get_num_threads()} / inter-op '
+      f'{torch.get_num_interop_threads()}; ' + env['threads']
+    )
   return env
 
 
@@ -202,10 +245,15 @@ def main() -> None:
   parser.add_argument('--jax_step', choices=['auto', 'library', 'local'], default='auto')
   parser.add_argument('--only', choices=['both', 'jax', 'torch'], default='both')
   parser.add_argument('--batch_size', type=int, default=None, help="override the models' batch")
-  parser.add_argument('--traceback_every_s', type=float, default=None,
-                      help="print every thread's stack this often (where a run hangs)")
-  parser.add_argument('--out', default=None,
-                      help='markdown table (default: print only; e.g. benchmarks/results/x.md)')
+  parser.add_argument(
+    '--traceback_every_s',
+    type=float,
+    default=None,
+    help="print every thread's stack this often (where a run hangs)",
+  )
+  parser.add_argument(
+    '--out', default=None, help='markdown table (default: print only; e.g. benchmarks/results/x.md)'
+  )
   args = parser.parse_args()
   if args.traceback_every_s:
     faulthandler.dump_traceback_later(args.traceback_every_s, repeat=True)
@@ -219,9 +267,13 @@ def main() -> None:
     steps = args.steps or (2 if args.quick else 5 if name == '25m' else 10)
     warmup = 1 if args.quick else args.warmup
     tokens = config.data.batch_size * config.data.seq_len
-    row = dict(name=name, desc=MODELS[name][1], tokens=tokens,
-               flops_per_token=mllm.training_flops_per_token(config).total,
-               peak=peak_flops_per_device(jax.devices()[0].device_kind, config.model.dtype))
+    row = dict(
+      name=name,
+      desc=MODELS[name][1],
+      tokens=tokens,
+      flops_per_token=mllm.training_flops_per_token(config).total,
+      peak=peak_flops_per_device(jax.devices()[0].device_kind, config.model.dtype),
+    )
     runners = {}
     if args.only in ('both', 'jax'):
       j = setup_jax(config, args.jax_step)
@@ -235,36 +287,56 @@ def main() -> None:
     for side, times in r['times'].items():
       row[f'{side}_ms'] = 1e3 * statistics.median(times)
       row[f'{side}_min_ms'] = 1e3 * min(times)
-      print(f"[{name}] {side}{' (' + row['jax_source'] + ')' if side == 'jax' else ''}: "
-            f"params {row['params' if side == 'jax' else 'torch_params']:,}"
-            f"{', compile %.1f s' % row['jax_compile_s'] if side == 'jax' else ''}, "
-            f"step ms {[round(1e3 * x) for x in times]}, losses "
-            f"{[round(x, 3) for x in r['losses'][side]]}", flush=True)
+      print(
+        f"[{name}] {side}{' (' + row['jax_source'] + ')' if side == 'jax' else ''}: "
+        f"params {row['params' if side == 'jax' else 'torch_params']:,}"
+        f"{', compile {:.1f} s'.format(row['jax_compile_s']) if side == 'jax' else ''}, "
+        f"step ms {[round(1e3 * x) for x in times]}, losses "
+        f"{[round(x, 3) for x in r['losses'][side]]}",
+        flush=True,
+      )
     rows.append(row)
   print_table(rows, env, args.out)
 
 
 def print_table(rows, env, out):
   """Tokens/s from the median step time; the fastest step is shown too (the machine is shared)."""
-  header = ['model', 'params (JAX = torch)', 'tokens/step', 'JAX compile s',
-            'JAX step ms (median / min)', 'torch step ms (median / min)', 'JAX tokens/s',
-            'torch tokens/s', 'JAX / torch', 'JAX MFU']
+  header = [
+    'model',
+    'params (JAX = torch)',
+    'tokens/step',
+    'JAX compile s',
+    'JAX step ms (median / min)',
+    'torch step ms (median / min)',
+    'JAX tokens/s',
+    'torch tokens/s',
+    'JAX / torch',
+    'JAX MFU',
+  ]
   lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' + '---:|' * (len(header) - 1)]
   for r in rows:
-    tps = {side: r['tokens'] / r[f'{side}_ms'] * 1e3 for side in ('jax', 'torch')
-           if f'{side}_ms' in r}
+    tps = {
+      side: r['tokens'] / r[f'{side}_ms'] * 1e3 for side in ('jax', 'torch') if f'{side}_ms' in r
+    }
     params = f"{r.get('params', r.get('torch_params', 0)):,}"
     if 'params' in r and 'torch_params' in r and r['params'] != r['torch_params']:
       params += f" (torch {r['torch_params']:,}: MISMATCH)"
-    step = {side: f"{r[f'{side}_ms']:,.0f} / {r[f'{side}_min_ms']:,.0f}" if side in tps else '-'
-            for side in ('jax', 'torch')}
-    cells = [r['name'], params, str(r['tokens']),
-             f"{r['jax_compile_s']:.1f}" if 'jax_compile_s' in r else '-', step['jax'],
-             step['torch'], f"{tps['jax']:,.0f}" if 'jax' in tps else '-',
-             f"{tps['torch']:,.0f}" if 'torch' in tps else '-',
-             f"{tps['jax'] / tps['torch']:.2f}x" if len(tps) == 2 else '-',
-             f"{r['flops_per_token'] * tps['jax'] / r['peak']:.1%}" if r['peak'] and 'jax' in tps
-             else '-']
+    step = {
+      side: f"{r[f'{side}_ms']:,.0f} / {r[f'{side}_min_ms']:,.0f}" if side in tps else '-'
+      for side in ('jax', 'torch')
+    }
+    cells = [
+      r['name'],
+      params,
+      str(r['tokens']),
+      f"{r['jax_compile_s']:.1f}" if 'jax_compile_s' in r else '-',
+      step['jax'],
+      step['torch'],
+      f"{tps['jax']:,.0f}" if 'jax' in tps else '-',
+      f"{tps['torch']:,.0f}" if 'torch' in tps else '-',
+      f"{tps['jax'] / tps['torch']:.2f}x" if len(tps) == 2 else '-',
+      f"{r['flops_per_token'] * tps['jax'] / r['peak']:.1%}" if r['peak'] and 'jax' in tps else '-',
+    ]
     lines.append('| ' + ' | '.join(cells) + ' |')
   text = '\n'.join(lines)
   print(text)

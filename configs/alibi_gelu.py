@@ -1,4 +1,5 @@
 """BLOOM-style: ALiBi biases instead of position embeddings, GELU FFN, LayerNorm pre-LN."""
+
 from configs import base
 from mllm.config import join_choices
 

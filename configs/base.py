@@ -6,6 +6,7 @@
 `arg` is a comma-separated list of choices: the short names pos, ffn, norm, placement, attn, window,
 rope_scaling; any dotted path (model.n_layers=2); or any leaf name that is unique (n_kv_heads=2).
 """
+
 from ml_collections import config_dict
 
 from mllm.config import apply_choices
@@ -35,14 +36,18 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   model.init = 'fan_in'
   model.init_std = 0.02  # read only by init='fixed'
   model.embed_scale = 1.0  # token embeddings × this, before positions (Vaswani 2017 §3.4: √d_model)
-  model.depth_scaled_init = True  # output projections: the scheme's std / sqrt(2 * n_layers) (GPT-2)
+  model.depth_scaled_init = (
+    True  # output projections: the scheme's std / sqrt(2 * n_layers) (GPT-2)
+  )
   model.param_dtype = 'float32'
   model.dtype = 'float32'  # compute dtype: float32 | bfloat16
   model.scan_layers = False  # nnx.scan over layers: faster compiles, same results
   model.remat = 'none'  # none | full (recompute each layer in the backward) | dots (keep matmuls)
 
   attention = model.attention = config_dict.ConfigDict()
-  attention.impl = 'auto'  # xla|blockwise|pallas|pallas_tpu|pallas_mgpu|splash|cudnn|auto (mllm/ops/attention.py)
+  attention.impl = (
+    'auto'  # xla|blockwise|pallas|pallas_tpu|pallas_mgpu|splash|cudnn|auto (mllm/ops/attention.py)
+  )
   attention.block_q = placeholder(int)  # blockwise / pallas tile sizes; None: the impl's default
   attention.block_k = placeholder(int)
   attention.sliding_window = placeholder(int)  # None: full causal; W: the W most recent keys
@@ -68,7 +73,9 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   position.shaw_max_distance = 16  # clipping distance k
 
   ffn = model.ffn = config_dict.ConfigDict()
-  ffn.kind = 'swiglu'  # relu | gelu | gelu_tanh | swish | glu | bilinear | geglu | swiglu | reglu | moe
+  ffn.kind = (
+    'swiglu'  # relu | gelu | gelu_tanh | swish | glu | bilinear | geglu | swiglu | reglu | moe
+  )
   ffn.d_ff = placeholder(int)  # None: 4 * d_model
   ffn.match_params = True  # gated FFNs: d_ff * 2/3, so parameters match the ungated FFN
   ffn.multiple_of = 8
@@ -89,7 +96,9 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   moe.renormalize = True  # gates renormalised over the chosen k (Mixtral)
   moe.dispatch = 'auto'  # capacity | dropless (ragged_dot) | auto: capacity on CPU, else dropless
   moe.capacity_factor = 1.25  # capacity = ceil(tokens / experts * top_k * capacity_factor)
-  moe.grouped_matmul = 'ragged_dot'  # dropless kernel: ragged_dot | megablox (Pallas gmm, TPU) | tiled
+  moe.grouped_matmul = (
+    'ragged_dot'  # dropless kernel: ragged_dot | megablox (Pallas gmm, TPU) | tiled
+  )
   moe.balance_coef = 0.01  # Switch load-balancing loss, α
   moe.balance_convention = 'switch'  # switch: 1 at uniform routing for every k | hf: k
   moe.z_loss_coef = 0.001  # router z-loss (ST-MoE)

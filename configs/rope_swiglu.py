@@ -1,4 +1,5 @@
 """Llama-style: RoPE, SwiGLU, RMSNorm pre-LN, grouped-query attention (8 query heads, 2 KV heads)."""
+
 from configs import base
 from mllm.config import join_choices
 

@@ -1,10 +1,12 @@
 """python -m experiments SUITE [--preset=cpu|gpu|tiny] [--seeds=N] [--jobs=N] [--out=experiments/results]
-                             [--tune_lr | --no-tune_lr] [--tune_seeds=N]
-                             [--engine=local|ray [--ray_address=auto|HOST:PORT] [--resources=JSON]]"""
+[--tune_lr | --no-tune_lr] [--tune_seeds=N]
+[--engine=local|ray [--ray_address=auto|HOST:PORT] [--resources=JSON]]"""
+
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from experiments import report
 from experiments.runner import run_benchmark, run_one, run_suite
@@ -17,35 +19,64 @@ def main(argv=None) -> int:
   parser.add_argument('--preset', default='cpu', choices=PRESETS)
   parser.add_argument('--seeds', type=int, default=3)
   parser.add_argument('--out', default='experiments/results')
-  parser.add_argument('--jobs', type=int, default=1,
-                      help='runs at once, each in its own process (2 on 2 cores: ~1.4x faster, '
-                           'but tokens/s is then a shared machine\'s)')
-  parser.add_argument('--engine', default='local', choices=('local', 'ray'),
-                      help="local: --jobs worker processes on this machine; ray: every run a Ray "
-                           "task (pip install -e '.[cluster]'), on --ray_address or a local Ray")
-  parser.add_argument('--ray_address', default=None,
-                      help="with --engine=ray: the cluster ('auto': the one this node belongs "
-                           "to; HOST:PORT; ray://HOST:10001); none: a local Ray started here")
-  parser.add_argument('--resources', default=None,
-                      help='with --engine=ray: Ray resources per run, JSON (e.g. \'{"GPU": 1}\' '
-                           "or '{\"CPU\": 8}'); default: this machine's cores over --jobs")
-  parser.add_argument('--tune_lr', action=argparse.BooleanOptionalAction, default=True,
-                      help="tune each variant's learning rate first (a log grid on tuning seeds "
-                           "1000+, experiments/tuning.py), then run the table's seeds at each "
-                           "variant's best; --no-tune_lr: every variant at its configured rate")
-  parser.add_argument('--tune_seeds', type=int, default=1,
-                      help='seeds per learning-rate grid point (1000, 1001, ...)')
-  parser.add_argument('--report_only', action='store_true',
-                      help='run nothing: write the report of the runs finished so far')
-  parser.add_argument('--remeasure', action='store_true',
-                      help="run the suite's measure (decode speed, ...) again on finished runs")
+  parser.add_argument(
+    '--jobs',
+    type=int,
+    default=1,
+    help='runs at once, each in its own process (2 on 2 cores: ~1.4x faster, '
+    'but tokens/s is then a shared machine\'s)',
+  )
+  parser.add_argument(
+    '--engine',
+    default='local',
+    choices=('local', 'ray'),
+    help="local: --jobs worker processes on this machine; ray: every run a Ray "
+    "task (pip install -e '.[cluster]'), on --ray_address or a local Ray",
+  )
+  parser.add_argument(
+    '--ray_address',
+    default=None,
+    help="with --engine=ray: the cluster ('auto': the one this node belongs "
+    "to; HOST:PORT; ray://HOST:10001); none: a local Ray started here",
+  )
+  parser.add_argument(
+    '--resources',
+    default=None,
+    help='with --engine=ray: Ray resources per run, JSON (e.g. \'{"GPU": 1}\' '
+    "or '{\"CPU\": 8}'); default: this machine's cores over --jobs",
+  )
+  parser.add_argument(
+    '--tune_lr',
+    action=argparse.BooleanOptionalAction,
+    default=True,
+    help="tune each variant's learning rate first (a log grid on tuning seeds "
+    "1000+, experiments/tuning.py), then run the table's seeds at each "
+    "variant's best; --no-tune_lr: every variant at its configured rate",
+  )
+  parser.add_argument(
+    '--tune_seeds', type=int, default=1, help='seeds per learning-rate grid point (1000, 1001, ...)'
+  )
+  parser.add_argument(
+    '--report_only',
+    action='store_true',
+    help='run nothing: write the report of the runs finished so far',
+  )
+  parser.add_argument(
+    '--remeasure',
+    action='store_true',
+    help="run the suite's measure (decode speed, ...) again on finished runs",
+  )
   args = parser.parse_args(argv)
   if args.engine == 'local' and (args.ray_address or args.resources):
-    print('error: --ray_address and --resources go with --engine=ray; allowed with '
-          '--engine=local: --jobs', file=sys.stderr)
+    print(
+      'error: --ray_address and --resources go with --engine=ray; allowed with '
+      '--engine=local: --jobs',
+      file=sys.stderr,
+    )
     return 2
   from mllm import compile_cache
   from mllm.config import ConfigError
+
   compile_cache.enable()  # every seed of a variant compiles the same shapes (--jobs=1 runs here)
   try:
     if args.seeds < 1:
@@ -53,24 +84,38 @@ def main(argv=None) -> int:
     suite = load_suite(args.suite)
     if isinstance(suite, BenchmarkSuite):
       if args.engine != 'local':
-        raise ValueError(f'--engine={args.engine}; allowed for the benchmark suite '
-                         f'{args.suite!r}: local (it times kernels on this machine)')
-      print(open(run_benchmark(suite, args.preset, args.out)).read())
+        raise ValueError(
+          f'--engine={args.engine}; allowed for the benchmark suite '
+          f'{args.suite!r}: local (it times kernels on this machine)'
+        )
+      print(Path(run_benchmark(suite, args.preset, args.out)).read_text())
       return 0
-    results = run_suite(suite, preset=args.preset, seeds=args.seeds, out=args.out,
-                        run=None if args.report_only else run_one, jobs=args.jobs,
-                        remeasure=args.remeasure, tune_lr=args.tune_lr,
-                        tune_seeds=args.tune_seeds, engine=args.engine,
-                        ray_address=args.ray_address, resources=args.resources)
+    results = run_suite(
+      suite,
+      preset=args.preset,
+      seeds=args.seeds,
+      out=args.out,
+      run=None if args.report_only else run_one,
+      jobs=args.jobs,
+      remeasure=args.remeasure,
+      tune_lr=args.tune_lr,
+      tune_seeds=args.tune_seeds,
+      engine=args.engine,
+      ray_address=args.ray_address,
+      resources=args.resources,
+    )
   except (ValueError, ConfigError) as err:
     print(f'error: {err}', file=sys.stderr)
     return 2
   except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the started runs saved their checkpoints
-    print(f'error: interrupted; finished runs are kept and started ones saved a checkpoint: run '
-          f'the same command again to resume', file=sys.stderr)
+    print(
+      'error: interrupted; finished runs are kept and started ones saved a checkpoint: run '
+      'the same command again to resume',
+      file=sys.stderr,
+    )
     return 130
   path = report.write(suite, results, args.out)
-  print(open(path).read())
+  print(Path(path).read_text())
   return 1 if results['failed'] else 0
 
 

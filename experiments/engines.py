@@ -11,6 +11,7 @@ workdir) -> handle`, `wait(timeout_s) -> [(handle, ok)]` (the runs that ended) a
 (interrupt every run, which saves a checkpoint, and wait for them); the runner calls the last two
 only while runs are in flight.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,7 +29,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _pythonpath() -> str:
   """PYTHONPATH with the project first, so a worker process imports this checkout."""
   return os.pathsep.join(
-      [ROOT] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p])
+    [ROOT] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]
+  )
 
 
 def write_job(job: dict, workdir: str) -> None:
@@ -37,8 +39,11 @@ def write_job(job: dict, workdir: str) -> None:
 
 
 def _cores() -> list[int]:
-  return sorted(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else list(
-      range(os.cpu_count() or 1))
+  return (
+    sorted(os.sched_getaffinity(0))
+    if hasattr(os, 'sched_getaffinity')
+    else list(range(os.cpu_count() or 1))
+  )
 
 
 def cpu_slots(jobs: int) -> list[frozenset | None]:
@@ -52,7 +57,7 @@ def cpu_slots(jobs: int) -> list[frozenset | None]:
   if jobs < 2 or len(cpus) < jobs:
     return [None] * jobs
   share = len(cpus) // jobs
-  return [frozenset(cpus[i * share:(i + 1) * share]) for i in range(jobs)]
+  return [frozenset(cpus[i * share : (i + 1) * share]) for i in range(jobs)]
 
 
 class LocalPool:
@@ -67,14 +72,19 @@ class LocalPool:
   def submit(self, job: dict, workdir: str) -> subprocess.Popen:
     write_job(job, workdir)
     slot = min(set(range(self.slots)) - set(self._running.values()))
-    log = open(os.path.join(workdir, 'worker.log'), 'a')  # pylint: disable=consider-using-with
+    log = open(os.path.join(workdir, 'worker.log'), 'a')  # noqa: SIM115 (the worker's, closed on exit)
     env = {**os.environ, 'PYTHONPATH': _pythonpath()}
     cpus = self._cpus[slot]
     if cpus:  # the worker pins itself before JAX starts (a preexec_fn is unsafe in threaded code)
       env['MLLM_WORKER_CPUS'] = ','.join(map(str, sorted(cpus)))
       env['NPROC'] = str(len(cpus))  # XLA sizes its CPU thread pool by $NPROC
-    proc = subprocess.Popen([sys.executable, '-m', 'experiments.worker', workdir], stdout=log,
-                            stderr=subprocess.STDOUT, env=env, cwd=os.getcwd())
+    proc = subprocess.Popen(
+      [sys.executable, '-m', 'experiments.worker', workdir],
+      stdout=log,
+      stderr=subprocess.STDOUT,
+      env=env,
+      cwd=os.getcwd(),
+    )
     self._running[proc] = slot
     return proc
 
@@ -96,6 +106,7 @@ class LocalPool:
 
 # --- Ray -------------------------------------------------------------------------------------
 
+
 def parse_resources(text: str | None, jobs: int) -> dict:
   """A Ray task's resources from `--resources` (JSON, e.g. '{"GPU": 1}'); by default this
   machine's cores over --jobs, so --jobs=N runs N at once on a local Ray as the pool does."""
@@ -105,11 +116,18 @@ def parse_resources(text: str | None, jobs: int) -> dict:
     resources = json.loads(text)
   except json.JSONDecodeError:
     resources = None
-  if not isinstance(resources, dict) or not resources or not all(
+  if (
+    not isinstance(resources, dict)
+    or not resources
+    or not all(
       isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
-      for k, v in resources.items()):
-    raise ValueError(f'--resources={text!r}; allowed: a JSON object of Ray resources per run, '
-                     'e.g. \'{"CPU": 4}\' or \'{"GPU": 1}\'')
+      for k, v in resources.items()
+    )
+  ):
+    raise ValueError(
+      f'--resources={text!r}; allowed: a JSON object of Ray resources per run, '
+      'e.g. \'{"CPU": 4}\' or \'{"GPU": 1}\''
+    )
   return resources
 
 
@@ -117,20 +135,25 @@ def check_out_for_ray(out: str) -> None:
   """Ray workers read job.pkl from and write results to `out` themselves: a path every node
   mounts (NFS, Lustre, a FUSE-mounted bucket), not a bucket URL."""
   if '://' in out:
-    raise ValueError(f'--out={out!r}; allowed with --engine=ray: a directory every Ray node '
-                     'mounts at the same path (a shared filesystem, or a bucket mounted with '
-                     'gcsfuse / s3fs / blobfuse); URLs are not supported')
+    raise ValueError(
+      f'--out={out!r}; allowed with --engine=ray: a directory every Ray node '
+      'mounts at the same path (a shared filesystem, or a bucket mounted with '
+      'gcsfuse / s3fs / blobfuse); URLs are not supported'
+    )
 
 
 def run_task(workdir: str) -> None:
   """One run inside a Ray worker process (a fresh process per task: JAX starts once per run):
   the worker's output goes to workdir/worker.log, as in the local pool."""
   if not os.path.exists(os.path.join(workdir, 'job.pkl')):
-    import socket  # pylint: disable=import-outside-toplevel
+    import socket
+
     raise FileNotFoundError(
-        f'{workdir}/job.pkl is not visible on Ray node {socket.gethostname()}: --out must be '
-        'a filesystem every node mounts at the same path')
-  import ray  # pylint: disable=import-outside-toplevel
+      f'{workdir}/job.pkl is not visible on Ray node {socket.gethostname()}: --out must be '
+      'a filesystem every node mounts at the same path'
+    )
+  import ray
+
   cpus = ray.get_runtime_context().get_assigned_resources().get('CPU')
   if cpus:  # XLA sizes its CPU thread pool by $NPROC when JAX starts: the task's share
     os.environ['NPROC'] = str(max(1, int(cpus)))
@@ -139,7 +162,8 @@ def run_task(workdir: str) -> None:
   sys.stderr.flush()
   os.dup2(log, 1)
   os.dup2(log, 2)
-  from experiments import worker  # pylint: disable=import-outside-toplevel
+  from experiments import worker
+
   try:
     worker.main(workdir)
   except BaseException:  # into worker.log, where the runner reads a failed run's last error
@@ -154,18 +178,21 @@ def init_ray(address: str | None = None) -> None:
   """Connect to the Ray cluster at `address`, or start a local one with this machine's cores.
   Workers find the project through PYTHONPATH (on a cluster: `pip install -e .` on every node,
   or this checkout on a shared filesystem)."""
-  import ray  # pylint: disable=import-outside-toplevel
+  import ray
+
   # Tasks pass a path and return None: a local object store of 128 MiB (Ray's default takes 30%
   # of memory in /dev/shm) is plenty.
-  kwargs = dict(address=address) if address else dict(
-      num_cpus=len(_cores()), include_dashboard=False, object_store_memory=128 * 2**20)
+  kwargs = (
+    dict(address=address)
+    if address
+    else dict(num_cpus=len(_cores()), include_dashboard=False, object_store_memory=128 * 2**20)
+  )
   if not address:  # Ray starts its workers at nice 15: beside any other load (a second suite,
     # a test run) they starved, and 2 tiny runs took 105 s instead of 7 s (2-core CPU)
     os.environ.setdefault('RAY_worker_niceness', '0')
   with warnings.catch_warnings():  # JAX warns of any fork; Ray's is a fork-exec
     warnings.filterwarnings('ignore', message='os.fork', category=RuntimeWarning)
-    ray.init(**kwargs, log_to_driver=False,
-             runtime_env={'env_vars': {'PYTHONPATH': _pythonpath()}})
+    ray.init(**kwargs, log_to_driver=False, runtime_env={'env_vars': {'PYTHONPATH': _pythonpath()}})
 
 
 class RayEngine:
@@ -178,7 +205,7 @@ class RayEngine:
 
   def __init__(self, resources: dict, address: str | None = None):
     try:
-      import ray  # pylint: disable=import-outside-toplevel
+      import ray
     except ImportError:
       raise ValueError("--engine=ray needs Ray: pip install -e '.[cluster]'") from None
     self._ray = ray
@@ -187,7 +214,8 @@ class RayEngine:
       init_ray(address)
     resources = dict(resources)
     self._task = ray.remote(max_calls=1, max_retries=0, retry_exceptions=False)(run_task).options(
-        num_cpus=resources.pop('CPU', 0), num_gpus=resources.pop('GPU', 0), resources=resources)
+      num_cpus=resources.pop('CPU', 0), num_gpus=resources.pop('GPU', 0), resources=resources
+    )
     self.slots = 1_000_000  # Ray queues what the cluster cannot start yet
     self._running = set()
 
@@ -198,15 +226,16 @@ class RayEngine:
     return ref
 
   def wait(self, timeout_s: float) -> list[tuple[object, bool]]:
-    ready, _ = self._ray.wait(list(self._running), num_returns=len(self._running),
-                              timeout=timeout_s)
+    ready, _ = self._ray.wait(
+      list(self._running), num_returns=len(self._running), timeout=timeout_s
+    )
     ended = []
     for ref in ready:
       self._running.discard(ref)
       try:
         self._ray.get(ref)
         ended.append((ref, True))
-      except Exception:  # pylint: disable=broad-except  (a failed or killed run: retried once)
+      except Exception:  # a failed or killed run: retried once
         ended.append((ref, False))
     return ended
 

@@ -1,4 +1,5 @@
 """Measurements a suite adds to each finished run (`Suite.extra_metrics` names one)."""
+
 from __future__ import annotations
 
 import statistics
@@ -9,8 +10,9 @@ import jax.numpy as jnp
 def decode(config, workdir: str) -> dict:
   """Greedy decode speed of the trained model (batch 1, 16-token prompt, 64 new tokens, compile
   excluded, median of 3) and the KV cache's bytes per token: 2·layers·n_kv·head_dim·bytes."""
-  from mllm.generate import generate_tokens, load_run
+  from mllm.generation import generate_tokens, load_run
   from mllm.layers import resolved_head_dim
+
   model, _, _, saved = load_run(workdir, config)
   m = saved.model
   prompt = [list(range(1, 17))]
@@ -32,9 +34,11 @@ def moe_load(config, workdir: str) -> dict:
   import numpy as np
 
   from mllm.train.metrics import read_metrics
-  records = [r for r in read_metrics(os.path.join(workdir, 'metrics.jsonl'))
-             if r['split'] == 'train']
-  records = records[-max(1, len(records) // 10):]
+
+  records = [
+    r for r in read_metrics(os.path.join(workdir, 'metrics.jsonl')) if r['split'] == 'train'
+  ]
+  records = records[-max(1, len(records) // 10) :]
   layers = sorted({k for r in records for k in r if k.endswith('/tokens_per_expert')})
   if not layers:
     return {}
@@ -45,8 +49,12 @@ def moe_load(config, workdir: str) -> dict:
     peak.append(float(load.max() / load.mean()))
     dead += int((load < 0.01 * load.mean()).sum())
   drops = [r['moe/drop_rate'] for r in records if 'moe/drop_rate' in r]
-  return {'load_cv': float(np.mean(cv)), 'max_over_mean': float(np.mean(peak)),
-          'dead_experts': dead, 'drop_rate': float(np.mean(drops)) if drops else 0.0}
+  return {
+    'load_cv': float(np.mean(cv)),
+    'max_over_mean': float(np.mean(peak)),
+    'dead_experts': dead,
+    'drop_rate': float(np.mean(drops)) if drops else 0.0,
+  }
 
 
 EVAL_TOKENS = 32_768  # per length: the batch shrinks as the context grows
@@ -67,8 +75,10 @@ def loss_at_lengths(config, workdir: str, factors) -> dict:
 
   from ml_collections import config_dict
 
-  from mllm.config import set_path, validate
+  from mllm.config_keys import set_path
   from mllm.train import evaluate
+  from mllm.validation import validate
+
   length = base_length(config)
   out = {}
   for k in factors:
@@ -76,9 +86,12 @@ def loss_at_lengths(config, workdir: str, factors) -> dict:
       out[f'loss_at_{k}L'] = math.nan
       continue
     longer = config_dict.ConfigDict(config.to_dict())
-    for path, value in {'data.seq_len': k * length, 'model.max_seq_len': k * length,
-                        'data.batch_size': max(1, EVAL_TOKENS // (k * length)),
-                        'train.eval_batches': 1}.items():
+    for path, value in {
+      'data.seq_len': k * length,
+      'model.max_seq_len': k * length,
+      'data.batch_size': max(1, EVAL_TOKENS // (k * length)),
+      'train.eval_batches': 1,
+    }.items():
       set_path(longer, path, value)
     validate(longer)
     out[f'loss_at_{k}L'] = evaluate(longer, workdir)['loss']
@@ -111,9 +124,11 @@ def _ffn_grad_norms(net, batches) -> list[float]:
   def grads(params, rest, batch):
     def loss(params):
       logits = nnx.merge(graphdef, params, jax.tree.map(lambda x: x, rest))(batch["inputs"])
-      ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jax.numpy.float32),
-                                                           batch['targets'])
+      ce = optax.softmax_cross_entropy_with_integer_labels(
+        logits.astype(jax.numpy.float32), batch['targets']
+      )
       return (ce * batch['loss_mask']).sum() / batch['loss_mask'].sum()
+
     return jax.grad(loss)(params)
 
   per_batch = []
@@ -127,9 +142,9 @@ def _ffn_grad_norms(net, batches) -> list[float]:
       index = next((k for k in keys[1:] if isinstance(k, int)), None)
       if index is None:  # scanned layers: one stacked array, layers on axis 0
         for i, row in enumerate(g.reshape(g.shape[0], -1)):
-          squares[i] = squares.get(i, 0.0) + float((row ** 2).sum())
+          squares[i] = squares.get(i, 0.0) + float((row**2).sum())
       else:
-        squares[index] = squares.get(index, 0.0) + float((g ** 2).sum())
+        squares[index] = squares.get(index, 0.0) + float((g**2).sum())
     per_batch.append([squares[i] ** 0.5 for i in sorted(squares)])
   return [float(x) for x in np.mean(per_batch, axis=0)]
 
@@ -141,17 +156,27 @@ def layer_grad_norms(config, workdir: str) -> dict:
   import itertools
 
   from mllm.data import build_data
-  from mllm.generate import load_run
+  from mllm.generation import load_run
   from mllm.train.state import initial_model
+
   trained, _, _, saved = load_run(workdir, config)
   data = build_data(saved, workdir)
   batches = list(itertools.islice(data.train_iterator(), GRAD_BATCHES))
   fresh = initial_model(saved)
   fresh.eval()
   init, final = _ffn_grad_norms(fresh, batches), _ffn_grad_norms(trained, batches)
-  return {'ffn_grad_norm_init': init, 'ffn_grad_norm_final': final,
-          'grad_ratio_init': init[-1] / init[0], 'grad_ratio_final': final[-1] / final[0]}
+  return {
+    'ffn_grad_norm_init': init,
+    'ffn_grad_norm_final': final,
+    'grad_ratio_init': init[-1] / init[0],
+    'grad_ratio_final': final[-1] / final[0],
+  }
 
 
-MEASURES = {'decode': decode, 'moe_load': moe_load, 'extrapolation': extrapolation,
-            'context_extension': context_extension, 'layer_grad_norms': layer_grad_norms}
+MEASURES = {
+  'decode': decode,
+  'moe_load': moe_load,
+  'extrapolation': extrapolation,
+  'context_extension': context_extension,
+  'layer_grad_norms': layer_grad_norms,
+}

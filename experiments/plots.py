@@ -1,4 +1,5 @@
 """A suite's figures: loss curves with a band over seeds, and final loss against training FLOPs."""
+
 from __future__ import annotations
 
 import os
@@ -6,8 +7,8 @@ import os
 import matplotlib
 
 matplotlib.use('Agg')  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
 
 def _finish(fig, ax, path: str, legend: bool = True) -> str:
@@ -20,16 +21,18 @@ def _finish(fig, ax, path: str, legend: bool = True) -> str:
   return path
 
 
-def _mean_and_band(ax, name: str, curves: list[dict], min_points: int, style: str = '-',
-                   **line_kw) -> bool:
+def _mean_and_band(
+  ax, name: str, curves: list[dict], min_points: int, style: str = '-', **line_kw
+) -> bool:
   """One variant's curves ({'step': x, 'loss': y} per seed) at the x they share: the mean,
   shaded min–max band over seeds; False (nothing drawn) below `min_points` shared points."""
   xs = sorted(set.intersection(*(set(c['step']) for c in curves)))
   if len(xs) < min_points:
     return False
   losses = np.array([[dict(zip(c['step'], c['loss']))[x] for x in xs] for c in curves])
-  line, = ax.plot(xs, losses.mean(0), style, lw=1.2, label=f'{name} ({len(curves)} seeds)',
-                  **line_kw)
+  (line,) = ax.plot(
+    xs, losses.mean(0), style, lw=1.2, label=f'{name} ({len(curves)} seeds)', **line_kw
+  )
   if len(curves) > 1:
     ax.fill_between(xs, losses.min(0), losses.max(0), color=line.get_color(), alpha=0.2)
   return True
@@ -40,15 +43,20 @@ def loss_curves(suite, results: dict, path: str) -> str | None:
   variant's curve continues its parent's, from the parent's last step."""
   fig, ax = plt.subplots(figsize=(7, 4.5))
   drawn = False
-  last_step = {(r['variant'], r['seed']): r['curve']['step'][-1]
-               for r in results['runs'] if r.get('curve') and r['curve']['step']}
+  last_step = {
+    (r['variant'], r['seed']): r['curve']['step'][-1]
+    for r in results['runs']
+    if r.get('curve') and r['curve']['step']
+  }
   for variant in suite.variants:
     runs = [r for r in results['runs'] if r['variant'] == variant.name and r.get('curve')]
     if not runs:
       continue
     offsets = [last_step.get((variant.starts_from, r['seed']), 0) for r in runs]
-    curves = [{'step': [s + o for s in r['curve']['step']], 'loss': r['curve']['loss']}
-              for r, o in zip(runs, offsets)]
+    curves = [
+      {'step': [s + o for s in r['curve']['step']], 'loss': r['curve']['loss']}
+      for r, o in zip(runs, offsets)
+    ]
     drawn |= _mean_and_band(ax, variant.name, curves, min_points=1)
   if not drawn:
     plt.close(fig)
@@ -65,15 +73,23 @@ def pareto(suite, rows: list[dict], path: str) -> str | None:
   fig, ax = plt.subplots(figsize=(6, 4.5))
   for row in points:
     ax.errorbar(row['train_flops'], row['mean'], yerr=row['std'], fmt='o', capsize=3)
-    ax.annotate(row['variant'], (row['train_flops'], row['mean']), fontsize=8,
-                xytext=(4, 4), textcoords='offset points')
+    ax.annotate(
+      row['variant'],
+      (row['train_flops'], row['mean']),
+      fontsize=8,
+      xytext=(4, 4),
+      textcoords='offset points',
+    )
   flops = [row['train_flops'] for row in points]
   if max(flops) > 10 * min(flops):  # a log axis only when compute spans a decade
     ax.set_xscale('log')
   else:
     ax.ticklabel_format(axis='x', style='sci', scilimits=(0, 0))
-  ax.set(xlabel='training FLOPs per run', ylabel=suite.metric,
-         title=f'suite {suite.name}: {suite.metric} vs compute')
+  ax.set(
+    xlabel='training FLOPs per run',
+    ylabel=suite.metric,
+    title=f'suite {suite.name}: {suite.metric} vs compute',
+  )
   return _finish(fig, ax, path, legend=False)
 
 
@@ -84,30 +100,46 @@ def loss_vs_context(suite, results: dict, path: str) -> str | None:
   drawn = False
   for variant in suite.variants:
     runs = [r for r in results['runs'] if r['variant'] == variant.name]
-    factors = sorted({int(k[len('loss_at_'):-1]) for r in runs for k in r
-                      if k.startswith('loss_at_') and k.endswith('L')})
+    factors = sorted(
+      {
+        int(k[len('loss_at_') : -1])
+        for r in runs
+        for k in r
+        if k.startswith('loss_at_') and k.endswith('L')
+      }
+    )
     if not factors:
       continue
     if 1 not in factors:
       factors = [1] + factors
-    table = np.array([[r.get(f'loss_at_{k}L', r['eval_loss'] if k == 1 else np.nan)
-                       for k in factors] for r in runs], dtype=float)
+    table = np.array(
+      [
+        [r.get(f'loss_at_{k}L', r['eval_loss'] if k == 1 else np.nan) for k in factors]
+        for r in runs
+      ],
+      dtype=float,
+    )
     keep = ~np.isnan(table).any(0)  # n/a lengths (learned positions past L) are left out
     if not keep.any():
       continue
     ks = np.array(factors)[keep]
-    line, = ax.plot(ks, table[:, keep].mean(0), marker='o', lw=1.2,
-                    label=f'{variant.name} ({len(runs)} seeds)')
+    (line,) = ax.plot(
+      ks, table[:, keep].mean(0), marker='o', lw=1.2, label=f'{variant.name} ({len(runs)} seeds)'
+    )
     if len(runs) > 1:
-      ax.fill_between(ks, table[:, keep].min(0), table[:, keep].max(0), color=line.get_color(),
-                      alpha=0.2)
+      ax.fill_between(
+        ks, table[:, keep].min(0), table[:, keep].max(0), color=line.get_color(), alpha=0.2
+      )
     drawn = True
   if not drawn:
     plt.close(fig)
     return None
   ax.set_xscale('log', base=2)
-  ax.set(xlabel='evaluation context / training context L', ylabel='validation loss',
-         title=f'suite {suite.name}: loss vs context length')
+  ax.set(
+    xlabel='evaluation context / training context L',
+    ylabel='validation loss',
+    title=f'suite {suite.name}: loss vs context length',
+  )
   return _finish(fig, ax, path)
 
 
@@ -118,8 +150,11 @@ def grad_norms(suite, results: dict, path: str) -> str | None:
   curves = {}
   for when in ('init', 'final'):
     for variant in suite.variants:
-      found = [r[f'ffn_grad_norm_{when}'] for r in results['runs']
-               if r['variant'] == variant.name and f'ffn_grad_norm_{when}' in r]
+      found = [
+        r[f'ffn_grad_norm_{when}']
+        for r in results['runs']
+        if r['variant'] == variant.name and f'ffn_grad_norm_{when}' in r
+      ]
       if found:
         curves.setdefault(when, []).append((variant.name, np.mean(found, axis=0)))
   if not curves:
@@ -134,8 +169,11 @@ def grad_norms(suite, results: dict, path: str) -> str | None:
       label = names[0] if len(names) == 1 else f'{names[0]} (+{len(names) - 1} same init)'
       ax.plot(np.arange(1, len(curve) + 1), curve, marker='o', lw=1.2, label=label)
     ax.set_yscale('log')
-    ax.set(xlabel='layer', ylabel='‖∂loss/∂W_ffn‖',
-           title=f"{'at initialisation' if when == 'init' else 'after training'}")
+    ax.set(
+      xlabel='layer',
+      ylabel='‖∂loss/∂W_ffn‖',
+      title=f"{'at initialisation' if when == 'init' else 'after training'}",
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6)
   fig.suptitle(f'suite {suite.name}: FFN gradient norm per layer')
@@ -150,8 +188,13 @@ def lr_sensitivity(suite, results: dict, path: str) -> str | None:
   (Wortsman et al. 2023, Fig. 1): the mean over seeds, each variant's chosen rate filled; a
   diverged point is an x on the top edge."""
   tuning = results.get('tuning') or {}
-  finite = [loss for t in tuning.values() for p in t['points'] for loss in p['eval_loss']
-            if np.isfinite(loss)]
+  finite = [
+    loss
+    for t in tuning.values()
+    for p in t['points']
+    for loss in p['eval_loss']
+    if np.isfinite(loss)
+  ]
   if not finite:
     return None
   top = max(finite) + 0.05 * (max(finite) - min(finite) or 1.0)
@@ -159,8 +202,14 @@ def lr_sensitivity(suite, results: dict, path: str) -> str | None:
   for name, t in tuning.items():
     points = [p for p in t['points'] if p['eval_loss']]
     ok = [p for p in points if all(np.isfinite(p['eval_loss']))]
-    line, = ax.plot([p['lr'] for p in ok], [np.mean(p['eval_loss']) for p in ok], 'o-', lw=1.2,
-                    mfc='none', label=name)
+    (line,) = ax.plot(
+      [p['lr'] for p in ok],
+      [np.mean(p['eval_loss']) for p in ok],
+      'o-',
+      lw=1.2,
+      mfc='none',
+      label=name,
+    )
     bad = [p['lr'] for p in points if not all(np.isfinite(p['eval_loss']))]
     if bad:
       ax.plot(bad, [top] * len(bad), 'x', color=line.get_color(), ms=8)
@@ -168,8 +217,11 @@ def lr_sensitivity(suite, results: dict, path: str) -> str | None:
     if best:
       ax.plot([best[0]['lr']], [np.mean(best[0]['eval_loss'])], 'o', color=line.get_color())
   ax.set_xscale('log')
-  ax.set(xlabel='peak learning rate', ylabel='eval loss (tuning seeds)',
-         title=f'suite {suite.name}: learning-rate sensitivity (x: diverged; filled: chosen)')
+  ax.set(
+    xlabel='peak learning rate',
+    ylabel='eval loss (tuning seeds)',
+    title=f'suite {suite.name}: learning-rate sensitivity (x: diverged; filled: chosen)',
+  )
   return _finish(fig, ax, path)
 
 
@@ -185,23 +237,30 @@ def loss_vs_tokens(suite, results: dict, path: str) -> str | None:
     if not runs:
       continue
     per_step = runs[0]['tokens'] / runs[0]['steps']
-    curves = [{'step': [s * per_step for s in r['eval_curve']['step']],
-               'loss': r['eval_curve']['loss']} for r in runs]
+    curves = [
+      {'step': [s * per_step for s in r['eval_curve']['step']], 'loss': r['eval_curve']['loss']}
+      for r in runs
+    ]
     drawn |= _mean_and_band(ax, variant.name, curves, min_points=2, style='o-', ms=3)
   if not drawn:
     plt.close(fig)
     return None
   ax.set_xscale('log')
-  ax.set(xlabel='training tokens', ylabel='eval loss',
-         title=f'suite {suite.name}: eval loss against tokens')
+  ax.set(
+    xlabel='training tokens',
+    ylabel='eval loss',
+    title=f'suite {suite.name}: eval loss against tokens',
+  )
   return _finish(fig, ax, path)
 
 
 def write_all(suite, results: dict, rows: list[dict], folder: str) -> list[str]:
-  made = [loss_curves(suite, results, os.path.join(folder, 'loss_curves.png')),
-          lr_sensitivity(suite, results, os.path.join(folder, 'lr_sensitivity.png')),
-          loss_vs_context(suite, results, os.path.join(folder, 'loss_vs_context.png')),
-          loss_vs_tokens(suite, results, os.path.join(folder, 'loss_vs_tokens.png')),
-          grad_norms(suite, results, os.path.join(folder, 'grad_norms.png')),
-          pareto(suite, rows, os.path.join(folder, 'pareto.png'))]
+  made = [
+    loss_curves(suite, results, os.path.join(folder, 'loss_curves.png')),
+    lr_sensitivity(suite, results, os.path.join(folder, 'lr_sensitivity.png')),
+    loss_vs_context(suite, results, os.path.join(folder, 'loss_vs_context.png')),
+    loss_vs_tokens(suite, results, os.path.join(folder, 'loss_vs_tokens.png')),
+    grad_norms(suite, results, os.path.join(folder, 'grad_norms.png')),
+    pareto(suite, rows, os.path.join(folder, 'pareto.png')),
+  ]
   return [p for p in made if p]

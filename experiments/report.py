@@ -1,5 +1,6 @@
 """A suite's results: results.json and results.md (means ± std, paired differences to the
 baseline with 95% CIs, Holm-adjusted p-values, verdicts, the paper's numbers, parameter counts)."""
+
 from __future__ import annotations
 
 import json
@@ -9,15 +10,18 @@ import os
 from experiments import plots, stats, tensorboard
 from experiments.suite import Suite
 
-
 # Measurements shown as extra columns (mean over seeds) when a suite's runs have them.
-EXTRA_COLUMNS = {'decode_tok_s': ('decode tok/s', '{:,.0f}'),
-                 'kv_bytes_per_token': ('KV bytes/token', '{:,.0f}'),
-                 'load_cv': ('load CV', '{:.3f}'), 'max_over_mean': ('max/mean load', '{:.2f}'),
-                 'drop_rate': ('drop rate', '{:.3f}'), 'dead_experts': ('dead experts, all layers', '{:.1f}'),
-                 **{f'loss_at_{k}L': (f'loss at {k}L', '{:.4f}') for k in (1, 2, 4, 8, 16)},
-                 'grad_ratio_init': ('FFN grad norm last/first layer, init', '{:.2f}'),
-                 'grad_ratio_final': ('same, trained', '{:.2f}')}
+EXTRA_COLUMNS = {
+  'decode_tok_s': ('decode tok/s', '{:,.0f}'),
+  'kv_bytes_per_token': ('KV bytes/token', '{:,.0f}'),
+  'load_cv': ('load CV', '{:.3f}'),
+  'max_over_mean': ('max/mean load', '{:.2f}'),
+  'drop_rate': ('drop rate', '{:.3f}'),
+  'dead_experts': ('dead experts, all layers', '{:.1f}'),
+  **{f'loss_at_{k}L': (f'loss at {k}L', '{:.4f}') for k in (1, 2, 4, 8, 16)},
+  'grad_ratio_init': ('FFN grad norm last/first layer, init', '{:.2f}'),
+  'grad_ratio_final': ('same, trained', '{:.2f}'),
+}
 
 
 def summarize(suite: Suite, results: dict) -> list[dict]:
@@ -31,26 +35,38 @@ def summarize(suite: Suite, results: dict) -> list[dict]:
   for variant in suite.variants:
     runs = by_variant[variant.name]
     values = [runs[s][metric] for s in sorted(runs) if math.isfinite(runs[s][metric])]
-    row = {'variant': variant.name, 'n': len(values), 'paper': variant.paper.get(metric),
-           'diverged': sorted(s for s in runs if 'diverged_at_step' in runs[s])}
+    row = {
+      'variant': variant.name,
+      'n': len(values),
+      'paper': variant.paper.get(metric),
+      'diverged': sorted(s for s in runs if 'diverged_at_step' in runs[s]),
+    }
     if values:
       row['mean'], row['std'] = stats.mean_std(values)
       first = runs[min(runs)]
       speeds = [r['tokens_per_s'] for r in runs.values() if r.get('tokens_per_s')]
-      row.update(params=first['params'], active_params=first['active_params'],
-                 tokens_per_s=stats.mean_std(speeds)[0] if speeds else None,
-                 train_flops=first.get('train_flops'), tokens=first.get('tokens'),
-                 lr=first.get('learning_rate'))
+      row.update(
+        params=first['params'],
+        active_params=first['active_params'],
+        tokens_per_s=stats.mean_std(speeds)[0] if speeds else None,
+        train_flops=first.get('train_flops'),
+        tokens=first.get('tokens'),
+        lr=first.get('learning_rate'),
+      )
       for key in EXTRA_COLUMNS:
         if all(key in r for r in runs.values()):
           row[key] = stats.mean_std([r[key] for r in runs.values()])[0]
-    paired = sorted(s for s in set(runs) & set(base_runs)
-                    if math.isfinite(runs[s][metric]) and math.isfinite(base_runs[s][metric]))
+    paired = sorted(
+      s
+      for s in set(runs) & set(base_runs)
+      if math.isfinite(runs[s][metric]) and math.isfinite(base_runs[s][metric])
+    )
     if row['diverged']:
       row['verdict'] = f"diverged in {len(row['diverged'])} of {len(runs)} seeds"
     elif variant is not suite.baseline and len(paired) >= 2:
-      row['test'] = stats.paired_test([runs[s][metric] for s in paired],
-                                      [base_runs[s][metric] for s in paired])
+      row['test'] = stats.paired_test(
+        [runs[s][metric] for s in paired], [base_runs[s][metric] for s in paired]
+      )
       tests.append(row)
     rows.append(row)
   for row, adjusted in zip(tests, stats.holm([r['test'].p for r in tests])):
@@ -114,47 +130,72 @@ def cost(results: dict) -> dict:
   another suite), and the sum of their wall times from each run's result.json."""
   own = [r for r in results['runs'] if not r.get('copied_from')]
   timed = [r['wall_s'] for r in own if r.get('wall_s')]
-  tuning = [w for t in results.get('tuning', {}).values() for p in t['points']
-            for w in p.get('wall_s', []) if w]
-  return {'trained': sum(1 for r in own if r.get('steps')),
-          'evaluated': sum(1 for r in own if not r.get('steps')), 'untimed': len(own) - len(timed),
-          'run_minutes': (sum(timed) + sum(tuning)) / 60, 'tuning_runs': len(tuning),
-          'copied': len(results['runs']) - len(own)}
+  tuning = [
+    w
+    for t in results.get('tuning', {}).values()
+    for p in t['points']
+    for w in p.get('wall_s', [])
+    if w
+  ]
+  return {
+    'trained': sum(1 for r in own if r.get('steps')),
+    'evaluated': sum(1 for r in own if not r.get('steps')),
+    'untimed': len(own) - len(timed),
+    'run_minutes': (sum(timed) + sum(tuning)) / 60,
+    'tuning_runs': len(tuning),
+    'copied': len(results['runs']) - len(own),
+  }
 
 
 def _cost_line(results: dict) -> str:
   c = cost(results)
-  runs = (f"Cost: {c['trained']} runs trained and {c['evaluated']} only evaluated by this suite "
-          f"({c['copied']} copied from other suites)"
-          + (f" after {c['tuning_runs']} learning-rate tuning runs" if c['tuning_runs'] else ''))
+  runs = (
+    f"Cost: {c['trained']} runs trained and {c['evaluated']} only evaluated by this suite "
+    f"({c['copied']} copied from other suites)"
+    + (f" after {c['tuning_runs']} learning-rate tuning runs" if c['tuning_runs'] else '')
+  )
   if c['untimed'] == c['trained'] + c['evaluated']:
     return runs + ": no recorded times (an older runner did not keep them)."
-  return (runs + f", {c['run_minutes']:.0f} run-minutes (the sum of each run's wall time"
-          + (f"; {c['untimed']} runs from an older runner have no recorded time" if c['untimed']
-             else '')
-          + '). With `--jobs=2` two runs share the machine, so the suite takes about half that.')
+  return (
+    runs
+    + f", {c['run_minutes']:.0f} run-minutes (the sum of each run's wall time"
+    + (f"; {c['untimed']} runs from an older runner have no recorded time" if c['untimed'] else '')
+    + '). With `--jobs=2` two runs share the machine, so the suite takes about half that.'
+  )
 
 
 def markdown(suite: Suite, results: dict, rows: list[dict]) -> str:
-  lines = [f'# Suite `{suite.name}`: {suite.description}', '',
-           f"Preset `{results['preset']}`, {results['seeds']} paired seeds, metric "
-           f'`{suite.metric}` (lower is better). Differences are variant − '
-           f'`{suite.baseline.name}` over the same seeds: mean, 95% CI (paired t), p-value '
-           'Holm-adjusted across the rows; "within noise" when the adjusted p >= 0.05.', '']
+  lines = [
+    f'# Suite `{suite.name}`: {suite.description}',
+    '',
+    f"Preset `{results['preset']}`, {results['seeds']} paired seeds, metric "
+    f'`{suite.metric}` (lower is better). Differences are variant − '
+    f'`{suite.baseline.name}` over the same seeds: mean, 95% CI (paired t), p-value '
+    'Holm-adjusted across the rows; "within noise" when the adjusted p >= 0.05.',
+    '',
+  ]
   if suite.paper_source:
-    lines += [f'Paper column: {suite.paper_source}. Our runs are far smaller: compare the '
-              'ordering, not the values.', '']
+    lines += [
+      f'Paper column: {suite.paper_source}. Our runs are far smaller: compare the '
+      'ordering, not the values.',
+      '',
+    ]
   if results.get('tuning'):
     lines += [_tuning_line(suite, results), '']
   if results.get('lr_from'):
     rates = ', '.join(f'{name} {lr:.3g}' for name, lr in results['lr_from']['rates'].items())
-    lines += [f"Learning rates: each variant's tuned rate in suite `{results['lr_from']['suite']}` "
-              f'({rates}), not tuned again at this suite\'s budget.', '']
+    lines += [
+      f"Learning rates: each variant's tuned rate in suite `{results['lr_from']['suite']}` "
+      f'({rates}), not tuned again at this suite\'s budget.',
+      '',
+    ]
   extras = [k for k in EXTRA_COLUMNS if k != suite.metric and any(k in row for row in rows)]
-  lines += ['| variant | params | tokens/param | lr | mean ± std | Δ vs baseline [95% CI] | '
-            'p (Holm) | verdict | paper | vs paper | train tokens/s |'
-            + ''.join(f' {EXTRA_COLUMNS[k][0]} |' for k in extras),
-            '|---|---:|---:|---:|---:|---:|---:|---|---:|---|---:|' + '---:|' * len(extras)]
+  lines += [
+    '| variant | params | tokens/param | lr | mean ± std | Δ vs baseline [95% CI] | '
+    'p (Holm) | verdict | paper | vs paper | train tokens/s |'
+    + ''.join(f' {EXTRA_COLUMNS[k][0]} |' for k in extras),
+    '|---|---:|---:|---:|---:|---:|---:|---|---:|---|---:|' + '---:|' * len(extras),
+  ]
   for row in rows:
     if not row['n']:
       what = row.get('verdict', 'no finished run')
@@ -164,29 +205,38 @@ def markdown(suite: Suite, results: dict, rows: list[dict]) -> str:
     if row['active_params'] != row['params']:
       params += f" ({row['active_params']:,} active)"
     test = row.get('test')
-    delta = (f'{test.mean:+.4f} [{test.ci_low:+.4f}, {test.ci_high:+.4f}]' if test else
-             ('baseline' if row['variant'] == suite.baseline.name else ''))
+    delta = (
+      f'{test.mean:+.4f} [{test.ci_low:+.4f}, {test.ci_high:+.4f}]'
+      if test
+      else ('baseline' if row['variant'] == suite.baseline.name else '')
+    )
     p = f"{row['p_holm']:.3g}" if test else ''
     paper = '' if row['paper'] is None else f"{row['paper']:.3f}"
     spread = f" ± {row['std']:.4f}" if row['n'] > 1 else ' (1 seed)'
     speed = '—' if row['tokens_per_s'] is None else f"{row['tokens_per_s']:,.0f}"
     per_param = f"{row['tokens'] / row['active_params']:.2f}" if row.get('tokens') else ''
-    lines.append(f"| {_name(suite, row['variant'])} | {params} | {per_param} | {_lr_cell(row)} | "
-                 f"{row['mean']:.4f}{spread} | {delta} | {p} | {row.get('verdict', '')} | "
-                 f"{paper} | {row['agreement']} | {speed} |" + ''.join(
-                     f' {_cell(k, row)} |'
-                     for k in extras))
+    lines.append(
+      f"| {_name(suite, row['variant'])} | {params} | {per_param} | {_lr_cell(row)} | "
+      f"{row['mean']:.4f}{spread} | {delta} | {p} | {row.get('verdict', '')} | "
+      f"{paper} | {row['agreement']} | {speed} |" + ''.join(f' {_cell(k, row)} |' for k in extras)
+    )
   if results.get('pending'):
-    lines += ['', f"Not run yet: {len(results['pending'])} of "
-              f"{len(results['pending']) + len(results['runs']) + len(results['failed'])} runs "
-              '(the suite resumes where it stopped).']
+    lines += [
+      '',
+      f"Not run yet: {len(results['pending'])} of "
+      f"{len(results['pending']) + len(results['runs']) + len(results['failed'])} runs "
+      '(the suite resumes where it stopped).',
+    ]
   power = _power_line(suite, rows)
   if power:
     lines += ['', power]
   lines += ['', _cost_line(results)]
   if results['failed']:
-    lines += ['', 'Failed runs (after one retry): ' + '; '.join(
-        f"{f['variant']} seed {f['seed']}: {f['errors'][-1]}" for f in results['failed'])]
+    lines += [
+      '',
+      'Failed runs (after one retry): '
+      + '; '.join(f"{f['variant']} seed {f['seed']}: {f['errors'][-1]}" for f in results['failed']),
+    ]
   return '\n'.join(lines) + '\n'
 
 
@@ -211,14 +261,17 @@ def _power_line(suite: Suite, rows: list[dict]) -> str:
     if abs(effect) <= PAPER_SAME * abs(rows[0].get('mean', 0.0)):
       continue  # the paper reports no difference: nothing to resolve
     n = stats.seeds_for_power(test.std, effect)
-    cells.append(f"{row['variant']} {'more than 1000' if n is None else n} "
-                 f'(effect {effect:+.3f}, paired std {test.std:.3f})')
+    cells.append(
+      f"{row['variant']} {'more than 1000' if n is None else n} "
+      f'(effect {effect:+.3f}, paired std {test.std:.3f})'
+    )
   if not cells:
     return ''
-  return ("Power: seeds a row within noise would need to resolve the paper's gap, taken as the "
-          "same fraction of our baseline's loss (paired t-test, α 0.05 before Holm's "
-          "correction, 80% power, the row's own paired std over its seeds): "
-          + '; '.join(cells) + '.')
+  return (
+    "Power: seeds a row within noise would need to resolve the paper's gap, taken as the "
+    "same fraction of our baseline's loss (paired t-test, α 0.05 before Holm's "
+    "correction, 80% power, the row's own paired std over its seeds): " + '; '.join(cells) + '.'
+  )
 
 
 def _lr_cell(row: dict) -> str:
@@ -234,12 +287,14 @@ def _tuning_line(suite: Suite, results: dict) -> str:
   tuning = results['tuning']
   runs = sum(len(p['seeds']) for t in tuning.values() for p in t['points'])
   grid = suite.lr_grid
-  return (f"Learning rates: each variant's own, tuned first on seeds "
-          f"{', '.join(map(str, results['tune_seeds']))} (not the table's): {grid.points} "
-          f"log-spaced rates a factor {grid.ratio:g} apart around its configured rate, widened "
-          f"past an edge where the best sat (up to {grid.max_widen} more per side); {runs} tuning "
-          'runs, diverged runs counted as infinitely bad (lr_sensitivity.png). Tokens/param: '
-          'training tokens per (active) parameter.')
+  return (
+    f"Learning rates: each variant's own, tuned first on seeds "
+    f"{', '.join(map(str, results['tune_seeds']))} (not the table's): {grid.points} "
+    f"log-spaced rates a factor {grid.ratio:g} apart around its configured rate, widened "
+    f"past an edge where the best sat (up to {grid.max_widen} more per side); {runs} tuning "
+    'runs, diverged runs counted as infinitely bad (lr_sensitivity.png). Tokens/param: '
+    'training tokens per (active) parameter.'
+  )
 
 
 def write(suite: Suite, results: dict, out: str) -> str:

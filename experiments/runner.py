@@ -9,188 +9,41 @@
 - A starts_from variant begins from its parent variant's run of the same seed: it fine-tunes
   those parameters (train.init_from) or, with trains=False, only evaluates them under its config.
 """
+
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import glob
-import hashlib
 import json
-import math
 import os
-import shutil
 import signal
 import threading
-import time
 import traceback
 
 from tqdm import tqdm
 
-import mllm
 # The library's modules that runs and measures use, imported now rather than on first use: a
 # suite's process lives for hours, and a module imported after the code on disk changed would mix
 # two versions in it (2026-11-26: a new mllm.train.loop, imported into a process that held the old
 # mllm.layers.moe, raised ImportError between a suite's tuning and its table). Workers are new
 # processes and load one version each.
-import mllm.generate  # noqa: F401
-import mllm.train  # noqa: F401
+import mllm.generation
+import mllm.train  # noqa: F401 (this and the line above: for the reason above)
 from experiments.engines import LocalPool, RayEngine, check_out_for_ray, parse_resources
 from experiments.measures import MEASURES
+from experiments.run import (
+  adopt,
+  config_hash,
+  read_result,
+  resolve,
+  run_dir,
+  run_one,
+  same_run_elsewhere,
+  write_result,
+)
 from experiments.suite import BenchmarkSuite, Suite, Variant
 from experiments.tuning import TUNING_SEED_BASE, choose, tuning_seeds
-
-
-def resolve(suite: Suite, variant: Variant, preset: str, seed: int, extra: dict | None = None):
-  """The validated config of one run."""
-  if preset not in suite.presets:
-    raise ValueError(f'--preset={preset!r}; allowed: {", ".join(suite.presets)}')
-  spec = suite.base
-  if variant.choices:
-    spec += (',' if ':' in spec else ':') + variant.choices
-  overrides = {**suite.presets[preset], **variant.overrides, **(extra or {}), 'seed': seed}
-  config = mllm.load_config(spec, overrides)
-  if variant.derived is not None:
-    config = mllm.load_config(spec, {**overrides, **variant.derived(config)})
-  return config
-
-
-# Keys added to configs/base.py after suites had finished runs, with the value that reproduces
-# the code before them: at that value they are left out of the hash, so those runs stay valid.
-ADDED_KEYS = {'model.embed_scale': 1.0, 'model.init': 'fixed'}
-
-
-def config_hash(config, parent: str = '') -> str:
-  """12 hex digits of the resolved config; a starts_from run adds its parent run's hash, so a
-  changed parent is a new child run too."""
-  config = config.copy_and_resolve_references()
-  with config.unlocked():
-    for path, neutral in ADDED_KEYS.items():
-      *where, key = path.split('.')
-      node = config
-      for name in where:
-        node = node[name]
-      if key in node and node[key] == neutral:
-        del node[key]
-  text = config.to_json(sort_keys=True) + (f'\nstarts from {parent}' if parent else '')
-  return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def run_dir(out: str, suite: Suite, variant: Variant, config, parent: str = '') -> str:
-  return os.path.join(out, suite.name, 'runs',
-                      f'{variant.name}-s{config.seed}-{config_hash(config, parent)}')
-
-
-def run_one(config, workdir: str, *, progress: bool = True, measure=None,
-            parent: dict | None = None) -> dict:
-  """Train and evaluate one run, then `measure(config, workdir)` if given; its result (also
-  written to workdir/result.json).
-
-  A run whose loss diverges is a result too: eval_loss NaN and the step it diverged at.
-  parent: the finished run (its record) a starts_from variant begins with. With
-  config.train.init_from set (trains=True) this run fine-tunes its parameters; without it the
-  parent's checkpoint is only evaluated, and measured, under this config.
-  """
-  from mllm.train import TrainingDiverged, evaluate, train
-  start = time.time()
-  counts = mllm.count_params(config)  # from an abstract model: nothing allocated
-  flops_per_token = mllm.training_flops_per_token(config, counts=counts).total
-  result = {'params': counts.total, 'active_params': counts.active,
-            'flops_per_token': flops_per_token, 'learning_rate': config.train.learning_rate}
-  checkpoint, trained_eval = workdir, None
-  if parent is not None and not config.train.init_from:  # evaluated only: nothing trained here
-    checkpoint = parent['workdir']
-    # .get: a parent finished by an older runner may lack these counts.
-    result.update(steps=0, tokens=parent.get('tokens'), train_flops=parent.get('train_flops'),
-                  tokens_per_s=None, median_step_s=None, train_loss=None)
-  else:
-    try:
-      summary = train(config, workdir, progress=progress)
-    except TrainingDiverged as err:  # a result, not a failure: the same seed diverges again
-      result.update(diverged_at_step=err.step, eval_loss=math.nan, steps=err.step,
-                    tokens=err.step * config.data.batch_size * config.data.seq_len,
-                    train_flops=math.nan, tokens_per_s=None, median_step_s=None,
-                    train_loss=math.nan, curve=train_curve(os.path.join(workdir, 'metrics.jsonl')),
-                    wall_s=time.time() - start)
-      _write_result(workdir, result)
-      return result
-    if summary['interrupted']:
-      raise KeyboardInterrupt(summary['interrupted'])
-    tokens = summary['step'] * config.data.batch_size * config.data.seq_len
-    result.update(steps=summary['step'], tokens=tokens, train_loss=summary['train_loss'],
-                  tokens_per_s=summary['tokens_per_s'], median_step_s=summary['median_step_s'],
-                  train_flops=flops_per_token * tokens + (parent['train_flops'] if parent else 0),
-                  curve=train_curve(os.path.join(workdir, 'metrics.jsonl')))
-    evals = train_curve(os.path.join(workdir, 'metrics.jsonl'), 'eval')
-    if len(evals['step']) > 1:  # evaluated during training too (train.eval_every)
-      result['eval_curve'] = evals
-    trained_eval = summary['eval']
-  # train() evaluated the parameters it saved at its last step, on the same batches: the same
-  # numbers as evaluate(config, workdir) (a test holds them equal), without a second compile.
-  final = trained_eval or evaluate(config, checkpoint)
-  result.update(eval_loss=final['loss'], eval_perplexity=final['perplexity'],
-                bits_per_byte=final['bits_per_byte'])
-  if parent is not None:
-    result['starts_from'] = parent['variant']
-  if measure is not None:
-    result.update(measure(config, checkpoint))
-  # This call's seconds (a resumed run: since it resumed); kept in result.json, so a suite
-  # continued later still reports what each run cost.
-  result['wall_s'] = time.time() - start
-  _write_result(workdir, result)
-  return result
-
-
-def train_curve(metrics_path: str, split: str = 'train') -> dict:
-  """{'step': [...], 'loss': [...]}: the run's logged train (or eval) losses."""
-  from mllm.train.metrics import read_metrics
-  records = [r for r in read_metrics(metrics_path) if r['split'] == split and 'loss' in r]
-  return {'step': [r['step'] for r in records], 'loss': [r['loss'] for r in records]}
-
-
-# What run_one itself records (a run adopted from another suite keeps these, not its measures).
-_TRAINED_KEYS = ('params', 'active_params', 'flops_per_token', 'learning_rate', 'steps', 'tokens',
-                 'train_loss',
-                 'tokens_per_s', 'median_step_s', 'train_flops', 'curve', 'eval_curve', 'eval_loss',
-                 'eval_perplexity', 'bits_per_byte')
-
-
-def _read_result(workdir: str) -> dict:
-  with open(os.path.join(workdir, 'result.json')) as f:
-    result = json.load(f)
-  metrics = os.path.join(workdir, 'metrics.jsonl')
-  if 'curve' not in result and os.path.exists(metrics):  # finished by an older runner
-    result['curve'] = train_curve(metrics)
-  if 'train_flops' not in result:  # finished by an older runner
-    result['train_flops'] = (result.get('flops_per_token') or 0) * (result.get('tokens') or 0)
-  return result
-
-
-def _write_result(workdir: str, result: dict) -> None:
-  with open(os.path.join(workdir, 'result.json.tmp'), 'w') as f:
-    json.dump(result, f, indent=1)
-  os.replace(os.path.join(workdir, 'result.json.tmp'), os.path.join(workdir, 'result.json'))
-
-
-def _same_run_elsewhere(out: str, seed: int, digest: str, workdir: str) -> str | None:
-  """A finished run of another suite (or variant) with this exact config and seed."""
-  for other in sorted(glob.glob(os.path.join(out, '*', 'runs', f'*-s{seed}-{digest}'))):
-    if os.path.abspath(other) != os.path.abspath(workdir) and os.path.exists(
-        os.path.join(other, 'result.json')) and os.path.isdir(os.path.join(other, 'checkpoints')):
-      return other
-  return None
-
-
-def adopt(source: str, config, workdir: str, measure=None) -> dict:
-  """Copy a finished identical run into `workdir` instead of training it again; run only this
-  suite's measure on it."""
-  shutil.copytree(source, workdir, dirs_exist_ok=True,
-                  ignore=shutil.ignore_patterns('result.json*', 'errors.log', 'worker.log'))
-  result = {k: v for k, v in _read_result(source).items() if k in _TRAINED_KEYS}
-  result['copied_from'] = source
-  if measure is not None:
-    result.update(measure(config, workdir))
-  _write_result(workdir, result)
-  return result
 
 
 @contextlib.contextmanager
@@ -204,6 +57,7 @@ def _sigterm_as_interrupt():
 
   def interrupt(signum, frame):
     raise KeyboardInterrupt(signal.Signals(signum).name)
+
   previous = signal.signal(signal.SIGTERM, interrupt)
   try:
     yield
@@ -217,8 +71,11 @@ def _last_error(workdir: str) -> str:
       lines = [line.strip() for line in f if line.strip()]
   except OSError:
     return 'the worker left no log'
-  errors = [line for line in lines if 'Error' in line.split(':')[0] or
-            line.split(':')[0].endswith('Exception')]
+  errors = [
+    line
+    for line in lines
+    if 'Error' in line.split(':')[0] or line.split(':')[0].endswith('Exception')
+  ]
   return (errors or lines or ['the worker exited without output'])[-1]
 
 
@@ -226,6 +83,7 @@ def _last_error(workdir: str) -> str:
 class _Job:
   """One run to execute: a table run (key (variant, seed)) or a tuning run (key (variant, seed,
   k), k the learning-rate grid's exponent)."""
+
   key: tuple
   variant: Variant
   seed: int
@@ -236,12 +94,25 @@ class _Job:
   measure: str | None = None  # a name in MEASURES
 
   def record(self) -> dict:
-    return {'variant': self.variant.name, 'seed': self.seed, 'workdir': self.workdir,
-            'hash': self.hash}
+    return {
+      'variant': self.variant.name,
+      'seed': self.seed,
+      'workdir': self.workdir,
+      'hash': self.hash,
+    }
 
 
-def _execute(plan: list[_Job], *, out: str, run, engine, progress: bool, remeasure: bool,
-             desc: str, finished: dict | None = None) -> tuple[dict, dict, list]:
+def _execute(
+  plan: list[_Job],
+  *,
+  out: str,
+  run,
+  engine,
+  progress: bool,
+  remeasure: bool,
+  desc: str,
+  finished: dict | None = None,
+) -> tuple[dict, dict, list]:
   """Run what has not finished of `plan`: (finished {key: record + result}, failed {key: record +
   errors}, pending [records] (run=None)). Finished runs are read back (remeasured if asked); an
   identical finished run elsewhere under `out` is copied; a failed run is retried once; a
@@ -253,20 +124,33 @@ def _execute(plan: list[_Job], *, out: str, run, engine, progress: bool, remeasu
   for job in plan:
     measure = MEASURES[job.measure] if job.measure else None
     if os.path.exists(os.path.join(job.workdir, 'result.json')):
-      result = _read_result(job.workdir)
-      if remeasure and measure is not None and 'diverged_at_step' not in result and (
-          os.path.isdir(os.path.join(job.workdir, 'checkpoints')) or not job.variant.trains):
-        source = finished[job.parent]['workdir'] if (
-            job.parent and not job.variant.trains) else job.workdir
+      result = read_result(job.workdir)
+      if (
+        remeasure
+        and measure is not None
+        and 'diverged_at_step' not in result
+        and (os.path.isdir(os.path.join(job.workdir, 'checkpoints')) or not job.variant.trains)
+      ):
+        source = (
+          finished[job.parent]['workdir']
+          if (job.parent and not job.variant.trains)
+          else job.workdir
+        )
         result.update(measure(job.config, source))
-        _write_result(job.workdir, result)
+        write_result(job.workdir, result)
       finished[job.key] = {**job.record(), **result}
     elif run is None:
       pending.append(job.record())
     else:
       todo.append(job)
-  bar = tqdm(total=len(plan), initial=len(plan) - len(todo), desc=desc, unit='run',
-             disable=not progress or not todo, position=0)
+  bar = tqdm(
+    total=len(plan),
+    initial=len(plan) - len(todo),
+    desc=desc,
+    unit='run',
+    disable=not progress or not todo,
+    position=0,
+  )
 
   def ready(job) -> bool | None:
     """True: it can start; None: it never can (its parent failed); False: not yet."""
@@ -300,13 +184,16 @@ def _execute(plan: list[_Job], *, out: str, run, engine, progress: bool, remeasu
     """An identical finished run elsewhere under `out` is copied, not trained again."""
     if job.parent is not None or os.path.isdir(os.path.join(job.workdir, 'checkpoints')):
       return False  # a child depends on its parent's path; a started run resumes instead
-    source = _same_run_elsewhere(out, job.seed, job.hash, job.workdir)
+    source = same_run_elsewhere(out, job.seed, job.hash, job.workdir)
     if source is None:
       return False
-    bar.write(f'run {job.variant.name} seed {job.seed}: the same config and seed finished in '
-              f'{source}; copied, not trained again')
-    done(job, adopt(source, job.config, job.workdir,
-                    MEASURES[job.measure] if job.measure else None))
+    bar.write(
+      f'run {job.variant.name} seed {job.seed}: the same config and seed finished in '
+      f'{source}; copied, not trained again'
+    )
+    done(
+      job, adopt(source, job.config, job.workdir, MEASURES[job.measure] if job.measure else None)
+    )
     return True
 
   running = {}  # the engine's handle -> (job, payload, attempt)
@@ -319,8 +206,12 @@ def _execute(plan: list[_Job], *, out: str, run, engine, progress: bool, remeasu
       while todo or running:
         for job in [job for job in todo if ready(job) is None]:
           todo.remove(job)
-          done(job, errors=[f'its starts_from run {job.variant.starts_from} seed {job.seed} did '
-                            'not finish'])
+          done(
+            job,
+            errors=[
+              f'its starts_from run {job.variant.starts_from} seed {job.seed} did not finish'
+            ],
+          )
         startable = [job for job in todo if ready(job)]
         if startable and (engine is None or len(running) < engine.slots):
           job = startable[0]
@@ -338,7 +229,7 @@ def _execute(plan: list[_Job], *, out: str, run, engine, progress: bool, remeasu
         for handle, ok in engine.wait(1.0):
           job, payload, attempt = running.pop(handle)
           if ok and os.path.exists(os.path.join(job.workdir, 'result.json')):
-            done(job, _read_result(job.workdir))
+            done(job, read_result(job.workdir))
           elif attempt == 1:  # a failed (or killed) run is retried once: it resumes
             start(job, payload, 2)
           else:
@@ -361,8 +252,12 @@ LEDGER = 'finished.jsonl'
 def _append_ledger(job: _Job, result: dict) -> None:
   suite_folder = os.path.dirname(os.path.dirname(job.workdir))
   with open(os.path.join(suite_folder, LEDGER), 'a') as f:
-    f.write(json.dumps({'hash': job.hash, 'seed': job.seed, 'run': os.path.basename(job.workdir),
-                        'result': result}) + '\n')
+    f.write(
+      json.dumps(
+        {'hash': job.hash, 'seed': job.seed, 'run': os.path.basename(job.workdir), 'result': result}
+      )
+      + '\n'
+    )
 
 
 def _read_ledgers(out: str) -> dict:
@@ -374,7 +269,8 @@ def _read_ledgers(out: str) -> dict:
         if line.strip():
           entry = json.loads(line)
           entries.setdefault(entry['hash'], []).append(
-              {**entry, 'suite_folder': os.path.dirname(path)})
+            {**entry, 'suite_folder': os.path.dirname(path)}
+          )
   return entries
 
 
@@ -393,8 +289,12 @@ def _restore_from_ledgers(plan: list[_Job], out: str) -> None:
     if mine:
       return mine[-1]
     return entries[-1] if entries and job.measure is None else None
-  found = {job.key: record(job) for job in plan
-           if not os.path.exists(os.path.join(job.workdir, 'result.json'))}
+
+  found = {
+    job.key: record(job)
+    for job in plan
+    if not os.path.exists(os.path.join(job.workdir, 'result.json'))
+  }
   restorable = {key for key, entry in found.items() if entry is not None}
   for job in plan:
     if job.parent in restorable and job.key not in restorable and job.key in found:
@@ -405,14 +305,14 @@ def _restore_from_ledgers(plan: list[_Job], out: str) -> None:
     entry = found[job.key]
     result = dict(entry['result'])
     if os.path.abspath(entry['suite_folder']) != os.path.abspath(
-        os.path.dirname(os.path.dirname(job.workdir))):
+      os.path.dirname(os.path.dirname(job.workdir))
+    ):
       result['copied_from'] = os.path.join(entry['suite_folder'], 'runs', entry['run'])
     os.makedirs(job.workdir, exist_ok=True)
-    _write_result(job.workdir, result)
+    write_result(job.workdir, result)
 
 
-def _tune(suite: Suite, *, preset: str, extra: dict, tune_seeds: int, out: str,
-          **execute) -> dict:
+def _tune(suite: Suite, *, preset: str, extra: dict, tune_seeds: int, out: str, **execute) -> dict:
   """Tune each tuned variant's learning rate on the tuning seeds, widening the grid past an edge
   where the best rate sits: {variant: {'center', 'points', 'best_lr', 'edge', 'complete'}}."""
   grid = suite.lr_grid
@@ -433,13 +333,11 @@ def _tune(suite: Suite, *, preset: str, extra: dict, tune_seeds: int, out: str,
 
   def widens(v: Variant, k: int) -> bool:
     """Training: always; a report of what finished (run=None): where that point finished."""
-    return execute['run'] is not None or not _execute(
-        point(v, k), out=out, desc='', **execute)[2]
+    return execute['run'] is not None or not _execute(point(v, k), out=out, desc='', **execute)[2]
 
   while True:
     plan = [job for v in tuned for k in steps[v.name] for job in point(v, k)]
-    finished, failed, _ = _execute(plan, out=out, desc=f'suite {suite.name}: lr tuning',
-                                   **execute)
+    finished, failed, _ = _execute(plan, out=out, desc=f'suite {suite.name}: lr tuning', **execute)
     summary, grew = {}, False
     for v in tuned:
       losses, points, complete = {}, [], True
@@ -448,28 +346,50 @@ def _tune(suite: Suite, *, preset: str, extra: dict, tune_seeds: int, out: str,
         complete &= all((v.name, s, k) in finished or (v.name, s, k) in failed for s in seeds)
         if done:
           losses[k] = [r['eval_loss'] for r in done]
-        points.append({'lr': grid.lr(centers[v.name], k), 'seeds': [r['seed'] for r in done],
-                       'eval_loss': [r['eval_loss'] for r in done],
-                       'diverged_at_step': [r.get('diverged_at_step') for r in done],
-                       'wall_s': [r.get('wall_s') for r in done if not r.get('copied_from')],
-                       'failed': sum((v.name, s, k) in failed for s in seeds)})
+        points.append(
+          {
+            'lr': grid.lr(centers[v.name], k),
+            'seeds': [r['seed'] for r in done],
+            'eval_loss': [r['eval_loss'] for r in done],
+            'diverged_at_step': [r.get('diverged_at_step') for r in done],
+            'wall_s': [r.get('wall_s') for r in done if not r.get('copied_from')],
+            'failed': sum((v.name, s, k) in failed for s in seeds),
+          }
+        )
       choice = choose(losses, grid) if complete else None
       if choice is not None and choice.widen is not None and widens(v, choice.widen):
         steps[v.name] = steps[v.name] + [choice.widen]
         grew = True
       summary[v.name] = {
-          'center': centers[v.name], 'points': points, 'complete': complete,
-          'best_lr': None if choice is None or choice.best is None else grid.lr(
-              centers[v.name], choice.best),
-          'edge': None if choice is None else choice.edge}
+        'center': centers[v.name],
+        'points': points,
+        'complete': complete,
+        'best_lr': None
+        if choice is None or choice.best is None
+        else grid.lr(centers[v.name], choice.best),
+        'edge': None if choice is None else choice.edge,
+      }
     if not grew:
       return summary
 
 
-def run_suite(suite: Suite, *, preset: str, seeds: int, out: str, extra: dict | None = None,
-              progress: bool = True, run=run_one, jobs: int = 1, remeasure: bool = False,
-              tune_lr: bool = False, tune_seeds: int = 1, engine: str = 'local',
-              ray_address: str | None = None, resources: str | None = None) -> dict:
+def run_suite(
+  suite: Suite,
+  *,
+  preset: str,
+  seeds: int,
+  out: str,
+  extra: dict | None = None,
+  progress: bool = True,
+  run=run_one,
+  jobs: int = 1,
+  remeasure: bool = False,
+  tune_lr: bool = False,
+  tune_seeds: int = 1,
+  engine: str = 'local',
+  ray_address: str | None = None,
+  resources: str | None = None,
+) -> dict:
   """{'runs': [...], 'failed': [...], 'pending': [...], 'tuning': {...}} for every (variant,
   seed), finished ones read back. run=None runs nothing: a report of what has finished so far.
 
@@ -490,16 +410,19 @@ def run_suite(suite: Suite, *, preset: str, seeds: int, out: str, extra: dict | 
   if engine not in ('local', 'ray'):
     raise ValueError(f"--engine={engine!r}; allowed: 'local' (--jobs processes here), 'ray'")
   if (jobs > 1 or engine == 'ray') and run not in (run_one, None):
-    raise ValueError('jobs > 1 and --engine=ray run run_one in worker processes; a custom `run` '
-                     'needs jobs=1')
+    raise ValueError(
+      'jobs > 1 and --engine=ray run run_one in worker processes; a custom `run` needs jobs=1'
+    )
   if engine == 'ray':
     check_out_for_ray(out)
     resources = parse_resources(resources, jobs)
-  if tune_lr and not 1 <= tune_seeds:
+  if tune_lr and not tune_seeds >= 1:
     raise ValueError(f'--tune_seeds={tune_seeds}; allowed: a positive integer')
   if tune_lr and seeds > TUNING_SEED_BASE:
-    raise ValueError(f'--seeds={seeds}; allowed with --tune_lr: at most {TUNING_SEED_BASE} '
-                     f'(tuning seeds start at {TUNING_SEED_BASE})')
+    raise ValueError(
+      f'--seeds={seeds}; allowed with --tune_lr: at most {TUNING_SEED_BASE} '
+      f'(tuning seeds start at {TUNING_SEED_BASE})'
+    )
   extra = dict(extra or {})
   order = [(variant, seed) for seed in range(seeds) for variant in suite.variants]
   for variant, seed in order:  # every config checked before anything runs
@@ -512,19 +435,49 @@ def run_suite(suite: Suite, *, preset: str, seeds: int, out: str, extra: dict | 
   else:
     where = LocalPool(jobs) if jobs > 1 else None
   try:
-    return _run_suite(suite, preset=preset, seeds=seeds, out=out, extra=extra, order=order,
-                      tune_lr=tune_lr, tune_seeds=tune_seeds, borrowed=borrowed, execute=dict(
-                          run=run, engine=where, progress=progress, remeasure=remeasure))
+    return _run_suite(
+      suite,
+      preset=preset,
+      seeds=seeds,
+      out=out,
+      extra=extra,
+      order=order,
+      tune_lr=tune_lr,
+      tune_seeds=tune_seeds,
+      borrowed=borrowed,
+      execute=dict(run=run, engine=where, progress=progress, remeasure=remeasure),
+    )
   finally:
     if hasattr(where, 'close'):
       where.close()
 
 
-def _run_suite(suite: Suite, *, preset: str, seeds: int, out: str, extra: dict, order: list,
-               tune_lr: bool, tune_seeds: int, borrowed: dict | None, execute: dict) -> dict:
+def _run_suite(
+  suite: Suite,
+  *,
+  preset: str,
+  seeds: int,
+  out: str,
+  extra: dict,
+  order: list,
+  tune_lr: bool,
+  tune_seeds: int,
+  borrowed: dict | None,
+  execute: dict,
+) -> dict:
   run = execute['run']
-  tuning = _tune(suite, preset=preset, extra=extra, tune_seeds=tune_seeds, out=out,
-                 **{**execute, 'remeasure': False}) if tune_lr and not suite.lr_from else {}
+  tuning = (
+    _tune(
+      suite,
+      preset=preset,
+      extra=extra,
+      tune_seeds=tune_seeds,
+      out=out,
+      **{**execute, 'remeasure': False},
+    )
+    if tune_lr and not suite.lr_from
+    else {}
+  )
   by_name = {v.name: v for v in suite.variants}
 
   def tuned_lr(variant: Variant) -> dict | None:
@@ -548,9 +501,18 @@ def _run_suite(suite: Suite, *, preset: str, seeds: int, out: str, extra: dict, 
     config = resolve(suite, variant, preset, seed, {**extra, **lr})
     parent = (variant.starts_from, seed) if variant.starts_from else None
     hashes[variant.name, seed] = config_hash(config, hashes[parent] if parent else '')
-    plan.append(_Job((variant.name, seed), variant, seed, config,
-                     run_dir(out, suite, variant, config, hashes[parent] if parent else ''),
-                     hashes[variant.name, seed], parent, suite.extra_metrics))
+    plan.append(
+      _Job(
+        (variant.name, seed),
+        variant,
+        seed,
+        config,
+        run_dir(out, suite, variant, config, hashes[parent] if parent else ''),
+        hashes[variant.name, seed],
+        parent,
+        suite.extra_metrics,
+      )
+    )
   finished, failed, pending = _execute(plan, out=out, desc=f'suite {suite.name}', **execute)
   for job in blocked:  # its learning-rate tuning has not finished (or every run of it failed)
     if run is None:
@@ -558,12 +520,20 @@ def _run_suite(suite: Suite, *, preset: str, seeds: int, out: str, extra: dict, 
     else:
       failed[job.key] = {**job.record(), 'errors': ['its learning-rate tuning has no finished run']}
   keys = [(v.name, s) for v, s in order]
-  return {'suite': suite.name, 'preset': preset, 'seeds': seeds,
-          'runs': [finished[k] for k in keys if k in finished],
-          'failed': [failed[k] for k in keys if k in failed], 'pending': pending,
-          **({'tuning': tuning, 'tune_seeds': tuning_seeds(tune_seeds)}
-             if tune_lr and not suite.lr_from else {}),
-          **({'lr_from': {'suite': suite.lr_from, 'rates': borrowed}} if borrowed else {})}
+  return {
+    'suite': suite.name,
+    'preset': preset,
+    'seeds': seeds,
+    'runs': [finished[k] for k in keys if k in finished],
+    'failed': [failed[k] for k in keys if k in failed],
+    'pending': pending,
+    **(
+      {'tuning': tuning, 'tune_seeds': tuning_seeds(tune_seeds)}
+      if tune_lr and not suite.lr_from
+      else {}
+    ),
+    **({'lr_from': {'suite': suite.lr_from, 'rates': borrowed}} if borrowed else {}),
+  }
 
 
 def _borrowed_rates(suite: Suite, out: str) -> dict:
@@ -577,10 +547,12 @@ def _borrowed_rates(suite: Suite, out: str) -> dict:
   names = [v.name for v in suite.variants if v.tune and not v.starts_from]
   missing = [n for n in names if (tuning.get(n) or {}).get('best_lr') is None]
   if missing:
-    raise ValueError(f'suite {suite.name!r} takes its learning rates from suite '
-                     f'{suite.lr_from!r}, whose tuning ({path}) has no best rate for '
-                     f'{", ".join(missing)}; allowed: run `python -m experiments {suite.lr_from}` '
-                     'first, or --no-tune_lr (every variant at its configured rate)')
+    raise ValueError(
+      f'suite {suite.name!r} takes its learning rates from suite '
+      f'{suite.lr_from!r}, whose tuning ({path}) has no best rate for '
+      f'{", ".join(missing)}; allowed: run `python -m experiments {suite.lr_from}` '
+      'first, or --no-tune_lr (every variant at its configured rate)'
+    )
   return {n: tuning[n]['best_lr'] for n in names}
 
 
@@ -595,7 +567,7 @@ def _run_here(job: _Job, run, kwargs, progress, done) -> None:
       return
     except KeyboardInterrupt:
       raise
-    except Exception as err:  # pylint: disable=broad-except  (reported, the suite goes on)
+    except Exception as err:  # reported, the suite goes on
       errors.append(f'{type(err).__name__}: {err}')
       with open(os.path.join(job.workdir, 'errors.log'), 'a') as f:
         f.write(traceback.format_exc() + '\n')
@@ -606,19 +578,23 @@ def run_benchmark(suite: BenchmarkSuite, preset: str, out: str) -> str:
   """Run a benchmark suite's module with the preset's arguments into <out>/<suite>/; the path of
   results.md (the paper's numbers first, then the benchmark's table)."""
   import importlib
+
   if preset not in suite.presets:
     raise ValueError(f'--preset={preset!r}; allowed: {", ".join(suite.presets)}')
   folder = os.path.join(out, suite.name)
   os.makedirs(folder, exist_ok=True)
   path = os.path.join(folder, 'results.md')
   importlib.import_module(suite.module).main(
-      [*suite.presets[preset], f'--out={path}', f"--plot={os.path.join(folder, 'results.png')}"])
+    [*suite.presets[preset], f'--out={path}', f"--plot={os.path.join(folder, 'results.png')}"]
+  )
   with open(path) as f:
     table = f.read()
   with open(path, 'w') as f:
-    f.write(f'# Suite `{suite.name}`: {suite.description}\n\nPreset `{preset}`: `python -m '
-            f"{suite.module} {' '.join(suite.presets[preset])}`.\n\n"
-            + (f'Paper: {suite.paper_source}.\n\n' if suite.paper_source else '')
-            + ('#' + table if table.startswith('# ') else table)
-            + '\n![results.png](results.png)\n')
+    f.write(
+      f'# Suite `{suite.name}`: {suite.description}\n\nPreset `{preset}`: `python -m '
+      f"{suite.module} {' '.join(suite.presets[preset])}`.\n\n"
+      + (f'Paper: {suite.paper_source}.\n\n' if suite.paper_source else '')
+      + ('#' + table if table.startswith('# ') else table)
+      + '\n![results.png](results.png)\n'
+    )
   return path

@@ -8,11 +8,12 @@ is compared with Student's t distribution, whose CDF is a regularized incomplete
     P(|T| > t) = I_{df / (df + t²)}(df / 2, 1 / 2)              (Abramowitz & Stegun 26.7.1)
 I_x(a, b) is evaluated by its continued fraction (Numerical Recipes, 3rd ed., §6.4).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def _beta_continued_fraction(a: float, b: float, x: float) -> float:
@@ -48,8 +49,9 @@ def incomplete_beta(a: float, b: float, x: float) -> float:
     return 0.0
   if x >= 1.0:
     return 1.0
-  log_front = (math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
-               + a * math.log(x) + b * math.log1p(-x))
+  log_front = (
+    math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+  )
   if x < (a + 1.0) / (a + b + 2.0):  # the fraction converges fast here; else use the symmetry
     return math.exp(log_front) * _beta_continued_fraction(a, b, x) / a
   return 1.0 - math.exp(log_front) * _beta_continued_fraction(b, a, 1.0 - x) / b
@@ -88,6 +90,7 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 @dataclasses.dataclass(frozen=True)
 class PairedTest:
   """variant − baseline over paired seeds: the mean difference, its CI and the t-test."""
+
   n: int
   mean: float
   std: float
@@ -97,8 +100,9 @@ class PairedTest:
   p: float
 
 
-def paired_test(variant: Sequence[float], baseline: Sequence[float],
-                confidence: float = 0.95) -> PairedTest:
+def paired_test(
+  variant: Sequence[float], baseline: Sequence[float], confidence: float = 0.95
+) -> PairedTest:
   """Paired t-test of variant against baseline (same seeds, same order). Needs n >= 2 pairs."""
   if len(variant) != len(baseline):
     raise ValueError(f'{len(variant)} variant values but {len(baseline)} baseline values')
@@ -128,8 +132,9 @@ def holm(p_values: Sequence[float]) -> list[float]:
   return adjusted
 
 
-def verdict(test: PairedTest, adjusted_p: float, *, lower_is_better: bool = True,
-            alpha: float = 0.05) -> str:
+def verdict(
+  test: PairedTest, adjusted_p: float, *, lower_is_better: bool = True, alpha: float = 0.05
+) -> str:
   """'better', 'worse' or 'within noise' (adjusted p >= alpha) for variant vs baseline."""
   if adjusted_p >= alpha or test.mean == 0.0:
     return 'within noise'
@@ -137,8 +142,9 @@ def verdict(test: PairedTest, adjusted_p: float, *, lower_is_better: bool = True
   return 'better' if improved else 'worse'
 
 
-def seeds_for_power(diff_std: float, effect: float, *, alpha: float = 0.05,
-                    power: float = 0.8, max_n: int = 1000) -> int | None:
+def seeds_for_power(
+  diff_std: float, effect: float, *, alpha: float = 0.05, power: float = 0.8, max_n: int = 1000
+) -> int | None:
   """The fewest paired seeds n at which a two-sided paired t-test at level `alpha` detects a
   true mean difference `effect`, with differences of std `diff_std`, with probability ~`power`:
       |effect| / (diff_std / √n) >= t_{1−α/2, n−1} + t_{power, n−1}

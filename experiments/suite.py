@@ -4,12 +4,13 @@ A suite is a small Python file in experiments/suites/ that defines `SUITE = Suit
 suite is adding that file. The first variant is the baseline the others are compared with.
 Presets size every run of a suite: `tiny` (seconds, for tests), `cpu` (2 cores), `gpu` (one H100).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import importlib
 import pkgutil
-from typing import Callable
+from collections.abc import Callable
 
 from experiments.tuning import LrGrid
 
@@ -19,6 +20,7 @@ PRESETS = ('tiny', 'cpu', 'gpu')
 @dataclasses.dataclass(frozen=True)
 class Variant:
   """One row: config choices (e.g. 'ffn=geglu') and/or dotted overrides on the suite's base."""
+
   name: str
   choices: str = ''
   overrides: dict = dataclasses.field(default_factory=dict)
@@ -48,7 +50,9 @@ class Suite:
   metric: str = 'eval_loss'  # the compared metric; lower is better
   paper_source: str = ''  # where the paper's numbers come from
   extra_metrics: str | None = None  # a name in experiments/measures.py, run after each run
-  lr_grid: LrGrid = LrGrid()  # the per-variant learning-rate grid (--tune_lr)
+  lr_grid: LrGrid = dataclasses.field(
+    default_factory=LrGrid
+  )  # the per-variant learning-rate grid (--tune_lr)
   # Another suite whose tuned rates its same-named variants take instead of tuning here (e.g. a
   # longer-training copy of some of its rows, where a grid would cost 4x).
   lr_from: str = ''
@@ -62,14 +66,20 @@ class Suite:
       raise ValueError(f'suite {self.name!r}: variant names repeat: {names}')
     for i, v in enumerate(self.variants):
       if v.starts_from and v.starts_from not in names[:i]:
-        raise ValueError(f'suite {self.name!r}: variant {v.name!r} starts_from={v.starts_from!r}; '
-                         f'allowed: an earlier variant ({", ".join(names[:i]) or "none"})')
+        raise ValueError(
+          f'suite {self.name!r}: variant {v.name!r} starts_from={v.starts_from!r}; '
+          f'allowed: an earlier variant ({", ".join(names[:i]) or "none"})'
+        )
       if v.expect not in ('', 'better', 'worse', 'same'):
-        raise ValueError(f"suite {self.name!r}: variant {v.name!r} has expect={v.expect!r}; "
-                         "allowed: 'better', 'worse', 'same' or ''")
+        raise ValueError(
+          f"suite {self.name!r}: variant {v.name!r} has expect={v.expect!r}; "
+          "allowed: 'better', 'worse', 'same' or ''"
+        )
       if not v.trains and not v.starts_from:
-        raise ValueError(f'suite {self.name!r}: variant {v.name!r} has trains=False but no '
-                         'starts_from; allowed: a starts_from variant to take the parameters of')
+        raise ValueError(
+          f'suite {self.name!r}: variant {v.name!r} has trains=False but no '
+          'starts_from; allowed: a starts_from variant to take the parameters of'
+        )
 
   @property
   def baseline(self) -> Variant:
@@ -81,6 +91,7 @@ class BenchmarkSuite:
   """A suite that is a benchmark rather than training runs: `<module>.main(argv)` with the
   preset's arguments writes the table (results.md), its rows (results.json) and a plot into the
   suite's folder. Seeds do not apply."""
+
   name: str
   description: str
   module: str  # e.g. 'benchmarks.attention'
@@ -91,6 +102,7 @@ class BenchmarkSuite:
 def available() -> list[str]:
   """The names of the suites in experiments/suites/."""
   from experiments import suites
+
   return sorted(m.name for m in pkgutil.iter_modules(suites.__path__) if not m.name.startswith('_'))
 
 

@@ -9,6 +9,7 @@ table's paired seeds 0..S-1, so the table's runs are not the ones the rate was p
 best rate sits at an edge of the grid, the grid grows one point past that edge (up to
 `max_widen` times a side); a diverged run is a data point (an infinite loss), not a failure.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,8 +26,10 @@ class LrGrid:
 
   def __post_init__(self):
     if self.points < 2 or not self.ratio > 1 or self.max_widen < 0:
-      raise ValueError(f'LrGrid(points={self.points}, ratio={self.ratio}, max_widen='
-                       f'{self.max_widen}); allowed: points >= 2, ratio > 1, max_widen >= 0')
+      raise ValueError(
+        f'LrGrid(points={self.points}, ratio={self.ratio}, max_widen='
+        f'{self.max_widen}); allowed: points >= 2, ratio > 1, max_widen >= 0'
+      )
 
   def steps(self) -> list[int]:
     """The grid's exponents k (rate = center · ratio^k), centred on 0."""
@@ -34,7 +37,7 @@ class LrGrid:
     return list(range(low, low + self.points))
 
   def lr(self, center: float, k: int) -> float:
-    return center * self.ratio ** k
+    return center * self.ratio**k
 
 
 def tuning_seeds(n: int) -> list[int]:
@@ -43,8 +46,11 @@ def tuning_seeds(n: int) -> list[int]:
 
 def _mean(losses: list[float]) -> float:
   """The mean over seeds; a diverged (NaN) seed makes the point infinitely bad."""
-  return math.inf if not losses or any(not math.isfinite(x) for x in losses) else (
-      sum(losses) / len(losses))
+  return (
+    math.inf
+    if not losses or any(not math.isfinite(x) for x in losses)
+    else (sum(losses) / len(losses))
+  )
 
 
 @dataclasses.dataclass(frozen=True)

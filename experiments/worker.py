@@ -3,6 +3,7 @@
 `run_suite(..., jobs=N)` writes WORKDIR/job.pkl (the resolved config, the measure's name, the
 parent run of a starts_from variant) and starts this; it writes WORKDIR/result.json as run_one does.
 """
+
 from __future__ import annotations
 
 import os
@@ -17,16 +18,22 @@ def main(workdir: str) -> int:
     os.sched_setaffinity(0, {int(c) for c in cpus.split(',')})
   from experiments.measures import MEASURES
   from mllm import compile_cache
+
   compile_cache.enable()  # every seed of a variant compiles the same shapes
-  from experiments.runner import run_one
+  from experiments.run import run_one
+
   with open(os.path.join(workdir, 'job.pkl'), 'rb') as f:
     job = pickle.load(f)
   measure = MEASURES[job['measure']] if job['measure'] else None
   # Which attempt this is, for whoever reads worker.log after a retry (a node lost, a kill).
   from mllm.train.checkpoint import committed_steps
+
   saved = committed_steps(workdir)
-  print(f'worker pid {os.getpid()} on {socket.gethostname()}: '
-        + (f'resuming from step {saved[-1]}' if saved else 'starting'), flush=True)
+  print(
+    f'worker pid {os.getpid()} on {socket.gethostname()}: '
+    + (f'resuming from step {saved[-1]}' if saved else 'starting'),
+    flush=True,
+  )
   run_one(job['config'], workdir, progress=False, measure=measure, parent=job.get('parent'))
   return 0
 

@@ -11,6 +11,7 @@ whole); capacity padding and dropped tokens are not counted. Attention's QKᵀ a
 and with a sliding window W, mean_i min(i + 1, W). A gated FFN's third matrix is a parameter like any
 other, so it is counted. Norms, softmax and positional terms are O(d) per token and left out.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,6 +38,7 @@ class ParamCounts:
 def abstract_model(config) -> nnx.Module:
   """The model with ShapeDtypeStructs instead of arrays: built without allocating or computing."""
   from mllm.model import build_model
+
   return nnx.eval_shape(lambda: build_model(config, rngs=nnx.Rngs(0)))
 
 
@@ -56,11 +58,14 @@ def count_params(model_or_config) -> ParamCounts:
   unused = 0
   for _, module in nnx.iter_modules(model):
     if isinstance(module, MoE):
-      routed = sum(int(np.prod(leaf.shape)) for _, leaf in nnx.to_flat_state(
-          nnx.state(module.experts, nnx.Param)))
+      routed = sum(
+        int(np.prod(leaf.shape))
+        for _, leaf in nnx.to_flat_state(nnx.state(module.experts, nnx.Param))
+      )
       unused += routed * (module.num_experts - module.k) // module.num_experts
-  return ParamCounts(total=total, embedding=embedding, non_embedding=total - embedding,
-                     active=total - unused)
+  return ParamCounts(
+    total=total, embedding=embedding, non_embedding=total - embedding, active=total - unused
+  )
 
 
 def keys_per_query(seq_len: int, window: int | None) -> float:
@@ -76,8 +81,9 @@ class FlopCounts:
   total: float
 
 
-def training_flops_per_token(config, seq_len: int | None = None,
-                             counts: ParamCounts | None = None) -> FlopCounts:
+def training_flops_per_token(
+  config, seq_len: int | None = None, counts: ParamCounts | None = None
+) -> FlopCounts:
   """Training FLOPs per token for the model `config` describes, at sequence length `seq_len`.
   `counts`: the model's ParamCounts when the caller has them (saves building an abstract model)."""
   m = config.model if 'model' in config else config
@@ -87,6 +93,7 @@ def training_flops_per_token(config, seq_len: int | None = None,
   n_matmul = counts.active_non_embedding + head_matmul
   head_dim = resolved_head_dim(m)
   dense = 6.0 * n_matmul
-  attention = 12.0 * m.n_layers * m.n_heads * head_dim * keys_per_query(
-      seq_len, m.attention.sliding_window)
+  attention = (
+    12.0 * m.n_layers * m.n_heads * head_dim * keys_per_query(seq_len, m.attention.sliding_window)
+  )
   return FlopCounts(dense=dense, attention=attention, total=dense + attention)

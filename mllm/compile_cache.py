@@ -5,6 +5,7 @@ on 2 CPU cores that is ~5 s of a run (15 s with positions' five eval lengths). X
 keyed by the HLO, the compile options and the backend, so a hit loads the same executable and
 the numbers do not change.
 """
+
 from __future__ import annotations
 
 import os

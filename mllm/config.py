@@ -1,159 +1,42 @@
-"""Config loading and validation.
+"""Config loading: a config file (`configs/*.py`, with `:choices`), overrides by dotted key, then
+validation (mllm/validation.py).
 
 Every invalid value or combination raises a `ConfigError` whose message is one line naming the key,
 the bad value and what is allowed, before anything is built or compiled.
 """
+
 from __future__ import annotations
 
-import ast
 import importlib.util
-import math
 import os
 import sys
-from typing import Any, Iterable, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ml_collections import config_dict
 
-from mllm.layers import resolved_head_dim
-from mllm.layers.ffn import FFNS
-from mllm.layers.init import INIT_SCHEMES
-from mllm.layers.moe import BALANCE_CONVENTIONS, DISPATCHES, GROUPED_MATMULS, NOISES, ROUTERS
-from mllm.layers.norms import NORMS, PLACEMENTS
-from mllm.layers.positions import POSITIONS, ROPE_LAYOUTS, ROPE_SCALINGS
-from mllm.ops.attention import ATTENTION_IMPLS
-
-DTYPES = ('float32', 'bfloat16')
-REMAT_POLICIES = ('none', 'full', 'dots')
-DEFAULT_INIT_STD = 0.02  # configs/base.py's model.init_std
-DATA_SOURCES = ('stdlib', 'text', 'jsonl', 'parquet', 'hf')
-TOKENIZERS = ('bpe', 'byte')
-SCHEDULES = ('cosine', 'linear', 'constant', 'inverse_sqrt')
-MESH_AXES = ('data', 'fsdp', 'expert', 'tensor')
-INIT_SOURCES = ('workdir', 'hf')
-FFN_KINDS = (*FFNS, 'moe')  # the dense FFNs, and the mixture of experts built from them
-MOE_DISPATCHES = ('auto', *DISPATCHES)  # train.init_from='workdir:PATH'
+from mllm.checks import ConfigError
+from mllm.config_keys import field_info, flatten, leaf_paths, parse_value, set_path
+from mllm.validation import validate
 
 # Short names accepted in `--config=configs/base.py:pos=alibi,ffn=geglu,...`. Any dotted path
 # (`model.n_layers=4`) and any leaf name that is unique in the config (`n_kv_heads=2`) work too.
 CHOICES = {
-    'pos': 'model.position.kind',
-    'ffn': 'model.ffn.kind',
-    'norm': 'model.norm.kind',
-    'placement': 'model.norm.placement',
-    'attn': 'model.attention.impl',
-    'window': 'model.attention.sliding_window',
-    'rope_scaling': 'model.position.rope_scaling',
+  'pos': 'model.position.kind',
+  'ffn': 'model.ffn.kind',
+  'norm': 'model.norm.kind',
+  'placement': 'model.norm.placement',
+  'attn': 'model.attention.impl',
+  'window': 'model.attention.sliding_window',
+  'rope_scaling': 'model.position.rope_scaling',
 }
-
-
-class ConfigError(ValueError):
-  """A bad config value: `key=value: what is wrong and what is allowed`, on one line."""
-
-  def __init__(self, key: str, value: Any = None, allowed: str | None = None):
-    if allowed is None:  # re-raised by a library with just the message (absl's flag parser does)
-      self.key = self.value = self.allowed = None
-      super().__init__(key)
-      return
-    self.key, self.value, self.allowed = key, value, allowed
-    super().__init__(f'{key}={value!r}: {allowed}')
-
-
-# --------------------------------------------------------------------------------------------
-# Reading and writing dotted keys.
-# --------------------------------------------------------------------------------------------
-
-def _leaf_paths(config: config_dict.ConfigDict, prefix: str = '') -> Iterable[str]:
-  for key in config.keys():
-    value = config[key]  # placeholders read as None, sub-configs as ConfigDicts
-    if isinstance(value, config_dict.ConfigDict):
-      yield from _leaf_paths(value, f'{prefix}{key}.')
-    else:
-      yield f'{prefix}{key}'
-
-
-def flatten(config: config_dict.ConfigDict) -> dict[str, Any]:
-  """{'model.n_layers': 4, ...} for every leaf."""
-  return {path: get_path(config, path) for path in _leaf_paths(config)}
-
-
-def get_path(config, path: str) -> Any:
-  node = config
-  for part in path.split('.'):
-    node = node[part]
-  return node
-
-
-def field_info(config, path: str) -> tuple[Any, type | None, bool]:
-  """(current value, declared type, nullable) of a leaf; (None, None, False) if unknown.
-
-  nullable: declared with `placeholder(type)`, so 'none' on the command line means unset; a
-  plain string field such as model.position.kind takes 'none' as a variant name.
-  """
-  *parents, leaf = path.split('.')
-  try:
-    node = get_path(config, '.'.join(parents)) if parents else config
-    # ConfigDict keeps a placeholder as a FieldReference in _fields (no public accessor).
-    field = node._fields.get(leaf)  # pylint: disable=protected-access
-    nullable = isinstance(field, config_dict.FieldReference)
-    return node[leaf], node.get_type(leaf), nullable
-  except (KeyError, AttributeError, TypeError):
-    return None, None, False
-
-
-def set_path(config: config_dict.ConfigDict, path: str, value: Any) -> None:
-  """config[path] = value, with a ConfigError naming the key for unknown keys or wrong types."""
-  *parents, leaf = path.split('.')
-  node = config
-  for depth, name in enumerate(parents + [leaf]):
-    child = node.get(name) if name in node else None
-    if name not in node or (depth < len(parents) and not isinstance(child, config_dict.ConfigDict)):
-      where = '.'.join(parents[:depth]) or 'the config'
-      raise ConfigError(path, value, f'no such key; keys under {where}: ' + ', '.join(sorted(node)))
-    if depth < len(parents):
-      node = child
-  if isinstance(node[leaf], config_dict.ConfigDict):
-    raise ConfigError(path, value, 'is a section, not a value; set one of its keys: '
-                      + ', '.join(f'{path}.{k}' for k in sorted(node[leaf])))
-  try:
-    with node.unlocked():
-      node[leaf] = value
-  except (TypeError, ValueError) as err:
-    declared = field_info(config, path)[1]  # also known for an unset placeholder
-    expected = declared.__name__ if declared else 'a value of the declared type'
-    raise ConfigError(path, value, f'wrong type, expected {expected} ({err})') from None
-
-
-def parse_value(text: str, current: Any = None, declared: type | None = None,
-                nullable: bool = False) -> Any:
-  """'4' → 4, '0.5' → 0.5, 'true' → True, 'none' → None, anything else stays a string.
-
-  When the field being set currently holds a string (a variant name), the text is taken as is, so
-  `pos=none` chooses the variant named 'none' rather than None; unless the field is `nullable` (a
-  placeholder such as data.cache_dir), where 'none' unsets it. `field_info` gives all three.
-  For a float field (`current` a float, or `declared` float), 'nan' and '[+-]inf' become floats,
-  so validation names the key ("must be finite") instead of reporting a wrong type.
-  """
-  lowered = text.strip().lower()
-  if isinstance(current, str) and not (nullable and lowered in ('none', 'null')):
-    return text.strip()
-  is_float = isinstance(current, float) or declared is float
-  if is_float and lowered.lstrip('+-') in ('nan', 'inf', 'infinity'):
-    return float(lowered)  # as absl's float parser reads it; validate() then refuses it
-  if lowered in ('none', 'null'):
-    return None
-  if lowered in ('true', 'false'):
-    return lowered == 'true'
-  try:
-    return ast.literal_eval(text.strip())
-  except Exception:  # literal_eval raises ValueError, SyntaxError, TypeError, MemoryError, ...
-    return text.strip()
 
 
 def resolve_choice_key(config: config_dict.ConfigDict, key: str, value: Any = None) -> str:
   """A choice key → the dotted path it sets (alias, dotted path, or unique leaf name)."""
   if key in CHOICES:
     return CHOICES[key]
-  paths = list(_leaf_paths(config))
+  paths = list(leaf_paths(config))
   if key in paths:
     return key
   matches = [p for p in paths if p.rsplit('.', 1)[-1] == key]
@@ -161,8 +44,13 @@ def resolve_choice_key(config: config_dict.ConfigDict, key: str, value: Any = No
     return matches[0]
   if len(matches) > 1:
     raise ConfigError(key, value, 'ambiguous choice key; use one of ' + ', '.join(matches))
-  raise ConfigError(key, value, 'unknown choice key; allowed: ' + ', '.join(CHOICES)
-                    + ', a dotted path such as model.n_layers, or a unique leaf name')
+  raise ConfigError(
+    key,
+    value,
+    'unknown choice key; allowed: '
+    + ', '.join(CHOICES)
+    + ', a dotted path such as model.n_layers, or a unique leaf name',
+  )
 
 
 def join_choices(*args: str | None) -> str:
@@ -182,399 +70,9 @@ def apply_choices(config: config_dict.ConfigDict, arg: str | None) -> config_dic
 
 
 # --------------------------------------------------------------------------------------------
-# Validation.
-# --------------------------------------------------------------------------------------------
-
-def _one_of(key: str, value: Any, allowed: Iterable[str], what: str) -> None:
-  allowed = list(allowed)
-  if value not in allowed:
-    raise ConfigError(key, value, f'unknown {what}; allowed: ' + ', '.join(allowed))
-
-
-def _positive(key: str, value: Any, optional: bool = False) -> None:
-  if optional and value is None:
-    return
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-    raise ConfigError(key, value, 'must be a positive number' + (' or None' if optional else ''))
-
-
-def _rate(key: str, value: Any) -> None:
-  if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-    raise ConfigError(key, value, 'a dropout rate must be in [0, 1)')
-
-
-def check_finite(config: config_dict.ConfigDict, prefix: str = '') -> None:
-  """Every float in the config is a number: NaN and ±inf pass most range checks unnoticed
-  (`nan <= 0` is False), and would only show up as a NaN loss many steps later."""
-  for path, value in flatten(config).items():
-    if isinstance(value, float) and not math.isfinite(value):
-      raise ConfigError(prefix + path, value, 'must be a finite number; NaN and ±inf are not '
-                        'allowed')
-
-
-def _divisors(n: int) -> str:
-  return ', '.join(str(d) for d in range(1, n + 1) if n % d == 0)
-
-
-# Model keys that may be None (meaning "derive it"); every other model key must be set.
-OPTIONAL_KEYS = ('head_dim', 'attention.sliding_window', 'attention.softmax_scale',
-                 'attention.block_q', 'attention.block_k',
-                 'position.rope_original_max_len', 'ffn.d_ff', 'norm.use_bias',
-                 'moe.expert_d_ff', 'moe.shared_d_ff')
-BOOL_KEYS = ('tie_embeddings', 'depth_scaled_init', 'scan_layers', 'attention.qk_norm',
-             'attention.use_bias', 'attention.qkv_bias', 'ffn.match_params', 'ffn.use_bias', 'norm.fp32',
-             'norm.final_norm', 'norm.use_bias', 'moe.renormalize', 'moe.expert_bias',
-             'moe.force_uniform_routing')
-
-
-def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
-  """Check the `model` part of a config; raise ConfigError on the first problem."""
-  p = prefix
-  if not isinstance(m, config_dict.ConfigDict):
-    raise ConfigError(p, m, 'must be a config section (a ConfigDict)')
-  check_finite(m, f'{p}.')
-  for key in ('vocab_size', 'd_model', 'n_layers', 'n_heads', 'n_kv_heads', 'max_seq_len'):
-    value = m[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-      raise ConfigError(f'{p}.{key}', value, 'must be a positive integer')
-  for path, value in flatten(m).items():
-    if value is None and path not in OPTIONAL_KEYS:
-      raise ConfigError(f'{p}.{path}', value, 'must be set; None is allowed only for '
-                        + ', '.join(f'{p}.{k}' for k in OPTIONAL_KEYS))
-  for path in BOOL_KEYS:
-    value = get_path(m, path)
-    if not isinstance(value, bool) and not (value is None and path in OPTIONAL_KEYS):
-      raise ConfigError(f'{p}.{path}', value, 'must be true or false')
-  _integer(f'{p}.head_dim', m.head_dim, optional=True)
-  _one_of(f'{p}.init', m.init, INIT_SCHEMES, 'initialisation scheme')
-  _positive(f'{p}.init_std', m.init_std)
-  if m.init != 'fixed' and m.init_std != DEFAULT_INIT_STD:  # set, and silently unused
-    raise ConfigError(f'{p}.init_std', m.init_std,
-                      f"read only by {p}.init='fixed' (it is {m.init!r}); set "
-                      f"{p}.init='fixed' to use it, else leave it at {DEFAULT_INIT_STD}")
-  _positive(f'{p}.embed_scale', m.embed_scale)
-  _one_of(f'{p}.dtype', m.dtype, DTYPES, 'compute dtype')
-  _one_of(f'{p}.param_dtype', m.param_dtype, DTYPES, 'parameter dtype')
-  _one_of(f'{p}.remat', m.remat, REMAT_POLICIES, 'remat policy')
-  _rate(f'{p}.dropout', m.dropout)
-  _rate(f'{p}.embed_dropout', m.embed_dropout)
-
-  if m.n_kv_heads > m.n_heads or m.n_heads % m.n_kv_heads:
-    raise ConfigError(f'{p}.n_kv_heads', m.n_kv_heads,
-                      f'must divide {p}.n_heads={m.n_heads}; allowed: {_divisors(m.n_heads)}')
-  if m.head_dim is None and m.d_model % m.n_heads:
-    raise ConfigError(f'{p}.n_heads', m.n_heads,
-                      f'must divide {p}.d_model={m.d_model} when {p}.head_dim is unset; allowed: '
-                      f'{_divisors(m.d_model)}, or set {p}.head_dim')
-  head_dim = resolved_head_dim(m)
-
-  a = m.attention
-  _one_of(f'{p}.attention.impl', a.impl, ATTENTION_IMPLS, 'attention implementation')
-  _integer(f'{p}.attention.sliding_window', a.sliding_window, optional=True)
-  _positive(f'{p}.attention.softmax_scale', a.softmax_scale, optional=True)
-  _rate(f'{p}.attention.dropout', a.dropout)
-
-  pos = m.position
-  _one_of(f'{p}.position.kind', pos.kind, POSITIONS, 'position scheme')
-  _check_attention_impl(m, p)
-  _one_of(f'{p}.position.rope_layout', pos.rope_layout, ROPE_LAYOUTS, 'RoPE layout')
-  _one_of(f'{p}.position.rope_scaling', pos.rope_scaling, ROPE_SCALINGS, 'RoPE scaling')
-  # Every numeric key is range-checked, used by this scheme or not: a config is valid as a whole.
-  _positive(f'{p}.position.rope_theta', pos.rope_theta)
-  if not isinstance(pos.rope_scaling_factor, (int, float)) or not pos.rope_scaling_factor >= 1.0:
-    raise ConfigError(f'{p}.position.rope_scaling_factor', pos.rope_scaling_factor,
-                      'the context extension factor must be >= 1')
-  _positive(f'{p}.position.rope_original_max_len', pos.rope_original_max_len, optional=True)
-  _positive(f'{p}.position.yarn_beta_slow', pos.yarn_beta_slow)
-  if not pos.yarn_beta_slow < pos.yarn_beta_fast:
-    raise ConfigError(f'{p}.position.yarn_beta_slow', pos.yarn_beta_slow,
-                      f'YaRN needs 0 < yarn_beta_slow < yarn_beta_fast={pos.yarn_beta_fast}')
-  _positive(f'{p}.position.llama3_low_freq_factor', pos.llama3_low_freq_factor)
-  if not pos.llama3_low_freq_factor < pos.llama3_high_freq_factor:
-    raise ConfigError(f'{p}.position.llama3_low_freq_factor', pos.llama3_low_freq_factor,
-                      'llama3 scaling needs 0 < low_freq_factor < llama3_high_freq_factor='
-                      f'{pos.llama3_high_freq_factor}')
-  if pos.kind == 'rope' and head_dim % 2:
-    derived = '' if m.head_dim else f' (derived as d_model // n_heads = {m.d_model} // {m.n_heads})'
-    raise ConfigError(f'{p}.head_dim', head_dim,
-                      f'RoPE rotates pairs of features, so head_dim must be even{derived}')
-  if pos.rope_scaling != 'none' and pos.kind != 'rope':
-    raise ConfigError(f'{p}.position.rope_scaling', pos.rope_scaling,
-                      f"RoPE scaling needs {p}.position.kind='rope' (it is {pos.kind!r}); "
-                      "allowed here: 'none'")
-  if pos.kind == 'sinusoidal' and m.d_model % 2:
-    raise ConfigError(f'{p}.d_model', m.d_model, 'sinusoidal positions need an even d_model')
-  if pos.kind == 't5':
-    if not isinstance(pos.t5_num_buckets, int) or pos.t5_num_buckets < 2:
-      raise ConfigError(f'{p}.position.t5_num_buckets', pos.t5_num_buckets,
-                        'must be an integer >= 2')
-    if not isinstance(pos.t5_max_distance, int) or pos.t5_max_distance <= pos.t5_num_buckets // 2:
-      raise ConfigError(f'{p}.position.t5_max_distance', pos.t5_max_distance,
-                        f'must exceed t5_num_buckets // 2 = {pos.t5_num_buckets // 2}, where the '
-                        'exact buckets end')
-  if pos.kind == 'shaw' and (not isinstance(pos.shaw_max_distance, int)
-                             or pos.shaw_max_distance < 0):
-    raise ConfigError(f'{p}.position.shaw_max_distance', pos.shaw_max_distance,
-                      'the clipping distance k must be an integer >= 0')
-
-  f = m.ffn
-  _one_of(f'{p}.ffn.kind', f.kind, FFN_KINDS, 'FFN')
-  _integer(f'{p}.ffn.d_ff', f.d_ff, optional=True)
-  _integer(f'{p}.ffn.multiple_of', f.multiple_of)
-  _validate_moe(m, p)
-
-  n = m.norm
-  _one_of(f'{p}.norm.kind', n.kind, NORMS, 'norm')
-  _one_of(f'{p}.norm.placement', n.placement, PLACEMENTS, 'norm placement')
-  _positive(f'{p}.norm.eps', n.eps)
-  if not (isinstance(n.partial_p, (int, float)) and 0.0 < n.partial_p <= 1.0):
-    raise ConfigError(f'{p}.norm.partial_p', n.partial_p,
-                      'partial RMSNorm uses the first p fraction of features; allowed: 0 < p <= 1')
-
-
-def _validate_moe(m: config_dict.ConfigDict, p: str) -> None:
-  """model.moe: every key range-checked (used or not); the combinations only with ffn.kind='moe'."""
-  moe, q = m.moe, f'{p}.moe'
-  _integer(f'{q}.num_experts', moe.num_experts)
-  if isinstance(moe.top_k, bool) or not isinstance(moe.top_k, int) or not (
-      1 <= moe.top_k <= moe.num_experts):
-    raise ConfigError(f'{q}.top_k', moe.top_k, f'each token goes to top_k of {q}.num_experts='
-                      f'{moe.num_experts} experts; allowed: 1 <= top_k <= {moe.num_experts}')
-  _one_of(f'{q}.expert_kind', moe.expert_kind, FFNS, 'expert FFN')
-  _integer(f'{q}.expert_d_ff', moe.expert_d_ff, optional=True)
-  _integer(f'{q}.num_shared_experts', moe.num_shared_experts, 0)
-  _integer(f'{q}.shared_d_ff', moe.shared_d_ff, optional=True)
-  _integer(f'{q}.every', moe.every)
-  _integer(f'{q}.first_dense_layers', moe.first_dense_layers, 0)
-  _one_of(f'{q}.router', moe.router, ROUTERS, 'router')
-  _one_of(f'{q}.dispatch', moe.dispatch, MOE_DISPATCHES, 'dispatch')
-  _one_of(f'{q}.grouped_matmul', moe.grouped_matmul, GROUPED_MATMULS, 'grouped matmul')
-  _one_of(f'{q}.balance_convention', moe.balance_convention, BALANCE_CONVENTIONS,
-          'balancing-loss convention')
-  _one_of(f'{q}.noise', moe.noise, NOISES, 'router noise')
-  _positive(f'{q}.capacity_factor', moe.capacity_factor)
-  _number(f'{q}.balance_coef', moe.balance_coef, 0.0, 1e3, 'a loss coefficient (0: off)')
-  _number(f'{q}.z_loss_coef', moe.z_loss_coef, 0.0, 1e3, 'a loss coefficient (0: off)')
-  _number(f'{q}.noise_alpha', moe.noise_alpha, 0.0, 1.0, 'the weight of the noise in the mixture')
-  _number(f'{q}.bias_update_rate', moe.bias_update_rate, 0.0, 1e3, 'the bias step γ')
-  if m.ffn.kind != 'moe':
-    return
-  if m.ffn.use_bias:
-    raise ConfigError(f'{p}.ffn.use_bias', True, "experts are bias-free (as in Switch, Mixtral "
-                      f"and DeepSeek); allowed with {p}.ffn.kind='moe': false")
-  if not moe_layers(m):
-    raise ConfigError(f'{q}.first_dense_layers', moe.first_dense_layers,
-                      f'with {q}.every={moe.every} this leaves no MoE layer among the '
-                      f'{m.n_layers}; allowed: a smaller value, or a smaller {q}.every')
-  if m.scan_layers and len(moe_layers(m)) != m.n_layers:
-    raise ConfigError(f'{p}.scan_layers', True, f'scanned layers must be alike, but {q}.every='
-                      f'{moe.every} and {q}.first_dense_layers={moe.first_dense_layers} mix MoE '
-                      'and dense layers; allowed: false, or every=1 and first_dense_layers=0')
-
-
-def moe_layers(m: config_dict.ConfigDict) -> list[int]:
-  """The indices of the MoE layers (Qwen2-MoE's decoder_sparse_step and DeepSeek's
-  first_k_dense_replace): i >= first_dense_layers and (i + 1) % every == 0."""
-  if m.ffn.kind != 'moe':
-    return []
-  return [i for i in range(m.n_layers)
-          if i >= m.moe.first_dense_layers and (i + 1) % m.moe.every == 0]
-
-
-# Positional schemes whose score bias is learned: autodiff must reach it, so only the
-# implementations written in plain JAX ('xla', 'blockwise') can run them.
-LEARNED_BIAS_POSITIONS = ('t5', 'shaw')
-
-
-def _check_attention_impl(m: config_dict.ConfigDict, p: str) -> None:
-  """Refuse combinations an attention implementation cannot run, naming the reason."""
-  a, impl = m.attention, m.attention.impl
-  for key in ('block_q', 'block_k'):
-    value = a[key]
-    if value is None:
-      continue
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-      raise ConfigError(f'{p}.attention.{key}', value, 'a tile size must be a positive integer or None')
-    if impl == 'pallas' and (value < 16 or value & (value - 1)):
-      raise ConfigError(f'{p}.attention.{key}', value, "the Pallas kernel (Triton) needs a power of "
-                        'two >= 16; allowed: 16, 32, 64, 128, 256, or None for its default')
-    if impl == 'splash' and value % 128:
-      raise ConfigError(f'{p}.attention.{key}', value, 'splash tiles queries and keys in multiples '
-                        'of 128; allowed: 128, 256, 512, ..., or None for 128')
-    if impl == 'pallas_mgpu' and (value != 64 if key == 'block_q' else value % 64):
-      raise ConfigError(f'{p}.attention.{key}', value, 'the Mosaic GPU kernel gives each warpgroup '
-                        '64 query rows and streams keys in multiples of 64; allowed: block_q 64, '
-                        'block_k 64, 128, 192, ..., or None for their defaults')
-    multiple = {'block_q': 8, 'block_k': 128}[key]  # TPU sublanes (queries), lanes (keys)
-    if impl == 'pallas_tpu' and value % multiple:
-      raise ConfigError(f'{p}.attention.{key}', value, f'the TPU kernel tiles {key[-1]} in '
-                        f'multiples of {multiple}; allowed: {multiple}, {2 * multiple}, ..., '
-                        'or None for its default')
-  if impl not in ('pallas', 'pallas_tpu', 'pallas_mgpu', 'splash', 'cudnn'):
-    return
-  if impl == 'splash' and m.position.kind == 'alibi':
-    raise ConfigError(f'{p}.attention.impl', impl, "splash adds no bias to the scores, so no "
-                      f"ALiBi ({p}.position.kind='alibi'); allowed with it: 'pallas' (ALiBi "
-                      "in-kernel), 'blockwise', 'xla', 'auto'")
-  if m.position.kind in LEARNED_BIAS_POSITIONS:
-    raise ConfigError(f'{p}.attention.impl', impl,
-                      f'{p}.position.kind={m.position.kind!r} is a learned relative bias, whose '
-                      f"gradient only autodiff gives; allowed with it: 'xla', 'blockwise', 'auto'")
-  if a.dropout > 0:
-    raise ConfigError(f'{p}.attention.impl', impl,
-                      f'the {impl} kernel has no attention dropout ({p}.attention.dropout='
-                      f"{a.dropout}); allowed with it: 'xla', 'blockwise', 'auto'")
-  if impl in ('cudnn', 'pallas_mgpu') and m.dtype != 'bfloat16':
-    what = 'cuDNN flash attention' if impl == 'cudnn' else 'the Mosaic GPU kernel (wgmma)'
-    raise ConfigError(f'{p}.attention.impl', impl,
-                      f"{what} runs in bfloat16/float16 but {p}.dtype={m.dtype!r}; "
-                      f"set {p}.dtype='bfloat16' or use 'xla', 'blockwise', 'pallas'")
-
-
-def check_backend(m: config_dict.ConfigDict, backend: str | None = None, p: str = 'model') -> None:
-  """What only the machine can tell: is the attention implementation available on it?"""
-  import jax  # noqa: PLC0415 (validation itself never touches a backend)
-  backend = backend or jax.default_backend()
-  if m.ffn.kind == 'moe' and m.moe.grouped_matmul == 'megablox' and backend == 'gpu':
-    raise ConfigError(f'{p}.moe.grouped_matmul', 'megablox', "megablox's gmm is a TPU kernel (off "
-                      "TPU it only interprets, for tests); allowed on gpu: 'ragged_dot'")
-  if m.attention.impl == 'splash' and backend == 'gpu':
-    raise ConfigError(f'{p}.attention.impl', 'splash', "splash is a TPU kernel (off a TPU it only "
-                      "interprets, for tests); allowed on gpu: 'xla', 'blockwise', 'pallas', "
-                      "'cudnn', 'auto'")
-  if m.attention.impl == 'pallas_mgpu' and backend == 'tpu':
-    raise ConfigError(f'{p}.attention.impl', 'pallas_mgpu', "the Mosaic GPU kernel is for Hopper "
-                      "GPUs (off a GPU it only interprets, for tests); allowed on tpu: 'xla', "
-                      "'blockwise', 'pallas', 'pallas_tpu', 'splash', 'auto'")
-  if m.attention.impl == 'cudnn' and backend != 'gpu':
-    raise ConfigError(f'{p}.attention.impl', 'cudnn', f"cuDNN needs a GPU, this machine's JAX "
-                      f"backend is {backend!r}; allowed here: 'xla', 'blockwise', 'pallas', 'auto'")
-
-
-def _integer(key: str, value: Any, minimum: int = 1, optional: bool = False) -> None:
-  if optional and value is None:
-    return
-  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-    what = 'a positive integer' if minimum == 1 else f'an integer >= {minimum}'
-    raise ConfigError(key, value, f'must be {what}' + (' or None' if optional else ''))
-
-
-def _number(key: str, value: Any, low: float, high: float, what: str) -> None:
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-    raise ConfigError(key, value, f'{what}; allowed: {low} <= value <= {high}')
-
-
-def validate_data(config: config_dict.ConfigDict) -> None:
-  d = config.data
-  _one_of('data.source', d.source, DATA_SOURCES, 'data source')
-  if d.source != 'stdlib' and not d.path:
-    raise ConfigError('data.path', d.path, f"data.source={d.source!r} reads data.path; allowed: "
-                      + ('a dataset name or a save_to_disk folder' if d.source == 'hf'
-                         else 'a file or a folder'))
-  if not isinstance(d.text_field, str) or not d.text_field:
-    raise ConfigError('data.text_field', d.text_field, 'must name the text column')
-  _number('data.val_fraction', d.val_fraction, 0.0, 0.5, 'the share of documents held out')
-  _one_of('data.tokenizer', d.tokenizer, TOKENIZERS, 'tokenizer')
-  _integer('data.tokenizer_train_bytes', d.tokenizer_train_bytes)
-  for key in ('eos_token', 'pad_token'):
-    if not isinstance(d[key], str) or not d[key]:
-      raise ConfigError(f'data.{key}', d[key], 'must name a special token of the BPE tokenizer')
-  # Whether the tokenizer fits model.vocab_size is checked when the data is built.
-  if not isinstance(d.document_mask, bool):
-    raise ConfigError('data.document_mask', d.document_mask, 'must be true or false')
-  _integer('data.seq_len', d.seq_len)
-  _integer('data.batch_size', d.batch_size)
-  for key in ('path', 'cache_dir', 'hf_config'):
-    if d[key] is not None and (not isinstance(d[key], str) or not d[key].strip()):
-      raise ConfigError(f'data.{key}', d[key], 'must be a non-empty string, or None')
-  if config.model.position.kind == 'learned' and d.seq_len > config.model.max_seq_len:
-    raise ConfigError('data.seq_len', d.seq_len,
-                      f'learned positions cover model.max_seq_len={config.model.max_seq_len} '
-                      'tokens; allowed: <= that, or raise model.max_seq_len')
-
-
-def validate_train(config: config_dict.ConfigDict) -> None:
-  t = config.train
-  _integer('train.steps', t.steps)
-  _positive('train.learning_rate', t.learning_rate)
-  _one_of('train.schedule', t.schedule, SCHEDULES, 'learning-rate schedule')
-  _integer('train.warmup_steps', t.warmup_steps, 0)
-  if t.schedule in ('cosine', 'linear') and t.warmup_steps >= t.steps:
-    raise ConfigError('train.warmup_steps', t.warmup_steps,
-                      f'must be < train.steps={t.steps} for a {t.schedule} decay')
-  _number('train.min_lr_ratio', t.min_lr_ratio, 0.0, 1.0, 'a fraction of the peak rate')
-  _number('train.b1', t.b1, 0.0, 0.999999, 'an Adam moment decay')
-  _number('train.b2', t.b2, 0.0, 0.999999, 'an Adam moment decay')
-  _positive('train.eps', t.eps)
-  _number('train.weight_decay', t.weight_decay, 0.0, 10.0, 'the decoupled weight decay')
-  _number('train.grad_clip', t.grad_clip, 0.0, 1e30, 'a global norm (0: off)')
-  for key in ('decay_embeddings', 'decay_norms_and_biases', 'async_checkpoint', 'tensorboard'):
-    if not isinstance(t[key], bool):
-      raise ConfigError(f'train.{key}', t[key], 'must be true or false')
-  _integer('train.grad_accum_steps', t.grad_accum_steps)
-  if config.data.batch_size % t.grad_accum_steps:
-    raise ConfigError('train.grad_accum_steps', t.grad_accum_steps,
-                      f'must divide data.batch_size={config.data.batch_size}; allowed: '
-                      + _divisors(config.data.batch_size))
-  _integer('train.log_every', t.log_every)
-  _integer('train.eval_every', t.eval_every, 0)
-  _integer('train.eval_batches', t.eval_batches, 0)
-  _integer('train.checkpoint_every', t.checkpoint_every)
-  _integer('train.max_to_keep', t.max_to_keep)
-  _positive('train.peak_flops', t.peak_flops, optional=True)
-  if t.init_from is not None:
-    kind, sep, path = t.init_from.partition(':') if isinstance(t.init_from, str) else ('', '', '')
-    if kind not in INIT_SOURCES or not sep or not path.strip():
-      raise ConfigError('train.init_from', t.init_from, 'start a fresh run from the parameters of '
-                        "another run; allowed: None, 'workdir:PATH' (a training workdir, or "
-                        "one of its checkpoints/<step> folders), or 'hf:PATH' (a Hugging Face "
-                        'checkpoint folder)')
-
-
-def validate_mesh(config: config_dict.ConfigDict) -> None:
-  if sorted(config.mesh.keys()) != sorted(MESH_AXES):
-    raise ConfigError('mesh', dict(config.mesh), 'needs exactly the axes ' + ', '.join(MESH_AXES))
-  sizes = [config.mesh[a] for a in MESH_AXES]
-  for axis, size in zip(MESH_AXES, sizes):
-    if isinstance(size, bool) or not isinstance(size, int) or not (size >= 1 or size == -1):
-      raise ConfigError(f'mesh.{axis}', size, 'a mesh axis size is a positive integer, or -1 for '
-                        'all devices left over')
-  if sizes.count(-1) > 1:
-    raise ConfigError('mesh', dict(config.mesh), 'at most one axis may be -1')
-  if config.mesh.expert not in (1, -1):
-    check_expert_axis(config.model, config.mesh.expert)
-
-
-def check_expert_axis(m: config_dict.ConfigDict, size: int) -> None:
-  """The expert mesh axis (its resolved size) shards the experts, so it must divide them."""
-  if size == 1:
-    return
-  if m.ffn.kind != 'moe':
-    raise ConfigError('mesh.expert', size, f"shards the experts of an MoE model, but "
-                      f"model.ffn.kind={m.ffn.kind!r}; allowed: 1, or model.ffn.kind='moe'")
-  if m.moe.num_experts % size:
-    raise ConfigError('mesh.expert', size, f'must divide model.moe.num_experts='
-                      f'{m.moe.num_experts}; allowed: {_divisors(m.moe.num_experts)}')
-
-
-def validate(config: config_dict.ConfigDict) -> None:
-  """Check a full config (model and the run settings); raise ConfigError on the first problem.
-
-  What needs the machine (device counts, files on disk) is checked when the run starts.
-  """
-  check_finite(config)
-  if isinstance(config.seed, bool) or not isinstance(config.seed, int) or not (
-      0 <= config.seed < 2**31):
-    raise ConfigError('seed', config.seed, 'must be an integer in [0, 2**31)')
-  validate_model(config.model)
-  validate_data(config)
-  validate_train(config)
-  validate_mesh(config)
-
-
-# --------------------------------------------------------------------------------------------
 # Loading.
 # --------------------------------------------------------------------------------------------
+
 
 def _import_config_file(path: str):
   root = os.path.dirname(os.path.dirname(os.path.abspath(path)))
@@ -595,20 +93,36 @@ def read_config(spec: str) -> config_dict.ConfigDict:
   """
   path, sep, arg = spec.partition(':')
   if os.path.isdir(path):
-    raise ConfigError('config', spec, 'is a folder; allowed: a Python file such as '
-                      'configs/base.py, optionally followed by :choices')
+    raise ConfigError(
+      'config',
+      spec,
+      'is a folder; allowed: a Python file such as '
+      'configs/base.py, optionally followed by :choices',
+    )
   if not os.path.isfile(path):
-    raise ConfigError('config', spec, 'no such config file; allowed: a path such as '
-                      'configs/base.py, optionally followed by :choices')
+    raise ConfigError(
+      'config',
+      spec,
+      'no such config file; allowed: a path such as '
+      'configs/base.py, optionally followed by :choices',
+    )
   if not path.endswith('.py'):
-    raise ConfigError('config', spec, 'is not a Python file; allowed: a .py file that defines '
-                      'get_config(arg), such as configs/base.py')
+    raise ConfigError(
+      'config',
+      spec,
+      'is not a Python file; allowed: a .py file that defines '
+      'get_config(arg), such as configs/base.py',
+    )
   try:
     module = _import_config_file(path)
   except SyntaxError as err:
-    raise ConfigError('config', spec, f'syntax error at line {err.lineno}: {err.msg}; allowed: '
-                      'a Python file that defines get_config(arg)') from None
-  except Exception as err:  # pylint: disable=broad-except  (any error in the user's file)
+    raise ConfigError(
+      'config',
+      spec,
+      f'syntax error at line {err.lineno}: {err.msg}; allowed: '
+      'a Python file that defines get_config(arg)',
+    ) from None
+  except Exception as err:  # any error in the user's file
     raise ConfigError('config', spec, f'importing it raised {first_line(err)}') from None
   if not callable(getattr(module, 'get_config', None)):
     raise ConfigError('config', spec, 'the file defines no get_config(arg)')
@@ -616,11 +130,15 @@ def read_config(spec: str) -> config_dict.ConfigDict:
     config = module.get_config(arg) if sep else module.get_config()
   except ConfigError:
     raise
-  except Exception as err:  # pylint: disable=broad-except
+  except Exception as err:
     raise ConfigError('config', spec, f'get_config raised {first_line(err)}') from None
   if not isinstance(config, config_dict.ConfigDict):
-    raise ConfigError('config', spec, f'get_config returned a {type(config).__name__}; allowed: '
-                      'an ml_collections ConfigDict (start from configs/base.py)')
+    raise ConfigError(
+      'config',
+      spec,
+      f'get_config returned a {type(config).__name__}; allowed: '
+      'an ml_collections ConfigDict (start from configs/base.py)',
+    )
   return config
 
 
@@ -630,8 +148,7 @@ def first_line(err: BaseException, limit: int = 200) -> str:
   return type(err).__name__ + (f': {text[0][:limit]}' if text else '')
 
 
-def load_config(spec: str, overrides: Mapping[str, Any] | None = None
-                ) -> config_dict.ConfigDict:
+def load_config(spec: str, overrides: Mapping[str, Any] | None = None) -> config_dict.ConfigDict:
   """What `--config=` takes (a path, optionally `:arg`) → a validated, locked ConfigDict.
 
   overrides: {'model.n_layers': 2, ...}, applied after `get_config(arg)`.
@@ -644,8 +161,9 @@ def load_config(spec: str, overrides: Mapping[str, Any] | None = None
   return config
 
 
-def config_diff(config: config_dict.ConfigDict, base: config_dict.ConfigDict
-                ) -> dict[str, tuple[Any, Any]]:
+def config_diff(
+  config: config_dict.ConfigDict, base: config_dict.ConfigDict
+) -> dict[str, tuple[Any, Any]]:
   """{path: (base value, value)} for every leaf that differs from `base`."""
   mine, theirs = flatten(config), flatten(base)
   return {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k, object()) != v}

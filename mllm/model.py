@@ -9,21 +9,27 @@ statistics the model returns on request (`return_moe_stats=True`) for the traini
 Every variant is looked up by its config name in a registry (positions, FFNs, norms, attention
 implementations); this file only wires them together.
 """
+
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mllm.config import moe_layers
 from mllm.layers.attention import Attention
 from mllm.layers.ffn import FFNS, hidden_dim
 from mllm.layers.init import weight_std
 from mllm.layers.kv_cache import KVCache, LayerCache, scatter, write_slots, writes_first
-from mllm.layers.moe import MoE
+from mllm.layers.moe import MoE, moe_layers
+from mllm.layers.moe_routing import ExpertBias
 from mllm.layers.norms import make_norm
 from mllm.layers.positions import POSITIONS, PositionContext
+from mllm.layers.remat import REMAT_POLICIES
 from mllm.ops.attention import AttentionMask
+
+# The variables that are the model's weights: state['params'] of a run, its checkpoints, an HF
+# export. The rest (RNG streams) is rebuilt, never saved.
+SAVED = (nnx.Param, ExpertBias)
 
 
 def make_ffn(cfg, moe: bool, *, rngs: nnx.Rngs) -> nnx.Module:
@@ -33,10 +39,16 @@ def make_ffn(cfg, moe: bool, *, rngs: nnx.Rngs) -> nnx.Module:
     return MoE.from_config(cfg, rngs=rngs)
   kind = dense_ffn_kind(cfg)
   d_ff = hidden_dim(cfg.ffn, cfg.d_model, kind)
-  return FFNS[kind](cfg.d_model, d_ff, use_bias=cfg.ffn.use_bias,
-                    init_std=weight_std(cfg, 'in', fan_in=cfg.d_model),
-                    out_std=weight_std(cfg, 'out', fan_in=d_ff),
-                    dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype), rngs=rngs)
+  return FFNS[kind](
+    cfg.d_model,
+    d_ff,
+    use_bias=cfg.ffn.use_bias,
+    init_std=weight_std(cfg, 'in', fan_in=cfg.d_model),
+    out_std=weight_std(cfg, 'out', fan_in=d_ff),
+    dtype=jnp.dtype(cfg.dtype),
+    param_dtype=jnp.dtype(cfg.param_dtype),
+    rngs=rngs,
+  )
 
 
 def dense_ffn_kind(cfg) -> str:
@@ -66,8 +78,9 @@ class Block(nnx.Module):
       return self.attention(x_BTD, context, mask), None
     return self.attention(x_BTD, context, mask, cache)
 
-  def __call__(self, x_BTD, context: PositionContext, mask: AttentionMask,
-               cache: LayerCache | None = None):
+  def __call__(
+    self, x_BTD, context: PositionContext, mask: AttentionMask, cache: LayerCache | None = None
+  ):
     if self.pre_norm:
       h_BTD, kv = self._attention(self.attention_norm(x_BTD), context, mask, cache)
       x_BTD = x_BTD + self.dropout(h_BTD)
@@ -92,9 +105,15 @@ class Transformer(nnx.Module):
   def __init__(self, cfg, *, rngs: nnx.Rngs):
     dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
     table_init = nnx.initializers.normal(weight_std(cfg, 'table'))  # the embedding and the head
-    self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=param_dtype,
-                           embedding_init=table_init, rngs=rngs,
-                           embedding_metadata={'logical_axes': ('vocab', 'embed')})
+    self.embed = nnx.Embed(
+      cfg.vocab_size,
+      cfg.d_model,
+      dtype=dtype,
+      param_dtype=param_dtype,
+      embedding_init=table_init,
+      rngs=rngs,
+      embedding_metadata={'logical_axes': ('vocab', 'embed')},
+    )
     self.position = POSITIONS[cfg.position.kind](cfg, rngs=rngs)
     self.embed_dropout = nnx.Dropout(cfg.embed_dropout, rngs=rngs)
     self.scan_layers = cfg.scan_layers
@@ -106,23 +125,44 @@ class Transformer(nnx.Module):
       @nnx.vmap(in_axes=(0,), out_axes=0)
       def make_blocks(rngs):
         return Block(cfg, moe=bool(self.moe_layers), rngs=rngs)
+
       self.blocks = make_blocks(rngs)
     else:
-      self.blocks = nnx.List([Block(cfg, moe=i in self.moe_layers, rngs=rngs)
-                              for i in range(cfg.n_layers)])
-    self.final_norm = (make_norm(cfg.norm, cfg.d_model, param_dtype=param_dtype, rngs=rngs)
-                       if cfg.norm.final_norm else None)
-    self.head = None if cfg.tie_embeddings else nnx.Linear(
-        cfg.d_model, cfg.vocab_size, use_bias=False, dtype=dtype, param_dtype=param_dtype,
-        kernel_init=table_init, rngs=rngs,
-        kernel_metadata={'logical_axes': ('embed', 'vocab')})
+      self.blocks = nnx.List(
+        [Block(cfg, moe=i in self.moe_layers, rngs=rngs) for i in range(cfg.n_layers)]
+      )
+    self.final_norm = (
+      make_norm(cfg.norm, cfg.d_model, param_dtype=param_dtype, rngs=rngs)
+      if cfg.norm.final_norm
+      else None
+    )
+    self.head = (
+      None
+      if cfg.tie_embeddings
+      else nnx.Linear(
+        cfg.d_model,
+        cfg.vocab_size,
+        use_bias=False,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        kernel_init=table_init,
+        rngs=rngs,
+        kernel_metadata={'logical_axes': ('embed', 'vocab')},
+      )
+    )
     self.window = cfg.attention.sliding_window
     self.embed_scale = cfg.embed_scale
     self.remat = cfg.remat
 
-  def __call__(self, tokens_BT: jax.Array, *, positions: jax.Array | None = None,
-               segment_ids: jax.Array | None = None, return_moe_stats: bool = False,
-               cache: KVCache | None = None):
+  def __call__(
+    self,
+    tokens_BT: jax.Array,
+    *,
+    positions: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+    return_moe_stats: bool = False,
+    cache: KVCache | None = None,
+  ):
     B, T = tokens_BT.shape
     if positions is None:
       if cache is not None:  # each sequence continues after the latest position in its cache
@@ -130,9 +170,11 @@ class Transformer(nnx.Module):
         positions = start_B[:, None] + jnp.arange(T, dtype=jnp.int32)
       else:
         table = self.position.max_positions
-        if table is not None and T > table:
-          raise ValueError(f'sequence length {T} exceeds model.max_seq_len={table}, the '
-                           'size of the learned position table')
+        if table is not None and table < T:
+          raise ValueError(
+            f'sequence length {T} exceeds model.max_seq_len={table}, the '
+            'size of the learned position table'
+          )
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     x_BTD = self.embed(tokens_BT)
     if self.embed_scale != 1.0:  # e.g. √d: token vectors on the scale of added sinusoids
@@ -141,27 +183,37 @@ class Transformer(nnx.Module):
     x_BTD = self.embed_dropout(self.position.embed(x_BTD, jnp.maximum(positions, 0)))
     if cache is None:
       context = self.position.context(positions, positions)
-      mask = AttentionMask(causal=True, window=self.window, q_segment_ids=segment_ids,
-                           kv_segment_ids=segment_ids)
+      mask = AttentionMask(
+        causal=True, window=self.window, q_segment_ids=segment_ids, kv_segment_ids=segment_ids
+      )
     else:
       slots = write_slots(positions, cache.size)
       first = writes_first(T, self.window)
       new_positions = scatter(cache.positions, positions, slots)
-      kv_positions = (new_positions if first else
-                      jnp.concatenate([cache.positions, positions], axis=1))
+      kv_positions = (
+        new_positions if first else jnp.concatenate([cache.positions, positions], axis=1)
+      )
       context = self.position.context(positions, kv_positions)
-      mask = AttentionMask(causal=True, window=self.window, q_positions=positions,
-                           kv_positions=kv_positions)
+      mask = AttentionMask(
+        causal=True, window=self.window, q_positions=positions, kv_positions=kv_positions
+      )
     if self.scan_layers:
-      x_BTD, stats, kv = _scan_blocks(x_BTD, self.blocks, context, mask, self.remat,
-                                      None if cache is None else (cache, slots, first))
+      x_BTD, stats, kv = _scan_blocks(
+        x_BTD,
+        self.blocks,
+        context,
+        mask,
+        self.remat,
+        None if cache is None else (cache, slots, first),
+      )
     else:
       per_layer = []
       kv = None if cache is None else (cache.k, cache.v)
       for i, block in enumerate(self.blocks):
         layer_cache = None if cache is None else LayerCache(*kv, i, slots, first)
-        x_BTD, layer_stats, layer_kv = _call_block(block, x_BTD, context, mask, self.remat,
-                                                   layer_cache)
+        x_BTD, layer_stats, layer_kv = _call_block(
+          block, x_BTD, context, mask, self.remat, layer_cache
+        )
         per_layer.append(layer_stats)
         kv = layer_kv
       per_layer = [s for s in per_layer if s is not None]
@@ -176,15 +228,6 @@ class Transformer(nnx.Module):
     return (logits_BTV, stats or {}) if return_moe_stats else logits_BTV
 
 
-# Activation checkpointing (Chen et al. 2016): 'full' keeps only each layer's input and recomputes
-# the layer in the backward pass; 'dots' also keeps the outputs of weight matmuls (not attention
-# scores), trading less recompute for more memory.
-REMAT_POLICIES = {
-    'full': jax.checkpoint_policies.nothing_saveable,
-    'dots': jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
-}
-
-
 def _call_block(block: Block, x_BTD, context, mask, remat: str, cache=None):
   if remat == 'none' or cache is not None:  # decoding keeps no activations for a backward pass
     return block(x_BTD, context, mask, cache)
@@ -195,9 +238,11 @@ def _scan_blocks(x_BTD, blocks: Block, context, mask, remat: str, cached=None):
   """(x, stats stacked over the layers, the updated cache's (k, v) or None). With a cache, the
   (k, v) of all layers ride in the carry and each layer writes its slots in place."""
   if cached is None:
+
     @nnx.scan(in_axes=(nnx.Carry, 0, None, None), out_axes=(nnx.Carry, 0, 0))
     def body(x_BTD, block: Block, context, mask):
       return _call_block(block, x_BTD, context, mask, remat)
+
     return body(x_BTD, blocks, context, mask)
 
   cache, slots, first = cached
@@ -205,18 +250,35 @@ def _scan_blocks(x_BTD, blocks: Block, context, mask, remat: str, cached=None):
   @nnx.scan(in_axes=(nnx.Carry, 0, 0, None, None), out_axes=(nnx.Carry, 0))
   def cached_body(carry, block: Block, layer, context, mask):
     x_BTD, kv = carry
-    x_BTD, stats, kv = _call_block(block, x_BTD, context, mask, remat,
-                                   LayerCache(*kv, layer, slots, first))
+    x_BTD, stats, kv = _call_block(
+      block, x_BTD, context, mask, remat, LayerCache(*kv, layer, slots, first)
+    )
     return (x_BTD, kv), stats
-  (x_BTD, kv), stats = cached_body((x_BTD, (cache.k, cache.v)), blocks,
-                                   jnp.arange(cache.k.shape[0]), context, mask)
+
+  (x_BTD, kv), stats = cached_body(
+    (x_BTD, (cache.k, cache.v)), blocks, jnp.arange(cache.k.shape[0]), context, mask
+  )
   return x_BTD, stats, kv
 
 
 def build_model(config, *, rngs: nnx.Rngs) -> Transformer:
   """Validate `config` (the full config or its `model` part) and build the transformer it names."""
-  from mllm.config import check_backend, validate_model  # noqa: PLC0415 (imports the registries)
+  from mllm.validation import check_backend, validate_model
+
   model_cfg = config.model if 'model' in config else config
   validate_model(model_cfg)
   check_backend(model_cfg)
   return Transformer(model_cfg, rngs=rngs)
+
+
+def placeholder_rest(abstract_model) -> nnx.State:
+  """Concrete stand-ins for the model's RNG streams: the step reseeds them before every use."""
+  key_data_shape = jax.random.key_data(jax.random.key(0)).shape
+
+  def concrete(x):
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+      return jax.random.wrap_key_data(jnp.zeros(x.shape + key_data_shape, jnp.uint32))
+    return jnp.zeros(x.shape, x.dtype)
+
+  _, _, rest = nnx.split(abstract_model, SAVED, ...)
+  return jax.tree.map(concrete, rest)

@@ -10,8 +10,9 @@ with their id; SIGTERM or Ctrl-C is passed on to all of them (each saves and exi
 the others are stopped. The exit code is the first failure's, else 0.
 
 This is JAX's own multi-controller runtime on localhost (the tests use it); on a cluster, start
-the same command on every host through its scheduler instead (README, "Several hosts").
+the same command on every host through its scheduler instead (docs/multi-host.md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,15 +31,22 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def process_env(process_id: int, num_processes: int, port: int, devices: int | None,
-                base: dict | None = None) -> dict:
+def process_env(
+  process_id: int, num_processes: int, port: int, devices: int | None, base: dict | None = None
+) -> dict:
   """The environment of process `process_id` of the job."""
   env = dict(os.environ if base is None else base)
-  env.update(JAX_COORDINATOR_ADDRESS=f'127.0.0.1:{port}', JAX_NUM_PROCESSES=str(num_processes),
-             JAX_PROCESS_ID=str(process_id))
+  env.update(
+    JAX_COORDINATOR_ADDRESS=f'127.0.0.1:{port}',
+    JAX_NUM_PROCESSES=str(num_processes),
+    JAX_PROCESS_ID=str(process_id),
+  )
   if devices:
-    flags = [f for f in env.get('XLA_FLAGS', '').split()
-             if not f.startswith('--xla_force_host_platform_device_count')]
+    flags = [
+      f
+      for f in env.get('XLA_FLAGS', '').split()
+      if not f.startswith('--xla_force_host_platform_device_count')
+    ]
     env['XLA_FLAGS'] = ' '.join(flags + [f'--xla_force_host_platform_device_count={devices}'])
     env.setdefault('JAX_PLATFORMS', 'cpu')
   return env
@@ -50,18 +58,26 @@ def _relay(stream, prefix: str, out) -> None:
     out.flush()
 
 
-def run(command: list[str], num_processes: int, devices: int | None = None,
-        env: dict | None = None, poll_s: float = 0.2) -> int:
+def run(
+  command: list[str],
+  num_processes: int,
+  devices: int | None = None,
+  env: dict | None = None,
+  poll_s: float = 0.2,
+) -> int:
   """Run `command` (argv after the python executable) as `num_processes` processes; the exit
   code."""
   port = free_port()
   procs, relays = [], []
   for i in range(num_processes):
-    proc = subprocess.Popen([sys.executable, *command],
-                            env=process_env(i, num_processes, port, devices, env),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    relay = threading.Thread(target=_relay, args=(proc.stdout, f'[{i}] ', sys.stdout),
-                             daemon=True)
+    proc = subprocess.Popen(
+      [sys.executable, *command],
+      env=process_env(i, num_processes, port, devices, env),
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    relay = threading.Thread(target=_relay, args=(proc.stdout, f'[{i}] ', sys.stdout), daemon=True)
     relay.start()
     procs.append(proc)
     relays.append(relay)
@@ -70,6 +86,7 @@ def run(command: list[str], num_processes: int, devices: int | None = None,
     for p in procs:
       if p.poll() is None:
         p.send_signal(signum)
+
   previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
   try:
     failed = None
@@ -91,13 +108,23 @@ def run(command: list[str], num_processes: int, devices: int | None = None,
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(prog='python -m mllm.multiprocess', description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = argparse.ArgumentParser(
+    prog='python -m mllm.multiprocess',
+    description=__doc__,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
   parser.add_argument('-n', '--num_processes', type=int, required=True)
-  parser.add_argument('--devices', type=int, default=None,
-                      help='CPU devices per process (XLA host platform); default: what JAX finds')
-  parser.add_argument('command', nargs=argparse.REMAINDER,
-                      help='after --: the script and its arguments, e.g. launch.py --config=...')
+  parser.add_argument(
+    '--devices',
+    type=int,
+    default=None,
+    help='CPU devices per process (XLA host platform); default: what JAX finds',
+  )
+  parser.add_argument(
+    'command',
+    nargs=argparse.REMAINDER,
+    help='after --: the script and its arguments, e.g. launch.py --config=...',
+  )
   args = parser.parse_args(argv)
   command = args.command[1:] if args.command[:1] == ['--'] else args.command
   if args.num_processes < 1:

@@ -3,6 +3,7 @@
 A path that is a file, lies under a file, or cannot be created or written would otherwise fail deep
 inside Orbax, Grain or NumPy, minutes into a run, with a traceback.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,12 @@ def writable_dir(key: str, path: str) -> str:
     with tempfile.TemporaryFile(dir=path):
       pass
   except OSError as err:
-    raise ConfigError(key, path, f'cannot be written ({err.strerror or err}); allowed: a folder '
-                      'this user can create and write') from None
+    raise ConfigError(
+      key,
+      path,
+      f'cannot be written ({err.strerror or err}); allowed: a folder '
+      'this user can create and write',
+    ) from None
   return path
 
 

@@ -1,4 +1,5 @@
 """`launch.py --mode=summary`: what a config builds, how big it is, and one timed forward pass."""
+
 from __future__ import annotations
 
 import statistics
@@ -12,10 +13,12 @@ from rich.console import Console
 from rich.table import Table
 
 from mllm.accounting import count_params, training_flops_per_token
-from mllm.config import config_diff, moe_layers
+from mllm.config import config_diff
 from mllm.layers import resolved_head_dim
 from mllm.layers.ffn import hidden_dim
-from mllm.layers.moe import expert_hidden_dim, resolve_dispatch
+from mllm.layers.moe import expert_hidden_dim, moe_layers
+from mllm.layers.moe_experts import resolve_dispatch
+from mllm.layers.positions import POSITIONS
 from mllm.model import build_model, dense_ffn_kind
 
 
@@ -35,25 +38,13 @@ def _attention_kind(m) -> str:
   return f"{kind} ({', '.join(extras)})"
 
 
-def _position_kind(m) -> str:
-  p = m.position
-  if p.kind == 'rope':
-    text = f'rope θ={p.rope_theta:g} {p.rope_layout}'
-    if p.rope_scaling != 'none':
-      text += f' {p.rope_scaling}×{p.rope_scaling_factor:g}'
-    return text
-  if p.kind == 't5':
-    return f't5 {p.t5_num_buckets} buckets ≤{p.t5_max_distance}'
-  if p.kind == 'shaw':
-    return f'shaw k={p.shaw_max_distance}'
-  return p.kind
-
-
 def _moe_kind(m) -> str:
   moe = m.moe
   d_ff = expert_hidden_dim(m)
-  text = (f'moe {moe.num_experts}×{moe.expert_kind} top-{moe.top_k} d_ff={d_ff} '
-          f'{resolve_dispatch(moe.dispatch)}')
+  text = (
+    f'moe {moe.num_experts}×{moe.expert_kind} top-{moe.top_k} d_ff={d_ff} '
+    f'{resolve_dispatch(moe.dispatch)}'
+  )
   if moe.num_shared_experts:
     text += f' +{moe.num_shared_experts} shared'
   return text
@@ -72,7 +63,14 @@ def layer_table(config, model) -> Table:
     table.add_column(column, justify='right' if column == 'params' else 'left')
   table.add_row('embed', '', '', '', '', f"{_module_params(params['embed']):,}")
   if 'position' in params:
-    table.add_row('position', '', _position_kind(m), '', '', f"{_module_params(params['position']):,}")
+    table.add_row(
+      'position',
+      '',
+      POSITIONS[m.position.kind].describe(m),
+      '',
+      '',
+      f"{_module_params(params['position']):,}",
+    )
   dense_kind = dense_ffn_kind(m)
   dense_ffn = f'{dense_kind} d_ff={hidden_dim(m.ffn, m.d_model, dense_kind)}'
   moe_ffn = _moe_kind(m) if m.ffn.kind == 'moe' else ''
@@ -84,9 +82,18 @@ def layer_table(config, model) -> Table:
     per_layer = [_module_params(params['blocks'][i]) for i in range(m.n_layers)]
   for i, count in enumerate(per_layer):
     ffn = moe_ffn if i in sparse else dense_ffn
-    table.add_row(f'layer {i}', _attention_kind(m), _position_kind(m), ffn, norm, f'{count:,}')
+    table.add_row(
+      f'layer {i}',
+      _attention_kind(m),
+      POSITIONS[m.position.kind].describe(m),
+      ffn,
+      norm,
+      f'{count:,}',
+    )
   if 'final_norm' in params:
-    table.add_row('final_norm', '', '', '', m.norm.kind, f"{_module_params(params['final_norm']):,}")
+    table.add_row(
+      'final_norm', '', '', '', m.norm.kind, f"{_module_params(params['final_norm']):,}"
+    )
   head = 'tied to embed' if m.tie_embeddings else f"{_module_params(params['head']):,}"
   table.add_row('head', '', '', '', '', head)
   return table
@@ -108,8 +115,14 @@ def time_forward(model, tokens, repeats: int = 5) -> dict:
   return dict(compile_s=compile_s, run_s=statistics.median(times), logits=logits)
 
 
-def summarize(config, base_config=None, *, spec: str = '', console: Console | None = None,
-              run_forward: bool = True) -> dict:
+def summarize(
+  config,
+  base_config=None,
+  *,
+  spec: str = '',
+  console: Console | None = None,
+  run_forward: bool = True,
+) -> dict:
   """Print the config diff, layer table, parameter counts, FLOPs/token and a timed forward pass."""
   console = console or Console(width=None if Console().is_terminal else 120)
   m = config.model
@@ -130,25 +143,34 @@ def summarize(config, base_config=None, *, spec: str = '', console: Console | No
   counts = count_params(model)
   seq_len = config.data.seq_len
   flops = training_flops_per_token(config, seq_len, counts)
-  console.print(f'parameters: {counts.total:,} total = {counts.embedding:,} embedding + '
-                f'{counts.non_embedding:,} non-embedding'
-                + (f'; {counts.active:,} active per token (top-{m.moe.top_k} of '
-                   f'{m.moe.num_experts} experts)' if counts.active != counts.total else ''))
-  console.print(f'training FLOPs/token at seq_len {seq_len}: {flops.total:.4g} '
-                f"(6·N{'_active' if counts.active != counts.total else ''} {flops.dense:.4g} + "
-                f'attention {flops.attention:.4g})')
+  console.print(
+    f'parameters: {counts.total:,} total = {counts.embedding:,} embedding + '
+    f'{counts.non_embedding:,} non-embedding'
+    + (
+      f'; {counts.active:,} active per token (top-{m.moe.top_k} of {m.moe.num_experts} experts)'
+      if counts.active != counts.total
+      else ''
+    )
+  )
+  console.print(
+    f'training FLOPs/token at seq_len {seq_len}: {flops.total:.4g} '
+    f"(6·N{'_active' if counts.active != counts.total else ''} {flops.dense:.4g} + "
+    f'attention {flops.attention:.4g})'
+  )
   result = dict(params=counts, flops=flops)
   if run_forward:
     batch = config.data.batch_size
-    tokens = jax.random.randint(jax.random.key(config.seed), (batch, seq_len), 0, m.vocab_size,
-                                dtype=jnp.int32)
+    tokens = jax.random.randint(
+      jax.random.key(config.seed), (batch, seq_len), 0, m.vocab_size, dtype=jnp.int32
+    )
     timing = time_forward(model, tokens)
     logits = timing['logits']
     finite = bool(jnp.all(jnp.isfinite(logits)))
     console.print(
-        f'forward on random tokens [{batch}, {seq_len}] ({jax.default_backend()}): compile '
-        f"{timing['compile_s']:.2f} s, run {timing['run_s'] * 1e3:.1f} ms (median of 5), "
-        f"{batch * seq_len / timing['run_s']:,.0f} tokens/s; logits {list(logits.shape)} "
-        f"{logits.dtype}, {'all finite' if finite else 'NOT FINITE'}")
+      f'forward on random tokens [{batch}, {seq_len}] ({jax.default_backend()}): compile '
+      f"{timing['compile_s']:.2f} s, run {timing['run_s'] * 1e3:.1f} ms (median of 5), "
+      f"{batch * seq_len / timing['run_s']:,.0f} tokens/s; logits {list(logits.shape)} "
+      f"{logits.dtype}, {'all finite' if finite else 'NOT FINITE'}"
+    )
     result.update(timing, finite=finite)
   return result

@@ -6,6 +6,7 @@ additionally needs i - j < W (and j - i < W when not causal). A query block's vi
 one interval (the union of its rows' intervals), so [lo, hi) bounds are exact, not conservative.
 No Pallas import here: these are plain integer formulas.
 """
+
 from __future__ import annotations
 
 import jax.numpy as jnp

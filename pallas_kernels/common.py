@@ -1,6 +1,7 @@
 """What every flash-attention backend's wrapper shares: the checks of its inputs, padding, the
 static mask rule the kernels read (tile_math's `rule`) and the custom_vjp around a forward /
 backward pair. mllm.ops.blockwise (the plain-JAX loop) uses the padding and the custom_vjp too."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,6 +17,7 @@ class MaskRule:
   """The static facts of one call: the softmax scale, the mask (block_ranges / tile_math), GQA's
   group size, which side inputs exist, and how the kernels run. Each backend's config extends it
   with its tiles."""
+
   scale: float
   causal: bool
   window: int | None
@@ -45,8 +47,10 @@ def check_inputs(q_BTNH, k_BSKH, v_BSKH, q_segment_ids, kv_segment_ids, window) 
 
 def default_positions(T: int, S: int, q_offset: int, q_positions, kv_positions):
   """ALiBi's positions: the caller's, else the query's key index i = q_offset + t and j."""
-  return (q_offset + jnp.arange(T) if q_positions is None else q_positions,
-          jnp.arange(S) if kv_positions is None else kv_positions)
+  return (
+    q_offset + jnp.arange(T) if q_positions is None else q_positions,
+    jnp.arange(S) if kv_positions is None else kv_positions,
+  )
 
 
 def round_up(x: int, m: int) -> int:
@@ -78,6 +82,7 @@ def flash_vjp(forward, backward):
   """attend(cfg, q, k, v, side) with FlashAttention's custom VJP: forward(cfg, q, k, v, side) ->
   (out, lse) saves (q, k, v, side, out, lse); backward(cfg, *saved, d_out) -> (dq, dk, dv). The
   side inputs (ids, positions, slopes) get no gradient."""
+
   @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
   def attend(cfg, q, k, v, side):
     return forward(cfg, q, k, v, side)[0]

@@ -26,6 +26,7 @@ and one by each warpgroup blocked on a barrier: a pool of fewer than 4 threads (
 core) can deadlock, so interpret mode needs NPROC >= 4 set before JAX starts (`_check_pool`).
 Layout: q [B, T, N, H], k/v [B, S, K, H] (the caller's; TMA reads a head's rows with a stride).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,11 +41,19 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import tile_math as tm
-from pallas_kernels.common import (MaskRule, block_min_max, check_inputs, default_positions,
-                                    flash_vjp, pad_to, padded_ids, round_up)
 from pallas_kernels.block_ranges import MASK_VALUE, kv_block_range, q_block_range
+from pallas_kernels.common import (
+  MaskRule,
+  block_min_max,
+  check_inputs,
+  default_positions,
+  flash_vjp,
+  pad_to,
+  padded_ids,
+  round_up,
+)
 
-TILE = 64   # rows of a compute warpgroup's tile (queries, or keys in dk/dv): wgmma's M
+TILE = 64  # rows of a compute warpgroup's tile (queries, or keys in dk/dv): wgmma's M
 HEAD_MULTIPLE = 64  # head_dim is padded to this: one 128-byte swizzle row of 16-bit elements
 DEFAULT_BLOCK_K, DEFAULT_STEPS = 128, 2
 _TILED = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
@@ -56,14 +65,21 @@ class _Cfg(MaskRule):
   steps: int
 
   def ranges(self, block_k=None):
-    return dict(block_q=TILE, block_k=block_k or self.block_k, q_len=self.q_len,
-                kv_len=self.kv_len, q_offset=self.q_offset, causal=self.causal,
-                window=self.window)
+    return dict(
+      block_q=TILE,
+      block_k=block_k or self.block_k,
+      q_len=self.q_len,
+      kv_len=self.kv_len,
+      q_offset=self.q_offset,
+      causal=self.causal,
+      window=self.window,
+    )
 
 
 def _interpret_params():
   # Private in jax 0.10.2 and 0.11 alike (plgpu does not export it).
-  from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams  # noqa: PLC0415
+  from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
   return InterpretGPUParams()
 
 
@@ -78,9 +94,10 @@ def _check_pool():
   if threads < INTERPRETER_THREADS:
     source = 'NPROC' if nproc.isdigit() else "this machine's cores"
     raise RuntimeError(
-        f'the Mosaic GPU interpreter needs >= {INTERPRETER_THREADS} XLA CPU threads (the kernel '
-        f'launch and 3 warpgroups each hold one while they wait on barriers) but has {threads} '
-        f'({source}), and would deadlock; set NPROC=8 in the environment before JAX starts')
+      f'the Mosaic GPU interpreter needs >= {INTERPRETER_THREADS} XLA CPU threads (the kernel '
+      f'launch and 3 warpgroups each hold one while they wait on barriers) but has {threads} '
+      f'({source}), and would deadlock; set NPROC=8 in the environment before JAX starts'
+    )
 
 
 def _union(r0, r1):
@@ -93,8 +110,10 @@ def _union(r0, r1):
 
 
 def _mine(wg, ranges):
-  return (jnp.where(wg == 0, ranges[0][0], ranges[1][0]),
-          jnp.where(wg == 0, ranges[0][1], ranges[1][1]))
+  return (
+    jnp.where(wg == 0, ranges[0][0], ranges[1][0]),
+    jnp.where(wg == 0, ranges[0][1], ranges[1][1]),
+  )
 
 
 def _dot_t(a_ref, b_ref, interpret):
@@ -102,8 +121,10 @@ def _dot_t(a_ref, b_ref, interpret):
   if interpret:
     return jnp.dot(a_ref[...], b_ref[...].T, preferred_element_type=jnp.float32)
   shape = (a_ref.shape[0], b_ref.shape[0])
-  return pl.run_scoped(lambda r: (plgpu.wgmma(r, a_ref, b_ref.transpose((1, 0))), r[...])[1],
-                       plgpu.ACC(shape, jnp.float32))
+  return pl.run_scoped(
+    lambda r: (plgpu.wgmma(r, a_ref, b_ref.transpose((1, 0))), r[...])[1],
+    plgpu.ACC(shape, jnp.float32),
+  )
 
 
 def _dot_add(acc, a, b_ref, interpret):
@@ -116,6 +137,7 @@ def _dot_add(acc, a, b_ref, interpret):
 def _produce(lo, hi, steps, copy, done_bars):
   """The producer warpgroup: block j of [lo, hi) goes to slot (j - lo) % steps once both compute
   warpgroups released the slot's previous block (`copy(j, slot)` starts its TMA copies)."""
+
   @pl.loop(lo, hi)
   def _(j):
     slot = lax.rem(j - lo, steps)
@@ -156,16 +178,42 @@ def _copy_key_tile(gmem, smem, slot, bar, b, kv_head, keys):
   _copy_tile(gmem, smem, (tile, tile, ids, ids), slot, bar)
 
 
-def _kv_producer(cfg, b, kv_head, lo, hi, k_ref, v_ref, kseg_ref, kpos_ref, k_s, v_s, kseg_s,
-                 kpos_s, k_bar, v_bar, k_done, v_done):
+def _kv_producer(
+  cfg,
+  b,
+  kv_head,
+  lo,
+  hi,
+  k_ref,
+  v_ref,
+  kseg_ref,
+  kpos_ref,
+  k_s,
+  v_s,
+  kseg_s,
+  kpos_s,
+  k_bar,
+  v_bar,
+  k_done,
+  v_done,
+):
   """Streams key blocks [lo, hi) of one KV head, their segment ids and positions with K."""
+
   def copy(j, slot):
     keys = pl.ds(j * cfg.block_k, cfg.block_k)
     # V has a barrier of its own: Q·Kᵀ starts before V lands.
-    _copy_key_tile((k_ref, None, kseg_ref, kpos_ref), (k_s, None, kseg_s, kpos_s), slot,
-                   k_bar.at[slot], b, kv_head, keys)
-    _copy_key_tile((None, v_ref, None, None), (None, v_s, None, None), slot, v_bar.at[slot], b,
-                   kv_head, keys)
+    _copy_key_tile(
+      (k_ref, None, kseg_ref, kpos_ref),
+      (k_s, None, kseg_s, kpos_s),
+      slot,
+      k_bar.at[slot],
+      b,
+      kv_head,
+      keys,
+    )
+    _copy_key_tile(
+      (None, v_ref, None, None), (None, v_s, None, None), slot, v_bar.at[slot], b, kv_head, keys
+    )
 
   _produce(lo, hi, cfg.steps, copy, (k_done, v_done))
 
@@ -173,14 +221,18 @@ def _kv_producer(cfg, b, kv_head, lo, hi, k_ref, v_ref, kseg_ref, kpos_ref, k_s,
 def _kv_ring(cfg, dtype, Hp):
   """Scratch of a K/V stream: tiles, side inputs, ready and consumed barriers."""
   bk, steps = cfg.block_k, cfg.steps
-  ring = [plgpu.SMEM((steps, bk, Hp), dtype, transforms=_TILED),
-          plgpu.SMEM((steps, bk, Hp), dtype, transforms=_TILED)]
+  ring = [
+    plgpu.SMEM((steps, bk, Hp), dtype, transforms=_TILED),
+    plgpu.SMEM((steps, bk, Hp), dtype, transforms=_TILED),
+  ]
   ring += [plgpu.SMEM((steps, bk), jnp.int32)] * (int(cfg.segments) + int(cfg.alibi))
   copies = 1 + int(cfg.segments) + int(cfg.alibi)  # a TMA copy is one arrival on its barrier
-  return ring + [plgpu.Barrier(num_arrivals=copies, num_barriers=steps),
-                 plgpu.Barrier(num_barriers=steps),
-                 plgpu.Barrier(num_arrivals=2, num_barriers=steps),
-                 plgpu.Barrier(num_arrivals=2, num_barriers=steps)]
+  return ring + [
+    plgpu.Barrier(num_arrivals=copies, num_barriers=steps),
+    plgpu.Barrier(num_barriers=steps),
+    plgpu.Barrier(num_arrivals=2, num_barriers=steps),
+    plgpu.Barrier(num_arrivals=2, num_barriers=steps),
+  ]
 
 
 def _split(refs, cfg, n_main, n_out, n_own):
@@ -199,15 +251,30 @@ def _split(refs, cfg, n_main, n_out, n_own):
 def _tile_scores(cfg, logits, i, j, qseg, kseg, qpos, kpos, slope, kv_padded):
   """Base-2 masked scores of a tile whose query and key indices are the full-shape `i`, `j`
   (either orientation: the mask and ALiBi are elementwise)."""
-  return tm.mask_logits(logits, i, j, cfg, kv_padded=kv_padded, qseg_t1=qseg, kseg_1s=kseg,
-                        qpos_t1=qpos, kpos_1s=kpos, slope=slope)
+  return tm.mask_logits(
+    logits,
+    i,
+    j,
+    cfg,
+    kv_padded=kv_padded,
+    qseg_t1=qseg,
+    kseg_1s=kseg,
+    qpos_t1=qpos,
+    kpos_1s=kpos,
+    slope=slope,
+  )
 
 
 def _q_tile_kernel(*refs, cfg, dtype, Hp, grad):
   """Forward (grad=False) or dq (grad=True): a CTA owns query tiles 2·q and 2·q + 1."""
-  main, (qseg_ref, kseg_ref, qmin_ref, qmax_ref, kmin_ref, kmax_ref), \
-      (qpos_ref, kpos_ref, slopes_ref), outs, own, ring = _split(
-          refs, cfg, 6 if grad else 3, 1 if grad else 2, 5 if grad else 3)
+  (
+    main,
+    (qseg_ref, kseg_ref, qmin_ref, qmax_ref, kmin_ref, kmax_ref),
+    (qpos_ref, kpos_ref, slopes_ref),
+    outs,
+    own,
+    ring,
+  ) = _split(refs, cfg, 6 if grad else 3, 1 if grad else 2, 5 if grad else 3)
   q_ref, k_ref, v_ref = main[:3]
   do_ref, lse_ref, delta_ref = main[3:] if grad else (None, None, None)
   if grad:
@@ -233,8 +300,15 @@ def _q_tile_kernel(*refs, cfg, dtype, Hp, grad):
     r0 = qb * bq
     my_lo, my_hi = _mine(wg, ranges)
     rows = pl.ds(r0, bq)
-    _copy_query_tile((q_ref, do_ref, lse_ref, delta_ref, qseg_ref, qpos_ref),
-                     (q_s, do_s, lse_s, delta_s, qseg_s, qpos_s), wg, q_bar.at[wg], b, h, rows)
+    _copy_query_tile(
+      (q_ref, do_ref, lse_ref, delta_ref, qseg_ref, qpos_ref),
+      (q_s, do_s, lse_s, delta_s, qseg_s, qpos_s),
+      wg,
+      q_bar.at[wg],
+      b,
+      h,
+      rows,
+    )
     plgpu.barrier_wait(q_bar.at[wg])
     slope = slopes_ref[h] if cfg.alibi else None
     shape = (bq, bk)
@@ -253,10 +327,17 @@ def _q_tile_kernel(*refs, cfg, dtype, Hp, grad):
 
       def compute(carry):
         s, mask = _tile_scores(
-            cfg, _dot_t(q_s.at[wg], k_s.at[slot], cfg.interpret), i_ts,
-            j * bk + lax.broadcasted_iota(jnp.int32, shape, 1), qseg_ts,
-            down(kseg_s[slot]) if cfg.segments else None, qpos_ts,
-            down(kpos_s[slot]) if cfg.alibi else None, slope, bool(cfg.kv_len % bk))
+          cfg,
+          _dot_t(q_s.at[wg], k_s.at[slot], cfg.interpret),
+          i_ts,
+          j * bk + lax.broadcasted_iota(jnp.int32, shape, 1),
+          qseg_ts,
+          down(kseg_s[slot]) if cfg.segments else None,
+          qpos_ts,
+          down(kpos_s[slot]) if cfg.alibi else None,
+          slope,
+          bool(cfg.kv_len % bk),
+        )
         if grad:
           p = tm.masked_exp2(s - lse_ts, mask)
           dp = _dot_t(do_s.at[wg], v_s.at[slot], cfg.interpret)
@@ -294,16 +375,37 @@ def _q_tile_kernel(*refs, cfg, dtype, Hp, grad):
 
   @pl.when(wg == 2)
   def _producer():
-    _kv_producer(cfg, b, lax.div(h, cfg.groups), lo, hi, k_ref, v_ref, kseg_ref, kpos_ref, k_s,
-                 v_s, kseg_s, kpos_s, k_bar, v_bar, k_done, v_done)
+    _kv_producer(
+      cfg,
+      b,
+      lax.div(h, cfg.groups),
+      lo,
+      hi,
+      k_ref,
+      v_ref,
+      kseg_ref,
+      kpos_ref,
+      k_s,
+      v_s,
+      kseg_s,
+      kpos_s,
+      k_bar,
+      v_bar,
+      k_done,
+      v_done,
+    )
 
 
 def _dkv_kernel(*refs, cfg, dtype, Hp):
   """dk, dv: a CTA owns key tiles 2·k and 2·k + 1 of one KV head."""
-  (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref), \
-      (qseg_ref, kseg_ref, qmin_ref, qmax_ref, kmin_ref, kmax_ref), \
-      (qpos_ref, kpos_ref, slopes_ref), (dk_ref, dv_ref), own, side = _split(
-          refs, cfg, 6, 2, 9)
+  (
+    (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref),
+    (qseg_ref, kseg_ref, qmin_ref, qmax_ref, kmin_ref, kmax_ref),
+    (qpos_ref, kpos_ref, slopes_ref),
+    (dk_ref, dv_ref),
+    own,
+    side,
+  ) = _split(refs, cfg, 6, 2, 9)
   k_s, v_s, q_s, do_s, lse_s, delta_s, kv_bar, ready, done = own
   kseg_s, qseg_s = (side.pop(0), side.pop(0)) if cfg.segments else (None, None)
   kpos_s, qpos_s = (side.pop(0), side.pop(0)) if cfg.alibi else (None, None)
@@ -320,8 +422,15 @@ def _dkv_kernel(*refs, cfg, dtype, Hp):
     kb = 2 * tile + wg
     keys = pl.ds(kb * bk, bk)
     my_lo, my_hi = _mine(wg, ranges)
-    _copy_key_tile((k_ref, v_ref, kseg_ref, kpos_ref), (k_s, v_s, kseg_s, kpos_s), wg,
-                   kv_bar.at[wg], b, kv_head, keys)
+    _copy_key_tile(
+      (k_ref, v_ref, kseg_ref, kpos_ref),
+      (k_s, v_s, kseg_s, kpos_s),
+      wg,
+      kv_bar.at[wg],
+      b,
+      kv_head,
+      keys,
+    )
     plgpu.barrier_wait(kv_bar.at[wg])
     shape = (bk, bq)  # transposed: keys are the rows
     j_st = kb * bk + lax.broadcasted_iota(jnp.int32, shape, 0)
@@ -340,10 +449,17 @@ def _dkv_kernel(*refs, cfg, dtype, Hp):
         slope = slopes_ref[kv_head * cfg.groups + g] if cfg.alibi else None
         i_st = cfg.q_offset + qb * bq + lax.broadcasted_iota(jnp.int32, shape, 1)
         s, mask = _tile_scores(
-            cfg, _dot_t(k_s.at[wg], q_s.at[slot], cfg.interpret), i_st, j_st,
-            across(qseg_s[slot]) if cfg.segments else None, kseg_st,
-            across(qpos_s[slot]) if cfg.alibi else None, kpos_st, slope,
-            bool(cfg.kv_len % bk))
+          cfg,
+          _dot_t(k_s.at[wg], q_s.at[slot], cfg.interpret),
+          i_st,
+          j_st,
+          across(qseg_s[slot]) if cfg.segments else None,
+          kseg_st,
+          across(qpos_s[slot]) if cfg.alibi else None,
+          kpos_st,
+          slope,
+          bool(cfg.kv_len % bk),
+        )
         p = tm.masked_exp2(s - across(lse_s[slot]), mask)
         dp = _dot_t(v_s.at[wg], do_s.at[slot], cfg.interpret)
         ds = p * (dp - across(delta_s[slot]))
@@ -372,20 +488,33 @@ def _dkv_kernel(*refs, cfg, dtype, Hp):
     def copy(n, slot):
       h = kv_head * cfg.groups + lax.div(n, n_q)
       rows = pl.ds((lo + lax.rem(n, n_q)) * bq, bq)
-      _copy_query_tile((q_ref, do_ref, lse_ref, delta_ref, qseg_ref, qpos_ref),
-                       (q_s, do_s, lse_s, delta_s, qseg_s, qpos_s), slot, ready.at[slot], b, h,
-                       rows)
+      _copy_query_tile(
+        (q_ref, do_ref, lse_ref, delta_ref, qseg_ref, qpos_ref),
+        (q_s, do_s, lse_s, delta_s, qseg_s, qpos_s),
+        slot,
+        ready.at[slot],
+        b,
+        h,
+        rows,
+      )
 
     _produce(0, n_q * cfg.groups, steps, copy, (done,))
 
 
 def _call(kernel, cfg, out_type, scratch, grid, grid_names, args):
   return plgpu.kernel(
-      kernel, out_type=out_type, scratch_types=scratch, grid=grid, grid_names=grid_names,
-      num_threads=3, thread_name='wg',
-      compiler_params=plgpu.CompilerParams(
-          approx_math=True, lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
-      interpret=_interpret_params() if cfg.interpret else None)(*args)
+    kernel,
+    out_type=out_type,
+    scratch_types=scratch,
+    grid=grid,
+    grid_names=grid_names,
+    num_threads=3,
+    thread_name='wg',
+    compiler_params=plgpu.CompilerParams(
+      approx_math=True, lowering_semantics=plgpu.LoweringSemantics.Warpgroup
+    ),
+    interpret=_interpret_params() if cfg.interpret else None,
+  )(*args)
 
 
 def _q_side_scratch(cfg, rows):
@@ -397,14 +526,20 @@ def _forward(cfg, q_BTNH, k_BSKH, v_BSKH, side):
   B, Tp, N, Hp = q_BTNH.shape
   dtype = q_BTNH.dtype
   copies = 1 + int(cfg.segments) + int(cfg.alibi)
-  own = [plgpu.SMEM((2, TILE, Hp), dtype, transforms=_TILED), plgpu.SMEM((2, TILE), jnp.float32),
-         plgpu.Barrier(num_arrivals=copies, num_barriers=2)]  # a warpgroup's Q tile landed
-  return _call(functools.partial(_q_tile_kernel, cfg=cfg, dtype=dtype, Hp=Hp, grad=False), cfg,
-               (jax.ShapeDtypeStruct(q_BTNH.shape, dtype),
-                jax.ShapeDtypeStruct((B, N, Tp), jnp.float32)),
-               own + _q_side_scratch(cfg, (2, TILE)) + _kv_ring(cfg, dtype, Hp),
-               (N, Tp // (2 * TILE), B), ('h', 'q', 'b'),
-               (q_BTNH, k_BSKH, v_BSKH, *_side_for(cfg, side, cfg.block_k)))
+  own = [
+    plgpu.SMEM((2, TILE, Hp), dtype, transforms=_TILED),
+    plgpu.SMEM((2, TILE), jnp.float32),
+    plgpu.Barrier(num_arrivals=copies, num_barriers=2),
+  ]  # a warpgroup's Q tile landed
+  return _call(
+    functools.partial(_q_tile_kernel, cfg=cfg, dtype=dtype, Hp=Hp, grad=False),
+    cfg,
+    (jax.ShapeDtypeStruct(q_BTNH.shape, dtype), jax.ShapeDtypeStruct((B, N, Tp), jnp.float32)),
+    own + _q_side_scratch(cfg, (2, TILE)) + _kv_ring(cfg, dtype, Hp),
+    (N, Tp // (2 * TILE), B),
+    ('h', 'q', 'b'),
+    (q_BTNH, k_BSKH, v_BSKH, *_side_for(cfg, side, cfg.block_k)),
+  )
 
 
 def _side_for(cfg, side, block_k):
@@ -419,18 +554,21 @@ def _backward(cfg, q_BTNH, k_BSKH, v_BSKH, side, o_BTNH, lse_BNT, do_BTNH):
   B, Tp, N, Hp = q_BTNH.shape
   Sp, K = k_BSKH.shape[1], k_BSKH.shape[2]
   dtype = q_BTNH.dtype
-  delta_BNT = jnp.einsum('btnh,btnh->bnt', o_BTNH.astype(jnp.float32),
-                         do_BTNH.astype(jnp.float32))
+  delta_BNT = jnp.einsum('btnh,btnh->bnt', o_BTNH.astype(jnp.float32), do_BTNH.astype(jnp.float32))
   main = (q_BTNH, k_BSKH, v_BSKH, do_BTNH, lse_BNT, delta_BNT)
   copies = 4 + int(cfg.segments) + int(cfg.alibi)
   tile = plgpu.SMEM((2, TILE, Hp), dtype, transforms=_TILED)
   stats = plgpu.SMEM((2, TILE), jnp.float32)
   own = [tile, tile, stats, stats, plgpu.Barrier(num_arrivals=copies, num_barriers=2)]
-  dq = _call(functools.partial(_q_tile_kernel, cfg=cfg, dtype=dtype, Hp=Hp, grad=True), cfg,
-             jax.ShapeDtypeStruct(q_BTNH.shape, dtype),
-             own + _q_side_scratch(cfg, (2, TILE)) + _kv_ring(cfg, dtype, Hp),
-             (N, Tp // (2 * TILE), B), ('h', 'q', 'b'),
-             (*main, *_side_for(cfg, side, cfg.block_k)))
+  dq = _call(
+    functools.partial(_q_tile_kernel, cfg=cfg, dtype=dtype, Hp=Hp, grad=True),
+    cfg,
+    jax.ShapeDtypeStruct(q_BTNH.shape, dtype),
+    own + _q_side_scratch(cfg, (2, TILE)) + _kv_ring(cfg, dtype, Hp),
+    (N, Tp // (2 * TILE), B),
+    ('h', 'q', 'b'),
+    (*main, *_side_for(cfg, side, cfg.block_k)),
+  )
 
   if cfg.interpret:
     # One kernel at a time: dq and dk/dv do not depend on each other, and run at once they would
@@ -440,25 +578,54 @@ def _backward(cfg, q_BTNH, k_BSKH, v_BSKH, side, o_BTNH, lse_BNT, do_BTNH):
   ring = plgpu.SMEM((steps, TILE, Hp), dtype, transforms=_TILED)
   ring_stats = plgpu.SMEM((steps, TILE), jnp.float32)
   kv_copies = 2 + int(cfg.segments) + int(cfg.alibi)
-  own = [tile, tile, ring, ring, ring_stats, ring_stats,
-         plgpu.Barrier(num_arrivals=kv_copies, num_barriers=2),  # a warpgroup's K, V landed
-         plgpu.Barrier(num_arrivals=copies, num_barriers=steps),  # a query block landed
-         plgpu.Barrier(num_arrivals=2, num_barriers=steps)]  # both warpgroups are done with it
+  own = [
+    tile,
+    tile,
+    ring,
+    ring,
+    ring_stats,
+    ring_stats,
+    plgpu.Barrier(num_arrivals=kv_copies, num_barriers=2),  # a warpgroup's K, V landed
+    plgpu.Barrier(num_arrivals=copies, num_barriers=steps),  # a query block landed
+    plgpu.Barrier(num_arrivals=2, num_barriers=steps),
+  ]  # both warpgroups are done with it
   side_scratch = []
   for use in (cfg.segments, cfg.alibi):  # the key tiles' ids, then the streamed queries'
     side_scratch += [plgpu.SMEM((2, TILE), jnp.int32), plgpu.SMEM((steps, TILE), jnp.int32)] * use
   kv_out = jax.ShapeDtypeStruct(k_BSKH.shape, dtype)
-  dk, dv = _call(functools.partial(_dkv_kernel, cfg=cfg, dtype=dtype, Hp=Hp), cfg,
-                 (kv_out, kv_out), own + side_scratch, (K, Sp // (2 * TILE), B),
-                 ('h', 'k', 'b'), (*main, *_side_for(cfg, side, TILE)))
+  dk, dv = _call(
+    functools.partial(_dkv_kernel, cfg=cfg, dtype=dtype, Hp=Hp),
+    cfg,
+    (kv_out, kv_out),
+    own + side_scratch,
+    (K, Sp // (2 * TILE), B),
+    ('h', 'k', 'b'),
+    (*main, *_side_for(cfg, side, TILE)),
+  )
   return dq, dk, dv
 
 
 _flash = flash_vjp(_forward, _backward)
 
 
-def _prepare(q_BTNH, k_BSKH, v_BSKH, *, scale, causal, window, q_offset, q_segment_ids,
-             kv_segment_ids, alibi_slopes, q_positions, kv_positions, block_k, steps, interpret):
+def _prepare(
+  q_BTNH,
+  k_BSKH,
+  v_BSKH,
+  *,
+  scale,
+  causal,
+  window,
+  q_offset,
+  q_segment_ids,
+  kv_segment_ids,
+  alibi_slopes,
+  q_positions,
+  kv_positions,
+  block_k,
+  steps,
+  interpret,
+):
   """Checked, padded inputs, the side inputs and the static config."""
   B, T, N, H = q_BTNH.shape
   _, S, K, _ = k_BSKH.shape
@@ -476,8 +643,11 @@ def _prepare(q_BTNH, k_BSKH, v_BSKH, *, scale, causal, window, q_offset, q_segme
   q_offset = S - T if q_offset is None else int(q_offset)
   bk = min(bk, round_up(S, 64))
   # Keys pad to whole forward blocks and whole pairs of the backward's 64-row key tiles.
-  Tp, Sp, Hp = round_up(T, 2 * TILE), round_up(S, math.lcm(bk, 2 * TILE)), round_up(
-      H, HEAD_MULTIPLE)
+  Tp, Sp, Hp = (
+    round_up(T, 2 * TILE),
+    round_up(S, math.lcm(bk, 2 * TILE)),
+    round_up(H, HEAD_MULTIPLE),
+  )
 
   segments, alibi = q_segment_ids is not None, alibi_slopes is not None
   if alibi:
@@ -486,23 +656,52 @@ def _prepare(q_BTNH, k_BSKH, v_BSKH, *, scale, causal, window, q_offset, q_segme
   if segments:
     side += [padded_ids(q_segment_ids, B, T, Tp), padded_ids(kv_segment_ids, B, S, Sp)]
   if alibi:
-    side += [padded_ids(q_positions, B, T, Tp), padded_ids(kv_positions, B, S, Sp),
-             jnp.asarray(alibi_slopes, jnp.float32)]
-  cfg = _Cfg(scale=float(scale), causal=bool(causal), window=window, q_offset=q_offset,
-             q_len=T, kv_len=S, groups=N // K, block_k=bk, steps=steps, segments=segments,
-             alibi=alibi, interpret=bool(interpret), precision=None)
+    side += [
+      padded_ids(q_positions, B, T, Tp),
+      padded_ids(kv_positions, B, S, Sp),
+      jnp.asarray(alibi_slopes, jnp.float32),
+    ]
+  cfg = _Cfg(
+    scale=float(scale),
+    causal=bool(causal),
+    window=window,
+    q_offset=q_offset,
+    q_len=T,
+    kv_len=S,
+    groups=N // K,
+    block_k=bk,
+    steps=steps,
+    segments=segments,
+    alibi=alibi,
+    interpret=bool(interpret),
+    precision=None,
+  )
   pad = lambda x, length: pad_to(pad_to(x, 1, length), 3, Hp)
   return cfg, pad(q_BTNH, Tp), pad(k_BSKH, Sp), pad(v_BSKH, Sp), side
 
 
-def flash_attention(q_BTNH, k_BSKH, v_BSKH, *, scale: float, causal: bool = True,
-                    window: int | None = None, q_offset: int | None = None, q_segment_ids=None,
-                    kv_segment_ids=None, alibi_slopes=None, q_positions=None, kv_positions=None,
-                    block_q: int | None = None, block_k: int | None = None,
-                    steps: int | None = None, interpret: bool | None = None):
+def flash_attention(
+  q_BTNH,
+  k_BSKH,
+  v_BSKH,
+  *,
+  scale: float,
+  causal: bool = True,
+  window: int | None = None,
+  q_offset: int | None = None,
+  q_segment_ids=None,
+  kv_segment_ids=None,
+  alibi_slopes=None,
+  q_positions=None,
+  kv_positions=None,
+  block_q: int | None = None,
+  block_k: int | None = None,
+  steps: int | None = None,
+  interpret: bool | None = None,
+):
   """softmax(q kᵀ scale + alibi, masked) v with FlashAttention's backward (custom VJP).
 
-  The contract of pallas_kernels.flash_attention.flash_attention (masks, offset, GQA, ALiBi, a
+  The contract of pallas_kernels.flash_attention_triton.flash_attention (masks, offset, GQA, ALiBi, a
   query with no allowed key gives 0), for bfloat16 / float16 inputs (wgmma's). block_q: 64 or
   None (a warpgroup's tile); block_k: key rows per forward / dq pipeline slot (a multiple of 64);
   steps: slots in each ring (>= 2). interpret: run in JAX's Mosaic GPU interpreter (default: when
@@ -512,24 +711,61 @@ def flash_attention(q_BTNH, k_BSKH, v_BSKH, *, scale: float, causal: bool = True
     raise ValueError(f'block_q must be {TILE} (a warpgroup tile) or None; got {block_q}')
   T, H = q_BTNH.shape[1], q_BTNH.shape[3]
   cfg, q, k, v, side = _prepare(
-      q_BTNH, k_BSKH, v_BSKH, scale=scale, causal=causal, window=window, q_offset=q_offset,
-      q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, alibi_slopes=alibi_slopes,
-      q_positions=q_positions, kv_positions=kv_positions, block_k=block_k, steps=steps,
-      interpret=interpret)
+    q_BTNH,
+    k_BSKH,
+    v_BSKH,
+    scale=scale,
+    causal=causal,
+    window=window,
+    q_offset=q_offset,
+    q_segment_ids=q_segment_ids,
+    kv_segment_ids=kv_segment_ids,
+    alibi_slopes=alibi_slopes,
+    q_positions=q_positions,
+    kv_positions=kv_positions,
+    block_k=block_k,
+    steps=steps,
+    interpret=interpret,
+  )
   return _flash(cfg, q, k, v, side)[:, :T, :, :H]
 
 
-def flash_attention_forward(q_BTNH, k_BSKH, v_BSKH, *, scale: float, causal: bool = True,
-                            window: int | None = None, q_offset: int | None = None,
-                            q_segment_ids=None, kv_segment_ids=None, alibi_slopes=None,
-                            q_positions=None, kv_positions=None, block_k: int | None = None,
-                            steps: int | None = None, interpret: bool | None = None):
+def flash_attention_forward(
+  q_BTNH,
+  k_BSKH,
+  v_BSKH,
+  *,
+  scale: float,
+  causal: bool = True,
+  window: int | None = None,
+  q_offset: int | None = None,
+  q_segment_ids=None,
+  kv_segment_ids=None,
+  alibi_slopes=None,
+  q_positions=None,
+  kv_positions=None,
+  block_k: int | None = None,
+  steps: int | None = None,
+  interpret: bool | None = None,
+):
   """(output, base-2 log-sum-exp [B, N, T]) of `flash_attention`, forward only."""
   T, H = q_BTNH.shape[1], q_BTNH.shape[3]
   cfg, q, k, v, side = _prepare(
-      q_BTNH, k_BSKH, v_BSKH, scale=scale, causal=causal, window=window, q_offset=q_offset,
-      q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, alibi_slopes=alibi_slopes,
-      q_positions=q_positions, kv_positions=kv_positions, block_k=block_k, steps=steps,
-      interpret=interpret)
+    q_BTNH,
+    k_BSKH,
+    v_BSKH,
+    scale=scale,
+    causal=causal,
+    window=window,
+    q_offset=q_offset,
+    q_segment_ids=q_segment_ids,
+    kv_segment_ids=kv_segment_ids,
+    alibi_slopes=alibi_slopes,
+    q_positions=q_positions,
+    kv_positions=kv_positions,
+    block_k=block_k,
+    steps=steps,
+    interpret=interpret,
+  )
   o, lse = _forward(cfg, q, k, v, side)
   return o[:, :T, :, :H], lse[:, :, :T]

@@ -17,6 +17,7 @@ the TPU way (jax's ops/tpu/flash_attention.py is the model):
   (B, N, query blocks, key blocks).
 ALiBi slopes sit in SMEM, an (8, N) block read as slopes[0, n].
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,9 +31,17 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels import tile_math as tm
-from pallas_kernels.common import (MaskRule, block_min_max, check_inputs, default_positions,
-                                    flash_vjp, pad_to, padded_ids, round_up)
 from pallas_kernels.block_ranges import MASK_VALUE, kv_block_range, q_block_range
+from pallas_kernels.common import (
+  MaskRule,
+  block_min_max,
+  check_inputs,
+  default_positions,
+  flash_vjp,
+  pad_to,
+  padded_ids,
+  round_up,
+)
 
 LANES, SUBLANES = 128, 8
 DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K = 128, 128
@@ -44,17 +53,24 @@ class _Cfg(MaskRule):
   block_k: int
 
   def ranges(self):
-    return dict(block_q=self.block_q, block_k=self.block_k, q_len=self.q_len,
-                kv_len=self.kv_len, q_offset=self.q_offset, causal=self.causal,
-                window=self.window)
+    return dict(
+      block_q=self.block_q,
+      block_k=self.block_k,
+      q_len=self.q_len,
+      kv_len=self.kv_len,
+      q_offset=self.q_offset,
+      causal=self.causal,
+      window=self.window,
+    )
 
 
 class _Extras(NamedTuple):
   """Side inputs in kernel layout (None when unused); never differentiated."""
+
   seg_ranges: tuple | None  # (q_min [B, nq], q_max, kv_min [B, nk], kv_max), scalar-prefetched
-  q_seg: jax.Array | None   # [B, Tp, 128]
+  q_seg: jax.Array | None  # [B, Tp, 128]
   kv_seg: jax.Array | None  # [B, 8, Sp]
-  q_pos: jax.Array | None   # [B, Tp, 128]
+  q_pos: jax.Array | None  # [B, Tp, 128]
   kv_pos: jax.Array | None  # [B, 8, Sp]
   slopes: jax.Array | None  # [8, N] float32
 
@@ -81,9 +97,19 @@ def _tile_scores(cfg, q_tH, k_sH, qb, kb, sides, slope):
   j_1s = kb * bk + lax.broadcasted_iota(jnp.int32, (1, bk), 1)
   col = lambda ref: None if ref is None else ref[:, :1]  # (rows, 128) -> (rows, 1)
   row = lambda ref: None if ref is None else ref[:1, :]  # (8, keys) -> (1, keys)
-  return tm.scores(q_tH, k_sH, i_t1, j_1s, cfg, kv_padded=bool(cfg.kv_len % bk),
-                   qseg_t1=col(q_seg_ref), kseg_1s=row(kv_seg_ref), qpos_t1=col(q_pos_ref),
-                   kpos_1s=row(kv_pos_ref), slope=slope)
+  return tm.scores(
+    q_tH,
+    k_sH,
+    i_t1,
+    j_1s,
+    cfg,
+    kv_padded=bool(cfg.kv_len % bk),
+    qseg_t1=col(q_seg_ref),
+    kseg_1s=row(kv_seg_ref),
+    qpos_t1=col(q_pos_ref),
+    kpos_1s=row(kv_pos_ref),
+    slope=slope,
+  )
 
 
 def _split_refs(cfg, refs, n_main: int, n_out: int):
@@ -102,10 +128,12 @@ def _split_refs(cfg, refs, n_main: int, n_out: int):
 # Kernels. Grid axes are named in the comments; t = query rows of a tile, s = key rows.
 # ---------------------------------------------------------------------------------------------
 
+
 def _fwd_kernel(*refs, cfg):
   """Grid (B, N, query blocks, key blocks)."""
   ranges, (q_ref, k_ref, v_ref), sides, slopes_ref, (o_ref, lse_ref), scratch = _split_refs(
-      cfg, refs, 3, 2)
+    cfg, refs, 3, 2
+  )
   m_ref, l_ref, acc_ref = scratch
   b, n, qb, kb = (pl.program_id(a) for a in range(4))
 
@@ -121,8 +149,9 @@ def _fwd_kernel(*refs, cfg):
   def _step():
     slope = slopes_ref[0, n] if cfg.alibi else None
     s_ts, mask_ts = _tile_scores(cfg, q_ref[...], k_ref[...], qb, kb, sides, slope)
-    acc, m_t1, l_t1 = tm.online_softmax_step(acc_ref[...], m_ref[:, :1], l_ref[:, :1], s_ts,
-                                             mask_ts, v_ref[...], cfg)
+    acc, m_t1, l_t1 = tm.online_softmax_step(
+      acc_ref[...], m_ref[:, :1], l_ref[:, :1], s_ts, mask_ts, v_ref[...], cfg
+    )
     acc_ref[...] = acc
     m_ref[...] = jnp.broadcast_to(m_t1, m_ref.shape)
     l_ref[...] = jnp.broadcast_to(l_t1, l_ref.shape)
@@ -136,8 +165,7 @@ def _fwd_kernel(*refs, cfg):
 
 def _dkv_kernel(*refs, cfg):
   """Grid (B, K, key blocks, G, query blocks): the G heads of a group one after the other."""
-  ranges, main, sides, slopes_ref, (dk_ref, dv_ref), (dk_acc, dv_acc) = _split_refs(
-      cfg, refs, 6, 2)
+  ranges, main, sides, slopes_ref, (dk_ref, dv_ref), (dk_acc, dv_acc) = _split_refs(cfg, refs, 6, 2)
   q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref = main
   b, kh, kb, g, qb = (pl.program_id(a) for a in range(5))
 
@@ -153,8 +181,9 @@ def _dkv_kernel(*refs, cfg):
     slope = slopes_ref[0, kh * cfg.groups + g] if cfg.alibi else None
     q_tH, do_tH = q_ref[...], do_ref[...]
     s_ts, mask_ts = _tile_scores(cfg, q_tH, k_ref[...], qb, kb, sides, slope)
-    p_ts, ds_ts = tm.grad_tile(s_ts, mask_ts, do_tH, v_ref[...], lse_ref[:, :1],
-                               delta_ref[:, :1], cfg)
+    p_ts, ds_ts = tm.grad_tile(
+      s_ts, mask_ts, do_tH, v_ref[...], lse_ref[:, :1], delta_ref[:, :1], cfg
+    )
     dv_acc[...] += tm.dot(p_ts.astype(do_tH.dtype), do_tH, 0, 0, cfg)
     dk_acc[...] += tm.dot(ds_ts.astype(q_tH.dtype), q_tH, 0, 0, cfg)
 
@@ -181,8 +210,9 @@ def _dq_kernel(*refs, cfg):
     slope = slopes_ref[0, n] if cfg.alibi else None
     k_sH = k_ref[...]
     s_ts, mask_ts = _tile_scores(cfg, q_ref[...], k_sH, qb, kb, sides, slope)
-    _, ds_ts = tm.grad_tile(s_ts, mask_ts, do_ref[...], v_ref[...], lse_ref[:, :1],
-                            delta_ref[:, :1], cfg)
+    _, ds_ts = tm.grad_tile(
+      s_ts, mask_ts, do_ref[...], v_ref[...], lse_ref[:, :1], delta_ref[:, :1], cfg
+    )
     dq_acc[...] += tm.dot(ds_ts.astype(k_sH.dtype), k_sH, 1, 0, cfg)
 
   @pl.when(kb == pl.num_programs(3) - 1)
@@ -194,14 +224,16 @@ def _dq_kernel(*refs, cfg):
 # pallas_call builders. Index maps receive the grid indices, then the scalar-prefetch refs.
 # ---------------------------------------------------------------------------------------------
 
+
 def _side_specs(cfg, ex, q_block, kv_block):
   """BlockSpecs of the side inputs, given index maps (grid..., *prefetch) -> (b, q blk) and
   -> (b, kv blk)."""
   specs = []
   if cfg.segments or cfg.alibi:
     q_spec = pl.BlockSpec((None, cfg.block_q, LANES), lambda *a: (*q_block(*a), 0))
-    kv_spec = pl.BlockSpec((None, SUBLANES, cfg.block_k),
-                           lambda *a: (kv_block(*a)[0], 0, kv_block(*a)[1]))
+    kv_spec = pl.BlockSpec(
+      (None, SUBLANES, cfg.block_k), lambda *a: (kv_block(*a)[0], 0, kv_block(*a)[1])
+    )
     specs += [q_spec, kv_spec] * (int(cfg.segments) + int(cfg.alibi))
   if cfg.alibi:
     specs.append(pl.BlockSpec(ex.slopes.shape, lambda *_: (0, 0), memory_space=pltpu.SMEM))
@@ -215,13 +247,18 @@ def _side_args(ex):
 def _call(kernel, cfg, ex, grid, semantics, in_specs, out_specs, out_shape, scratch, args, name):
   prefetch = list(ex.seg_ranges) if cfg.segments else []
   return pl.pallas_call(
-      functools.partial(kernel, cfg=cfg),
-      grid_spec=pltpu.PrefetchScalarGridSpec(
-          num_scalar_prefetch=len(prefetch), grid=grid, in_specs=in_specs,
-          out_specs=out_specs, scratch_shapes=scratch),
-      out_shape=out_shape, name=name,
-      compiler_params=pltpu.CompilerParams(dimension_semantics=semantics),
-      interpret=pltpu.InterpretParams() if cfg.interpret else False,
+    functools.partial(kernel, cfg=cfg),
+    grid_spec=pltpu.PrefetchScalarGridSpec(
+      num_scalar_prefetch=len(prefetch),
+      grid=grid,
+      in_specs=in_specs,
+      out_specs=out_specs,
+      scratch_shapes=scratch,
+    ),
+    out_shape=out_shape,
+    name=name,
+    compiler_params=pltpu.CompilerParams(dimension_semantics=semantics),
+    interpret=pltpu.InterpretParams() if cfg.interpret else False,
   )(*prefetch, *args, *_side_args(ex))
 
 
@@ -233,18 +270,32 @@ def _forward(cfg, q_BNTH, k_BKSH, v_BKSH, ex):
     return b, _clamp(j, *kv_block_range(i, **cfg.ranges()), k_BKSH.shape[2] // bk)
 
   q_tile = pl.BlockSpec((None, None, bq, Hp), lambda b, n, i, j, *_: (b, n, i, 0))
-  kv_tile = pl.BlockSpec((None, None, bk, Hp),
-                         lambda b, n, i, j, *_: (b, lax.div(n, G), kv_blk(b, n, i, j)[1], 0))
+  kv_tile = pl.BlockSpec(
+    (None, None, bk, Hp), lambda b, n, i, j, *_: (b, lax.div(n, G), kv_blk(b, n, i, j)[1], 0)
+  )
   rows = pl.BlockSpec((None, None, bq, LANES), lambda b, n, i, j, *_: (b, n, i, 0))
   side = _side_specs(cfg, ex, lambda b, n, i, j, *_: (b, i), kv_blk)
   grid = (B, N, Tp // bq, k_BKSH.shape[2] // bk)
-  return _call(_fwd_kernel, cfg, ex, grid, ('parallel', 'parallel', 'parallel', 'arbitrary'),
-               [q_tile, kv_tile, kv_tile, *side], [q_tile, rows],
-               [jax.ShapeDtypeStruct(q_BNTH.shape, q_BNTH.dtype),
-                jax.ShapeDtypeStruct((B, N, Tp, LANES), jnp.float32)],
-               [pltpu.VMEM((bq, LANES), jnp.float32), pltpu.VMEM((bq, LANES), jnp.float32),
-                pltpu.VMEM((bq, Hp), jnp.float32)],
-               (q_BNTH, k_BKSH, v_BKSH), 'flash_attention_tpu_fwd')
+  return _call(
+    _fwd_kernel,
+    cfg,
+    ex,
+    grid,
+    ('parallel', 'parallel', 'parallel', 'arbitrary'),
+    [q_tile, kv_tile, kv_tile, *side],
+    [q_tile, rows],
+    [
+      jax.ShapeDtypeStruct(q_BNTH.shape, q_BNTH.dtype),
+      jax.ShapeDtypeStruct((B, N, Tp, LANES), jnp.float32),
+    ],
+    [
+      pltpu.VMEM((bq, LANES), jnp.float32),
+      pltpu.VMEM((bq, LANES), jnp.float32),
+      pltpu.VMEM((bq, Hp), jnp.float32),
+    ],
+    (q_BNTH, k_BKSH, v_BKSH),
+    'flash_attention_tpu_fwd',
+  )
 
 
 def _backward(cfg, q_BNTH, k_BKSH, v_BKSH, ex, o_BNTH, lse_BNT1, do_BNTH):
@@ -259,18 +310,27 @@ def _backward(cfg, q_BNTH, k_BKSH, v_BKSH, ex, o_BNTH, lse_BNT1, do_BNTH):
   def q_blk(b, h, j, g, i, *_):
     return b, _clamp(i, *q_block_range(j, **cfg.ranges()), Tp // bq)
 
-  q_tile = pl.BlockSpec((None, None, bq, Hp),
-                        lambda b, h, j, g, i, *_: (b, h * G + g, q_blk(b, h, j, g, i)[1], 0))
-  rows = pl.BlockSpec((None, None, bq, LANES),
-                      lambda b, h, j, g, i, *_: (b, h * G + g, q_blk(b, h, j, g, i)[1], 0))
+  q_tile = pl.BlockSpec(
+    (None, None, bq, Hp), lambda b, h, j, g, i, *_: (b, h * G + g, q_blk(b, h, j, g, i)[1], 0)
+  )
+  rows = pl.BlockSpec(
+    (None, None, bq, LANES), lambda b, h, j, g, i, *_: (b, h * G + g, q_blk(b, h, j, g, i)[1], 0)
+  )
   kv_tile = pl.BlockSpec((None, None, bk, Hp), lambda b, h, j, g, i, *_: (b, h, j, 0))
   side = _side_specs(cfg, ex, q_blk, lambda b, h, j, g, i, *_: (b, j))
   dk, dv = _call(
-      _dkv_kernel, cfg, ex, (B, K, Sp // bk, G, Tp // bq),
-      ('parallel', 'parallel', 'parallel', 'arbitrary', 'arbitrary'),
-      [q_tile, kv_tile, kv_tile, q_tile, rows, rows, *side], [kv_tile, kv_tile],
-      [jax.ShapeDtypeStruct(k_BKSH.shape, k_BKSH.dtype)] * 2,
-      [pltpu.VMEM((bk, Hp), jnp.float32)] * 2, args, 'flash_attention_tpu_dkv')
+    _dkv_kernel,
+    cfg,
+    ex,
+    (B, K, Sp // bk, G, Tp // bq),
+    ('parallel', 'parallel', 'parallel', 'arbitrary', 'arbitrary'),
+    [q_tile, kv_tile, kv_tile, q_tile, rows, rows, *side],
+    [kv_tile, kv_tile],
+    [jax.ShapeDtypeStruct(k_BKSH.shape, k_BKSH.dtype)] * 2,
+    [pltpu.VMEM((bk, Hp), jnp.float32)] * 2,
+    args,
+    'flash_attention_tpu_dkv',
+  )
 
   # dQ: grid (B, N, query blocks, key blocks), like the forward.
   def kv_blk(b, n, i, j, *_):
@@ -278,14 +338,23 @@ def _backward(cfg, q_BNTH, k_BKSH, v_BKSH, ex, o_BNTH, lse_BNT1, do_BNTH):
 
   q_tile = pl.BlockSpec((None, None, bq, Hp), lambda b, n, i, j, *_: (b, n, i, 0))
   rows = pl.BlockSpec((None, None, bq, LANES), lambda b, n, i, j, *_: (b, n, i, 0))
-  kv_tile = pl.BlockSpec((None, None, bk, Hp),
-                         lambda b, n, i, j, *_: (b, lax.div(n, G), kv_blk(b, n, i, j)[1], 0))
+  kv_tile = pl.BlockSpec(
+    (None, None, bk, Hp), lambda b, n, i, j, *_: (b, lax.div(n, G), kv_blk(b, n, i, j)[1], 0)
+  )
   side = _side_specs(cfg, ex, lambda b, n, i, j, *_: (b, i), kv_blk)
-  dq = _call(_dq_kernel, cfg, ex, (B, N, Tp // bq, Sp // bk),
-             ('parallel', 'parallel', 'parallel', 'arbitrary'),
-             [q_tile, kv_tile, kv_tile, q_tile, rows, rows, *side], q_tile,
-             jax.ShapeDtypeStruct(q_BNTH.shape, q_BNTH.dtype),
-             [pltpu.VMEM((bq, Hp), jnp.float32)], args, 'flash_attention_tpu_dq')
+  dq = _call(
+    _dq_kernel,
+    cfg,
+    ex,
+    (B, N, Tp // bq, Sp // bk),
+    ('parallel', 'parallel', 'parallel', 'arbitrary'),
+    [q_tile, kv_tile, kv_tile, q_tile, rows, rows, *side],
+    q_tile,
+    jax.ShapeDtypeStruct(q_BNTH.shape, q_BNTH.dtype),
+    [pltpu.VMEM((bq, Hp), jnp.float32)],
+    args,
+    'flash_attention_tpu_dq',
+  )
   return dq, dk, dv
 
 
@@ -293,8 +362,9 @@ _flash = flash_vjp(_forward, _backward)
 
 
 # ---------------------------------------------------------------------------------------------
-# The public function: [B, T, N, H] in and out, like pallas_kernels.flash_attention.
+# The public function: [B, T, N, H] in and out, like pallas_kernels.flash_attention_triton.
 # ---------------------------------------------------------------------------------------------
+
 
 def _block(requested, default, length, multiple, name):
   b = default if requested is None else requested
@@ -303,15 +373,27 @@ def _block(requested, default, length, multiple, name):
   return min(b, round_up(length, multiple))
 
 
-def flash_attention(q_BTNH, k_BSKH, v_BSKH, *, scale: float, causal: bool = True,
-                    window: int | None = None, q_offset: int | None = None,
-                    q_segment_ids=None, kv_segment_ids=None,
-                    alibi_slopes=None, q_positions=None, kv_positions=None,
-                    block_q: int | None = None, block_k: int | None = None,
-                    interpret: bool | None = None) -> jax.Array:
+def flash_attention(
+  q_BTNH,
+  k_BSKH,
+  v_BSKH,
+  *,
+  scale: float,
+  causal: bool = True,
+  window: int | None = None,
+  q_offset: int | None = None,
+  q_segment_ids=None,
+  kv_segment_ids=None,
+  alibi_slopes=None,
+  q_positions=None,
+  kv_positions=None,
+  block_q: int | None = None,
+  block_k: int | None = None,
+  interpret: bool | None = None,
+) -> jax.Array:
   """softmax(q k^T * scale + alibi, masked) v on TPU; GQA when N is a multiple of K.
 
-  The same contract as pallas_kernels.flash_attention.flash_attention: query t (key index
+  The same contract as pallas_kernels.flash_attention_triton.flash_attention: query t (key index
   i = q_offset + t, default S - T) may attend key j iff (not causal or j <= i) and (window is
   None or (i - j < window and (causal or j - i < window))) and equal segment ids; ALiBi adds
   alibi_slopes[n] * (kv_positions[b, j] - q_positions[b, t]); a query with no allowed key returns
@@ -350,10 +432,21 @@ def flash_attention(q_BTNH, k_BSKH, v_BSKH, *, scale: float, causal: bool = True
     q_pos, kv_pos = lanes(ids(q_positions, T, Tp)), sublanes(ids(kv_positions, S, Sp))
     slopes = jnp.broadcast_to(jnp.asarray(alibi_slopes, jnp.float32)[None], (SUBLANES, N))
   ex = _Extras(seg_ranges, q_seg, kv_seg, q_pos, kv_pos, slopes)
-  cfg = _Cfg(scale=float(scale), causal=bool(causal), window=window, q_offset=q_offset,
-             q_len=T, kv_len=S, groups=N // K, block_q=bq, block_k=bk, segments=segments,
-             alibi=alibi, interpret=bool(interpret),
-             precision=lax.Precision.HIGHEST if q_BTNH.dtype == jnp.float32 else None)
+  cfg = _Cfg(
+    scale=float(scale),
+    causal=bool(causal),
+    window=window,
+    q_offset=q_offset,
+    q_len=T,
+    kv_len=S,
+    groups=N // K,
+    block_q=bq,
+    block_k=bk,
+    segments=segments,
+    alibi=alibi,
+    interpret=bool(interpret),
+    precision=lax.Precision.HIGHEST if q_BTNH.dtype == jnp.float32 else None,
+  )
 
   def head_major(x, length):  # [B, L, heads, H] -> [B, heads, Lp, Hp]
     return pad_to(pad_to(x, 1, length), 3, Hp).transpose(0, 2, 1, 3)

@@ -1,6 +1,6 @@
 """The math of one (query tile, key tile) pair, shared by every flash-attention backend.
 
-The Triton kernel (flash_attention.py) and the Mosaic TPU kernel (flash_attention_tpu.py) differ
+The Triton kernel (flash_attention_triton.py) and the Mosaic TPU kernel (flash_attention_tpu.py) differ
 in how they walk the tiles and where they keep state; what they do to a tile is this. Scores are
 in base 2 (logits * log2 e, so exp2 replaces exp and the saved LSE is base 2). Row statistics
 (m, l, lse, delta) may be vectors `(t,)` (Triton) or columns `(t, 1)` (TPU, whose vector layout
@@ -9,6 +9,7 @@ wants 2-D values): every function here broadcasts them either way.
 `rule` is the kernel's static config: scale, causal, window, q_offset, kv_len, segments, alibi,
 precision (duck-typed; each backend has its own dataclass).
 """
+
 from __future__ import annotations
 
 import functools
@@ -24,8 +25,9 @@ LOG2E = math.log2(math.e)
 
 def dot(a, b, ca: int, cb: int, rule):
   """a · b contracting a's axis ca with b's axis cb, accumulated in float32."""
-  return lax.dot_general(a, b, (((ca,), (cb,)), ((), ())), precision=rule.precision,
-                         preferred_element_type=jnp.float32)
+  return lax.dot_general(
+    a, b, (((ca,), (cb,)), ((), ())), precision=rule.precision, preferred_element_type=jnp.float32
+  )
 
 
 def _across(x, shape):
@@ -45,8 +47,19 @@ def scores(q_tH, k_sH, i_t1, j_1s, rule, **kw):
   return mask_logits(dot(q_tH, k_sH, 1, 1, rule), i_t1, j_1s, rule, **kw)
 
 
-def mask_logits(logits_ts, i_t1, j_1s, rule, *, kv_padded: bool, qseg_t1=None, kseg_1s=None,
-                qpos_t1=None, kpos_1s=None, slope=None):
+def mask_logits(
+  logits_ts,
+  i_t1,
+  j_1s,
+  rule,
+  *,
+  kv_padded: bool,
+  qseg_t1=None,
+  kseg_1s=None,
+  qpos_t1=None,
+  kpos_1s=None,
+  slope=None,
+):
   """q·kᵀ of a tile (float32, unscaled) to base-2 masked scores, and the mask.
 
   i_t1 / j_1s: the tile's query index i = q_offset + t (a column) and key index j (a row);

@@ -5,6 +5,7 @@ Backward (Dao et al. 2022, App. B.2): dV = Pᵀ·dO, dP = dO·vᵀ, dS = P ∘ (
 dQ = dS·k·scale, dK = dSᵀ·q·scale, d_bias = dS. Grouped heads share K/V, so dK and dV sum over
 the G query heads of a group. A query with no allowed key outputs 0 and passes no gradient.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -46,15 +47,16 @@ def _visible(d, causal, window):
   return ok
 
 
-def attention_with_grads(q, k, v, d_out=None, *, scale=None, bias=None, allowed=None,
-                         **mask_kwargs):
+def attention_with_grads(
+  q, k, v, d_out=None, *, scale=None, bias=None, allowed=None, **mask_kwargs
+):
   """out [B, T, N, H] and, given d_out, (dq, dk, dv, d_bias [B, N, T, S]); all float64.
   `allowed` [B, T, S], if given, replaces the mask built from `mask_kwargs`."""
   q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
   B, T, N, H = q.shape
   S, K = k.shape[1], k.shape[2]
   G = N // K
-  scale = H ** -0.5 if scale is None else scale
+  scale = H**-0.5 if scale is None else scale
   k_n = np.repeat(k, G, axis=2)  # query head n reads KV head n // G
   v_n = np.repeat(v, G, axis=2)
   ok = (allowed_mask(B, T, S, **mask_kwargs) if allowed is None else np.asarray(allowed))[:, None]

@@ -1,4 +1,5 @@
 """Shared helpers: tiny configs that build and run in milliseconds on a CPU."""
+
 from __future__ import annotations
 
 import os
@@ -10,8 +11,10 @@ import pytest
 # The training tests compile the same step in several runs and subprocesses (each train() call
 # builds new jitted closures); JAX's persistent compilation cache, keyed by the HLO, lets every
 # compile after the first be a disk read. Subprocesses inherit it through the environment.
-os.environ.setdefault('JAX_COMPILATION_CACHE_DIR',
-                      os.path.join(tempfile.gettempdir(), f'mllm-tests-jax-cache-{os.getuid()}'))
+os.environ.setdefault(
+  'JAX_COMPILATION_CACHE_DIR',
+  os.path.join(tempfile.gettempdir(), f'mllm-tests-jax-cache-{os.getuid()}'),
+)
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.5')
 
 # XLA sizes its CPU thread pool by $NPROC, else one thread per core, when JAX starts. JAX's Mosaic
@@ -23,8 +26,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = os.path.join(ROOT, 'configs', 'base.py')
 
 TINY = {
-    'model.vocab_size': 32, 'model.d_model': 16, 'model.n_layers': 2, 'model.n_heads': 4,
-    'model.n_kv_heads': 2, 'model.max_seq_len': 16, 'data.seq_len': 16,
+  'model.vocab_size': 32,
+  'model.d_model': 16,
+  'model.n_layers': 2,
+  'model.n_heads': 4,
+  'model.n_kv_heads': 2,
+  'model.max_seq_len': 16,
+  'data.seq_len': 16,
 }
 
 
@@ -32,6 +40,7 @@ def tiny_config(choices: str = '', **overrides):
   """configs/base.py with `choices`, shrunk to TINY, then `overrides` (dotted keys as kwargs
   with '__' for '.', e.g. model__n_layers=1)."""
   import mllm
+
   spec = f'{BASE}:{choices}' if choices else BASE
   merged = dict(TINY)
   merged.update({k.replace('__', '.'): v for k, v in overrides.items()})
@@ -63,22 +72,37 @@ def corpus(tmp_path_factory):
 
 def run_overrides(corpus: str, cache: str, **extra) -> dict:
   overrides = {
-      'model.vocab_size': 258, 'model.d_model': 32, 'model.n_layers': 2, 'model.n_heads': 4,
-      'model.n_kv_heads': 2, 'model.max_seq_len': 32, 'model.dropout': 0.1,
-      'data.source': 'text', 'data.path': corpus, 'data.tokenizer': 'byte', 'data.seq_len': 32,
-      'data.batch_size': 4, 'data.val_fraction': 0.3, 'data.cache_dir': cache,
-      'train.steps': STEPS, 'train.warmup_steps': 4, 'train.learning_rate': 3e-3,
-      'train.log_every': 1, 'train.eval_every': 0, 'train.eval_batches': 4,
-      'train.checkpoint_every': 1000, 'train.tensorboard': False,
+    'model.vocab_size': 258,
+    'model.d_model': 32,
+    'model.n_layers': 2,
+    'model.n_heads': 4,
+    'model.n_kv_heads': 2,
+    'model.max_seq_len': 32,
+    'model.dropout': 0.1,
+    'data.source': 'text',
+    'data.path': corpus,
+    'data.tokenizer': 'byte',
+    'data.seq_len': 32,
+    'data.batch_size': 4,
+    'data.val_fraction': 0.3,
+    'data.cache_dir': cache,
+    'train.steps': STEPS,
+    'train.warmup_steps': 4,
+    'train.learning_rate': 3e-3,
+    'train.log_every': 1,
+    'train.eval_every': 0,
+    'train.eval_batches': 4,
+    'train.checkpoint_every': 1000,
+    'train.tensorboard': False,
   }
   overrides.update({k.replace('__', '.'): v for k, v in extra.items()})
   return overrides
 
 
 def make_config(corpus, cache, **extra):
-  return tiny_config(**{k.replace('.', '__'): v for k, v in run_overrides(corpus, cache, **extra).items()})
-
-
+  return tiny_config(
+    **{k.replace('.', '__'): v for k, v in run_overrides(corpus, cache, **extra).items()}
+  )
 
 
 def load_state(config, workdir, step=None):
@@ -86,6 +110,7 @@ def load_state(config, workdir, step=None):
   from mllm.train.checkpoint import Checkpointer
   from mllm.train.sharding import make_mesh
   from mllm.train.state import setup
+
   model, _ = setup(config, make_mesh(config.mesh))
   ckpt = Checkpointer(workdir, read_only=True)
   try:
@@ -100,6 +125,7 @@ def read_tensorboard_scalars(directory: str) -> dict[str, list[tuple[int, float]
   import struct
 
   from tensorboardX.proto import event_pb2
+
   scalars = {}
   for name in sorted(os.listdir(directory)):
     path = os.path.join(directory, name)
@@ -109,8 +135,8 @@ def read_tensorboard_scalars(directory: str) -> dict[str, list[tuple[int, float]
       raw = f.read()
     offset = 0
     while offset < len(raw):
-      (length,) = struct.unpack('<Q', raw[offset:offset + 8])
-      event = event_pb2.Event.FromString(raw[offset + 12:offset + 12 + length])
+      (length,) = struct.unpack('<Q', raw[offset : offset + 8])
+      event = event_pb2.Event.FromString(raw[offset + 12 : offset + 12 + length])
       offset += 12 + length + 4
       for value in event.summary.value:
         if value.HasField('simple_value'):

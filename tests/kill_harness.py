@@ -6,6 +6,7 @@ Fault injection for tests/test_kill_loop.py: `shutil.rmtree` of anything under
 `checkpoints/.deleting/` removes one file of it and then kills the process, which is what a kill
 that lands during a deletion leaves behind. Not part of mllm.
 """
+
 import os
 import runpy
 import shutil

@@ -1,33 +1,52 @@
 """Parameter counts and FLOPs/token against independent closed forms and published sizes."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import tiny_config
 from flax import nnx
 
 import mllm
-from conftest import tiny_config
 from mllm.accounting import count_params, keys_per_query, training_flops_per_token
 
 
 def test_gpt2_small_has_its_published_parameter_count():
   """GPT-2 small (Radford et al. 2019; HF `gpt2`): 124,439,808 parameters."""
-  cfg = mllm.load_config('configs/gpt2.py', {
-      'model.vocab_size': 50257, 'model.d_model': 768, 'model.n_layers': 12,
-      'model.n_heads': 12, 'model.n_kv_heads': 12, 'model.max_seq_len': 1024,
-      'data.seq_len': 1024})
+  cfg = mllm.load_config(
+    'configs/gpt2.py',
+    {
+      'model.vocab_size': 50257,
+      'model.d_model': 768,
+      'model.n_layers': 12,
+      'model.n_heads': 12,
+      'model.n_kv_heads': 12,
+      'model.max_seq_len': 1024,
+      'data.seq_len': 1024,
+    },
+  )
   counts = count_params(cfg)
   assert counts.total == 124_439_808
   assert counts.embedding == 50257 * 768 + 1024 * 768  # token + position tables
 
 
-@pytest.mark.parametrize('n_kv,tied,ffn', [(8, True, 'swiglu'), (2, False, 'swiglu'),
-                                           (1, True, 'gelu'), (4, True, 'geglu')])
+@pytest.mark.parametrize(
+  'n_kv,tied,ffn',
+  [(8, True, 'swiglu'), (2, False, 'swiglu'), (1, True, 'gelu'), (4, True, 'geglu')],
+)
 def test_llama_style_closed_form(n_kv, tied, ffn):
   d, L, N, V, H = 256, 3, 8, 1000, 32
-  cfg = mllm.load_config(f'configs/base.py:ffn={ffn}', {
-      'model.d_model': d, 'model.n_layers': L, 'model.n_heads': N, 'model.n_kv_heads': n_kv,
-      'model.vocab_size': V, 'model.tie_embeddings': tied})
+  cfg = mllm.load_config(
+    f'configs/base.py:ffn={ffn}',
+    {
+      'model.d_model': d,
+      'model.n_layers': L,
+      'model.n_heads': N,
+      'model.n_kv_heads': n_kv,
+      'model.vocab_size': V,
+      'model.tie_embeddings': tied,
+    },
+  )
   gated = ffn != 'gelu'
   d_ff = 8 * round(2 * 4 * d / 3 / 8) if gated else 4 * d
   per_layer = d * N * H + 2 * d * n_kv * H + N * H * d + (3 if gated else 2) * d * d_ff + 2 * d

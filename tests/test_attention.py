@@ -1,4 +1,5 @@
 """attend() against a float64 NumPy reference: masks, GQA grouping, biases, Shaw values."""
+
 from __future__ import annotations
 
 import chex
@@ -14,13 +15,26 @@ from mllm.ops.attention import AttentionMask, RelativeValues, ScoreBias
 attend = jax.jit(attention_ops.attend, static_argnames=('impl', 'scale', 'dropout_rate'))
 
 
-def reference_attention(q, k, v, *, causal=True, window=None, q_seg=None, kv_seg=None,
-                        q_offset=None, bias=None, rel_table=None, rel_index=None, scale=None):
+def reference_attention(
+  q,
+  k,
+  v,
+  *,
+  causal=True,
+  window=None,
+  q_seg=None,
+  kv_seg=None,
+  q_offset=None,
+  bias=None,
+  rel_table=None,
+  rel_index=None,
+  scale=None,
+):
   """Plain float64 softmax attention, one head and one query at a time."""
   q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
   B, T, N, H = q.shape
   S, K = k.shape[1], k.shape[2]
-  scale = H ** -0.5 if scale is None else scale
+  scale = H**-0.5 if scale is None else scale
   offset = S - T if q_offset is None else q_offset
   out = np.zeros((B, T, N, H))
   for b in range(B):
@@ -52,8 +66,11 @@ def reference_attention(q, k, v, *, causal=True, window=None, q_seg=None, kv_seg
 
 def _qkv(key, B, T, S, N, K, H, dtype=jnp.float32):
   kq, kk, kv = jax.random.split(key, 3)
-  return (jax.random.normal(kq, (B, T, N, H), dtype), jax.random.normal(kk, (B, S, K, H), dtype),
-          jax.random.normal(kv, (B, S, K, H), dtype))
+  return (
+    jax.random.normal(kq, (B, T, N, H), dtype),
+    jax.random.normal(kk, (B, S, K, H), dtype),
+    jax.random.normal(kv, (B, S, K, H), dtype),
+  )
 
 
 @pytest.mark.parametrize('n_heads,n_kv', [(4, 4), (4, 2), (4, 1), (8, 1), (8, 2)])
@@ -62,8 +79,7 @@ def test_matches_reference_across_head_groupings(n_heads, n_kv, causal):
   q, k, v = _qkv(jax.random.key(0), 2, 7, 7, n_heads, n_kv, 8)
   out = attend(q, k, v, mask=AttentionMask(causal=causal))
   chex.assert_shape(out, (2, 7, n_heads, 8))
-  np.testing.assert_allclose(out, reference_attention(q, k, v, causal=causal), rtol=1e-5,
-                             atol=1e-5)
+  np.testing.assert_allclose(out, reference_attention(q, k, v, causal=causal), rtol=1e-5, atol=1e-5)
 
 
 def test_gqa_equals_mha_with_repeated_kv():
@@ -102,8 +118,9 @@ def test_query_offset_bottom_right(q_len, kv_len, offset):
   """q_len ≠ kv_len: by default the queries are the last q_len keys (chunked prefill)."""
   q, k, v = _qkv(jax.random.key(4), 2, q_len, kv_len, 4, 2, 4)
   out = attend(q, k, v, mask=AttentionMask(q_offset=offset))
-  np.testing.assert_allclose(out, reference_attention(q, k, v, q_offset=offset), rtol=1e-5,
-                             atol=1e-5)
+  np.testing.assert_allclose(
+    out, reference_attention(q, k, v, q_offset=offset), rtol=1e-5, atol=1e-5
+  )
 
 
 def test_alibi_and_dense_bias():
@@ -115,8 +132,7 @@ def test_alibi_and_dense_bias():
   out = attend(q, k, v, mask=AttentionMask(), bias=bias)
   rel = np.arange(5)[None, :] - np.arange(5)[:, None]  # j − i
   ref_bias = np.asarray(slopes)[None, :, None, None] * rel + np.asarray(dense)
-  np.testing.assert_allclose(out, reference_attention(q, k, v, bias=ref_bias), rtol=1e-5,
-                             atol=1e-5)
+  np.testing.assert_allclose(out, reference_attention(q, k, v, bias=ref_bias), rtol=1e-5, atol=1e-5)
 
 
 def test_relative_values():
@@ -141,7 +157,10 @@ def test_unknown_impl_and_bad_grouping_are_refused():
   with pytest.raises(ValueError, match='multiple of key/value heads'):
     attention_ops.attend(q, k, v, mask=AttentionMask())
   q, k, v = _qkv(jax.random.key(0), 1, 2, 2, 2, 2, 4)
-  with pytest.raises(ValueError, match="allowed: auto, blockwise, cudnn, pallas, pallas_mgpu, pallas_tpu, splash, xla"):
+  with pytest.raises(
+    ValueError,
+    match="allowed: auto, blockwise, cudnn, pallas, pallas_mgpu, pallas_tpu, splash, xla",
+  ):
     attention_ops.attend(q, k, v, mask=AttentionMask(), impl='flash')
 
 

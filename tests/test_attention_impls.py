@@ -4,6 +4,7 @@
 blocks and the skipping logic is exercised; 'cudnn' cannot run here, so its mask and bias
 translation runs through `jax.nn.dot_product_attention(implementation='xla')` instead.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,20 +14,30 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from attention_reference import (
+  alibi_bias,
+  allowed_mask,
+  attention_with_grads,
+  positions_mask,
+  relative_error,
+)
+from conftest import tiny_config
 from flax import nnx
 
 import mllm
-from attention_reference import (alibi_bias, allowed_mask, attention_with_grads, positions_mask,
-                                 relative_error)
-from conftest import tiny_config
 from mllm.ops import attention as attention_ops
 from mllm.ops import blockwise
 from mllm.ops.attention import AttentionMask, RelativeValues, ScoreBias
 
 TOLERANCE = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
 # Tiles per implementation: several blocks per case; blockwise's need not be powers of two.
-TILES = {'blockwise': (16, 12), 'pallas': (16, 16), 'auto': (None, None), 'cudnn': (None, None),
-         'splash': (None, None)}
+TILES = {
+  'blockwise': (16, 12),
+  'pallas': (16, 16),
+  'auto': (None, None),
+  'cudnn': (None, None),
+  'splash': (None, None),
+}
 IMPLS = ('blockwise', 'pallas', 'auto', 'cudnn')
 
 
@@ -47,8 +58,15 @@ class Case:
   absent_segment: bool = False  # one query's segment appears nowhere among the keys
 
   def __str__(self):
-    flags = [f'B{self.B}', f'T{self.T}', f'S{self.S}', f'N{self.N}', f'K{self.K}', f'H{self.H}',
-             'causal' if self.causal else 'full']
+    flags = [
+      f'B{self.B}',
+      f'T{self.T}',
+      f'S{self.S}',
+      f'N{self.N}',
+      f'K{self.K}',
+      f'H{self.H}',
+      'causal' if self.causal else 'full',
+    ]
     flags += [f'w{self.window}'] * (self.window is not None) + ['seg'] * self.segments
     flags += ['alibi'] * self.alibi + [f'off{self.q_offset}'] * (self.q_offset is not None)
     flags += ['absent'] * self.absent_segment + [jnp.dtype(self.dtype).name]
@@ -56,20 +74,20 @@ class Case:
 
 
 CASES = [
-    Case(2, 40, 40, 4, 4, 64),                                  # MHA, G = 1
-    Case(1, 37, 37, 4, 2, 80),                                  # G = 2, odd length, head_dim 80
-    Case(2, 33, 33, 8, 2, 64, causal=False),                    # G = 4, not causal
-    Case(1, 48, 48, 8, 1, 64, window=10),                       # MQA, G = 8, sliding window
-    Case(1, 40, 40, 4, 2, 64, causal=False, window=7),          # two-sided window
-    Case(2, 45, 45, 4, 1, 64, segments=True, alibi=True),       # packed documents with ALiBi
-    Case(2, 20, 50, 4, 2, 64),                                  # q_len < kv_len, bottom-right
-    Case(1, 24, 50, 4, 4, 80, window=12, q_offset=10),          # explicit offset and a window
-    Case(2, 32, 32, 4, 2, 64, segments=True, absent_segment=True),
-    Case(1, 24, 24, 2, 2, 128, causal=False),                   # head_dim 128
-    Case(1, 20, 20, 2, 1, 256),                                 # head_dim 256
-    Case(1, 21, 21, 2, 1, 40, window=6),                        # head_dim 40, padded to 64
-    Case(1, 37, 37, 4, 2, 80, dtype=jnp.bfloat16),
-    Case(2, 45, 45, 4, 1, 64, segments=True, alibi=True, window=16, dtype=jnp.bfloat16),
+  Case(2, 40, 40, 4, 4, 64),  # MHA, G = 1
+  Case(1, 37, 37, 4, 2, 80),  # G = 2, odd length, head_dim 80
+  Case(2, 33, 33, 8, 2, 64, causal=False),  # G = 4, not causal
+  Case(1, 48, 48, 8, 1, 64, window=10),  # MQA, G = 8, sliding window
+  Case(1, 40, 40, 4, 2, 64, causal=False, window=7),  # two-sided window
+  Case(2, 45, 45, 4, 1, 64, segments=True, alibi=True),  # packed documents with ALiBi
+  Case(2, 20, 50, 4, 2, 64),  # q_len < kv_len, bottom-right
+  Case(1, 24, 50, 4, 4, 80, window=12, q_offset=10),  # explicit offset and a window
+  Case(2, 32, 32, 4, 2, 64, segments=True, absent_segment=True),
+  Case(1, 24, 24, 2, 2, 128, causal=False),  # head_dim 128
+  Case(1, 20, 20, 2, 1, 256),  # head_dim 256
+  Case(1, 21, 21, 2, 1, 40, window=6),  # head_dim 40, padded to 64
+  Case(1, 37, 37, 4, 2, 80, dtype=jnp.bfloat16),
+  Case(2, 45, 45, 4, 1, 64, segments=True, alibi=True, window=16, dtype=jnp.bfloat16),
 ]
 
 
@@ -81,11 +99,20 @@ def _random_cases(n, seed=0):
     K = int(rng.choice([1, 2, 4]))
     T = int(rng.integers(17, 60))
     S = T if rng.random() < 0.6 else int(rng.integers(T, 70))
-    cases.append(Case(
-        B=int(rng.integers(1, 3)), T=T, S=S, N=K * int(rng.choice([1, 2, 4, 8])) if K < 4 else 4,
-        K=K, H=int(rng.choice([64, 80])), causal=bool(rng.random() < 0.7),
+    cases.append(
+      Case(
+        B=int(rng.integers(1, 3)),
+        T=T,
+        S=S,
+        N=K * int(rng.choice([1, 2, 4, 8])) if K < 4 else 4,
+        K=K,
+        H=int(rng.choice([64, 80])),
+        causal=bool(rng.random() < 0.7),
         window=int(rng.integers(3, 30)) if rng.random() < 0.4 else None,
-        segments=S == T and bool(rng.random() < 0.5), alibi=bool(rng.random() < 0.4)))
+        segments=S == T and bool(rng.random() < 0.5),
+        alibi=bool(rng.random() < 0.4),
+      )
+    )
   return cases
 
 
@@ -104,26 +131,38 @@ def _inputs(case: Case, seed=0):
   if case.segments:
     seg_kv = np.cumsum(rng.random((case.B, case.S)) < 0.12, axis=1).astype(np.int32)
     starts = np.maximum.accumulate(
-        np.where(np.diff(seg_kv, prepend=-1, axis=1) != 0, np.arange(case.S), 0), axis=1)
+      np.where(np.diff(seg_kv, prepend=-1, axis=1) != 0, np.arange(case.S), 0), axis=1
+    )
     pos_kv = (np.arange(case.S) - starts).astype(np.int32)  # positions restart per document
   else:
     pos_kv = np.broadcast_to(np.arange(case.S, dtype=np.int32), (case.B, case.S)).copy()
   offset = case.S - case.T if case.q_offset is None else case.q_offset
-  seg_q = None if seg_kv is None else seg_kv[:, offset:offset + case.T].copy()
+  seg_q = None if seg_kv is None else seg_kv[:, offset : offset + case.T].copy()
   if case.absent_segment:
     seg_q[0, case.T // 2] = 999
-  pos_q = pos_kv[:, offset:offset + case.T]
-  mask = AttentionMask(causal=case.causal, window=case.window, q_offset=case.q_offset,
-                       q_segment_ids=None if seg_q is None else jnp.asarray(seg_q),
-                       kv_segment_ids=None if seg_kv is None else jnp.asarray(seg_kv))
+  pos_q = pos_kv[:, offset : offset + case.T]
+  mask = AttentionMask(
+    causal=case.causal,
+    window=case.window,
+    q_offset=case.q_offset,
+    q_segment_ids=None if seg_q is None else jnp.asarray(seg_q),
+    kv_segment_ids=None if seg_kv is None else jnp.asarray(seg_kv),
+  )
   bias = None
   if case.alibi:
     slopes = jnp.asarray(2.0 ** -np.arange(1, case.N + 1) * 4, jnp.float32)
-    bias = ScoreBias(alibi_slopes=slopes, q_positions=jnp.asarray(pos_q),
-                     kv_positions=jnp.asarray(pos_kv))
+    bias = ScoreBias(
+      alibi_slopes=slopes, q_positions=jnp.asarray(pos_q), kv_positions=jnp.asarray(pos_kv)
+    )
   reference = functools.partial(
-      attention_with_grads, bias=None if bias is None else alibi_bias(slopes, pos_q, pos_kv),
-      causal=case.causal, window=case.window, q_seg=seg_q, kv_seg=seg_kv, q_offset=case.q_offset)
+    attention_with_grads,
+    bias=None if bias is None else alibi_bias(slopes, pos_q, pos_kv),
+    causal=case.causal,
+    window=case.window,
+    q_seg=seg_q,
+    kv_seg=seg_kv,
+    q_offset=case.q_offset,
+  )
   return (q, k, v, d_out), mask, bias, reference
 
 
@@ -131,8 +170,12 @@ def _run(impl, q, k, v, d_out, mask, bias, **kwargs):
   """Output and (dq, dk, dv) of `impl`, all in one jitted program."""
   block_q, block_k = TILES[impl]
   if impl == 'cudnn':
-    fn = functools.partial(attention_ops.cudnn_attention, implementation='xla', rel_values=None,
-                           scale=q.shape[-1] ** -0.5)
+    fn = functools.partial(
+      attention_ops.cudnn_attention,
+      implementation='xla',
+      rel_values=None,
+      scale=q.shape[-1] ** -0.5,
+    )
   else:
     fn = functools.partial(attention_ops.attend, impl=impl, block_q=block_q, block_k=block_k)
 
@@ -140,6 +183,7 @@ def _run(impl, q, k, v, d_out, mask, bias, **kwargs):
   def run(q, k, v, d_out):
     out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, mask=mask, bias=bias, **kwargs), q, k, v)
     return out, vjp(d_out)
+
   return run(q, k, v, d_out)
 
 
@@ -155,8 +199,10 @@ def test_outputs_and_gradients_match_float64_reference(impl, case):
   assert out.dtype == case.dtype and out.shape == q.shape
   want_out, (dq, dk, dv, _) = reference(_f32(q), _f32(k), _f32(v), _f32(d_out))
   tol = TOLERANCE[case.dtype]
-  errors = {name: relative_error(_f32(got), want) for name, got, want in
-            zip(('out', 'dq', 'dk', 'dv'), (out, *grads), (want_out, dq, dk, dv))}
+  errors = {
+    name: relative_error(_f32(got), want)
+    for name, got, want in zip(('out', 'dq', 'dk', 'dv'), (out, *grads), (want_out, dq, dk, dv))
+  }
   assert all(err < tol for err in errors.values()), errors
   for got in (out, *grads):
     assert np.isfinite(_f32(got)).all()
@@ -167,9 +213,11 @@ def test_outputs_and_gradients_match_float64_reference(impl, case):
 # Splash (JAX's TPU kernel, interpreted here at ~5-10 s a case): the hand-picked cases without
 # ALiBi that add something (MHA, MQA with a window, a two-sided window: -m slow), and two
 # spanning several of its 128-blocks.
-SPLASH_CASES = [CASES[i] for i in (7, 8, 12)] + [
-    Case(1, 200, 300, 4, 2, 64), Case(1, 300, 100, 2, 1, 64, window=40)] + [
-    pytest.param(CASES[i], marks=pytest.mark.slow) for i in (0, 3, 4)]
+SPLASH_CASES = (
+  [CASES[i] for i in (7, 8, 12)]
+  + [Case(1, 200, 300, 4, 2, 64), Case(1, 300, 100, 2, 1, 64, window=40)]
+  + [pytest.param(CASES[i], marks=pytest.mark.slow) for i in (0, 3, 4)]
+)
 
 
 @pytest.mark.parametrize('case', SPLASH_CASES, ids=str)
@@ -181,20 +229,32 @@ def test_splash_matches_float64_reference(case):
 def test_learned_bias_gradients_match_reference(impl):
   """A dense learned bias (T5, Shaw's key term): dL/d_bias = dS, summed over broadcast dims."""
   case = Case(2, 37, 37, 4, 2, 16, segments=True)
-  (q, k, v, d_out), mask, _, reference = _inputs(case, seed=3)
+  (q, k, v, d_out), mask, _, _reference = _inputs(case, seed=3)
   dense = jax.random.normal(jax.random.key(5), (1, 4, 37, 37))
   block_q, block_k = TILES[impl]
 
   @jax.jit
   def run(q, k, v, dense):
-    f = lambda *a: attention_ops.attend(*a[:3], mask=mask, bias=ScoreBias(dense=a[3]), impl=impl,
-                                        block_q=block_q, block_k=block_k)
+    def f(q, k, v, dense):
+      bias = ScoreBias(dense=dense)
+      return attention_ops.attend(
+        q, k, v, mask=mask, bias=bias, impl=impl, block_q=block_q, block_k=block_k
+      )
+
     out, vjp = jax.vjp(f, q, k, v, dense)
     return out, vjp(d_out)
+
   out, (gq, gk, gv, g_dense) = run(q, k, v, dense)
   want, (dq, dk, dv, ds) = attention_with_grads(
-      _f32(q), _f32(k), _f32(v), _f32(d_out), bias=np.asarray(dense, np.float64),
-      causal=True, q_seg=np.asarray(mask.q_segment_ids), kv_seg=np.asarray(mask.kv_segment_ids))
+    _f32(q),
+    _f32(k),
+    _f32(v),
+    _f32(d_out),
+    bias=np.asarray(dense, np.float64),
+    causal=True,
+    q_seg=np.asarray(mask.q_segment_ids),
+    kv_seg=np.asarray(mask.kv_segment_ids),
+  )
   for got, ref in ((out, want), (gq, dq), (gk, dk), (gv, dv), (g_dense, ds.sum(0, keepdims=True))):
     assert relative_error(got, ref) < 1e-5
 
@@ -202,18 +262,23 @@ def test_learned_bias_gradients_match_reference(impl):
 def test_shaw_relative_values_match_xla():
   """Shaw's value term through blockwise: output vs float64 loops, table gradient vs autodiff of
   'xla' (two independent paths)."""
-  q, k, v = (jax.random.normal(key, (2, 30, 4, 16)) for key in jax.random.split(jax.random.key(7), 3))
+  q, k, v = (
+    jax.random.normal(key, (2, 30, 4, 16)) for key in jax.random.split(jax.random.key(7), 3)
+  )
   table = jax.random.normal(jax.random.key(8), (5, 16))
   index = (jnp.clip(jnp.arange(30)[None, :] - jnp.arange(30)[:, None], -2, 2) + 2)[None]
   mask = AttentionMask(window=9)
 
   def loss(impl, q, k, v, table):
-    out = attention_ops.attend(q, k, v, mask=mask, rel_values=RelativeValues(table, index),
-                               impl=impl, block_q=8, block_k=16)
+    out = attention_ops.attend(
+      q, k, v, mask=mask, rel_values=RelativeValues(table, index), impl=impl, block_q=8, block_k=16
+    )
     return jnp.sum(out * jnp.cos(jnp.arange(16.0))), out
 
-  grad = lambda impl: jax.jit(jax.grad(functools.partial(loss, impl), argnums=(0, 1, 2, 3),
-                                       has_aux=True))(q, k, v, table)
+  def grad(impl):
+    g = jax.grad(functools.partial(loss, impl), argnums=(0, 1, 2, 3), has_aux=True)
+    return jax.jit(g)(q, k, v, table)
+
   (g_block, out_block), (g_xla, _) = grad('blockwise'), grad('xla')
   want = attention_with_grads(q, k, v, causal=True, window=9)
   p_weights = _shaw_weights(q, k, window=9, index=np.asarray(index)[0], n_rel=5)
@@ -226,19 +291,31 @@ def test_shaw_relative_values_match_xla():
 def _shaw_weights(q, k, *, window, index, n_rel):
   """Σ_j p_ij [index_ij = r], float64: the weight each relative embedding gets."""
   q, k = np.asarray(q, np.float64), np.asarray(k, np.float64)
-  B, T, N, H = q.shape
+  B, T, _N, H = q.shape
   ok = allowed_mask(B, T, T, window=window)[:, None]
-  logits = np.where(ok, np.einsum('btnh,bsnh->bnts', q, k) * H ** -0.5, -np.inf)
+  logits = np.where(ok, np.einsum('btnh,bsnh->bnts', q, k) * H**-0.5, -np.inf)
   p = np.exp(logits - logits.max(-1, keepdims=True))
   p /= p.sum(-1, keepdims=True)
   return np.einsum('bnts,tsr->bntr', p, np.eye(n_rel)[index])
 
 
 def test_blockwise_dropout_is_keyed_and_unbiased():
-  q, k, v = (jax.random.normal(key, (1, 24, 2, 8)) for key in jax.random.split(jax.random.key(9), 3))
-  run = jax.jit(lambda rng: attention_ops.attend(q, k, v, mask=AttentionMask(), impl='blockwise',
-                                                 dropout_rate=0.5, dropout_rng=rng, block_q=8,
-                                                 block_k=8))
+  q, k, v = (
+    jax.random.normal(key, (1, 24, 2, 8)) for key in jax.random.split(jax.random.key(9), 3)
+  )
+  run = jax.jit(
+    lambda rng: attention_ops.attend(
+      q,
+      k,
+      v,
+      mask=AttentionMask(),
+      impl='blockwise',
+      dropout_rate=0.5,
+      dropout_rng=rng,
+      block_q=8,
+      block_k=8,
+    )
+  )
   a, b, c = run(jax.random.key(0)), run(jax.random.key(1)), run(jax.random.key(0))
   assert not np.allclose(a, b)
   np.testing.assert_array_equal(a, c)
@@ -251,13 +328,16 @@ def test_blockwise_dropout_is_keyed_and_unbiased():
 # Block skipping (the loop bounds themselves are checked in tests/test_pallas_attention.py).
 # ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize('window,segments,expected', [(None, False, 36), (64, False, 15),
-                                                     (None, True, None)])
+
+@pytest.mark.parametrize(
+  'window,segments,expected', [(None, False, 36), (64, False, 15), (None, True, None)]
+)
 def test_skipped_blocks_are_not_computed(monkeypatch, window, segments, expected):
   """Count, at run time, the score blocks the forward computes."""
   seg = jnp.asarray(np.repeat(np.arange(4), 128)[None])  # 4 documents of 2 blocks each
-  mask = AttentionMask(window=window, q_segment_ids=seg if segments else None,
-                       kv_segment_ids=seg if segments else None)
+  mask = AttentionMask(
+    window=window, q_segment_ids=seg if segments else None, kv_segment_ids=seg if segments else None
+  )
   if expected is None:  # documents of two blocks: each query block sees at most 2 key blocks
     expected = 4 * (1 + 2)
   assert _blockwise_visits(monkeypatch, mask, 512) == expected
@@ -272,10 +352,12 @@ def _blockwise_visits(monkeypatch, mask, length: int) -> int:
   def counting(*args):
     jax.debug.callback(lambda: visits.append(1))
     return real(*args)
+
   monkeypatch.setattr(blockwise, '_block_scores', counting)
   q = jnp.ones((1, length, 2, 16))
-  out = jax.jit(lambda q: attention_ops.attend(q, q, q, mask=mask, impl='blockwise', block_q=64,
-                                                block_k=64))(q)
+  out = jax.jit(
+    lambda q: attention_ops.attend(q, q, q, mask=mask, impl='blockwise', block_q=64, block_k=64)
+  )(q)
   jax.block_until_ready(out)
   jax.effects_barrier()
   return len(visits)
@@ -284,6 +366,7 @@ def _blockwise_visits(monkeypatch, mask, length: int) -> int:
 # ------------------------------------------------------------------------------------------
 # Masks ordered by per-sequence positions (a prefill chunk against a KV cache).
 # ------------------------------------------------------------------------------------------
+
 
 def _cache_layout(B, S, T, *, window, seed):
   """q positions [B, T] and kv positions [B, S + T]: each sequence has a different number of
@@ -309,15 +392,20 @@ def test_position_ordered_mask_matches_reference(impl, window, causal):
   q_pos, kv_pos = _cache_layout(B, S, T, window=window, seed=1)
   case = Case(B, T, S + T, N, K, H)
   (q, k, v, d_out), _, _, _ = _inputs(case, seed=2)
-  mask = AttentionMask(causal=causal, window=window, q_positions=jnp.asarray(q_pos),
-                       kv_positions=jnp.asarray(kv_pos))
+  mask = AttentionMask(
+    causal=causal, window=window, q_positions=jnp.asarray(q_pos), kv_positions=jnp.asarray(kv_pos)
+  )
   out, grads = (_run_xla if impl == 'xla' else functools.partial(_run, impl))(
-      q, k, v, d_out, mask, None)
+    q, k, v, d_out, mask, None
+  )
   allowed = positions_mask(q_pos, kv_pos, causal=causal, window=window)
-  want_out, (dq, dk, dv, _) = attention_with_grads(_f32(q), _f32(k), _f32(v), _f32(d_out),
-                                                   allowed=allowed)
-  errors = {name: relative_error(_f32(got), want) for name, got, want in
-            zip(('out', 'dq', 'dk', 'dv'), (out, *grads), (want_out, dq, dk, dv))}
+  want_out, (dq, dk, dv, _) = attention_with_grads(
+    _f32(q), _f32(k), _f32(v), _f32(d_out), allowed=allowed
+  )
+  errors = {
+    name: relative_error(_f32(got), want)
+    for name, got, want in zip(('out', 'dq', 'dk', 'dv'), (out, *grads), (want_out, dq, dk, dv))
+  }
   assert all(err < 1e-5 for err in errors.values()), errors
   if causal:  # a padding query (position −1) sees nothing causally: exactly zero
     np.testing.assert_array_equal(_f32(out)[q_pos < 0], 0.0)
@@ -326,9 +414,11 @@ def test_position_ordered_mask_matches_reference(impl, window, causal):
 def _run_xla(q, k, v, d_out, mask, bias):
   @jax.jit
   def run(q, k, v, d_out):
-    out, vjp = jax.vjp(lambda q, k, v: attention_ops.attend(q, k, v, mask=mask, bias=bias,
-                                                            impl='xla'), q, k, v)
+    out, vjp = jax.vjp(
+      lambda q, k, v: attention_ops.attend(q, k, v, mask=mask, bias=bias, impl='xla'), q, k, v
+    )
     return out, vjp(d_out)
+
   return run(q, k, v, d_out)
 
 
@@ -340,11 +430,20 @@ def test_position_ordered_blockwise_skips_future_key_blocks(monkeypatch):
   assert _blockwise_visits(monkeypatch, mask, 256) == 4 * 5 // 2  # the lower triangle of 4 x 4
 
 
-@pytest.mark.parametrize('impl,q_len,want', [('pallas', 1, 'xla'), ('blockwise', 1, 'xla'),
-                                             ('pallas', 8, 'blockwise'), ('xla', 8, 'xla'),
-                                             ('pallas_tpu', 8, 'blockwise'), ('splash', 8, 'blockwise'),
-                                             ('pallas_mgpu', 8, 'blockwise'),
-                                             ('blockwise', 8, 'blockwise'), ('cudnn', 8, 'cudnn')])
+@pytest.mark.parametrize(
+  'impl,q_len,want',
+  [
+    ('pallas', 1, 'xla'),
+    ('blockwise', 1, 'xla'),
+    ('pallas', 8, 'blockwise'),
+    ('xla', 8, 'xla'),
+    ('pallas_tpu', 8, 'blockwise'),
+    ('splash', 8, 'blockwise'),
+    ('pallas_mgpu', 8, 'blockwise'),
+    ('blockwise', 8, 'blockwise'),
+    ('cudnn', 8, 'cudnn'),
+  ],
+)
 def test_cached_impl(impl, q_len, want):
   assert attention_ops.cached_impl(impl, q_len) == want
 
@@ -353,13 +452,18 @@ def test_cached_impl(impl, q_len, want):
 # 'auto' and the config-time refusals.
 # ------------------------------------------------------------------------------------------
 
+
 def test_auto_picks_per_backend_length_and_features():
   def qk(n, dtype=jnp.float32):
     return jnp.zeros((1, n, 4, 16), dtype), jnp.zeros((1, n, 4, 16), dtype)
+
   short, long = qk(attention_ops.BLOCKWISE_FROM - 1), qk(attention_ops.BLOCKWISE_FROM)
   dense = ScoreBias(dense=jnp.zeros((1, 4, 1, 1)))
-  alibi = ScoreBias(alibi_slopes=jnp.ones(4), q_positions=jnp.zeros((1, 1), jnp.int32),
-                    kv_positions=jnp.zeros((1, 1), jnp.int32))
+  alibi = ScoreBias(
+    alibi_slopes=jnp.ones(4),
+    q_positions=jnp.zeros((1, 1), jnp.int32),
+    kv_positions=jnp.zeros((1, 1), jnp.int32),
+  )
   choose = functools.partial(attention_ops.choose_impl, rel_values=None, dropout=False)
   for backend in ('cpu', 'gpu'):
     assert choose(*short, bias=None, backend=backend) == 'xla'
@@ -372,18 +476,27 @@ def test_auto_picks_per_backend_length_and_features():
   assert choose(*qk(64, jnp.bfloat16), bias=None, backend='cpu') == 'xla'
   assert choose(*qk(4096, jnp.bfloat16), bias=dense, backend='gpu') == 'blockwise'
   assert choose(*qk(4096, jnp.bfloat16), bias=alibi, backend='gpu') == 'blockwise'
-  assert attention_ops.choose_impl(*qk(64, jnp.bfloat16), bias=None, rel_values=None,
-                                   dropout=True, backend='gpu') == 'xla'
+  assert (
+    attention_ops.choose_impl(
+      *qk(64, jnp.bfloat16), bias=None, rel_values=None, dropout=True, backend='gpu'
+    )
+    == 'xla'
+  )
 
 
 def test_pallas_runs_the_kernel_of_the_backend():
   assert [attention_ops.pallas_kernel('pallas', b) for b in ('cpu', 'gpu', 'tpu')] == [
-      'triton', 'triton', 'tpu']
+    'triton',
+    'triton',
+    'tpu',
+  ]
   assert attention_ops.pallas_kernel('pallas_tpu', 'cpu') == 'tpu'
   assert attention_ops.pallas_kernel('pallas_mgpu', 'cpu') == 'mgpu'
 
 
-@pytest.mark.parametrize('choices,message', [
+@pytest.mark.parametrize(
+  'choices,message',
+  [
     ('pos=t5,attn=pallas', "position.kind='t5' is a learned relative bias"),
     ('pos=shaw,attn=pallas', "position.kind='shaw' is a learned relative bias"),
     ('pos=shaw,attn=cudnn,model.dtype=bfloat16', 'learned relative bias'),
@@ -401,7 +514,8 @@ def test_pallas_runs_the_kernel_of_the_backend():
     ('attn=pallas_mgpu,model.dtype=bfloat16,model.attention.block_q=128', '64 query rows'),
     ('attn=pallas_mgpu,model.dtype=bfloat16,model.attention.block_k=96', 'multiples of 64'),
     ('pos=t5,attn=pallas_mgpu,model.dtype=bfloat16', "position.kind='t5' is a learned relative"),
-])
+  ],
+)
 def test_config_refuses_unsupported_combinations(choices, message):
   with pytest.raises(mllm.ConfigError, match=message) as err:
     tiny_config(choices)
@@ -411,15 +525,15 @@ def test_config_refuses_unsupported_combinations(choices, message):
 def test_splash_is_refused_on_a_gpu():
   config = tiny_config('attn=splash')
   with pytest.raises(mllm.ConfigError, match='splash is a TPU kernel'):
-    mllm.config.check_backend(config.model, backend='gpu')
+    mllm.validation.check_backend(config.model, backend='gpu')
 
 
 def test_the_mosaic_gpu_kernel_is_refused_on_a_tpu():
   config = tiny_config('attn=pallas_mgpu,model.dtype=bfloat16')
   with pytest.raises(mllm.ConfigError, match='the Mosaic GPU kernel is for Hopper GPUs'):
-    mllm.config.check_backend(config.model, backend='tpu')
-  mllm.config.check_backend(config.model, backend='gpu')
-  mllm.config.check_backend(config.model, backend='cpu')  # interpreted, for tests
+    mllm.validation.check_backend(config.model, backend='tpu')
+  mllm.validation.check_backend(config.model, backend='gpu')
+  mllm.validation.check_backend(config.model, backend='cpu')  # interpreted, for tests
 
 
 def test_cudnn_is_refused_without_a_gpu():
@@ -432,9 +546,15 @@ def test_cudnn_is_refused_without_a_gpu():
 def test_kernels_refuse_learned_terms_at_call_time(impl):
   q = jnp.zeros((1, 8, 2, 16))
   with pytest.raises(ValueError, match="learned biases"):
-    attention_ops.ATTENTION_IMPLS[impl](q, q, q, mask=AttentionMask(),
-                                        bias=ScoreBias(dense=jnp.zeros((1, 2, 8, 8))),
-                                        rel_values=None, scale=0.25)
+    attention_ops.ATTENTION_IMPLS[impl](
+      q,
+      q,
+      q,
+      mask=AttentionMask(),
+      bias=ScoreBias(dense=jnp.zeros((1, 2, 8, 8))),
+      rel_values=None,
+      scale=0.25,
+    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -442,21 +562,38 @@ def test_kernels_refuse_learned_terms_at_call_time(impl):
 # ------------------------------------------------------------------------------------------
 
 MODEL_CASES = [
-    ('blockwise', 'pos=rope'), ('blockwise', 'pos=alibi,window=9'), ('blockwise', 'pos=t5'),
-    ('blockwise', 'pos=shaw'), ('blockwise', 'pos=none'),
-    ('pallas', 'pos=rope'), ('pallas', 'pos=alibi,window=9'), ('pallas', 'pos=learned'),
-    ('pallas_tpu', 'pos=alibi,window=9'), ('splash', 'pos=rope,window=9'),
-    ('auto', 'pos=rope'),
+  ('blockwise', 'pos=rope'),
+  ('blockwise', 'pos=alibi,window=9'),
+  ('blockwise', 'pos=t5'),
+  ('blockwise', 'pos=shaw'),
+  ('blockwise', 'pos=none'),
+  ('pallas', 'pos=rope'),
+  ('pallas', 'pos=alibi,window=9'),
+  ('pallas', 'pos=learned'),
+  ('pallas_tpu', 'pos=alibi,window=9'),
+  ('splash', 'pos=rope,window=9'),
+  ('auto', 'pos=rope'),
 ]
 
 
 def _model_logits_and_grads(choices, impl, tokens, segments, **overrides):
-  blocks = {'blockwise': (16, 8), 'pallas': (16, 16), 'pallas_tpu': (16, 128), 'auto': (None, None),
-            'pallas_mgpu': (None, 64),
-            'splash': (None, None), 'xla': (None, None)}
-  config = tiny_config(choices, model__max_seq_len=48, model__attention__impl=impl,
-                       model__attention__block_q=blocks[impl][0],
-                       model__attention__block_k=blocks[impl][1], **overrides)
+  blocks = {
+    'blockwise': (16, 8),
+    'pallas': (16, 16),
+    'pallas_tpu': (16, 128),
+    'auto': (None, None),
+    'pallas_mgpu': (None, 64),
+    'splash': (None, None),
+    'xla': (None, None),
+  }
+  config = tiny_config(
+    choices,
+    model__max_seq_len=48,
+    model__attention__impl=impl,
+    model__attention__block_q=blocks[impl][0],
+    model__attention__block_k=blocks[impl][1],
+    **overrides,
+  )
   model = mllm.build_model(config, rngs=nnx.Rngs(0))
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
@@ -467,15 +604,20 @@ def _model_logits_and_grads(choices, impl, tokens, segments, **overrides):
       model = nnx.merge(graphdef, params, jax.tree.map(lambda x: x, rest))
       logits = model(tokens, segment_ids=segments)
       return jnp.mean(jax.nn.log_softmax(logits)[..., 0]), logits
+
     return jax.grad(loss, has_aux=True)(params)
+
   return run(params)
 
 
-@pytest.mark.parametrize('impl,choices,overrides', [
+@pytest.mark.parametrize(
+  'impl,choices,overrides',
+  [
     *[(impl, choices, {}) for impl, choices in MODEL_CASES],
     ('blockwise', 'pos=alibi', {'model__remat': 'full', 'model__scan_layers': True}),
     ('pallas', 'pos=rope', {'model__remat': 'dots', 'model__scan_layers': True}),
-])
+  ],
+)
 def test_whole_model_matches_xla(impl, choices, overrides):
   tokens = jax.random.randint(jax.random.key(0), (2, 40), 0, 32)
   segments = jnp.asarray(np.repeat([[0, 1, 2, 3], [0, 0, 1, 1]], 10, axis=1))
@@ -494,12 +636,18 @@ def test_whole_model_with_the_mosaic_gpu_kernel_matches_xla_in_bfloat16():
   documents: the logits and every gradient of 'xla' in bfloat16, to bfloat16's precision."""
   tokens = jax.random.randint(jax.random.key(0), (2, 40), 0, 32)
   segments = jnp.asarray(np.repeat([[0, 1, 2, 3], [0, 0, 1, 1]], 10, axis=1))
-  run = functools.partial(_model_logits_and_grads, 'pos=alibi,window=9', tokens=tokens,
-                          segments=segments, model__dtype='bfloat16')
+  run = functools.partial(
+    _model_logits_and_grads,
+    'pos=alibi,window=9',
+    tokens=tokens,
+    segments=segments,
+    model__dtype='bfloat16',
+  )
   (grads, logits), (ref_grads, ref_logits) = run(impl='pallas_mgpu'), run(impl='xla')
   errors = [relative_error(logits, ref_logits)] + [
-      relative_error(got, want) for got, want in zip(jax.tree.leaves(grads),
-                                                     jax.tree.leaves(ref_grads))]
+    relative_error(got, want)
+    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads))
+  ]
   assert max(errors) < 3e-2, errors
 
 
@@ -508,20 +656,56 @@ def test_pallas_mgpu_runs_the_mosaic_gpu_kernel_behind_the_attention_contract():
   here), and it agrees with 'xla' in bfloat16, output and gradients."""
   B, T, N, H = 1, 80, 2, 32
   rng = np.random.default_rng(0)
-  q, k, v, d_out = (jnp.asarray(rng.standard_normal((B, T, N, H)), jnp.bfloat16)
-                    for _ in range(4))
+  q, k, v, d_out = (jnp.asarray(rng.standard_normal((B, T, N, H)), jnp.bfloat16) for _ in range(4))
   segments = jnp.asarray(np.repeat([[0, 1]], 40, axis=1))
   positions = jnp.asarray(np.arange(T)[None])
   mask = AttentionMask(window=17, q_segment_ids=segments, kv_segment_ids=segments)
-  bias = ScoreBias(alibi_slopes=jnp.asarray([0.5, 0.125]), q_positions=positions,
-                   kv_positions=positions)
+  bias = ScoreBias(
+    alibi_slopes=jnp.asarray([0.5, 0.125]), q_positions=positions, kv_positions=positions
+  )
 
   @functools.partial(jax.jit, static_argnums=0)
   def out_and_grads(impl, q, k, v):
     def f(q, k, v):
       return attention_ops.attend(q, k, v, mask=mask, bias=bias, impl=impl)
+
     out, vjp = jax.vjp(f, q, k, v)
     return (out, *vjp(d_out))
 
   for got, want in zip(out_and_grads('pallas_mgpu', q, k, v), out_and_grads('xla', q, k, v)):
     assert relative_error(got, want) < 2e-2
+
+
+def test_a_new_implementation_is_one_record(monkeypatch):
+  """Validation, the backend check and `attend` read an implementation's record: registering
+  one (here a wrapper of 'xla' with rules of its own) is all it takes."""
+  calls = []
+
+  def run(q, k, v, **kwargs):
+    calls.append(q.shape)
+    return attention_ops.ATTENTION_IMPLS['xla'](q, k, v, **kwargs)
+
+  record = attention_ops.AttentionImpl(
+    run,
+    alibi=False,
+    tiles=lambda key, value: None if value == 32 else 'this kernel tiles by 32 only',
+    backends=lambda backend: 'a test kernel runs nowhere' if backend == 'tpu' else None,
+  )
+  monkeypatch.setitem(attention_ops.ATTENTION_IMPLS, 'mine', record)
+  config = tiny_config('attn=mine,model.attention.block_q=32')
+  mllm.validation.check_backend(config.model, 'cpu')
+  with pytest.raises(mllm.ConfigError, match='a test kernel runs nowhere'):
+    mllm.validation.check_backend(config.model, 'tpu')
+  with pytest.raises(
+    mllm.ConfigError, match=r'model\.attention\.block_q=16: this kernel tiles by 32'
+  ):
+    tiny_config('attn=mine,model.attention.block_q=16')
+  with pytest.raises(mllm.ConfigError, match='mine adds no bias to the scores, so no ALiBi'):
+    tiny_config('pos=alibi,attn=mine')
+  with pytest.raises(mllm.ConfigError, match=r"position\.kind='t5' is a learned relative bias"):
+    tiny_config('pos=t5,attn=mine')
+  rng = np.random.default_rng(0)
+  q, k, v = (jnp.asarray(rng.standard_normal((2, 8, 4, 16)), jnp.float32) for _ in range(3))
+  out = attention_ops.attend(q, k, v, mask=AttentionMask(), impl='mine')
+  assert calls == [(2, 8, 4, 16)]
+  assert relative_error(out, attention_with_grads(q, k, v, causal=True)) < 1e-5

@@ -5,6 +5,7 @@ A case is one line: an id, the arguments (leading NAME=value words set environme
 {placeholders} name the files the `paths` fixture makes), and the text the error line must hold.
 Each runs on top of BASE_ARGS: a tiny model on a tiny local corpus, in its own workdir.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,202 +17,277 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import ROOT
 
-TINY = ('--config.model.n_layers=1 --config.model.d_model=32 --config.model.n_heads=2 '
-        '--config.model.n_kv_heads=1 --config.model.vocab_size=258 --config.model.max_seq_len=32 '
-        '--config.data.seq_len=16 --config.data.batch_size=2')
-BASE_ARGS = (TINY + ' --config.data.source=text --config.data.path={corpus} '
-             '--config.data.tokenizer=byte --config.data.val_fraction=0.3 '
-             '--config.data.cache_dir={cache} --config.train.steps=4 --config.train.warmup_steps=1 '
-             '--config.train.eval_every=0 --config.train.tensorboard=False --workdir={workdir}')
+TINY = (
+  '--config.model.n_layers=1 --config.model.d_model=32 --config.model.n_heads=2 '
+  '--config.model.n_kv_heads=1 --config.model.vocab_size=258 --config.model.max_seq_len=32 '
+  '--config.data.seq_len=16 --config.data.batch_size=2'
+)
+BASE_ARGS = (
+  TINY + ' --config.data.source=text --config.data.path={corpus} '
+  '--config.data.tokenizer=byte --config.data.val_fraction=0.3 '
+  '--config.data.cache_dir={cache} --config.train.steps=4 --config.train.warmup_steps=1 '
+  '--config.train.eval_every=0 --config.train.tensorboard=False --workdir={workdir}'
+)
 
 CASES = [
-    # --- numeric keys: NaN, ±inf (from a flag, a choice string or a file) and ranges ---
-    ('init_std-nan', '--config.model.init_std=nan', 'model.init_std=nan: must be a finite'),
-    ('init_std-zero', '--config.model.init_std=0.0', 'model.init_std=0.0: must be a positive'),
-    ('embed_scale-negative', '--config.model.embed_scale=-1.0',
-     'model.embed_scale=-1.0: must be a positive'),
-    ('dropout-nan', '--config.model.dropout=nan', 'model.dropout=nan'),
-    ('dropout-one', '--config.model.dropout=1.0', 'model.dropout=1.0: a dropout rate'),
-    ('embed_dropout-inf', '--config.model.embed_dropout=inf', 'model.embed_dropout=inf'),
-    ('embed_dropout-neg', '--config.model.embed_dropout=-0.1', 'model.embed_dropout=-0.1'),
-    ('softmax_scale-inf', '--config.model.attention.softmax_scale=inf', 'softmax_scale=inf'),
-    ('softmax_scale-neg', '--config.model.attention.softmax_scale=-1.0', 'softmax_scale=-1.0'),
-    ('attn_dropout-nan', '--config.model.attention.dropout=nan', 'model.attention.dropout=nan'),
-    ('attn_dropout-big', '--config.model.attention.dropout=2.0', 'model.attention.dropout=2.0'),
-    ('rope_theta-nan', '--config.model.position.rope_theta=nan', 'rope_theta=nan'),
-    ('rope_theta-inf-choice', '--config=configs/base.py:rope_theta=inf', 'rope_theta=inf'),
-    ('rope_theta-neg', '--config.model.position.rope_theta=-10000.0', 'rope_theta=-10000.0'),
-    ('scaling_factor-nan', '--config.model.position.rope_scaling_factor=nan', 'rope_scaling_factor=nan'),
-    ('scaling_factor-small', '--config=configs/base.py:rope_scaling=linear,rope_scaling_factor=0.5',
-     'rope_scaling_factor=0.5: the context extension factor must be >= 1'),
-    ('beta_fast-inf', '--config.model.position.yarn_beta_fast=inf', 'yarn_beta_fast=inf'),
-    ('beta_slow-nan', '--config.model.position.yarn_beta_slow=nan', 'yarn_beta_slow=nan'),
-    ('beta_order', '--config.model.position.yarn_beta_slow=64.0', 'yarn_beta_slow=64.0'),
-    ('llama3_low-nan', '--config.model.position.llama3_low_freq_factor=nan', 'llama3_low_freq_factor=nan'),
-    ('llama3_high-inf', '--config.model.position.llama3_high_freq_factor=-inf', 'llama3_high_freq_factor=-inf'),
-    ('llama3_order', '--config.model.position.llama3_low_freq_factor=8.0', 'llama3_low_freq_factor=8.0'),
-    ('norm_eps-nan', '--config.model.norm.eps=nan', 'model.norm.eps=nan'),
-    ('norm_eps-zero', '--config.model.norm.eps=0.0', 'model.norm.eps=0.0'),
-    ('partial_p-inf', '--config.model.norm.partial_p=inf', 'model.norm.partial_p=inf'),
-    ('partial_p-big', '--config.model.norm.partial_p=1.5', 'model.norm.partial_p=1.5'),
-    ('val_fraction-nan', '--config.data.val_fraction=nan', 'data.val_fraction=nan'),
-    ('val_fraction-big', '--config.data.val_fraction=0.9', 'data.val_fraction=0.9'),
-    ('lr-nan', '--config.train.learning_rate=nan', 'train.learning_rate=nan'),
-    ('lr-inf', '--config.train.learning_rate=inf', 'train.learning_rate=inf'),
-    ('lr-neg-choice', '--config=configs/base.py:learning_rate=-0.001', 'train.learning_rate=-0.001'),
-    ('lr-zero', '--config.train.learning_rate=0.0', 'train.learning_rate=0.0'),
-    ('min_lr-nan', '--config.train.min_lr_ratio=nan', 'train.min_lr_ratio=nan'),
-    ('min_lr-big', '--config.train.min_lr_ratio=2.0', 'train.min_lr_ratio=2.0'),
-    ('b1-nan', '--config.train.b1=nan', 'train.b1=nan'),
-    ('b1-one', '--config.train.b1=1.0', 'train.b1=1.0'),
-    ('b2-inf', '--config.train.b2=inf', 'train.b2=inf'),
-    ('b2-neg', '--config.train.b2=-0.5', 'train.b2=-0.5'),
-    ('eps-nan', '--config.train.eps=nan', 'train.eps=nan'),
-    ('eps-zero', '--config.train.eps=0.0', 'train.eps=0.0'),
-    ('weight_decay-inf', '--config.train.weight_decay=inf', 'train.weight_decay=inf'),
-    ('weight_decay-neg', '--config.train.weight_decay=-0.1', 'train.weight_decay=-0.1'),
-    ('grad_clip-inf', '--config.train.grad_clip=inf', 'train.grad_clip=inf'),
-    ('grad_clip-nan', '--config.train.grad_clip=nan', 'train.grad_clip=nan'),
-    ('grad_clip-neg', '--config.train.grad_clip=-1.0', 'train.grad_clip=-1.0'),
-    ('peak_flops-inf', '--config.train.peak_flops=inf', 'train.peak_flops=inf'),
-    ('peak_flops-neg', '--config.train.peak_flops=-1.0', 'train.peak_flops=-1.0'),
-    ('float-in-file', '--config={nan_config}', 'train.learning_rate=nan'),
-    # --- integer keys ---
-    ('seed-neg', '--config.seed=-1', 'seed=-1'),
-    ('vocab-zero', '--config.model.vocab_size=0', 'model.vocab_size=0'),
-    ('d_model-neg', '--config.model.d_model=-32', 'model.d_model=-32'),
-    ('n_layers-zero', '--config.model.n_layers=0', 'model.n_layers=0'),
-    ('n_heads-zero', '--config.model.n_heads=0', 'model.n_heads=0'),
-    ('kv_heads-3', '--config.model.n_heads=4 --config.model.n_kv_heads=3', 'model.n_kv_heads=3'),
-    ('max_seq_len-zero', '--config.model.max_seq_len=0', 'model.max_seq_len=0'),
-    ('head_dim-zero', '--config.model.head_dim=0', 'model.head_dim=0'),
-    ('d_ff-neg', '--config.model.ffn.d_ff=-8', 'model.ffn.d_ff=-8'),
-    ('multiple_of-zero', '--config.model.ffn.multiple_of=0', 'model.ffn.multiple_of=0'),
-    ('window-zero', '--config=configs/base.py:window=0', 'model.attention.sliding_window=0'),
-    ('block_q-zero', '--config.model.attention.block_q=0', 'model.attention.block_q=0'),
-    ('t5_buckets', '--config=configs/base.py:pos=t5,t5_num_buckets=1', 't5_num_buckets=1'),
-    ('shaw_distance', '--config=configs/base.py:pos=shaw,shaw_max_distance=-1', 'shaw_max_distance=-1'),
-    ('seq_len-zero', '--config.data.seq_len=0', 'data.seq_len=0'),
-    ('batch-zero', '--config.data.batch_size=0', 'data.batch_size=0'),
-    ('tok_bytes-zero', '--config.data.tokenizer_train_bytes=0', 'data.tokenizer_train_bytes=0'),
-    ('steps-zero', '--config.train.steps=0', 'train.steps=0'),
-    ('warmup-neg', '--config.train.warmup_steps=-1', 'train.warmup_steps=-1'),
-    ('warmup-too-long', '--config.train.warmup_steps=4', 'train.warmup_steps=4'),
-    ('accum-3', '--config.train.grad_accum_steps=3', 'train.grad_accum_steps=3'),
-    ('log_every-zero', '--config.train.log_every=0', 'train.log_every=0'),
-    ('eval_every-neg', '--config.train.eval_every=-1', 'train.eval_every=-1'),
-    ('ckpt_every-zero', '--config.train.checkpoint_every=0', 'train.checkpoint_every=0'),
-    ('max_to_keep-zero', '--config.train.max_to_keep=0', 'train.max_to_keep=0'),
-    ('mesh-zero', '--config.mesh.tensor=0', 'mesh.tensor=0'),
-    ('mesh-devices', '--config.mesh.data=3', 'mesh'),
-    ('moe-top_k', '--config=configs/base.py:ffn=moe,top_k=9', 'model.moe.top_k=9: each token'),
-    ('moe-capacity', '--config=configs/base.py:ffn=moe --config.model.moe.capacity_factor=0.0',
-     'model.moe.capacity_factor=0.0: must be a positive'),
-    ('moe-router', '--config=configs/base.py:ffn=moe,router=relu', "model.moe.router='relu'"),
-    ('moe-expert-axis', '--config=configs/base.py:ffn=moe --config.mesh.expert=3',
-     'mesh.expert=3: must divide model.moe.num_experts=8'),
-    # --- registries ---
-    ('pos', '--config=configs/base.py:pos=rotary', "model.position.kind='rotary'"),
-    ('ffn', '--config=configs/base.py:ffn=swiglu2', "model.ffn.kind='swiglu2'"),
-    ('norm', '--config=configs/base.py:norm=batchnorm', "model.norm.kind='batchnorm'"),
-    ('placement', '--config=configs/base.py:placement=middle', "model.norm.placement='middle'"),
-    ('impl', '--config=configs/base.py:attn=flash', "model.attention.impl='flash'"),
-    ('cudnn-on-cpu', '--config=configs/base.py:attn=cudnn --config.model.dtype=bfloat16',
-     "model.attention.impl='cudnn'"),
-    ('rope_scaling', '--config=configs/base.py:rope_scaling=dynamic', "rope_scaling='dynamic'"),
-    ('rope_layout', '--config.model.position.rope_layout=sideways', "rope_layout='sideways'"),
-    ('dtype', '--config.model.dtype=float16', "model.dtype='float16'"),
-    ('param_dtype', '--config.model.param_dtype=int8', "model.param_dtype='int8'"),
-    ('remat', '--config.model.remat=some', "model.remat='some'"),
-    ('source', '--config.data.source=csv', "data.source='csv'"),
-    ('tokenizer', '--config.data.tokenizer=wordpiece', "data.tokenizer='wordpiece'"),
-    ('schedule', '--config.train.schedule=cosin', "train.schedule='cosin'"),
-    ('init_from-kind', '--config.train.init_from=hub:gpt2', "train.init_from='hub:gpt2'"),
-    # --- keys, types and choice syntax ---
-    ('unknown-key', '--config.model.n_layerz=3', 'model.n_layerz=3: no such key'),
-    ('wrong-type', '--config.model.n_layers=three', "model.n_layers='three': wrong type"),
-    ('float-for-int', '--config.model.n_layers=2.5', 'model.n_layers=2.5: wrong type'),
-    ('bool-word', '--config.model.tie_embeddings=maybe', "tie_embeddings='maybe'"),
-    ('section-value', '--config.model.attention=3', 'model.attention=3: is a section'),
-    ('unknown-choice', '--config=configs/base.py:bogus=1', 'bogus=1: unknown choice key'),
-    ('choice-syntax', '--config=configs/base.py:pos', "'pos': expected key=value"),
-    ('override-syntax', '--config.model.n_layers', '--config.model.n_layers'),
-    ('empty-data-path', '--config.data.path=', 'data.path'),
-    # --- config files ---
-    ('config-missing', '--config=configs/nope.py', "config='configs/nope.py': no such config file"),
-    ('config-folder', '--config=configs', "config='configs': is a folder"),
-    ('config-not-python', '--config=README.md', "config='README.md': is not a Python file"),
-    ('config-syntax', '--config={syntax_config}', 'syntax error at line 2'),
-    ('config-import', '--config={import_config}', 'importing it raised ModuleNotFoundError'),
-    ('config-raises', '--config={raising_config}', 'get_config raised RuntimeError: no config'),
-    ('config-no-get', '--config={empty_config}', 'defines no get_config'),
-    ('config-returns-dict', '--config={dict_config}', 'get_config returned a dict'),
-    # --- flags ---
-    ('mode', '--mode=trian', "--mode='trian': unknown mode"),
-    ('unknown-flag', '--no_such_flag=1', "Unknown command line flag 'no_such_flag'"),
-    ('stop_after-zero', '--stop_after=0', '--stop_after=0'),
-    ('stop_after-neg', '--stop_after=-5', '--stop_after=-5'),
-    ('stop_after-word', '--stop_after=ten', '--stop_after=ten'),
-    ('stray-argument', 'extra', "unexpected arguments ['extra']"),
-    # --- output and input paths ---
-    ('workdir-is-file', '--workdir={a_file}', "--workdir='{a_file}': is a file"),
-    ('workdir-under-file', '--workdir={a_file}/run', 'lies under {a_file}, which is a file'),
-    ('workdir-unwritable', '--workdir=/sys/mllm-bad-input/run', 'cannot be written'),
-    ('cache-is-file', '--config.data.cache_dir={a_file}', "data.cache_dir='{a_file}': is a file"),
-    ('cache-under-file', '--config.data.cache_dir={a_file}/c', 'data.cache_dir='),
-    ('cache-unwritable', '--config.data.cache_dir=/sys/mllm-bad-input', 'cannot be written'),
-    ('cache-env-is-file', 'MLLM_CACHE_DIR={a_file} --config.data.cache_dir=none',
-     "$MLLM_CACHE_DIR='{a_file}': is a file"),
-    ('eval-workdir-missing', '--mode=eval --workdir={a_dir}/nope', "--workdir='{a_dir}/nope'"),
-    ('eval-workdir-file', '--mode=eval --workdir={a_file}', "--workdir='{a_file}': is a file"),
-    ('eval-no-checkpoint', '--mode=eval --workdir={a_dir}', 'has no checkpoint to evaluate'),
-    ('data-missing', '--config.data.path={a_dir}/nope', "data.path='{a_dir}/nope'"),
-    ('data-empty-folder', '--config.data.path={a_dir}', 'no .txt files in this folder'),
-    ('text-is-binary', '--config.data.path={binary}', "data.path='{binary}': is not UTF-8 text"),
-    ('text-is-utf16', '--config.data.path={utf16}', "data.path='{utf16}': is not UTF-8 text"),
-    ('text-is-parquet', '--config.data.path={parquet}', "data.path='{parquet}': is not UTF-8 text"),
-    ('parquet-is-text', '--config.data.source=parquet --config.data.path={text}',
-     "data.path='{text}': is not a Parquet file"),
-    ('parquet-is-jsonl', '--config.data.source=parquet --config.data.path={jsonl}',
-     'is not a Parquet file'),
-    ('parquet-no-field', '--config.data.source=parquet --config.data.path={parquet} '
-     '--config.data.text_field=body', "data.text_field='body': no such field"),
-    ('jsonl-is-binary', '--config.data.source=jsonl --config.data.path={binary}',
-     "data.path='{binary}': is not UTF-8 text"),
-    ('jsonl-is-text', '--config.data.source=jsonl --config.data.path={text}', 'is not JSON'),
-    ('jsonl-no-field', '--config.data.source=jsonl --config.data.path={jsonl} '
-     '--config.data.text_field=body', "data.text_field='body'"),
-    ('hf-is-text', '--config.data.source=hf --config.data.path={text}', 'data.path='),
-    # --- workdirs holding a run ---
-    ('damaged-config-json', '--workdir={run_bad_json}', 'its config.json is not valid JSON'),
-    ('optimizer-changed', '--workdir={run} --config.train.grad_clip=0.0',
-     'train.grad_clip=0.0 (saved: 1.0): changes the optimizer state'),
-    ('model-changed', '--workdir={run} --config.model.d_model=48',
-     'model.d_model=48 (saved: 32): changes the parameters'),
-    ('eval-model-changed', '--mode=eval --workdir={run} --config.model.n_layers=2',
-     'model.n_layers=2 (saved: 1)'),
-    ('init_from-missing', '--config.train.init_from=workdir:{a_dir}/nope', 'train.init_from='),
-    ('init_from-other-shape', '--config.train.init_from=workdir:{run} --config.model.d_model=64',
-     'model.d_model=64 (saved: 32)'),
+  # --- numeric keys: NaN, ±inf (from a flag, a choice string or a file) and ranges ---
+  ('init_std-nan', '--config.model.init_std=nan', 'model.init_std=nan: must be a finite'),
+  ('init_std-zero', '--config.model.init_std=0.0', 'model.init_std=0.0: must be a positive'),
+  (
+    'embed_scale-negative',
+    '--config.model.embed_scale=-1.0',
+    'model.embed_scale=-1.0: must be a positive',
+  ),
+  ('dropout-nan', '--config.model.dropout=nan', 'model.dropout=nan'),
+  ('dropout-one', '--config.model.dropout=1.0', 'model.dropout=1.0: a dropout rate'),
+  ('embed_dropout-inf', '--config.model.embed_dropout=inf', 'model.embed_dropout=inf'),
+  ('embed_dropout-neg', '--config.model.embed_dropout=-0.1', 'model.embed_dropout=-0.1'),
+  ('softmax_scale-inf', '--config.model.attention.softmax_scale=inf', 'softmax_scale=inf'),
+  ('softmax_scale-neg', '--config.model.attention.softmax_scale=-1.0', 'softmax_scale=-1.0'),
+  ('attn_dropout-nan', '--config.model.attention.dropout=nan', 'model.attention.dropout=nan'),
+  ('attn_dropout-big', '--config.model.attention.dropout=2.0', 'model.attention.dropout=2.0'),
+  ('rope_theta-nan', '--config.model.position.rope_theta=nan', 'rope_theta=nan'),
+  ('rope_theta-inf-choice', '--config=configs/base.py:rope_theta=inf', 'rope_theta=inf'),
+  ('rope_theta-neg', '--config.model.position.rope_theta=-10000.0', 'rope_theta=-10000.0'),
+  (
+    'scaling_factor-nan',
+    '--config.model.position.rope_scaling_factor=nan',
+    'rope_scaling_factor=nan',
+  ),
+  (
+    'scaling_factor-small',
+    '--config=configs/base.py:rope_scaling=linear,rope_scaling_factor=0.5',
+    'rope_scaling_factor=0.5: the context extension factor must be >= 1',
+  ),
+  ('beta_fast-inf', '--config.model.position.yarn_beta_fast=inf', 'yarn_beta_fast=inf'),
+  ('beta_slow-nan', '--config.model.position.yarn_beta_slow=nan', 'yarn_beta_slow=nan'),
+  ('beta_order', '--config.model.position.yarn_beta_slow=64.0', 'yarn_beta_slow=64.0'),
+  (
+    'llama3_low-nan',
+    '--config.model.position.llama3_low_freq_factor=nan',
+    'llama3_low_freq_factor=nan',
+  ),
+  (
+    'llama3_high-inf',
+    '--config.model.position.llama3_high_freq_factor=-inf',
+    'llama3_high_freq_factor=-inf',
+  ),
+  (
+    'llama3_order',
+    '--config.model.position.llama3_low_freq_factor=8.0',
+    'llama3_low_freq_factor=8.0',
+  ),
+  ('norm_eps-nan', '--config.model.norm.eps=nan', 'model.norm.eps=nan'),
+  ('norm_eps-zero', '--config.model.norm.eps=0.0', 'model.norm.eps=0.0'),
+  ('partial_p-inf', '--config.model.norm.partial_p=inf', 'model.norm.partial_p=inf'),
+  ('partial_p-big', '--config.model.norm.partial_p=1.5', 'model.norm.partial_p=1.5'),
+  ('val_fraction-nan', '--config.data.val_fraction=nan', 'data.val_fraction=nan'),
+  ('val_fraction-big', '--config.data.val_fraction=0.9', 'data.val_fraction=0.9'),
+  ('lr-nan', '--config.train.learning_rate=nan', 'train.learning_rate=nan'),
+  ('lr-inf', '--config.train.learning_rate=inf', 'train.learning_rate=inf'),
+  ('lr-neg-choice', '--config=configs/base.py:learning_rate=-0.001', 'train.learning_rate=-0.001'),
+  ('lr-zero', '--config.train.learning_rate=0.0', 'train.learning_rate=0.0'),
+  ('min_lr-nan', '--config.train.min_lr_ratio=nan', 'train.min_lr_ratio=nan'),
+  ('min_lr-big', '--config.train.min_lr_ratio=2.0', 'train.min_lr_ratio=2.0'),
+  ('b1-nan', '--config.train.b1=nan', 'train.b1=nan'),
+  ('b1-one', '--config.train.b1=1.0', 'train.b1=1.0'),
+  ('b2-inf', '--config.train.b2=inf', 'train.b2=inf'),
+  ('b2-neg', '--config.train.b2=-0.5', 'train.b2=-0.5'),
+  ('eps-nan', '--config.train.eps=nan', 'train.eps=nan'),
+  ('eps-zero', '--config.train.eps=0.0', 'train.eps=0.0'),
+  ('weight_decay-inf', '--config.train.weight_decay=inf', 'train.weight_decay=inf'),
+  ('weight_decay-neg', '--config.train.weight_decay=-0.1', 'train.weight_decay=-0.1'),
+  ('grad_clip-inf', '--config.train.grad_clip=inf', 'train.grad_clip=inf'),
+  ('grad_clip-nan', '--config.train.grad_clip=nan', 'train.grad_clip=nan'),
+  ('grad_clip-neg', '--config.train.grad_clip=-1.0', 'train.grad_clip=-1.0'),
+  ('peak_flops-inf', '--config.train.peak_flops=inf', 'train.peak_flops=inf'),
+  ('peak_flops-neg', '--config.train.peak_flops=-1.0', 'train.peak_flops=-1.0'),
+  ('float-in-file', '--config={nan_config}', 'train.learning_rate=nan'),
+  # --- integer keys ---
+  ('seed-neg', '--config.seed=-1', 'seed=-1'),
+  ('vocab-zero', '--config.model.vocab_size=0', 'model.vocab_size=0'),
+  ('d_model-neg', '--config.model.d_model=-32', 'model.d_model=-32'),
+  ('n_layers-zero', '--config.model.n_layers=0', 'model.n_layers=0'),
+  ('n_heads-zero', '--config.model.n_heads=0', 'model.n_heads=0'),
+  ('kv_heads-3', '--config.model.n_heads=4 --config.model.n_kv_heads=3', 'model.n_kv_heads=3'),
+  ('max_seq_len-zero', '--config.model.max_seq_len=0', 'model.max_seq_len=0'),
+  ('head_dim-zero', '--config.model.head_dim=0', 'model.head_dim=0'),
+  ('d_ff-neg', '--config.model.ffn.d_ff=-8', 'model.ffn.d_ff=-8'),
+  ('multiple_of-zero', '--config.model.ffn.multiple_of=0', 'model.ffn.multiple_of=0'),
+  ('window-zero', '--config=configs/base.py:window=0', 'model.attention.sliding_window=0'),
+  ('block_q-zero', '--config.model.attention.block_q=0', 'model.attention.block_q=0'),
+  ('t5_buckets', '--config=configs/base.py:pos=t5,t5_num_buckets=1', 't5_num_buckets=1'),
+  (
+    'shaw_distance',
+    '--config=configs/base.py:pos=shaw,shaw_max_distance=-1',
+    'shaw_max_distance=-1',
+  ),
+  ('seq_len-zero', '--config.data.seq_len=0', 'data.seq_len=0'),
+  ('batch-zero', '--config.data.batch_size=0', 'data.batch_size=0'),
+  ('tok_bytes-zero', '--config.data.tokenizer_train_bytes=0', 'data.tokenizer_train_bytes=0'),
+  ('steps-zero', '--config.train.steps=0', 'train.steps=0'),
+  ('warmup-neg', '--config.train.warmup_steps=-1', 'train.warmup_steps=-1'),
+  ('warmup-too-long', '--config.train.warmup_steps=4', 'train.warmup_steps=4'),
+  ('accum-3', '--config.train.grad_accum_steps=3', 'train.grad_accum_steps=3'),
+  ('log_every-zero', '--config.train.log_every=0', 'train.log_every=0'),
+  ('eval_every-neg', '--config.train.eval_every=-1', 'train.eval_every=-1'),
+  ('ckpt_every-zero', '--config.train.checkpoint_every=0', 'train.checkpoint_every=0'),
+  ('max_to_keep-zero', '--config.train.max_to_keep=0', 'train.max_to_keep=0'),
+  ('mesh-zero', '--config.mesh.tensor=0', 'mesh.tensor=0'),
+  ('mesh-devices', '--config.mesh.data=3', 'mesh'),
+  ('moe-top_k', '--config=configs/base.py:ffn=moe,top_k=9', 'model.moe.top_k=9: each token'),
+  (
+    'moe-capacity',
+    '--config=configs/base.py:ffn=moe --config.model.moe.capacity_factor=0.0',
+    'model.moe.capacity_factor=0.0: must be a positive',
+  ),
+  ('moe-router', '--config=configs/base.py:ffn=moe,router=relu', "model.moe.router='relu'"),
+  (
+    'moe-expert-axis',
+    '--config=configs/base.py:ffn=moe --config.mesh.expert=3',
+    'mesh.expert=3: must divide model.moe.num_experts=8',
+  ),
+  # --- registries ---
+  ('pos', '--config=configs/base.py:pos=rotary', "model.position.kind='rotary'"),
+  ('ffn', '--config=configs/base.py:ffn=swiglu2', "model.ffn.kind='swiglu2'"),
+  ('norm', '--config=configs/base.py:norm=batchnorm', "model.norm.kind='batchnorm'"),
+  ('placement', '--config=configs/base.py:placement=middle', "model.norm.placement='middle'"),
+  ('impl', '--config=configs/base.py:attn=flash', "model.attention.impl='flash'"),
+  (
+    'cudnn-on-cpu',
+    '--config=configs/base.py:attn=cudnn --config.model.dtype=bfloat16',
+    "model.attention.impl='cudnn'",
+  ),
+  ('rope_scaling', '--config=configs/base.py:rope_scaling=dynamic', "rope_scaling='dynamic'"),
+  ('rope_layout', '--config.model.position.rope_layout=sideways', "rope_layout='sideways'"),
+  ('dtype', '--config.model.dtype=float16', "model.dtype='float16'"),
+  ('param_dtype', '--config.model.param_dtype=int8', "model.param_dtype='int8'"),
+  ('remat', '--config.model.remat=some', "model.remat='some'"),
+  ('source', '--config.data.source=csv', "data.source='csv'"),
+  ('tokenizer', '--config.data.tokenizer=wordpiece', "data.tokenizer='wordpiece'"),
+  ('schedule', '--config.train.schedule=cosin', "train.schedule='cosin'"),
+  ('init_from-kind', '--config.train.init_from=hub:gpt2', "train.init_from='hub:gpt2'"),
+  # --- keys, types and choice syntax ---
+  ('unknown-key', '--config.model.n_layerz=3', 'model.n_layerz=3: no such key'),
+  ('wrong-type', '--config.model.n_layers=three', "model.n_layers='three': wrong type"),
+  ('float-for-int', '--config.model.n_layers=2.5', 'model.n_layers=2.5: wrong type'),
+  ('bool-word', '--config.model.tie_embeddings=maybe', "tie_embeddings='maybe'"),
+  ('section-value', '--config.model.attention=3', 'model.attention=3: is a section'),
+  ('unknown-choice', '--config=configs/base.py:bogus=1', 'bogus=1: unknown choice key'),
+  ('choice-syntax', '--config=configs/base.py:pos', "'pos': expected key=value"),
+  ('override-syntax', '--config.model.n_layers', '--config.model.n_layers'),
+  ('empty-data-path', '--config.data.path=', 'data.path'),
+  # --- config files ---
+  ('config-missing', '--config=configs/nope.py', "config='configs/nope.py': no such config file"),
+  ('config-folder', '--config=configs', "config='configs': is a folder"),
+  ('config-not-python', '--config=README.md', "config='README.md': is not a Python file"),
+  ('config-syntax', '--config={syntax_config}', 'syntax error at line 2'),
+  ('config-import', '--config={import_config}', 'importing it raised ModuleNotFoundError'),
+  ('config-raises', '--config={raising_config}', 'get_config raised RuntimeError: no config'),
+  ('config-no-get', '--config={empty_config}', 'defines no get_config'),
+  ('config-returns-dict', '--config={dict_config}', 'get_config returned a dict'),
+  # --- flags ---
+  ('mode', '--mode=trian', "--mode='trian': unknown mode"),
+  ('unknown-flag', '--no_such_flag=1', "Unknown command line flag 'no_such_flag'"),
+  ('stop_after-zero', '--stop_after=0', '--stop_after=0'),
+  ('stop_after-neg', '--stop_after=-5', '--stop_after=-5'),
+  ('stop_after-word', '--stop_after=ten', '--stop_after=ten'),
+  ('stray-argument', 'extra', "unexpected arguments ['extra']"),
+  # --- output and input paths ---
+  ('workdir-is-file', '--workdir={a_file}', "--workdir='{a_file}': is a file"),
+  ('workdir-under-file', '--workdir={a_file}/run', 'lies under {a_file}, which is a file'),
+  ('workdir-unwritable', '--workdir=/sys/mllm-bad-input/run', 'cannot be written'),
+  ('cache-is-file', '--config.data.cache_dir={a_file}', "data.cache_dir='{a_file}': is a file"),
+  ('cache-under-file', '--config.data.cache_dir={a_file}/c', 'data.cache_dir='),
+  ('cache-unwritable', '--config.data.cache_dir=/sys/mllm-bad-input', 'cannot be written'),
+  (
+    'cache-env-is-file',
+    'MLLM_CACHE_DIR={a_file} --config.data.cache_dir=none',
+    "$MLLM_CACHE_DIR='{a_file}': is a file",
+  ),
+  ('eval-workdir-missing', '--mode=eval --workdir={a_dir}/nope', "--workdir='{a_dir}/nope'"),
+  ('eval-workdir-file', '--mode=eval --workdir={a_file}', "--workdir='{a_file}': is a file"),
+  ('eval-no-checkpoint', '--mode=eval --workdir={a_dir}', 'has no checkpoint to evaluate'),
+  ('data-missing', '--config.data.path={a_dir}/nope', "data.path='{a_dir}/nope'"),
+  ('data-empty-folder', '--config.data.path={a_dir}', 'no .txt files in this folder'),
+  ('text-is-binary', '--config.data.path={binary}', "data.path='{binary}': is not UTF-8 text"),
+  ('text-is-utf16', '--config.data.path={utf16}', "data.path='{utf16}': is not UTF-8 text"),
+  ('text-is-parquet', '--config.data.path={parquet}', "data.path='{parquet}': is not UTF-8 text"),
+  (
+    'parquet-is-text',
+    '--config.data.source=parquet --config.data.path={text}',
+    "data.path='{text}': is not a Parquet file",
+  ),
+  (
+    'parquet-is-jsonl',
+    '--config.data.source=parquet --config.data.path={jsonl}',
+    'is not a Parquet file',
+  ),
+  (
+    'parquet-no-field',
+    '--config.data.source=parquet --config.data.path={parquet} --config.data.text_field=body',
+    "data.text_field='body': no such field",
+  ),
+  (
+    'jsonl-is-binary',
+    '--config.data.source=jsonl --config.data.path={binary}',
+    "data.path='{binary}': is not UTF-8 text",
+  ),
+  ('jsonl-is-text', '--config.data.source=jsonl --config.data.path={text}', 'is not JSON'),
+  (
+    'jsonl-no-field',
+    '--config.data.source=jsonl --config.data.path={jsonl} --config.data.text_field=body',
+    "data.text_field='body'",
+  ),
+  ('hf-is-text', '--config.data.source=hf --config.data.path={text}', 'data.path='),
+  # --- workdirs holding a run ---
+  ('damaged-config-json', '--workdir={run_bad_json}', 'its config.json is not valid JSON'),
+  (
+    'optimizer-changed',
+    '--workdir={run} --config.train.grad_clip=0.0',
+    'train.grad_clip=0.0 (saved: 1.0): changes the optimizer state',
+  ),
+  (
+    'model-changed',
+    '--workdir={run} --config.model.d_model=48',
+    'model.d_model=48 (saved: 32): changes the parameters',
+  ),
+  (
+    'eval-model-changed',
+    '--mode=eval --workdir={run} --config.model.n_layers=2',
+    'model.n_layers=2 (saved: 1)',
+  ),
+  ('init_from-missing', '--config.train.init_from=workdir:{a_dir}/nope', 'train.init_from='),
+  (
+    'init_from-other-shape',
+    '--config.train.init_from=workdir:{run} --config.model.d_model=64',
+    'model.d_model=64 (saved: 32)',
+  ),
 ]
 
-SLOW_CASES = ('damaged-config-json', 'optimizer-changed', 'model-changed', 'eval-model-changed',
-              'init_from-other-shape')
+SLOW_CASES = (
+  'damaged-config-json',
+  'optimizer-changed',
+  'model-changed',
+  'eval-model-changed',
+  'init_from-other-shape',
+)
 
 
 def _write_configs(root) -> dict[str, str]:
   texts = {
-      'syntax_config': 'def get_config():\n  return (\n',
-      'import_config': 'import mllm_no_such_module\n',
-      'raising_config': 'def get_config():\n  raise RuntimeError("no config here")\n',
-      'empty_config': 'X = 1\n',
-      'dict_config': 'def get_config():\n  return {"model": {}}\n',
-      'nan_config': ('from configs import base\n\ndef get_config(arg=None):\n'
-                     '  config = base.get_config(arg)\n'
-                     '  config.train.learning_rate = float("nan")\n  return config\n'),
+    'syntax_config': 'def get_config():\n  return (\n',
+    'import_config': 'import mllm_no_such_module\n',
+    'raising_config': 'def get_config():\n  raise RuntimeError("no config here")\n',
+    'empty_config': 'X = 1\n',
+    'dict_config': 'def get_config():\n  return {"model": {}}\n',
+    'nan_config': (
+      'from configs import base\n\ndef get_config(arg=None):\n'
+      '  config = base.get_config(arg)\n'
+      '  config.train.learning_rate = float("nan")\n  return config\n'
+    ),
   }
   out = {}
   for name, text in texts.items():
@@ -227,6 +303,7 @@ def paths(tmp_path_factory):
   """The files the cases name: a small corpus, files of the wrong kind, bad configs."""
   import pyarrow as pa
   import pyarrow.parquet as pq
+
   root = tmp_path_factory.mktemp('inputs')
   corpus = root / 'corpus'
   corpus.mkdir()
@@ -238,14 +315,21 @@ def paths(tmp_path_factory):
   (root / 'utf16.txt').write_bytes(text.encode('utf-16'))
   (root / 'a.txt').write_text(text)
   (root / 'a.jsonl').write_text('{"text": "hello"}\n{"text": "world"}\n')
-  pq.write_table(pa.table({'text': [text[i:i + 200] for i in range(0, 2000, 200)]}),
-                 root / 'a.parquet')
+  pq.write_table(
+    pa.table({'text': [text[i : i + 200] for i in range(0, 2000, 200)]}), root / 'a.parquet'
+  )
   (root / 'empty').mkdir()
-  files = {'corpus': str(corpus), 'binary': str(root / 'binary.bin'),
-           'utf16': str(root / 'utf16.txt'), 'text': str(root / 'a.txt'),
-           'jsonl': str(root / 'a.jsonl'), 'parquet': str(root / 'a.parquet'),
-           'a_file': str(root / 'a.txt'), 'a_dir': str(root / 'empty'),
-           'cache': str(root / 'cache')}
+  files = {
+    'corpus': str(corpus),
+    'binary': str(root / 'binary.bin'),
+    'utf16': str(root / 'utf16.txt'),
+    'text': str(root / 'a.txt'),
+    'jsonl': str(root / 'a.jsonl'),
+    'parquet': str(root / 'a.parquet'),
+    'a_file': str(root / 'a.txt'),
+    'a_dir': str(root / 'empty'),
+    'cache': str(root / 'cache'),
+  }
   files.update(_write_configs(root))
   return files
 
@@ -261,8 +345,14 @@ def trained_run(paths, tmp_path_factory):
 
 def launch(args: str, env_extra: dict | None = None):
   env = dict(os.environ, JAX_PLATFORMS='cpu', **(env_extra or {}))
-  return subprocess.run([sys.executable, 'launch.py', *shlex.split(args)], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=300)
+  return subprocess.run(
+    [sys.executable, 'launch.py', *shlex.split(args)],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
 
 
 def _prepare(name: str, paths, request, tmp_path) -> str:
@@ -278,20 +368,33 @@ def _prepare(name: str, paths, request, tmp_path) -> str:
   return target
 
 
-@pytest.mark.parametrize('case_id,args,expected', [
-    pytest.param(*case, id=case[0],
-                 marks=[pytest.mark.xdist_group('bad-inputs-run')] if case[0] in SLOW_CASES else [])
-    for case in CASES])
-def test_bad_input_is_one_error_line_exit_2_no_traceback(case_id, args, expected, paths, request,
-                                                         tmp_path):
+@pytest.mark.parametrize(
+  'case_id,args,expected',
+  [
+    pytest.param(
+      *case,
+      id=case[0],
+      marks=[pytest.mark.xdist_group('bad-inputs-run')] if case[0] in SLOW_CASES else [],
+    )
+    for case in CASES
+  ],
+)
+def test_bad_input_is_one_error_line_exit_2_no_traceback(
+  case_id, args, expected, paths, request, tmp_path
+):
   words = shlex.split(args)
   env = {}
-  while words and '=' in words[0] and not words[0].startswith('-') and words[0].split('=')[0].isupper():
+  while (
+    words and '=' in words[0] and not words[0].startswith('-') and words[0].split('=')[0].isupper()
+  ):
     key, _, value = words.pop(0).partition('=')
     env[key] = value
   text = ' '.join(shlex.quote(w) for w in words) + ' ' + expected
-  values = {name: _prepare(name, paths, request, tmp_path)
-            for _, name, _, _ in string.Formatter().parse(text + ' '.join(env.values())) if name}
+  values = {
+    name: _prepare(name, paths, request, tmp_path)
+    for _, name, _, _ in string.Formatter().parse(text + ' '.join(env.values()))
+    if name
+  }
   env = {k: v.format(**values) for k, v in env.items()}
   base = BASE_ARGS.format(**paths, workdir=str(tmp_path / 'workdir'))
   result = launch(base + ' ' + ' '.join(shlex.quote(w) for w in words).format(**values), env)
@@ -307,4 +410,3 @@ def test_bad_input_is_one_error_line_exit_2_no_traceback(case_id, args, expected
 def test_the_table_is_large_and_unique():
   assert len(CASES) >= 80
   assert len({case[0] for case in CASES}) == len(CASES)
-

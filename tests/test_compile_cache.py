@@ -1,4 +1,5 @@
 """mllm.compile_cache: a second process reads the first one's compiled step from disk."""
+
 from __future__ import annotations
 
 import json
@@ -22,15 +23,17 @@ print(json.dumps({'dir': path, 'hits': events.count('/jax/compilation_cache/cach
 
 
 def run(env):
-  out = subprocess.run([sys.executable, '-c', PROGRAM], env=env, cwd=ROOT, capture_output=True,
-                       text=True, check=True)
+  out = subprocess.run(
+    [sys.executable, '-c', PROGRAM], env=env, cwd=ROOT, capture_output=True, text=True, check=True
+  )
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_a_second_process_hits_the_cache_and_computes_the_same(tmp_path):
   env = {k: v for k, v in os.environ.items() if not k.startswith('JAX_COMPILATION_CACHE')}
-  env.update(MLLM_CACHE_DIR=str(tmp_path), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
-             PYTHONPATH=ROOT)
+  env.update(
+    MLLM_CACHE_DIR=str(tmp_path), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0', PYTHONPATH=ROOT
+  )
   first, second = run(env), run(env)
   assert first['dir'] == second['dir'] == str(tmp_path / 'jax')
   assert os.listdir(first['dir'])

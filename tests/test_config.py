@@ -1,5 +1,6 @@
 """Tests for the config system: mllm.load_config, choices, overrides, validation, parse_value,
 config_diff and build_model's validate-first contract."""
+
 from __future__ import annotations
 
 import importlib
@@ -12,17 +13,17 @@ from ml_collections import config_dict
 import mllm
 from mllm import ConfigError
 from mllm import model as model_lib
-from mllm.config import (CHOICES, DTYPES, config_diff, flatten, get_path, parse_value,
-                         validate)
+from mllm.config import CHOICES, config_diff
+from mllm.config_keys import flatten, get_path, parse_value
 from mllm.layers.ffn import FFNS
 from mllm.layers.norms import NORMS, PLACEMENTS
 from mllm.layers.positions import POSITIONS, ROPE_LAYOUTS, ROPE_SCALINGS
 from mllm.ops.attention import ATTENTION_IMPLS
+from mllm.validation import DTYPES, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / 'configs'
-NAMED = ('base', 'rope_swiglu', 'gpt2', 'mistral_like', 'alibi_gelu', 'qwen3_like',
-         'mixtral_like')
+NAMED = ('base', 'rope_swiglu', 'gpt2', 'mistral_like', 'alibi_gelu', 'qwen3_like', 'mixtral_like')
 
 
 def spec(name: str, arg: str | None = None) -> str:
@@ -54,7 +55,7 @@ def raises_config_error(fn, *args, **kwargs) -> ConfigError:
   """Run fn and return the exception; fails (not errors) if it is not exactly a ConfigError."""
   try:
     fn(*args, **kwargs)
-  except Exception as err:  # pylint: disable=broad-except
+  except Exception as err:
     assert type(err) is ConfigError, f'expected ConfigError, got {type(err).__name__}: {err}'
     return err
   pytest.fail('no ConfigError raised')
@@ -65,41 +66,72 @@ def raises_config_error(fn, *args, **kwargs) -> ConfigError:
 # --------------------------------------------------------------------------------------------
 
 EXPECTED = {
-    'base': {
-        'model.position.kind': 'rope', 'model.ffn.kind': 'swiglu', 'model.norm.kind': 'rmsnorm',
-        'model.norm.placement': 'pre', 'model.n_heads': 8, 'model.n_kv_heads': 8,
-        'model.attention.sliding_window': None, 'model.attention.impl': 'auto',
-    },
-    'rope_swiglu': {
-        'model.position.kind': 'rope', 'model.ffn.kind': 'swiglu', 'model.norm.kind': 'rmsnorm',
-        'model.norm.placement': 'pre', 'model.n_heads': 8, 'model.n_kv_heads': 2,
-        'model.attention.sliding_window': None,
-    },
-    'gpt2': {
-        'model.position.kind': 'learned', 'model.ffn.kind': 'gelu',
-        'model.norm.kind': 'layernorm', 'model.norm.placement': 'pre',
-        'model.ffn.use_bias': True, 'model.attention.use_bias': True, 'model.norm.eps': 1e-5,
-        'model.n_kv_heads': 8,
-    },
-    'mistral_like': {
-        'model.position.kind': 'rope', 'model.ffn.kind': 'swiglu', 'model.norm.kind': 'rmsnorm',
-        'model.norm.placement': 'pre', 'model.n_heads': 8, 'model.n_kv_heads': 2,
-        'model.attention.sliding_window': 64, 'model.norm.eps': 1e-5,
-    },
-    'alibi_gelu': {
-        'model.position.kind': 'alibi', 'model.ffn.kind': 'gelu', 'model.norm.kind': 'layernorm',
-        'model.norm.placement': 'pre',
-    },
-    'qwen3_like': {
-        'model.position.kind': 'rope', 'model.ffn.kind': 'swiglu', 'model.norm.kind': 'rmsnorm',
-        'model.norm.placement': 'pre', 'model.n_heads': 8, 'model.n_kv_heads': 2,
-        'model.attention.qk_norm': True, 'model.position.rope_theta': 1e6,
-    },
-    'mixtral_like': {
-        'model.position.kind': 'rope', 'model.ffn.kind': 'moe', 'model.moe.num_experts': 8,
-        'model.moe.top_k': 2, 'model.moe.expert_kind': 'swiglu', 'model.moe.renormalize': True,
-        'model.n_kv_heads': 2, 'model.attention.sliding_window': 64, 'model.norm.eps': 1e-5,
-    },
+  'base': {
+    'model.position.kind': 'rope',
+    'model.ffn.kind': 'swiglu',
+    'model.norm.kind': 'rmsnorm',
+    'model.norm.placement': 'pre',
+    'model.n_heads': 8,
+    'model.n_kv_heads': 8,
+    'model.attention.sliding_window': None,
+    'model.attention.impl': 'auto',
+  },
+  'rope_swiglu': {
+    'model.position.kind': 'rope',
+    'model.ffn.kind': 'swiglu',
+    'model.norm.kind': 'rmsnorm',
+    'model.norm.placement': 'pre',
+    'model.n_heads': 8,
+    'model.n_kv_heads': 2,
+    'model.attention.sliding_window': None,
+  },
+  'gpt2': {
+    'model.position.kind': 'learned',
+    'model.ffn.kind': 'gelu',
+    'model.norm.kind': 'layernorm',
+    'model.norm.placement': 'pre',
+    'model.ffn.use_bias': True,
+    'model.attention.use_bias': True,
+    'model.norm.eps': 1e-5,
+    'model.n_kv_heads': 8,
+  },
+  'mistral_like': {
+    'model.position.kind': 'rope',
+    'model.ffn.kind': 'swiglu',
+    'model.norm.kind': 'rmsnorm',
+    'model.norm.placement': 'pre',
+    'model.n_heads': 8,
+    'model.n_kv_heads': 2,
+    'model.attention.sliding_window': 64,
+    'model.norm.eps': 1e-5,
+  },
+  'alibi_gelu': {
+    'model.position.kind': 'alibi',
+    'model.ffn.kind': 'gelu',
+    'model.norm.kind': 'layernorm',
+    'model.norm.placement': 'pre',
+  },
+  'qwen3_like': {
+    'model.position.kind': 'rope',
+    'model.ffn.kind': 'swiglu',
+    'model.norm.kind': 'rmsnorm',
+    'model.norm.placement': 'pre',
+    'model.n_heads': 8,
+    'model.n_kv_heads': 2,
+    'model.attention.qk_norm': True,
+    'model.position.rope_theta': 1e6,
+  },
+  'mixtral_like': {
+    'model.position.kind': 'rope',
+    'model.ffn.kind': 'moe',
+    'model.moe.num_experts': 8,
+    'model.moe.top_k': 2,
+    'model.moe.expert_kind': 'swiglu',
+    'model.moe.renormalize': True,
+    'model.n_kv_heads': 2,
+    'model.attention.sliding_window': 64,
+    'model.norm.eps': 1e-5,
+  },
 }
 
 
@@ -155,6 +187,7 @@ def test_relative_spec_from_repo_root(monkeypatch):
 # 2. Choices and overrides.
 # --------------------------------------------------------------------------------------------
 
+
 def test_short_choice_names_set_their_keys():
   cfg = load('base', 'pos=alibi,ffn=geglu,norm=layernorm,placement=post')
   assert cfg.model.position.kind == 'alibi'
@@ -163,7 +196,11 @@ def test_short_choice_names_set_their_keys():
   assert cfg.model.norm.placement == 'post'
   # Nothing else changed.
   assert set(config_diff(cfg, load('base'))) == {
-      'model.position.kind', 'model.ffn.kind', 'model.norm.kind', 'model.norm.placement'}
+    'model.position.kind',
+    'model.ffn.kind',
+    'model.norm.kind',
+    'model.norm.placement',
+  }
 
 
 def test_other_short_choice_names():
@@ -208,7 +245,9 @@ def test_later_choices_win():
   assert load('base', 'pos=alibi,pos=t5').model.position.kind == 't5'
 
 
-@pytest.mark.parametrize('name,arg,path,value', [
+@pytest.mark.parametrize(
+  'name,arg,path,value',
+  [
     ('rope_swiglu', 'n_kv_heads=4', 'model.n_kv_heads', 4),
     ('rope_swiglu', 'ffn=geglu', 'model.ffn.kind', 'geglu'),
     ('gpt2', 'pos=rope', 'model.position.kind', 'rope'),
@@ -216,7 +255,8 @@ def test_later_choices_win():
     ('mistral_like', 'window=128', 'model.attention.sliding_window', 128),
     ('alibi_gelu', 'norm=rmsnorm', 'model.norm.kind', 'rmsnorm'),
     ('qwen3_like', 'qk_norm=false', 'model.attention.qk_norm', False),
-])
+  ],
+)
 def test_user_arg_overrides_named_defaults(name, arg, path, value):
   cfg = load(name, arg)
   assert get_path(cfg, path) == value
@@ -233,8 +273,7 @@ def test_overrides_mapping():
 
 
 def test_overrides_apply_after_choices():
-  cfg = load('rope_swiglu', 'n_layers=2', overrides={'model.n_layers': 3,
-                                                     'model.n_kv_heads': 1})
+  cfg = load('rope_swiglu', 'n_layers=2', overrides={'model.n_layers': 3, 'model.n_kv_heads': 1})
   assert cfg.model.n_layers == 3 and cfg.model.n_kv_heads == 1
 
 
@@ -247,7 +286,10 @@ def test_int_override_of_float_field_is_accepted():
 # 3. ConfigError cases.
 # --------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize('arg,key,value,allowed', [
+
+@pytest.mark.parametrize(
+  'arg,key,value,allowed',
+  [
     ('pos=nope', 'model.position.kind', 'nope', list(POSITIONS)),
     ('ffn=nope', 'model.ffn.kind', 'nope', list(FFNS)),
     ('norm=nope', 'model.norm.kind', 'nope', list(NORMS)),
@@ -258,7 +300,8 @@ def test_int_override_of_float_field_is_accepted():
     ('dtype=float16', 'model.dtype', 'float16', list(DTYPES)),
     ('param_dtype=float64', 'model.param_dtype', 'float64', list(DTYPES)),
     ('pos=', 'model.position.kind', '', list(POSITIONS)),
-])
+  ],
+)
 def test_unknown_variant_names(arg, key, value, allowed):
   err = raises_config_error(load, 'base', arg)
   msg = check_error(err, key, value, allowed)
@@ -313,19 +356,24 @@ def test_every_dtype_is_accepted(dtype):
   assert cfg.model.dtype == cfg.model.param_dtype == dtype
 
 
-@pytest.mark.parametrize('n_heads,n_kv_heads,divisors', [
+@pytest.mark.parametrize(
+  'n_heads,n_kv_heads,divisors',
+  [
     (8, 3, '1, 2, 4, 8'),
     (8, 5, '1, 2, 4, 8'),
     (6, 4, '1, 2, 3, 6'),
     (8, 16, '1, 2, 4, 8'),  # more KV heads than query heads
     (7, 8, '1, 7'),
-])
+  ],
+)
 def test_n_kv_heads_must_divide_n_heads(n_heads, n_kv_heads, divisors):
   d_model = 8 * n_heads  # keep d_model divisible by n_heads and head_dim even
-  err = raises_config_error(load, 'base',
-                            f'd_model={d_model},n_heads={n_heads},n_kv_heads={n_kv_heads}')
-  msg = check_error(err, 'model.n_kv_heads', n_kv_heads,
-                    [f'model.n_heads={n_heads}', f'allowed: {divisors}'])
+  err = raises_config_error(
+    load, 'base', f'd_model={d_model},n_heads={n_heads},n_kv_heads={n_kv_heads}'
+  )
+  msg = check_error(
+    err, 'model.n_kv_heads', n_kv_heads, [f'model.n_heads={n_heads}', f'allowed: {divisors}']
+  )
   assert msg.endswith(f'allowed: {divisors}')
 
 
@@ -336,8 +384,12 @@ def test_divisor_n_kv_heads_are_accepted(n_kv_heads):
 
 def test_n_heads_must_divide_d_model_without_head_dim():
   err = raises_config_error(load, 'base', 'd_model=100,n_heads=8,n_kv_heads=8')
-  check_error(err, 'model.n_heads', 8,
-              ['model.d_model=100', 'model.head_dim', '1, 2, 4, 5, 10, 20, 25, 50, 100'])
+  check_error(
+    err,
+    'model.n_heads',
+    8,
+    ['model.d_model=100', 'model.head_dim', '1, 2, 4, 5, 10, 20, 25, 50, 100'],
+  )
 
 
 def test_explicit_head_dim_lifts_the_d_model_divisibility_rule():
@@ -359,8 +411,12 @@ def test_odd_head_dim_without_rope_is_accepted(pos):
 
 def test_rope_scaling_needs_rope():
   err = raises_config_error(load, 'base', 'pos=alibi,rope_scaling=linear')
-  check_error(err, 'model.position.rope_scaling', 'linear',
-              ["model.position.kind='rope'", "'alibi'", "allowed here: 'none'"])
+  check_error(
+    err,
+    'model.position.rope_scaling',
+    'linear',
+    ["model.position.kind='rope'", "'alibi'", "allowed here: 'none'"],
+  )
 
 
 @pytest.mark.parametrize('factor', [0.5, 0.0, -2.0])
@@ -383,15 +439,16 @@ def test_rope_scaling_factor_one_is_accepted():
 
 def test_yarn_betas_must_be_ordered():
   err = raises_config_error(
-      load, 'base', 'rope_scaling=yarn,rope_scaling_factor=2.0,yarn_beta_slow=40.0')
+    load, 'base', 'rope_scaling=yarn,rope_scaling_factor=2.0,yarn_beta_slow=40.0'
+  )
   check_error(err, 'model.position.yarn_beta_slow', 40.0, ['yarn_beta_fast=32.0'])
 
 
 def test_llama3_freq_factors_must_be_ordered():
   err = raises_config_error(
-      load, 'base', 'rope_scaling=llama3,rope_scaling_factor=2.0,llama3_low_freq_factor=5.0')
-  check_error(err, 'model.position.llama3_low_freq_factor', 5.0,
-              ['llama3_high_freq_factor=4.0'])
+    load, 'base', 'rope_scaling=llama3,rope_scaling_factor=2.0,llama3_low_freq_factor=5.0'
+  )
+  check_error(err, 'model.position.llama3_low_freq_factor', 5.0, ['llama3_high_freq_factor=4.0'])
 
 
 @pytest.mark.parametrize('p', [0.0, -0.1, 1.5])
@@ -405,45 +462,68 @@ def test_partial_p_in_range_is_accepted(p):
   assert load('base', f'norm=partial_rmsnorm,partial_p={p}').model.norm.partial_p == p
 
 
-@pytest.mark.parametrize('key,value', [
-    ('model.d_model', 0), ('model.n_layers', -1), ('model.n_layers', 0),
-    ('model.vocab_size', 0), ('model.n_heads', 0), ('model.n_kv_heads', 0),
-    ('model.max_seq_len', 0), ('model.n_layers', True), ('model.n_layers', None),
-])
+@pytest.mark.parametrize(
+  'key,value',
+  [
+    ('model.d_model', 0),
+    ('model.n_layers', -1),
+    ('model.n_layers', 0),
+    ('model.vocab_size', 0),
+    ('model.n_heads', 0),
+    ('model.n_kv_heads', 0),
+    ('model.max_seq_len', 0),
+    ('model.n_layers', True),
+    ('model.n_layers', None),
+  ],
+)
 def test_sizes_must_be_positive_integers(key, value):
   err = raises_config_error(load, 'base', overrides={key: value})
   check_error(err, key, value, ['positive integer'])
 
 
-@pytest.mark.parametrize('arg,key,value', [
+@pytest.mark.parametrize(
+  'arg,key,value',
+  [
     ('d_model=0', 'model.d_model', 0),
     ('n_layers=-1', 'model.n_layers', -1),
-])
+  ],
+)
 def test_sizes_must_be_positive_via_choices(arg, key, value):
   check_error(raises_config_error(load, 'base', arg), key, value, ['positive integer'])
 
 
-@pytest.mark.parametrize('key,value', [
-    ('model.init_std', 0.0), ('model.norm.eps', 0.0), ('model.attention.softmax_scale', -1.0),
+@pytest.mark.parametrize(
+  'key,value',
+  [
+    ('model.init_std', 0.0),
+    ('model.norm.eps', 0.0),
+    ('model.attention.softmax_scale', -1.0),
     ('model.position.rope_theta', 0.0),
-])
+  ],
+)
 def test_positive_numbers(key, value):
   err = raises_config_error(load, 'base', overrides={key: value})
   check_error(err, key, value, ['must be a positive number'])
 
 
-@pytest.mark.parametrize('key,value', [
-    ('model.head_dim', 0), ('model.head_dim', -2), ('model.ffn.d_ff', 0),
-    ('model.ffn.multiple_of', 0), ('model.attention.sliding_window', 0), ('data.seq_len', 0),
+@pytest.mark.parametrize(
+  'key,value',
+  [
+    ('model.head_dim', 0),
+    ('model.head_dim', -2),
+    ('model.ffn.d_ff', 0),
+    ('model.ffn.multiple_of', 0),
+    ('model.attention.sliding_window', 0),
+    ('data.seq_len', 0),
     ('data.batch_size', 0),
-])
+  ],
+)
 def test_positive_integers(key, value):
   err = raises_config_error(load, 'base', overrides={key: value})
   check_error(err, key, value, ['must be a positive integer'])
 
 
-@pytest.mark.parametrize('key', ['model.dropout', 'model.embed_dropout',
-                                 'model.attention.dropout'])
+@pytest.mark.parametrize('key', ['model.dropout', 'model.embed_dropout', 'model.attention.dropout'])
 @pytest.mark.parametrize('rate', [1.0, -0.1, 1.5])
 def test_dropout_rate_range(key, rate):
   err = raises_config_error(load, 'base', f'{key}={rate}')
@@ -504,11 +584,14 @@ def test_unknown_choice_key(arg, value):
   assert 'dotted path' in msg and 'unique leaf name' in msg
 
 
-@pytest.mark.parametrize('key,paths', [
+@pytest.mark.parametrize(
+  'key,paths',
+  [
     ('dropout', ['model.dropout', 'model.attention.dropout']),
     ('kind', ['model.position.kind', 'model.ffn.kind', 'model.norm.kind']),
     ('use_bias', ['model.attention.use_bias', 'model.ffn.use_bias', 'model.norm.use_bias']),
-])
+  ],
+)
 def test_ambiguous_choice_key_lists_the_candidates(key, paths):
   err = raises_config_error(load, 'base', f'{key}=0')
   msg = check_error(err, key, 0, ['ambiguous'])
@@ -516,31 +599,38 @@ def test_ambiguous_choice_key_lists_the_candidates(key, paths):
     assert path in msg
 
 
-@pytest.mark.parametrize('arg,item', [('pos', 'pos'), ('pos=alibi,ffn', 'ffn'),
-                                      ('n_layers:2', 'n_layers:2')])
+@pytest.mark.parametrize(
+  'arg,item', [('pos', 'pos'), ('pos=alibi,ffn', 'ffn'), ('n_layers:2', 'n_layers:2')]
+)
 def test_malformed_choice_item(arg, item):
   err = raises_config_error(load, 'base', arg)
   check_error(err, 'config arg', item, ['key=value'])
 
 
-@pytest.mark.parametrize('key,where,listed', [
+@pytest.mark.parametrize(
+  'key,where,listed',
+  [
     ('model.n_layerz', 'keys under model:', ['n_layers', 'd_model', 'n_kv_heads', 'attention']),
     ('modl.n_layers', 'keys under the config:', ['model', 'data', 'seed']),
     ('model.atention.impl', 'keys under model:', ['attention', 'position']),
     ('model.attention.implementation', 'keys under model.attention:', ['impl', 'sliding_window']),
     ('model.n_layers.x', 'keys under model:', ['n_layers']),
-])
+  ],
+)
 def test_unknown_override_key(key, where, listed):
   err = raises_config_error(load, 'base', overrides={key: 2})
   check_error(err, key, 2, ['no such key', where, *listed])
 
 
-@pytest.mark.parametrize('key,value,expected', [
+@pytest.mark.parametrize(
+  'key,value,expected',
+  [
     ('model.n_layers', 'four', 'int'),
     ('model.n_layers', 2.5, 'int'),
     ('model.position.kind', 3, 'str'),
     ('model.head_dim', 'x', 'expected int'),  # an unset placeholder knows its declared type
-])
+  ],
+)
 def test_wrong_type_override(key, value, expected):
   err = raises_config_error(load, 'base', overrides={key: value})
   check_error(err, key, value, ['wrong type', expected])
@@ -592,22 +682,31 @@ def test_seq_len_beyond_max_seq_len_ok_without_learned_positions(pos):
 # Inputs that once escaped as TypeError or chose the wrong value: each must be a ConfigError (or,
 # for variants named 'none', select that variant).
 
-@pytest.mark.parametrize('arg', [
+
+@pytest.mark.parametrize(
+  'arg',
+  [
     'pos=t5,t5_max_distance=none',
     'rope_scaling=linear,rope_scaling_factor=none',
     'rope_scaling=yarn,rope_scaling_factor=2.0,yarn_beta_slow=none',
     'rope_scaling=llama3,rope_scaling_factor=2.0,llama3_high_freq_factor=none',
-])
+  ],
+)
 def test_none_numeric_values_raise_config_error(arg):
   raises_config_error(load, 'base', arg)
 
 
-@pytest.mark.parametrize('arg,path', [
+@pytest.mark.parametrize(
+  'arg,path',
+  [
     ('pos=none', 'model.position.kind'),
     ('norm=none', 'model.norm.kind'),
-    ('rope_scaling=linear,rope_scaling_factor=2.0,rope_scaling=none',
-     'model.position.rope_scaling'),
-])
+    (
+      'rope_scaling=linear,rope_scaling_factor=2.0,rope_scaling=none',
+      'model.position.rope_scaling',
+    ),
+  ],
+)
 def test_none_named_variant_via_choice(arg, path):
   assert get_path(load('base', arg), path) == 'none'
 
@@ -624,12 +723,30 @@ def test_unhashable_literal_choice_raises_config_error():
 # 4. parse_value.
 # --------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize('text,expected', [
-    ('4', 4), ('-3', -3), (' 4 ', 4), ('0.5', 0.5), ('1e-5', 1e-5), ('1000000.0', 1e6),
-    ('true', True), ('True', True), ('TRUE', True), ('false', False), ('False', False),
-    ('None', None), ('none', None), ('null', None),
-    ('rope', 'rope'), ('float32', 'float32'), ("'4'", '4'), ('', ''),
-])
+
+@pytest.mark.parametrize(
+  'text,expected',
+  [
+    ('4', 4),
+    ('-3', -3),
+    (' 4 ', 4),
+    ('0.5', 0.5),
+    ('1e-5', 1e-5),
+    ('1000000.0', 1e6),
+    ('true', True),
+    ('True', True),
+    ('TRUE', True),
+    ('false', False),
+    ('False', False),
+    ('None', None),
+    ('none', None),
+    ('null', None),
+    ('rope', 'rope'),
+    ('float32', 'float32'),
+    ("'4'", '4'),
+    ('', ''),
+  ],
+)
 def test_parse_value(text, expected):
   result = parse_value(text)
   assert result == expected
@@ -640,13 +757,15 @@ def test_parse_value(text, expected):
 # 5. config_diff.
 # --------------------------------------------------------------------------------------------
 
+
 def test_config_diff_identical_is_empty():
   assert config_diff(load('base'), load('base')) == {}
 
 
 def test_config_diff_one_override():
   assert config_diff(load('base', overrides={'model.n_layers': 3}), load('base')) == {
-      'model.n_layers': (4, 3)}
+    'model.n_layers': (4, 3)
+  }
 
 
 def test_config_diff_rope_swiglu_vs_base():
@@ -655,32 +774,33 @@ def test_config_diff_rope_swiglu_vs_base():
 
 def test_config_diff_gpt2_vs_base():
   assert config_diff(load('gpt2'), load('base')) == {
-      'model.position.kind': ('rope', 'learned'),
-      'model.ffn.kind': ('swiglu', 'gelu'),
-      'model.norm.kind': ('rmsnorm', 'layernorm'),
-      'model.ffn.use_bias': (False, True),
-      'model.attention.use_bias': (False, True),
-      'model.norm.eps': (1e-6, 1e-5),
+    'model.position.kind': ('rope', 'learned'),
+    'model.ffn.kind': ('swiglu', 'gelu'),
+    'model.norm.kind': ('rmsnorm', 'layernorm'),
+    'model.ffn.use_bias': (False, True),
+    'model.attention.use_bias': (False, True),
+    'model.norm.eps': (1e-6, 1e-5),
   }
 
 
 def test_config_diff_placeholder_and_direction():
   mistral, base = load('mistral_like'), load('base')
   assert config_diff(mistral, base) == {
-      'model.n_kv_heads': (8, 2),
-      'model.attention.sliding_window': (None, 64),
-      'model.norm.eps': (1e-6, 1e-5),
+    'model.n_kv_heads': (8, 2),
+    'model.attention.sliding_window': (None, 64),
+    'model.norm.eps': (1e-6, 1e-5),
   }
   assert config_diff(base, mistral) == {
-      'model.n_kv_heads': (2, 8),
-      'model.attention.sliding_window': (64, None),
-      'model.norm.eps': (1e-5, 1e-6),
+    'model.n_kv_heads': (2, 8),
+    'model.attention.sliding_window': (64, None),
+    'model.norm.eps': (1e-5, 1e-6),
   }
 
 
 # --------------------------------------------------------------------------------------------
 # 6. build_model validates first.
 # --------------------------------------------------------------------------------------------
+
 
 class _NoRngs:
   """Stands in for nnx.Rngs: any use (i.e. any parameter being created) fails the test."""
@@ -714,17 +834,19 @@ def test_build_model_validates_unlocked_loaded_config(part, no_transformer):
   cfg = mllm.load_config(spec('base'))
   with cfg.unlocked():
     cfg.model.n_kv_heads = 3
-  err = raises_config_error(mllm.build_model, cfg if part == 'full' else cfg.model,
-                            rngs=_NoRngs())
+  err = raises_config_error(mllm.build_model, cfg if part == 'full' else cfg.model, rngs=_NoRngs())
   check_error(err, 'model.n_kv_heads', 3, ['1, 2, 4, 8'])
   assert no_transformer == []
 
 
-@pytest.mark.parametrize('field,value,key', [
+@pytest.mark.parametrize(
+  'field,value,key',
+  [
     ('n_kv_heads', 3, 'model.n_kv_heads'),
     ('head_dim', 33, 'model.head_dim'),
     ('dropout', 1.0, 'model.dropout'),
-])
+  ],
+)
 def test_build_model_validates_get_config(monkeypatch, no_transformer, field, value, key):
   cfg = _base_module(monkeypatch).get_config()  # unvalidated, unlocked
   cfg.model[field] = value
@@ -745,11 +867,15 @@ def test_build_model_tiny_valid_config():
   import jax
   import jax.numpy as jnp
   from flax import nnx
-  cfg = load('rope_swiglu', 'vocab_size=32,d_model=16,n_layers=1,n_heads=4,n_kv_heads=2,'
-                            'max_seq_len=16,seq_len=16')
+
+  cfg = load(
+    'rope_swiglu',
+    'vocab_size=32,d_model=16,n_layers=1,n_heads=4,n_kv_heads=2,max_seq_len=16,seq_len=16',
+  )
   model = nnx.eval_shape(lambda: mllm.build_model(cfg, rngs=nnx.Rngs(0)))
   assert isinstance(model, mllm.Transformer)
   assert len(model.blocks) == 1
-  logits = jax.eval_shape(lambda t: mllm.build_model(cfg, rngs=nnx.Rngs(0))(t),
-                          jax.ShapeDtypeStruct((1, 4), jnp.int32))
+  logits = jax.eval_shape(
+    lambda t: mllm.build_model(cfg, rngs=nnx.Rngs(0))(t), jax.ShapeDtypeStruct((1, 4), jnp.int32)
+  )
   assert logits.shape == (1, 4, 32) and logits.dtype == jnp.float32

@@ -3,6 +3,7 @@
 Expected values are recomputed independently (hashlib splits, Python loops over windows, plain
 UTF-8 bytes), on tiny corpora written to tmp_path.
 """
+
 from __future__ import annotations
 
 import functools
@@ -18,15 +19,49 @@ import grain
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from hypothesis import given, settings, strategies as st
-
 from conftest import tiny_config
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from mllm.config import ConfigError
-from mllm.data import build_data, corpus as corpus_lib, pipeline, sources
+from mllm.data import build_data, pipeline, sources
+from mllm.data import corpus as corpus_lib
 from mllm.data.tokenizers import BPETokenizer, ByteTokenizer
 
-WORDS = ('alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi '
-         'rho sigma tau upsilon phi chi psi omega café naïve 東京 😀 def return class import').split()
+WORDS = [
+  'alpha',
+  'beta',
+  'gamma',
+  'delta',
+  'epsilon',
+  'zeta',
+  'eta',
+  'theta',
+  'iota',
+  'kappa',
+  'lambda',
+  'mu',
+  'nu',
+  'xi',
+  'omicron',
+  'pi',
+  'rho',
+  'sigma',
+  'tau',
+  'upsilon',
+  'phi',
+  'chi',
+  'psi',
+  'omega',
+  'café',
+  'naïve',
+  '東京',
+  '😀',
+  'def',
+  'return',
+  'class',
+  'import',
+]
 
 
 def random_text(rng: random.Random, n_words: int) -> str:
@@ -56,8 +91,13 @@ def write_text_corpus(root, n_docs: int = 12, seed: int = 0) -> dict[str, str]:
 
 
 def config(tmp_path, **overrides):
-  kw = dict(data__cache_dir=str(tmp_path / 'cache'), data__tokenizer='byte',
-            model__vocab_size=300, data__val_fraction=0.25, data__batch_size=4)
+  kw = dict(
+    data__cache_dir=str(tmp_path / 'cache'),
+    data__tokenizer='byte',
+    model__vocab_size=300,
+    data__val_fraction=0.25,
+    data__batch_size=4,
+  )
   kw.update(overrides)
   return tiny_config(**kw)
 
@@ -97,6 +137,7 @@ def assert_batches_equal(a, b):
 # Packing.
 # --------------------------------------------------------------------------------------------
 
+
 def loop_pack(window, seq_len, eos, pad):
   """A per-token Python recomputation of pack_window's segment ids and positions."""
   n = len(window) - 1
@@ -128,8 +169,9 @@ def test_pack_window_matches_loop(seq_len, data):
   np.testing.assert_array_equal(row['targets'], padded[1:])
   np.testing.assert_array_equal(row['segment_ids'], segs)
   np.testing.assert_array_equal(row['positions'], poss)
-  np.testing.assert_array_equal(row['loss_mask'],
-                                [1.0] * (length - 1) + [0.0] * (seq_len + 1 - length))
+  np.testing.assert_array_equal(
+    row['loss_mask'], [1.0] * (length - 1) + [0.0] * (seq_len + 1 - length)
+  )
   for k in ('inputs', 'targets', 'positions', 'segment_ids'):
     assert row[k].dtype == np.int32
   assert row['loss_mask'].dtype == np.float32
@@ -155,21 +197,25 @@ def test_windows_reproduce_the_stream(tmp_path, n_docs, seq_len):
   # No token lost or repeated: the real inputs are stream[:-1], the real targets stream[1:].
   np.testing.assert_array_equal(np.concatenate([r['inputs'] for r in rows])[mask], stream[:-1])
   np.testing.assert_array_equal(np.concatenate([r['targets'] for r in rows])[mask], stream[1:])
-  assert mask.sum() == len(stream) - 1 and mask[:len(stream) - 1].all()
+  assert mask.sum() == len(stream) - 1 and mask[: len(stream) - 1].all()
   for i, r in enumerate(rows):
-    window = stream[i * seq_len: i * seq_len + seq_len + 1]
+    window = stream[i * seq_len : i * seq_len + seq_len + 1]
     segs, poss = loop_pack(list(window), seq_len, tok.eos_id, tok.pad_id)
     np.testing.assert_array_equal(r['segment_ids'], segs)
     np.testing.assert_array_equal(r['positions'], poss)
   # Positions restart at each document: they count the tokens since the last <eos>.
   inputs = np.concatenate([r['inputs'] for r in rows])[mask]
-  assert all(inputs[j] == tok.eos_id for j in np.flatnonzero(
-      np.concatenate([r['positions'] for r in rows])[mask] == 0) if j % seq_len)
+  assert all(
+    inputs[j] == tok.eos_id
+    for j in np.flatnonzero(np.concatenate([r['positions'] for r in rows])[mask] == 0)
+    if j % seq_len
+  )
 
 
 # --------------------------------------------------------------------------------------------
 # Tokenizers.
 # --------------------------------------------------------------------------------------------
+
 
 @functools.lru_cache(maxsize=1)
 def small_bpe() -> BPETokenizer:
@@ -187,8 +233,11 @@ def test_byte_tokenizer():
 
 def gpt2_bytes_to_unicode() -> dict[int, str]:
   """GPT-2's byte -> printable character table, which byte-level BPE symbols are written in."""
-  keep = list(range(ord('!'), ord('~') + 1)) + list(range(ord('¡'), ord('¬') + 1)) + list(
-      range(ord('®'), ord('ÿ') + 1))
+  keep = (
+    list(range(ord('!'), ord('~') + 1))
+    + list(range(ord('¡'), ord('¬') + 1))
+    + list(range(ord('®'), ord('ÿ') + 1))
+  )
   table, extra = {}, 0
   for b in range(256):
     if b in keep:
@@ -220,8 +269,9 @@ def test_bpe_training_is_deterministic():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.text(max_size=60)
-       | st.text(alphabet=st.sampled_from(list('ab \n\té東😀\x00')), max_size=60))
+@given(
+  st.text(max_size=60) | st.text(alphabet=st.sampled_from(list('ab \n\té東😀\x00')), max_size=60)
+)
 def test_round_trip_and_token_bytes(text):
   for tok in (ByteTokenizer(), small_bpe()):
     ids = tok.encode(text)
@@ -267,8 +317,10 @@ def test_bpe_build_saves_and_reuses_tokenizer(tmp_path):
   assert json.loads(saved.read_text())['model']['type'] == 'BPE'
   # The stream holds exactly this tokenizer's encoding of the train documents.
   docs = write_text_corpus(tmp_path / 'expected')
-  np.testing.assert_array_equal(data.corpus.streams['train'], expected_stream(
-      docs, 'train', 0.25, data.tokenizer.encode, data.tokenizer.eos_id))
+  np.testing.assert_array_equal(
+    data.corpus.streams['train'],
+    expected_stream(docs, 'train', 0.25, data.tokenizer.encode, data.tokenizer.eos_id),
+  )
   # Resuming: workdir/tokenizer.json wins, even over a different tokenizer the config would train.
   other = BPETokenizer.train(['zzzz yyyy ' * 50], 270)
   other.save(str(saved))
@@ -283,19 +335,25 @@ def test_vocab_size_errors(tmp_path):
   with pytest.raises(ConfigError, match=r"^model\.vocab_size=257: .*allowed: >= 258"):
     build_data(text_config(tmp_path, model__vocab_size=257), str(tmp_path / 'w'))
   with pytest.raises(ConfigError, match=r"^model\.vocab_size=100: .*>= 258"):
-    build_data(text_config(tmp_path, data__tokenizer='bpe', model__vocab_size=100),
-               str(tmp_path / 'w'))
+    build_data(
+      text_config(tmp_path, data__tokenizer='bpe', model__vocab_size=100), str(tmp_path / 'w')
+    )
   (tmp_path / 'w3').mkdir()
   small_bpe().save(str(tmp_path / 'w3' / 'tokenizer.json'))  # 320 tokens
-  with pytest.raises(ConfigError, match=r"^model\.vocab_size=300: the bpe tokenizer has 320 "
-                                        r"tokens; allowed: >= 320$"):
-    build_data(text_config(tmp_path, data__tokenizer='bpe', model__vocab_size=300),
-               str(tmp_path / 'w3'))
+  with pytest.raises(
+    ConfigError,
+    match=r"^model\.vocab_size=300: the bpe tokenizer has 320 "
+    r"tokens; allowed: >= 320$",
+  ):
+    build_data(
+      text_config(tmp_path, data__tokenizer='bpe', model__vocab_size=300), str(tmp_path / 'w3')
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # Sources.
 # --------------------------------------------------------------------------------------------
+
 
 def doc_texts(cfg) -> list[tuple[str, str]]:
   return [(d.key, d.text) for d in sources.make_source(cfg.data).documents()]
@@ -311,14 +369,18 @@ def test_single_text_file_is_split_into_blank_line_blocks(tmp_path):
   path = tmp_path / 'one.txt'
   path.write_text('first para\nline two\n\n\nsecond\n  \nthird\n')
   cfg = config(tmp_path, data__source='text', data__path=str(path))
-  assert doc_texts(cfg) == [('one.txt:0', 'first para\nline two'), ('one.txt:1', 'second'),
-                            ('one.txt:2', 'third')]
+  assert doc_texts(cfg) == [
+    ('one.txt:0', 'first para\nline two'),
+    ('one.txt:1', 'second'),
+    ('one.txt:2', 'third'),
+  ]
 
 
 def write_rows(tmp_path, texts, field='text'):
   """texts as jsonl (two files in a folder, plus a nested one) and parquet (a folder of two)."""
   import pyarrow as pa
   import pyarrow.parquet as pq
+
   jdir, pdir = tmp_path / 'jsonl', tmp_path / 'parquet'
   (jdir / 'sub').mkdir(parents=True)
   pdir.mkdir()
@@ -332,8 +394,15 @@ def write_rows(tmp_path, texts, field='text'):
   return jdir, pdir, [('a', parts[0]), ('b', parts[1]), ('sub/c', parts[2])]
 
 
-ROWS = ['row zero', 'row one é', '', 'row three 😀', 'row four', 'row five\nwith two lines',
-        'row six']
+ROWS = [
+  'row zero',
+  'row one é',
+  '',
+  'row three 😀',
+  'row four',
+  'row five\nwith two lines',
+  'row six',
+]
 
 
 def test_jsonl_and_parquet_sources(tmp_path):
@@ -344,10 +413,13 @@ def test_jsonl_and_parquet_sources(tmp_path):
   assert doc_texts(single) == expected[:3]
   got = doc_texts(config(tmp_path, data__source='parquet', data__path=str(pdir)))
   assert got == [(f'a.parquet:{i}', t) for i, t in enumerate(ROWS[:4])] + [
-      (f'b.parquet:{i}', t) for i, t in enumerate(ROWS[4:])]
+    (f'b.parquet:{i}', t) for i, t in enumerate(ROWS[4:])
+  ]
   # End to end: the empty row is no document; the stats count the rest.
-  data = build_data(config(tmp_path, data__source='parquet', data__path=str(pdir),
-                           data__val_fraction=0.0), str(tmp_path / 'w'))
+  data = build_data(
+    config(tmp_path, data__source='parquet', data__path=str(pdir), data__val_fraction=0.0),
+    str(tmp_path / 'w'),
+  )
   assert data.stats['train']['docs'] == 6
   assert data.stats['train']['bytes'] == sum(len(t.encode()) for t in ROWS)
   assert data.stats['train']['tokens'] == 6 + sum(len(t.encode()) for t in ROWS)
@@ -355,24 +427,39 @@ def test_jsonl_and_parquet_sources(tmp_path):
 
 def test_hf_sources(tmp_path):
   import datasets
+
   jdir, _, _ = write_rows(tmp_path, ROWS)
   by_name = doc_texts(config(tmp_path, data__source='hf', data__path=str(jdir)))
   assert sorted(t for _, t in by_name) == sorted(ROWS)
   ds = datasets.Dataset.from_dict({'body': ROWS, 'n': list(range(len(ROWS)))})
   ds.save_to_disk(str(tmp_path / 'saved'))
-  cfg = config(tmp_path, data__source='hf', data__path=str(tmp_path / 'saved'),
-               data__text_field='body')
+  cfg = config(
+    tmp_path, data__source='hf', data__path=str(tmp_path / 'saved'), data__text_field='body'
+  )
   assert doc_texts(cfg) == [(f'saved:{i}', t) for i, t in enumerate(ROWS)]
   datasets.DatasetDict(train=ds.select(range(2)), other=ds).save_to_disk(str(tmp_path / 'dict'))
-  cfg = config(tmp_path, data__source='hf', data__path=str(tmp_path / 'dict'),
-               data__text_field='body', data__hf_split='other')
+  cfg = config(
+    tmp_path,
+    data__source='hf',
+    data__path=str(tmp_path / 'dict'),
+    data__text_field='body',
+    data__hf_split='other',
+  )
   assert [t for _, t in doc_texts(cfg)] == ROWS
   with pytest.raises(ConfigError, match=r"^data\.hf_split='nope': .*allowed: .*train"):
-    sources.make_source(config(tmp_path, data__source='hf', data__path=str(tmp_path / 'dict'),
-                               data__text_field='body', data__hf_split='nope').data)
+    sources.make_source(
+      config(
+        tmp_path,
+        data__source='hf',
+        data__path=str(tmp_path / 'dict'),
+        data__text_field='body',
+        data__hf_split='nope',
+      ).data
+    )
   with pytest.raises(ConfigError, match=r"^data\.text_field='text': .*columns found: body, n$"):
     sources.make_source(
-        config(tmp_path, data__source='hf', data__path=str(tmp_path / 'saved')).data)
+      config(tmp_path, data__source='hf', data__path=str(tmp_path / 'saved')).data
+    )
   missing = str(tmp_path / 'missing')
   with pytest.raises(ConfigError, match=r"^data\.path='.*missing': no such file or folder"):
     sources.make_source(config(tmp_path, data__source='hf', data__path=missing).data)
@@ -386,16 +473,20 @@ PLAIN = ' and then enough plain text to keep the share of bad bytes under ten pe
 def test_undecodable_bytes_are_replaced(tmp_path):
   (tmp_path / 'bad').mkdir()
   (tmp_path / 'bad' / 'a.txt').write_bytes(b'ok \xff\xfe then \xc3' + PLAIN.encode())
-  cfg = config(tmp_path, data__source='text', data__path=str(tmp_path / 'bad'),
-               data__val_fraction=0.0)
+  cfg = config(
+    tmp_path, data__source='text', data__path=str(tmp_path / 'bad'), data__val_fraction=0.0
+  )
   assert doc_texts(cfg) == [('a.txt', 'ok \ufffd\ufffd then \ufffd' + PLAIN)]
   (tmp_path / 'bad.jsonl').write_bytes(b'{"text": "x \xff y"}\n')
   cfg_j = config(tmp_path, data__source='jsonl', data__path=str(tmp_path / 'bad.jsonl'))
   assert doc_texts(cfg_j) == [('bad.jsonl:0', 'x \ufffd y')]
   import pyarrow as pa
   import pyarrow.parquet as pq
-  pq.write_table(pa.table({'text': pa.array([b'p \xff q' + PLAIN.encode()], pa.binary())}),
-                 tmp_path / 'bad.parquet')
+
+  pq.write_table(
+    pa.table({'text': pa.array([b'p \xff q' + PLAIN.encode()], pa.binary())}),
+    tmp_path / 'bad.parquet',
+  )
   cfg_p = config(tmp_path, data__source='parquet', data__path=str(tmp_path / 'bad.parquet'))
   assert doc_texts(cfg_p) == [('bad.parquet:0', 'p \ufffd q' + PLAIN)]
   data = build_data(cfg, str(tmp_path / 'w'))
@@ -404,8 +495,15 @@ def test_undecodable_bytes_are_replaced(tmp_path):
 
 def test_stdlib_source_lists_sorted_py_files_outside_site_packages(tmp_path, monkeypatch):
   root = tmp_path / 'lib'
-  for rel in ('z.py', 'a/b.py', 'a/c.txt', 'site-packages/pkg/x.py', 'a/dist-packages/y.py',
-              'B.py', 'a/__init__.py'):
+  for rel in (
+    'z.py',
+    'a/b.py',
+    'a/c.txt',
+    'site-packages/pkg/x.py',
+    'a/dist-packages/y.py',
+    'B.py',
+    'a/__init__.py',
+  ):
     (root / rel).parent.mkdir(parents=True, exist_ok=True)
     (root / rel).write_text(f'# {rel}\n' if rel != 'a/__init__.py' else '')
   monkeypatch.setattr(sources, 'stdlib_root', lambda: str(root))
@@ -428,8 +526,10 @@ def test_split_is_a_stable_hash_of_the_key(tmp_path):
   n_val = sum(expected_val(k, 0.3) for k in docs)
   assert 0 < n_val < 40 and data.stats['val']['docs'] == n_val
   for split in ('train', 'val'):
-    np.testing.assert_array_equal(data.corpus.streams[split], expected_stream(
-        docs, split, 0.3, data.tokenizer.encode, data.tokenizer.eos_id))
+    np.testing.assert_array_equal(
+      data.corpus.streams[split],
+      expected_stream(docs, split, 0.3, data.tokenizer.encode, data.tokenizer.eos_id),
+    )
     assert data.stats[split]['tokens'] == len(data.corpus.streams[split])
 
 
@@ -451,13 +551,17 @@ def test_missing_or_empty_source_is_a_config_error(tmp_path, make):
   with pytest.raises(ConfigError, match=rf"^data\.path='{re.escape(str(path))}': "):
     build_data(cfg, str(tmp_path / 'w'))
   assert not (tmp_path / 'cache').exists() or not any(
-      p.name.startswith('corpus-') for p in (tmp_path / 'cache').iterdir())
+    p.name.startswith('corpus-') for p in (tmp_path / 'cache').iterdir()
+  )
 
 
 def test_missing_text_field_names_the_columns(tmp_path):
   jdir, pdir, _ = write_rows(tmp_path, ROWS, field='body')
-  with pytest.raises(ConfigError, match=r"^data\.text_field='text': no such field in .*a\.jsonl; "
-                                        r"fields found: body, id$"):
+  with pytest.raises(
+    ConfigError,
+    match=r"^data\.text_field='text': no such field in .*a\.jsonl; "
+    r"fields found: body, id$",
+  ):
     doc_texts(config(tmp_path, data__source='jsonl', data__path=str(jdir)))
   with pytest.raises(ConfigError, match=r"^data\.text_field='text': .*fields found: body, n$"):
     doc_texts(config(tmp_path, data__source='parquet', data__path=str(pdir)))
@@ -471,6 +575,7 @@ def test_batch_size_must_divide_by_process_count(tmp_path):
 # --------------------------------------------------------------------------------------------
 # The cache.
 # --------------------------------------------------------------------------------------------
+
 
 def test_second_build_reuses_the_cache(tmp_path, monkeypatch):
   cfg = text_config(tmp_path)
@@ -525,10 +630,16 @@ def test_cache_dir_falls_back_to_env(tmp_path, monkeypatch):
 # The grain pipelines.
 # --------------------------------------------------------------------------------------------
 
+
 def index_dataset(n, seed, global_batch, process_index, process_count):
-  return pipeline.train_dataset(lambda i: {'i': np.int64(i)}, n, seed=seed,
-                                global_batch=global_batch, process_index=process_index,
-                                process_count=process_count)
+  return pipeline.train_dataset(
+    lambda i: {'i': np.int64(i)},
+    n,
+    seed=seed,
+    global_batch=global_batch,
+    process_index=process_index,
+    process_count=process_count,
+  )
 
 
 @pytest.mark.parametrize('process_count', [1, 2, 3])
@@ -557,8 +668,9 @@ def test_the_processes_rows_stacked_are_the_single_process_batch(process_count):
   whole = index_dataset(n, 7, global_batch, 0, 1)
   shards = [index_dataset(n, 7, global_batch, p, process_count) for p in range(process_count)]
   for step in range(3 * n // global_batch):
-    np.testing.assert_array_equal(np.concatenate([ds[step]['i'] for ds in shards]),
-                                  whole[step]['i'])
+    np.testing.assert_array_equal(
+      np.concatenate([ds[step]['i'] for ds in shards]), whole[step]['i']
+    )
 
 
 def test_train_batches_depend_only_on_the_seed(tmp_path):
@@ -599,8 +711,9 @@ def test_iterator_round_trip_through_orbax(tmp_path):
   manager.wait_until_finished()
   expected = take(it, 10)
   fresh = data.train_iterator()
-  restored = manager.restore(7, args=ocp.args.Composite(
-      data=grain.checkpoint.CheckpointRestore(fresh)))
+  restored = manager.restore(
+    7, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(fresh))
+  )
   assert_batches_equal(take(restored['data'], 10), expected)
   manager.close()
 
@@ -608,8 +721,10 @@ def test_iterator_round_trip_through_orbax(tmp_path):
 @pytest.mark.parametrize('process_count', [1, 2, 4])
 def test_eval_batches_are_fixed_and_padded_evenly(tmp_path, process_count):
   cfg = text_config(tmp_path, 40, data__val_fraction=0.3, data__batch_size=4, data__seq_len=11)
-  per_process = [build_data(cfg, str(tmp_path / 'w'), process_index=p, process_count=process_count)
-                 for p in range(process_count)]
+  per_process = [
+    build_data(cfg, str(tmp_path / 'w'), process_index=p, process_count=process_count)
+    for p in range(process_count)
+  ]
   data = per_process[0]
   n = data.n_windows('val')
   assert n % 4  # so the last batch is partial
@@ -635,8 +750,13 @@ def test_eval_batches_are_fixed_and_padded_evenly(tmp_path, process_count):
 @pytest.mark.slow
 def test_real_stdlib_corpus(tmp_path):
   """The default corpus end to end (~1-2 min on 2 cores: BPE training and tokenizing ~31 MB)."""
-  cfg = config(tmp_path, data__source='stdlib', data__tokenizer='bpe', model__vocab_size=512,
-               data__val_fraction=0.02)
+  cfg = config(
+    tmp_path,
+    data__source='stdlib',
+    data__tokenizer='bpe',
+    model__vocab_size=512,
+    data__val_fraction=0.02,
+  )
   data = build_data(cfg, str(tmp_path / 'w'))
   source = sources.make_source(cfg.data)
   texts = {d.key: d.text for d in source.documents()}
@@ -656,20 +776,35 @@ def test_token_bytes_of_a_sentencepiece_style_tokenizer():
   token_bytes counts '▁' as the space it stands for and a byte token as one byte, so the bytes of
   an encoded text sum to its UTF-8 length plus the one space Metaspace prepends."""
   from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
   specials = ['<unk>', '<s>', '</s>']
   pieces = specials + [f'<0x{b:02X}>' for b in range(256)] + ['▁', 'a', 'b', '▁a', 'ab', '▁ab']
-  model = models.BPE(vocab={p: i for i, p in enumerate(pieces)},
-                     merges=[('▁', 'a'), ('a', 'b'), ('▁a', 'b')], byte_fallback=True,
-                     unk_token='<unk>')
+  model = models.BPE(
+    vocab={p: i for i, p in enumerate(pieces)},
+    merges=[('▁', 'a'), ('a', 'b'), ('▁a', 'b')],
+    byte_fallback=True,
+    unk_token='<unk>',
+  )
   raw = Tokenizer(model)
   raw.pre_tokenizer = pre_tokenizers.Metaspace(replacement='▁', prepend_scheme='first')
-  raw.decoder = decoders.Sequence([decoders.Replace('▁', ' '), decoders.ByteFallback(),
-                                   decoders.Fuse(), decoders.Strip(' ', 1, 0)])
+  raw.decoder = decoders.Sequence(
+    [
+      decoders.Replace('▁', ' '),
+      decoders.ByteFallback(),
+      decoders.Fuse(),
+      decoders.Strip(' ', 1, 0),
+    ]
+  )
   raw.add_special_tokens(specials)
   tok = BPETokenizer(raw, eos='</s>', pad='</s>')
   assert tok.eos_id == tok.pad_id == 2
   assert [tok.token_bytes[raw.token_to_id(p)] for p in ('<0xC3>', '▁', '▁ab', 'ab', '<s>')] == [
-      1, 1, 3, 2, 0]
+    1,
+    1,
+    3,
+    2,
+    0,
+  ]
   for text in ('ab ab', 'ab aé b', 'é東'):
     ids = tok.encode(text)
     assert tok.decode(ids) == text

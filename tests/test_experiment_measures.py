@@ -1,4 +1,5 @@
 """Measurements the suites add to their runs, against independent computations."""
+
 from __future__ import annotations
 
 import jax
@@ -14,14 +15,26 @@ from mllm.train.state import initial_model
 
 
 def _model_and_batch(scan: bool, placement: str = 'post'):
-  config = mllm.load_config(f'configs/rope_swiglu.py:placement={placement}', {
-      'model.d_model': 32, 'model.n_layers': 3, 'model.n_heads': 2, 'model.n_kv_heads': 2,
-      'model.vocab_size': 64, 'model.max_seq_len': 16, 'model.scan_layers': scan})
+  config = mllm.load_config(
+    f'configs/rope_swiglu.py:placement={placement}',
+    {
+      'model.d_model': 32,
+      'model.n_layers': 3,
+      'model.n_heads': 2,
+      'model.n_kv_heads': 2,
+      'model.vocab_size': 64,
+      'model.max_seq_len': 16,
+      'model.scan_layers': scan,
+    },
+  )
   net = initial_model(config)
   net.eval()
   tokens = np.random.default_rng(0).integers(0, 64, (4, 17))
-  batch = {'inputs': jnp.asarray(tokens[:, :-1]), 'targets': jnp.asarray(tokens[:, 1:]),
-           'loss_mask': jnp.ones((4, 16), jnp.float32)}
+  batch = {
+    'inputs': jnp.asarray(tokens[:, :-1]),
+    'targets': jnp.asarray(tokens[:, 1:]),
+    'loss_mask': jnp.ones((4, 16), jnp.float32),
+  }
   return net, batch
 
 
@@ -38,8 +51,10 @@ def test_ffn_grad_norms_are_the_slope_along_each_layers_gradient(placement, scan
   def loss(params):
     logits = nnx.merge(graphdef, params, jax.tree.map(lambda x: x, rest))(batch['inputs'])
     return optax.softmax_cross_entropy_with_integer_labels(logits, batch['targets']).mean()
+
   grads = jax.grad(loss)(params)
   for layer in range(3):
+
     def only_layer(path, g, layer=layer):
       keys = [getattr(k, 'key', getattr(k, 'idx', None)) for k in path]
       if keys[0] != 'blocks' or 'ffn' not in keys:
@@ -47,6 +62,7 @@ def test_ffn_grad_norms_are_the_slope_along_each_layers_gradient(placement, scan
       if scan:
         return g * (jnp.arange(g.shape[0]) == layer).reshape((-1,) + (1,) * (g.ndim - 1))
       return g if keys[1] == layer else jnp.zeros_like(g)
+
     direction = jax.tree_util.tree_map_with_path(only_layer, grads)
     size = float(optax.tree.norm(direction))
     # A fourth-order central difference (error O(h^4)) with h = 0.02 along the unit direction:
@@ -55,7 +71,8 @@ def test_ffn_grad_norms_are_the_slope_along_each_layers_gradient(placement, scan
     h = 2e-2
 
     def moved(t):
-      return float(loss(jax.tree.map(lambda p, d: p + t * d / size, params, direction)))
+      return float(loss(jax.tree.map(lambda p, d: p + t * d / size, params, direction)))  # noqa: B023 (runs within this iteration)
+
     slope = (8 * (moved(h) - moved(-h)) - (moved(2 * h) - moved(-2 * h))) / (12 * h)
     np.testing.assert_allclose(norms[layer], size, rtol=1e-5)
     np.testing.assert_allclose(slope, size, rtol=5e-3)

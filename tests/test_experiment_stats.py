@@ -1,6 +1,7 @@
 """The suite statistics against published values: Student's t table, the classic paired example
 (Cushny & Peebles' sleep data, as in Student 1908 and R's `t.test(..., paired=TRUE)`), Holm's
 procedure worked by hand."""
+
 from __future__ import annotations
 
 import math
@@ -10,8 +11,10 @@ import pytest
 from experiments import stats
 
 
-@pytest.mark.parametrize('df, quantile', [(1, 12.7062047), (4, 2.7764451), (9, 2.2621572),
-                                          (30, 2.0422725), (1000, 1.9623390)])
+@pytest.mark.parametrize(
+  'df, quantile',
+  [(1, 12.7062047), (4, 2.7764451), (9, 2.2621572), (30, 2.0422725), (1000, 1.9623390)],
+)
 def test_t_quantiles_match_the_table(df, quantile):
   """t_{0.975, df} from the standard table (e.g. NIST/SEMATECH e-Handbook, table 1.3.6.7.2)."""
   assert stats.t_quantile(0.975, df) == pytest.approx(quantile, abs=2e-7)
@@ -22,9 +25,10 @@ def test_incomplete_beta_special_cases():
   # I_x(1, 1) = x; I_x(a, 1) = x^a; I_x(a, b) = 1 − I_{1−x}(b, a).
   for x in (0.1, 0.5, 0.93):
     assert stats.incomplete_beta(1.0, 1.0, x) == pytest.approx(x, rel=1e-12)
-    assert stats.incomplete_beta(3.0, 1.0, x) == pytest.approx(x ** 3, rel=1e-12)
+    assert stats.incomplete_beta(3.0, 1.0, x) == pytest.approx(x**3, rel=1e-12)
     assert stats.incomplete_beta(2.5, 0.5, x) == pytest.approx(
-        1 - stats.incomplete_beta(0.5, 2.5, 1 - x), rel=1e-12)
+      1 - stats.incomplete_beta(0.5, 2.5, 1 - x), rel=1e-12
+    )
   # The t distribution with df = 1 is Cauchy: P(|T| > t) = 1 − 2·atan(t)/π.
   for t in (0.3, 1.0, 7.0):
     assert stats.t_two_sided_p(t, 1) == pytest.approx(1 - 2 * math.atan(t) / math.pi, rel=1e-10)
@@ -72,12 +76,14 @@ def test_seeds_for_power_reach_the_power_by_simulation(diff_std, effect):
   suites with N(effect, diff_std) differences reject at α 0.05 in >= 79% of cases (the 80% asked,
   less simulation noise); one seed fewer falls short of 81%."""
   import numpy as np
+
   rng = np.random.default_rng(0)
 
   def simulated_power(n):
     diffs = rng.normal(effect, diff_std, size=(40_000, n))
     t = diffs.mean(1) / (diffs.std(1, ddof=1) / np.sqrt(n))
     return np.mean(np.abs(t) > stats.t_quantile(0.975, n - 1))
+
   n = stats.seeds_for_power(diff_std, effect)
   assert simulated_power(n) >= 0.79
   assert simulated_power(n - 1) < 0.81

@@ -1,15 +1,17 @@
 """The suite runner on the tiny preset: hashing and skipping, paired seeds, resume after a kill,
 retry, the report. (Not the scientific results: those are the suites' own runs.)"""
+
 from __future__ import annotations
 
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, read_tensorboard_scalars
+
 from experiments import report
 from experiments.runner import config_hash, resolve, run_dir, run_one, run_suite
 from experiments.suite import BenchmarkSuite, Suite, Variant, available, load_suite
@@ -17,15 +19,25 @@ from experiments.suites._presets import PRESETS
 
 
 def data_overrides(corpus, cache):
-  return {'data.source': 'text', 'data.path': corpus, 'data.tokenizer': 'byte',
-          'model.vocab_size': 258, 'data.val_fraction': 0.3, 'data.cache_dir': cache}
+  return {
+    'data.source': 'text',
+    'data.path': corpus,
+    'data.tokenizer': 'byte',
+    'model.vocab_size': 258,
+    'data.val_fraction': 0.3,
+    'data.cache_dir': cache,
+  }
 
 
 # 'same' is the baseline's config under another name: with paired seeds it must give exactly the
 # baseline's numbers, which is what makes the differences paired.
-SUITE = Suite(name='demo', description='runner test', base='configs/base.py',
-              variants=(Variant('base'), Variant('same'), Variant('relu', 'ffn=relu')),
-              presets=PRESETS)
+SUITE = Suite(
+  name='demo',
+  description='runner test',
+  base='configs/base.py',
+  variants=(Variant('base'), Variant('same'), Variant('relu', 'ffn=relu')),
+  presets=PRESETS,
+)
 
 
 @pytest.fixture(scope='module')
@@ -34,6 +46,7 @@ def finished(corpus, tmp_path_factory):
   extra = data_overrides(corpus, str(tmp_path_factory.mktemp('cache')))
   # Kill one run part-way first (train's stop_after, as a preemption): the suite resumes it.
   from mllm.train import train
+
   killed = resolve(SUITE, SUITE.variants[1], 'tiny', 0, extra)
   train(killed, run_dir(out, SUITE, SUITE.variants[1], killed), stop_after=3, progress=False)
   results = run_suite(SUITE, preset='tiny', seeds=2, out=out, extra=extra, progress=False)
@@ -41,7 +54,7 @@ def finished(corpus, tmp_path_factory):
 
 
 def test_every_run_finishes_and_paired_seeds_agree_exactly(finished):
-  out, _, results = finished
+  _out, _, results = finished
   assert not results['failed'] and len(results['runs']) == 6
   by = {(r['variant'], r['seed']): r for r in results['runs']}
   for seed in (0, 1):  # same config, same seed: the same numbers, the resumed run included
@@ -49,7 +62,9 @@ def test_every_run_finishes_and_paired_seeds_agree_exactly(finished):
     assert by['relu', seed]['eval_loss'] != by['base', seed]['eval_loss']
   assert by['base', 0]['eval_loss'] != by['base', 1]['eval_loss']  # seeds differ
   resumed = os.path.join(by['same', 0]['workdir'], 'metrics.jsonl')
-  steps = [json.loads(line)['step'] for line in open(resumed) if '"train"' in line]
+  steps = [
+    json.loads(line)['step'] for line in Path(resumed).read_text().splitlines() if '"train"' in line
+  ]
   assert steps == sorted(set(steps)) and steps[-1] == PRESETS['tiny']['train.steps']
 
 
@@ -57,26 +72,34 @@ def test_a_runs_eval_loss_is_what_evaluate_gives_on_its_checkpoint(finished):
   """run_one keeps train()'s final evaluation instead of evaluating again: it must be exactly
   what `launch.py --mode=eval` (evaluate) reads from the saved checkpoint."""
   from mllm.train import evaluate
+
   _, extra, results = finished
   for r in results['runs']:
     if r['variant'] == 'same' and r['seed'] == 1:
       continue  # copied from base seed 1
-    config = resolve(SUITE, next(v for v in SUITE.variants if v.name == r['variant']), 'tiny',
-                     r['seed'], extra)
+    config = resolve(
+      SUITE, next(v for v in SUITE.variants if v.name == r['variant']), 'tiny', r['seed'], extra
+    )
     again = evaluate(config, r['workdir'])
     assert (again['loss'], again['perplexity'], again['bits_per_byte']) == (
-        r['eval_loss'], r['eval_perplexity'], r['bits_per_byte'])
+      r['eval_loss'],
+      r['eval_perplexity'],
+      r['bits_per_byte'],
+    )
 
 
 def test_runs_in_worker_processes_give_the_same_numbers(finished, tmp_path):
   """jobs=2: two runs at once, each in its own process; the same losses as in this process."""
   _, extra, results = finished
   two = Suite('demo', 'x', 'configs/base.py', (SUITE.variants[0], SUITE.variants[2]), PRESETS)
-  out = run_suite(two, preset='tiny', seeds=1, out=str(tmp_path), extra=extra, progress=False,
-                  jobs=2)
+  out = run_suite(
+    two, preset='tiny', seeds=1, out=str(tmp_path), extra=extra, progress=False, jobs=2
+  )
   serial = {(r['variant'], r['seed']): r['eval_loss'] for r in results['runs']}
   assert not out['failed'] and [(r['variant'], r['eval_loss']) for r in out['runs']] == [
-      ('base', serial['base', 0]), ('relu', serial['relu', 0])]
+    ('base', serial['base', 0]),
+    ('relu', serial['relu', 0]),
+  ]
   assert all(os.path.exists(os.path.join(r['workdir'], 'worker.log')) for r in out['runs'])
 
 
@@ -90,16 +113,25 @@ def test_ray_tasks_give_the_same_results_as_this_process_and_the_pool(finished, 
   this process (and by jobs=2, test above), timings and paths aside."""
   _, extra, results = finished
   two = Suite('demo', 'x', 'configs/base.py', (SUITE.variants[0], SUITE.variants[2]), PRESETS)
-  out = run_suite(two, preset='tiny', seeds=1, out=str(tmp_path), extra=extra, progress=False,
-                  jobs=2, engine='ray')
+  out = run_suite(
+    two,
+    preset='tiny',
+    seeds=1,
+    out=str(tmp_path),
+    extra=extra,
+    progress=False,
+    jobs=2,
+    engine='ray',
+  )
   serial = {(r['variant'], r['seed']): r for r in results['runs']}
   assert not out['failed'] and len(out['runs']) == 2
   for run in out['runs']:
     assert 'copied_from' not in run
     same = serial[run['variant'], run['seed']]
     assert {k: v for k, v in run.items() if k not in _TIMING} == {
-        k: v for k, v in same.items() if k not in _TIMING}
-    assert ': starting\n' in open(os.path.join(run['workdir'], 'worker.log')).read()
+      k: v for k, v in same.items() if k not in _TIMING
+    }
+    assert ': starting\n' in Path(os.path.join(run['workdir'], 'worker.log')).read_text()
 
 
 @pytest.mark.xdist_group('ray')
@@ -110,10 +142,15 @@ def test_a_killed_ray_worker_is_retried_and_its_run_resumes(corpus, tmp_path):
   import signal
   import threading
   import time
+
   from experiments.suite import Variant
+
   out = str(tmp_path / 'out')
-  extra = {**data_overrides(corpus, str(tmp_path / 'cache')), 'train.steps': 200,
-           'train.checkpoint_every': 20}
+  extra = {
+    **data_overrides(corpus, str(tmp_path / 'cache')),
+    'train.steps': 200,
+    'train.checkpoint_every': 20,
+  }
   one = Suite('demo', 'x', 'configs/base.py', (Variant('base'),), PRESETS)
   killed = []
 
@@ -127,17 +164,19 @@ def test_a_killed_ray_worker_is_retried_and_its_run_resumes(corpus, tmp_path):
           os.kill(pid, signal.SIGKILL)
           killed.append(log)
       time.sleep(0.05)
+
   killer = threading.Thread(target=kill_after_first_checkpoint)
   killer.start()
   try:
-    results = run_suite(one, preset='tiny', seeds=1, out=out, extra=extra, progress=False,
-                        engine='ray')
+    results = run_suite(
+      one, preset='tiny', seeds=1, out=out, extra=extra, progress=False, engine='ray'
+    )
   finally:
     killed.append(None)  # stops the thread if the suite raised
     killer.join()
   assert killed[0] is not None, 'the run was never killed'
   assert not results['failed'] and results['runs'][0]['steps'] == 200
-  log = open(killed[0]).read()
+  log = Path(killed[0]).read_text()
   assert log.count('worker pid ') == 2, log[-2000:]  # one retry
   assert ': starting\n' in log and 'resuming from step ' in log, log[-2000:]
   resumed_at = int(log.split('resuming from step ')[1].split()[0])
@@ -157,15 +196,25 @@ def test_an_identical_finished_run_is_copied_not_trained(finished):
 def test_finished_runs_are_skipped_and_a_changed_config_is_a_new_run(finished):
   out, extra, results = finished
   calls = []
-  again = run_suite(SUITE, preset='tiny', seeds=2, out=out, extra=extra, progress=False,
-                    run=lambda *a, **k: calls.append(a))
-  partial = run_suite(SUITE, preset='tiny', seeds=3, out=out, extra=extra, progress=False,
-                      run=None)  # --report_only: the 6 finished runs, seed 2's three pending
+  again = run_suite(
+    SUITE,
+    preset='tiny',
+    seeds=2,
+    out=out,
+    extra=extra,
+    progress=False,
+    run=lambda *a, **k: calls.append(a),
+  )
+  partial = run_suite(
+    SUITE, preset='tiny', seeds=3, out=out, extra=extra, progress=False, run=None
+  )  # --report_only: the 6 finished runs, seed 2's three pending
   assert len(partial['runs']) == 6 and [p['seed'] for p in partial['pending']] == [2, 2, 2]
-  assert 'Not run yet: 3 of 9 runs' in report.markdown(SUITE, partial,
-                                                       report.summarize(SUITE, partial))
+  assert 'Not run yet: 3 of 9 runs' in report.markdown(
+    SUITE, partial, report.summarize(SUITE, partial)
+  )
   assert calls == [] and [r['eval_loss'] for r in again['runs']] == [
-      r['eval_loss'] for r in results['runs']]
+    r['eval_loss'] for r in results['runs']
+  ]
   # What each run cost stays with it (result.json), so a suite continued later still reports it;
   # a copied run cost nothing and says where it came from instead.
   assert [r.get('wall_s') for r in again['runs']] == [r.get('wall_s') for r in results['runs']]
@@ -173,10 +222,15 @@ def test_finished_runs_are_skipped_and_a_changed_config_is_a_new_run(finished):
   own = [r['wall_s'] for r in again['runs'] if 'copied_from' not in r]
   spent = report.cost(again)
   assert (spent['trained'], spent['evaluated'], spent['untimed'], spent['copied']) == (
-      len(own), 0, 0, len(again['runs']) - len(own))
+    len(own),
+    0,
+    0,
+    len(again['runs']) - len(own),
+  )
   assert spent['run_minutes'] == pytest.approx(sum(own) / 60)
   assert f"Cost: {len(own)} runs trained and 0 only evaluated by this suite" in report.markdown(
-      SUITE, again, report.summarize(SUITE, again))
+    SUITE, again, report.summarize(SUITE, again)
+  )
   a = resolve(SUITE, SUITE.variants[0], 'tiny', 0, extra)
   b = resolve(SUITE, SUITE.variants[0], 'tiny', 0, {**extra, 'train.learning_rate': 1e-3})
   assert config_hash(a) != config_hash(b) and a.seed == 0
@@ -192,28 +246,34 @@ def test_a_failed_run_is_retried_once_then_reported(tmp_path, corpus):
     if len(attempts) == 1:
       raise OSError('transient')
     return {'eval_loss': 1.0, 'params': 1, 'active_params': 1, 'tokens_per_s': 1.0}
+
   one = Suite('one', 'x', 'configs/base.py', (Variant('base'),), PRESETS)
-  ok = run_suite(one, preset='tiny', seeds=1, out=str(tmp_path), extra=extra, progress=False,
-                 run=flaky)
+  ok = run_suite(
+    one, preset='tiny', seeds=1, out=str(tmp_path), extra=extra, progress=False, run=flaky
+  )
   assert len(attempts) == 2 and len(ok['runs']) == 1 and not ok['failed']
 
   def broken(config, workdir, progress, measure):
     raise RuntimeError('always')
-  bad = run_suite(one, preset='tiny', seeds=2, out=str(tmp_path / 'b'), extra=extra,
-                  progress=False, run=broken)
-  assert not bad['runs'] and [f['errors'] for f in bad['failed']] == [['RuntimeError: always'] * 2] * 2
+
+  bad = run_suite(
+    one, preset='tiny', seeds=2, out=str(tmp_path / 'b'), extra=extra, progress=False, run=broken
+  )
+  assert (
+    not bad['runs'] and [f['errors'] for f in bad['failed']] == [['RuntimeError: always'] * 2] * 2
+  )
   assert 'Failed runs' in report.markdown(one, bad, report.summarize(one, bad))
 
 
 def test_report_table_and_verdicts(finished):
   out, _, results = finished
   path = report.write(SUITE, results, out)
-  text = open(path).read()
+  text = Path(path).read_text()
   rows = {r['variant']: r for r in report.summarize(SUITE, results)}
   assert rows['same']['test'].mean == 0.0 and rows['same']['verdict'] == 'within noise'
   assert rows['relu']['p_holm'] >= rows['relu']['test'].p
   assert '| same |' in text and 'within noise' in text and '| base |' in text
-  saved = json.load(open(os.path.join(out, 'demo', 'results.json')))
+  saved = json.loads(Path(os.path.join(out, 'demo', 'results.json')).read_text())
   assert len(saved['runs']) == 6
   curve = saved['runs'][0]['curve']  # per-step train losses, as logged
   assert curve['step'] == list(range(1, PRESETS['tiny']['train.steps'] + 1))
@@ -228,7 +288,10 @@ def test_report_table_and_verdicts(finished):
   assert [s for s, _ in scalars['train/loss']] == relu['curve']['step']
   assert scalars['final/eval_loss'][0][1] == pytest.approx(relu['eval_loss'])
   assert sorted(d for d in os.listdir(board) if os.path.isdir(os.path.join(board, d))) == [
-      'base', 'relu', 'same']
+    'base',
+    'relu',
+    'same',
+  ]
   assert read_tensorboard_scalars(board) == {}  # the root holds only the layout
 
 
@@ -243,39 +306,62 @@ def test_suites_load_and_resolve_every_preset():
         resolve(suite, variant, preset, 0)  # validates; raises on a bad override
   ffn = load_suite('ffn')
   moe = resolve(ffn, ffn.variants[-1], 'cpu', 0)
-  dense = resolve(ffn, ffn.variants[ffn.variants.index(
-      next(v for v in ffn.variants if v.name == 'swiglu'))], 'cpu', 0)
+  dense = resolve(
+    ffn,
+    ffn.variants[ffn.variants.index(next(v for v in ffn.variants if v.name == 'swiglu'))],
+    'cpu',
+    0,
+  )
   from mllm import count_params
+
   # top-2 of experts half as wide: the dense SwiGLU's FFN parameters are active (router aside).
   assert count_params(moe).active - count_params(dense).active == (
-      moe.model.n_layers * moe.model.d_model * moe.model.moe.num_experts)
+    moe.model.n_layers * moe.model.d_model * moe.model.moe.num_experts
+  )
 
 
 def test_cli_refuses_an_unknown_suite_in_one_line():
-  proc = subprocess.run([sys.executable, '-m', 'experiments', 'nonesuch', '--preset=tiny'],
-                        cwd=ROOT, capture_output=True, text=True, timeout=120)
+  proc = subprocess.run(
+    [sys.executable, '-m', 'experiments', 'nonesuch', '--preset=tiny'],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(
-      "error: suite 'nonesuch' does not exist; allowed:")
+    "error: suite 'nonesuch' does not exist; allowed:"
+  )
 
 
-@pytest.mark.parametrize('args, message', [
+@pytest.mark.parametrize(
+  'args, message',
+  [
     (['--engine=ray', "--resources=[1]"], "error: --resources='[1]'; allowed: a JSON object"),
     (['--engine=ray', '--resources={"GPU": -1}'], 'error: --resources=\'{"GPU": -1}\'; allowed'),
-    (['--engine=ray', '--out=gs://bucket/x'], "error: --out='gs://bucket/x'; allowed with "
-                                              '--engine=ray: a directory every Ray node mounts'),
+    (
+      ['--engine=ray', '--out=gs://bucket/x'],
+      "error: --out='gs://bucket/x'; allowed with --engine=ray: a directory every Ray node mounts",
+    ),
     (['--ray_address=auto'], 'error: --ray_address and --resources go with --engine=ray'),
     (['--engine=ray'], "error: --engine=ray; allowed for the benchmark suite 'flash': local"),
-])
+  ],
+)
 def test_cli_refuses_bad_engine_flags_in_one_line(args, message):
   suite = 'flash' if args == ['--engine=ray'] else 'noise'
-  proc = subprocess.run([sys.executable, '-m', 'experiments', suite, '--preset=tiny', *args],
-                        cwd=ROOT, capture_output=True, text=True, timeout=120)
+  proc = subprocess.run(
+    [sys.executable, '-m', 'experiments', suite, '--preset=tiny', *args],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
   assert proc.stderr.startswith(message), proc.stderr
 
 
 def test_attention_heads_variants_match_parameters_and_measure_decoding(tmp_path, corpus):
   from mllm import count_params
+
   suite = load_suite('attention_heads')
   counts = {v.name: count_params(resolve(suite, v, 'cpu', 0)).total for v in suite.variants}
   kv = {v.name: resolve(suite, v, 'cpu', 0).model.n_kv_heads for v in suite.variants}
@@ -283,8 +369,14 @@ def test_attention_heads_variants_match_parameters_and_measure_decoding(tmp_path
   for name, n in counts.items():  # the FFN gives back the dropped K/V weights, to 1%
     assert abs(n - counts['MHA']) / counts['MHA'] < 0.01, (name, n, counts['MHA'])
   mqa = Suite('mqa', 'x', suite.base, (suite.variants[-1],), suite.presets, extra_metrics='decode')
-  out = run_suite(mqa, preset='tiny', seeds=1, out=str(tmp_path),
-                  extra=data_overrides(corpus, str(tmp_path / 'cache')), progress=False)
+  out = run_suite(
+    mqa,
+    preset='tiny',
+    seeds=1,
+    out=str(tmp_path),
+    extra=data_overrides(corpus, str(tmp_path / 'cache')),
+    progress=False,
+  )
   run = out['runs'][0]
   m = resolve(mqa, mqa.variants[0], 'tiny', 0).model
   assert run['kv_bytes_per_token'] == 2 * m.n_layers * 1 * (m.d_model // m.n_heads) * 4
@@ -294,12 +386,24 @@ def test_attention_heads_variants_match_parameters_and_measure_decoding(tmp_path
 
 def test_positions_suite_evaluates_past_the_training_context(tmp_path, corpus):
   import math
+
   suite = load_suite('positions')
-  two = Suite('pos', 'x', suite.base, tuple(v for v in suite.variants
-                                            if v.name in ('rope', 'learned')),
-              suite.presets, extra_metrics='extrapolation')
-  out = run_suite(two, preset='tiny', seeds=1, out=str(tmp_path),
-                  extra=data_overrides(corpus, str(tmp_path / 'cache')), progress=False)
+  two = Suite(
+    'pos',
+    'x',
+    suite.base,
+    tuple(v for v in suite.variants if v.name in ('rope', 'learned')),
+    suite.presets,
+    extra_metrics='extrapolation',
+  )
+  out = run_suite(
+    two,
+    preset='tiny',
+    seeds=1,
+    out=str(tmp_path),
+    extra=data_overrides(corpus, str(tmp_path / 'cache')),
+    progress=False,
+  )
   runs = {r['variant']: r for r in out['runs']}
   assert all(math.isfinite(runs['rope'][f'loss_at_{k}L']) for k in (2, 4, 8, 16))
   assert runs['rope']['loss_at_16L'] != runs['rope']['loss_at_2L']
@@ -314,68 +418,116 @@ def test_starts_from_variants_evaluate_or_fine_tune_their_parents_parameters(tmp
   loss exactly from the parent's checkpoint; a fine-tuning child starts from the parent's workdir;
   a changed parent is a new child."""
   extra = data_overrides(corpus, str(tmp_path / 'cache'))
-  suite = Suite('chain', 'x', 'configs/rope_swiglu.py', (
+  suite = Suite(
+    'chain',
+    'x',
+    'configs/rope_swiglu.py',
+    (
       Variant('parent'),
-      Variant('same-math', overrides={'model.position.rope_scaling': 'linear'},
-              starts_from='parent', trains=False),
-      Variant('tuned', overrides={'train.steps': 3}, starts_from='parent')), PRESETS)
+      Variant(
+        'same-math',
+        overrides={'model.position.rope_scaling': 'linear'},
+        starts_from='parent',
+        trains=False,
+      ),
+      Variant('tuned', overrides={'train.steps': 3}, starts_from='parent'),
+    ),
+    PRESETS,
+  )
   out = run_suite(suite, preset='tiny', seeds=1, out=str(tmp_path), extra=extra, progress=False)
   assert not out['failed']
   runs = {r['variant']: r for r in out['runs']}
   assert runs['same-math']['eval_loss'] == runs['parent']['eval_loss']
   assert runs['same-math']['steps'] == 0 and runs['same-math']['tokens_per_s'] is None
   assert not os.path.exists(os.path.join(runs['same-math']['workdir'], 'checkpoints'))
-  saved = json.load(open(os.path.join(runs['tuned']['workdir'], 'run_config.json')))
+  saved = json.loads(Path(os.path.join(runs['tuned']['workdir'], 'run_config.json')).read_text())
   assert saved['train']['init_from'] == f"workdir:{runs['parent']['workdir']}"
   own = runs['tuned']['flops_per_token'] * runs['tuned']['tokens']
   assert runs['tuned']['train_flops'] == own + runs['parent']['train_flops']
   text = report.markdown(suite, out, report.summarize(suite, out))
-  assert '| same-math (evaluated from parent) |' in text and '| tuned (fine-tuned from parent) |' in text
+  assert (
+    '| same-math (evaluated from parent) |' in text and '| tuned (fine-tuned from parent) |' in text
+  )
   spent = report.cost(out)  # the evaluated-only child's time counts too
   assert (spent['trained'], spent['evaluated']) == (2, 1)
   assert spent['run_minutes'] == pytest.approx(sum(r['wall_s'] for r in out['runs']) / 60)
   # A changed parent changes every child's directory; an unchanged one keeps them.
-  again = run_suite(suite, preset='tiny', seeds=1, out=str(tmp_path), extra=extra, run=None,
-                    progress=False)
+  again = run_suite(
+    suite, preset='tiny', seeds=1, out=str(tmp_path), extra=extra, run=None, progress=False
+  )
   assert [r['workdir'] for r in again['runs']] == [r['workdir'] for r in out['runs']]
   # A parent finished by an older runner (no token or FLOP counts) still has evaluated children.
   parent_result = os.path.join(runs['parent']['workdir'], 'result.json')
-  old = {k: v for k, v in json.load(open(parent_result)).items() if k not in ('tokens', 'train_flops')}
-  json.dump(old, open(parent_result, 'w'))
+  old = {
+    k: v
+    for k, v in json.loads(Path(parent_result).read_text()).items()
+    if k not in ('tokens', 'train_flops')
+  }
+  Path(parent_result).write_text(json.dumps(old))
   os.remove(os.path.join(runs['same-math']['workdir'], 'result.json'))
   redone = run_suite(suite, preset='tiny', seeds=1, out=str(tmp_path), extra=extra, progress=False)
-  assert not redone['failed'] and next(r for r in redone['runs'] if r['variant'] == 'same-math')[
-      'eval_loss'] == runs['parent']['eval_loss']
-  changed = run_suite(suite, preset='tiny', seeds=1, out=str(tmp_path),
-                      extra={**extra, 'train.learning_rate': 1e-3}, run=None, progress=False)
+  assert (
+    not redone['failed']
+    and next(r for r in redone['runs'] if r['variant'] == 'same-math')['eval_loss']
+    == runs['parent']['eval_loss']
+  )
+  changed = run_suite(
+    suite,
+    preset='tiny',
+    seeds=1,
+    out=str(tmp_path),
+    extra={**extra, 'train.learning_rate': 1e-3},
+    run=None,
+    progress=False,
+  )
   assert len(changed['pending']) == 3 and not set(p['workdir'] for p in changed['pending']) & set(
-      r['workdir'] for r in out['runs'])
+    r['workdir'] for r in out['runs']
+  )
 
 
 def test_a_child_of_a_failed_run_is_reported_not_run(tmp_path, corpus):
-  suite = Suite('chain', 'x', 'configs/base.py', (
-      Variant('parent'), Variant('child', starts_from='parent', trains=False)), PRESETS)
+  suite = Suite(
+    'chain',
+    'x',
+    'configs/base.py',
+    (Variant('parent'), Variant('child', starts_from='parent', trains=False)),
+    PRESETS,
+  )
   calls = []
 
   def broken(config, workdir, progress, measure, **kwargs):
     calls.append(kwargs)
     raise RuntimeError('always')
-  out = run_suite(suite, preset='tiny', seeds=1, out=str(tmp_path), run=broken, progress=False,
-                  extra=data_overrides(corpus, str(tmp_path / 'cache')))
+
+  out = run_suite(
+    suite,
+    preset='tiny',
+    seeds=1,
+    out=str(tmp_path),
+    run=broken,
+    progress=False,
+    extra=data_overrides(corpus, str(tmp_path / 'cache')),
+  )
   assert len(calls) == 2 and [f['variant'] for f in out['failed']] == ['parent', 'child']
   assert out['failed'][1]['errors'] == ['its starts_from run parent seed 0 did not finish']
 
 
 def test_a_suite_refuses_a_starts_from_that_is_not_an_earlier_variant():
   with pytest.raises(ValueError, match=r"starts_from='later'; allowed: an earlier variant \(a\)"):
-    Suite('x', 'x', 'configs/base.py', (Variant('a'), Variant('b', starts_from='later'),
-                                        Variant('later')), PRESETS)
+    Suite(
+      'x',
+      'x',
+      'configs/base.py',
+      (Variant('a'), Variant('b', starts_from='later'), Variant('later')),
+      PRESETS,
+    )
   with pytest.raises(ValueError, match='trains=False but no starts_from'):
     Suite('x', 'x', 'configs/base.py', (Variant('a'), Variant('b', trains=False)), PRESETS)
 
 
 def test_context_extension_suite_scales_for_8L_and_measures_1_to_8L(tmp_path, corpus):
   import math
+
   suite = load_suite('context_extension')
   cfg = {v.name: resolve(suite, v, 'cpu', 0) for v in suite.variants}
   length = cfg['rope'].data.seq_len
@@ -385,11 +537,23 @@ def test_context_extension_suite_scales_for_8L_and_measures_1_to_8L(tmp_path, co
   tuned = cfg['pi-finetune']
   assert tuned.data.seq_len == 8 * length and tuned.model.max_seq_len == 8 * length
   assert tuned.data.batch_size * tuned.data.seq_len == cfg['rope'].data.batch_size * length
-  small = Suite('ce', 'x', suite.base, tuple(v for v in suite.variants
-                                             if v.name in ('rope', 'pi', 'pi-finetune')),
-                suite.presets, metric=suite.metric, extra_metrics=suite.extra_metrics)
-  out = run_suite(small, preset='tiny', seeds=1, out=str(tmp_path),
-                  extra=data_overrides(corpus, str(tmp_path / 'cache')), progress=False)
+  small = Suite(
+    'ce',
+    'x',
+    suite.base,
+    tuple(v for v in suite.variants if v.name in ('rope', 'pi', 'pi-finetune')),
+    suite.presets,
+    metric=suite.metric,
+    extra_metrics=suite.extra_metrics,
+  )
+  out = run_suite(
+    small,
+    preset='tiny',
+    seeds=1,
+    out=str(tmp_path),
+    extra=data_overrides(corpus, str(tmp_path / 'cache')),
+    progress=False,
+  )
   runs = {r['variant']: r for r in out['runs']}
   assert not out['failed'] and set(runs) == {'rope', 'pi', 'pi-finetune'}
   for run in runs.values():
@@ -397,12 +561,16 @@ def test_context_extension_suite_scales_for_8L_and_measures_1_to_8L(tmp_path, co
   assert runs['pi']['loss_at_1L'] != runs['rope']['loss_at_1L']  # the scaling changes the math
   path = report.write(small, out, str(tmp_path))
   assert os.path.getsize(os.path.join(tmp_path, 'ce', 'loss_vs_context.png')) > 1000
-  assert '![loss_vs_context.png](loss_vs_context.png)' in open(path).read()
+  assert '![loss_vs_context.png](loss_vs_context.png)' in Path(path).read_text()
 
 
 def test_a_diverged_run_is_a_result_and_its_row_says_so(tmp_path, corpus):
-  extra = {**data_overrides(corpus, str(tmp_path / 'cache')), 'train.learning_rate': 1e9,
-           'train.grad_clip': 0.0, 'train.warmup_steps': 0}
+  extra = {
+    **data_overrides(corpus, str(tmp_path / 'cache')),
+    'train.learning_rate': 1e9,
+    'train.grad_clip': 0.0,
+    'train.warmup_steps': 0,
+  }
   suite = Suite('div', 'x', 'configs/base.py', (Variant('base'),), PRESETS)
   config = resolve(suite, suite.variants[0], 'tiny', 0, extra)
   result = run_one(config, str(tmp_path / 'run'), progress=False)
@@ -410,23 +578,51 @@ def test_a_diverged_run_is_a_result_and_its_row_says_so(tmp_path, corpus):
   assert result['eval_loss'] != result['eval_loss']  # NaN
   # In a table: the finite seeds' mean, no paired test, the verdict says how many diverged.
   two = Suite('div', 'x', 'configs/base.py', (Variant('base'), Variant('hot')), PRESETS)
-  runs = [{'variant': 'base', 'seed': s, 'eval_loss': 3.0 + s / 10, 'params': 1,
-           'active_params': 1, 'tokens_per_s': 1.0} for s in range(3)]
-  runs += [{'variant': 'hot', 'seed': s, 'eval_loss': 3.5, 'params': 1, 'active_params': 1,
-            'tokens_per_s': 1.0} for s in (0, 2)]
+  runs = [
+    {
+      'variant': 'base',
+      'seed': s,
+      'eval_loss': 3.0 + s / 10,
+      'params': 1,
+      'active_params': 1,
+      'tokens_per_s': 1.0,
+    }
+    for s in range(3)
+  ]
+  runs += [
+    {
+      'variant': 'hot',
+      'seed': s,
+      'eval_loss': 3.5,
+      'params': 1,
+      'active_params': 1,
+      'tokens_per_s': 1.0,
+    }
+    for s in (0, 2)
+  ]
   runs.insert(4, {**result, 'variant': 'hot', 'seed': 1, 'tokens_per_s': None})
   results = {'preset': 'tiny', 'seeds': 3, 'runs': runs, 'failed': [], 'pending': []}
   rows = {r['variant']: r for r in report.summarize(two, results)}
   assert rows['hot']['n'] == 2 and rows['hot']['mean'] == 3.5 and 'test' not in rows['hot']
   assert rows['hot']['verdict'] == 'diverged in 1 of 3 seeds'
-  assert '| diverged in 1 of 3 seeds |' in report.markdown(two, results, report.summarize(two, results))
+  assert '| diverged in 1 of 3 seeds |' in report.markdown(
+    two, results, report.summarize(two, results)
+  )
 
 
 def test_norms_suite_measures_each_layers_gradient_norm(tmp_path, corpus):
   suite = load_suite('norms')
   names = [v.name for v in suite.variants]
-  assert names == ['rmsnorm', 'layernorm', 'partial_rmsnorm', 'partial_rmsnorm-32_features',
-                   'pre-no_warmup', 'post-warmup', 'post-no_warmup', 'post-warmup-at_3e-3']
+  assert names == [
+    'rmsnorm',
+    'layernorm',
+    'partial_rmsnorm',
+    'partial_rmsnorm-32_features',
+    'pre-no_warmup',
+    'post-warmup',
+    'post-no_warmup',
+    'post-warmup-at_3e-3',
+  ]
   post = resolve(suite, suite.variants[names.index('post-no_warmup')], 'cpu', 0)
   base = resolve(suite, suite.variants[0], 'cpu', 0)
   assert post.model.norm.placement == 'post' and post.train.warmup_steps == 0
@@ -436,48 +632,70 @@ def test_norms_suite_measures_each_layers_gradient_norm(tmp_path, corpus):
   # The diagnosis row: Post-LN with warm-up at a fixed rate one grid step below its tuned one.
   lower = suite.variants[names.index('post-warmup-at_3e-3')]
   assert not lower.tune and resolve(suite, lower, 'cpu', 0).train.learning_rate == 3e-3
-  two = Suite('nrm', 'x', suite.base, (suite.variants[0],
-                                       suite.variants[names.index('post-warmup')]),
-              suite.presets, extra_metrics=suite.extra_metrics)
-  out = run_suite(two, preset='tiny', seeds=1, out=str(tmp_path), progress=False,
-                  extra={**data_overrides(corpus, str(tmp_path / 'cache')), 'model.n_layers': 2})
+  two = Suite(
+    'nrm',
+    'x',
+    suite.base,
+    (suite.variants[0], suite.variants[names.index('post-warmup')]),
+    suite.presets,
+    extra_metrics=suite.extra_metrics,
+  )
+  out = run_suite(
+    two,
+    preset='tiny',
+    seeds=1,
+    out=str(tmp_path),
+    progress=False,
+    extra={**data_overrides(corpus, str(tmp_path / 'cache')), 'model.n_layers': 2},
+  )
   for run in out['runs']:
     assert len(run['ffn_grad_norm_init']) == 2 and len(run['ffn_grad_norm_final']) == 2
     assert run['grad_ratio_init'] == run['ffn_grad_norm_init'][1] / run['ffn_grad_norm_init'][0]
   path = report.write(two, out, str(tmp_path))
   assert os.path.getsize(os.path.join(tmp_path, 'nrm', 'grad_norms.png')) > 1000
-  assert 'FFN grad norm last/first layer, init' in open(path).read()
+  assert 'FFN grad norm last/first layer, init' in Path(path).read_text()
 
 
 def test_flash_suite_writes_the_benchmark_table_beside_the_papers_numbers(tmp_path):
-  proc = subprocess.run([sys.executable, '-m', 'experiments', 'flash', '--preset=tiny',
-                         f'--out={tmp_path}'], cwd=ROOT, capture_output=True, text=True,
-                        timeout=600)
+  proc = subprocess.run(
+    [sys.executable, '-m', 'experiments', 'flash', '--preset=tiny', f'--out={tmp_path}'],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]
-  text = open(tmp_path / 'flash' / 'results.md').read()
+  text = Path(tmp_path / 'flash' / 'results.md').read_text()
   assert text.startswith('# Suite `flash`') and '41.7 vs 7.3 ms' in text
-  rows = json.load(open(tmp_path / 'flash' / 'results.json'))['rows']
-  assert {(r['impl'], r['N']) for r in rows} == {(i, n) for i in ('xla', 'blockwise')
-                                                  for n in (64, 128)}
+  rows = json.loads(Path(tmp_path / 'flash' / 'results.json').read_text())['rows']
+  assert {(r['impl'], r['N']) for r in rows} == {
+    (i, n) for i in ('xla', 'blockwise') for n in (64, 128)
+  }
   assert all(r['fwd_ms'] > 0 for r in rows)
   assert os.path.getsize(tmp_path / 'flash' / 'results.png') > 1000
 
 
 def test_remeasure_runs_the_measure_again_on_finished_runs(finished, monkeypatch):
   from experiments import measures
+
   out, extra, _ = finished
   seen = []
 
   def probe(config, workdir):
     seen.append(workdir)
     return {'decode_tok_s': 123.0}
+
   monkeypatch.setitem(measures.MEASURES, 'probe', probe)
   probed = Suite('demo', 'x', 'configs/base.py', SUITE.variants, PRESETS, extra_metrics='probe')
-  again = run_suite(probed, preset='tiny', seeds=2, out=out, extra=extra, progress=False,
-                    run=None, remeasure=True)
+  again = run_suite(
+    probed, preset='tiny', seeds=2, out=out, extra=extra, progress=False, run=None, remeasure=True
+  )
   assert sorted(seen) == sorted(r['workdir'] for r in again['runs']) and len(seen) == 6
   for run in again['runs']:
-    assert json.load(open(os.path.join(run['workdir'], 'result.json')))['decode_tok_s'] == 123.0
+    assert (
+      json.loads(Path(os.path.join(run['workdir'], 'result.json')).read_text())['decode_tok_s']
+      == 123.0
+    )
 
 
 KILL_SCRIPT = r'''
@@ -514,8 +732,9 @@ def _workers_of(out: str) -> list[int]:
   return pids
 
 
-@pytest.mark.parametrize('engine', ['local', pytest.param('ray', marks=pytest.mark.xdist_group(
-    'ray'))])
+@pytest.mark.parametrize(
+  'engine', ['local', pytest.param('ray', marks=pytest.mark.xdist_group('ray'))]
+)
 def test_sigterm_to_the_suite_stops_its_workers_and_they_save(corpus, tmp_path, engine):
   """A preempted suite (SIGTERM to its main process, jobs=2) passes the signal on: the workers
   save a checkpoint and exit, none keeps training unsupervised, and the suite exits 130. Ray's
@@ -523,17 +742,23 @@ def test_sigterm_to_the_suite_stops_its_workers_and_they_save(corpus, tmp_path, 
   import glob
   import signal
   import time
+
   out = str(tmp_path / 'out')
-  code = (KILL_SCRIPT.replace('TESTS', repr(os.path.join(ROOT, 'tests')))
-          .replace('CORPUS', repr(str(corpus))).replace('CACHE', repr(str(tmp_path / 'cache')))
-          .replace('OUT', repr(out)).replace('ENGINE', repr(engine)))
-  proc = subprocess.Popen([sys.executable, '-c', code], cwd=ROOT,
-                          env=dict(os.environ, JAX_PLATFORMS='cpu'))
+  code = (
+    KILL_SCRIPT.replace('TESTS', repr(os.path.join(ROOT, 'tests')))
+    .replace('CORPUS', repr(str(corpus)))
+    .replace('CACHE', repr(str(tmp_path / 'cache')))
+    .replace('OUT', repr(out))
+    .replace('ENGINE', repr(engine))
+  )
+  proc = subprocess.Popen(
+    [sys.executable, '-c', code], cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS='cpu')
+  )
   try:
     deadline = time.time() + 240
     while time.time() < deadline:  # both workers past their first logged step
       logs = glob.glob(os.path.join(out, '**', 'metrics.jsonl'), recursive=True)
-      if len(logs) == 2 and all('"train"' in open(p).read() for p in logs):
+      if len(logs) == 2 and all('"train"' in Path(p).read_text() for p in logs):
         break
       assert proc.poll() is None, 'the suite ended before it was stopped'
       time.sleep(0.5)
@@ -555,6 +780,7 @@ def test_the_moe_suites_top1_row_gates_its_expert_by_the_router_probability():
   a gate of 1 whose router learned only from the balancing and z losses; that setting stays as a
   diagnosis row of its own."""
   from mllm.layers.moe import training_note
+
   suite = load_suite('moe')
   rows = {v.name: resolve(suite, v, 'cpu', 0) for v in suite.variants}
   assert rows['top1'].model.moe.top_k == 1 and not rows['top1'].model.moe.renormalize
@@ -570,9 +796,12 @@ def test_the_moe_suites_top1_row_gates_its_expert_by_the_router_probability():
 def test_the_runner_holds_the_library_from_its_start():
   """A suite's process imports every library module its runs and measures use when it starts:
   one imported hours later, after the code on disk changed, would mix two versions."""
-  code = ('import sys, experiments.runner; '
-          "print(all(m in sys.modules for m in ('mllm.train.loop', 'mllm.train.metrics', "
-          "'mllm.generate', 'mllm.layers.moe')))")
-  proc = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True,
-                        timeout=300)
+  code = (
+    'import sys, experiments.runner; '
+    "print(all(m in sys.modules for m in ('mllm.train.loop', 'mllm.train.metrics', "
+    "'mllm.generation.text', 'mllm.layers.moe')))"
+  )
+  proc = subprocess.run(
+    [sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True, timeout=300
+  )
   assert proc.stdout.strip() == 'True', proc.stderr[-2000:]

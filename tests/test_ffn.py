@@ -1,4 +1,5 @@
 """Feed-forward networks (mllm/layers/ffn.py) against float64 NumPy, and the parameter matching."""
+
 from __future__ import annotations
 
 import math
@@ -17,16 +18,16 @@ _erf = np.vectorize(math.erf)
 
 # Activations written out in float64.
 NP_ACTIVATIONS = {
-    'relu': lambda z: np.maximum(z, 0.0),
-    'gelu': lambda z: 0.5 * z * (1.0 + _erf(z / math.sqrt(2.0))),
-    # Hendrycks & Gimpel 2016, sec. 2: GPT-2's approximation
-    'gelu_tanh': lambda z: 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z ** 3))),
-    'swish': lambda z: z / (1.0 + np.exp(-z)),
-    'glu': lambda z: 1.0 / (1.0 + np.exp(-z)),
-    'bilinear': lambda z: z,
-    'geglu': lambda z: 0.5 * z * (1.0 + _erf(z / math.sqrt(2.0))),
-    'swiglu': lambda z: z / (1.0 + np.exp(-z)),
-    'reglu': lambda z: np.maximum(z, 0.0),
+  'relu': lambda z: np.maximum(z, 0.0),
+  'gelu': lambda z: 0.5 * z * (1.0 + _erf(z / math.sqrt(2.0))),
+  # Hendrycks & Gimpel 2016, sec. 2: GPT-2's approximation
+  'gelu_tanh': lambda z: 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3))),
+  'swish': lambda z: z / (1.0 + np.exp(-z)),
+  'glu': lambda z: 1.0 / (1.0 + np.exp(-z)),
+  'bilinear': lambda z: z,
+  'geglu': lambda z: 0.5 * z * (1.0 + _erf(z / math.sqrt(2.0))),
+  'swiglu': lambda z: z / (1.0 + np.exp(-z)),
+  'reglu': lambda z: np.maximum(z, 0.0),
 }
 UNGATED = ('relu', 'gelu', 'gelu_tanh', 'swish')
 GATED = ('glu', 'bilinear', 'geglu', 'swiglu', 'reglu')
@@ -100,8 +101,9 @@ def _n_params(module):
 
 
 def _ffn_cfg(kind, **overrides):
-  return mllm.load_config(f'configs/base.py:ffn={kind}',
-                          {f'model.ffn.{k}': v for k, v in overrides.items()}).model.ffn
+  return mllm.load_config(
+    f'configs/base.py:ffn={kind}', {f'model.ffn.{k}': v for k, v in overrides.items()}
+  ).model.ffn
 
 
 @pytest.mark.parametrize('kind', GATED)
@@ -111,8 +113,9 @@ def test_gated_param_count_matches_ungated(kind):
   for d in (128, 256, 512, 768, 1024):
     h = hidden_dim(cfg, d)
     assert h % 8 == 0
-    ffn = nnx.eval_shape(lambda: FFNS[kind](d, h, use_bias=False, init_std=0.02, out_std=0.02,
-                                            rngs=nnx.Rngs(0)))
+    ffn = nnx.eval_shape(
+      lambda: FFNS[kind](d, h, use_bias=False, init_std=0.02, out_std=0.02, rngs=nnx.Rngs(0))  # noqa: B023 (runs within this iteration)
+    )
     gated = _n_params(ffn)
     assert gated == 3 * d * h
     ungated = 2 * d * 4 * d
@@ -125,12 +128,14 @@ def test_ungated_param_count_and_hidden_dim(kind):
   for d in (128, 768):
     h = hidden_dim(cfg, d)
     assert h == 4 * d  # match_params applies to gated FFNs only
-    ffn = nnx.eval_shape(lambda: FFNS[kind](d, h, use_bias=False, init_std=0.02, out_std=0.02,
-                                            rngs=nnx.Rngs(0)))
+    ffn = nnx.eval_shape(
+      lambda: FFNS[kind](d, h, use_bias=False, init_std=0.02, out_std=0.02, rngs=nnx.Rngs(0))  # noqa: B023 (runs within this iteration)
+    )
     assert _n_params(ffn) == 2 * d * 4 * d
   # With biases: + d_ff + d_model.
-  ffn = nnx.eval_shape(lambda: FFNS[kind](16, 64, use_bias=True, init_std=0.02, out_std=0.02,
-                                          rngs=nnx.Rngs(0)))
+  ffn = nnx.eval_shape(
+    lambda: FFNS[kind](16, 64, use_bias=True, init_std=0.02, out_std=0.02, rngs=nnx.Rngs(0))
+  )
   assert _n_params(ffn) == 2 * 16 * 64 + 64 + 16
 
 
@@ -146,8 +151,10 @@ def _nearest_multiple(target, m):
   return min(candidates, key=lambda c: abs(c - target))
 
 
-@pytest.mark.parametrize('d_model,d_ff,m', [(100, None, 64), (100, 400, 7), (96, 1000, 32),
-                                            (4, None, 64), (256, None, 256), (512, 2000, 1)])
+@pytest.mark.parametrize(
+  'd_model,d_ff,m',
+  [(100, None, 64), (100, 400, 7), (96, 1000, 32), (4, None, 64), (256, None, 256), (512, 2000, 1)],
+)
 def test_hidden_dim_multiple_of_rounding(d_model, d_ff, m):
   cfg = _ffn_cfg('swiglu', d_ff=d_ff, multiple_of=m)
   h = hidden_dim(cfg, d_model)

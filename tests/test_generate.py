@@ -1,5 +1,6 @@
 """Generation from a trained workdir: the Python API and `launch.py --mode=generate`, good and bad
 requests (each bad one a single `error:` line, exit 2)."""
+
 from __future__ import annotations
 
 import os
@@ -7,10 +8,10 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, make_config
+
 from mllm.config import ConfigError
-from mllm.generate import generate, generate_tokens, load_run
+from mllm.generation import generate, generate_tokens, load_run
 from mllm.train import train
 
 
@@ -18,8 +19,12 @@ from mllm.train import train
 def run(corpus, tmp_path_factory):
   """A tiny byte-level model with learned positions (a 32-token table), trained 40 steps."""
   workdir = str(tmp_path_factory.mktemp('gen'))
-  config = make_config(corpus, str(tmp_path_factory.mktemp('cache')), model__dropout=0.0,
-                       model__position__kind='learned')
+  config = make_config(
+    corpus,
+    str(tmp_path_factory.mktemp('cache')),
+    model__dropout=0.0,
+    model__position__kind='learned',
+  )
   train(config, workdir, progress=False)
   return config, workdir
 
@@ -30,33 +35,54 @@ def test_text_api_equals_token_generation(run):
   assert step == config.train.steps and saved.model.position.kind == 'learned'
   prompts = ['def ', 'import os\n']
   texts = generate(model, tokenizer, prompts, max_new_tokens=12)
-  ids = generate_tokens(model, [tokenizer.encode(p) for p in prompts], max_new_tokens=12,
-                        eos_id=tokenizer.eos_id)
+  ids = generate_tokens(
+    model, [tokenizer.encode(p) for p in prompts], max_new_tokens=12, eos_id=tokenizer.eos_id
+  )
   assert texts == [tokenizer.decode([t for t in seq if t != tokenizer.eos_id]) for seq in ids]
   assert all(len(seq) == 12 or seq[-1] == tokenizer.eos_id for seq in ids)
-  with pytest.raises(ConfigError, match=r'^--max_new_tokens=30: learned positions end at '
-                                        r'model.max_seq_len=32 .* allowed: <= 28$'):
+  with pytest.raises(
+    ConfigError,
+    match=r'^--max_new_tokens=30: learned positions end at '
+    r'model.max_seq_len=32 .* allowed: <= 28$',
+  ):
     generate(model, tokenizer, ['def '], max_new_tokens=30)
   with pytest.raises(ConfigError, match=r'^--prompt=.*prompt 2 is empty'):
     generate(model, tokenizer, ['def ', ''], max_new_tokens=3)
 
 
 def launch(*args) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, 'launch.py', '--mode=generate', *args], cwd=ROOT,
-                        capture_output=True, text=True, timeout=300)
+  return subprocess.run(
+    [sys.executable, 'launch.py', '--mode=generate', *args],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
 
 
 def test_launch_generate_prints_the_continuation_and_speeds(run, tmp_path):
   _, workdir = run
   prompts = tmp_path / 'prompts.txt'
   prompts.write_text('def f(x):\nclass A:\n', encoding='utf-8')
-  proc = launch(f'--workdir={workdir}', f'--prompt_file={prompts}', '--max_new_tokens=8',
-                '--temperature=0.8', '--top_k=20', '--seed=3')
+  proc = launch(
+    f'--workdir={workdir}',
+    f'--prompt_file={prompts}',
+    '--max_new_tokens=8',
+    '--temperature=0.8',
+    '--top_k=20',
+    '--seed=3',
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert proc.stdout.startswith('def f(x):') and '\nclass A:' in proc.stdout
   assert 'prefill ' in proc.stderr and 'tok/s' in proc.stderr and 'Traceback' not in proc.stderr
-  again = launch(f'--workdir={workdir}', f'--prompt_file={prompts}', '--max_new_tokens=8',
-                 '--temperature=0.8', '--top_k=20', '--seed=3')
+  again = launch(
+    f'--workdir={workdir}',
+    f'--prompt_file={prompts}',
+    '--max_new_tokens=8',
+    '--temperature=0.8',
+    '--top_k=20',
+    '--seed=3',
+  )
   assert again.stdout == proc.stdout  # seeded
 
 
@@ -64,21 +90,25 @@ def test_launch_streams_one_prompt_as_the_api_generates_it(run):
   config, workdir = run
   model, tokenizer, _, _ = load_run(workdir, config)
   want = generate(model, tokenizer, ['def '], max_new_tokens=10, repetition_penalty=1.3)[0]
-  proc = launch(f'--workdir={workdir}', '--prompt=def ', '--max_new_tokens=10',
-                '--repetition_penalty=1.3')
+  proc = launch(
+    f'--workdir={workdir}', '--prompt=def ', '--max_new_tokens=10', '--repetition_penalty=1.3'
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert proc.stdout == f'def {want}\n'
   assert 'compile' in proc.stderr and 'Traceback' not in proc.stderr
 
 
-@pytest.mark.parametrize('args, expected', [
+@pytest.mark.parametrize(
+  'args, expected',
+  [
     (['--prompt=def ', '--repetition_penalty=0'], '--repetition_penalty=0.0: must be > 0'),
     (['--prompt='], "--prompt='': prompt 1 is empty"),
     (['--prompt=def ', '--max_new_tokens=0'], '--max_new_tokens=0: must be a positive integer'),
     (['--prompt=def ', '--max_new_tokens=40'], '--max_new_tokens=40: learned positions end'),
     (['--prompt_file=/nonexistent/prompts.txt'], '--prompt_file='),
     ([], '--prompt=None: no prompt given'),
-])
+  ],
+)
 def test_launch_generate_bad_requests_are_one_line(run, args, expected):
   _, workdir = run
   proc = launch(f'--workdir={workdir}', *args)

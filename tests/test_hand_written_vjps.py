@@ -1,4 +1,5 @@
 """The hand-written backward passes (attention without bias, bias-free FFNs) equal autodiff."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,6 +8,7 @@ from flax import nnx
 
 from mllm.layers.ffn import FFNS
 from mllm.ops import attention as A
+from pallas_kernels.block_ranges import MASK_VALUE
 
 
 def _autodiff_attention(q, k, v, mask, scale):
@@ -15,19 +17,29 @@ def _autodiff_attention(q, k, v, mask, scale):
   S, K = k.shape[1], k.shape[2]
   logits = jnp.einsum('btkgh,bskh->bkgts', q.reshape(B, T, K, N // K, H), k) * scale
   allowed = mask.allowed(T, S)[:, :, None]
-  probs = jax.nn.softmax(jnp.where(allowed, logits, A.MASK_VALUE), axis=-1)
+  probs = jax.nn.softmax(jnp.where(allowed, logits, MASK_VALUE), axis=-1)
   probs = jnp.where(jnp.any(allowed, axis=-1, keepdims=True), probs, 0.0)
   return jnp.einsum('bkgts,bskh->btkgh', probs, v).reshape(B, T, N, H)
 
 
-@pytest.mark.parametrize('n_heads,n_kv,t,s,mask', [
+@pytest.mark.parametrize(
+  'n_heads,n_kv,t,s,mask',
+  [
     (8, 2, 16, 16, A.AttentionMask()),
     (4, 4, 12, 20, A.AttentionMask(window=5)),
     (2, 1, 8, 8, A.AttentionMask(causal=False)),
-    (6, 3, 16, 16, A.AttentionMask(
+    (
+      6,
+      3,
+      16,
+      16,
+      A.AttentionMask(
         q_segment_ids=jnp.array([[0] * 8 + [1] * 8, [5] * 16]),  # row 2: no visible key at all
-        kv_segment_ids=jnp.array([[0] * 8 + [1] * 8, [6] * 16]))),
-])
+        kv_segment_ids=jnp.array([[0] * 8 + [1] * 8, [6] * 16]),
+      ),
+    ),
+  ],
+)
 def test_attention_gradients_match_autodiff(n_heads, n_kv, t, s, mask):
   rng = np.random.default_rng(0)
   q = jnp.asarray(rng.normal(size=(2, t, n_heads, 8)), jnp.float32)
@@ -36,10 +48,12 @@ def test_attention_gradients_match_autodiff(n_heads, n_kv, t, s, mask):
 
   def loss(fn):
     return lambda q, k, v: (fn(q, k, v) * w).sum()
+
   fast = loss(lambda q, k, v: A.attend(q, k, v, mask=mask, scale=0.3))
   ref = loss(lambda q, k, v: _autodiff_attention(q, k, v, mask, 0.3))
-  for got, want in zip(jax.jit(jax.grad(fast, argnums=(0, 1, 2)))(q, k, v),
-                       jax.grad(ref, argnums=(0, 1, 2))(q, k, v)):
+  for got, want in zip(
+    jax.jit(jax.grad(fast, argnums=(0, 1, 2)))(q, k, v), jax.grad(ref, argnums=(0, 1, 2))(q, k, v)
+  ):
     np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
   np.testing.assert_allclose(fast(q, k, v), ref(q, k, v), atol=2e-5, rtol=2e-5)
 
@@ -48,15 +62,18 @@ def test_attention_bfloat16_gradients_keep_dtype():
   rng = np.random.default_rng(1)
   q = jnp.asarray(rng.normal(size=(1, 8, 4, 8)), jnp.bfloat16)
   k, v = (jnp.asarray(rng.normal(size=(1, 8, 2, 8)), jnp.bfloat16) for _ in range(2))
-  grads = jax.grad(lambda q, k, v: A.attend(q, k, v, mask=A.AttentionMask()).astype(
-      jnp.float32).sum(), argnums=(0, 1, 2))(q, k, v)
+  grads = jax.grad(
+    lambda q, k, v: A.attend(q, k, v, mask=A.AttentionMask()).astype(jnp.float32).sum(),
+    argnums=(0, 1, 2),
+  )(q, k, v)
   assert [g.dtype for g in grads] == [jnp.bfloat16] * 3
 
 
 @pytest.mark.parametrize('kind', list(FFNS))
 def test_ffn_gradients_match_autodiff(kind):
-  ffn = FFNS[kind](16, 24, use_bias=False, init_std=0.3, out_std=0.3, dtype=jnp.float32,
-                   rngs=nnx.Rngs(0))
+  ffn = FFNS[kind](
+    16, 24, use_bias=False, init_std=0.3, out_std=0.3, dtype=jnp.float32, rngs=nnx.Rngs(0)
+  )
   graphdef, params = nnx.split(ffn)
   x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 5, 16)), jnp.float32)
   w = jnp.asarray(np.random.default_rng(1).normal(size=(2, 5, 16)), jnp.float32)
@@ -70,8 +87,10 @@ def test_ffn_gradients_match_autodiff(kind):
     else:
       y = m.down(m.activation(m.up(x)))
     return (y * w).sum()
-  (l_fast, g_fast), (l_ref, g_ref) = (jax.value_and_grad(loss, argnums=(0, 1))(params, x, fast)
-                                      for fast in (True, False))
+
+  (l_fast, g_fast), (l_ref, g_ref) = (
+    jax.value_and_grad(loss, argnums=(0, 1))(params, x, fast) for fast in (True, False)
+  )
   np.testing.assert_allclose(l_fast, l_ref, rtol=1e-6)
   for got, want in zip(jax.tree.leaves(g_fast), jax.tree.leaves(g_ref)):
     np.testing.assert_allclose(got, want, atol=1e-6, rtol=1e-5)

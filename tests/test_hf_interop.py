@@ -6,6 +6,7 @@ Llama (plain, and with Llama 3 RoPE scaling), Mistral (a 64-token window under a
 prompt), Qwen2 (q/k/v biases, tied), Qwen3 (QK-norm, head_dim ≠ d_model / heads) and GPT-2
 (learned positions, LayerNorm, tanh GELU, Conv1D weights).
 """
+
 from __future__ import annotations
 
 import json
@@ -16,12 +17,21 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mllm.generate import generate_tokens
+from mllm.generation import generate_tokens
 from mllm.interop import hf
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'fixtures', 'hf')
-FAMILIES = ['llama', 'llama3-scaled', 'llama-yarn', 'mistral', 'qwen2', 'qwen3', 'gpt2', 'mixtral',
-            'qwen3-moe']
+FAMILIES = [
+  'llama',
+  'llama3-scaled',
+  'llama-yarn',
+  'mistral',
+  'qwen2',
+  'qwen3',
+  'gpt2',
+  'mixtral',
+  'qwen3-moe',
+]
 
 
 def reference(family):
@@ -43,6 +53,7 @@ def imported():
     if family not in cache:
       cache[family] = hf.from_hf(os.path.join(FIXTURES, family))
     return cache[family]
+
   return get
 
 
@@ -59,9 +70,8 @@ def assert_logits_match(model, name):
 def assert_greedy_matches(model, name):
   """transformers' greedy continuation of the short prompts, decoded with the KV cache."""
   ref = reference(name)
-  prompts, want = ref['short_ids'], ref['greedy'][:, ref['short_ids'].shape[1]:]
-  got = generate_tokens(model, [list(map(int, p)) for p in prompts],
-                        max_new_tokens=want.shape[1])
+  prompts, want = ref['short_ids'], ref['greedy'][:, ref['short_ids'].shape[1] :]
+  got = generate_tokens(model, [list(map(int, p)) for p in prompts], max_new_tokens=want.shape[1])
   assert np.array_equal(np.asarray(got), want)
 
 
@@ -75,25 +85,69 @@ def test_greedy_generation_with_the_kv_cache_matches_transformers(family, import
   assert_greedy_matches(imported(family)[1], family)
 
 
-@pytest.mark.parametrize('family,keys', [
-    ('qwen3', {'model.attention.qk_norm': True, 'model.head_dim': 32, 'model.n_kv_heads': 2,
-               'model.tie_embeddings': True}),
+@pytest.mark.parametrize(
+  'family,keys',
+  [
+    (
+      'qwen3',
+      {
+        'model.attention.qk_norm': True,
+        'model.head_dim': 32,
+        'model.n_kv_heads': 2,
+        'model.tie_embeddings': True,
+      },
+    ),
     ('qwen2', {'model.attention.qkv_bias': True, 'model.attention.use_bias': False}),
     ('mistral', {'model.attention.sliding_window': 64}),
-    ('llama3-scaled', {'model.position.rope_scaling': 'llama3',
-                       'model.position.rope_original_max_len': 64,
-                       'model.position.rope_scaling_factor': 8.0}),
-    ('llama-yarn', {'model.position.rope_scaling': 'yarn', 'model.position.rope_scaling_factor': 4.0,
-                    'model.position.rope_original_max_len': 64,
-                    'model.position.yarn_beta_fast': 32.0}),
-    ('mixtral', {'model.ffn.kind': 'moe', 'model.moe.num_experts': 4, 'model.moe.top_k': 2,
-                 'model.moe.expert_d_ff': 96, 'model.moe.renormalize': True,
-                 'model.moe.dispatch': 'dropless', 'model.position.rope_theta': 1e6}),
-    ('qwen3-moe', {'model.moe.num_experts': 4, 'model.moe.expert_d_ff': 48,
-                   'model.attention.qk_norm': True, 'model.moe.first_dense_layers': 0}),
-    ('gpt2', {'model.position.kind': 'learned', 'model.ffn.kind': 'gelu_tanh',
-              'model.norm.kind': 'layernorm', 'model.ffn.d_ff': 256}),
-])
+    (
+      'llama3-scaled',
+      {
+        'model.position.rope_scaling': 'llama3',
+        'model.position.rope_original_max_len': 64,
+        'model.position.rope_scaling_factor': 8.0,
+      },
+    ),
+    (
+      'llama-yarn',
+      {
+        'model.position.rope_scaling': 'yarn',
+        'model.position.rope_scaling_factor': 4.0,
+        'model.position.rope_original_max_len': 64,
+        'model.position.yarn_beta_fast': 32.0,
+      },
+    ),
+    (
+      'mixtral',
+      {
+        'model.ffn.kind': 'moe',
+        'model.moe.num_experts': 4,
+        'model.moe.top_k': 2,
+        'model.moe.expert_d_ff': 96,
+        'model.moe.renormalize': True,
+        'model.moe.dispatch': 'dropless',
+        'model.position.rope_theta': 1e6,
+      },
+    ),
+    (
+      'qwen3-moe',
+      {
+        'model.moe.num_experts': 4,
+        'model.moe.expert_d_ff': 48,
+        'model.attention.qk_norm': True,
+        'model.moe.first_dense_layers': 0,
+      },
+    ),
+    (
+      'gpt2',
+      {
+        'model.position.kind': 'learned',
+        'model.ffn.kind': 'gelu_tanh',
+        'model.norm.kind': 'layernorm',
+        'model.ffn.d_ff': 256,
+      },
+    ),
+  ],
+)
 def test_config_fields_map(family, keys, imported):
   config, _ = imported(family)
   for key, value in keys.items():
@@ -106,6 +160,7 @@ def test_config_fields_map(family, keys, imported):
 def write_copy(tmp_path, family, edit_config=None, edit_weights=None, shards=1):
   """A copy of a fixture folder with its config.json and/or weights edited."""
   from safetensors.numpy import load_file, save_file
+
   folder = tmp_path / family
   shutil.copytree(os.path.join(FIXTURES, family), folder)
   with open(folder / 'config.json') as f:
@@ -143,8 +198,12 @@ def test_a_sharded_checkpoint_loads_the_same(tmp_path, imported):
 
 def test_a_bfloat16_checkpoint_loads_its_values_exactly(tmp_path, imported):
   import ml_dtypes
-  path = write_copy(tmp_path, 'llama', edit_weights=lambda w: {
-      k: v.astype(ml_dtypes.bfloat16) for k, v in w.items()})
+
+  path = write_copy(
+    tmp_path,
+    'llama',
+    edit_weights=lambda w: {k: v.astype(ml_dtypes.bfloat16) for k, v in w.items()},
+  )
   _, model = imported(None, path)
   _, f32 = imported('llama')
   got = np.asarray(model.blocks[1].attention.query.kernel[...])
@@ -155,39 +214,52 @@ def test_a_bfloat16_checkpoint_loads_its_values_exactly(tmp_path, imported):
 
 def test_transformers_4_rope_fields_give_the_same_config(tmp_path, imported):
   """Checkpoints saved before transformers 5 spell RoPE as rope_theta + rope_scaling."""
+
   def to_v4(config):
     params = config.pop('rope_parameters')
     config['rope_theta'] = params.pop('rope_theta')
     config['rope_scaling'] = params
+
   config, _ = imported(None, write_copy(tmp_path, 'llama3-scaled', edit_config=to_v4))
   assert config.model.to_dict() == imported('llama3-scaled')[0].model.to_dict()
 
 
-@pytest.mark.parametrize('edit,message', [
+@pytest.mark.parametrize(
+  'edit,message',
+  [
     (lambda c: c.update(model_type='falcon'), r"model_type='falcon'.*allowed: llama, mistral"),
     (lambda c: c.update(hidden_act='gelu'), r"hidden_act='gelu'.*allowed: 'silu'"),
     (lambda c: c['rope_parameters'].update(rope_type='dynamic'), r"rope_type='dynamic'"),
     (lambda c: c.update(pretraining_tp=2), r'pretraining_tp=2'),
-    (lambda c: c['rope_parameters'].update(rope_type='yarn', factor=4.0, attention_factor=2.0,
-                                           original_max_position_embeddings=64),
-     r'rope_parameters.attention_factor=2.0'),
-    (lambda c: c['rope_parameters'].update(rope_type='yarn', factor=4.0, truncate=False,
-                                           original_max_position_embeddings=64),
-     r'rope_parameters.truncate=False'),
-])
+    (
+      lambda c: c['rope_parameters'].update(
+        rope_type='yarn', factor=4.0, attention_factor=2.0, original_max_position_embeddings=64
+      ),
+      r'rope_parameters.attention_factor=2.0',
+    ),
+    (
+      lambda c: c['rope_parameters'].update(
+        rope_type='yarn', factor=4.0, truncate=False, original_max_position_embeddings=64
+      ),
+      r'rope_parameters.truncate=False',
+    ),
+  ],
+)
 def test_unsupported_config_fields_are_refused(tmp_path, edit, message):
   with pytest.raises(hf.HFImportError, match=message):
     hf.from_hf(write_copy(tmp_path, 'llama', edit_config=edit))
 
 
-@pytest.mark.parametrize('edit,message', [
+@pytest.mark.parametrize(
+  'edit,message',
+  [
     (lambda c: c.update(mlp_only_layers=[1]), r'mlp_only_layers=\[1\]'),
     (lambda c: c.update(router_jitter_noise=0.1), r'router_jitter_noise=0.1'),
-])
+  ],
+)
 def test_unsupported_moe_fields_are_refused(tmp_path, edit, message):
   with pytest.raises(hf.HFImportError, match=message):
     hf.from_hf(write_copy(tmp_path, 'qwen3-moe', edit_config=edit))
-
 
 
 def test_missing_and_extra_weights_are_refused(tmp_path):
@@ -195,24 +267,30 @@ def test_missing_and_extra_weights_are_refused(tmp_path):
     w = dict(w)
     del w['model.layers.1.mlp.up_proj.weight']
     return w
+
   with pytest.raises(hf.HFImportError, match=r"no weight 'model.layers.1.mlp.up_proj.weight'"):
     hf.from_hf(write_copy(tmp_path, 'llama', edit_weights=drop))
   extra = lambda w: {**w, 'model.layers.0.mlp.extra.weight': np.zeros(3, np.float32)}  # noqa
-  with pytest.raises(hf.HFImportError, match='weights mllm does not use: model.layers.0.mlp.extra'):
+  with pytest.raises(
+    hf.HFImportError, match=r'weights mllm does not use: model\.layers\.0\.mlp\.extra'
+  ):
     hf.from_hf(write_copy(tmp_path / 'x', 'llama', edit_weights=extra))
 
 
 def test_qwen3_mixing_full_and_sliding_layers_is_refused(tmp_path):
   def mixed(c):
     c.update(layer_types=['full_attention', 'sliding_attention'], sliding_window=32)
+
   with pytest.raises(hf.HFImportError, match='layer_types mixes full and sliding'):
     hf.from_hf(write_copy(tmp_path, 'qwen3', edit_config=mixed))
 
 
 # --- Export -------------------------------------------------------------------------------------
 
+
 def load_tensors(path):
   from safetensors.numpy import load_file
+
   files = sorted(f for f in os.listdir(path) if f.endswith('.safetensors'))
   out = {}
   for f in files:
@@ -231,6 +309,7 @@ def test_hf_to_mllm_to_hf_is_bitwise_the_same(family, imported, tmp_path):
   for name in before:
     assert before[name].dtype == after[name].dtype and np.array_equal(before[name], after[name])
   from safetensors import safe_open
+
   with safe_open(str(tmp_path / 'model.safetensors'), 'np') as f:
     assert f.metadata() == {'format': 'pt'}
   exported = hf.read_config(str(tmp_path))
@@ -239,8 +318,12 @@ def test_hf_to_mllm_to_hf_is_bitwise_the_same(family, imported, tmp_path):
 
 def test_a_bfloat16_checkpoint_round_trips_bitwise_in_bfloat16(tmp_path, imported):
   import ml_dtypes
-  path = write_copy(tmp_path, 'qwen3', edit_weights=lambda w: {
-      k: v.astype(ml_dtypes.bfloat16) for k, v in w.items()})
+
+  path = write_copy(
+    tmp_path,
+    'qwen3',
+    edit_weights=lambda w: {k: v.astype(ml_dtypes.bfloat16) for k, v in w.items()},
+  )
   config, model = imported(None, path)
   hf.to_hf(config, model, str(tmp_path / 'out'), dtype='bfloat16')
   before, after = load_tensors(path), load_tensors(str(tmp_path / 'out'))
@@ -256,42 +339,74 @@ def randomized(config, seed=0):
   included, so a dropped or swapped tensor shows in the logits)."""
   import jax
   from flax import nnx
+
   import mllm
+
   model = mllm.build_model(config.model, rngs=nnx.Rngs(seed))
   params = nnx.state(model, nnx.Param)
   key = jax.random.key(seed + 1)
 
   def noisy(path, x):
     scale = 1.0 if 'scale' in str(path[-1]) else 0.0
-    return scale + 0.3 * jax.random.normal(jax.random.fold_in(key, hash(str(path)) % 2**31),
-                                           x.shape, x.dtype)
+    return scale + 0.3 * jax.random.normal(
+      jax.random.fold_in(key, hash(str(path)) % 2**31), x.shape, x.dtype
+    )
+
   nnx.update(model, jax.tree.map_with_path(noisy, params))
   return model
 
 
 # mllm configs that a transformers class computes exactly, and the family each exports as.
 EXPORTABLE = {
-    'llama-gqa': ('llama', {}),
-    'llama-untied-biases': ('llama', {'model.tie_embeddings': False,
-                                      'model.attention.use_bias': True, 'model.ffn.use_bias': True}),
-    'llama-pi': ('llama', {'model.position.rope_scaling': 'linear',
-                           'model.position.rope_scaling_factor': 2.0}),
-    'llama-scanned': ('llama', {'model.scan_layers': True}),
-    'mistral': ('mistral', {'model.attention.sliding_window': 5}),
-    'qwen2': ('qwen2', {'model.attention.qkv_bias': True}),
-    'qwen3': ('qwen3', {'model.attention.qk_norm': True, 'model.head_dim': 8}),
-    'llama-yarn': ('llama', {'model.position.rope_scaling': 'yarn',
-                             'model.position.rope_scaling_factor': 4.0,
-                             'model.position.rope_original_max_len': 8}),
-    'mixtral': ('mixtral', {'model.ffn.kind': 'moe', 'model.moe.num_experts': 4,
-                            'model.moe.dispatch': 'dropless'}),
-    'qwen3-moe': ('qwen3_moe', {'model.ffn.kind': 'moe', 'model.moe.num_experts': 4,
-                                'model.moe.expert_d_ff': 24, 'model.attention.qk_norm': True,
-                                'model.moe.first_dense_layers': 1, 'model.n_layers': 3,
-                                'model.moe.renormalize': False, 'model.moe.dispatch': 'dropless'}),
-    'gpt2': ('gpt2', {'model.position.kind': 'learned', 'model.norm.kind': 'layernorm',
-                      'model.ffn.kind': 'gelu_tanh', 'model.attention.use_bias': True,
-                      'model.ffn.use_bias': True, 'model.n_kv_heads': 4}),
+  'llama-gqa': ('llama', {}),
+  'llama-untied-biases': (
+    'llama',
+    {'model.tie_embeddings': False, 'model.attention.use_bias': True, 'model.ffn.use_bias': True},
+  ),
+  'llama-pi': (
+    'llama',
+    {'model.position.rope_scaling': 'linear', 'model.position.rope_scaling_factor': 2.0},
+  ),
+  'llama-scanned': ('llama', {'model.scan_layers': True}),
+  'mistral': ('mistral', {'model.attention.sliding_window': 5}),
+  'qwen2': ('qwen2', {'model.attention.qkv_bias': True}),
+  'qwen3': ('qwen3', {'model.attention.qk_norm': True, 'model.head_dim': 8}),
+  'llama-yarn': (
+    'llama',
+    {
+      'model.position.rope_scaling': 'yarn',
+      'model.position.rope_scaling_factor': 4.0,
+      'model.position.rope_original_max_len': 8,
+    },
+  ),
+  'mixtral': (
+    'mixtral',
+    {'model.ffn.kind': 'moe', 'model.moe.num_experts': 4, 'model.moe.dispatch': 'dropless'},
+  ),
+  'qwen3-moe': (
+    'qwen3_moe',
+    {
+      'model.ffn.kind': 'moe',
+      'model.moe.num_experts': 4,
+      'model.moe.expert_d_ff': 24,
+      'model.attention.qk_norm': True,
+      'model.moe.first_dense_layers': 1,
+      'model.n_layers': 3,
+      'model.moe.renormalize': False,
+      'model.moe.dispatch': 'dropless',
+    },
+  ),
+  'gpt2': (
+    'gpt2',
+    {
+      'model.position.kind': 'learned',
+      'model.norm.kind': 'layernorm',
+      'model.ffn.kind': 'gelu_tanh',
+      'model.attention.use_bias': True,
+      'model.ffn.use_bias': True,
+      'model.n_kv_heads': 4,
+    },
+  ),
 }
 
 
@@ -301,6 +416,7 @@ def test_mllm_to_hf_to_mllm_gives_the_same_logits(name, tiny, tmp_path):
   config = tiny(**{k.replace('.', '__'): v for k, v in keys.items()})
   model = randomized(config)
   import mllm  # the top-level names
+
   assert mllm.to_hf(config, model, str(tmp_path)) == family
   assert hf.read_config(str(tmp_path))['architectures'] == [hf.ARCHITECTURES[family]]
   _, back = mllm.from_hf(str(tmp_path), {'model.scan_layers': config.model.scan_layers})
@@ -317,10 +433,14 @@ def test_a_large_export_is_written_in_shards_that_import_the_same(tmp_path, impo
   assert not (tmp_path / 'model.safetensors').exists()
   _, back = imported(None, str(tmp_path))
   ref = reference('llama')
-  np.testing.assert_array_equal(logits_of(back, ref['short_ids']), logits_of(model, ref['short_ids']))
+  np.testing.assert_array_equal(
+    logits_of(back, ref['short_ids']), logits_of(model, ref['short_ids'])
+  )
 
 
-@pytest.mark.parametrize('keys,message', [
+@pytest.mark.parametrize(
+  'keys,message',
+  [
     ({'model.position.kind': 'alibi'}, r"model.position.kind='alibi': .*LlamaForCausalLM.* 'rope'"),
     ({'model.position.kind': 't5'}, r"model.position.kind='t5'"),
     ({'model.position.kind': 'shaw'}, r"model.position.kind='shaw'"),
@@ -329,21 +449,33 @@ def test_a_large_export_is_written_in_shards_that_import_the_same(tmp_path, impo
     ({'model.norm.placement': 'post'}, r"model.norm.placement='post'"),
     ({'model.ffn.kind': 'geglu'}, r"model.ffn.kind='geglu'"),
     ({'model.position.rope_layout': 'interleaved'}, r"model.position.rope_layout='interleaved'"),
-    ({'model.position.rope_scaling': 'ntk', 'model.position.rope_scaling_factor': 2.0},
-     r"model.position.rope_scaling='ntk'"),
+    (
+      {'model.position.rope_scaling': 'ntk', 'model.position.rope_scaling_factor': 2.0},
+      r"model.position.rope_scaling='ntk'",
+    ),
     ({'model.embed_scale': 4.0}, r'model.embed_scale=4.0'),
     ({'model.attention.softmax_scale': 0.1}, r'model.attention.softmax_scale=0.1'),
     ({'model.norm.final_norm': False}, r'model.norm.final_norm=False'),
-    ({'model.attention.sliding_window': 5, 'model.attention.use_bias': True},
-     r'model.attention.use_bias=True: .*MistralForCausalLM'),
-    ({'model.ffn.kind': 'moe', 'model.moe.num_shared_experts': 1},
-     r'model.moe.num_shared_experts=1: .*MixtralForCausalLM'),
+    (
+      {'model.attention.sliding_window': 5, 'model.attention.use_bias': True},
+      r'model.attention.use_bias=True: .*MistralForCausalLM',
+    ),
+    (
+      {'model.ffn.kind': 'moe', 'model.moe.num_shared_experts': 1},
+      r'model.moe.num_shared_experts=1: .*MixtralForCausalLM',
+    ),
     ({'model.ffn.kind': 'moe', 'model.moe.router': 'sigmoid'}, r"model.moe.router='sigmoid'"),
     ({'model.ffn.kind': 'moe', 'model.moe.expert_bias': True}, r'model.moe.expert_bias=True'),
-    ({'model.ffn.kind': 'moe', 'model.moe.renormalize': False},
-     r'model.moe.renormalize=False: .*MixtralForCausalLM'),
-    ({'model.position.kind': 'learned', 'model.n_kv_heads': 4}, r"model.norm.kind='rmsnorm': .*GPT2LMHeadModel"),
-])
+    (
+      {'model.ffn.kind': 'moe', 'model.moe.renormalize': False},
+      r'model.moe.renormalize=False: .*MixtralForCausalLM',
+    ),
+    (
+      {'model.position.kind': 'learned', 'model.n_kv_heads': 4},
+      r"model.norm.kind='rmsnorm': .*GPT2LMHeadModel",
+    ),
+  ],
+)
 def test_models_no_transformers_class_computes_are_refused(keys, message, tiny, tmp_path):
   config = tiny(**{k.replace('.', '__'): v for k, v in keys.items()})
   model = randomized(config)
@@ -355,10 +487,12 @@ def test_models_no_transformers_class_computes_are_refused(keys, message, tiny, 
 
 # --- A Hugging Face folder through launch.py: import, generate, train, export -------------------
 
+
 def add_tokenizer(folder):
   """A character-level tokenizer.json for a fixture's 96 ids, EOS '</s>' named in
   tokenizer_config.json (as the hub's folders name theirs)."""
   from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
   chars = [chr(c) for c in range(32, 125)] + ['\n', '<unk>', '</s>']
   tok = Tokenizer(models.WordLevel({c: i for i, c in enumerate(chars)}, unk_token='<unk>'))
   tok.pre_tokenizer = pre_tokenizers.Split(Regex('.|\n'), behavior='isolated')
@@ -380,42 +514,60 @@ def test_tokenizer_settings_name_the_folders_eos(tmp_path):
   path = write_copy(tmp_path, 'llama')
   assert hf.tokenizer_settings(path) == {}
   add_tokenizer(path)
-  assert hf.tokenizer_settings(path) == {'data.tokenizer': 'bpe', 'data.eos_token': '</s>',
-                                         'data.pad_token': '</s>'}
+  assert hf.tokenizer_settings(path) == {
+    'data.tokenizer': 'bpe',
+    'data.eos_token': '</s>',
+    'data.pad_token': '</s>',
+  }
 
 
 def test_import_generate_train_and_export_through_launch(corpus, tmp_path):
   """launch.py --mode=import writes a normal workdir: generate, train (its config read from the
   workdir, a shape-keeping toggle on top) and export all work on it."""
   from test_launch import run_launch
-  from mllm.generate import generate, load_run
+
+  from mllm.generation import generate, load_run
+
   path = write_copy(tmp_path, 'qwen3')
   add_tokenizer(path)
   workdir, out = str(tmp_path / 'run'), str(tmp_path / 'exported')
-  data = [f'--config.data.source=text', f'--config.data.path={corpus}',
-          '--config.data.batch_size=2', '--config.data.seq_len=32', '--config.train.steps=2',
-          '--config.train.eval_batches=1', '--config.train.warmup_steps=1']
+  data = [
+    '--config.data.source=text',
+    f'--config.data.path={corpus}',
+    '--config.data.batch_size=2',
+    '--config.data.seq_len=32',
+    '--config.train.steps=2',
+    '--config.train.eval_batches=1',
+    '--config.train.warmup_steps=1',
+  ]
   result = run_launch('--mode=import', f'--hf={path}', f'--workdir={workdir}', *data)
   assert result.returncode == 0, result.stderr
   assert os.path.isfile(os.path.join(workdir, 'tokenizer.json'))
 
   # The workdir's step 0 is the checkpoint: the same logits, and generate finds its tokenizer.
   import mllm
+
   like = mllm.load_config(hf.base_config_path())
   model, tokenizer, step, config = load_run(workdir, like)
   assert step == 0 and config.data.eos_token == '</s>' and config.model.attention.qk_norm
   ref = reference('qwen3')
   np.testing.assert_allclose(logits_of(model, ref['long_ids']), ref['logits_long'], atol=1e-4)
-  result = run_launch('--mode=generate', f'--workdir={workdir}', '--prompt=def f(x):',
-                      '--max_new_tokens=6')
+  result = run_launch(
+    '--mode=generate', f'--workdir={workdir}', '--prompt=def f(x):', '--max_new_tokens=6'
+  )
   assert result.returncode == 0, result.stderr
-  assert result.stdout.rstrip('\n') == 'def f(x):' + generate(model, tokenizer, ['def f(x):'],
-                                                              max_new_tokens=6)[0]
+  assert (
+    result.stdout.rstrip('\n')
+    == 'def f(x):' + generate(model, tokenizer, ['def f(x):'], max_new_tokens=6)[0]
+  )
 
   # Continue pre-training with the workdir's own config (no --config) and YaRN on top.
-  result = run_launch(f'--workdir={workdir}', '--config.model.position.rope_scaling=yarn',
-                      '--config.model.position.rope_scaling_factor=2.0',
-                      '--config.model.position.rope_original_max_len=128')
+  result = run_launch(
+    f'--workdir={workdir}',
+    '--config.model.position.rope_scaling=yarn',
+    '--config.model.position.rope_scaling_factor=2.0',
+    '--config.model.position.rope_original_max_len=128',
+  )
   assert result.returncode == 0, result.stderr
   trained, _, step, config = load_run(workdir, like)
   assert step == 2 and config.model.position.rope_scaling == 'yarn'
@@ -430,11 +582,14 @@ def test_import_generate_train_and_export_through_launch(corpus, tmp_path):
   assert exported['eos_token_id'] == tokenizer.eos_id
   assert os.path.isfile(os.path.join(out, 'tokenizer.json'))
   _, back = hf.from_hf(out)
-  np.testing.assert_array_equal(logits_of(back, ref['short_ids']), logits_of(trained, ref['short_ids']))
+  np.testing.assert_array_equal(
+    logits_of(back, ref['short_ids']), logits_of(trained, ref['short_ids'])
+  )
 
 
 def test_init_from_a_folder_without_its_tokenizer_is_refused(tmp_path):
   from test_launch import run_launch
+
   path = write_copy(tmp_path, 'llama')
   result = run_launch(f'--config.train.init_from=hf:{path}', f'--workdir={tmp_path / "w"}')
   assert result.returncode == 2
@@ -445,8 +600,15 @@ def test_init_from_a_folder_without_its_tokenizer_is_refused(tmp_path):
 # tests/fixtures/make_export_fixtures.py: `to_hf` wrote random mllm models of each family, then
 # transformers 5.24 loaded each folder and recorded its logits, greedy continuations and tokenizer ids.
 
-EXPORTED = ['exported-llama', 'exported-mistral', 'exported-qwen2', 'exported-qwen3',
-            'exported-gpt2', 'exported-mixtral', 'exported-qwen3-moe']
+EXPORTED = [
+  'exported-llama',
+  'exported-mistral',
+  'exported-qwen2',
+  'exported-qwen3',
+  'exported-gpt2',
+  'exported-mixtral',
+  'exported-qwen3-moe',
+]
 
 
 @pytest.mark.parametrize('name', EXPORTED)
@@ -461,13 +623,15 @@ def test_to_hf_still_writes_the_files_transformers_read(name, imported, tmp_path
   """If to_hf's output changes, these fixtures no longer show that transformers reads it: rerun
   make_export_fixtures.py (both steps)."""
   from mllm.data.tokenizers import BPETokenizer
+
   folder = os.path.join(FIXTURES, name)
   config, model = imported(name)
   tokenizer = None
   if os.path.isfile(os.path.join(folder, 'tokenizer.json')):
     settings = hf.tokenizer_settings(folder)
-    tokenizer = BPETokenizer.from_file(os.path.join(folder, 'tokenizer.json'),
-                                       settings['data.eos_token'], settings['data.pad_token'])
+    tokenizer = BPETokenizer.from_file(
+      os.path.join(folder, 'tokenizer.json'), settings['data.eos_token'], settings['data.pad_token']
+    )
   hf.to_hf(config, model, str(tmp_path), tokenizer=tokenizer)
   for file in ('config.json', 'tokenizer_config.json'):
     if os.path.isfile(os.path.join(folder, file)):
@@ -480,6 +644,7 @@ def test_to_hf_still_writes_the_files_transformers_read(name, imported, tmp_path
 
 def test_an_exported_bpe_tokenizer_gives_transformers_ids():
   from mllm.data.tokenizers import BPETokenizer
+
   folder = os.path.join(FIXTURES, 'exported-gpt2')
   settings = hf.tokenizer_settings(folder)
   assert settings['data.eos_token'] == '<eos>' and settings['data.pad_token'] == '<pad>'
@@ -491,6 +656,7 @@ def test_an_exported_bpe_tokenizer_gives_transformers_ids():
 
 def test_launch_import_and_export_refusals_are_one_line(corpus, tmp_path):
   from test_launch import run_launch
+
   path = write_copy(tmp_path, 'llama')
   add_tokenizer(path)
 
@@ -499,46 +665,79 @@ def test_launch_import_and_export_refusals_are_one_line(corpus, tmp_path):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and text in lines[0], result.stderr
 
-  one_line_error(run_launch('--mode=import', f'--workdir={tmp_path / "a"}'),
-                 '--hf: --mode=import needs the Hugging Face folder')
-  one_line_error(run_launch('--mode=import', f'--hf={tmp_path / "nope"}',
-                            f'--workdir={tmp_path / "a"}'), 'has no config.json')
-  one_line_error(run_launch('--mode', 'import', '--hf', str(tmp_path / 'nope'),  # absl's spaced form
-                            f'--workdir={tmp_path / "a"}'), 'has no config.json')
+  one_line_error(
+    run_launch('--mode=import', f'--workdir={tmp_path / "a"}'),
+    '--hf: --mode=import needs the Hugging Face folder',
+  )
+  one_line_error(
+    run_launch('--mode=import', f'--hf={tmp_path / "nope"}', f'--workdir={tmp_path / "a"}'),
+    'has no config.json',
+  )
+  one_line_error(
+    run_launch(
+      '--mode',
+      'import',
+      '--hf',
+      str(tmp_path / 'nope'),  # absl's spaced form
+      f'--workdir={tmp_path / "a"}',
+    ),
+    'has no config.json',
+  )
   # ALiBi keeps the parameters' shapes, so the import takes it; no HF class computes it.
   workdir = str(tmp_path / 'alibi')
-  result = run_launch('--mode=import', f'--hf={path}', f'--workdir={workdir}',
-                      '--config.model.position.kind=alibi', '--config.data.source=text',
-                      f'--config.data.path={corpus}', '--config.data.seq_len=32')
+  result = run_launch(
+    '--mode=import',
+    f'--hf={path}',
+    f'--workdir={workdir}',
+    '--config.model.position.kind=alibi',
+    '--config.data.source=text',
+    f'--config.data.path={corpus}',
+    '--config.data.seq_len=32',
+  )
   assert result.returncode == 0, result.stderr
-  one_line_error(run_launch('--mode=export', f'--workdir={workdir}', f'--hf={tmp_path / "out"}'),
-                 "model.position.kind='alibi'")
-  one_line_error(run_launch('--mode=import', f'--hf={path}', f'--workdir={workdir}'),
-                 'already holds checkpoints')
+  one_line_error(
+    run_launch('--mode=export', f'--workdir={workdir}', f'--hf={tmp_path / "out"}'),
+    "model.position.kind='alibi'",
+  )
+  one_line_error(
+    run_launch('--mode=import', f'--hf={path}', f'--workdir={workdir}'), 'already holds checkpoints'
+  )
 
 
 def test_a_tied_checkpoint_that_also_stores_its_head_loads_unless_they_differ(tmp_path):
   ref = reference('qwen2')
-  path = write_copy(tmp_path, 'qwen2', edit_weights=lambda w: {
-      **w, 'lm_head.weight': w['model.embed_tokens.weight'].copy()})
+  path = write_copy(
+    tmp_path,
+    'qwen2',
+    edit_weights=lambda w: {**w, 'lm_head.weight': w['model.embed_tokens.weight'].copy()},
+  )
   _, model = hf.from_hf(path)
   np.testing.assert_allclose(logits_of(model, ref['short_ids']), ref['logits_short'], atol=1e-4)
-  path = write_copy(tmp_path / 'x', 'qwen2', edit_weights=lambda w: {
-      **w, 'lm_head.weight': w['model.embed_tokens.weight'] + 1})
-  with pytest.raises(hf.HFImportError, match='lm_head.weight differs from model.embed_tokens'):
+  path = write_copy(
+    tmp_path / 'x',
+    'qwen2',
+    edit_weights=lambda w: {**w, 'lm_head.weight': w['model.embed_tokens.weight'] + 1},
+  )
+  with pytest.raises(hf.HFImportError, match=r'lm_head\.weight differs from model\.embed_tokens'):
     hf.from_hf(path)
 
 
 def test_gpt2_checkpoints_without_the_transformer_prefix_load_the_same(tmp_path):
   """The original gpt2 repository names its tensors 'h.0.attn...' and 'wte.weight'."""
-  path = write_copy(tmp_path, 'gpt2', edit_weights=lambda w: {
-      k.removeprefix('transformer.'): v for k, v in w.items()})
+  path = write_copy(
+    tmp_path,
+    'gpt2',
+    edit_weights=lambda w: {k.removeprefix('transformer.'): v for k, v in w.items()},
+  )
   _, model = hf.from_hf(path)
   ref = reference('gpt2')
   np.testing.assert_allclose(logits_of(model, ref['long_ids']), ref['logits_long'], atol=1e-4)
 
 
 def test_an_override_that_changes_the_parameters_is_refused_naming_them():
-  with pytest.raises(hf.HFImportError, match=r'the config builds parameters the checkpoint '
-                     r'lacks: blocks/0/attention_norm/bias.*allowed: overrides that keep'):
+  with pytest.raises(
+    hf.HFImportError,
+    match=r'the config builds parameters the checkpoint '
+    r'lacks: blocks/0/attention_norm/bias.*allowed: overrides that keep',
+  ):
     hf.from_hf(os.path.join(FIXTURES, 'llama'), {'model.norm.kind': 'layernorm'})

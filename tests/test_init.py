@@ -1,19 +1,19 @@
 """Initialisation schemes (`model.init`, mllm/layers/init.py): every parameter's empirical std
 against the scheme's formula, computed here independently in float64; the config refusals; every
 named config builds under every scheme."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import tiny_config
 from flax import nnx
 
 import mllm
 from mllm import ConfigError
 from mllm.layers.init import INIT_SCHEMES
-
-from conftest import tiny_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / 'configs'
 SCHEMES = ('fixed', 'fan_in', 'small_init')
@@ -23,47 +23,77 @@ SCHEMES = ('fixed', 'fan_in', 'small_init')
 # (match_params off), so the fan-ins below do not depend on mllm's sizing code.
 # Every fan-in differs from d_model (n_heads·head_dim too), so a wrong one shows.
 D, LAYERS, HEADS, HEAD_DIM, D_FF, EXPERT_D_FF, SHARED_D_FF = 64, 3, 4, 32, 192, 48, 128
-SMALL = dict(model__vocab_size=512, model__d_model=D, model__n_layers=LAYERS,
-             model__n_heads=HEADS, model__n_kv_heads=HEADS, model__head_dim=HEAD_DIM,
-             model__max_seq_len=64,
-             data__seq_len=64, model__ffn__d_ff=D_FF, model__ffn__match_params=False)
+SMALL = dict(
+  model__vocab_size=512,
+  model__d_model=D,
+  model__n_layers=LAYERS,
+  model__n_heads=HEADS,
+  model__n_kv_heads=HEADS,
+  model__head_dim=HEAD_DIM,
+  model__max_seq_len=64,
+  data__seq_len=64,
+  model__ffn__d_ff=D_FF,
+  model__ffn__match_params=False,
+)
 CASES = {
-    'dense': ('', {}),
-    'learned_untied_gelu_biases': ('pos=learned,ffn=gelu', dict(
-        model__tie_embeddings=False, model__attention__use_bias=True,
-        model__ffn__use_bias=True)),
-    'shaw': ('pos=shaw', dict(model__position__shaw_max_distance=63)),
-    't5_layernorm': ('pos=t5,norm=layernorm', dict(model__position__t5_num_buckets=256,
-                                                      model__position__t5_max_distance=512)),
-    'moe': ('', dict(model__ffn__kind='moe', model__moe__num_experts=8, model__moe__every=2,
-                     model__moe__expert_d_ff=EXPERT_D_FF, model__moe__num_shared_experts=1,
-                     model__moe__shared_d_ff=SHARED_D_FF, model__moe__noise='noisy_topk')),
-    'no_depth_scaling': ('', dict(model__depth_scaled_init=False)),
+  'dense': ('', {}),
+  'learned_untied_gelu_biases': (
+    'pos=learned,ffn=gelu',
+    dict(model__tie_embeddings=False, model__attention__use_bias=True, model__ffn__use_bias=True),
+  ),
+  'shaw': ('pos=shaw', dict(model__position__shaw_max_distance=63)),
+  't5_layernorm': (
+    'pos=t5,norm=layernorm',
+    dict(model__position__t5_num_buckets=256, model__position__t5_max_distance=512),
+  ),
+  'moe': (
+    '',
+    dict(
+      model__ffn__kind='moe',
+      model__moe__num_experts=8,
+      model__moe__every=2,
+      model__moe__expert_d_ff=EXPERT_D_FF,
+      model__moe__num_shared_experts=1,
+      model__moe__shared_d_ff=SHARED_D_FF,
+      model__moe__noise='noisy_topk',
+    ),
+  ),
+  'no_depth_scaling': ('', dict(model__depth_scaled_init=False)),
 }
 
 # Parameter name (after blocks.i.) → (role, fan-in). Biases are zero, norm scales one.
 MATRICES = {
-    'attention.query.kernel': ('in', D), 'attention.key.kernel': ('in', D),
-    'attention.value.kernel': ('in', D), 'attention.out.kernel': ('out', HEADS * HEAD_DIM),
-    'attention.relative.key': ('table', None), 'attention.relative.value': ('table', None),
-    'ffn.gate.kernel': ('in', D), 'ffn.up.kernel': ('in', D), 'ffn.down.kernel': ('out', D_FF),
-    'ffn.router': ('in', D),
-    'ffn.experts.gate': ('in', D), 'ffn.experts.up': ('in', D),
-    'ffn.experts.down': ('out', EXPERT_D_FF),
-    'ffn.shared.gate': ('in', D), 'ffn.shared.up': ('in', D),
-    'ffn.shared.down': ('out', SHARED_D_FF),
+  'attention.query.kernel': ('in', D),
+  'attention.key.kernel': ('in', D),
+  'attention.value.kernel': ('in', D),
+  'attention.out.kernel': ('out', HEADS * HEAD_DIM),
+  'attention.relative.key': ('table', None),
+  'attention.relative.value': ('table', None),
+  'ffn.gate.kernel': ('in', D),
+  'ffn.up.kernel': ('in', D),
+  'ffn.down.kernel': ('out', D_FF),
+  'ffn.router': ('in', D),
+  'ffn.experts.gate': ('in', D),
+  'ffn.experts.up': ('in', D),
+  'ffn.experts.down': ('out', EXPERT_D_FF),
+  'ffn.shared.gate': ('in', D),
+  'ffn.shared.up': ('in', D),
+  'ffn.shared.down': ('out', SHARED_D_FF),
 }
 TABLES = ('embed.embedding', 'head.kernel')
 
 
-def scheme_std(scheme: str, role: str, fan_in: int | None, *, init_std=0.02,
-               depth_scaled=True) -> float:
+def scheme_std(
+  scheme: str, role: str, fan_in: int | None, *, init_std=0.02, depth_scaled=True
+) -> float:
   """The formulas of the task, in float64: fixed N(0, init_std) (GPT-2); fan_in 1/√fan_in, tables
   1/√d_model (LeCun); small_init √(2/(5d)) (Nguyen & Salazar 2019); outputs / √(2L)."""
   d = np.float64(D)
-  std = {'fixed': np.float64(init_std),
-         'fan_in': 1 / np.sqrt(d if role == 'table' else np.float64(fan_in)),
-         'small_init': np.sqrt(2 / (5 * d))}[scheme]
+  std = {
+    'fixed': np.float64(init_std),
+    'fan_in': 1 / np.sqrt(d if role == 'table' else np.float64(fan_in)),
+    'small_init': np.sqrt(2 / (5 * d)),
+  }[scheme]
   if role == 'out' and depth_scaled:
     std = std / np.sqrt(np.float64(2 * LAYERS))
   return float(std)
@@ -81,8 +111,9 @@ def expected(name: str, scheme: str, cfg) -> float | str:
   if name.endswith('norm.scale'):
     return 'one'
   role, fan_in = ('table', None) if short in TABLES else MATRICES[short]
-  return scheme_std(scheme, role, fan_in, init_std=cfg.model.init_std,
-                    depth_scaled=cfg.model.depth_scaled_init)
+  return scheme_std(
+    scheme, role, fan_in, init_std=cfg.model.init_std, depth_scaled=cfg.model.depth_scaled_init
+  )
 
 
 def check_stds(model, scheme: str, cfg) -> int:
@@ -157,8 +188,9 @@ def test_default_init_std_is_accepted_by_every_scheme(scheme):
 
 
 @pytest.mark.parametrize('scheme', SCHEMES)
-@pytest.mark.parametrize('name', sorted(p.stem for p in CONFIGS.glob('*.py')
-                                        if p.stem != '__init__'))
+@pytest.mark.parametrize(
+  'name', sorted(p.stem for p in CONFIGS.glob('*.py') if p.stem != '__init__')
+)
 def test_every_named_config_builds_under_every_scheme(name, scheme):
   cfg = mllm.load_config(str(CONFIGS / f'{name}.py'), {'model.init': scheme})
   abstract = nnx.eval_shape(lambda: mllm.build_model(cfg, rngs=nnx.Rngs(0)))

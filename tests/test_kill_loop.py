@@ -5,6 +5,7 @@ and at least 3 during checkpoint deletion (tests/kill_harness.py). Then the run 
 its final state must equal an uninterrupted run's bit for bit, no half-done folder may be left,
 and metrics.jsonl must hold each step exactly once, with the uninterrupted run's losses.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,8 @@ import time
 import jax
 import numpy as np
 import pytest
-
 from conftest import ROOT, load_state, make_config, run_overrides
+
 from mllm.train.checkpoint import COMMIT_MARKERS, DELETING
 from mllm.train.metrics import read_metrics
 
@@ -29,16 +30,29 @@ MIN_KILLS, MIN_DELETE_KILLS = 15, 3
 
 
 def flags(corpus, cache) -> list[str]:
-  overrides = run_overrides(corpus, cache, train__steps=STEPS, train__checkpoint_every=4,
-                            train__max_to_keep=2, train__eval_every=100, train__warmup_steps=10)
+  overrides = run_overrides(
+    corpus,
+    cache,
+    train__steps=STEPS,
+    train__checkpoint_every=4,
+    train__max_to_keep=2,
+    train__eval_every=100,
+    train__warmup_steps=10,
+  )
   return ['--config=configs/base.py'] + [f'--config.{k}={v}' for k, v in overrides.items()]
 
 
 def start(args, workdir, harness=False):
   script = [os.path.join('tests', 'kill_harness.py')] if harness else ['launch.py']
   env = dict(os.environ, JAX_PLATFORMS='cpu')
-  return subprocess.Popen([sys.executable, *script, *args, f'--workdir={workdir}'], cwd=ROOT,
-                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  return subprocess.Popen(
+    [sys.executable, *script, *args, f'--workdir={workdir}'],
+    cwd=ROOT,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
 
 
 def n_records(workdir) -> int:
@@ -97,8 +111,15 @@ def test_sigkill_at_random_moments_then_finish_is_bitwise_the_uninterrupted_run(
   assert proc.returncode == 0 and 'Traceback' not in out, out
   assert f'done at step {STEPS}' in out, out
 
-  config = make_config(corpus, cache, train__steps=STEPS, train__checkpoint_every=4,
-                       train__max_to_keep=2, train__eval_every=100, train__warmup_steps=10)
+  config = make_config(
+    corpus,
+    cache,
+    train__steps=STEPS,
+    train__checkpoint_every=4,
+    train__max_to_keep=2,
+    train__eval_every=100,
+    train__warmup_steps=10,
+  )
   ref_state, state = load_state(config, reference), load_state(config, workdir)
   assert int(state['step']) == int(ref_state['step']) == STEPS  # both latest checkpoints
   for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(ref_state), strict=True):

@@ -1,6 +1,7 @@
 """Decoding with the KV cache equals recomputing the full forward pass: every position scheme ×
 (MHA, GQA, MQA) × (full, sliding window, far past the window's rolling buffer); prompts of
 different lengths in one batch; a prompt fed in chunks."""
+
 from __future__ import annotations
 
 import itertools
@@ -9,9 +10,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import tiny_config
 from flax import nnx
 
-from conftest import tiny_config
 from mllm.layers.kv_cache import cache_size, init_cache, write_slots
 from mllm.layers.positions import POSITIONS
 from mllm.model import build_model
@@ -22,8 +23,14 @@ PROMPT, STEPS = 5, 10  # 15 tokens: past 3 × WINDOW, so the rolling buffer wrap
 
 def make(pos: str, n_kv: int, window: int | None, **extra):
   extra.setdefault('model__attention__impl', 'xla')
-  cfg = tiny_config(f'pos={pos}', model__n_heads=4, model__n_kv_heads=n_kv,
-                    model__attention__sliding_window=window, model__max_seq_len=96, **extra)
+  cfg = tiny_config(
+    f'pos={pos}',
+    model__n_heads=4,
+    model__n_kv_heads=n_kv,
+    model__attention__sliding_window=window,
+    model__max_seq_len=96,
+    **extra,
+  )
   model = build_model(cfg, rngs=nnx.Rngs(0))
   model.eval()
   graphdef, state = nnx.split(model)
@@ -35,6 +42,7 @@ def make(pos: str, n_kv: int, window: int | None, **extra):
   @jax.jit
   def full(state, tokens):
     return nnx.merge(graphdef, state)(tokens)
+
   return cfg, (lambda *a: forward(state, *a)), (lambda t: full(state, t))
 
 
@@ -45,7 +53,7 @@ def greedy(cfg, forward, prompt_BT, steps, max_len, chunk=None):
   chunk = chunk or prompt_BT.shape[1]
   logits = []
   for start in range(0, prompt_BT.shape[1], chunk):
-    out, cache = forward(prompt_BT[:, start:start + chunk], None, cache)
+    out, cache = forward(prompt_BT[:, start : start + chunk], None, cache)
     logits.append(out)
   tokens = [prompt_BT]
   for _ in range(steps):
@@ -65,14 +73,16 @@ def test_cached_greedy_decoding_equals_the_full_forward(pos, n_kv, window):
   prompt = jax.random.randint(jax.random.key(1), (2, PROMPT), 0, cfg.model.vocab_size)
   tokens, cached_logits, cache = greedy(cfg, forward, prompt, STEPS, PROMPT + STEPS)
   reference = full(tokens[:, :-1])  # position t's logits predict token t + 1
-  np.testing.assert_allclose(cached_logits[:, :PROMPT + STEPS - 1], reference, rtol=1e-5,
-                             atol=1e-5)
-  np.testing.assert_array_equal(tokens[:, PROMPT:], jnp.argmax(reference[:, PROMPT - 1:], -1))
+  np.testing.assert_allclose(
+    cached_logits[:, : PROMPT + STEPS - 1], reference, rtol=1e-5, atol=1e-5
+  )
+  np.testing.assert_array_equal(tokens[:, PROMPT:], jnp.argmax(reference[:, PROMPT - 1 :], -1))
   # The rolling buffer holds W slots, the latest W positions; a full cache holds them all.
   assert cache.size == (WINDOW if window else PROMPT + STEPS)
-  np.testing.assert_array_equal(np.sort(np.asarray(cache.positions), axis=1),
-                                np.tile(np.arange(PROMPT + STEPS - cache.size, PROMPT + STEPS),
-                                        (2, 1)))
+  np.testing.assert_array_equal(
+    np.sort(np.asarray(cache.positions), axis=1),
+    np.tile(np.arange(PROMPT + STEPS - cache.size, PROMPT + STEPS), (2, 1)),
+  )
 
 
 @pytest.mark.parametrize('window', [None, WINDOW])
@@ -85,8 +95,8 @@ def test_a_batch_of_prompts_of_different_lengths_equals_one_at_a_time(window):
   padded = np.zeros((3, width), np.int32)
   positions = np.full((3, width), -1, np.int32)  # −1: padding, neither attended nor cached
   for b, p in enumerate(prompts):
-    padded[b, :len(p)] = p
-    positions[b, :len(p)] = np.arange(len(p))
+    padded[b, : len(p)] = p
+    positions[b, : len(p)] = np.arange(len(p))
   cache = init_cache(cfg.model, 3, width + STEPS)
   logits, cache = forward(jnp.asarray(padded), jnp.asarray(positions), cache)
   last = jnp.asarray([logits[b, n - 1] for b, n in enumerate(lengths)])
@@ -99,11 +109,20 @@ def test_a_batch_of_prompts_of_different_lengths_equals_one_at_a_time(window):
   batched = np.stack(batched, axis=1)
   for b, p in enumerate(prompts):
     alone, _, _ = greedy(cfg, forward, jnp.asarray(p)[None], STEPS, width + STEPS)
-    np.testing.assert_array_equal(batched[b], np.asarray(alone[0, len(p):]), err_msg=str(b))
+    np.testing.assert_array_equal(batched[b], np.asarray(alone[0, len(p) :]), err_msg=str(b))
 
 
-@pytest.mark.parametrize('pos, window', [('rope', None), ('rope', WINDOW), ('alibi', WINDOW),
-                                         ('t5', None), ('shaw', WINDOW), ('learned', None)])
+@pytest.mark.parametrize(
+  'pos, window',
+  [
+    ('rope', None),
+    ('rope', WINDOW),
+    ('alibi', WINDOW),
+    ('t5', None),
+    ('shaw', WINDOW),
+    ('learned', None),
+  ],
+)
 def test_chunked_prefill_equals_one_shot(pos, window):
   cfg, forward, _ = make(pos, 2, window)
   prompt = jax.random.randint(jax.random.key(2), (2, 11), 0, cfg.model.vocab_size)
@@ -123,8 +142,14 @@ def test_tiled_prefill_equals_xla(impl, pos, window):
   of 2.5 tiles, so each chunk spans several query and key blocks."""
   tile = 4 if impl == 'blockwise' else 16
   cfg, forward, _ = make(pos, 2, window)
-  _, tiled, _ = make(pos, 2, window, model__attention__impl=impl,
-                     model__attention__block_q=tile, model__attention__block_k=tile)
+  _, tiled, _ = make(
+    pos,
+    2,
+    window,
+    model__attention__impl=impl,
+    model__attention__block_q=tile,
+    model__attention__block_k=tile,
+  )
   prompt = jax.random.randint(jax.random.key(4), (2, 5 * tile), 0, cfg.model.vocab_size)
   want = greedy(cfg, forward, prompt, 3, 5 * tile + 3, chunk=5 * tile // 2)
   got = greedy(cfg, tiled, prompt, 3, 5 * tile + 3, chunk=5 * tile // 2)
@@ -144,11 +169,15 @@ def test_cache_shapes_and_write_slots():
   np.testing.assert_array_equal(slots, [[4, 4, 4, 3, 0, 1, 2], [3, 0, 4, 4, 4, 4, 4]])
 
 
-@pytest.mark.parametrize('extra', [
+@pytest.mark.parametrize(
+  'extra',
+  [
     dict(model__scan_layers=True),  # the cache is scanned with the stacked layers
     dict(model__ffn__kind='moe', model__moe__num_experts=4, model__moe__capacity_factor=4.0),
     dict(model__attention__qk_norm=True, model__norm__placement='post'),
-], ids=['scan', 'moe', 'qk_norm-post_ln'])
+  ],
+  ids=['scan', 'moe', 'qk_norm-post_ln'],
+)
 def test_cached_decoding_with_scan_moe_and_qk_norm(extra):
   cfg, forward, full = make('rope', 2, WINDOW, **extra)
   prompt = jax.random.randint(jax.random.key(3), (2, PROMPT), 0, cfg.model.vocab_size)
@@ -158,8 +187,10 @@ def test_cached_decoding_with_scan_moe_and_qk_norm(extra):
 
 # --- generate_tokens: prefill + one jitted decode loop, and sampling ---------------------------
 
+
 def test_generate_greedy_equals_step_by_step_decoding_and_stops_at_eos():
-  from mllm.generate import generate_tokens
+  from mllm.generation import generate_tokens
+
   cfg, forward, _ = make('rope', 2, WINDOW)
   model = build_model(cfg, rngs=nnx.Rngs(0))
   model.eval()
@@ -168,7 +199,7 @@ def test_generate_greedy_equals_step_by_step_decoding_and_stops_at_eos():
   out = generate_tokens(model, prompts, max_new_tokens=STEPS, prefill_chunk=4)
   for b, p in enumerate(prompts):
     alone, _, _ = greedy(cfg, forward, jnp.asarray(p, jnp.int32)[None], STEPS, 9 + STEPS)
-    assert out[b] == np.asarray(alone[0, len(p):]).tolist(), b
+    assert out[b] == np.asarray(alone[0, len(p) :]).tolist(), b
   eos = out[0][3]  # a token the first sequence produces; each stops at its first, if any
   stopped = generate_tokens(model, prompts, max_new_tokens=STEPS, eos_id=eos)
   for b in range(3):
@@ -178,7 +209,8 @@ def test_generate_greedy_equals_step_by_step_decoding_and_stops_at_eos():
 
 
 def test_sampling_is_seeded_and_top_k_top_p_keep_only_allowed_tokens():
-  from mllm.generate import sample
+  from mllm.generation import sample
+
   logits = jax.random.normal(jax.random.key(0), (64, 50)) * 3
   probs = np.asarray(jax.nn.softmax(logits, -1))
   key = jax.random.key(7)
@@ -202,8 +234,11 @@ def test_sampling_is_seeded_and_top_k_top_p_keep_only_allowed_tokens():
 def test_repetition_penalty_equals_the_formula_on_full_forward_logits():
   """Greedy with CTRL's penalty (HF's RepetitionPenaltyLogitsProcessor): step by step in NumPy
   on the full forward's logits, the prompt's tokens counting as seen."""
-  from mllm.generate import generate_tokens
-  cfg, _, full = make('rope', 2, None, model__init='fixed', model__init_std=0.3)  # peaked logits: varied tokens
+  from mllm.generation import generate_tokens
+
+  cfg, _, full = make(
+    'rope', 2, None, model__init='fixed', model__init_std=0.3
+  )  # peaked logits: varied tokens
   model = build_model(cfg, rngs=nnx.Rngs(0))
   model.eval()
   prompts = [[3, 3, 7, 1], [5, 9]]
@@ -215,20 +250,27 @@ def test_repetition_penalty_equals_the_formula_on_full_forward_logits():
       seen = sorted(set(seq))
       logits[seen] = np.where(logits[seen] > 0, logits[seen] / 1.8, logits[seen] * 1.8)
       seq.append(int(np.argmax(logits)))
-    assert got[b] == seq[len(prompt):], b
+    assert got[b] == seq[len(prompt) :], b
   plain = generate_tokens(model, prompts, max_new_tokens=STEPS)
   assert plain != got  # the penalty changed something here (so the check above has teeth)
 
 
 def test_streamed_tokens_are_the_returned_tokens_in_order():
-  from mllm.generate import generate_tokens
+  from mllm.generation import generate_tokens
+
   cfg, _, _ = make('rope', 2, WINDOW)
   model = build_model(cfg, rngs=nnx.Rngs(0))
   model.eval()
   prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
   steps = []
-  out = generate_tokens(model, prompts, max_new_tokens=STEPS, temperature=1.0, seed=2,
-                        stream=lambda tokens, finished: steps.append((tokens, finished)))
+  out = generate_tokens(
+    model,
+    prompts,
+    max_new_tokens=STEPS,
+    temperature=1.0,
+    seed=2,
+    stream=lambda tokens, finished: steps.append((tokens, finished)),
+  )
   assert len(steps) == STEPS
   for b in range(2):
     assert [int(t[b]) for t, f in steps if not f[b]] == out[b]
@@ -238,7 +280,8 @@ def test_streamed_tokens_are_the_returned_tokens_in_order():
 
 def test_text_stream_waits_for_whole_characters():
   from mllm.data.tokenizers import ByteTokenizer
-  from mllm.generate import TextStream
+  from mllm.generation import TextStream
+
   tokenizer = ByteTokenizer()
   pieces = []
   stream = TextStream(tokenizer, pieces.append)

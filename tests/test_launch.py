@@ -1,4 +1,5 @@
 """launch.py as a user runs it: the summary works; bad input is one line on stderr and exit 2."""
+
 from __future__ import annotations
 
 import os
@@ -6,33 +7,58 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT
 
-TINY_FLAGS = ['--config.model.n_layers=1', '--config.model.d_model=32', '--config.model.n_heads=2',
-              '--config.model.n_kv_heads=1', '--config.model.vocab_size=64',
-              '--config.data.seq_len=16', '--config.data.batch_size=2']
+TINY_FLAGS = [
+  '--config.model.n_layers=1',
+  '--config.model.d_model=32',
+  '--config.model.n_heads=2',
+  '--config.model.n_kv_heads=1',
+  '--config.model.vocab_size=64',
+  '--config.data.seq_len=16',
+  '--config.data.batch_size=2',
+]
 
 
 def run_launch(*args):
   env = dict(os.environ, JAX_PLATFORMS='cpu')
-  return subprocess.run([sys.executable, 'launch.py', *args], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=300)
+  return subprocess.run(
+    [sys.executable, 'launch.py', *args],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
 
 
 def test_summary_mode_prints_tables_counts_and_a_timed_forward():
-  result = run_launch('--config=configs/base.py:pos=alibi,ffn=geglu,norm=layernorm,placement=post',
-                      '--mode=summary', *TINY_FLAGS)
+  result = run_launch(
+    '--config=configs/base.py:pos=alibi,ffn=geglu,norm=layernorm,placement=post',
+    '--mode=summary',
+    *TINY_FLAGS,
+  )
   assert result.returncode == 0, result.stderr
   out = result.stdout
-  for text in ('model.position.kind', "'alibi'", 'layer 0', 'geglu', 'layernorm post-LN',
-               'parameters:', 'FLOPs/token', 'forward on random tokens [2, 16]', 'compile',
-               'all finite'):
+  for text in (
+    'model.position.kind',
+    "'alibi'",
+    'layer 0',
+    'geglu',
+    'layernorm post-LN',
+    'parameters:',
+    'FLOPs/token',
+    'forward on random tokens [2, 16]',
+    'compile',
+    'all finite',
+  ):
     assert text in out, text
   assert 'Traceback' not in result.stderr
 
 
-@pytest.mark.parametrize('args,expected', [
+@pytest.mark.parametrize(
+  'args,expected',
+  [
     (['--config.model.n_layerz=3'], 'model.n_layerz=3: no such key'),
     (['--config.model.n_layers=three'], "model.n_layers='three': wrong type"),
     (['--config.model.n_kv_heads=3'], 'model.n_kv_heads=3: must divide model.n_heads=8'),
@@ -42,7 +68,8 @@ def test_summary_mode_prints_tables_counts_and_a_timed_forward():
     (['--config=configs/nope.py'], 'no such config file'),
     (['--mode=trian'], "--mode='trian': unknown mode; allowed: train, eval, summary"),
     (['--no_such_flag=1'], "Unknown command line flag 'no_such_flag'"),
-])
+  ],
+)
 def test_bad_input_is_one_line_and_exit_2(args, expected):
   result = run_launch(*args)
   assert result.returncode == 2, (result.stdout, result.stderr)
@@ -57,17 +84,33 @@ def test_eval_mode_evaluates_past_the_training_context(corpus, tmp_path):
   the loss evaluate() gives for that config: the trained weights on 4× longer sequences."""
   import mllm
   from mllm.train import evaluate, train
-  flags = {'model.n_layers': 1, 'model.d_model': 32, 'model.n_heads': 2, 'model.n_kv_heads': 1,
-           'model.vocab_size': 258, 'model.max_seq_len': 16, 'data.seq_len': 16,
-           'data.batch_size': 2, 'data.source': 'text', 'data.path': corpus,
-           'data.tokenizer': 'byte', 'data.val_fraction': 0.3,
-           'data.cache_dir': str(tmp_path / 'cache'), 'train.steps': 4, 'train.warmup_steps': 1,
-           'train.eval_every': 0, 'train.eval_batches': 2, 'train.tensorboard': False}
+
+  flags = {
+    'model.n_layers': 1,
+    'model.d_model': 32,
+    'model.n_heads': 2,
+    'model.n_kv_heads': 1,
+    'model.vocab_size': 258,
+    'model.max_seq_len': 16,
+    'data.seq_len': 16,
+    'data.batch_size': 2,
+    'data.source': 'text',
+    'data.path': corpus,
+    'data.tokenizer': 'byte',
+    'data.val_fraction': 0.3,
+    'data.cache_dir': str(tmp_path / 'cache'),
+    'train.steps': 4,
+    'train.warmup_steps': 1,
+    'train.eval_every': 0,
+    'train.eval_batches': 2,
+    'train.tensorboard': False,
+  }
   workdir = str(tmp_path / 'run')
   train(mllm.load_config('configs/base.py', flags), workdir, progress=False)
   longer = {**flags, 'data.seq_len': 64, 'model.max_seq_len': 64}
-  result = run_launch('--mode=eval', f'--workdir={workdir}',
-                      *(f'--config.{k}={v}' for k, v in longer.items()))
+  result = run_launch(
+    '--mode=eval', f'--workdir={workdir}', *(f'--config.{k}={v}' for k, v in longer.items())
+  )
   assert result.returncode == 0, result.stderr
   printed = float(result.stdout.split('val loss ')[1].split()[0])
   expected = evaluate(mllm.load_config('configs/base.py', longer), workdir)

@@ -1,26 +1,29 @@
 """Per-variant learning-rate tuning in the suite runner: the grid, widening past an edge, tuning
 seeds kept apart from the table's, divergence as data, the report's lr column and plot."""
+
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
+from pathlib import Path
 
 import pytest
+from test_experiments import data_overrides
 
 from experiments import report
 from experiments.runner import resolve, run_suite
 from experiments.suite import Suite, Variant
 from experiments.suites._presets import PRESETS
 from experiments.tuning import TUNING_SEED_BASE, LrGrid, choose, tuning_seeds
-from test_experiments import data_overrides
 
 
 def test_the_default_grid_has_five_log_spaced_rates_spanning_over_10x():
   grid = LrGrid()
   rates = [grid.lr(3e-3, k) for k in grid.steps()]
   assert len(rates) >= 5 and rates[-1] / rates[0] >= 10
-  ratios = [b / a for a, b in zip(rates, rates[1:])]
+  ratios = [b / a for a, b in itertools.pairwise(rates)]
   assert ratios == pytest.approx([ratios[0]] * len(ratios)) and 3e-3 in rates
 
 
@@ -50,26 +53,42 @@ def _fake_run(best_lr: dict, diverge_above: float, calls: list):
   """A stand-in for run_one (result.json included, so finished runs are skipped): eval loss a
   parabola in log10(lr) around each variant's optimum, NaN (diverged at step 3) above
   `diverge_above`."""
+
   def run(config, workdir, progress, measure, parent=None):
     lr, variant = config.train.learning_rate, os.path.basename(workdir).split('-')[0]
     calls.append((variant, config.seed, lr))
-    result = {'params': 1, 'active_params': 1, 'tokens_per_s': 1.0, 'learning_rate': lr,
-              'tokens': 10}
+    result = {
+      'params': 1,
+      'active_params': 1,
+      'tokens_per_s': 1.0,
+      'learning_rate': lr,
+      'tokens': 10,
+    }
     if lr > diverge_above:
       result.update(eval_loss=math.nan, diverged_at_step=3, tokens_per_s=None)
     else:
-      result['eval_loss'] = (2.0 + (math.log10(lr) - math.log10(best_lr[variant])) ** 2
-                             + 0.01 * config.seed)
+      result['eval_loss'] = (
+        2.0 + (math.log10(lr) - math.log10(best_lr[variant])) ** 2 + 0.01 * config.seed
+      )
     with open(os.path.join(workdir, 'result.json'), 'w') as f:
       json.dump(result, f)
     return result
+
   return run
 
 
-SUITE = Suite('tune', 'x', 'configs/base.py',
-              (Variant('base'), Variant('relu', 'ffn=relu'),
-               Variant('child', overrides={'train.steps': 3}, starts_from='base')),
-              PRESETS, lr_grid=LrGrid(points=5, ratio=2.0, max_widen=2))
+SUITE = Suite(
+  'tune',
+  'x',
+  'configs/base.py',
+  (
+    Variant('base'),
+    Variant('relu', 'ffn=relu'),
+    Variant('child', overrides={'train.steps': 3}, starts_from='base'),
+  ),
+  PRESETS,
+  lr_grid=LrGrid(points=5, ratio=2.0, max_widen=2),
+)
 
 
 def test_each_variant_is_tuned_on_its_own_seeds_then_runs_the_table_at_its_best(tmp_path):
@@ -79,16 +98,24 @@ def test_each_variant_is_tuned_on_its_own_seeds_then_runs_the_table_at_its_best(
   # diverge after one more step: relu's grid widens upwards until a run diverges.
   optimum = {'base': grid.lr(center, 1), 'relu': grid.lr(center, 4), 'child': 1.0}
   calls = []
-  out = run_suite(SUITE, preset='tiny', seeds=2, out=str(tmp_path), progress=False,
-                  run=_fake_run(optimum, grid.lr(center, 3) * 1.01, calls), tune_lr=True,
-                  tune_seeds=2)
+  out = run_suite(
+    SUITE,
+    preset='tiny',
+    seeds=2,
+    out=str(tmp_path),
+    progress=False,
+    run=_fake_run(optimum, grid.lr(center, 3) * 1.01, calls),
+    tune_lr=True,
+    tune_seeds=2,
+  )
   tuning = out['tuning']
   assert set(tuning) == {'base', 'relu'}  # a starts_from variant inherits, it is not tuned
   assert tuning['base']['best_lr'] == pytest.approx(grid.lr(center, 1))
   assert tuning['base']['edge'] is None and len(tuning['base']['points']) == 5
   relu = tuning['relu']
-  assert [p['lr'] for p in relu['points']] == pytest.approx([grid.lr(center, k)
-                                                             for k in range(-2, 5)])
+  assert [p['lr'] for p in relu['points']] == pytest.approx(
+    [grid.lr(center, k) for k in range(-2, 5)]
+  )
   assert relu['best_lr'] == pytest.approx(grid.lr(center, 3)) and relu['edge'] is None
   assert relu['points'][-1]['diverged_at_step'] == [3, 3]  # a data point, not a failure
   assert not out['failed']
@@ -109,18 +136,39 @@ def test_each_variant_is_tuned_on_its_own_seeds_then_runs_the_table_at_its_best(
   assert '| lr |' in text and 'tokens/param' in text and 'tuned first on seeds 1000, 1001' in text
   # A report of the finished runs (--report_only) reads the widened points back: it must not
   # call relu's best an edge because it stopped at the first grid.
-  reread = run_suite(SUITE, preset='tiny', seeds=2, out=str(tmp_path), progress=False, run=None,
-                     tune_lr=True, tune_seeds=2)
+  reread = run_suite(
+    SUITE,
+    preset='tiny',
+    seeds=2,
+    out=str(tmp_path),
+    progress=False,
+    run=None,
+    tune_lr=True,
+    tune_seeds=2,
+  )
   assert json.dumps(reread['tuning']) == json.dumps(tuning)  # NaN != NaN in ==
 
 
 def test_a_best_rate_still_at_the_edge_after_widening_is_flagged(tmp_path):
   center = resolve(SUITE, SUITE.variants[0], 'tiny', 0).train.learning_rate
-  low = Suite('low', 'x', 'configs/base.py', (Variant('base'),), PRESETS,
-              lr_grid=LrGrid(points=5, ratio=2.0, max_widen=1))
+  low = Suite(
+    'low',
+    'x',
+    'configs/base.py',
+    (Variant('base'),),
+    PRESETS,
+    lr_grid=LrGrid(points=5, ratio=2.0, max_widen=1),
+  )
   calls = []
-  out = run_suite(low, preset='tiny', seeds=1, out=str(tmp_path), progress=False,
-                  run=_fake_run({'base': center / 1000}, 1.0, calls), tune_lr=True)
+  out = run_suite(
+    low,
+    preset='tiny',
+    seeds=1,
+    out=str(tmp_path),
+    progress=False,
+    run=_fake_run({'base': center / 1000}, 1.0, calls),
+    tune_lr=True,
+  )
   base = out['tuning']['base']
   assert len(base['points']) == 6 and base['edge'] == 'low'
   assert base['best_lr'] == pytest.approx(center / 8)
@@ -138,24 +186,39 @@ def test_tuning_for_real_on_the_tiny_preset_writes_the_lr_plot(tmp_path, corpus)
   chosen rate, the report has the lr column and the sensitivity plot; a second call runs
   nothing."""
   extra = data_overrides(corpus, str(tmp_path / 'cache'))
-  one = Suite('real', 'x', 'configs/base.py', (Variant('base'),), PRESETS,
-              lr_grid=LrGrid(points=2, ratio=10.0, max_widen=0))
+  one = Suite(
+    'real',
+    'x',
+    'configs/base.py',
+    (Variant('base'),),
+    PRESETS,
+    lr_grid=LrGrid(points=2, ratio=10.0, max_widen=0),
+  )
   out_dir = str(tmp_path / 'out')
-  out = run_suite(one, preset='tiny', seeds=1, out=out_dir, extra=extra, progress=False,
-                  tune_lr=True)
+  out = run_suite(
+    one, preset='tiny', seeds=1, out=out_dir, extra=extra, progress=False, tune_lr=True
+  )
   assert not out['failed'] and len(out['runs']) == 1
   best = out['tuning']['base']['best_lr']
   losses = {p['lr']: p['eval_loss'][0] for p in out['tuning']['base']['points']}
   assert best == min(losses, key=losses.get)
-  saved = json.load(open(os.path.join(out['runs'][0]['workdir'], 'run_config.json')))
+  saved = json.loads(Path(os.path.join(out['runs'][0]['workdir'], 'run_config.json')).read_text())
   assert saved['train']['learning_rate'] == best and saved['seed'] == 0
   runs = sorted(os.listdir(os.path.join(out_dir, 'real', 'runs')))
   assert len(runs) == 3 and sum('-s1000-' in r for r in runs) == 2
   path = report.write(one, out, out_dir)
   assert os.path.getsize(os.path.join(out_dir, 'real', 'lr_sensitivity.png')) > 1000
-  assert '![lr_sensitivity.png](lr_sensitivity.png)' in open(path).read()
-  again = run_suite(one, preset='tiny', seeds=1, out=out_dir, extra=extra, progress=False,
-                    tune_lr=True, run=lambda *a, **k: pytest.fail('ran again'))
+  assert '![lr_sensitivity.png](lr_sensitivity.png)' in Path(path).read_text()
+  again = run_suite(
+    one,
+    preset='tiny',
+    seeds=1,
+    out=out_dir,
+    extra=extra,
+    progress=False,
+    tune_lr=True,
+    run=lambda *a, **k: pytest.fail('ran again'),
+  )
   assert again['tuning'] == out['tuning']
 
 
@@ -163,6 +226,7 @@ def test_concurrent_workers_get_their_own_share_of_the_cores(monkeypatch):
   """jobs=2 on 2 cores pins one worker to each (unpinned, both size XLA's pool to both cores and
   run slower together than one alone); no pinning where the cores do not go round."""
   from experiments import engines
+
   monkeypatch.setattr(engines.os, 'sched_getaffinity', lambda pid: {0, 1}, raising=False)
   assert engines.cpu_slots(2) == [frozenset({0}), frozenset({1})]
   assert engines.cpu_slots(3) == [None] * 3 and engines.cpu_slots(1) == [None]
@@ -176,15 +240,30 @@ def test_a_fresh_clone_resumes_from_the_ledger_without_run_directories(tmp_path)
   included, when the run directories are gone; a parent whose child still has to run is trained
   again, since the child needs its parameters."""
   import shutil
+
   center = resolve(SUITE, SUITE.variants[0], 'tiny', 0).train.learning_rate
   optimum = {'base': center, 'relu': center, 'child': 1.0}
   calls = []
-  first = run_suite(SUITE, preset='tiny', seeds=1, out=str(tmp_path), progress=False,
-                    run=_fake_run(optimum, 1.0, calls), tune_lr=True)
+  first = run_suite(
+    SUITE,
+    preset='tiny',
+    seeds=1,
+    out=str(tmp_path),
+    progress=False,
+    run=_fake_run(optimum, 1.0, calls),
+    tune_lr=True,
+  )
   runs = os.path.join(str(tmp_path), 'tune', 'runs')
   shutil.rmtree(runs)
-  again = run_suite(SUITE, preset='tiny', seeds=1, out=str(tmp_path), progress=False,
-                    run=lambda *a, **k: pytest.fail('ran again'), tune_lr=True)
+  again = run_suite(
+    SUITE,
+    preset='tiny',
+    seeds=1,
+    out=str(tmp_path),
+    progress=False,
+    run=lambda *a, **k: pytest.fail('ran again'),
+    tune_lr=True,
+  )
   assert again['tuning'] == first['tuning']
   assert [r['eval_loss'] for r in again['runs']] == [r['eval_loss'] for r in first['runs']]
   # The child's result is lost: its parent (restored without checkpoints) trains again first.
@@ -194,8 +273,15 @@ def test_a_fresh_clone_resumes_from_the_ledger_without_run_directories(tmp_path)
   with open(os.path.join(str(tmp_path), 'tune', 'finished.jsonl'), 'w') as f:
     f.writelines(kept)
   calls.clear()
-  run_suite(SUITE, preset='tiny', seeds=1, out=str(tmp_path), progress=False,
-            run=_fake_run(optimum, 1.0, calls), tune_lr=True)
+  run_suite(
+    SUITE,
+    preset='tiny',
+    seeds=1,
+    out=str(tmp_path),
+    progress=False,
+    run=_fake_run(optimum, 1.0, calls),
+    tune_lr=True,
+  )
   assert [(v, s) for v, s, _ in calls] == [('base', 0), ('child', 0)]
 
 
@@ -204,49 +290,101 @@ def test_another_suites_ledger_does_not_stand_in_for_a_run_this_suite_measures(t
   measure (e.g. `positions`' loss at 2L..16L on a run the `noise` suite trained): without its
   checkpoint it trains again here, and is measured; this suite's own ledger restores it after."""
   plain = Suite('plain', 'x', 'configs/base.py', (Variant('base'),), PRESETS)
-  measured = Suite('measured', 'x', 'configs/base.py', (Variant('base'),), PRESETS,
-                   extra_metrics='extrapolation')
+  measured = Suite(
+    'measured', 'x', 'configs/base.py', (Variant('base'),), PRESETS, extra_metrics='extrapolation'
+  )
   center = resolve(plain, plain.variants[0], 'tiny', 0).train.learning_rate
   calls = []
-  run_suite(plain, preset='tiny', seeds=1, out=str(tmp_path), progress=False,
-            run=_fake_run({'base': center}, 1.0, calls))
+  run_suite(
+    plain,
+    preset='tiny',
+    seeds=1,
+    out=str(tmp_path),
+    progress=False,
+    run=_fake_run({'base': center}, 1.0, calls),
+  )
   assert os.path.exists(os.path.join(str(tmp_path), 'plain', 'finished.jsonl'))
-  copied = run_suite(Suite('copy', 'x', 'configs/base.py', (Variant('base'),), PRESETS),
-                     preset='tiny', seeds=1, out=str(tmp_path), progress=False,
-                     run=lambda *a, **k: pytest.fail('ran again'))
+  copied = run_suite(
+    Suite('copy', 'x', 'configs/base.py', (Variant('base'),), PRESETS),
+    preset='tiny',
+    seeds=1,
+    out=str(tmp_path),
+    progress=False,
+    run=lambda *a, **k: pytest.fail('ran again'),
+  )
   assert copied['runs'][0]['copied_from'].startswith(os.path.join(str(tmp_path), 'plain'))
   calls.clear()
-  run_suite(measured, preset='tiny', seeds=1, out=str(tmp_path), progress=False,
-            run=_fake_run({'base': center}, 1.0, calls))
+  run_suite(
+    measured,
+    preset='tiny',
+    seeds=1,
+    out=str(tmp_path),
+    progress=False,
+    run=_fake_run({'base': center}, 1.0, calls),
+  )
   assert [(v, s) for v, s, _ in calls] == [('base', 0)]
   import shutil
+
   shutil.rmtree(os.path.join(str(tmp_path), 'measured', 'runs'))
-  again = run_suite(measured, preset='tiny', seeds=1, out=str(tmp_path), progress=False,
-                    run=lambda *a, **k: pytest.fail('ran again'))
+  again = run_suite(
+    measured,
+    preset='tiny',
+    seeds=1,
+    out=str(tmp_path),
+    progress=False,
+    run=lambda *a, **k: pytest.fail('ran again'),
+  )
   assert 'copied_from' not in again['runs'][0]
 
 
 def test_a_suite_can_take_its_rates_from_another_suites_tuning(tmp_path):
   """lr_from: a longer copy of some rows runs each at the rate its donor suite tuned (no grid of
   its own); before the donor has tuned, the suite refuses in one line naming what is missing."""
-  donor = Suite('donor', 'x', 'configs/base.py', (Variant('base'), Variant('relu', 'ffn=relu')),
-                PRESETS, lr_grid=LrGrid(points=3, ratio=2.0, max_widen=2))
-  borrower = Suite('borrower', 'x', 'configs/base.py',
-                   (Variant('base'), Variant('relu', 'ffn=relu')),
-                   {'tiny': {**PRESETS['tiny'], 'train.steps': 12}}, lr_from='donor')
-  with pytest.raises(ValueError, match=r"suite 'borrower' takes its learning rates from suite "
-                                       r"'donor', whose tuning .* has no best rate for base, relu"):
+  donor = Suite(
+    'donor',
+    'x',
+    'configs/base.py',
+    (Variant('base'), Variant('relu', 'ffn=relu')),
+    PRESETS,
+    lr_grid=LrGrid(points=3, ratio=2.0, max_widen=2),
+  )
+  borrower = Suite(
+    'borrower',
+    'x',
+    'configs/base.py',
+    (Variant('base'), Variant('relu', 'ffn=relu')),
+    {'tiny': {**PRESETS['tiny'], 'train.steps': 12}},
+    lr_from='donor',
+  )
+  with pytest.raises(
+    ValueError,
+    match=r"suite 'borrower' takes its learning rates from suite "
+    r"'donor', whose tuning .* has no best rate for base, relu",
+  ):
     run_suite(borrower, preset='tiny', seeds=1, out=str(tmp_path), run=None, tune_lr=True)
   center = resolve(donor, donor.variants[0], 'tiny', 0).train.learning_rate
   grid = donor.lr_grid
   calls = []
-  tuned = run_suite(donor, preset='tiny', seeds=1, out=str(tmp_path), progress=False,
-                    run=_fake_run({'base': grid.lr(center, -1), 'relu': grid.lr(center, 1)},
-                                  1.0, calls), tune_lr=True)
+  tuned = run_suite(
+    donor,
+    preset='tiny',
+    seeds=1,
+    out=str(tmp_path),
+    progress=False,
+    run=_fake_run({'base': grid.lr(center, -1), 'relu': grid.lr(center, 1)}, 1.0, calls),
+    tune_lr=True,
+  )
   report.write(donor, tuned, str(tmp_path))
   calls.clear()
-  out = run_suite(borrower, preset='tiny', seeds=2, out=str(tmp_path), progress=False,
-                  run=_fake_run({'base': 1.0, 'relu': 1.0}, 1.0, calls), tune_lr=True)
+  out = run_suite(
+    borrower,
+    preset='tiny',
+    seeds=2,
+    out=str(tmp_path),
+    progress=False,
+    run=_fake_run({'base': 1.0, 'relu': 1.0}, 1.0, calls),
+    tune_lr=True,
+  )
   assert all(seed < TUNING_SEED_BASE for _, seed, _ in calls)  # nothing tuned here
   rates = {(v, s): lr for v, s, lr in calls}
   assert sorted(rates) == [('base', 0), ('base', 1), ('relu', 0), ('relu', 1)]
@@ -258,8 +396,15 @@ def test_a_suite_can_take_its_rates_from_another_suites_tuning(tmp_path):
   assert "tuned rate in suite `donor`" in text
   # --no-tune_lr: every variant at its configured rate, donor or not.
   calls.clear()
-  run_suite(borrower, preset='tiny', seeds=1, out=str(tmp_path / 'other'), progress=False,
-            run=_fake_run({'base': 1.0, 'relu': 1.0}, 1.0, calls), tune_lr=False)
+  run_suite(
+    borrower,
+    preset='tiny',
+    seeds=1,
+    out=str(tmp_path / 'other'),
+    progress=False,
+    run=_fake_run({'base': 1.0, 'relu': 1.0}, 1.0, calls),
+    tune_lr=False,
+  )
   assert {lr for _, _, lr in calls} == {center}
 
 
@@ -274,4 +419,4 @@ def test_runs_evaluated_during_training_draw_loss_against_tokens(tmp_path, corpu
   assert run['eval_curve']['loss'][-1] == pytest.approx(run['eval_loss'])
   path = report.write(one, out, str(tmp_path))
   assert os.path.getsize(os.path.join(str(tmp_path), 'evals', 'loss_vs_tokens.png')) > 1000
-  assert '![loss_vs_tokens.png](loss_vs_tokens.png)' in open(path).read()
+  assert '![loss_vs_tokens.png](loss_vs_tokens.png)' in Path(path).read_text()

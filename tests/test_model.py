@@ -1,5 +1,6 @@
 """The whole model: every variant combination builds, is finite and causal; equivalences between
 paths that must agree (GQA vs MHA weights, scan vs unrolled, packed vs separate documents)."""
+
 from __future__ import annotations
 
 import itertools
@@ -9,14 +10,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import tiny_config
 from flax import nnx
 
 import mllm
-from conftest import tiny_config
-from mllm.model import build_model
 from mllm.layers.ffn import FFNS
 from mllm.layers.norms import NORMS, PLACEMENTS
 from mllm.layers.positions import POSITIONS
+from mllm.model import build_model
 
 B, T, V = 2, 8, 32
 
@@ -30,8 +31,10 @@ COMBINATIONS = list(itertools.product(POSITIONS, FFNS, NORMS, PLACEMENTS))
 
 @pytest.mark.parametrize('pos,ffn,norm,placement', COMBINATIONS)
 def test_every_combination_is_finite_and_causal(pos, ffn, norm, placement):
-  cfg = tiny_config(f'pos={pos},ffn={ffn},norm={norm},placement={placement},'
-                    'shaw_max_distance=2,t5_num_buckets=8,t5_max_distance=16')
+  cfg = tiny_config(
+    f'pos={pos},ffn={ffn},norm={norm},placement={placement},'
+    'shaw_max_distance=2,t5_num_buckets=8,t5_max_distance=16'
+  )
   model = mllm.build_model(cfg, rngs=nnx.Rngs(0))
   t = 4
   tokens = _tokens()
@@ -52,7 +55,7 @@ def _copy_kv_to_mha(gqa_model, mha_model, group):
   gqa, mha = nnx.state(gqa_model, nnx.Param), nnx.state(mha_model, nnx.Param)
   flat = dict(nnx.to_flat_state(gqa))
   new = {}
-  for path, leaf in nnx.to_flat_state(mha):
+  for path, _ in nnx.to_flat_state(mha):
     value = flat[path][...]
     if len(path) >= 4 and path[2] == 'attention' and path[3] in ('key', 'value'):
       value = jnp.repeat(value, group, axis=1)  # kernel [d, K, h] → [d, K·group, h]
@@ -84,8 +87,9 @@ def test_mqa_has_one_kv_head_and_fewer_params():
 @pytest.mark.parametrize('pos', ['rope', 't5', 'shaw', 'learned'])
 def test_scan_over_layers_equals_unrolled_stack(pos):
   unrolled = mllm.build_model(tiny_config(f'pos={pos}', model__n_layers=3), rngs=nnx.Rngs(0))
-  scanned = mllm.build_model(tiny_config(f'pos={pos}', model__n_layers=3,
-                                         model__scan_layers=True), rngs=nnx.Rngs(1))
+  scanned = mllm.build_model(
+    tiny_config(f'pos={pos}', model__n_layers=3, model__scan_layers=True), rngs=nnx.Rngs(1)
+  )
   flat = dict(nnx.to_flat_state(nnx.state(unrolled, nnx.Param)))
   new = {}
   for path, leaf in nnx.to_flat_state(nnx.state(scanned, nnx.Param)):
@@ -131,8 +135,9 @@ def test_explicit_offset_positions_match_relative_schemes():
     model = mllm.build_model(tiny_config(f'pos={pos},shaw_max_distance=2'), rngs=nnx.Rngs(0))
     tokens = _tokens(8)
     shifted = jnp.broadcast_to(jnp.arange(T) + 5, (B, T))
-    np.testing.assert_allclose(model(tokens, positions=shifted), model(tokens), rtol=1e-4,
-                               atol=1e-4, err_msg=pos)
+    np.testing.assert_allclose(
+      model(tokens, positions=shifted), model(tokens), rtol=1e-4, atol=1e-4, err_msg=pos
+    )
 
 
 def test_bfloat16_compute_keeps_float32_params_and_logits():
@@ -149,8 +154,7 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
 
 
 def test_dropout_is_active_in_train_mode_only():
-  cfg = tiny_config(model__dropout=0.3, model__embed_dropout=0.3,
-                    model__attention__dropout=0.3)
+  cfg = tiny_config(model__dropout=0.3, model__embed_dropout=0.3, model__attention__dropout=0.3)
   model = mllm.build_model(cfg, rngs=nnx.Rngs(0))
   reference = mllm.build_model(tiny_config(), rngs=nnx.Rngs(0))
   tokens = _tokens(10)
@@ -165,13 +169,26 @@ def _param_paths(cfg):
   return {path for path, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))}
 
 
-@pytest.mark.parametrize('toggle', [
-    'placement=post', 'model.dtype=bfloat16', 'model.dropout=0.1', 'window=4',
-    'model.position.rope_layout=interleaved', 'rope_scaling=yarn,rope_scaling_factor=2.0',
-    'pos=alibi', 'pos=none', 'pos=sinusoidal', 'ffn=geglu', 'ffn=reglu',
-    'model.attention.softmax_scale=0.5', 'model.init=fixed,model.init_std=0.1', 'model.init=fan_in',
+@pytest.mark.parametrize(
+  'toggle',
+  [
+    'placement=post',
+    'model.dtype=bfloat16',
+    'model.dropout=0.1',
+    'window=4',
+    'model.position.rope_layout=interleaved',
+    'rope_scaling=yarn,rope_scaling_factor=2.0',
+    'pos=alibi',
+    'pos=none',
+    'pos=sinusoidal',
+    'ffn=geglu',
+    'ffn=reglu',
+    'model.attention.softmax_scale=0.5',
+    'model.init=fixed,model.init_std=0.1',
+    'model.init=fan_in',
     'model.init=small_init',
-])
+  ],
+)
 def test_parameter_names_do_not_change_with_math_free_toggles(toggle):
   """Toggles that add no parameters keep the parameter tree (checkpoints stay loadable)."""
   assert _param_paths(tiny_config(toggle)) == _param_paths(tiny_config())
@@ -179,27 +196,36 @@ def test_parameter_names_do_not_change_with_math_free_toggles(toggle):
 
 def test_parameter_tree_is_readable():
   paths = {'.'.join(map(str, p)) for p in _param_paths(tiny_config('ffn=swiglu'))}
-  for expected in ('embed.embedding', 'blocks.0.attention.query.kernel',
-                   'blocks.0.attention.key.kernel', 'blocks.0.attention.out.kernel',
-                   'blocks.0.attention_norm.scale', 'blocks.0.ffn.gate.kernel',
-                   'blocks.0.ffn.up.kernel', 'blocks.0.ffn.down.kernel', 'final_norm.scale'):
+  for expected in (
+    'embed.embedding',
+    'blocks.0.attention.query.kernel',
+    'blocks.0.attention.key.kernel',
+    'blocks.0.attention.out.kernel',
+    'blocks.0.attention_norm.scale',
+    'blocks.0.ffn.gate.kernel',
+    'blocks.0.ffn.up.kernel',
+    'blocks.0.ffn.down.kernel',
+    'final_norm.scale',
+  ):
     assert expected in paths, expected
   untied = {'.'.join(map(str, p)) for p in _param_paths(tiny_config(model__tie_embeddings=False))}
   assert 'head.kernel' in untied and 'head.kernel' not in paths
 
 
 def test_logical_axis_names_on_every_parameter():
-  model = mllm.build_model(tiny_config('pos=t5,norm=layernorm,ffn=gelu',
-                                       model__attention__use_bias=True,
-                                       model__ffn__use_bias=True), rngs=nnx.Rngs(0))
+  model = mllm.build_model(
+    tiny_config(
+      'pos=t5,norm=layernorm,ffn=gelu', model__attention__use_bias=True, model__ffn__use_bias=True
+    ),
+    rngs=nnx.Rngs(0),
+  )
   for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
     axes = var.get_metadata().get('logical_axes')
     assert axes is not None and len(axes) == var[...].ndim, (path, axes)
 
 
 def test_depth_scaled_init():
-  cfg = tiny_config(model__n_layers=8, model__d_model=64, model__init='fixed',
-                    model__init_std=0.02)
+  cfg = tiny_config(model__n_layers=8, model__d_model=64, model__init='fixed', model__init_std=0.02)
   model = mllm.build_model(cfg, rngs=nnx.Rngs(0))
   out_std = float(np.std(np.asarray(model.blocks[0].ffn.down.kernel[...])))
   in_std = float(np.std(np.asarray(model.blocks[0].ffn.up.kernel[...])))
@@ -216,7 +242,9 @@ def test_jit_matches_eager():
 
 
 def test_learned_positions_refuse_sequences_longer_than_the_table():
-  model = mllm.build_model(tiny_config('pos=learned', model__max_seq_len=8, data__seq_len=8), rngs=nnx.Rngs(0))
+  model = mllm.build_model(
+    tiny_config('pos=learned', model__max_seq_len=8, data__seq_len=8), rngs=nnx.Rngs(0)
+  )
   with pytest.raises(ValueError, match='max_seq_len=8'):
     model(_tokens(0, 1, 9))
 
@@ -225,11 +253,21 @@ def test_embed_scale_multiplies_the_token_vectors_before_the_positions():
   """embed_scale = s gives the logits of a model whose embedding table is s times larger
   (untied head, so that only the input side changes), with sinusoids added after scaling."""
   import math
-  over = {'model.d_model': 32, 'model.n_layers': 1, 'model.n_heads': 2, 'model.n_kv_heads': 2,
-          'model.vocab_size': 64, 'model.max_seq_len': 16, 'model.tie_embeddings': False}
+
+  over = {
+    'model.d_model': 32,
+    'model.n_layers': 1,
+    'model.n_heads': 2,
+    'model.n_kv_heads': 2,
+    'model.vocab_size': 64,
+    'model.max_seq_len': 16,
+    'model.tie_embeddings': False,
+  }
   scale = math.sqrt(32)
-  scaled = build_model(mllm.load_config('configs/base.py:pos=sinusoidal',
-                                        {**over, 'model.embed_scale': scale}), rngs=nnx.Rngs(0))
+  scaled = build_model(
+    mllm.load_config('configs/base.py:pos=sinusoidal', {**over, 'model.embed_scale': scale}),
+    rngs=nnx.Rngs(0),
+  )
   plain = build_model(mllm.load_config('configs/base.py:pos=sinusoidal', over), rngs=nnx.Rngs(0))
   plain.embed.embedding[...] = plain.embed.embedding[...] * scale
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 16)))

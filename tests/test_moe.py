@@ -1,5 +1,6 @@
 """The MoE layer against float64 NumPy: routing, top-k, the balancing and z losses, both
 dispatches, capacity drops, shared experts, gradients."""
+
 from __future__ import annotations
 
 import jax
@@ -9,21 +10,39 @@ import pytest
 from flax import nnx
 
 from mllm.layers.ffn import FFNS
-from mllm.layers.moe import (ExpertBias, MoE, balancing_objective, capacity, load_balancing_loss,
-                             load_summary,
-                             mixture_noise, moe_metrics, noisy_topk_logits, router_probs, top_k,
-                             uniform_assignment, update_expert_bias, update_expert_biases, z_loss)
+from mllm.layers.moe import MoE, moe_metrics, uniform_assignment, update_expert_biases
+from mllm.layers.moe_experts import capacity
+from mllm.layers.moe_routing import (
+  ExpertBias,
+  balancing_objective,
+  load_balancing_loss,
+  load_summary,
+  mixture_noise,
+  noisy_topk_logits,
+  router_probs,
+  top_k,
+  update_expert_bias,
+  z_loss,
+)
 
 ACTIVATIONS = {  # float64 NumPy versions of the experts' activations
-    'swiglu': lambda x: x / (1 + np.exp(-x)),
-    'relu': lambda x: np.maximum(x, 0),
-    'geglu': lambda x: 0.5 * x * (1 + np.vectorize(__import__('math').erf)(x / np.sqrt(2))),
+  'swiglu': lambda x: x / (1 + np.exp(-x)),
+  'relu': lambda x: np.maximum(x, 0),
+  'geglu': lambda x: 0.5 * x * (1 + np.vectorize(__import__('math').erf)(x / np.sqrt(2))),
 }
 
 
 def make_moe(d=8, e=4, k=2, f=16, seed=0, **kwargs):
-  return MoE(d, num_experts=e, top_k=k, expert_d_ff=f, init_std=0.3, out_std=0.3,
-             rngs=nnx.Rngs(params=seed, dropout=seed + 1), **kwargs)  # as build_model
+  return MoE(
+    d,
+    num_experts=e,
+    top_k=k,
+    expert_d_ff=f,
+    init_std=0.3,
+    out_std=0.3,
+    rngs=nnx.Rngs(params=seed, dropout=seed + 1),
+    **kwargs,
+  )  # as build_model
 
 
 def np_expert(x, gate, up, down, kind):
@@ -47,7 +66,7 @@ def np_moe(moe: MoE, x_TD, kind='swiglu', renormalize=True, router='softmax'):
     probs /= probs.sum(-1, keepdims=True)
   y = np.zeros_like(x)
   for t in range(x.shape[0]):
-    chosen = np.argsort(-probs[t])[:moe.k]
+    chosen = np.argsort(-probs[t])[: moe.k]
     g = probs[t, chosen] / (probs[t, chosen].sum() if renormalize else 1.0)
     for weight, e in zip(g, chosen):
       y[t] += weight * np_expert(x[t], None if gate is None else gate[e], up[e], down[e], kind)
@@ -122,8 +141,7 @@ def test_balancing_loss_is_one_at_uniform_routing_and_larger_when_skewed(k):
 def test_z_loss_against_its_formula():
   logits = np.random.default_rng(0).normal(size=(16, 6)) * 4
   lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
-  assert float(z_loss(jnp.asarray(logits, jnp.float32))) == pytest.approx(np.mean(lse ** 2),
-                                                                             rel=1e-5)
+  assert float(z_loss(jnp.asarray(logits, jnp.float32))) == pytest.approx(np.mean(lse**2), rel=1e-5)
 
 
 @pytest.mark.parametrize('dispatch', ['capacity', 'dropless'])
@@ -133,8 +151,9 @@ def test_top2_layer_equals_a_float64_mixtral_reference(dispatch, kind):
   moe = make_moe(ffn_kind=kind, dispatch=dispatch, capacity_factor=4.0)
   x = tokens()
   y = out(moe, x)
-  np.testing.assert_allclose(np.asarray(y[0], np.float64), np_moe(moe, x[0], kind),
-                             rtol=2e-5, atol=2e-5)
+  np.testing.assert_allclose(
+    np.asarray(y[0], np.float64), np_moe(moe, x[0], kind), rtol=2e-5, atol=2e-5
+  )
 
 
 def test_one_expert_top1_equals_the_dense_ffn_with_its_weights():
@@ -181,6 +200,7 @@ def test_a_top1_router_gets_the_losss_gradient_only_when_its_gate_is_the_probabi
 
 def test_top1_with_renormalised_gates_trains_with_a_note(tiny):
   from mllm.layers.moe import training_note
+
   top1 = tiny('ffn=moe', model__moe__top_k=1).model.moe
   assert 'no gradient' in training_note(top1)
   top1.renormalize = False
@@ -198,14 +218,20 @@ def test_shared_experts_add_exactly_their_dense_output():
   s = with_shared.shared
   shared_out = np.zeros((24, 8))
   for j in range(2):
-    shared_out += np_expert(np.asarray(x[0], np.float64), np.asarray(s.gate[j], np.float64),
-                            np.asarray(s.up[j], np.float64), np.asarray(s.down[j], np.float64),
-                            'swiglu')
+    shared_out += np_expert(
+      np.asarray(x[0], np.float64),
+      np.asarray(s.gate[j], np.float64),
+      np.asarray(s.up[j], np.float64),
+      np.asarray(s.down[j], np.float64),
+      'swiglu',
+    )
   both, routed = out(with_shared, x)[0], out(routed_only, x)[0]
-  np.testing.assert_allclose(np.asarray(both - routed, np.float64), shared_out, rtol=1e-4,
-                             atol=1e-5)
-  np.testing.assert_allclose(np.asarray(both, np.float64), np_moe(with_shared, x[0]), rtol=2e-5,
-                             atol=2e-5)
+  np.testing.assert_allclose(
+    np.asarray(both - routed, np.float64), shared_out, rtol=1e-4, atol=1e-5
+  )
+  np.testing.assert_allclose(
+    np.asarray(both, np.float64), np_moe(with_shared, x[0]), rtol=2e-5, atol=2e-5
+  )
 
 
 def routed_moe(preferences, k, cap_factor):
@@ -265,7 +291,8 @@ def test_dropless_equals_capacity_with_a_large_factor_and_gradients_reach_everyt
   @nnx.grad
   def grad(m):
     y, aux = _run(m, x)
-    return jnp.sum(y ** 2) + balance(m, aux) + aux['z_loss']
+    return jnp.sum(y**2) + balance(m, aux) + aux['z_loss']
+
   g_cap, g_drop = grad(moe), grad(dropless)
   for grads in (g_cap, g_drop):
     for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]:
@@ -277,8 +304,12 @@ def test_dropless_equals_capacity_with_a_large_factor_and_gradients_reach_everyt
 def test_sigmoid_router_gates_are_normalised_over_the_chosen_k():
   moe = make_moe(router='sigmoid', renormalize=False, dispatch='dropless')
   x = tokens()
-  np.testing.assert_allclose(np.asarray(out(moe, x)[0], np.float64),
-                             np_moe(moe, x[0], router='sigmoid'), rtol=2e-5, atol=2e-5)
+  np.testing.assert_allclose(
+    np.asarray(out(moe, x)[0], np.float64),
+    np_moe(moe, x[0], router='sigmoid'),
+    rtol=2e-5,
+    atol=2e-5,
+  )
 
 
 def test_bfloat16_compute_keeps_the_router_in_float32():
@@ -297,6 +328,7 @@ def test_bad_layer_arguments_are_refused():
 
 
 # --- Noise, aux-loss-free balancing, load statistics -------------------------------------------
+
 
 def test_mixture_noise_keeps_a_distribution_and_averages_to_uniform():
   probs = router_probs(jnp.asarray(np.random.default_rng(0).normal(size=(20000, 8)), jnp.float32))
@@ -354,8 +386,9 @@ def test_expert_bias_moves_toward_balance_and_gets_no_gradient():
   for _ in range(60):
     _, stats = run(moe, x)
     cv.append(float(load_summary(stats['tokens_per_expert'])['load_cv']))
-    moe.expert_bias[...] = update_expert_bias(moe.expert_bias[...], stats['tokens_per_expert'],
-                                              0.01)
+    moe.expert_bias[...] = update_expert_bias(
+      moe.expert_bias[...], stats['tokens_per_expert'], 0.01
+    )
   assert cv[0] > 1.0 and max(cv[-10:]) < 0.3, cv
   bias = moe.expert_bias
   assert float(bias[0]) < 0 < float(bias[1:].min())  # the favourite pushed down
@@ -366,7 +399,8 @@ def test_expert_bias_moves_toward_balance_and_gets_no_gradient():
   @nnx.grad(argnums=nnx.DiffState(0, ExpertBias))
   def grad(m):
     y, aux = _run(m, x)
-    return jnp.sum(y ** 2) + balance(m, aux)
+    return jnp.sum(y**2) + balance(m, aux)
+
   np.testing.assert_array_equal(grad(moe)['expert_bias'][...], 0.0)
 
 
@@ -384,8 +418,9 @@ def test_load_summary_and_router_entropy_against_numpy():
   logits = np.asarray(x[0], np.float64) @ np.asarray(moe.router[...], np.float64)
   p = np.exp(logits - logits.max(-1, keepdims=True))
   p /= p.sum(-1, keepdims=True)
-  assert float(stats['router_entropy']) == pytest.approx(np.mean(-(p * np.log(p)).sum(-1)),
-                                                          rel=1e-5)
+  assert float(stats['router_entropy']) == pytest.approx(
+    np.mean(-(p * np.log(p)).sum(-1)), rel=1e-5
+  )
 
 
 def test_forced_uniform_routing_balances_every_expert_exactly():
@@ -403,37 +438,52 @@ def test_forced_uniform_routing_balances_every_expert_exactly():
 def test_stacked_metrics_and_the_per_layer_bias_update():
   counts = jnp.asarray([[6.0, 6.0, 6.0, 6.0], [10.0, 2.0, 2.0, 2.0]])  # two layers, top-1
   probs = jnp.asarray([[0.25] * 4, [0.7, 0.1, 0.1, 0.1]])
-  metrics = moe_metrics({'tokens_per_expert': counts, 'mean_prob': probs,
-                         'z_loss': jnp.zeros(2)}, 1, 'switch')
-  np.testing.assert_allclose(metrics['balance_loss'],
-                             [1.0, 4 * (10 * 0.7 + 3 * 2 * 0.1) / 16], rtol=1e-6)
+  metrics = moe_metrics(
+    {'tokens_per_expert': counts, 'mean_prob': probs, 'z_loss': jnp.zeros(2)}, 1, 'switch'
+  )
+  np.testing.assert_allclose(
+    metrics['balance_loss'], [1.0, 4 * (10 * 0.7 + 3 * 2 * 0.1) / 16], rtol=1e-6
+  )
   np.testing.assert_allclose(metrics['load_max_over_mean'], [1.0, 2.5], rtol=1e-6)
   # Each layer's ExpertBias moves by its own row of counts; other variables stay as they are.
-  variables = nnx.State({'blocks': {
-      1: {'ffn': {'expert_bias': ExpertBias(jnp.zeros(4))}},
-      3: {'ffn': {'expert_bias': ExpertBias(jnp.zeros(4)), 'other': nnx.Param(jnp.ones(2))}}}})
+  variables = nnx.State(
+    {
+      'blocks': {
+        1: {'ffn': {'expert_bias': ExpertBias(jnp.zeros(4))}},
+        3: {'ffn': {'expert_bias': ExpertBias(jnp.zeros(4)), 'other': nnx.Param(jnp.ones(2))}},
+      }
+    }
+  )
   new = update_expert_biases(variables, counts, 0.5)
   np.testing.assert_array_equal(new['blocks'][1]['ffn']['expert_bias'][...], [0, 0, 0, 0])
   np.testing.assert_array_equal(new['blocks'][3]['ffn']['expert_bias'][...], [-0.5, 0.5, 0.5, 0.5])
   np.testing.assert_array_equal(new['blocks'][3]['ffn']['other'][...], [1, 1])
   stacked = nnx.State({'blocks': {'ffn': {'expert_bias': ExpertBias(jnp.zeros((2, 4)))}}})
   np.testing.assert_array_equal(
-      update_expert_biases(stacked, counts, 0.5)['blocks']['ffn']['expert_bias'][...],
-      [[0, 0, 0, 0], [-0.5, 0.5, 0.5, 0.5]])
+    update_expert_biases(stacked, counts, 0.5)['blocks']['ffn']['expert_bias'][...],
+    [[0, 0, 0, 0], [-0.5, 0.5, 0.5, 0.5]],
+  )
 
 
 def test_megablox_gmm_in_interpret_mode_equals_ragged_dot_with_gradients():
   """The TPU grouped-matmul kernel (Pallas interpret mode on CPU) and ragged_dot, on uneven
   groups with an empty one and a row count that is not a whole tile (padded, then cut)."""
-  from mllm.layers.moe import grouped_matmul
+  from mllm.layers.moe_experts import grouped_matmul
+
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.normal(size=(150, 16)), jnp.float32)
   w = jnp.asarray(rng.normal(size=(4, 16, 24)), jnp.float32)
   sizes = jnp.asarray([70, 0, 50, 30], jnp.int32)
-  np.testing.assert_allclose(grouped_matmul(x, w, sizes, 'megablox'),
-                             grouped_matmul(x, w, sizes, 'ragged_dot'), rtol=1e-5, atol=1e-4)
-  grads = [jax.grad(lambda a, b: jnp.sum(jnp.sin(grouped_matmul(a, b, sizes, impl))),
-                    argnums=(0, 1))(x, w) for impl in ('ragged_dot', 'megablox')]
+  np.testing.assert_allclose(
+    grouped_matmul(x, w, sizes, 'megablox'),
+    grouped_matmul(x, w, sizes, 'ragged_dot'),
+    rtol=1e-5,
+    atol=1e-4,
+  )
+  grads = [
+    jax.grad(lambda a, b: jnp.sum(jnp.sin(grouped_matmul(a, b, sizes, impl))), argnums=(0, 1))(x, w)  # noqa: B023 (runs within this iteration)
+    for impl in ('ragged_dot', 'megablox')
+  ]
   for a, b in zip(*grads):
     np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4)
   moe = make_moe(dispatch='dropless')
@@ -442,35 +492,47 @@ def test_megablox_gmm_in_interpret_mode_equals_ragged_dot_with_gradients():
   np.testing.assert_allclose(out(other, tokens()), out(moe, tokens()), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize('sizes,tile', [([70, 0, 50, 30], 32), ([150, 0, 0, 0], 128),
-                                        ([1, 2, 3, 144], 16), ([40, 40, 40, 30], 7)])
+@pytest.mark.parametrize(
+  'sizes,tile',
+  [([70, 0, 50, 30], 32), ([150, 0, 0, 0], 128), ([1, 2, 3, 144], 16), ([40, 40, 40, 30], 7)],
+)
 def test_the_tiled_grouped_matmul_equals_ragged_dot_with_gradients(sizes, tile):
   """MegaBlocks-style tiles (each group padded to whole tiles) against ragged_dot: uneven and
   empty groups, one group holding every row, a tile that divides nothing, a tile over the rows."""
-  from mllm.layers.moe import grouped_matmul, tiled_grouped_matmul
+  from mllm.layers.moe_experts import grouped_matmul, tiled_grouped_matmul
+
   rng = np.random.default_rng(1)
   x = jnp.asarray(rng.normal(size=(150, 16)), jnp.float32)
   w = jnp.asarray(rng.normal(size=(4, 16, 24)), jnp.float32)
   sizes = jnp.asarray(sizes, jnp.int32)
-  np.testing.assert_allclose(tiled_grouped_matmul(x, w, sizes, tile),
-                             grouped_matmul(x, w, sizes, 'ragged_dot'), rtol=1e-5, atol=1e-5)
-  grads = [jax.grad(lambda a, b: jnp.sum(jnp.sin(f(a, b))), argnums=(0, 1))(x, w)
-           for f in (lambda a, b: grouped_matmul(a, b, sizes, 'ragged_dot'),
-                     lambda a, b: tiled_grouped_matmul(a, b, sizes, tile))]
+  np.testing.assert_allclose(
+    tiled_grouped_matmul(x, w, sizes, tile),
+    grouped_matmul(x, w, sizes, 'ragged_dot'),
+    rtol=1e-5,
+    atol=1e-5,
+  )
+  grads = [
+    jax.grad(lambda a, b: jnp.sum(jnp.sin(f(a, b))), argnums=(0, 1))(x, w)  # noqa: B023 (runs within this iteration)
+    for f in (
+      lambda a, b: grouped_matmul(a, b, sizes, 'ragged_dot'),
+      lambda a, b: tiled_grouped_matmul(a, b, sizes, tile),
+    )
+  ]
   for a, b in zip(*grads):
     np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4)
 
 
-def test_a_capacity_layer_infers_without_a_kernel_that_would_only_interpret_or_expand(
-    monkeypatch):
+def test_a_capacity_layer_infers_without_a_kernel_that_would_only_interpret_or_expand(monkeypatch):
   """grouped_matmul names the dropless path's kernel. A capacity layer reaches that path only at
   inference: on a CPU, where ragged_dot expands to E× the FLOPs, it takes the tiled matmul; on a
   GPU, where gmm would only interpret (slowly), ragged_dot. An explicit dropless layer keeps its
   kernel (megablox: the tests' interpret mode). The outputs are the same."""
-  from mllm.layers import moe as moe_module
+  from mllm.layers import moe_experts as moe_module
+
   called, real = [], moe_module.grouped_matmul
-  monkeypatch.setattr(moe_module, 'grouped_matmul',
-                      lambda *args: called.append(args[-1]) or real(*args))
+  monkeypatch.setattr(
+    moe_module, 'grouped_matmul', lambda *args: called.append(args[-1]) or real(*args)
+  )
   capacity_layer = make_moe(dispatch='capacity', grouped_matmul='megablox')
   dropless_layer = make_moe(dispatch='dropless', grouped_matmul='megablox')
   capacity_layer.eval()
@@ -482,8 +544,9 @@ def test_a_capacity_layer_infers_without_a_kernel_that_would_only_interpret_or_e
   assert set(called) == {'ragged_dot'}
   np.testing.assert_allclose(on_cpu, on_gpu, rtol=1e-5, atol=1e-6)
   monkeypatch.undo()
-  monkeypatch.setattr(moe_module, 'grouped_matmul',
-                      lambda *args: called.append(args[-1]) or real(*args))
+  monkeypatch.setattr(
+    moe_module, 'grouped_matmul', lambda *args: called.append(args[-1]) or real(*args)
+  )
   called.clear()
   dropless_layer(tokens())
   assert set(called) == {'megablox'}
@@ -513,6 +576,8 @@ def test_hf_convention_equals_transformers_pooled_loss_and_switch_averages_layer
     per_layer.append(float(switch_loss(probs, experts)))
   counts, means = jnp.stack(counts), jnp.stack(means)
   assert float(balancing_objective(counts, means, k, 'hf')) == pytest.approx(
-      np_transformers_balancing_loss(layers, e, k), rel=1e-5)
+    np_transformers_balancing_loss(layers, e, k), rel=1e-5
+  )
   assert float(balancing_objective(counts, means, k, 'switch')) == pytest.approx(
-      np.mean(per_layer), rel=1e-6)
+    np.mean(per_layer), rel=1e-6
+  )

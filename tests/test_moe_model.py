@@ -1,6 +1,7 @@
 """MoE in the model and the training loop: config checks, layer placement, the objective and its
 global-batch balancing, the aux-loss-free bias, accounting, loss falling, exact resume with
 noise."""
+
 from __future__ import annotations
 
 import math
@@ -10,12 +11,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import STEPS, load_state, make_config, tiny_config
 from flax import nnx
 
-from conftest import STEPS, load_state, make_config, tiny_config
 from mllm.accounting import count_params, training_flops_per_token
-from mllm.config import ConfigError, moe_layers
-from mllm.layers.moe import MoE, update_expert_bias
+from mllm.config import ConfigError
+from mllm.layers.moe import MoE, moe_layers
+from mllm.layers.moe_routing import update_expert_bias
 from mllm.model import build_model
 from mllm.train import evaluate, train
 from mllm.train.metrics import read_metrics
@@ -26,7 +28,9 @@ from mllm.train.step import _forward, make_train_step, synthetic_batch
 MOE = 'ffn=moe,num_experts=4,top_k=2'
 
 
-@pytest.mark.parametrize('overrides, key, allowed', [
+@pytest.mark.parametrize(
+  'overrides, key, allowed',
+  [
     ({'model.moe.top_k': 5}, 'model.moe.top_k', '1 <= top_k <= 4'),
     ({'model.moe.top_k': 0}, 'model.moe.top_k', '1 <= top_k <= 4'),
     ({'model.moe.capacity_factor': 0.0}, 'model.moe.capacity_factor', 'positive'),
@@ -45,7 +49,8 @@ MOE = 'ffn=moe,num_experts=4,top_k=2'
     ({'model.moe.every': 3}, 'model.moe.first_dense_layers', 'leaves no MoE layer'),
     ({'model.moe.every': 2, 'model.scan_layers': True}, 'model.scan_layers', 'mix MoE and dense'),
     ({'model.ffn.use_bias': True}, 'model.ffn.use_bias', 'bias-free'),
-])
+  ],
+)
 def test_bad_moe_configs_are_one_line_errors_naming_the_key(overrides, key, allowed):
   with pytest.raises(ConfigError) as info:
     tiny_config(MOE, **{k.replace('.', '__'): v for k, v in overrides.items()})
@@ -54,7 +59,8 @@ def test_bad_moe_configs_are_one_line_errors_naming_the_key(overrides, key, allo
 
 
 def test_megablox_is_refused_on_gpu_naming_the_key():
-  from mllm.config import check_backend
+  from mllm.validation import check_backend
+
   cfg = tiny_config(MOE, model__moe__grouped_matmul='megablox')
   check_backend(cfg.model, 'cpu')  # interpret mode, for tests
   with pytest.raises(ConfigError, match=r"^model.moe.grouped_matmul='megablox': .*allowed on gpu"):
@@ -64,7 +70,8 @@ def test_megablox_is_refused_on_gpu_naming_the_key():
 def test_an_expert_axis_needs_an_moe_model_and_must_divide_its_experts():
   with pytest.raises(ConfigError, match=r"^mesh.expert=2: shards the experts .* model.ffn.kind="):
     tiny_config(mesh__expert=2)
-  from mllm.config import check_expert_axis  # what setup() runs once a -1 axis has its size
+  from mllm.validation import check_expert_axis
+
   with pytest.raises(ConfigError, match=r'^mesh.expert=3: must divide model.moe.num_experts=4'):
     check_expert_axis(tiny_config(MOE, mesh__data=1, mesh__expert=-1).model, 3)
   check_expert_axis(tiny_config(MOE).model, 4)
@@ -110,8 +117,9 @@ def _at(module, path):
 
 
 def test_active_parameters_and_flops_count_k_of_e_experts():
-  cfg = tiny_config(MOE, model__ffn__d_ff=24, model__moe__num_shared_experts=1,
-                    model__moe__shared_d_ff=8)
+  cfg = tiny_config(
+    MOE, model__ffn__d_ff=24, model__moe__num_shared_experts=1, model__moe__shared_d_ff=8
+  )
   dense = count_params(tiny_config(model__ffn__d_ff=24))
   counts = count_params(cfg)
   m = cfg.model
@@ -126,8 +134,11 @@ def test_active_parameters_and_flops_count_k_of_e_experts():
 
 def test_summary_names_the_moe_layers_and_the_active_parameters():
   import io
+
   from rich.console import Console
+
   from mllm.summary import summarize
+
   cfg = tiny_config(MOE, model__n_layers=4, model__moe__every=2)
   buffer = io.StringIO()
   result = summarize(cfg, console=Console(file=buffer, width=200), run_forward=False)
@@ -151,13 +162,21 @@ def _step_outputs(config, batch, steps=1):
 
 
 def _moe_run_config(corpus, **extra):
-  return make_config(corpus, 'x', model__ffn__kind='moe', model__moe__num_experts=4,
-                     model__moe__top_k=2, model__dropout=0.0, **extra)
+  return make_config(
+    corpus,
+    'x',
+    model__ffn__kind='moe',
+    model__moe__num_experts=4,
+    model__moe__top_k=2,
+    model__dropout=0.0,
+    **extra,
+  )
 
 
 def test_objective_is_cross_entropy_plus_the_weighted_balancing_and_z_losses(corpus):
-  config = _moe_run_config(corpus, model__moe__balance_coef=0.3, model__moe__z_loss_coef=0.05,
-                           train__grad_clip=0.0)
+  config = _moe_run_config(
+    corpus, model__moe__balance_coef=0.3, model__moe__z_loss_coef=0.05, train__grad_clip=0.0
+  )
   batch = synthetic_batch(config, np.random.default_rng(0))
   model, init = setup(config, make_mesh(config.mesh))
   params = jax.device_get(init()['params'])
@@ -168,16 +187,20 @@ def test_objective_is_cross_entropy_plus_the_weighted_balancing_and_z_losses(cor
     f = counts / counts.sum(-1, keepdims=True)
     switch = 4 * jnp.sum(f * stats['mean_prob'], -1)
     return losses.sum() / batch['loss_mask'].sum() + 0.3 * switch.mean() + 0.05 * jnp.mean(
-        stats['z_loss']), switch
+      stats['z_loss']
+    ), switch
+
   (_, switch), grads = jax.value_and_grad(by_hand, has_aux=True)(params)
   grads = nnx.split_state(grads, nnx.Param, ...)[0]
   _, _, [metrics] = _step_outputs(config, batch)
   assert float(metrics['grad_norm']) == pytest.approx(
-      float(jnp.sqrt(sum(jnp.sum(g ** 2) for g in jax.tree.leaves(grads)))), rel=1e-4)
+    float(jnp.sqrt(sum(jnp.sum(g**2) for g in jax.tree.leaves(grads)))), rel=1e-4
+  )
   np.testing.assert_allclose(metrics['moe']['balance_loss'], switch, rtol=1e-5)
   # Without the two coefficients the gradient is another one: the terms are really in it.
-  plain = _moe_run_config(corpus, model__moe__balance_coef=0.0, model__moe__z_loss_coef=0.0,
-                          train__grad_clip=0.0)
+  plain = _moe_run_config(
+    corpus, model__moe__balance_coef=0.0, model__moe__z_loss_coef=0.0, train__grad_clip=0.0
+  )
   _, _, [plain_metrics] = _step_outputs(plain, batch)
   assert abs(float(plain_metrics['grad_norm']) - float(metrics['grad_norm'])) > 1e-3
 
@@ -186,8 +209,7 @@ def test_the_training_step_drops_past_capacity_and_evaluation_does_not(corpus):
   """A capacity model trains at its capacity (what overflows is dropped, as Switch trains) and
   infers dropless. The step once ran its forward in inference mode whenever the config had no
   dropout or router noise, so capacity models trained dropless (and, on CPU, ~5x slower)."""
-  config = _moe_run_config(corpus, model__moe__dispatch='capacity',
-                           model__moe__capacity_factor=0.5)
+  config = _moe_run_config(corpus, model__moe__dispatch='capacity', model__moe__capacity_factor=0.5)
   batch = synthetic_batch(config, np.random.default_rng(0))
   _, _, [metrics] = _step_outputs(config, batch)
   assert np.all(metrics['moe']['drop_rate'] >= 0.5 - 1e-6)  # capacity 0.5 x the even share
@@ -206,8 +228,13 @@ def test_accumulated_steps_balance_over_the_global_batch(corpus):
   batch = synthetic_batch(_moe_run_config(corpus), np.random.default_rng(1))
   results = []
   for accum in (1, 2):
-    config = _moe_run_config(corpus, train__grad_accum_steps=accum, model__moe__balance_coef=1.0,
-                             model__moe__dispatch='dropless', model__moe__expert_bias=True)
+    config = _moe_run_config(
+      corpus,
+      train__grad_accum_steps=accum,
+      model__moe__balance_coef=1.0,
+      model__moe__dispatch='dropless',
+      model__moe__expert_bias=True,
+    )
     results.append(_step_outputs(config, batch, steps=2))
   (_, state1, metrics1), (_, state2, metrics2) = results
   for m1, m2 in zip(metrics1, metrics2):
@@ -219,8 +246,11 @@ def test_accumulated_steps_balance_over_the_global_batch(corpus):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5)
   # The two micro-batches route differently: a per-micro-batch f would have given another loss.
   mb_counts = [_counts(config, state2, {k: v[i::2] for k, v in batch.items()}) for i in (0, 1)]
-  assert not np.allclose(mb_counts[0] / mb_counts[0].sum(-1, keepdims=True),
-                         mb_counts[1] / mb_counts[1].sum(-1, keepdims=True), atol=0.02)
+  assert not np.allclose(
+    mb_counts[0] / mb_counts[0].sum(-1, keepdims=True),
+    mb_counts[1] / mb_counts[1].sum(-1, keepdims=True),
+    atol=0.02,
+  )
 
 
 def _counts(config, state, batch):
@@ -231,22 +261,29 @@ def _counts(config, state, batch):
 def test_expert_bias_is_updated_by_its_rule_and_untouched_by_the_optimizer(corpus):
   config = _moe_run_config(corpus, model__moe__expert_bias=True, model__moe__bias_update_rate=0.01)
   batch = synthetic_batch(config, np.random.default_rng(2))
-  model, state, metrics = _step_outputs(config, batch, steps=3)  # odd: ±γ steps cannot cancel
+  _model, state, metrics = _step_outputs(config, batch, steps=3)  # odd: ±γ steps cannot cancel
   bias = np.stack([state['params']['blocks'][i]['ffn']['expert_bias'][...] for i in (0, 1)])
   expected = np.zeros((2, 4), np.float32)
   for m in metrics:
     expected = np.asarray(update_expert_bias(expected, m['moe']['tokens_per_expert'], 0.01))
   np.testing.assert_allclose(bias, expected, atol=1e-7)
   assert np.abs(bias).max() > 0
-  opt_paths = {jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(
-      state['opt_state'])[0]}
+  opt_paths = {
+    jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(state['opt_state'])[0]
+  }
   assert opt_paths and not any('expert_bias' in p for p in opt_paths)
 
 
-def test_moe_model_loss_falls_metrics_are_logged_and_resume_is_exact_with_noise(corpus, tmp_path,
-                                                                              capsys):
-  extra = dict(model__moe__noise='noisy_topk', model__moe__expert_bias=True,
-               model__moe__every=2, model__n_layers=2, train__checkpoint_every=10)
+def test_moe_model_loss_falls_metrics_are_logged_and_resume_is_exact_with_noise(
+  corpus, tmp_path, capsys
+):
+  extra = dict(
+    model__moe__noise='noisy_topk',
+    model__moe__expert_bias=True,
+    model__moe__every=2,
+    model__n_layers=2,
+    train__checkpoint_every=10,
+  )
   config = _moe_run_config(corpus, **{**extra, 'data.cache_dir': str(tmp_path / 'cache')})
   straight = str(tmp_path / 'straight')
   summary = train(config, straight, progress=True)  # not a terminal: plain progress lines
@@ -254,15 +291,24 @@ def test_moe_model_loss_falls_metrics_are_logged_and_resume_is_exact_with_noise(
   assert 'makes every gate 1' not in printed  # top-2: no note
   progress = [line for line in printed.splitlines() if line.startswith('step ')]
   assert progress and all('drop ' in line and 'max/mean load ' in line for line in progress)
-  records = [r for r in read_metrics(os.path.join(straight, 'metrics.jsonl'))
-             if r['split'] == 'train']
+  records = [
+    r for r in read_metrics(os.path.join(straight, 'metrics.jsonl')) if r['split'] == 'train'
+  ]
   losses = [r['loss'] for r in records]
   assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 1.0, losses
   assert np.mean(losses[:5]) > math.log(258) - 0.5
   last = records[-1]
-  assert set(last) >= {'moe/balance_loss', 'moe/z_loss', 'moe/load_cv', 'moe/load_max_over_mean',
-                       'moe/dead_experts', 'moe/router_entropy', 'moe/drop_rate',
-                       'moe/layer1/tokens_per_expert', 'moe/layer1/mean_prob'}
+  assert set(last) >= {
+    'moe/balance_loss',
+    'moe/z_loss',
+    'moe/load_cv',
+    'moe/load_max_over_mean',
+    'moe/dead_experts',
+    'moe/router_entropy',
+    'moe/drop_rate',
+    'moe/layer1/tokens_per_expert',
+    'moe/layer1/mean_prob',
+  }
   assert 'moe/layer0/load_cv' not in last  # layer 0 is dense (every=2)
   assert sum(last['moe/layer1/tokens_per_expert']) == 4 * 32 * 2  # B·T tokens × k
   assert sum(last['moe/layer1/mean_prob']) == pytest.approx(1.0, rel=1e-5)
@@ -280,13 +326,24 @@ def test_moe_model_loss_falls_metrics_are_logged_and_resume_is_exact_with_noise(
 
 # --- Inference never drops tokens: capacity is a training device. -------------------------------
 
+
 def _small_mixtral(**extra):
   """configs/mixtral_like.py shrunk to 2 layers, d_model 64, random init (the issue's case); on
   CPU its dispatch 'auto' is capacity."""
   import mllm
-  return mllm.load_config('configs/mixtral_like.py', {
-      'model.n_layers': 2, 'model.d_model': 64, 'model.n_heads': 4, 'model.vocab_size': 128,
-      'model.max_seq_len': 64, 'data.seq_len': 64, **extra})
+
+  return mllm.load_config(
+    'configs/mixtral_like.py',
+    {
+      'model.n_layers': 2,
+      'model.d_model': 64,
+      'model.n_heads': 4,
+      'model.vocab_size': 128,
+      'model.max_seq_len': 64,
+      'data.seq_len': 64,
+      **extra,
+    },
+  )
 
 
 @nnx.jit
@@ -305,7 +362,8 @@ def test_an_exported_capacity_model_gives_the_same_logits_in_transformers_layout
   dropless, its capacity dropped assignments: max difference 2.9e-2 here under model.init='fixed'
   (the issue's 2.7e-2), 2.3 under 'fan_in' (the batch-independence test below: 3.7e-2, 2.2)."""
   import mllm
-  from mllm.layers.moe import resolve_dispatch
+  from mllm.layers.moe_experts import resolve_dispatch
+
   config = _small_mixtral()
   assert resolve_dispatch(config.model.moe.dispatch) == 'capacity'
   model = build_model(config, rngs=nnx.Rngs(0))
@@ -313,8 +371,9 @@ def test_an_exported_capacity_model_gives_the_same_logits_in_transformers_layout
   imported_config, imported = mllm.from_hf(str(tmp_path))
   assert imported_config.model.moe.dispatch == 'dropless'
   tokens = np.random.default_rng(0).integers(0, 128, (2, 32))
-  np.testing.assert_allclose(_eval_logits(model, tokens), _eval_logits(imported, tokens),
-                             atol=2e-5, rtol=0)
+  np.testing.assert_allclose(
+    _eval_logits(model, tokens), _eval_logits(imported, tokens), atol=2e-5, rtol=0
+  )
 
 
 def test_eval_logits_do_not_depend_on_the_rest_of_the_batch():
@@ -330,10 +389,27 @@ def test_eval_logits_do_not_depend_on_the_rest_of_the_batch():
 
 
 def test_training_still_drops_past_capacity_and_inference_does_not():
-  layer = MoE(16, num_experts=4, top_k=1, expert_d_ff=8, dispatch='capacity',
-              capacity_factor=0.5, init_std=0.3, out_std=0.3, rngs=nnx.Rngs(0))
-  dropless = MoE(16, num_experts=4, top_k=1, expert_d_ff=8, dispatch='dropless',
-                 init_std=0.3, out_std=0.3, rngs=nnx.Rngs(0))
+  layer = MoE(
+    16,
+    num_experts=4,
+    top_k=1,
+    expert_d_ff=8,
+    dispatch='capacity',
+    capacity_factor=0.5,
+    init_std=0.3,
+    out_std=0.3,
+    rngs=nnx.Rngs(0),
+  )
+  dropless = MoE(
+    16,
+    num_experts=4,
+    top_k=1,
+    expert_d_ff=8,
+    dispatch='dropless',
+    init_std=0.3,
+    out_std=0.3,
+    rngs=nnx.Rngs(0),
+  )
   x = jax.random.normal(jax.random.key(0), (2, 16, 16))
   trained, stats = layer(x)
   assert float(stats['drop_rate']) >= 0.5 - 1e-6  # capacity 0.5 × the even share
@@ -345,14 +421,24 @@ def test_training_still_drops_past_capacity_and_inference_does_not():
   np.testing.assert_allclose(inferred, dropless(x)[0], atol=1e-6, rtol=0)
 
 
-def test_training_top1_with_renormalised_gates_says_its_router_gets_no_gradient(corpus, tmp_path,
-                                                                               capsys):
-  config = make_config(corpus, str(tmp_path / 'cache'), model__ffn__kind='moe',
-                       model__moe__num_experts=4, model__moe__top_k=1, model__n_layers=1,
-                       train__steps=2, train__warmup_steps=0)
+def test_training_top1_with_renormalised_gates_says_its_router_gets_no_gradient(
+  corpus, tmp_path, capsys
+):
+  config = make_config(
+    corpus,
+    str(tmp_path / 'cache'),
+    model__ffn__kind='moe',
+    model__moe__num_experts=4,
+    model__moe__top_k=1,
+    model__n_layers=1,
+    train__steps=2,
+    train__warmup_steps=0,
+  )
   train(config, str(tmp_path / 'run'), progress=True)
   notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith('note: ')]
-  assert notes == ['note: model.moe.top_k=1 with model.moe.renormalize=True makes every gate 1: '
-                   'the router gets no gradient from the loss, only from the balancing and z '
-                   'losses; Switch gates the top-1 expert by its probability '
-                   '(model.moe.renormalize=False)']
+  assert notes == [
+    'note: model.moe.top_k=1 with model.moe.renormalize=True makes every gate 1: '
+    'the router gets no gradient from the loss, only from the balancing and z '
+    'losses; Switch gates the top-1 expert by its probability '
+    '(model.moe.renormalize=False)'
+  ]

@@ -3,8 +3,10 @@ for a dense model; (data, expert) and (fsdp, expert, tensor) for an MoE model, w
 sharded over the expert axis.
 
 Runs in a subprocess: the device count is fixed when JAX starts. Each step blocks on its loss,
-which avoids the multi-device CPU rendezvous deadlock (JAX_NOTES.md).
+which avoids a deadlock of XLA:CPU's multi-device collectives when steps are queued back to
+back (mllm/train/loop.py blocks on each step's loss for the same reason).
 """
+
 from __future__ import annotations
 
 import json
@@ -52,18 +54,24 @@ print('RESULT' + json.dumps(result))
 
 def run(meshes: list[dict], scan: bool = False, choices: str = '', **overrides) -> dict:
   env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='--xla_force_host_platform_device_count=8')
-  code = (SCRIPT.replace('ROOT', repr(os.path.join(ROOT, 'tests'))).replace('SCAN', str(scan))
-          .replace('MESHES', repr(meshes)).replace('CHOICES', repr(choices))
-          .replace('OVERRIDES', repr(overrides)))
-  proc = subprocess.run([sys.executable, '-c', code], cwd=ROOT, env=env, capture_output=True,
-                        text=True, timeout=600)
+  code = (
+    SCRIPT.replace('ROOT', repr(os.path.join(ROOT, 'tests')))
+    .replace('SCAN', str(scan))
+    .replace('MESHES', repr(meshes))
+    .replace('CHOICES', repr(choices))
+    .replace('OVERRIDES', repr(overrides))
+  )
+  proc = subprocess.run(
+    [sys.executable, '-c', code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
-  line = [l for l in proc.stdout.splitlines() if l.startswith('RESULT')][0]
-  return {name: value for name, value in json.loads(line[len('RESULT'):]).items()}
+  line = next(ln for ln in proc.stdout.splitlines() if ln.startswith('RESULT'))
+  return {name: value for name, value in json.loads(line[len('RESULT') :]).items()}
 
 
 def assert_matches_one_device(result: dict, one: str = '{}', atol: float = 2e-6):
   import numpy as np
+
   for name, got in result.items():
     if name == one:
       continue
@@ -87,8 +95,10 @@ def test_expert_parallel_meshes_match_one_device():
   result = run(meshes, choices='ffn=moe,num_experts=4,top_k=2,noise=mixture,expert_bias=true')
   specs = result['{"data": 2, "expert": 4}']['specs']
   assert "P('expert', None, None)" in specs, specs  # expert weights [E, D, F]
-  assert any("'expert'" in s and 'tensor' in s
-             for s in result['{"fsdp": 2, "expert": 2, "tensor": 2}']['specs'])
+  assert any(
+    "'expert'" in s and 'tensor' in s
+    for s in result['{"fsdp": 2, "expert": 2, "tensor": 2}']['specs']
+  )
   # Adam divides by √v: where a gradient is ~0, float32 reassociation of the sharded sums moves
   # an update by a small fraction of the learning rate (3e-3): one weight in 11,264 by 4e-6 under
   # model.init='fixed', two by 2.6e-5 (1% of the rate) under 'fan_in'. A sharding bug moves
@@ -99,8 +109,9 @@ def test_expert_parallel_meshes_match_one_device():
 def test_kernels_run_per_shard_and_match_one_device():
   """A Pallas kernel is a custom call XLA cannot split: on a mesh it runs per device under
   shard_map (batch over data, heads and ALiBi slopes over tensor), packed documents included."""
-  result = run([{}, {'data': 2, 'tensor': 2}], choices='pos=alibi,attn=pallas',
-               data__document_mask=True)
+  result = run(
+    [{}, {'data': 2, 'tensor': 2}], choices='pos=alibi,attn=pallas', data__document_mask=True
+  )
   assert not result['{}']['per_shard'] and result['{"data": 2, "tensor": 2}']['per_shard']
   assert_matches_one_device(result)
 
@@ -138,8 +149,14 @@ def test_hf_weights_load_straight_onto_the_meshs_shardings():
   state wants, each device holding its slice, with the unsharded import's values."""
   env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='--xla_force_host_platform_device_count=4')
   path = os.path.join(ROOT, 'tests', 'fixtures', 'hf', 'qwen3-moe')
-  proc = subprocess.run([sys.executable, '-c', HF_SCRIPT.replace('PATH', repr(path))], cwd=ROOT,
-                        env=env, capture_output=True, text=True, timeout=600)
+  proc = subprocess.run(
+    [sys.executable, '-c', HF_SCRIPT.replace('PATH', repr(path))],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert int(proc.stdout.split('SHARDED')[-1]) > 10, proc.stdout
 
@@ -149,7 +166,7 @@ import sys
 import jax, numpy as np
 sys.path.insert(0, ROOT)
 from conftest import tiny_config
-from mllm.generate import generate_tokens
+from mllm.generation import generate_tokens
 import mllm.ops.attention as attention
 import mllm.ops.mesh as on_mesh
 from mllm.train.sharding import make_mesh
@@ -189,7 +206,8 @@ def test_generation_on_a_mesh_traces_for_it_and_matches_one_device():
   both traced under the 4-device mesh, and the tokens are the 1-device ones."""
   env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='--xla_force_host_platform_device_count=4')
   code = GENERATE_SCRIPT.replace('ROOT', repr(os.path.join(ROOT, 'tests')))
-  proc = subprocess.run([sys.executable, '-c', code], cwd=ROOT, env=env, capture_output=True,
-                        text=True, timeout=600)
+  proc = subprocess.run(
+    [sys.executable, '-c', code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert proc.stdout.split('TRACED')[-1].strip() == "[('blockwise', 4), ('xla', 4)]", proc.stdout

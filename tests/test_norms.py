@@ -1,4 +1,5 @@
 """Normalizations (mllm/layers/norms.py) against float64 NumPy formulas."""
+
 from __future__ import annotations
 
 import math
@@ -16,7 +17,7 @@ from mllm.layers.norms import NORMS, Identity, LayerNorm, PartialRMSNorm, RMSNor
 def _np_rms(x, scale, eps, bias=None, k=None):
   x = np.asarray(x, np.float64)
   part = x if k is None else x[..., :k]
-  y = x / np.sqrt(np.mean(part ** 2, axis=-1, keepdims=True) + eps) * scale
+  y = x / np.sqrt(np.mean(part**2, axis=-1, keepdims=True) + eps) * scale
   return y if bias is None else y + bias
 
 
@@ -42,8 +43,9 @@ def test_rmsnorm_lecture_example():
   norm = RMSNorm(2, eps=0.0)
   out = norm(jnp.asarray([[3.0, 4.0]]))
   np.testing.assert_allclose(np.asarray(out)[0], [0.8485, 1.1314], atol=1e-4)
-  np.testing.assert_allclose(np.asarray(out)[0], [3 / math.sqrt(12.5), 4 / math.sqrt(12.5)],
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(out)[0], [3 / math.sqrt(12.5), 4 / math.sqrt(12.5)], rtol=1e-6
+  )
 
 
 @pytest.mark.parametrize('use_bias', [False, True])
@@ -58,16 +60,17 @@ def test_rmsnorm_matches_numpy(use_bias, eps):
   out = norm(jnp.asarray(x, jnp.float32))
   chex.assert_shape(out, x.shape)
   assert out.dtype == jnp.float32
-  chex.assert_trees_all_close(np.asarray(out, np.float64), _np_rms(x, scale, eps, bias),
-                              rtol=1e-5, atol=1e-5)
+  chex.assert_trees_all_close(
+    np.asarray(out, np.float64), _np_rms(x, scale, eps, bias), rtol=1e-5, atol=1e-5
+  )
 
 
 def test_rmsnorm_eps_is_inside_the_sqrt():
   # With a large eps the two placements differ clearly: x / sqrt(ms + eps) vs x / (sqrt(ms) + eps).
   x = np.array([[0.3, -0.4, 0.1, 0.2]])
   out = np.asarray(RMSNorm(4, eps=1.0)(jnp.asarray(x, jnp.float32)), np.float64)
-  np.testing.assert_allclose(out, x / np.sqrt((x ** 2).mean() + 1.0), rtol=1e-6)
-  assert not np.allclose(out, x / (np.sqrt((x ** 2).mean()) + 1.0), rtol=1e-3)
+  np.testing.assert_allclose(out, x / np.sqrt((x**2).mean() + 1.0), rtol=1e-6)
+  assert not np.allclose(out, x / (np.sqrt((x**2).mean()) + 1.0), rtol=1e-3)
 
 
 @pytest.mark.parametrize('use_bias', [False, True])
@@ -81,8 +84,9 @@ def test_layernorm_matches_numpy(use_bias, eps):
   x = rng.normal(size=(3, 4, d)) * 2.0 + 1.5
   out = norm(jnp.asarray(x, jnp.float32))
   chex.assert_shape(out, x.shape)
-  chex.assert_trees_all_close(np.asarray(out, np.float64), _np_layernorm(x, scale, bias, eps),
-                              rtol=1e-5, atol=1e-5)
+  chex.assert_trees_all_close(
+    np.asarray(out, np.float64), _np_layernorm(x, scale, bias, eps), rtol=1e-5, atol=1e-5
+  )
 
 
 def test_layernorm_has_bias_by_default_and_uses_biased_variance():
@@ -102,9 +106,12 @@ def test_partial_rmsnorm_matches_numpy(use_bias):
   scale, bias = _set_params(norm, rng, d)
   x = rng.normal(size=(2, 3, d))
   out = norm(jnp.asarray(x, jnp.float32))
-  chex.assert_trees_all_close(np.asarray(out, np.float64),
-                              _np_rms(x, scale, 1e-6, bias, k=math.ceil(p * d)),
-                              rtol=1e-5, atol=1e-5)
+  chex.assert_trees_all_close(
+    np.asarray(out, np.float64),
+    _np_rms(x, scale, 1e-6, bias, k=math.ceil(p * d)),
+    rtol=1e-5,
+    atol=1e-5,
+  )
 
 
 def test_partial_rmsnorm_p1_equals_rmsnorm():
@@ -148,8 +155,9 @@ def test_bfloat16_input_with_fp32_stats(cls):
   chex.assert_shape(out, x_bf16.shape)
   ref = norm(x_bf16.astype(jnp.float32))
   assert ref.dtype == jnp.float32
-  np.testing.assert_allclose(np.asarray(out.astype(jnp.float32)), np.asarray(ref),
-                             rtol=1.6e-2, atol=1.6e-2)
+  np.testing.assert_allclose(
+    np.asarray(out.astype(jnp.float32)), np.asarray(ref), rtol=1.6e-2, atol=1.6e-2
+  )
 
 
 def test_use_bias_adds_shift():
@@ -162,8 +170,12 @@ def test_use_bias_adds_shift():
     without = cls(d, use_bias=False, partial_p=0.5)
     assert without.bias is None
     with_bias.bias[...] = jnp.asarray(shift, jnp.float32)
-    np.testing.assert_allclose(np.asarray(with_bias(x)) - np.asarray(without(x)),
-                               np.broadcast_to(shift, (3, d)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+      np.asarray(with_bias(x)) - np.asarray(without(x)),
+      np.broadcast_to(shift, (3, d)),
+      rtol=1e-5,
+      atol=1e-6,
+    )
 
 
 def test_identity_norm():
@@ -173,8 +185,10 @@ def test_identity_norm():
 
 @pytest.mark.parametrize('kind', sorted(NORMS))
 def test_make_norm_builds_each_kind(kind):
-  cfg = mllm.load_config('configs/base.py', {'model.norm.kind': kind, 'model.norm.eps': 0.25,
-                                             'model.norm.partial_p': 0.5})
+  cfg = mllm.load_config(
+    'configs/base.py',
+    {'model.norm.kind': kind, 'model.norm.eps': 0.25, 'model.norm.partial_p': 0.5},
+  )
   norm_cfg = cfg.model.norm
   d = 8
   norm = make_norm(norm_cfg, d, param_dtype=jnp.float32, rngs=nnx.Rngs(0))

@@ -1,9 +1,10 @@
-"""pallas_kernels.flash_attention against a float64 NumPy reference (output and dq, dk, dv).
+"""pallas_kernels.flash_attention_triton against a float64 NumPy reference (output and dq, dk, dv).
 
 Every case also poisons (NaN) the K/V blocks that the kernel must skip -- blocks outside every
 query block's causal/window range, or whose segment ids cannot meet a query block's -- so a
 kernel that masks instead of skipping returns NaN and fails.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -13,10 +14,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from attention_reference import alibi_bias, attention_with_grads
 from attention_reference import allowed_mask as reference_mask
-from pallas_kernels import flash_attention as fa
+
+from pallas_kernels import flash_attention_triton as fa
 
 F32_TOL, BF16_TOL = 1e-5, 2e-2
 TRITON_DEPRECATED = tuple(map(int, jax.__version__.split('.')[:2])) >= (0, 11)
@@ -25,17 +26,29 @@ TRITON_DEPRECATED = tuple(map(int, jax.__version__.split('.')[:2])) >= (0, 11)
 def allowed_mask(T, S, *, causal, window, q_offset, q_seg=None, kv_seg=None):
   """[B or 1, T, S] bool: the framework's mask rule (tests/attention_reference.py)."""
   B = 1 if q_seg is None else q_seg.shape[0]
-  return reference_mask(B, T, S, causal=causal, window=window, q_offset=q_offset, q_seg=q_seg,
-                        kv_seg=kv_seg)
+  return reference_mask(
+    B, T, S, causal=causal, window=window, q_offset=q_offset, q_seg=q_seg, kv_seg=kv_seg
+  )
 
 
-def reference(q, k, v, do, *, scale, causal, window, q_offset, q_seg, kv_seg, slopes, q_pos,
-              kv_pos):
+def reference(
+  q, k, v, do, *, scale, causal, window, q_offset, q_seg, kv_seg, slopes, q_pos, kv_pos
+):
   """float64 output and (dq, dk, dv) from tests/attention_reference.py."""
   bias = None if slopes is None else alibi_bias(slopes, q_pos, kv_pos)
-  o, (dq, dk, dv, _) = attention_with_grads(q, k, v, do, scale=scale, bias=bias, causal=causal,
-                                            window=window, q_offset=q_offset, q_seg=q_seg,
-                                            kv_seg=kv_seg)
+  o, (dq, dk, dv, _) = attention_with_grads(
+    q,
+    k,
+    v,
+    do,
+    scale=scale,
+    bias=bias,
+    causal=causal,
+    window=window,
+    q_offset=q_offset,
+    q_seg=q_seg,
+    kv_seg=kv_seg,
+  )
   return o, dq, dk, dv
 
 
@@ -54,42 +67,73 @@ def must_skip_blocks(T, S, bq, bk, *, causal, window, q_offset, q_seg, kv_seg):
   for b in range(B):
     for kb in range(S // bk):
       for t0 in range(0, T, bq):
-        tile = band[t0:t0 + bq, kb * bk:(kb + 1) * bk]
+        tile = band[t0 : t0 + bq, kb * bk : (kb + 1) * bk]
         if not tile.any():
           continue
         if q_seg is not None:
-          qs, ks = q_seg[b, t0:t0 + bq], kv_seg[b, kb * bk:(kb + 1) * bk]
+          qs, ks = q_seg[b, t0 : t0 + bq], kv_seg[b, kb * bk : (kb + 1) * bk]
           if qs.max() < ks.min() or ks.max() < qs.min():
             continue
         skip[b, kb] = False
   return skip
 
 
-def case(name, *, G, H, causal=True, window=None, shape='square', explicit_offset=False,
-         segments=None, alibi=False, dtype='float32', blocks=(16, 16), expect_skip=False):
-  return pytest.param(dict(G=G, H=H, causal=causal, window=window, shape=shape,
-                           explicit_offset=explicit_offset, segments=segments, alibi=alibi,
-                           dtype=dtype, blocks=blocks, expect_skip=expect_skip), id=name)
+def case(
+  name,
+  *,
+  G,
+  H,
+  causal=True,
+  window=None,
+  shape='square',
+  explicit_offset=False,
+  segments=None,
+  alibi=False,
+  dtype='float32',
+  blocks=(16, 16),
+  expect_skip=False,
+):
+  return pytest.param(
+    dict(
+      G=G,
+      H=H,
+      causal=causal,
+      window=window,
+      shape=shape,
+      explicit_offset=explicit_offset,
+      segments=segments,
+      alibi=alibi,
+      dtype=dtype,
+      blocks=blocks,
+      expect_skip=expect_skip,
+    ),
+    id=name,
+  )
 
 
 CASES = [
-    case('causal-mha', G=1, H=16),
-    case('noncausal-gqa2-h64', G=2, H=64, causal=False, shape='short_q', blocks=(32, 16)),
-    case('causal-gqa4-bottom-right', G=4, H=16, shape='short_q'),
-    case('causal-mqa8-q-offset', G=8, H=16, shape='short_q', explicit_offset=True,
-         expect_skip=True),
-    case('causal-window', G=2, H=16, window=13, blocks=(16, 32)),
-    case('noncausal-window-q-offset', G=1, H=16, causal=False, window=9, shape='mid_q',
-         explicit_offset=True, expect_skip=True),
-    case('alibi-h80', G=2, H=80, alibi=True),
-    case('packed-docs-causal', G=2, H=16, segments='packed', alibi=True),
-    case('unsorted-segments-noncausal', G=4, H=16, causal=False, segments='random',
-         expect_skip=True),
-    case('more-queries-than-keys', G=1, H=16, shape='tall_q'),
-    case('bf16-everything', G=4, H=80, window=20, segments='packed', alibi=True,
-         dtype='bfloat16'),
-    case('bf16-noncausal-h64', G=2, H=64, causal=False, dtype='bfloat16', blocks=(32, 32)),
-    case('default-blocks-h64', G=2, H=64, blocks=(None, None)),
+  case('causal-mha', G=1, H=16),
+  case('noncausal-gqa2-h64', G=2, H=64, causal=False, shape='short_q', blocks=(32, 16)),
+  case('causal-gqa4-bottom-right', G=4, H=16, shape='short_q'),
+  case('causal-mqa8-q-offset', G=8, H=16, shape='short_q', explicit_offset=True, expect_skip=True),
+  case('causal-window', G=2, H=16, window=13, blocks=(16, 32)),
+  case(
+    'noncausal-window-q-offset',
+    G=1,
+    H=16,
+    causal=False,
+    window=9,
+    shape='mid_q',
+    explicit_offset=True,
+    expect_skip=True,
+  ),
+  case('alibi-h80', G=2, H=80, alibi=True),
+  case('packed-docs-causal', G=2, H=16, segments='packed', alibi=True),
+  case('unsorted-segments-noncausal', G=4, H=16, causal=False, segments='random', expect_skip=True),
+  case('more-queries-than-keys', G=1, H=16, shape='tall_q'),
+  case('bf16-everything', G=4, H=80, window=20, segments='packed', alibi=True, dtype='bfloat16'),
+  case('bf16-noncausal-h64', G=2, H=64, causal=False, dtype='bfloat16', blocks=(32, 32)),
+  case('default-blocks-h64', G=2, H=64, blocks=(None, None)),
 ]
 
 
@@ -109,8 +153,9 @@ def make_inputs(p, seed, unit: int = 1, B: int = 2):
     T, S = int(rng.integers(17, 25)), int(rng.integers(89, 97))
   q_offset = None
   if p['explicit_offset']:
-    q_offset = unit * int(rng.integers(24, S - T - 39) if p['shape'] == 'mid_q' else
-                          rng.integers(0, S - T - 47))
+    q_offset = unit * int(
+      rng.integers(24, S - T - 39) if p['shape'] == 'mid_q' else rng.integers(0, S - T - 47)
+    )
   T, S = unit * T, unit * S
   off = S - T if q_offset is None else q_offset
   q_seg = kv_seg = q_pos = kv_pos = slopes = None
@@ -119,13 +164,14 @@ def make_inputs(p, seed, unit: int = 1, B: int = 2):
     q_seg = kv_seg[:, np.clip(off + np.arange(T), 0, S - 1)].copy()
     q_seg[0, T // 2] = 99  # a document with no keys: output exactly 0
     starts = np.maximum.accumulate(
-        np.where(np.diff(kv_seg, prepend=-1) != 0, np.arange(S), 0), axis=1)
+      np.where(np.diff(kv_seg, prepend=-1) != 0, np.arange(S), 0), axis=1
+    )
     kv_pos = (np.arange(S) - starts).astype(np.int32)  # positions restart per document
     q_pos = kv_pos[:, np.clip(off + np.arange(T), 0, S - 1)]
   elif p['segments'] == 'random':  # unsorted ids; one key block with an id no query has
     q_seg = rng.integers(0, 3, (B, T)).astype(np.int32)
     kv_seg = rng.integers(0, 3, (B, S)).astype(np.int32)
-    kv_seg[:, 16 * unit:32 * unit] = 7
+    kv_seg[:, 16 * unit : 32 * unit] = 7
     q_seg[-1, 3] = -5  # below every key id: exactly 0, and no query block range reaches 7
   if p['alibi']:
     slopes = (2.0 ** (-8.0 * np.arange(1, N + 1) / N)).astype(np.float32)
@@ -133,17 +179,38 @@ def make_inputs(p, seed, unit: int = 1, B: int = 2):
       q_pos = np.broadcast_to(off + np.arange(T), (B, T)).astype(np.int32)
       kv_pos = np.broadcast_to(np.arange(S), (B, S)).astype(np.int32)
   dtype = jnp.dtype(p['dtype'])
+
   # Round through the kernel dtype so the reference sees exactly the kernel's inputs.
-  draw = lambda *shape: np.asarray(jnp.asarray(rng.standard_normal(shape), dtype))
-  q, k, v, do = draw(B, T, N, p['H']), draw(B, S, K, p['H']), draw(B, S, K, p['H']), \
-      draw(B, T, N, p['H'])
-  return dict(q=q, k=k, v=v, do=do, q_offset=q_offset, off=off, q_seg=q_seg, kv_seg=kv_seg,
-              q_pos=q_pos, kv_pos=kv_pos, slopes=slopes, dtype=dtype)
+  def draw(*shape):
+    return np.asarray(jnp.asarray(rng.standard_normal(shape), dtype))
+
+  q, k, v, do = (
+    draw(B, T, N, p['H']),
+    draw(B, S, K, p['H']),
+    draw(B, S, K, p['H']),
+    draw(B, T, N, p['H']),
+  )
+  return dict(
+    q=q,
+    k=k,
+    v=v,
+    do=do,
+    q_offset=q_offset,
+    off=off,
+    q_seg=q_seg,
+    kv_seg=kv_seg,
+    q_pos=q_pos,
+    kv_pos=kv_pos,
+    slopes=slopes,
+    dtype=dtype,
+  )
 
 
 def run_kernel(q, k, v, do, attention=fa.flash_attention, **kw):
-  extras = {n: kw.pop(n) for n in ('q_segment_ids', 'kv_segment_ids', 'alibi_slopes',
-                                   'q_positions', 'kv_positions')}
+  extras = {
+    n: kw.pop(n)
+    for n in ('q_segment_ids', 'kv_segment_ids', 'alibi_slopes', 'q_positions', 'kv_positions')
+  }
   attn = functools.partial(attention, **kw)
 
   @jax.jit
@@ -161,18 +228,37 @@ def check_against_reference(p, seed, attention=fa.flash_attention, unit=1, B=2):
   x = make_inputs(p, seed, unit, B)
   B, T, N, H = x['q'].shape
   S = x['k'].shape[1]
-  scale = H ** -0.5
+  scale = H**-0.5
   bq, bk = p['blocks']
   common = dict(scale=scale, causal=p['causal'], window=p['window'])
   o_ref, dq_ref, dk_ref, dv_ref = reference(
-      x['q'], x['k'], x['v'], x['do'], q_offset=x['off'], q_seg=x['q_seg'], kv_seg=x['kv_seg'],
-      slopes=x['slopes'], q_pos=x['q_pos'], kv_pos=x['kv_pos'], **common)
+    x['q'],
+    x['k'],
+    x['v'],
+    x['do'],
+    q_offset=x['off'],
+    q_seg=x['q_seg'],
+    kv_seg=x['kv_seg'],
+    slopes=x['slopes'],
+    q_pos=x['q_pos'],
+    kv_pos=x['kv_pos'],
+    **common,
+  )
 
   k, v = x['k'].copy(), x['v'].copy()
   n_poisoned = 0
   if bk is not None:
-    skip = must_skip_blocks(T, S, bq, bk, q_offset=x['off'], q_seg=x['q_seg'],
-                            kv_seg=x['kv_seg'], causal=p['causal'], window=p['window'])
+    skip = must_skip_blocks(
+      T,
+      S,
+      bq,
+      bk,
+      q_offset=x['off'],
+      q_seg=x['q_seg'],
+      kv_seg=x['kv_seg'],
+      causal=p['causal'],
+      window=p['window'],
+    )
     for b, kb in zip(*np.nonzero(skip)):
       rows = slice(kb * bk, (kb + 1) * bk)
       for arr in (k, v):
@@ -181,19 +267,42 @@ def check_against_reference(p, seed, attention=fa.flash_attention, unit=1, B=2):
   assert (n_poisoned > 0) == p['expect_skip']
 
   o, dq, dk, dv = run_kernel(
-      x['q'], k, v, x['do'], attention, q_offset=x['q_offset'], q_segment_ids=x['q_seg'],
-      kv_segment_ids=x['kv_seg'], alibi_slopes=x['slopes'], q_positions=x['q_pos'],
-      kv_positions=x['kv_pos'], block_q=bq, block_k=bk, **common)
+    x['q'],
+    k,
+    v,
+    x['do'],
+    attention,
+    q_offset=x['q_offset'],
+    q_segment_ids=x['q_seg'],
+    kv_segment_ids=x['kv_seg'],
+    alibi_slopes=x['slopes'],
+    q_positions=x['q_pos'],
+    kv_positions=x['kv_pos'],
+    block_q=bq,
+    block_k=bk,
+    **common,
+  )
   assert o.dtype == x['dtype'] and o.shape == (B, T, N, H)
   assert dk.dtype == x['dtype'] and dk.shape == k.shape
   tol = F32_TOL if x['dtype'] == jnp.float32 else BF16_TOL
-  for name, got, ref in (('out', o, o_ref), ('dq', dq, dq_ref), ('dk', dk, dk_ref),
-                         ('dv', dv, dv_ref)):
+  for name, got, ref in (
+    ('out', o, o_ref),
+    ('dq', dq, dq_ref),
+    ('dk', dk, dk_ref),
+    ('dv', dv, dv_ref),
+  ):
     err = rel_err(got, ref)
     assert err < tol, f'{name}: relative error {err:.2e} >= {tol}'
   if x['q_seg'] is not None:
-    orphans = ~allowed_mask(T, S, causal=p['causal'], window=p['window'], q_offset=x['off'],
-                            q_seg=x['q_seg'], kv_seg=x['kv_seg']).any(-1)  # [B, T]
+    orphans = ~allowed_mask(
+      T,
+      S,
+      causal=p['causal'],
+      window=p['window'],
+      q_offset=x['off'],
+      q_seg=x['q_seg'],
+      kv_seg=x['kv_seg'],
+    ).any(-1)  # [B, T]
     assert orphans.any()
     assert (np.asarray(o)[orphans] == 0).all() and (np.asarray(dq)[orphans] == 0).all()
 
@@ -204,10 +313,11 @@ def test_matches_float64_reference(p, request):
 
 
 BOUNDS_CONFIGS = [
-    dict(q_len=T, kv_len=S, q_offset=off, causal=c, window=w, block_q=bq, block_k=bk)
-    for (T, S, off) in [(128, 128, 0), (50, 90, 40), (50, 90, 7), (90, 50, -40), (33, 33, 0)]
-    for c in (True, False) for w in (None, 1, 20, 32)
-    for (bq, bk) in [(32, 32), (16, 64)]
+  dict(q_len=T, kv_len=S, q_offset=off, causal=c, window=w, block_q=bq, block_k=bk)
+  for (T, S, off) in [(128, 128, 0), (50, 90, 40), (50, 90, 7), (90, 50, -40), (33, 33, 0)]
+  for c in (True, False)
+  for w in (None, 1, 20, 32)
+  for (bq, bk) in [(32, 32), (16, 64)]
 ]
 
 
@@ -230,10 +340,12 @@ def test_loop_bounds_visit_exactly_the_blocks_with_allowed_pairs(cfg):
 
 def test_causal_and_window_skip_counts():
   cfg = dict(q_len=128, kv_len=128, q_offset=0, causal=True, block_q=32, block_k=32)
-  visits = lambda window: sum(len(range(*fa.kv_block_range(qb, window=window, **cfg)))
-                              for qb in range(4))
+
+  def visits(window):
+    return sum(len(range(*fa.kv_block_range(qb, window=window, **cfg))) for qb in range(4))
+
   assert visits(None) == 10  # of 16: stops at the diagonal
-  assert visits(32) == 7     # diagonal block and the one before it
+  assert visits(32) == 7  # diagonal block and the one before it
 
 
 def test_bounds_traced_match_python():
@@ -268,15 +380,24 @@ def lower_fwd_bwd_for_h100(attn, q, k, v, d_out, **extras):
     return o, vjp(d_out)
 
   # jax 0.11 deprecated Pallas's Triton backend: each Triton lowering warns, and must.
-  warns = (pytest.warns(DeprecationWarning, match='Pallas Triton backend is deprecated')
-           if TRITON_DEPRECATED else contextlib.nullcontext())
+  warns = (
+    pytest.warns(DeprecationWarning, match='Pallas Triton backend is deprecated')
+    if TRITON_DEPRECATED
+    else contextlib.nullcontext()
+  )
   # With no GPU attached, jax >= 0.11 asks which GPU the Triton kernel is for: an H100 (sm_90),
   # named by an abstract device on the mesh the lowering sees.
-  h100 = jax.sharding.AbstractMesh((1,), ('x',), abstract_device=jax.sharding.AbstractDevice(
-      device_kind='NVIDIA H100', num_cores=None, platform='gpu'))
+  h100 = jax.sharding.AbstractMesh(
+    (1,),
+    ('x',),
+    abstract_device=jax.sharding.AbstractDevice(
+      device_kind='NVIDIA H100', num_cores=None, platform='gpu'
+    ),
+  )
   with warns, jax.sharding.use_abstract_mesh(h100):
-    return jax.jit(fwd_bwd).trace(q, k, v, d_out, *extras.values()).lower(
-        lowering_platforms=('cuda',))
+    return (
+      jax.jit(fwd_bwd).trace(q, k, v, d_out, *extras.values()).lower(lowering_platforms=('cuda',))
+    )
 
 
 @pytest.mark.parametrize('dtype,H,extras', [(jnp.bfloat16, 128, True), (jnp.float32, 80, False)])
@@ -290,20 +411,24 @@ def test_lowers_to_triton_for_gpu(dtype, H, extras):
   ids = jax.ShapeDtypeStruct((B, T), jnp.int32)
   ex = (ids, ids, jax.ShapeDtypeStruct((N,), jnp.float32), ids, ids) if extras else ()
   names = ('q_segment_ids', 'kv_segment_ids', 'alibi_slopes', 'q_positions', 'kv_positions')
-  attn = functools.partial(fa.flash_attention, scale=0.125, causal=extras, window=64,
-                           interpret=False)
+  attn = functools.partial(
+    fa.flash_attention, scale=0.125, causal=extras, window=64, interpret=False
+  )
   hlo = lower_fwd_bwd_for_h100(attn, q, kv, kv, q, **dict(zip(names, ex))).as_text()
   assert hlo.count('__gpu$xla.gpu.triton') + hlo.count('triton_kernel_call') == 3
 
 
-@pytest.mark.parametrize('causal,window,segments', [(False, None, False), (False, None, True),
-                                                    (True, None, False), (False, 32, False)])
+@pytest.mark.parametrize(
+  'causal,window,segments',
+  [(False, None, False), (False, None, True), (True, None, False), (False, 32, False)],
+)
 def test_triton_modules_pass_the_mlir_verifier(causal, window, segments, monkeypatch):
   """Every Triton module of forward + backward verifies, as the GPU's Triton compiler requires
   before it compiles (the cross-lowering above does not verify). Non-causal attention without a
   window failed on an H200 (2026-11-26, 'scf.for' bounds of two types): a loop bound from a
   select of Python ints took the predicate's type, i1."""
   from jax._src.pallas.triton import lowering as triton_lowering
+
   lower, verified = triton_lowering.lower_jaxpr_to_triton_module, []
 
   def lower_and_verify(*args, **kwargs):
@@ -315,8 +440,9 @@ def test_triton_modules_pass_the_mlir_verifier(causal, window, segments, monkeyp
   monkeypatch.setattr(triton_lowering, 'lower_jaxpr_to_triton_module', lower_and_verify)
   q = jax.ShapeDtypeStruct((1, 96, 4, 64), jnp.bfloat16)
   ids = jax.ShapeDtypeStruct((1, 96), jnp.int32)
-  attn = functools.partial(fa.flash_attention, scale=0.125, causal=causal, window=window,
-                           interpret=False)
+  attn = functools.partial(
+    fa.flash_attention, scale=0.125, causal=causal, window=window, interpret=False
+  )
 
   segments = dict(q_segment_ids=ids, kv_segment_ids=ids) if segments else {}
   lower_fwd_bwd_for_h100(attn, q, q, q, q, **segments)

@@ -6,6 +6,7 @@ Lengths are the Triton cases' times `unit`, since a TPU key block is at least 12
 interpreter does not apply Mosaic's rules, so a second test lowers forward + backward for a TPU
 (no TPU needed): block shapes, layouts and ops Mosaic accepts.
 """
+
 from __future__ import annotations
 
 import jax
@@ -18,37 +19,77 @@ from pallas_kernels import flash_attention_tpu as ft
 
 def tpu_case(name, *, unit=4, B=1, slow=False, **kw):
   p = case(name, **kw)
-  return pytest.param({**p.values[0], 'unit': unit, 'B': B}, id=name,
-                      marks=[pytest.mark.slow] if slow else [])
+  return pytest.param(
+    {**p.values[0], 'unit': unit, 'B': B}, id=name, marks=[pytest.mark.slow] if slow else []
+  )
 
 
 # The interpreter costs ~0.1 s a grid step: the cases another one covers run with -m slow
 # (a window and a head padded to 128 lanes: bf16-everything).
 CASES = [
-    tpu_case('causal-gqa2-h64', G=2, H=64, blocks=(64, 128), slow=True),
-    tpu_case('noncausal-mha', G=1, H=64, causal=False, shape='short_q', blocks=(64, 128),
-             slow=True),
-    tpu_case('causal-mqa8-q-offset', G=8, H=64, shape='short_q', explicit_offset=True,
-             blocks=(64, 128), expect_skip=True),
-    tpu_case('causal-window', G=2, H=64, window=40, blocks=(64, 128), slow=True),
-    tpu_case('noncausal-window-q-offset', unit=8, G=1, H=64, causal=False, window=9,
-             shape='mid_q', explicit_offset=True, blocks=(64, 128), expect_skip=True),
-    tpu_case('alibi-h80', G=2, H=80, alibi=True, blocks=(64, 128), slow=True),
-    tpu_case('packed-docs-causal', B=2, G=2, H=64, segments='packed', alibi=True,
-             blocks=(64, 128), slow=True),
-    tpu_case('unsorted-segments-noncausal', unit=8, B=2, G=1, H=64, causal=False,
-             segments='random', blocks=(128, 128), expect_skip=True),
-    tpu_case('more-queries-than-keys', G=1, H=64, shape='tall_q', blocks=(64, 128)),
-    tpu_case('bf16-everything', G=4, H=80, window=80, segments='packed', alibi=True,
-             dtype='bfloat16', blocks=(128, 128)),
-    tpu_case('default-blocks-h192', G=2, H=192, blocks=(None, None), slow=True),
+  tpu_case('causal-gqa2-h64', G=2, H=64, blocks=(64, 128), slow=True),
+  tpu_case('noncausal-mha', G=1, H=64, causal=False, shape='short_q', blocks=(64, 128), slow=True),
+  tpu_case(
+    'causal-mqa8-q-offset',
+    G=8,
+    H=64,
+    shape='short_q',
+    explicit_offset=True,
+    blocks=(64, 128),
+    expect_skip=True,
+  ),
+  tpu_case('causal-window', G=2, H=64, window=40, blocks=(64, 128), slow=True),
+  tpu_case(
+    'noncausal-window-q-offset',
+    unit=8,
+    G=1,
+    H=64,
+    causal=False,
+    window=9,
+    shape='mid_q',
+    explicit_offset=True,
+    blocks=(64, 128),
+    expect_skip=True,
+  ),
+  tpu_case('alibi-h80', G=2, H=80, alibi=True, blocks=(64, 128), slow=True),
+  tpu_case(
+    'packed-docs-causal', B=2, G=2, H=64, segments='packed', alibi=True, blocks=(64, 128), slow=True
+  ),
+  tpu_case(
+    'unsorted-segments-noncausal',
+    unit=8,
+    B=2,
+    G=1,
+    H=64,
+    causal=False,
+    segments='random',
+    blocks=(128, 128),
+    expect_skip=True,
+  ),
+  tpu_case('more-queries-than-keys', G=1, H=64, shape='tall_q', blocks=(64, 128)),
+  tpu_case(
+    'bf16-everything',
+    G=4,
+    H=80,
+    window=80,
+    segments='packed',
+    alibi=True,
+    dtype='bfloat16',
+    blocks=(128, 128),
+  ),
+  tpu_case('default-blocks-h192', G=2, H=192, blocks=(None, None), slow=True),
 ]
 
 
 @pytest.mark.parametrize('p', CASES)
 def test_matches_float64_reference(p, request):
-  check_against_reference(p, seed=sum(map(ord, request.node.callspec.id)),
-                          attention=ft.flash_attention, unit=p['unit'], B=p['B'])
+  check_against_reference(
+    p,
+    seed=sum(map(ord, request.node.callspec.id)),
+    attention=ft.flash_attention,
+    unit=p['unit'],
+    B=p['B'],
+  )
 
 
 @pytest.mark.parametrize('dtype,H,extras', [(jnp.bfloat16, 128, True), (jnp.float32, 80, False)])
@@ -61,14 +102,22 @@ def test_lowers_for_tpu(dtype, H, extras):
   ids_q, ids_kv = jax.ShapeDtypeStruct((B, T), jnp.int32), jax.ShapeDtypeStruct((B, S), jnp.int32)
 
   def fwd_bwd(q, k, v, q_ids, kv_ids):
-    kw = dict(q_segment_ids=q_ids, kv_segment_ids=kv_ids,
-              alibi_slopes=jnp.linspace(0.5, 0.01, N)) if extras else {}
-    o, vjp = jax.vjp(lambda q, k, v: ft.flash_attention(
-        q, k, v, scale=0.1, window=70, interpret=False, **kw), q, k, v)
+    kw = (
+      dict(q_segment_ids=q_ids, kv_segment_ids=kv_ids, alibi_slopes=jnp.linspace(0.5, 0.01, N))
+      if extras
+      else {}
+    )
+    o, vjp = jax.vjp(
+      lambda q, k, v: ft.flash_attention(q, k, v, scale=0.1, window=70, interpret=False, **kw),
+      q,
+      k,
+      v,
+    )
     return o, vjp(o)
 
-  text = jax.jit(fwd_bwd).trace(q, kv, kv, ids_q, ids_kv).lower(
-      lowering_platforms=('tpu',)).as_text()
+  text = (
+    jax.jit(fwd_bwd).trace(q, kv, kv, ids_q, ids_kv).lower(lowering_platforms=('tpu',)).as_text()
+  )
   assert text.count('tpu_custom_call') == 3  # forward, dK/dV, dQ
 
 

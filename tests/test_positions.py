@@ -1,4 +1,5 @@
 """Positional schemes (mllm/layers/positions.py) against the papers' formulas in float64 NumPy."""
+
 from __future__ import annotations
 
 import math
@@ -9,11 +10,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from mllm.layers.positions import (PositionContext, ShawTables, alibi_slopes, apply_rope,
-                                   rope_angles, rope_frequencies_2d, rope_inverse_frequencies,
-                                   shaw_relative_index, sinusoidal_embedding, t5_relative_bucket)
+from mllm.layers.positions import (
+  PositionContext,
+  ShawTables,
+  alibi_slopes,
+  shaw_relative_index,
+  sinusoidal_embedding,
+  t5_relative_bucket,
+)
+from mllm.layers.rope import apply_rope, rope_angles, rope_frequencies_2d, rope_inverse_frequencies
 from mllm.ops.attention import AttentionMask, ScoreBias, attend
 
 
@@ -24,6 +32,7 @@ def _rng(seed=0):
 # ---------------------------------------------------------------------------------------------
 # NumPy references.
 # ---------------------------------------------------------------------------------------------
+
 
 def _np_thetas(d, base=10000.0):
   """θ_i = base^(−2(i−1)/d), i = 1..d/2 (Su et al. 2021, eq. 15), float64."""
@@ -45,7 +54,7 @@ def _np_rotation_matrix(m, d, layout, base=10000.0):
 def _np_rope(x, positions, layout, base=10000.0):
   """x [B, T, N, H] float64, positions [B, T]: out[b,t,n] = R_{pos[b,t]} x[b,t,n]."""
   x = np.asarray(x, np.float64)
-  B, T, N, H = x.shape
+  B, T, _N, H = x.shape
   out = np.empty_like(x)
   for b in range(B):
     for t in range(T):
@@ -63,16 +72,20 @@ def _perm(x):
 # 1. Lecture worked examples.
 # ---------------------------------------------------------------------------------------------
 
+
 def test_rope_lecture_example_d4_m1():
   x = jnp.asarray([1.0, 0.0, 0.0, 1.0], jnp.float32).reshape(1, 1, 1, 4)
   out = apply_rope(x, jnp.asarray([[1]]), layout='interleaved')
   chex.assert_shape(out, (1, 1, 1, 4))
-  np.testing.assert_allclose(np.asarray(out).reshape(4),
-                             [0.5403, 0.8415, -0.0099998, 0.99995], atol=1e-4)
+  np.testing.assert_allclose(
+    np.asarray(out).reshape(4), [0.5403, 0.8415, -0.0099998, 0.99995], atol=1e-4
+  )
   # The first pair is exactly (cos 1, sin 1): check tighter than the printed digits.
-  np.testing.assert_allclose(np.asarray(out).reshape(4),
-                             [math.cos(1), math.sin(1), -math.sin(0.01), math.cos(0.01)],
-                             atol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(out).reshape(4),
+    [math.cos(1), math.sin(1), -math.sin(0.01), math.cos(0.01)],
+    atol=1e-6,
+  )
 
 
 def test_rope_lecture_complex_form_example():
@@ -85,6 +98,7 @@ def test_rope_lecture_complex_form_example():
 # ---------------------------------------------------------------------------------------------
 # 2-5. RoPE structure.
 # ---------------------------------------------------------------------------------------------
+
 
 def test_rope_half_and_interleaved_differ_by_permutation():
   rng = _rng(1)
@@ -107,8 +121,9 @@ def test_rope_matches_rotation_matrix_reference(layout, base):
   out = apply_rope(jnp.asarray(x, jnp.float32), jnp.asarray(pos), theta=base, layout=layout)
   chex.assert_shape(out, x.shape)
   assert out.dtype == jnp.float32
-  chex.assert_trees_all_close(np.asarray(out, np.float64), _np_rope(x, pos, layout, base),
-                              atol=2e-5, rtol=1e-5)
+  chex.assert_trees_all_close(
+    np.asarray(out, np.float64), _np_rope(x, pos, layout, base), atol=2e-5, rtol=1e-5
+  )
 
 
 def test_rope_positions_1d_broadcast():
@@ -149,19 +164,21 @@ def test_rope_position_interpolation(s):
   direct = apply_rope(x, jnp.asarray(pos / s, jnp.float32))
   chex.assert_trees_all_close(scaled, direct, atol=1e-5)
   # Against the float64 rotation-matrix reference at positions m / s.
-  chex.assert_trees_all_close(np.asarray(scaled, np.float64), _np_rope(x, pos / s, 'half'),
-                              atol=5e-5)
+  chex.assert_trees_all_close(
+    np.asarray(scaled, np.float64), _np_rope(x, pos / s, 'half'), atol=5e-5
+  )
   # Interpolation really changes the result.
-  assert not np.allclose(np.asarray(scaled), np.asarray(apply_rope(x, jnp.asarray(pos))),
-                         atol=1e-3)
+  assert not np.allclose(np.asarray(scaled), np.asarray(apply_rope(x, jnp.asarray(pos))), atol=1e-3)
 
 
 # ---------------------------------------------------------------------------------------------
 # 6. NTK, YaRN, llama3 frequencies.
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize('d,theta,s', [(128, 10000.0, 4.0), (64, 10000.0, 8.0),
-                                       (16, 500000.0, 2.0)])
+
+@pytest.mark.parametrize(
+  'd,theta,s', [(128, 10000.0, 4.0), (64, 10000.0, 8.0), (16, 500000.0, 2.0)]
+)
 def test_ntk_inverse_frequencies(d, theta, s):
   inv, attn = rope_inverse_frequencies(d, theta, {'kind': 'ntk', 'factor': s})
   i = np.arange(d // 2, dtype=np.float64)
@@ -201,12 +218,15 @@ def _np_yarn(d, theta, s, L, beta_fast=32.0, beta_slow=1.0):
   return inv, mscale, low, high
 
 
-@pytest.mark.parametrize('d,theta,s,L', [(128, 10000.0, 4.0, 2048), (64, 10000.0, 16.0, 4096),
-                                         (128, 500000.0, 8.0, 8192)])
+@pytest.mark.parametrize(
+  'd,theta,s,L', [(128, 10000.0, 4.0, 2048), (64, 10000.0, 16.0, 4096), (128, 500000.0, 8.0, 8192)]
+)
 def test_yarn_inverse_frequencies(d, theta, s, L):
   inv, attn = rope_inverse_frequencies(
-      d, theta, {'kind': 'yarn', 'factor': s, 'original_max_len': L, 'beta_fast': 32.0,
-                 'beta_slow': 1.0})
+    d,
+    theta,
+    {'kind': 'yarn', 'factor': s, 'original_max_len': L, 'beta_fast': 32.0, 'beta_slow': 1.0},
+  )
   ref, mscale, low, high = _np_yarn(d, theta, s, L)
   np.testing.assert_allclose(inv, ref, rtol=1e-12)
   np.testing.assert_allclose(attn, 0.1 * math.log(s) + 1.0, rtol=1e-12)
@@ -215,8 +235,8 @@ def test_yarn_inverse_frequencies(d, theta, s, L):
   # The ramp is non-trivial for these settings.
   assert 0 < low < math.ceil(high) < d // 2
   # High-frequency dims (below `low`) keep their frequency; the lowest are divided by s.
-  np.testing.assert_allclose(inv[:low + 1], orig[:low + 1], rtol=1e-12)
-  hi = int(math.ceil(high))
+  np.testing.assert_allclose(inv[: low + 1], orig[: low + 1], rtol=1e-12)
+  hi = math.ceil(high)
   np.testing.assert_allclose(inv[hi:], orig[hi:] / s, rtol=1e-12)
   # In between, strictly between the two.
   mid = slice(low + 1, hi)
@@ -228,8 +248,9 @@ def test_yarn_attention_factor_scales_cos_sin():
   scaling = {'kind': 'yarn', 'factor': s, 'original_max_len': 64}
   cos, sin = rope_angles(jnp.arange(10)[None], 16, 10000.0, scaling)
   chex.assert_shape(cos, (1, 10, 8))
-  np.testing.assert_allclose(np.asarray(cos) ** 2 + np.asarray(sin) ** 2,
-                             (0.1 * math.log(s) + 1.0) ** 2, rtol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(cos) ** 2 + np.asarray(sin) ** 2, (0.1 * math.log(s) + 1.0) ** 2, rtol=1e-5
+  )
 
 
 def _np_llama3(d, theta, factor, L, low, high):
@@ -252,8 +273,16 @@ def _np_llama3(d, theta, factor, L, low, high):
 def test_llama3_inverse_frequencies():
   d, theta, factor, L, low, high = 128, 500000.0, 8.0, 8192, 1.0, 4.0
   inv, attn = rope_inverse_frequencies(
-      d, theta, {'kind': 'llama3', 'factor': factor, 'original_max_len': L,
-                 'low_freq_factor': low, 'high_freq_factor': high})
+    d,
+    theta,
+    {
+      'kind': 'llama3',
+      'factor': factor,
+      'original_max_len': L,
+      'low_freq_factor': low,
+      'high_freq_factor': high,
+    },
+  )
   ref = _np_llama3(d, theta, factor, L, low, high)
   np.testing.assert_allclose(inv, ref, rtol=1e-12)
   assert attn == 1.0
@@ -270,6 +299,7 @@ def test_llama3_inverse_frequencies():
 # 7. 2-D RoPE (Pixtral).
 # ---------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize('head_dim,height,width', [(16, 3, 5), (32, 4, 2)])
 def test_rope_frequencies_2d(head_dim, height, width):
   theta = 10000.0
@@ -278,8 +308,9 @@ def test_rope_frequencies_2d(head_dim, height, width):
   freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
   fh = np.outer(np.arange(height), freqs[::2])
   fw = np.outer(np.arange(width), freqs[1::2])
-  ref = np.concatenate([np.tile(fh[:, None, :], (1, width, 1)),
-                        np.tile(fw[None, :, :], (height, 1, 1))], axis=-1)
+  ref = np.concatenate(
+    [np.tile(fh[:, None, :], (1, width, 1)), np.tile(fw[None, :, :], (height, 1, 1))], axis=-1
+  )
   np.testing.assert_allclose(np.asarray(out, np.float64), ref, rtol=1e-6, atol=1e-7)
   # Row index drives the first half, column index the second.
   a = np.asarray(out)
@@ -291,12 +322,15 @@ def test_rope_frequencies_2d(head_dim, height, width):
 # 8-9. ALiBi.
 # ---------------------------------------------------------------------------------------------
 
+
 def _paper_get_slopes(n):
   """Press et al.'s reference `get_slopes`."""
+
   def get_slopes_power_of_2(n):
-    start = 2 ** (-2 ** -(math.log2(n) - 3))
+    start = 2 ** (-(2 ** -(math.log2(n) - 3)))
     ratio = start
-    return [start * ratio ** i for i in range(n)]
+    return [start * ratio**i for i in range(n)]
+
   if math.log2(n).is_integer():
     return get_slopes_power_of_2(n)
   closest = 2 ** math.floor(math.log2(n))
@@ -304,12 +338,11 @@ def _paper_get_slopes(n):
 
 
 def test_alibi_slopes_8_heads():
-  np.testing.assert_allclose(alibi_slopes(8), [1 / 2 ** h for h in range(1, 9)], rtol=1e-12)
+  np.testing.assert_allclose(alibi_slopes(8), [1 / 2**h for h in range(1, 9)], rtol=1e-12)
 
 
 def test_alibi_slopes_16_heads():
-  np.testing.assert_allclose(alibi_slopes(16), [2.0 ** (-h / 2) for h in range(1, 17)],
-                             rtol=1e-12)
+  np.testing.assert_allclose(alibi_slopes(16), [2.0 ** (-h / 2) for h in range(1, 17)], rtol=1e-12)
 
 
 @pytest.mark.parametrize('n', [1, 2, 3, 5, 6, 8, 12, 20, 32])
@@ -325,8 +358,11 @@ def test_alibi_bias_materialize():
   slopes = np.asarray(_paper_get_slopes(n_heads))
   q_pos = rng.integers(0, 20, size=(2, 3))
   kv_pos = rng.integers(0, 20, size=(2, 5))
-  bias = ScoreBias(alibi_slopes=jnp.asarray(slopes, jnp.float32), q_positions=jnp.asarray(q_pos),
-                   kv_positions=jnp.asarray(kv_pos)).materialize()
+  bias = ScoreBias(
+    alibi_slopes=jnp.asarray(slopes, jnp.float32),
+    q_positions=jnp.asarray(q_pos),
+    kv_positions=jnp.asarray(kv_pos),
+  ).materialize()
   chex.assert_shape(bias, (2, n_heads, 3, 5))
   ref = slopes[None, :, None, None] * (kv_pos[:, None, None, :] - q_pos[:, None, :, None])
   np.testing.assert_allclose(np.asarray(bias, np.float64), ref, rtol=1e-6, atol=1e-6)
@@ -339,10 +375,13 @@ def test_alibi_bias_in_attention():
   q, k, v = (rng.normal(size=(B, T, N, H)) for _ in range(3))
   slopes = np.asarray(_paper_get_slopes(N))
   pos = np.arange(T)[None]
-  bias = ScoreBias(alibi_slopes=jnp.asarray(slopes, jnp.float32), q_positions=jnp.asarray(pos),
-                   kv_positions=jnp.asarray(pos))
+  bias = ScoreBias(
+    alibi_slopes=jnp.asarray(slopes, jnp.float32),
+    q_positions=jnp.asarray(pos),
+    kv_positions=jnp.asarray(pos),
+  )
   out = attend(*(jnp.asarray(a, jnp.float32) for a in (q, k, v)), mask=AttentionMask(), bias=bias)
-  scale = H ** -0.5
+  scale = H**-0.5
   ref = np.zeros((B, T, N, H))
   for n in range(N):
     for i in range(T):
@@ -356,6 +395,7 @@ def test_alibi_bias_in_attention():
 # ---------------------------------------------------------------------------------------------
 # 10. T5 buckets.
 # ---------------------------------------------------------------------------------------------
+
 
 def _hf_t5_bucket(relative_position, bidirectional, num_buckets, max_distance):
   """HF T5's `_relative_position_bucket`, one Python int at a time (logs in float32, as HF)."""
@@ -371,17 +411,22 @@ def _hf_t5_bucket(relative_position, bidirectional, num_buckets, max_distance):
   if relative_position < max_exact:
     return bucket + relative_position
   ratio = np.float32(relative_position) / np.float32(max_exact)
-  large = max_exact + int(np.float32(np.log(ratio, dtype=np.float32))
-                          / np.float32(math.log(max_distance / max_exact))
-                          * np.float32(num_buckets - max_exact))
+  large = max_exact + int(
+    np.float32(np.log(ratio, dtype=np.float32))
+    / np.float32(math.log(max_distance / max_exact))
+    * np.float32(num_buckets - max_exact)
+  )
   return bucket + min(large, num_buckets - 1)
 
 
 @pytest.mark.parametrize('bidirectional', [True, False])
 def test_t5_relative_bucket(bidirectional):
   rel = np.arange(-300, 301)
-  out = np.asarray(t5_relative_bucket(jnp.asarray(rel, jnp.int32), bidirectional=bidirectional,
-                                      num_buckets=32, max_distance=128))
+  out = np.asarray(
+    t5_relative_bucket(
+      jnp.asarray(rel, jnp.int32), bidirectional=bidirectional, num_buckets=32, max_distance=128
+    )
+  )
   ref = np.array([_hf_t5_bucket(int(r), bidirectional, 32, 128) for r in rel])
   np.testing.assert_array_equal(out, ref)
   # Sanity: buckets are in range and saturate beyond max_distance.
@@ -396,6 +441,7 @@ def test_t5_relative_bucket(bidirectional):
 # ---------------------------------------------------------------------------------------------
 # 11. Shaw et al. (2018).
 # ---------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize('k', [0, 1, 2, 4])
 def test_shaw_relative_index(k):
@@ -421,17 +467,27 @@ def test_shaw_attention_matches_paper_equations(k, n_heads, n_kv):
   kk = rng.normal(size=(B, T, n_kv, H))
   v = rng.normal(size=(B, T, n_kv, H))
   pos = np.stack([np.arange(T), np.arange(T) + 3])  # absolute offset must not matter
-  tables = ShawTables(n_relative=2 * k + 1, head_dim=H, init_std=0.5, param_dtype=jnp.float32,
-                      rngs=nnx.Rngs(0))
+  tables = ShawTables(
+    n_relative=2 * k + 1, head_dim=H, init_std=0.5, param_dtype=jnp.float32, rngs=nnx.Rngs(0)
+  )
   aK = np.asarray(tables.key[...], np.float64)
   aV = np.asarray(tables.value[...], np.float64)
-  context = PositionContext(relative_index=shaw_relative_index(jnp.asarray(pos), jnp.asarray(pos), k))
-  scale = H ** -0.5
+  context = PositionContext(
+    relative_index=shaw_relative_index(jnp.asarray(pos), jnp.asarray(pos), k)
+  )
+  scale = H**-0.5
   qj = jnp.asarray(q, jnp.float32)
   bias, rel_values = tables(qj, context, scale)
   chex.assert_shape(bias.dense, (B, n_heads, T, T))
-  out = attend(qj, jnp.asarray(kk, jnp.float32), jnp.asarray(v, jnp.float32),
-               mask=AttentionMask(causal=True), bias=bias, rel_values=rel_values, scale=scale)
+  out = attend(
+    qj,
+    jnp.asarray(kk, jnp.float32),
+    jnp.asarray(v, jnp.float32),
+    mask=AttentionMask(causal=True),
+    bias=bias,
+    rel_values=rel_values,
+    scale=scale,
+  )
   chex.assert_shape(out, (B, T, n_heads, H))
 
   group = n_heads // n_kv
@@ -442,8 +498,9 @@ def test_shaw_attention_matches_paper_equations(k, n_heads, n_kv):
       for i in range(T):
         js = range(i + 1)
         idx = [min(max(pos[b, j] - pos[b, i], -k), k) + k for j in js]
-        e = np.array([(q[b, i, n] @ kk[b, j, kvh] + q[b, i, n] @ aK[r]) * scale
-                      for j, r in zip(js, idx)])
+        e = np.array(
+          [(q[b, i, n] @ kk[b, j, kvh] + q[b, i, n] @ aK[r]) * scale for j, r in zip(js, idx)]
+        )
         alpha = np.exp(e - e.max())
         alpha /= alpha.sum()
         ref[b, i, n] = sum(a * (v[b, j, kvh] + aV[r]) for a, j, r in zip(alpha, js, idx))
@@ -453,6 +510,7 @@ def test_shaw_attention_matches_paper_equations(k, n_heads, n_kv):
 # ---------------------------------------------------------------------------------------------
 # 12. Sinusoids.
 # ---------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize('d', [8, 32])
 def test_sinusoidal_embedding(d):
@@ -471,15 +529,17 @@ def test_sinusoidal_embedding(d):
 # ---------------------------------------------------------------------------------------------
 
 
-
 @settings(max_examples=50, deadline=None)
-@given(num_buckets=st.integers(4, 64), max_distance=st.integers(40, 1000),
-       bidirectional=st.booleans())
-def test_t5_buckets_are_bounded_and_monotone_in_distance(num_buckets, max_distance,
-                                                         bidirectional):
+@given(
+  num_buckets=st.integers(4, 64), max_distance=st.integers(40, 1000), bidirectional=st.booleans()
+)
+def test_t5_buckets_are_bounded_and_monotone_in_distance(num_buckets, max_distance, bidirectional):
   rel = jnp.arange(-1500, 1501, dtype=jnp.int32)
-  buckets = np.asarray(t5_relative_bucket(rel, bidirectional=bidirectional,
-                                          num_buckets=num_buckets, max_distance=max_distance))
+  buckets = np.asarray(
+    t5_relative_bucket(
+      rel, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
+    )
+  )
   assert buckets.min() >= 0 and buckets.max() < num_buckets
   past = buckets[:1501][::-1]  # distances 0, 1, 2, ... into the past
   assert (np.diff(past) >= 0).all()
@@ -488,8 +548,12 @@ def test_t5_buckets_are_bounded_and_monotone_in_distance(num_buckets, max_distan
 
 
 @settings(max_examples=40, deadline=None)
-@given(m=st.integers(0, 5000), n=st.integers(0, 5000), shift=st.integers(0, 5000),
-       layout=st.sampled_from(['half', 'interleaved']))
+@given(
+  m=st.integers(0, 5000),
+  n=st.integers(0, 5000),
+  shift=st.integers(0, 5000),
+  layout=st.sampled_from(['half', 'interleaved']),
+)
 def test_rope_score_is_shift_invariant_for_any_positions(m, n, shift, layout):
   key_q, key_k = jax.random.split(jax.random.key(m * 7919 + n))
   q = jax.random.normal(key_q, (1, 1, 1, 16))

@@ -1,5 +1,6 @@
 """The report's judgement of each row against its paper (same direction / within noise /
 contradicts with the suite's diagnosis) and its power line, on hand-made results: no training."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,44 +12,69 @@ from experiments.suites._presets import PRESETS
 # Paper: base 2.000; 'better' 1.900 (5% lower); 'level' 2.005 (0.25%: the paper's "no
 # difference"); 'worse_here' 1.900 too; 'noisy' 1.980 (1% lower); 'expected' has no number.
 SUITE = Suite(
-    name='verdicts', description='report test', base='configs/base.py', presets=PRESETS,
-    variants=(Variant('base', paper={'eval_loss': 2.0}),
-              Variant('better', paper={'eval_loss': 1.9}),
-              Variant('level', paper={'eval_loss': 2.005}),
-              Variant('worse_here', paper={'eval_loss': 1.9}),
-              Variant('noisy', paper={'eval_loss': 1.98}),
-              Variant('expected', expect='worse')),
-    diagnoses={'worse_here': 'the learning rate (suite x, variant y)'})
+  name='verdicts',
+  description='report test',
+  base='configs/base.py',
+  presets=PRESETS,
+  variants=(
+    Variant('base', paper={'eval_loss': 2.0}),
+    Variant('better', paper={'eval_loss': 1.9}),
+    Variant('level', paper={'eval_loss': 2.005}),
+    Variant('worse_here', paper={'eval_loss': 1.9}),
+    Variant('noisy', paper={'eval_loss': 1.98}),
+    Variant('expected', expect='worse'),
+  ),
+  diagnoses={'worse_here': 'the learning rate (suite x, variant y)'},
+)
 
 LOSSES = {  # three paired seeds each
-    'base': [3.00, 3.10, 2.90],
-    'better': [2.80, 2.91, 2.69],        # 0.2 lower, tight: better
-    'level': [3.01, 3.08, 2.92],         # within noise
-    'worse_here': [3.30, 3.41, 3.19],    # 0.3 higher, tight: worse
-    'noisy': [2.95, 3.15, 2.85],         # within noise, the paper says 1% better
-    'expected': [3.20, 3.31, 3.10]}      # worse, as expected
+  'base': [3.00, 3.10, 2.90],
+  'better': [2.80, 2.91, 2.69],  # 0.2 lower, tight: better
+  'level': [3.01, 3.08, 2.92],  # within noise
+  'worse_here': [3.30, 3.41, 3.19],  # 0.3 higher, tight: worse
+  'noisy': [2.95, 3.15, 2.85],  # within noise, the paper says 1% better
+  'expected': [3.20, 3.31, 3.10],
+}  # worse, as expected
 
 
 def results():
-  runs = [{'variant': name, 'seed': seed, 'eval_loss': loss, 'params': 100, 'active_params': 100,
-           'tokens': 1000, 'tokens_per_s': 1.0, 'learning_rate': 1e-3, 'train_flops': 1.0}
-          for name, losses in LOSSES.items() for seed, loss in enumerate(losses)]
-  return {'suite': 'verdicts', 'preset': 'tiny', 'seeds': 3, 'runs': runs, 'failed': [],
-          'pending': []}
+  runs = [
+    {
+      'variant': name,
+      'seed': seed,
+      'eval_loss': loss,
+      'params': 100,
+      'active_params': 100,
+      'tokens': 1000,
+      'tokens_per_s': 1.0,
+      'learning_rate': 1e-3,
+      'train_flops': 1.0,
+    }
+    for name, losses in LOSSES.items()
+    for seed, loss in enumerate(losses)
+  ]
+  return {
+    'suite': 'verdicts',
+    'preset': 'tiny',
+    'seeds': 3,
+    'runs': runs,
+    'failed': [],
+    'pending': [],
+  }
 
 
 def test_each_row_is_judged_against_its_paper():
   rows = {r['variant']: r for r in report.summarize(SUITE, results())}
   assert rows['better']['agreement'] == 'same direction'
   assert rows['level']['agreement'] == 'agrees (within noise)'  # the paper: no difference
-  assert rows['worse_here']['agreement'] == (
-      'contradicts: the learning rate (suite x, variant y)')
+  assert rows['worse_here']['agreement'] == ('contradicts: the learning rate (suite x, variant y)')
   assert rows['noisy']['agreement'] == 'within noise'
   assert rows['expected']['agreement'] == 'same direction'  # from `expect`, no paper number
   assert rows['base']['agreement'] == ''
   undiagnosed = Suite(**{**SUITE.__dict__, 'diagnoses': {}})
   assert report.summarize(undiagnosed, results())[3]['agreement'] == (
-      'contradicts (no diagnosis yet)')
+    'contradicts (no diagnosis yet)'
+  )
 
 
 def test_the_power_line_names_the_seeds_a_row_within_noise_would_need():
@@ -58,7 +84,7 @@ def test_the_power_line_names_the_seeds_a_row_within_noise_would_need():
   # The paper's 1% gap applied to our baseline's mean loss.
   assert report.paper_effect(SUITE, by_name['noisy'], rows) == pytest.approx(-0.01 * base_mean)
   text = report.markdown(SUITE, results(), rows)
-  line = next(l for l in text.splitlines() if l.startswith('Power:'))
+  line = next(ln for ln in text.splitlines() if ln.startswith('Power:'))
   diffs = [v - b for v, b in zip(LOSSES['noisy'], LOSSES['base'])]
   n = stats.seeds_for_power(stats.mean_std(diffs)[1], -0.01 * base_mean)
   assert f'noisy {n} (effect {-0.01 * base_mean:+.3f}' in line
@@ -71,11 +97,16 @@ def test_the_overview_counts_every_judged_row_once():
   the paper's no-difference; 'noisy' is within noise; 'worse_here' contradicts with a diagnosis.
   The baseline is not judged. Runs of variants a suite no longer has are left out."""
   from experiments import overview
+
   stale = results()
   stale['runs'].append({**stale['runs'][0], 'variant': 'removed'})
   tally = overview.tally(SUITE, stale)
-  assert tally['counts'] == {'agrees': 3, 'within noise': 1, 'contradicts, diagnosed': 1,
-                             'contradicts, undiagnosed': 0}
+  assert tally['counts'] == {
+    'agrees': 3,
+    'within noise': 1,
+    'contradicts, diagnosed': 1,
+    'contradicts, undiagnosed': 0,
+  }
   assert tally['protocol'] == "baseline's lr (old)" and tally['rows'] == 6
   tuned = {**results(), 'lr_from': {'suite': 'x', 'rates': {}}}
   undiagnosed = overview.tally(Suite(**{**SUITE.__dict__, 'diagnoses': {}}), tuned)

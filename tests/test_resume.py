@@ -1,5 +1,6 @@
 """A resume never discards a checkpoint: config mismatches are refused naming the keys, damaged
 steps are passed over only once an older one restores, interrupted cleanups are finished."""
+
 from __future__ import annotations
 
 import hashlib
@@ -10,8 +11,8 @@ import shutil
 import jax
 import numpy as np
 import pytest
-
 from conftest import STEPS, load_state, make_config
+
 from mllm.config import ConfigError
 from mllm.train import evaluate, train
 from mllm.train.checkpoint import DELETING, Checkpointer
@@ -31,8 +32,9 @@ def run(corpus, tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp('run') / 'w')
   config = make_config(corpus, cache, train__checkpoint_every=10, train__max_to_keep=3)
   train(config, workdir, progress=False)
-  assert sorted(int(n) for n in os.listdir(os.path.join(workdir, 'checkpoints'))
-                if n.isdigit()) == list(KEPT)
+  assert sorted(
+    int(n) for n in os.listdir(os.path.join(workdir, 'checkpoints')) if n.isdigit()
+  ) == list(KEPT)
   return config, workdir, corpus, cache
 
 
@@ -59,7 +61,7 @@ def assert_trees_equal(a, b):
 
 
 def test_optimizer_change_is_refused_naming_the_key_and_nothing_moves(run, tmp_path):
-  config, _, corpus, cache = run
+  _config, _, corpus, cache = run
   workdir = copy_of(run, tmp_path)
   before = fingerprint(workdir)
   no_clip = make_config(corpus, cache, train__grad_clip=0.0, train__steps=80)
@@ -67,8 +69,10 @@ def test_optimizer_change_is_refused_naming_the_key_and_nothing_moves(run, tmp_p
     train(no_clip, workdir, progress=False)
   message = str(info.value)
   assert '\n' not in message
-  assert message.startswith('train.grad_clip=0.0 (saved: 1.0): changes the optimizer state of '
-                            f'the run in {workdir} (checkpoint step 40)'), message
+  assert message.startswith(
+    'train.grad_clip=0.0 (saved: 1.0): changes the optimizer state of '
+    f'the run in {workdir} (checkpoint step 40)'
+  ), message
   assert f'train.init_from=workdir:{workdir}' in message
   assert fingerprint(workdir) == before
   # Evaluation reads only the parameters, so the optimizer change does not matter to it.
@@ -81,8 +85,11 @@ def test_model_change_is_refused_naming_the_key(run, tmp_path):
   workdir = copy_of(run, tmp_path)
   before = fingerprint(workdir)
   wider = make_config(corpus, cache, model__d_model=48, model__dropout=0.3, train__steps=99)
-  with pytest.raises(ConfigError, match=r'^model\.d_model=48 \(saved: 32\): changes the '
-                     r'parameters .*; allowed: the saved value to resume, or a new --workdir$'):
+  with pytest.raises(
+    ConfigError,
+    match=r'^model\.d_model=48 \(saved: 32\): changes the '
+    r'parameters .*; allowed: the saved value to resume, or a new --workdir$',
+  ):
     train(wider, workdir, progress=False)
   with pytest.raises(ConfigError, match=r'^model\.d_model=48 \(saved: 32\)'):
     evaluate(wider, workdir)
@@ -92,9 +99,15 @@ def test_model_change_is_refused_naming_the_key(run, tmp_path):
 def test_changes_that_keep_the_state_resume(run, tmp_path):
   _, _, corpus, cache = run
   workdir = copy_of(run, tmp_path)
-  longer = make_config(corpus, cache, model__dropout=0.3, train__steps=STEPS + 2,
-                       train__schedule='constant', train__checkpoint_every=10,
-                       train__max_to_keep=3)
+  longer = make_config(
+    corpus,
+    cache,
+    model__dropout=0.3,
+    train__steps=STEPS + 2,
+    train__schedule='constant',
+    train__checkpoint_every=10,
+    train__max_to_keep=3,
+  )
   assert train(longer, workdir, progress=False)['step'] == STEPS + 2
   with open(os.path.join(workdir, 'config.json')) as f:
     assert json.load(f)['train']['steps'] == STEPS + 2
@@ -107,8 +120,11 @@ def test_damaged_config_json_is_one_line_and_nothing_moves(run, tmp_path):
     f.write('{"model": {"d_model": 3')  # cut short
   before = fingerprint(workdir)
   for action in (lambda: train(config, workdir, progress=False), lambda: evaluate(config, workdir)):
-    with pytest.raises(ConfigError, match=r"^--workdir='.*': its config\.json is not valid JSON "
-                       r'\(.*\); allowed: .* delete it') as info:
+    with pytest.raises(
+      ConfigError,
+      match=r"^--workdir='.*': its config\.json is not valid JSON "
+      r'\(.*\); allowed: .* delete it',
+    ) as info:
       action()
     assert '\n' not in str(info.value)
   assert fingerprint(workdir) == before
@@ -121,7 +137,9 @@ def test_missing_config_json_is_taken_from_the_checkpoint(run, tmp_path, capsys)
   no_clip = make_config(corpus, cache, train__grad_clip=0.0)
   with pytest.raises(ConfigError, match=r'^train\.grad_clip=0\.0 \(saved: 1\.0\)'):
     train(no_clip, workdir, progress=False)
-  assert 'has no config.json; using the config saved in checkpoint step 40' in capsys.readouterr().out
+  assert (
+    'has no config.json; using the config saved in checkpoint step 40' in capsys.readouterr().out
+  )
   # A compatible config resumes, and config.json is written again.
   longer = make_config(corpus, cache, train__steps=STEPS + 1)
   assert train(longer, workdir, progress=False)['step'] == STEPS + 1
@@ -138,9 +156,12 @@ def test_without_any_saved_config_the_state_entries_are_named(run, tmp_path):
     shutil.rmtree(os.path.join(workdir, 'checkpoints', str(step), 'config'))
   before = fingerprint(workdir)
   no_clip = make_config(corpus, cache, train__grad_clip=0.0)
-  with pytest.raises(ConfigError, match=r"^--workdir='.*': the run in .* \(checkpoint step 40\) "
-                     r'holds optimizer state this config does not build \(.*opt_state/1.*\); '
-                     r'nothing was moved'):
+  with pytest.raises(
+    ConfigError,
+    match=r"^--workdir='.*': the run in .* \(checkpoint step 40\) "
+    r'holds optimizer state this config does not build \(.*opt_state/1.*\); '
+    r'nothing was moved',
+  ):
     train(no_clip, workdir, progress=False)
   assert fingerprint(workdir) == before
 
@@ -157,8 +178,11 @@ def test_a_stale_config_json_is_not_trusted_to_name_keys(run, tmp_path):
   with open(path, 'w') as f:
     json.dump(saved, f)
   no_clip = make_config(corpus, cache, train__grad_clip=0.0)
-  with pytest.raises(ConfigError, match=r"^--workdir='.*': the run in .* holds optimizer state "
-                     r'this config does not build \(.*opt_state'):
+  with pytest.raises(
+    ConfigError,
+    match=r"^--workdir='.*': the run in .* holds optimizer state "
+    r'this config does not build \(.*opt_state',
+  ):
     train(no_clip, workdir, progress=False)
 
 
@@ -167,28 +191,46 @@ def test_init_from_starts_a_new_run_from_the_parameters_only(run, tmp_path, caps
   no_clip = dict(train__grad_clip=0.0, train__warmup_steps=0, train__schedule='constant')
   abstract = setup(config, make_mesh(config.mesh))[0].abstract_state['params']
   # The latest step, or a named step folder.
-  for value, step in ((f'workdir:{source}', 40),
-                      (f'workdir:{os.path.join(source, "checkpoints", "30")}', 30)):
+  for value, step in (
+    (f'workdir:{source}', 40),
+    (f'workdir:{os.path.join(source, "checkpoints", "30")}', 30),
+  ):
     cfg = make_config(corpus, cache, train__init_from=value, **no_clip)
-    assert_trees_equal(jax.device_get(init_params(cfg, abstract)), load_state(config, source, step)['params'])
+    assert_trees_equal(
+      jax.device_get(init_params(cfg, abstract)), load_state(config, source, step)['params']
+    )
   # Training from them: one step at a tiny rate stays within 1e-6 of the source parameters
   # (a fresh initialization differs by ~0.02), from step 0 with a fresh optimizer.
   workdir = str(tmp_path / 'fine-tune')
-  cfg = make_config(corpus, cache, train__init_from=f'workdir:{source}', train__learning_rate=1e-9,
-                    train__steps=1, **no_clip)
+  cfg = make_config(
+    corpus,
+    cache,
+    train__init_from=f'workdir:{source}',
+    train__learning_rate=1e-9,
+    train__steps=1,
+    **no_clip,
+  )
   assert train(cfg, workdir, progress=False)['step'] == 1
   assert 'initialized the parameters from' in capsys.readouterr().out
-  for a, b in zip(jax.tree.leaves(load_state(cfg, workdir, 1)['params']),
-                  jax.tree.leaves(load_state(config, source, 40)['params']), strict=True):
+  for a, b in zip(
+    jax.tree.leaves(load_state(cfg, workdir, 1)['params']),
+    jax.tree.leaves(load_state(config, source, 40)['params']),
+    strict=True,
+  ):
     np.testing.assert_allclose(a, b, atol=1e-6)
   # Other shapes, or a step that does not exist: one line naming train.init_from.
   wider = make_config(corpus, cache, model__d_model=48, train__init_from=f'workdir:{source}')
   abstract_wide = setup(wider, make_mesh(wider.mesh))[0].abstract_state['params']
-  with pytest.raises(ConfigError, match=r'^model\.d_model=48 \(saved: 32\): changes the parameters'):
+  with pytest.raises(
+    ConfigError, match=r'^model\.d_model=48 \(saved: 32\): changes the parameters'
+  ):
     init_params(wider, abstract_wide)
   missing = make_config(corpus, cache, train__init_from=f'workdir:{source}/checkpoints/7')
-  with pytest.raises(ConfigError, match=r"^train\.init_from='workdir:.*/7': no such checkpoint; "
-                     r'allowed: a step of 20, 30, 40$'):
+  with pytest.raises(
+    ConfigError,
+    match=r"^train\.init_from='workdir:.*/7': no such checkpoint; "
+    r'allowed: a step of 20, 30, 40$',
+  ):
     init_params(missing, abstract)
   nowhere = make_config(corpus, cache, train__init_from=f'workdir:{tmp_path / "nope"}')
   with pytest.raises(ConfigError, match=r'^train\.init_from=.*holds no checkpoints/ folder'):
@@ -199,10 +241,13 @@ def test_init_from_adopts_the_source_runs_tokenizer(tmp_path, corpus):
   source = tmp_path / 'source'
   source.mkdir()
   (source / 'tokenizer.json').write_text('{"the": "source run\'s BPE"}')
-  config = make_config(corpus, str(tmp_path / 'cache'), data__tokenizer='bpe',
-                       train__init_from=f'workdir:{source}')
+  config = make_config(
+    corpus, str(tmp_path / 'cache'), data__tokenizer='bpe', train__init_from=f'workdir:{source}'
+  )
   adopt_tokenizer(config, str(tmp_path / 'new'))
-  assert (tmp_path / 'new' / 'tokenizer.json').read_text() == (source / 'tokenizer.json').read_text()
+  assert (tmp_path / 'new' / 'tokenizer.json').read_text() == (
+    source / 'tokenizer.json'
+  ).read_text()
   (tmp_path / 'own').mkdir()
   (tmp_path / 'own' / 'tokenizer.json').write_text('{}')  # a run that has its own keeps it
   adopt_tokenizer(config, str(tmp_path / 'own'))
@@ -220,15 +265,17 @@ def test_unreadable_newest_is_moved_aside_only_after_an_older_one_restores(run, 
   _, _, corpus, cache = run
   workdir = copy_of(run, tmp_path)
   damage(workdir, 40)
-  longer = make_config(corpus, cache, train__steps=STEPS + 1, train__checkpoint_every=10,
-                       train__max_to_keep=3)
+  longer = make_config(
+    corpus, cache, train__steps=STEPS + 1, train__checkpoint_every=10, train__max_to_keep=3
+  )
   assert train(longer, workdir, progress=False)['step'] == STEPS + 1
   out = capsys.readouterr().out
   assert 'warning: checkpoint step 40 could not be read (' in out
   assert 'used step 30 instead; moved it to 40.unreadable-' in out
   # Resumed at 30: the copied records after it were dropped and steps 31..41 logged once each.
-  steps = [r['step'] for r in read_metrics(os.path.join(workdir, 'metrics.jsonl'))
-           if r['split'] == 'train']
+  steps = [
+    r['step'] for r in read_metrics(os.path.join(workdir, 'metrics.jsonl')) if r['split'] == 'train'
+  ]
   assert steps == list(range(1, STEPS + 2))
   names = os.listdir(os.path.join(workdir, 'checkpoints'))
   assert any(n.startswith('40.unreadable-') for n in names) and '41' in names
@@ -240,14 +287,17 @@ def test_when_no_step_reads_nothing_is_moved(run, tmp_path):
   for step in KEPT:
     damage(workdir, step)
   before = fingerprint(workdir)
-  with pytest.raises(ConfigError, match=r"^--workdir='.*': no checkpoint in it can be read "
-                     r'\(step 40: .*; step 30: .*; step 20: .*\); nothing was moved'):
+  with pytest.raises(
+    ConfigError,
+    match=r"^--workdir='.*': no checkpoint in it can be read "
+    r'\(step 40: .*; step 30: .*; step 20: .*\); nothing was moved',
+  ):
     train(config, workdir, progress=False)
   assert fingerprint(workdir) == before
 
 
 def test_interrupted_cleanups_are_finished_at_start(run, tmp_path, capsys):
-  config, *_ = run
+  _config, *_ = run
   workdir = copy_of(run, tmp_path)
   checkpoints = os.path.join(workdir, 'checkpoints')
   # 1. A deletion killed half-way by an rmtree (as earlier versions deleted): step 20 has lost
@@ -258,8 +308,9 @@ def test_interrupted_cleanups_are_finished_at_start(run, tmp_path, capsys):
   # 2. A step dropped into .deleting/ whose purge was killed.
   shutil.copytree(os.path.join(checkpoints, '30'), os.path.join(checkpoints, DELETING, '10'))
   # 3. A save killed before its commit rename.
-  shutil.copytree(os.path.join(checkpoints, '30'),
-                  os.path.join(checkpoints, '50.orbax-checkpoint-tmp-1234'))
+  shutil.copytree(
+    os.path.join(checkpoints, '30'), os.path.join(checkpoints, '50.orbax-checkpoint-tmp-1234')
+  )
   # 4. A bare folder newer than every committed step: not Orbax's, so kept (moved aside).
   os.makedirs(os.path.join(checkpoints, '60', 'state'))
   ckpt = Checkpointer(workdir, max_to_keep=3)

@@ -9,6 +9,7 @@ layouts, and whether XLA can partition the program over a 4-chip mesh.
 Needs libtpu, which is not a test dependency (a 213 MB wheel that makes JAX look for a TPU):
 `make test-tpu` builds .venv-tpu with the `tpu` extra and runs `pytest -m tpu_compile` there.
 """
+
 from __future__ import annotations
 
 import jax
@@ -16,7 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import tiny_config
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 pytestmark = pytest.mark.tpu_compile
 
@@ -25,10 +27,11 @@ TOPOLOGIES = {'v4': 'v4:2x2x1', 'v5e': 'v5e:2x2', 'v5p': 'v5p:2x2x1', 'v6e': 'v6
 
 def topology(generation: str):
   try:
-    import libtpu  # noqa: F401, PLC0415
+    import libtpu  # noqa: F401
   except ImportError:
     pytest.fail('these tests compile with libtpu, which is not installed here: run `make test-tpu`')
-  from jax.experimental import topologies  # noqa: PLC0415
+  from jax.experimental import topologies
+
   return topologies.get_topology_desc(platform='tpu', topology_name=TOPOLOGIES[generation])
 
 
@@ -39,11 +42,16 @@ def on_one_chip(topo, *shapes):
 
 def flash_fwd_bwd(attention, extras, N):
   def fwd_bwd(q, k, v, q_ids, kv_ids):
-    kw = dict(q_segment_ids=q_ids, kv_segment_ids=kv_ids,
-              alibi_slopes=jnp.linspace(0.5, 0.01, N)) if extras else {}
-    o, vjp = jax.vjp(lambda q, k, v: attention(q, k, v, scale=0.1, window=70, interpret=False,
-                                               **kw), q, k, v)
+    kw = (
+      dict(q_segment_ids=q_ids, kv_segment_ids=kv_ids, alibi_slopes=jnp.linspace(0.5, 0.01, N))
+      if extras
+      else {}
+    )
+    o, vjp = jax.vjp(
+      lambda q, k, v: attention(q, k, v, scale=0.1, window=70, interpret=False, **kw), q, k, v
+    )
     return o, vjp(o)
+
   return fwd_bwd
 
 
@@ -51,10 +59,17 @@ def flash_fwd_bwd(attention, extras, N):
 @pytest.mark.parametrize('dtype,H,extras', [(jnp.bfloat16, 128, True), (jnp.float32, 80, False)])
 def test_mllm_tpu_kernel_compiles(generation, dtype, H, extras):
   """Forward, dK/dV and dQ kernels: ragged lengths, GQA, a window, segments and ALiBi."""
-  from pallas_kernels import flash_attention_tpu as ft  # noqa: PLC0415
+  from pallas_kernels import flash_attention_tpu as ft
+
   B, T, S, N, K = 2, 200, 300, 6, 2
-  args = on_one_chip(topology(generation), ((B, T, N, H), dtype), ((B, S, K, H), dtype),
-                     ((B, S, K, H), dtype), ((B, T), jnp.int32), ((B, S), jnp.int32))
+  args = on_one_chip(
+    topology(generation),
+    ((B, T, N, H), dtype),
+    ((B, S, K, H), dtype),
+    ((B, S, K, H), dtype),
+    ((B, T), jnp.int32),
+    ((B, S), jnp.int32),
+  )
   lowered = jax.jit(flash_fwd_bwd(ft.flash_attention, extras, N)).trace(*args).lower()
   assert lowered.as_text().count('tpu_custom_call') == 3
   lowered.compile()
@@ -62,31 +77,49 @@ def test_mllm_tpu_kernel_compiles(generation, dtype, H, extras):
 
 def test_a_block_over_the_vmem_budget_fails_to_compile():
   """The compile above is a real check: blocks too big for VMEM are refused by libtpu."""
-  from pallas_kernels import flash_attention_tpu as ft  # noqa: PLC0415
+  from pallas_kernels import flash_attention_tpu as ft
+
   B, T, N, H = 1, 8192, 1, 256
-  args = on_one_chip(topology('v5e'), ((B, T, N, H), jnp.float32), ((B, T, N, H), jnp.float32),
-                     ((B, T, N, H), jnp.float32))
+  args = on_one_chip(
+    topology('v5e'),
+    ((B, T, N, H), jnp.float32),
+    ((B, T, N, H), jnp.float32),
+    ((B, T, N, H), jnp.float32),
+  )
 
   def fwd(q, k, v):
     return ft.flash_attention(q, k, v, scale=0.1, block_q=8192, block_k=8192, interpret=False)
-  with pytest.raises(Exception, match='(?i)vmem|memory'):
+
+  with pytest.raises(Exception, match=r'(?i)vmem|memory'):
     jax.jit(fwd).trace(*args).lower().compile()
 
 
 @pytest.mark.parametrize('generation', ['v5e', 'v6e'])
 def test_splash_compiles(generation):
-  from mllm.ops.attention import AttentionMask  # noqa: PLC0415
-  from mllm.ops.splash import splash_attention  # noqa: PLC0415
+  from mllm.ops.attention import AttentionMask
+  from mllm.ops.splash import splash_attention
+
   B, T, N, K, H = 2, 300, 8, 2, 128
-  args = on_one_chip(topology(generation), ((B, T, N, H), jnp.bfloat16),
-                     ((B, T, K, H), jnp.bfloat16), ((B, T, K, H), jnp.bfloat16),
-                     ((B, T), jnp.int32))
+  args = on_one_chip(
+    topology(generation),
+    ((B, T, N, H), jnp.bfloat16),
+    ((B, T, K, H), jnp.bfloat16),
+    ((B, T, K, H), jnp.bfloat16),
+    ((B, T), jnp.int32),
+  )
 
   def fwd_bwd(q, k, v, ids):
     mask = AttentionMask(causal=True, window=100, q_segment_ids=ids, kv_segment_ids=ids)
-    o, vjp = jax.vjp(lambda q, k, v: splash_attention(
-        q, k, v, mask=mask, bias=None, rel_values=None, scale=0.1, interpret=False), q, k, v)
+    o, vjp = jax.vjp(
+      lambda q, k, v: splash_attention(
+        q, k, v, mask=mask, bias=None, rel_values=None, scale=0.1, interpret=False
+      ),
+      q,
+      k,
+      v,
+    )
     return o, vjp(o)
+
   lowered = jax.jit(fwd_bwd).trace(*args).lower()
   assert 'tpu_custom_call' in lowered.as_text()
   lowered.compile()
@@ -103,18 +136,27 @@ def test_train_step_compiles_for_a_4_chip_v5e(choices, kernel, mesh_shape):
   """The whole jitted train step, bf16, attention 'auto', sharded over 4 v5e chips: the kernels
   run per shard (mllm/ops/mesh.py); without that XLA refuses ("Mosaic kernels cannot be
   automatically partitioned")."""
-  from mllm.train.sharding import batch_sharding, make_mesh  # noqa: PLC0415
-  from mllm.train.state import setup  # noqa: PLC0415
-  from mllm.train.step import make_train_step, synthetic_batch  # noqa: PLC0415
+  from mllm.train.sharding import batch_sharding, make_mesh
+  from mllm.train.state import setup
+  from mllm.train.step import make_train_step, synthetic_batch
+
   topo = topology('v5e')
-  config = tiny_config(choices, model__d_model=256, model__n_heads=4, model__n_kv_heads=2,
-                       model__max_seq_len=512, data__seq_len=512, data__batch_size=8,
-                       model__dtype='bfloat16')
+  config = tiny_config(
+    choices,
+    model__d_model=256,
+    model__n_heads=4,
+    model__n_kv_heads=2,
+    model__max_seq_len=512,
+    data__seq_len=512,
+    data__batch_size=8,
+    model__dtype='bfloat16',
+  )
   mesh = make_mesh({'data': 1, 'fsdp': 1, 'expert': 1, 'tensor': 1, **mesh_shape}, topo.devices)
   model, _ = setup(config, mesh)
-  batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding(mesh))
-           for k, v in synthetic_batch(config).items()}
+  batch = {
+    k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding(mesh))
+    for k, v in synthetic_batch(config).items()
+  }
   lowered = make_train_step(model).trace(model.abstract_state, batch).lower()
   assert ('tpu_custom_call' in lowered.as_text()) == kernel
   lowered.compile()
-

@@ -3,6 +3,7 @@
 Exactness: on CPU a resumed run (after a planned stop or a SIGTERM) must give bitwise the same
 parameters and optimizer state as an uninterrupted one.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,8 +16,8 @@ import time
 import jax
 import numpy as np
 import pytest
-
 from conftest import ROOT, STEPS, load_state, make_config, read_tensorboard_scalars, run_overrides
+
 from mllm.config import ConfigError
 from mllm.train import TrainingDiverged, evaluate, train
 from mllm.train.checkpoint import Checkpointer
@@ -53,16 +54,21 @@ def test_loss_falls_and_metrics_are_written(reference_run):
   first, last = np.mean(train_losses[:5]), np.mean(train_losses[-5:])
   assert first > math.log(258) - 0.5  # starts near uniform over the byte vocabulary
   assert last < first - 1.0, (first, last)
-  assert all(r['tokens_per_s'] > 0 and r['step_time_s'] > 0 for r in records if r['split'] == 'train')
+  assert all(
+    r['tokens_per_s'] > 0 and r['step_time_s'] > 0 for r in records if r['split'] == 'train'
+  )
   # MFU = FLOPs/token × tokens/s ÷ peak, with 6·N + attention FLOPs at the training length.
   from mllm.accounting import training_flops_per_token
+
   flops = training_flops_per_token(config, config.data.seq_len).total
   for r in records:
     if r['split'] == 'train':
       assert r['mfu'] == pytest.approx(flops * r['tokens_per_s'] / 1e12, rel=1e-4)
   evals = [r for r in records if r['split'] == 'eval']
   assert evals and evals[-1]['step'] == STEPS
-  assert summary['step'] == STEPS and summary['eval']['loss'] == pytest.approx(evals[-1]['loss'], rel=1e-5)
+  assert summary['step'] == STEPS and summary['eval']['loss'] == pytest.approx(
+    evals[-1]['loss'], rel=1e-5
+  )
   assert os.path.isfile(os.path.join(workdir, 'loss.png'))
   scalars = read_tensorboard_scalars(os.path.join(workdir, 'tensorboard'))
   tb_losses = [v for _, v in sorted(scalars['train/loss'])]
@@ -74,8 +80,11 @@ def test_loss_falls_and_metrics_are_written(reference_run):
 def test_learning_rate_follows_warmup_then_cosine(reference_run):
   config, workdir, _, _ = reference_run
   t = config.train
-  lrs = {r['step']: r['learning_rate'] for r in read_metrics(os.path.join(workdir, 'metrics.jsonl'))
-         if r['split'] == 'train'}
+  lrs = {
+    r['step']: r['learning_rate']
+    for r in read_metrics(os.path.join(workdir, 'metrics.jsonl'))
+    if r['split'] == 'train'
+  }
   for step, lr in lrs.items():  # the update of step s (1-based) uses the rate at s
     if step <= t.warmup_steps:
       expected = t.learning_rate * step / t.warmup_steps
@@ -87,7 +96,7 @@ def test_learning_rate_follows_warmup_then_cosine(reference_run):
 
 
 def test_resume_after_a_stop_is_bitwise_exact(reference_run, corpus, tmp_path):
-  config, ref_dir, _, cache = reference_run
+  config, ref_dir, _, _cache = reference_run
   workdir = str(tmp_path / 'resumed')
   first = train(config, workdir, stop_after=STEPS // 2 - 3, progress=False)
   assert first['step'] == STEPS // 2 - 3
@@ -107,14 +116,16 @@ def test_resume_after_a_stop_is_bitwise_exact(reference_run, corpus, tmp_path):
 
 
 def load_metric_eval(workdir):
-  return [r for r in read_metrics(os.path.join(workdir, 'metrics.jsonl'))
-          if r['split'] == 'eval'][-1]['loss']
+  return [r for r in read_metrics(os.path.join(workdir, 'metrics.jsonl')) if r['split'] == 'eval'][
+    -1
+  ]['loss']
 
 
 def test_a_finished_run_started_again_says_nothing_is_left(reference_run, tmp_path, capsys):
   """Resumed at its last step, a run trains nothing and reports the losses it ended with (it
   printed 'train loss nan' before)."""
   import shutil
+
   config, workdir, summary, _ = reference_run
   again = str(tmp_path / 'again')
   shutil.copytree(workdir, again)
@@ -130,16 +141,21 @@ def test_a_finished_run_started_again_says_nothing_is_left(reference_run, tmp_pa
 
 
 def test_sigterm_saves_exits_cleanly_and_resumes_exactly(reference_run, corpus, tmp_path):
-  config, ref_dir, _, cache = reference_run
+  _config, _ref_dir, _, cache = reference_run
   workdir = str(tmp_path / 'killed')
   flags = [f'--config.{k}={v}' for k, v in run_overrides(corpus, cache).items()]
   flags += ['--config.train.steps=400']  # long enough to be killed mid-way; checked below
   # The schedule depends on train.steps, so the killed run trains its own 400-step schedule and
   # is compared against a planned stop of the same config below.
   env = dict(os.environ, JAX_PLATFORMS='cpu')
-  proc = subprocess.Popen([sys.executable, 'launch.py', '--config=configs/base.py',
-                           f'--workdir={workdir}', *flags], cwd=ROOT, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  proc = subprocess.Popen(
+    [sys.executable, 'launch.py', '--config=configs/base.py', f'--workdir={workdir}', *flags],
+    cwd=ROOT,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   metrics = os.path.join(workdir, 'metrics.jsonl')
   deadline = time.time() + 240
   while time.time() < deadline and proc.poll() is None:
@@ -167,10 +183,21 @@ def test_a_second_signal_stops_at_once_in_one_line(corpus, tmp_path):
   line (or 0, if the save won the race), never a traceback or an interpreter crash."""
   flags = [f'--config.{k}={v}' for k, v in run_overrides(corpus, str(tmp_path / 'cache')).items()]
   env = dict(os.environ, JAX_PLATFORMS='cpu')
-  proc = subprocess.Popen([sys.executable, 'launch.py', '--config=configs/base.py',
-                           f'--workdir={tmp_path / "w"}', *flags, '--config.train.steps=100000'],
-                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True)
+  proc = subprocess.Popen(
+    [
+      sys.executable,
+      'launch.py',
+      '--config=configs/base.py',
+      f'--workdir={tmp_path / "w"}',
+      *flags,
+      '--config.train.steps=100000',
+    ],
+    cwd=ROOT,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   metrics = tmp_path / 'w' / 'metrics.jsonl'
   deadline = time.time() + 240
   while time.time() < deadline and not (metrics.exists() and metrics.stat().st_size):
@@ -184,13 +211,16 @@ def test_a_second_signal_stops_at_once_in_one_line(corpus, tmp_path):
   assert proc.returncode in (0, 130), (proc.returncode, err)
   if proc.returncode == 130:
     lines = err.strip().splitlines()  # tqdm's tokenizing bar may come first
-    assert lines[-1] == 'error: interrupted; the latest saved checkpoint is kept, run again to resume'
+    assert (
+      lines[-1] == 'error: interrupted; the latest saved checkpoint is kept, run again to resume'
+    )
     assert sum(line.startswith('error:') for line in lines) == 1
 
 
 def test_eval_equals_a_direct_computation(reference_run):
   config, workdir, _, _ = reference_run
   from mllm.data import build_data
+
   result = evaluate(config, workdir)
   assert result['step'] == STEPS
   state = load_state(config, workdir)
@@ -200,8 +230,10 @@ def test_eval_equals_a_direct_computation(reference_run):
   data = build_data(config, workdir, verbose=False)
   nats = tokens = n_bytes = 0.0
   for batch in data.eval_batches(config.train.eval_batches):
-    logits = np.asarray(net(batch['inputs'], positions=batch['positions'],
-                            segment_ids=batch['segment_ids']), np.float64)
+    logits = np.asarray(
+      net(batch['inputs'], positions=batch['positions'], segment_ids=batch['segment_ids']),
+      np.float64,
+    )
     logp = logits - logits.max(-1, keepdims=True)
     logp = logp - np.log(np.exp(logp).sum(-1, keepdims=True))
     nll = -np.take_along_axis(logp, batch['targets'][..., None], -1)[..., 0]
@@ -215,11 +247,17 @@ def test_eval_equals_a_direct_computation(reference_run):
   assert result['bits_per_byte'] == pytest.approx(nats / math.log(2) / n_bytes, rel=1e-5)
 
 
-def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(
-    corpus, tmp_path):
-  config = make_config(corpus, str(tmp_path / 'cache'), train__learning_rate=1e30,
-                       train__warmup_steps=0, train__grad_clip=0.0, train__checkpoint_every=1,
-                       train__schedule='constant', model__dropout=0.0)
+def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(corpus, tmp_path):
+  config = make_config(
+    corpus,
+    str(tmp_path / 'cache'),
+    train__learning_rate=1e30,
+    train__warmup_steps=0,
+    train__grad_clip=0.0,
+    train__checkpoint_every=1,
+    train__schedule='constant',
+    model__dropout=0.0,
+  )
   workdir = str(tmp_path / 'nan')
   with pytest.raises(TrainingDiverged, match=r'at step (\d+)') as info:
     train(config, workdir, progress=False)
@@ -233,9 +271,12 @@ def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoin
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state['params']))
 
 
-def test_bare_step_directory_is_skipped_and_moved_aside_by_training(reference_run, tmp_path, capsys):
+def test_bare_step_directory_is_skipped_and_moved_aside_by_training(
+  reference_run, tmp_path, capsys
+):
   config, ref_dir, _, _ = reference_run
   import shutil
+
   workdir = str(tmp_path / 'copy')
   shutil.copytree(ref_dir, workdir)
   bogus = os.path.join(workdir, 'checkpoints', str(STEPS + 10))
@@ -263,6 +304,7 @@ def test_eval_without_checkpoint_is_a_config_error(corpus, tmp_path):
 def test_gradient_accumulation_equals_the_full_batch(corpus, tmp_path):
   from mllm.train.sharding import global_batch
   from mllm.train.step import make_train_step, synthetic_batch
+
   losses, states = [], []
   for accum in (1, 2):
     config = make_config(corpus, 'x', train__grad_accum_steps=accum, model__dropout=0.0)

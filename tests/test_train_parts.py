@@ -1,4 +1,5 @@
 """The training loop's parts against their definitions: schedules, decay mask, sharding rules, MFU."""
+
 from __future__ import annotations
 
 import functools
@@ -10,10 +11,10 @@ import sys
 import jax
 import numpy as np
 import pytest
+from conftest import ROOT, tiny_config
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from conftest import ROOT, tiny_config
 from mllm.config import ConfigError
 from mllm.train.metrics import peak_flops_per_device
 from mllm.train.optimizer import learning_rate_schedule, weight_decay_mask
@@ -22,8 +23,13 @@ from mllm.train.sharding import logical_to_spec, mesh_shape
 
 @pytest.mark.parametrize('kind', ['cosine', 'linear', 'constant', 'inverse_sqrt'])
 def test_schedules_against_their_formulas(kind):
-  t = tiny_config(train__schedule=kind, train__steps=100, train__warmup_steps=10,
-                  train__learning_rate=1.0, train__min_lr_ratio=0.1).train
+  t = tiny_config(
+    train__schedule=kind,
+    train__steps=100,
+    train__warmup_steps=10,
+    train__learning_rate=1.0,
+    train__min_lr_ratio=0.1,
+  ).train
   schedule = learning_rate_schedule(t)
   for k in range(100):  # update k (0-based) uses the rate at s = k + 1
     s = k + 1
@@ -49,27 +55,33 @@ def _mask_by_name(choices, **overrides):
 
 
 def test_weight_decay_skips_norms_biases_and_embeddings_by_default():
-  mask = _mask_by_name('pos=learned,norm=layernorm', model__attention__use_bias=True,
-                       model__tie_embeddings=False)
+  mask = _mask_by_name(
+    'pos=learned,norm=layernorm', model__attention__use_bias=True, model__tie_embeddings=False
+  )
   for name, decays in mask.items():
     matrix = name.endswith("['kernel'].value") and 'norm' not in name
     assert decays == matrix, name
   assert any('head' in n and v for n, v in mask.items())  # an untied head is a matrix
-  everything = _mask_by_name('pos=learned,norm=layernorm', train__decay_embeddings=True,
-                             train__decay_norms_and_biases=True)
+  everything = _mask_by_name(
+    'pos=learned,norm=layernorm', train__decay_embeddings=True, train__decay_norms_and_biases=True
+  )
   assert all(everything.values())
 
 
 def test_logical_axis_rules_shard_divisible_dimensions_only():
-  mesh = jax.make_mesh((1, 1, 1), ('data', 'fsdp', 'tensor'),
-                       axis_types=(jax.sharding.AxisType.Auto,) * 3)
+  mesh = jax.make_mesh(
+    (1, 1, 1), ('data', 'fsdp', 'tensor'), axis_types=(jax.sharding.AxisType.Auto,) * 3
+  )
 
   class FakeMesh:  # logical_to_spec reads only .shape
-    shape = {'data': 2, 'fsdp': 4, 'tensor': 2}
+    shape = {'data': 2, 'fsdp': 4, 'tensor': 2}  # noqa: RUF012 (read, never mutated)
+
   assert logical_to_spec(('embed', 'heads', 'head_dim'), (256, 8, 32), FakeMesh) == P(
-      'fsdp', 'tensor', None)
+    'fsdp', 'tensor', None
+  )
   assert logical_to_spec(('embed', 'kv_heads', 'head_dim'), (256, 1, 32), FakeMesh) == P(
-      'fsdp', None, None)  # MQA's single KV head stays whole
+    'fsdp', None, None
+  )  # MQA's single KV head stays whole
   assert logical_to_spec(('embed', 'mlp'), (6, 680), FakeMesh) == P(None, 'tensor')
   # A scanned layer axis is unnamed and stays whole.
   assert logical_to_spec(('norm',), (4, 256), FakeMesh) == P(None, None)
@@ -94,16 +106,21 @@ def test_peak_flops_table():
   assert peak_flops_per_device('cpu', 'float32', override=1e12) == 1e12
 
 
-@pytest.mark.parametrize('key,value,text', [
+@pytest.mark.parametrize(
+  'key,value,text',
+  [
     ('train.schedule', "'cosin'", "train.schedule='cosin': unknown learning-rate schedule"),
     ('train.grad_accum_steps', '3', 'train.grad_accum_steps=3: must divide data.batch_size=8'),
     ('train.warmup_steps', '600', 'train.warmup_steps=600: must be < train.steps=500'),
     ('data.source', "'csv'", "data.source='csv': unknown data source"),
     ('mesh.tensor', '0', 'mesh.tensor=0: a mesh axis size is a positive integer'),
     ('model.remat', "'some'", "model.remat='some': unknown remat policy"),
-])
+  ],
+)
 def test_training_config_errors(key, value, text):
-  from mllm.config import load_config, parse_value
+  from mllm.config import load_config
+  from mllm.config_keys import parse_value
+
   with pytest.raises(ConfigError) as info:
     load_config(os.path.join(ROOT, 'configs', 'base.py'), {key: parse_value(value)})
   assert text in str(info.value) and '\n' not in str(info.value)
@@ -113,12 +130,23 @@ def test_launch_train_with_a_missing_data_path_is_one_line_exit_2(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS='cpu')
   missing = tmp_path / 'nope'
   result = subprocess.run(
-      [sys.executable, 'launch.py', '--config=configs/base.py', f'--workdir={tmp_path / "run"}',
-       '--config.data.source=text', f'--config.data.path={missing}',
-       f'--config.data.cache_dir={tmp_path}'], cwd=ROOT, env=env, capture_output=True, text=True,
-      timeout=300)
+    [
+      sys.executable,
+      'launch.py',
+      '--config=configs/base.py',
+      f'--workdir={tmp_path / "run"}',
+      '--config.data.source=text',
+      f'--config.data.path={missing}',
+      f'--config.data.cache_dir={tmp_path}',
+    ],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert result.returncode == 2, result.stderr
-  lines = [l for l in result.stderr.splitlines() if l.strip()]
+  lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
   assert len(lines) == 1 and lines[0].startswith('error: data.path=') and str(missing) in lines[0]
 
 
@@ -126,12 +154,13 @@ def _two_steps(**overrides):
   return _two_steps_cached(tuple(sorted(overrides.items())))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _two_steps_cached(items):
   overrides = dict(items)
   from mllm.train.sharding import global_batch, make_mesh
   from mllm.train.state import setup
   from mllm.train.step import make_train_step, synthetic_batch
+
   config = tiny_config(data__batch_size=4, train__warmup_steps=1, **overrides)
   mesh = make_mesh(config.mesh, jax.devices()[:1])
   model, init = setup(config, mesh)
@@ -157,7 +186,10 @@ def test_bfloat16_compute_keeps_float32_parameters_and_optimizer_state():
   ref_losses, _ = _two_steps()
   losses, state = _two_steps(model__dtype='bfloat16')
   assert all(x.dtype == np.float32 for x in jax.tree.leaves(state['params']))
-  assert all(x.dtype == np.float32 for x in jax.tree.leaves(state['opt_state'])
-             if np.issubdtype(x.dtype, np.floating))
+  assert all(
+    x.dtype == np.float32
+    for x in jax.tree.leaves(state['opt_state'])
+    if np.issubdtype(x.dtype, np.floating)
+  )
   np.testing.assert_allclose(losses, ref_losses, rtol=2e-2)
   assert losses != ref_losses  # really computed in bfloat16

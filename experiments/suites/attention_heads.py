@@ -1,6 +1,7 @@
 """Multi-query and grouped-query attention (Shazeer 2019; Ainslie et al. 2023): MHA vs GQA vs MQA
 at matched parameters — the K/V projections a variant drops go to a wider FFN, as the MQA paper
 widens d_ff — with quality, decode tokens/s and KV-cache bytes per token."""
+
 from experiments.suite import Suite, Variant
 from experiments.suites._presets import PRESETS
 from mllm.layers.ffn import hidden_dim
@@ -17,22 +18,33 @@ def widen_ffn(config) -> dict:
 
 
 def _variant(name, n_kv, paper=None):
-  return Variant(name, overrides={'model.n_kv_heads': n_kv}, derived=widen_ffn,
-                 paper={'eval_loss': paper} if paper else {})
+  return Variant(
+    name,
+    overrides={'model.n_kv_heads': n_kv},
+    derived=widen_ffn,
+    paper={'eval_loss': paper} if paper else {},
+  )
 
 
 # Eight query heads at every size, so that GQA-4, GQA-2 and MQA exist at each preset.
-_PRESETS = {**PRESETS, 'tiny': {**PRESETS['tiny'], 'model.d_model': 64, 'model.n_heads': 8},
-            'gpu': {**PRESETS['gpu'], 'model.n_heads': 8}}
+_PRESETS = {
+  **PRESETS,
+  'tiny': {**PRESETS['tiny'], 'model.d_model': 64, 'model.n_heads': 8},
+  'gpu': {**PRESETS['gpu'], 'model.n_heads': 8},
+}
 
 SUITE = Suite(
-    name='attention_heads',
-    description='MHA vs GQA vs MQA at matched parameters (FFN widened)',
-    base='configs/rope_swiglu.py',
-    variants=(_variant('MHA', 8, 1.424), _variant('GQA-4', 4), _variant('GQA-2', 2),
-              _variant('MQA', 1, 1.439)),
-    presets=_PRESETS,
-    extra_metrics='decode',
-    paper_source='MQA: Shazeer 2019 Table 1 (WMT14 EN-DE dev ln-ppl 1.424 MHA, 1.439 MQA); '
-                 'GQA: Ainslie et al. 2023 Table 1 (T5-XXL, GQA-8 47.1 vs MHA 47.2 average)',
+  name='attention_heads',
+  description='MHA vs GQA vs MQA at matched parameters (FFN widened)',
+  base='configs/rope_swiglu.py',
+  variants=(
+    _variant('MHA', 8, 1.424),
+    _variant('GQA-4', 4),
+    _variant('GQA-2', 2),
+    _variant('MQA', 1, 1.439),
+  ),
+  presets=_PRESETS,
+  extra_metrics='decode',
+  paper_source='MQA: Shazeer 2019 Table 1 (WMT14 EN-DE dev ln-ppl 1.424 MHA, 1.439 MQA); '
+  'GQA: Ainslie et al. 2023 Table 1 (T5-XXL, GQA-8 47.1 vs MHA 47.2 average)',
 )

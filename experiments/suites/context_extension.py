@@ -9,6 +9,7 @@ one RoPE model trained at context L, then evaluated at L, 2L, 4L and 8L
 Every extension targets 8L (scaling factor 8) and is evaluated at every length with that factor,
 as one deploys it. Variants that do not train start from the `rope` run of their seed.
 """
+
 import math
 
 from experiments.suite import Suite, Variant
@@ -32,10 +33,15 @@ def _finetune_at_target(config) -> dict:
   learning rate with a short warm-up (PI fine-tunes LLaMA with 2e-5 after 3e-4)."""
   length, t = config.data.seq_len, config.train
   steps = max(2, t.steps // 5)
-  return {**_pretraining_length(config), 'data.seq_len': TARGET * length,
-          'model.max_seq_len': TARGET * length,
-          'data.batch_size': max(1, config.data.batch_size // TARGET), 'train.steps': steps,
-          'train.warmup_steps': max(1, steps // 10), 'train.learning_rate': t.learning_rate / 10}
+  return {
+    **_pretraining_length(config),
+    'data.seq_len': TARGET * length,
+    'model.max_seq_len': TARGET * length,
+    'data.batch_size': max(1, config.data.batch_size // TARGET),
+    'train.steps': steps,
+    'train.warmup_steps': max(1, steps // 10),
+    'train.learning_rate': t.learning_rate / 10,
+  }
 
 
 # LLaMA 7B on PG-19 (PI paper, Table 1): perplexity at 8192 = 4L of the models extended to 4L
@@ -43,27 +49,47 @@ def _finetune_at_target(config) -> dict:
 _PAPER_AT_4L = {'pi-finetune': 6.95, 'direct-finetune': 7.69}
 
 SUITE = Suite(
-    name='context_extension',
-    description='a RoPE model trained at L and extended to 8L: unchanged, PI, NTK, YaRN, '
-                'and PI / direct fine-tuning at 8L',
-    base='configs/rope_swiglu.py',
-    variants=(
-        Variant('rope'),  # the default config: its runs are the noise suite's, copied
-        Variant('pi', overrides=_scaled('linear'), derived=_pretraining_length,
-                starts_from='rope', trains=False),
-        Variant('ntk', overrides=_scaled('ntk'), derived=_pretraining_length,
-                starts_from='rope', trains=False),
-        Variant('yarn', overrides=_scaled('yarn'), derived=_pretraining_length,
-                starts_from='rope', trains=False),
-        Variant('pi-finetune', overrides=_scaled('linear'), derived=_finetune_at_target,
-                starts_from='rope', paper={'loss_at_8L': math.log(_PAPER_AT_4L['pi-finetune'])}),
-        Variant('direct-finetune', derived=_finetune_at_target, starts_from='rope',
-                paper={'loss_at_8L': math.log(_PAPER_AT_4L['direct-finetune'])}),
+  name='context_extension',
+  description='a RoPE model trained at L and extended to 8L: unchanged, PI, NTK, YaRN, '
+  'and PI / direct fine-tuning at 8L',
+  base='configs/rope_swiglu.py',
+  variants=(
+    Variant('rope'),  # the default config: its runs are the noise suite's, copied
+    Variant(
+      'pi',
+      overrides=_scaled('linear'),
+      derived=_pretraining_length,
+      starts_from='rope',
+      trains=False,
     ),
-    presets=PRESETS,
-    metric='loss_at_8L',
-    extra_metrics='context_extension',
-    paper_source='Chen et al. 2023 (LLaMA 7B, PG-19, L = 2048, extended to 4L; ln ppl at 4L). At '
-                 'L / 2L / 4L the paper has: unchanged 7.20 / > 1e3 / > 1e3 ppl; direct fine-tune '
-                 '7.21 / 7.34 / 7.69; PI with 1000 steps 7.13 / 6.96 / 6.95',
+    Variant(
+      'ntk', overrides=_scaled('ntk'), derived=_pretraining_length, starts_from='rope', trains=False
+    ),
+    Variant(
+      'yarn',
+      overrides=_scaled('yarn'),
+      derived=_pretraining_length,
+      starts_from='rope',
+      trains=False,
+    ),
+    Variant(
+      'pi-finetune',
+      overrides=_scaled('linear'),
+      derived=_finetune_at_target,
+      starts_from='rope',
+      paper={'loss_at_8L': math.log(_PAPER_AT_4L['pi-finetune'])},
+    ),
+    Variant(
+      'direct-finetune',
+      derived=_finetune_at_target,
+      starts_from='rope',
+      paper={'loss_at_8L': math.log(_PAPER_AT_4L['direct-finetune'])},
+    ),
+  ),
+  presets=PRESETS,
+  metric='loss_at_8L',
+  extra_metrics='context_extension',
+  paper_source='Chen et al. 2023 (LLaMA 7B, PG-19, L = 2048, extended to 4L; ln ppl at 4L). At '
+  'L / 2L / 4L the paper has: unchanged 7.20 / > 1e3 / > 1e3 ppl; direct fine-tune '
+  '7.21 / 7.34 / 7.69; PI with 1000 steps 7.13 / 6.96 / 6.95',
 )

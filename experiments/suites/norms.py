@@ -4,6 +4,7 @@ trains badly, Pre-LN does not need it), each at its own tuned learning rate (the
 plot shows every variant's curve), with each layer's FFN gradient norm at initialisation and after
 training (their Fig. 3). Step times under contention-free conditions: benchmarks/variants.py
 --axis=norm."""
+
 from experiments.suite import Suite, Variant
 from experiments.suites._presets import PRESETS
 
@@ -13,38 +14,51 @@ def _warmup(on: bool):
 
 
 SUITE = Suite(
-    name='norms',
-    description='LayerNorm / RMSNorm / partial RMSNorm; Pre-LN vs Post-LN with and without '
-                'warm-up, each at its own learning rate',
-    base='configs/base.py:pos=rope,ffn=swiglu,placement=pre',
-    variants=(
-        # The baseline: RMSNorm, Pre-LN, 10% warm-up.
-        Variant('rmsnorm', 'norm=rmsnorm', derived=_warmup(True)),
-        Variant('layernorm', 'norm=layernorm', derived=_warmup(True), expect='same'),
-        Variant('partial_rmsnorm', 'norm=partial_rmsnorm', derived=_warmup(True), expect='same'),
-        # The diagnosis of the row above: the paper's p = 6.25% of d_model 512 estimates the RMS
-        # from 32 features; at our d_model 128 it is 8. Here p = 25%: 32 features, as the paper.
-        Variant('partial_rmsnorm-32_features', 'norm=partial_rmsnorm',
-                {'model.norm.partial_p': 0.25}, derived=_warmup(True), expect='same'),
-        Variant('pre-no_warmup', 'norm=rmsnorm,placement=pre', derived=_warmup(False),
-                expect='same'),
-        Variant('post-warmup', 'norm=rmsnorm,placement=post', derived=_warmup(True)),
-        Variant('post-no_warmup', 'norm=rmsnorm,placement=post', derived=_warmup(False),
-                expect='worse'),
-        # The diagnosis of post-warmup: its tuned rate (6e-3, from one tuning seed) stalls at
-        # ~5.3 on every table seed; the same runs one grid step lower.
-        Variant('post-warmup-at_3e-3', 'norm=rmsnorm,placement=post',
-                {'train.learning_rate': 3e-3}, derived=_warmup(True), tune=False),
+  name='norms',
+  description='LayerNorm / RMSNorm / partial RMSNorm; Pre-LN vs Post-LN with and without '
+  'warm-up, each at its own learning rate',
+  base='configs/base.py:pos=rope,ffn=swiglu,placement=pre',
+  variants=(
+    # The baseline: RMSNorm, Pre-LN, 10% warm-up.
+    Variant('rmsnorm', 'norm=rmsnorm', derived=_warmup(True)),
+    Variant('layernorm', 'norm=layernorm', derived=_warmup(True), expect='same'),
+    Variant('partial_rmsnorm', 'norm=partial_rmsnorm', derived=_warmup(True), expect='same'),
+    # The diagnosis of the row above: the paper's p = 6.25% of d_model 512 estimates the RMS
+    # from 32 features; at our d_model 128 it is 8. Here p = 25%: 32 features, as the paper.
+    Variant(
+      'partial_rmsnorm-32_features',
+      'norm=partial_rmsnorm',
+      {'model.norm.partial_p': 0.25},
+      derived=_warmup(True),
+      expect='same',
     ),
-    diagnoses={'pre-no_warmup': (
-        'learning-rate sensitivity: warm-up flattens the loss-vs-rate curve (Wortsman et al. '
-        '2023); without it the best rate halves (6e-3 -> 3e-3) and at 6e-3 the tuning seed reads '
-        '3.002 against 2.839 with warm-up, while at the same 3e-3 the two differ by 0.029 '
-        '(2.941 vs 2.912): Pre-LN trains without warm-up, as Xiong et al. say, over a narrower '
-        'range of rates')},
-    presets=PRESETS,
-    extra_metrics='layer_grad_norms',
-    paper_source='Zhang & Sennrich 2019 (RMSNorm 6.9% faster than LayerNorm per step, same '
-                 'quality; pRMSNorm on par); Xiong et al. 2020 (Post-LN without warm-up: BLEU '
-                 '8.45 vs ~34; Pre-LN needs no warm-up)',
+    Variant('pre-no_warmup', 'norm=rmsnorm,placement=pre', derived=_warmup(False), expect='same'),
+    Variant('post-warmup', 'norm=rmsnorm,placement=post', derived=_warmup(True)),
+    Variant(
+      'post-no_warmup', 'norm=rmsnorm,placement=post', derived=_warmup(False), expect='worse'
+    ),
+    # The diagnosis of post-warmup: its tuned rate (6e-3, from one tuning seed) stalls at
+    # ~5.3 on every table seed; the same runs one grid step lower.
+    Variant(
+      'post-warmup-at_3e-3',
+      'norm=rmsnorm,placement=post',
+      {'train.learning_rate': 3e-3},
+      derived=_warmup(True),
+      tune=False,
+    ),
+  ),
+  diagnoses={
+    'pre-no_warmup': (
+      'learning-rate sensitivity: warm-up flattens the loss-vs-rate curve (Wortsman et al. '
+      '2023); without it the best rate halves (6e-3 -> 3e-3) and at 6e-3 the tuning seed reads '
+      '3.002 against 2.839 with warm-up, while at the same 3e-3 the two differ by 0.029 '
+      '(2.941 vs 2.912): Pre-LN trains without warm-up, as Xiong et al. say, over a narrower '
+      'range of rates'
+    )
+  },
+  presets=PRESETS,
+  extra_metrics='layer_grad_norms',
+  paper_source='Zhang & Sennrich 2019 (RMSNorm 6.9% faster than LayerNorm per step, same '
+  'quality; pRMSNorm on par); Xiong et al. 2020 (Post-LN without warm-up: BLEU '
+  '8.45 vs ~34; Pre-LN needs no warm-up)',
 )

@@ -2,6 +2,7 @@
 weights: the extrapolation table of the ALiBi paper (Press et al. 2022, Table 1 and Fig. 1).
 Learned positions have no table entry past L (n/a). Sinusoidal runs with Vaswani's √d_model
 embedding scale."""
+
 import math
 
 from experiments.suite import Suite, Variant
@@ -17,12 +18,14 @@ _EXPECT = {'learned': 'same', 'none': 'worse'}
 
 # positions_tokens (same rows, 4x the tokens, eval every 250 steps): the absolute schemes' gap to
 # RoPE peaks near 1.5 M tokens and then shrinks on every seed.
-_TOKENS = ('token budget (positions_tokens): at 4x the tokens the gap to RoPE falls from +{at_1m} '
-           'to +{at_4m} [{ci}], within noise at 3 seeds; per seed it peaks near 1.5 M tokens and '
-           'shrinks every 250 steps after, still positive at 4 M')
+_TOKENS = (
+  'token budget (positions_tokens): at 4x the tokens the gap to RoPE falls from +{at_1m} '
+  'to +{at_4m} [{ci}], within noise at 3 seeds; per seed it peaks near 1.5 M tokens and '
+  'shrinks every 250 steps after, still positive at 4 M'
+)
 _DIAGNOSES = {
-    'learned': _TOKENS.format(at_1m='0.32', at_4m='0.15', ci='-0.05, +0.36'),
-    'sinusoidal': _TOKENS.format(at_1m='0.21', at_4m='0.12', ci='-0.06, +0.29'),
+  'learned': _TOKENS.format(at_1m='0.32', at_4m='0.15', ci='-0.05, +0.36'),
+  'sinusoidal': _TOKENS.format(at_1m='0.21', at_4m='0.12', ci='-0.06, +0.29'),
 }
 
 
@@ -30,21 +33,25 @@ def _variant(kind: str) -> Variant:
   paper = {'eval_loss': math.log(_PPL_AT_L[kind])} if kind in _PPL_AT_L else {}
   # Vaswani et al. (sec. 3.4) multiply token embeddings by √d_model: without it the unit-scale
   # sinusoids drown token vectors initialised at std 0.02.
-  derived = (lambda config: {'model.embed_scale': config.model.d_model ** 0.5}
-             ) if kind == 'sinusoidal' else None
+  derived = (
+    (lambda config: {'model.embed_scale': config.model.d_model**0.5})
+    if kind == 'sinusoidal'
+    else None
+  )
   return Variant(kind, f'pos={kind}', paper=paper, derived=derived, expect=_EXPECT.get(kind, ''))
 
 
 SUITE = Suite(
-    name='positions',
-    description='position schemes at the training context and extrapolated to 2-16x',
-    base='configs/rope_swiglu.py',
-    variants=tuple(_variant(kind)
-                   for kind in ('rope', 'none', 'learned', 'sinusoidal', 'shaw', 't5', 'alibi')),
-    presets=PRESETS,
-    extra_metrics='extrapolation',
-    diagnoses=_DIAGNOSES,
-    paper_source='Press et al. 2022, WikiText-103 at L = 512 (ln ppl); at 2L/5L/30L the paper has '
-                 'sinusoidal 43.5/132/406, rotary 21.4/31.6/79.3, T5 18.8/20.4/OOM, ALiBi '
-                 '18.7/18.4/18.3 ppl',
+  name='positions',
+  description='position schemes at the training context and extrapolated to 2-16x',
+  base='configs/rope_swiglu.py',
+  variants=tuple(
+    _variant(kind) for kind in ('rope', 'none', 'learned', 'sinusoidal', 'shaw', 't5', 'alibi')
+  ),
+  presets=PRESETS,
+  extra_metrics='extrapolation',
+  diagnoses=_DIAGNOSES,
+  paper_source='Press et al. 2022, WikiText-103 at L = 512 (ln ppl); at 2L/5L/30L the paper has '
+  'sinusoidal 43.5/132/406, rotary 21.4/31.6/79.3, T5 18.8/20.4/OOM, ALiBi '
+  '18.7/18.4/18.3 ppl',
 )

@@ -7,6 +7,7 @@ too small to hold the many frequencies a sharp previous-token or copying head ne
 rotates every head by 8 frequencies for free. If the gaps shrink here, head size is the cause.
 The K/V projections grow with the heads (857 k parameters, not 759 k); the comparison is within
 this suite. Each variant tunes its own learning rate (the head layout may move it)."""
+
 import dataclasses
 
 from experiments.suite import Suite
@@ -15,12 +16,14 @@ from experiments.suites import positions
 HEADS = {'model.n_heads': 2, 'model.n_kv_heads': 2}  # d_model 128: head_dim 64, MHA
 
 SUITE = Suite(
-    name='positions_head_dim',
-    description='RoPE vs none / learned / sinusoidal with 2 heads of 64 (not 8 of 16)',
-    base=positions.SUITE.base,
-    variants=tuple(dataclasses.replace(v, overrides={**v.overrides, **HEADS})
-                   for v in positions.SUITE.variants
-                   if v.name in ('rope', 'none', 'learned', 'sinusoidal')),
-    presets=positions.SUITE.presets,
-    paper_source=positions.SUITE.paper_source,
+  name='positions_head_dim',
+  description='RoPE vs none / learned / sinusoidal with 2 heads of 64 (not 8 of 16)',
+  base=positions.SUITE.base,
+  variants=tuple(
+    dataclasses.replace(v, overrides={**v.overrides, **HEADS})
+    for v in positions.SUITE.variants
+    if v.name in ('rope', 'none', 'learned', 'sinusoidal')
+  ),
+  presets=positions.SUITE.presets,
+  paper_source=positions.SUITE.paper_source,
 )

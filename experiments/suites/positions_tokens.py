@@ -7,10 +7,13 @@ sinusoidal): RoPE, none, learned and sinusoidal trained 4x longer (4 M tokens), 
 (a token-budget effect: RoPE hands attention relative offsets that absolute positions must learn
 to compute through q and k) or keep it. Each variant at the rate the `positions` suite tuned for
 it (lr_from); no extrapolation measure (the question is the training length)."""
+
 from experiments.suites import positions
 from experiments.suites._longer import longer_copy
 
 SUITE = longer_copy(
-    positions.SUITE, name='positions_tokens',
-    description='RoPE vs none / learned / sinusoidal over 4x the tokens, eval loss against tokens',
-    keep=('rope', 'none', 'learned', 'sinusoidal'))
+  positions.SUITE,
+  name='positions_tokens',
+  description='RoPE vs none / learned / sinusoidal over 4x the tokens, eval loss against tokens',
+  keep=('rope', 'none', 'learned', 'sinusoidal'),
+)

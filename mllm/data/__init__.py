@@ -8,12 +8,12 @@
 Batches are dicts of NumPy arrays: inputs, targets, positions, segment_ids (int32 [B, T]) and
 loss_mask (float32 [B, T]), B = data.batch_size // process_count.
 """
+
 from __future__ import annotations
 
 import dataclasses
 
 import grain
-import numpy as np
 
 from mllm.config import ConfigError
 from mllm.data import corpus as corpus_lib
@@ -28,6 +28,7 @@ from mllm.paths import writable_dir
 @dataclasses.dataclass
 class Data:
   """The tokenizer and the cached corpus of one run, and the batch iterators over it."""
+
   tokenizer: Tokenizer
   corpus: Corpus
   seq_len: int
@@ -51,14 +52,19 @@ class Data:
 
   def reader(self, split: str) -> pipeline.ReadWindow:
     t = self.tokenizer
-    return pipeline.ReadWindow(self.corpus.streams[split], self.seq_len, t.eos_id, t.pad_id,
-                               self.document_mask)
+    return pipeline.ReadWindow(
+      self.corpus.streams[split], self.seq_len, t.eos_id, t.pad_id, self.document_mask
+    )
 
   def train_dataset(self) -> grain.MapDataset:
-    return pipeline.train_dataset(self.reader('train'), self.n_windows('train'), seed=self.seed,
-                                  global_batch=self.global_batch,
-                                  process_index=self.process_index,
-                                  process_count=self.process_count)
+    return pipeline.train_dataset(
+      self.reader('train'),
+      self.n_windows('train'),
+      seed=self.seed,
+      global_batch=self.global_batch,
+      process_index=self.process_index,
+      process_count=self.process_count,
+    )
 
   def train_iterator(self) -> grain.DatasetIterator:
     """Infinite iterator of local training batches; get_state()/set_state() resume it exactly."""
@@ -66,19 +72,32 @@ class Data:
 
   def eval_batches(self, max_batches: int = 0) -> EvalBatches:
     """Val batches in a fixed order (a re-iterable sequence); 0 = the whole split."""
-    return EvalBatches(self.reader('val'), self.n_windows('val'), global_batch=self.global_batch,
-                       process_index=self.process_index, process_count=self.process_count,
-                       max_batches=max_batches)
+    return EvalBatches(
+      self.reader('val'),
+      self.n_windows('val'),
+      global_batch=self.global_batch,
+      process_index=self.process_index,
+      process_count=self.process_count,
+      max_batches=max_batches,
+    )
 
 
-def build_data(config, workdir: str, *, process_index: int = 0, process_count: int = 1,
-               verbose: bool | None = None) -> Data:
+def build_data(
+  config,
+  workdir: str,
+  *,
+  process_index: int = 0,
+  process_count: int = 1,
+  verbose: bool | None = None,
+) -> Data:
   """Load or train the tokenizer, load or build the cached corpus; ConfigError on bad data."""
   d = config.data
   if d.batch_size % process_count:
-    raise ConfigError('data.batch_size', d.batch_size,
-                      f'must divide by the process count {process_count}; allowed: multiples of '
-                      f'{process_count}')
+    raise ConfigError(
+      'data.batch_size',
+      d.batch_size,
+      f'must divide by the process count {process_count}; allowed: multiples of {process_count}',
+    )
   if verbose is None:
     verbose = process_index == 0
   # Several processes: process 0 trains the tokenizer and builds the corpus cache first, the
@@ -92,18 +111,40 @@ def build_data(config, workdir: str, *, process_index: int = 0, process_count: i
   corpus = corpus_lib.load_corpus(config, source, tokenizer, verbose)
   if process_index == 0:
     _barrier('mllm: data built by process 0')
-  return Data(tokenizer, corpus, d.seq_len, d.batch_size, config.seed, d.document_mask,
-              process_index, process_count)
+  return Data(
+    tokenizer,
+    corpus,
+    d.seq_len,
+    d.batch_size,
+    config.seed,
+    d.document_mask,
+    process_index,
+    process_count,
+  )
 
 
 def _barrier(name: str) -> None:
   """Every process of a multi-process job waits here until all have arrived."""
-  import jax  # pylint: disable=import-outside-toplevel  (data loading needs no jax otherwise)
+  import jax  # data loading needs no jax otherwise
+
   if jax.process_count() > 1:
-    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    from jax.experimental import multihost_utils
+
     multihost_utils.sync_global_devices(name)
 
 
-__all__ = ['BATCH_KEYS', 'BPETokenizer', 'ByteTokenizer', 'Corpus', 'Data', 'Document',
-           'EvalBatches', 'Tokenizer', 'build_data', 'cache_root', 'make_source', 'n_windows',
-           'pack_window']
+__all__ = [
+  'BATCH_KEYS',
+  'BPETokenizer',
+  'ByteTokenizer',
+  'Corpus',
+  'Data',
+  'Document',
+  'EvalBatches',
+  'Tokenizer',
+  'build_data',
+  'cache_root',
+  'make_source',
+  'n_windows',
+  'pack_window',
+]

@@ -5,6 +5,7 @@ and the separator from the previous one. Streams are cached under the cache dir,
 the source description, the tokenizer and the val fraction; a build writes into a temporary folder
 renamed into place at the end, so an interrupted build is never mistaken for a finished one.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,7 +16,7 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import tqdm
@@ -52,6 +53,7 @@ def source_name(data_config) -> str:
 # --------------------------------------------------------------------------------------------
 # Tokenizer.
 # --------------------------------------------------------------------------------------------
+
 
 def tokenizer_sample(source: Source, val_fraction: float, max_bytes: int) -> list[str]:
   """A deterministic sample of the train split of at most `max_bytes` UTF-8 bytes.
@@ -92,13 +94,25 @@ def load_tokenizer(config, workdir: str, source: Source, verbose: bool = True) -
       tok = _read_bpe(path, d)
     else:
       if vocab < ByteTokenizer.vocab_size:
-        raise ConfigError('model.vocab_size', vocab, 'byte-level BPE needs the 256 bytes and 2 '
-                          f'specials; allowed: >= {ByteTokenizer.vocab_size}')
-      specials = {} if (d.eos_token, d.pad_token) == (EOS, PAD) else {
-          'specials': [d.eos_token, d.pad_token]}
-      key = _digest({'version': FORMAT_VERSION, 'source': source.describe(), 'vocab': vocab,
-                     'train_bytes': d.tokenizer_train_bytes, 'val_fraction': d.val_fraction,
-                     **specials})
+        raise ConfigError(
+          'model.vocab_size',
+          vocab,
+          'byte-level BPE needs the 256 bytes and 2 '
+          f'specials; allowed: >= {ByteTokenizer.vocab_size}',
+        )
+      specials = (
+        {} if (d.eos_token, d.pad_token) == (EOS, PAD) else {'specials': [d.eos_token, d.pad_token]}
+      )
+      key = _digest(
+        {
+          'version': FORMAT_VERSION,
+          'source': source.describe(),
+          'vocab': vocab,
+          'train_bytes': d.tokenizer_train_bytes,
+          'val_fraction': d.val_fraction,
+          **specials,
+        }
+      )
       cached = os.path.join(cache_root(d), 'tokenizers', f'bpe-{key[:20]}.json')
       if os.path.exists(cached):
         tok = _read_bpe(cached, d)
@@ -109,16 +123,22 @@ def load_tokenizer(config, workdir: str, source: Source, verbose: bool = True) -
           raise _no_text(d)
         tok = BPETokenizer.train(texts, vocab, d.eos_token, d.pad_token)
         if verbose:
-          print(f'BPE tokenizer: vocab {tok.vocab_size}, trained on '
-                f'{sum(len(t.encode()) for t in texts):,} bytes in '
-                f'{time.perf_counter() - start:.1f} s', flush=True)
+          print(
+            f'BPE tokenizer: vocab {tok.vocab_size}, trained on '
+            f'{sum(len(t.encode()) for t in texts):,} bytes in '
+            f'{time.perf_counter() - start:.1f} s',
+            flush=True,
+          )
         os.makedirs(os.path.dirname(cached), exist_ok=True)
         tok.save(cached)
       os.makedirs(workdir, exist_ok=True)
       tok.save(path)
   if tok.vocab_size > vocab:
-    raise ConfigError('model.vocab_size', vocab, f'the {d.tokenizer} tokenizer has '
-                      f'{tok.vocab_size} tokens; allowed: >= {tok.vocab_size}')
+    raise ConfigError(
+      'model.vocab_size',
+      vocab,
+      f'the {d.tokenizer} tokenizer has {tok.vocab_size} tokens; allowed: >= {tok.vocab_size}',
+    )
   return tok
 
 
@@ -126,20 +146,29 @@ def _read_bpe(path: str, d) -> BPETokenizer:
   try:
     return BPETokenizer.from_file(path, d.eos_token, d.pad_token)
   except ValueError as err:  # the named specials are not in it
-    raise ConfigError('data.eos_token', d.eos_token, f'{path}: {err}; allowed: the names of '
-                      'its EOS and pad tokens in data.eos_token and data.pad_token') from None
+    raise ConfigError(
+      'data.eos_token',
+      d.eos_token,
+      f'{path}: {err}; allowed: the names of '
+      'its EOS and pad tokens in data.eos_token and data.pad_token',
+    ) from None
 
 
 def _no_text(d) -> ConfigError:
   from mllm.data.sources import stdlib_root
-  return ConfigError('data.path', d.path or stdlib_root(),
-                     f'data.source={d.source!r} found no training text there; allowed: a source '
-                     'with at least one non-empty document in the train split')
+
+  return ConfigError(
+    'data.path',
+    d.path or stdlib_root(),
+    f'data.source={d.source!r} found no training text there; allowed: a source '
+    'with at least one non-empty document in the train split',
+  )
 
 
 # --------------------------------------------------------------------------------------------
 # Token streams.
 # --------------------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass
 class Corpus:
@@ -165,14 +194,21 @@ def _batches(docs: Iterable, max_docs: int = 512, max_bytes: int = 1 << 20) -> I
     yield batch
 
 
-def write_streams(source: Source, tokenizer: Tokenizer, val_fraction: float, folder: str,
-                  verbose: bool = True) -> dict[str, dict[str, int]]:
+def write_streams(
+  source: Source, tokenizer: Tokenizer, val_fraction: float, folder: str, verbose: bool = True
+) -> dict[str, dict[str, int]]:
   """Tokenize every document into folder/{train,val}.bin; return the per-split stats."""
   dtype = _stream_dtype(tokenizer)
   stats = {s: {'docs': 0, 'bytes': 0, 'tokens': 0} for s in SPLITS}
-  files = {s: open(os.path.join(folder, f'{s}.bin'), 'wb') for s in SPLITS}
-  bar = tqdm.tqdm(total=getattr(source, 'total_bytes', None), unit='B', unit_scale=True,
-                  desc='tokenizing', disable=not verbose, mininterval=1.0)
+  files = {s: open(os.path.join(folder, f'{s}.bin'), 'wb') for s in SPLITS}  # noqa: SIM115 (closed below)
+  bar = tqdm.tqdm(
+    total=getattr(source, 'total_bytes', None),
+    unit='B',
+    unit_scale=True,
+    desc='tokenizing',
+    disable=not verbose,
+    mininterval=1.0,
+  )
   try:
     docs = (doc for doc in source.documents() if doc.text)
     for batch in _batches(docs):
@@ -202,8 +238,14 @@ def load_corpus(config, source: Source, tokenizer: Tokenizer, verbose: bool = Tr
   """The cached token streams for this source and tokenizer, built first if missing."""
   d = config.data
   tok_id = tokenizer.to_str() if isinstance(tokenizer, BPETokenizer) else 'byte'
-  key = _digest({'version': FORMAT_VERSION, 'source': source.describe(), 'tokenizer': tok_id,
-                 'val_fraction': d.val_fraction})
+  key = _digest(
+    {
+      'version': FORMAT_VERSION,
+      'source': source.describe(),
+      'tokenizer': tok_id,
+      'val_fraction': d.val_fraction,
+    }
+  )
   root = cache_root(d)
   folder = os.path.join(root, f'corpus-{key[:20]}')
   built = not os.path.exists(os.path.join(folder, 'meta.json'))
@@ -216,8 +258,13 @@ def load_corpus(config, source: Source, tokenizer: Tokenizer, verbose: bool = Tr
       seconds = time.perf_counter() - start
       if stats['train']['docs'] == 0:
         raise _no_text(d)
-      meta = {'version': FORMAT_VERSION, 'dtype': np.dtype(_stream_dtype(tokenizer)).name,
-              'stats': stats, 'source': source_name(d), 'seconds': round(seconds, 2)}
+      meta = {
+        'version': FORMAT_VERSION,
+        'dtype': np.dtype(_stream_dtype(tokenizer)).name,
+        'stats': stats,
+        'source': source_name(d),
+        'seconds': round(seconds, 2),
+      }
       with open(os.path.join(tmp, 'meta.json'), 'w') as f:
         json.dump(meta, f, indent=1)
       try:
@@ -230,13 +277,17 @@ def load_corpus(config, source: Source, tokenizer: Tokenizer, verbose: bool = Tr
   with open(os.path.join(folder, 'meta.json')) as f:
     meta = json.load(f)
   stats = meta['stats']
-  streams = {s: _open_stream(os.path.join(folder, f'{s}.bin'), np.dtype(meta['dtype']),
-                             stats[s]['tokens']) for s in SPLITS}
+  streams = {
+    s: _open_stream(os.path.join(folder, f'{s}.bin'), np.dtype(meta['dtype']), stats[s]['tokens'])
+    for s in SPLITS
+  }
   if verbose:
     how = f'built in {meta["seconds"]:.1f} s' if built else 'from the cache'
     print(f'corpus {source_name(d)} ({how}, {folder}):', flush=True)
     for s in SPLITS:
       st = stats[s]
-      print(f'  {s:5s} {st["docs"]:>10,} docs {st["bytes"]:>14,} bytes {st["tokens"]:>14,} tokens',
-            flush=True)
+      print(
+        f'  {s:5s} {st["docs"]:>10,} docs {st["bytes"]:>14,} bytes {st["tokens"]:>14,} tokens',
+        flush=True,
+      )
   return Corpus(folder, streams, stats, built)

@@ -4,6 +4,7 @@ Window i of a stream is stream[i*T : i*T + T + 1]: inputs = window[:-1], targets
 Consecutive windows overlap by one token, so every token of the stream is a target exactly once;
 the last window is padded with <pad> and its padded targets get loss_mask 0.
 """
+
 from __future__ import annotations
 
 import collections.abc
@@ -19,8 +20,9 @@ def n_windows(n_tokens: int, seq_len: int) -> int:
   return max(0, -(-(n_tokens - 1) // seq_len))
 
 
-def pack_window(window: np.ndarray, seq_len: int, eos_id: int, pad_id: int,
-                document_mask: bool = True) -> dict[str, np.ndarray]:
+def pack_window(
+  window: np.ndarray, seq_len: int, eos_id: int, pad_id: int, document_mask: bool = True
+) -> dict[str, np.ndarray]:
   """One training row from a window of up to seq_len + 1 tokens.
 
   segment_ids start at 1 and grow by one at each <eos> in the inputs (a document's BOS); positions
@@ -29,7 +31,7 @@ def pack_window(window: np.ndarray, seq_len: int, eos_id: int, pad_id: int,
   """
   n = len(window) - 1  # real (input, target) pairs
   tokens = np.full(seq_len + 1, pad_id, np.int32)
-  tokens[:len(window)] = window
+  tokens[: len(window)] = window
   inputs, targets = tokens[:-1], tokens[1:]
   idx = np.arange(seq_len, dtype=np.int32)
   real = idx < n
@@ -41,25 +43,26 @@ def pack_window(window: np.ndarray, seq_len: int, eos_id: int, pad_id: int,
   else:
     positions, segment_ids = idx.copy(), np.ones(seq_len, np.int32)
   return {
-      'inputs': inputs,
-      'targets': targets,
-      'positions': np.where(real, positions, 0).astype(np.int32),
-      'segment_ids': np.where(real, segment_ids, 0).astype(np.int32),
-      'loss_mask': real.astype(np.float32),
+    'inputs': inputs,
+    'targets': targets,
+    'positions': np.where(real, positions, 0).astype(np.int32),
+    'segment_ids': np.where(real, segment_ids, 0).astype(np.int32),
+    'loss_mask': real.astype(np.float32),
   }
 
 
 class ReadWindow:
   """Window index -> packed row: the grain map function over a token stream."""
 
-  def __init__(self, stream: np.ndarray, seq_len: int, eos_id: int, pad_id: int,
-               document_mask: bool = True):
+  def __init__(
+    self, stream: np.ndarray, seq_len: int, eos_id: int, pad_id: int, document_mask: bool = True
+  ):
     self.stream, self.seq_len = stream, seq_len
     self.eos_id, self.pad_id, self.document_mask = eos_id, pad_id, document_mask
 
   def __call__(self, i) -> dict[str, np.ndarray]:
     start = int(i) * self.seq_len
-    window = np.asarray(self.stream[start:start + self.seq_len + 1], np.int32)
+    window = np.asarray(self.stream[start : start + self.seq_len + 1], np.int32)
     return pack_window(window, self.seq_len, self.eos_id, self.pad_id, self.document_mask)
 
   def empty_row(self) -> dict[str, np.ndarray]:
@@ -67,8 +70,9 @@ class ReadWindow:
     return pack_window(np.full(1, self.pad_id, np.int32), self.seq_len, self.eos_id, self.pad_id)
 
 
-def train_dataset(read: ReadWindow, n: int, *, seed: int, global_batch: int, process_index: int,
-                  process_count: int) -> grain.MapDataset:
+def train_dataset(
+  read: ReadWindow, n: int, *, seed: int, global_batch: int, process_index: int, process_count: int
+) -> grain.MapDataset:
   """Shuffled windows, reshuffled each epoch (repeat after shuffle), in global batches of which
   process p reads rows [p*B, (p+1)*B), B = global_batch / process_count: the global batch, row
   for row, is the one a single process reads (dropout's masks then meet the same rows)."""
@@ -77,8 +81,9 @@ def train_dataset(read: ReadWindow, n: int, *, seed: int, global_batch: int, pro
   ids = ids.batch(global_batch, drop_remainder=True)  # window ids only: nothing read yet
 
   def read_rows(batch_ids: np.ndarray) -> dict[str, np.ndarray]:
-    rows = [read(int(i)) for i in batch_ids[process_index * local:(process_index + 1) * local]]
+    rows = [read(int(i)) for i in batch_ids[process_index * local : (process_index + 1) * local]]
     return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+
   return ids.map(read_rows)
 
 
@@ -96,8 +101,16 @@ class EvalBatches(collections.abc.Sequence):
   number of batches.
   """
 
-  def __init__(self, read: ReadWindow, n: int, *, global_batch: int, process_index: int,
-               process_count: int, max_batches: int = 0):
+  def __init__(
+    self,
+    read: ReadWindow,
+    n: int,
+    *,
+    global_batch: int,
+    process_index: int,
+    process_count: int,
+    max_batches: int = 0,
+  ):
     self.read, self.n, self.global_batch = read, n, global_batch
     self.local_batch = global_batch // process_count
     self.offset = process_index * self.local_batch
@@ -114,6 +127,8 @@ class EvalBatches(collections.abc.Sequence):
       raise IndexError(j)
     j %= len(self)
     first = j * self.global_batch + self.offset
-    rows = [self.read(i) if i < self.n else self.read.empty_row()
-            for i in range(first, first + self.local_batch)]
+    rows = [
+      self.read(i) if i < self.n else self.read.empty_row()
+      for i in range(first, first + self.local_batch)
+    ]
     return {k: np.stack([r[k] for r in rows]) for k in BATCH_KEYS}

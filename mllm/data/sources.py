@@ -5,6 +5,7 @@ file and row index) and decides its train/val split by a hash, so the split neve
 order or the number of documents read. `describe()` is what the corpus cache is keyed on; it lists
 files with sizes and modification times but reads no contents.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,7 +14,8 @@ import json
 import os
 import re
 import sysconfig
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from mllm.config import ConfigError, first_line
 
@@ -64,15 +66,20 @@ class TextCheck:
   def check(self) -> None:
     share = self.bad / self.total if self.total else 0.0
     if share > MAX_NON_TEXT_FRACTION:
-      raise ConfigError('data.path', self.path, f'is not UTF-8 text: {share:.0%} of its '
-                        f'{self.total:,} bytes are invalid UTF-8 or control bytes (binary data, or '
-                        f'another encoding); allowed for data.source={self.source!r}: UTF-8 text '
-                        f'with at most {MAX_NON_TEXT_FRACTION:.0%} such bytes')
+      raise ConfigError(
+        'data.path',
+        self.path,
+        f'is not UTF-8 text: {share:.0%} of its '
+        f'{self.total:,} bytes are invalid UTF-8 or control bytes (binary data, or '
+        f'another encoding); allowed for data.source={self.source!r}: UTF-8 text '
+        f'with at most {MAX_NON_TEXT_FRACTION:.0%} such bytes',
+      )
 
 
 def _missing(path: str) -> ConfigError:
-  return ConfigError('data.path', path, 'no such file or folder; allowed: an existing file or a '
-                     'folder')
+  return ConfigError(
+    'data.path', path, 'no such file or folder; allowed: an existing file or a folder'
+  )
 
 
 def list_files(root: str, suffixes: tuple[str, ...], skip_dirs: tuple[str, ...] = ()) -> list[str]:
@@ -168,9 +175,12 @@ class RowsSource(Source):
           yield Document(f'{rel}:{i}', text)
 
   def _missing_field(self, rel: str, found) -> ConfigError:
-    return ConfigError('data.text_field', self.text_field,
-                       f'no such field in {os.path.join(self.root, rel)}; fields found: '
-                       + ', '.join(map(str, found)))
+    return ConfigError(
+      'data.text_field',
+      self.text_field,
+      f'no such field in {os.path.join(self.root, rel)}; fields found: '
+      + ', '.join(map(str, found)),
+    )
 
   def _jsonl_rows(self, rel: str) -> Iterator[str | None]:
     path = os.path.join(self.root, rel)
@@ -184,8 +194,9 @@ class RowsSource(Source):
           row = json.loads(text)
         except json.JSONDecodeError as err:
           check.check()  # binary data is better named as such than as bad JSON
-          raise ConfigError('data.path', path, f'line {n} is not JSON ({err}); allowed: one JSON '
-                            'object per line') from None
+          raise ConfigError(
+            'data.path', path, f'line {n} is not JSON ({err}); allowed: one JSON object per line'
+          ) from None
         if not isinstance(row, dict) or self.text_field not in row:
           raise self._missing_field(rel, row if isinstance(row, dict) else [])
         yield _as_text(row[self.text_field], self.text_field, f'{path} line {n}')
@@ -194,12 +205,14 @@ class RowsSource(Source):
   def _parquet_rows(self, rel: str) -> Iterator[str | None]:
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     path = os.path.join(self.root, rel)
     try:
       pf = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as err:  # passed check_parquet_magic, yet unreadable
-      raise ConfigError('data.path', path, f'cannot be read as Parquet ({first_line(err)}); '
-                        'allowed: a Parquet file') from None
+      raise ConfigError(
+        'data.path', path, f'cannot be read as Parquet ({first_line(err)}); allowed: a Parquet file'
+      ) from None
     if self.text_field not in pf.schema_arrow.names:
       raise self._missing_field(rel, pf.schema_arrow.names)
     check = TextCheck(path, 'parquet')
@@ -209,13 +222,20 @@ class RowsSource(Source):
         # As bytes, so invalid UTF-8 is replaced instead of failing in pyarrow.
         column = column.cast(pa.large_binary())
       for value in column.to_pylist():
-        yield check.decode(value) if isinstance(value, bytes) else _as_text(value, self.text_field,
-                                                                             path)
+        yield (
+          check.decode(value)
+          if isinstance(value, bytes)
+          else _as_text(value, self.text_field, path)
+        )
     check.check()
 
   def describe(self) -> dict[str, Any]:
-    return {'kind': self.kind, 'root': self.root, 'text_field': self.text_field,
-            'files': _file_listing(self.root, self.files)}
+    return {
+      'kind': self.kind,
+      'root': self.root,
+      'text_field': self.text_field,
+      'files': _file_listing(self.root, self.files),
+    }
 
 
 PARQUET_MAGIC = b'PAR1'
@@ -229,16 +249,23 @@ def check_parquet_magic(path: str) -> None:
     f.seek(max(size - 4, 0))
     tail = f.read(4)
   if size < 12 or head != PARQUET_MAGIC or tail != PARQUET_MAGIC:
-    raise ConfigError('data.path', path, 'is not a Parquet file (no PAR1 magic at its start and '
-                      "end); allowed for data.source='parquet': .parquet files; text files go "
-                      "with data.source='text', JSON lines with 'jsonl'")
+    raise ConfigError(
+      'data.path',
+      path,
+      'is not a Parquet file (no PAR1 magic at its start and '
+      "end); allowed for data.source='parquet': .parquet files; text files go "
+      "with data.source='text', JSON lines with 'jsonl'",
+    )
 
 
 def _as_text(value: Any, field: str, where: str) -> str | None:
   if value is None or isinstance(value, str):
     return value
-  raise ConfigError('data.text_field', field, f'holds {type(value).__name__}, not text, in '
-                    f'{where}; allowed: a field of strings')
+  raise ConfigError(
+    'data.text_field',
+    field,
+    f'holds {type(value).__name__}, not text, in {where}; allowed: a field of strings',
+  )
 
 
 class HFSource(Source):
@@ -248,37 +275,56 @@ class HFSource(Source):
     self.path, self.name, self.split, self.text_field = path, name, split, text_field
     self.dataset = self._load()
     if text_field not in self.dataset.column_names:
-      raise ConfigError('data.text_field', text_field, f'no such column in the dataset {path!r}; '
-                        'columns found: ' + ', '.join(self.dataset.column_names))
+      raise ConfigError(
+        'data.text_field',
+        text_field,
+        f'no such column in the dataset {path!r}; '
+        'columns found: ' + ', '.join(self.dataset.column_names),
+      )
 
   def _from_disk(self) -> bool:
     return os.path.isdir(self.path) and any(
-        os.path.exists(os.path.join(self.path, f)) for f in ('dataset_dict.json', 'state.json'))
+      os.path.exists(os.path.join(self.path, f)) for f in ('dataset_dict.json', 'state.json')
+    )
 
   def _load(self):
     import datasets  # only this source needs it (a large import)
+
     if self._from_disk():
       ds = datasets.load_from_disk(self.path)
       if isinstance(ds, datasets.DatasetDict):
         if self.split not in ds:
-          raise ConfigError('data.hf_split', self.split, f'no such split in {self.path}; allowed: '
-                            + ', '.join(ds))
+          raise ConfigError(
+            'data.hf_split', self.split, f'no such split in {self.path}; allowed: ' + ', '.join(ds)
+          )
         ds = ds[self.split]
       return ds
     try:
       return datasets.load_dataset(self.path, name=self.name, split=self.split)
     except (FileNotFoundError, ConnectionError) as err:  # DatasetNotFoundError is the former
       if os.path.exists(self.path):
-        raise ConfigError('data.path', self.path, f'datasets cannot load it ({first_line(err)}); '
-                          'allowed: a save_to_disk folder or a folder of data files; a lone text '
-                          "file goes with data.source='text'") from None
-      raise ConfigError('data.path', self.path, 'no such file or folder, and no dataset of that '
-                        f'name ({first_line(err)}); allowed: a save_to_disk folder, a local data '
-                        'folder or a Hugging Face dataset name') from None
-    except Exception as err:  # pylint: disable=broad-except  (datasets raises many kinds here)
-      raise ConfigError('data.path', self.path, f'datasets cannot load it ({first_line(err)}); '
-                        'allowed: a save_to_disk folder, a local data folder or a Hugging Face '
-                        'dataset name') from None
+        raise ConfigError(
+          'data.path',
+          self.path,
+          f'datasets cannot load it ({first_line(err)}); '
+          'allowed: a save_to_disk folder or a folder of data files; a lone text '
+          "file goes with data.source='text'",
+        ) from None
+      raise ConfigError(
+        'data.path',
+        self.path,
+        'no such file or folder, and no dataset of that '
+        f'name ({first_line(err)}); allowed: a save_to_disk folder, a local data '
+        'folder or a Hugging Face dataset name',
+      ) from None
+    except Exception as err:  # datasets raises many kinds here
+      raise ConfigError(
+        'data.path',
+        self.path,
+        f'datasets cannot load it ({first_line(err)}); '
+        'allowed: a save_to_disk folder, a local data folder or a Hugging Face '
+        'dataset name',
+      ) from None
 
   def documents(self) -> Iterator[Document]:
     column = self.dataset.select_columns([self.text_field])
@@ -294,8 +340,14 @@ class HFSource(Source):
         i += 1
 
   def describe(self) -> dict[str, Any]:
-    d = {'kind': 'hf', 'path': self.path, 'name': self.name, 'split': self.split,
-         'text_field': self.text_field, 'rows': len(self.dataset)}
+    d = {
+      'kind': 'hf',
+      'path': self.path,
+      'name': self.name,
+      'split': self.split,
+      'text_field': self.text_field,
+      'rows': len(self.dataset),
+    }
     if self._from_disk():
       d['files'] = _file_listing(self.path, list_files(self.path, ('',)))
     else:  # the fingerprint follows the data files and the loading script
@@ -312,8 +364,9 @@ def make_source(data_config) -> Source:
   d = data_config
   if d.source == 'stdlib':
     root = stdlib_root()
-    return FilesSource('stdlib', root, list_files(root, ('.py',), ('site-packages',
-                                                                   'dist-packages')))
+    return FilesSource(
+      'stdlib', root, list_files(root, ('.py',), ('site-packages', 'dist-packages'))
+    )
   if d.source == 'hf':
     return HFSource(d.path, d.hf_config, d.hf_split, d.text_field)
   path = os.path.abspath(os.path.expanduser(d.path))
@@ -325,8 +378,12 @@ def make_source(data_config) -> Source:
   elif os.path.isdir(path):
     root, files = path, list_files(path, suffixes)
     if not files:
-      raise ConfigError('data.path', d.path, f'no {"/".join(suffixes)} files in this folder; '
-                        f'allowed: a {"/".join(suffixes)} file or a folder holding some')
+      raise ConfigError(
+        'data.path',
+        d.path,
+        f'no {"/".join(suffixes)} files in this folder; '
+        f'allowed: a {"/".join(suffixes)} file or a folder holding some',
+      )
   else:
     raise _missing(d.path)
   if d.source == 'text':

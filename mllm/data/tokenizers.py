@@ -3,10 +3,12 @@
 Both share one interface (`Tokenizer`); `token_bytes[id]` is how many UTF-8 bytes an id stands for
 (0 for specials), so a loss in nats per token converts to bits per byte.
 """
+
 from __future__ import annotations
 
 import os
-from typing import Iterable, Protocol
+from collections.abc import Iterable
+from typing import Protocol
 
 import numpy as np
 
@@ -59,27 +61,39 @@ class BPETokenizer:
     if self.eos_id is None or self.pad_id is None:
       raise ValueError(f'a BPE tokenizer for mllm needs the special tokens {eos} and {pad}')
     from tokenizers import decoders
+
     specials = {t.content for t in tokenizer.get_added_tokens_decoder().values()}
     byte_level = isinstance(tokenizer.decoder, decoders.ByteLevel)
     self.token_bytes = np.array(
-        [0 if (t := tokenizer.id_to_token(i)) is None or t in specials else _n_bytes(t, byte_level)
-         for i in range(self.vocab_size)], np.int32)
+      [
+        0 if (t := tokenizer.id_to_token(i)) is None or t in specials else _n_bytes(t, byte_level)
+        for i in range(self.vocab_size)
+      ],
+      np.int32,
+    )
 
   @classmethod
-  def from_file(cls, path: str, eos: str = EOS, pad: str = PAD) -> 'BPETokenizer':
+  def from_file(cls, path: str, eos: str = EOS, pad: str = PAD) -> BPETokenizer:
     from tokenizers import Tokenizer as HFTokenizer
+
     return cls(HFTokenizer.from_file(path), eos, pad)
 
   @classmethod
-  def train(cls, texts: Iterable[str], vocab_size: int, eos: str = EOS,
-            pad: str = PAD) -> 'BPETokenizer':
-    from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
+  def train(
+    cls, texts: Iterable[str], vocab_size: int, eos: str = EOS, pad: str = PAD
+  ) -> BPETokenizer:
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[eos, pad],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+      vocab_size=vocab_size,
+      special_tokens=[eos, pad],
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+      show_progress=False,
+    )
     tok.train_from_iterator(texts, trainer)
     return cls(tok, eos, pad)
 

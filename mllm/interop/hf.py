@@ -6,6 +6,7 @@ Qwen2, Qwen3, GPT-2, Mixtral, Qwen3-MoE. The config mapping is `hf_config.py`, t
 `hf_weights.py`; both are exact (no approximation) and strict both ways: a setting one side cannot
 represent is a one-line error naming it, and so is a checkpoint with weights missing or left over.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,14 +17,37 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from ml_collections import config_dict
 
+from mllm.config import load_config
+from mllm.config_keys import set_path
 from mllm.interop import hf_weights
-from mllm.interop.hf_config import (ARCHITECTURES, FAMILIES, HFExportError, HFImportError,
-                                    check_exact, config_overrides, family_for, family_of,
-                                    hf_config)
+from mllm.interop.hf_config import (
+  ARCHITECTURES,
+  FAMILIES,
+  HFExportError,
+  HFImportError,
+  check_exact,
+  config_overrides,
+  family_for,
+  family_of,
+  hf_config,
+)
+from mllm.model import SAVED, build_model, placeholder_rest
+from mllm.validation import validate
 
-__all__ = ['ARCHITECTURES', 'FAMILIES', 'HFExportError', 'HFImportError', 'from_hf', 'hf_params',
-           'read_config', 'run_config', 'to_hf', 'tokenizer_settings']
+__all__ = [
+  'ARCHITECTURES',
+  'FAMILIES',
+  'HFExportError',
+  'HFImportError',
+  'from_hf',
+  'hf_params',
+  'read_config',
+  'run_config',
+  'to_hf',
+  'tokenizer_settings',
+]
 
 # Buffers some transformers versions save beside the weights: not parameters.
 _BUFFERS = ('.attn.bias', '.attn.masked_bias', 'rotary_emb.inv_freq')
@@ -31,11 +55,14 @@ _BUFFERS = ('.attn.bias', '.attn.masked_bias', 'rotary_emb.inv_freq')
 
 # --- Reading a folder ---------------------------------------------------------------------------
 
+
 def read_config(path: str) -> dict:
   file = os.path.join(path, 'config.json')
   if not os.path.isfile(file):
-    raise HFImportError(f'{path}: no config.json; allowed: a folder written by transformers\' '
-                        'save_pretrained (config.json + *.safetensors)')
+    raise HFImportError(
+      f'{path}: no config.json; allowed: a folder written by transformers\' '
+      'save_pretrained (config.json + *.safetensors)'
+    )
   with open(file, encoding='utf-8') as f:
     return json.load(f)
 
@@ -45,7 +72,8 @@ class Checkpoint:
   (a tensor is on the host only while it is being placed)."""
 
   def __init__(self, path: str):
-    from safetensors import safe_open  # noqa: PLC0415 (only interop needs it)
+    from safetensors import safe_open  # deferred: only interop needs it
+
     single = os.path.join(path, 'model.safetensors')
     index = single + '.index.json'
     if os.path.isfile(index):
@@ -54,9 +82,11 @@ class Checkpoint:
     elif os.path.isfile(single):
       files = ['model.safetensors']
     else:
-      raise HFImportError(f'{path}: no model.safetensors or model.safetensors.index.json '
-                          '(PyTorch .bin checkpoints are not read: re-save with '
-                          'safe_serialization)')
+      raise HFImportError(
+        f'{path}: no model.safetensors or model.safetensors.index.json '
+        '(PyTorch .bin checkpoints are not read: re-save with '
+        'safe_serialization)'
+      )
     self.where = {}  # tensor name → its file
     for file in files:
       with safe_open(os.path.join(path, file), framework='np') as h:
@@ -66,7 +96,8 @@ class Checkpoint:
   def __call__(self, name: str) -> np.ndarray:
     if name not in self.where:
       raise HFImportError(f'the checkpoint has no weight {name!r}')
-    from safetensors import safe_open  # noqa: PLC0415
+    from safetensors import safe_open
+
     # Opened per tensor: the file's memory map is released as soon as the tensor is copied out.
     with safe_open(self.where[name], framework='np') as h:
       return h.get_tensor(name)
@@ -91,17 +122,25 @@ def tokenizer_settings(path: str) -> dict[str, Any]:
     if isinstance(token_id, list):
       token_id = token_id[0]
     if not names.get(key) and token_id is not None:
-      from tokenizers import Tokenizer  # noqa: PLC0415  (read only to name an id)
+      from tokenizers import Tokenizer  # deferred: read only to name an id
+
       names[key] = Tokenizer.from_file(os.path.join(path, 'tokenizer.json')).id_to_token(
-          int(token_id))
+        int(token_id)
+      )
   if not names.get('eos_token'):
-    raise HFImportError(f'{path}: its tokenizer names no EOS token (tokenizer_config.json '
-                        'eos_token or config.json eos_token_id); allowed: a tokenizer with one')
-  return {'data.tokenizer': 'bpe', 'data.eos_token': names['eos_token'],
-          'data.pad_token': names.get('pad_token') or names['eos_token']}
+    raise HFImportError(
+      f'{path}: its tokenizer names no EOS token (tokenizer_config.json '
+      'eos_token or config.json eos_token_id); allowed: a tokenizer with one'
+    )
+  return {
+    'data.tokenizer': 'bpe',
+    'data.eos_token': names['eos_token'],
+    'data.pad_token': names.get('pad_token') or names['eos_token'],
+  }
 
 
 # --- Import -------------------------------------------------------------------------------------
+
 
 def hf_params(path: str, config, abstract_params: nnx.State) -> nnx.State:
   """The checkpoint's weights as `abstract_params` (nnx.Param state, ShapeDtypeStructs) describes
@@ -114,9 +153,11 @@ def hf_params(path: str, config, abstract_params: nnx.State) -> nnx.State:
   abstract = hf_weights.flat(nnx.to_pure_dict(abstract_params))
   shapes = {name: tuple(like.shape) for name, like in abstract.items()}
   if c.scan_layers:  # the links name one layer's parameters; scan stacks them [L, ...]
-    shapes = {hf_weights.layer_path(name, i): shape if i is None else shape[1:]
-              for name, shape in shapes.items()
-              for i in (range(c.n_layers) if name.startswith('blocks/') else [None])}
+    shapes = {
+      hf_weights.layer_path(name, i): shape if i is None else shape[1:]
+      for name, shape in shapes.items()
+      for i in (range(c.n_layers) if name.startswith('blocks/') else [None])
+    }
   links = hf_weights.links_for(c, family, take.names)
   _check_names(c, links, shapes, take)
   # Each parameter is placed as soon as it is read (a scanned one once its last layer is), so
@@ -125,8 +166,10 @@ def hf_params(path: str, config, abstract_params: nnx.State) -> nnx.State:
   for link in links:
     for name, value in zip(link.mllm, link.to_mllm(*[take(n) for n in link.hf])):
       if tuple(value.shape) != shapes[name]:
-        raise HFImportError(f'{name}: the checkpoint gives shape {tuple(value.shape)}, the '
-                            f'config needs {shapes[name]}')
+        raise HFImportError(
+          f'{name}: the checkpoint gives shape {tuple(value.shape)}, the '
+          f'config needs {shapes[name]}'
+        )
       if c.scan_layers and name.startswith('blocks/'):
         _, i, rest = name.split('/', 2)
         stack = layers.setdefault(rest, [None] * c.n_layers)
@@ -147,28 +190,41 @@ def _check_names(c, links: list, shapes: dict, take: Checkpoint) -> None:
   given = {name for link in links for name in link.mllm}
   missing, extra = sorted(set(shapes) - given), sorted(given - set(shapes))
   if missing or extra:  # an override that changes the parameters (norm biases, ...)
-    problems = ([f'the config builds parameters the checkpoint lacks: {", ".join(missing[:4])}']
-                if missing else []) + ([f'the checkpoint maps to parameters the config does not '
-                                        f'build: {", ".join(extra[:4])}'] if extra else [])
+    problems = (
+      [f'the config builds parameters the checkpoint lacks: {", ".join(missing[:4])}']
+      if missing
+      else []
+    ) + (
+      [f'the checkpoint maps to parameters the config does not build: {", ".join(extra[:4])}']
+      if extra
+      else []
+    )
     raise HFImportError('; '.join(problems) + '; allowed: overrides that keep the parameters')
   needed = [n for link in links for n in link.hf]
   absent = [n for n in needed if n not in take.where]
   if absent:
-    raise HFImportError(f'the checkpoint has no weight {absent[0]!r}'
-                        + (f' (+{len(absent) - 1} more)' if len(absent) > 1 else ''))
+    raise HFImportError(
+      f'the checkpoint has no weight {absent[0]!r}'
+      + (f' (+{len(absent) - 1} more)' if len(absent) > 1 else '')
+    )
   leftover = sorted(set(take.names) - set(needed))
   leftover = [n for n in leftover if not n.endswith(_BUFFERS)]
   if c.tie_embeddings and 'lm_head.weight' in leftover:
     # Some tied checkpoints store the head too: harmless if it is the embedding, else not tied.
-    embedding = next(n for link in links for n in link.hf if n.endswith(('embed_tokens.weight',
-                                                                          'wte.weight')))
+    embedding = next(
+      n for link in links for n in link.hf if n.endswith(('embed_tokens.weight', 'wte.weight'))
+    )
     if not np.array_equal(take('lm_head.weight'), take(embedding)):
-      raise HFImportError('tie_word_embeddings is true but lm_head.weight differs from '
-                          f'{embedding}; allowed: a checkpoint whose head is its embedding')
+      raise HFImportError(
+        'tie_word_embeddings is true but lm_head.weight differs from '
+        f'{embedding}; allowed: a checkpoint whose head is its embedding'
+      )
     leftover.remove('lm_head.weight')
   if leftover:
-    raise HFImportError(f'weights mllm does not use: {", ".join(leftover[:8])}'
-                        + (f' (+{len(leftover) - 8} more)' if len(leftover) > 8 else ''))
+    raise HFImportError(
+      f'weights mllm does not use: {", ".join(leftover[:8])}'
+      + (f' (+{len(leftover) - 8} more)' if len(leftover) > 8 else '')
+    )
 
 
 def _place(value: np.ndarray, like) -> jax.Array:
@@ -184,29 +240,30 @@ def _place(value: np.ndarray, like) -> jax.Array:
 def from_hf(path: str, overrides: dict[str, Any] | None = None):
   """(config, model) of the HF checkpoint in folder `path`, in float32. `overrides` (dotted mllm
   keys) apply on top, for toggles that keep the weights' shapes (e.g. an attention impl)."""
-  import mllm  # noqa: PLC0415
-  from mllm.train.state import SAVED, _placeholder_rest  # noqa: PLC0415
   keys = config_overrides(read_config(path))
   keys.update(overrides or {})
-  config = mllm.load_config(base_config_path(), keys)
-  abstract = nnx.eval_shape(lambda: mllm.build_model(config.model, rngs=nnx.Rngs(0)))
+  config = load_config(base_config_path(), keys)
+  abstract = nnx.eval_shape(lambda: build_model(config.model, rngs=nnx.Rngs(0)))
   graphdef, params, _ = nnx.split(abstract, SAVED, ...)
-  return config, nnx.merge(graphdef, hf_params(path, config, params),
-                           _placeholder_rest(abstract))
+  return config, nnx.merge(graphdef, hf_params(path, config, params), placeholder_rest(abstract))
 
 
 # Keys of config_overrides that set how the imported model runs, not what it is: a run's own
 # config keeps its values for these.
-_RUN_KEYS = ('model.dtype', 'model.param_dtype', 'model.dropout', 'model.embed_dropout',
-             'model.attention.dropout', 'data.seq_len')
+_RUN_KEYS = (
+  'model.dtype',
+  'model.param_dtype',
+  'model.dropout',
+  'model.embed_dropout',
+  'model.attention.dropout',
+  'data.seq_len',
+)
 
 
 def run_config(config, path: str, explicit: dict[str, Any] | None = None):
   """`config` with the model (and tokenizer settings) of the HF folder `path`, for a run that
   starts from its weights: its other sections stay, data.seq_len is capped at the model's context,
   and `explicit` (dotted keys the user set, e.g. on the command line) is applied last."""
-  from mllm.config import set_path, validate  # noqa: PLC0415
-  from ml_collections import config_dict  # noqa: PLC0415
   keys = {k: v for k, v in config_overrides(read_config(path)).items() if k not in _RUN_KEYS}
   keys.update(tokenizer_settings(path))
   out = config_dict.ConfigDict(config.to_dict())
@@ -220,27 +277,35 @@ def run_config(config, path: str, explicit: dict[str, Any] | None = None):
 
 
 def base_config_path() -> str:
-  import configs  # noqa: PLC0415 (installed with mllm: pyproject's packages)
+  import configs  # deferred; installed with mllm (pyproject's packages)
+
   return os.path.join(os.path.dirname(configs.__file__), 'base.py')
 
 
 # --- Export -------------------------------------------------------------------------------------
 
-def to_hf(config, model: nnx.Module, path: str, *, tokenizer=None, dtype: str | None = None,
-          max_shard_bytes: int = 5 * 2 ** 30) -> str:
+
+def to_hf(
+  config,
+  model: nnx.Module,
+  path: str,
+  *,
+  tokenizer=None,
+  dtype: str | None = None,
+  max_shard_bytes: int = 5 * 2**30,
+) -> str:
   """Write `model` (of mllm `config`) as a transformers checkpoint folder; returns its family.
 
   dtype: of the written tensors (None: the parameters' own). tokenizer: an mllm BPE tokenizer,
   written as tokenizer.json + tokenizer_config.json. Refuses, in one line naming the mllm key,
   a model no transformers class computes exactly.
   """
-  import mllm  # noqa: PLC0415
   c = config.model
   family = family_for(c)
   params = hf_weights.flat(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
   dtype = dtype or str(next(iter(params.values())).dtype)
   hf = hf_config(c, family, dtype)
-  back = mllm.load_config(base_config_path(), config_overrides(hf)).model
+  back = load_config(base_config_path(), config_overrides(hf)).model
   check_exact(c, family, back)
   if c.scan_layers:
     params = hf_weights.unstack_layers(params, c.n_layers)
@@ -260,7 +325,8 @@ def to_hf(config, model: nnx.Module, path: str, *, tokenizer=None, dtype: str | 
 
 
 def _write_weights(tensors: dict[str, np.ndarray], path: str, max_shard_bytes: int) -> None:
-  from safetensors.numpy import save_file  # noqa: PLC0415
+  from safetensors.numpy import save_file
+
   meta = {'format': 'pt'}  # transformers refuses safetensors files without it
   shards, size = [{}], 0
   for name in sorted(tensors):
@@ -280,8 +346,10 @@ def _write_weights(tensors: dict[str, np.ndarray], path: str, max_shard_bytes: i
     file = f'model-{i + 1:05d}-of-{len(shards):05d}.safetensors'
     save_file(shard, os.path.join(path, file), metadata=meta)
     weight_map.update(dict.fromkeys(shard, file))
-  index = {'metadata': {'total_size': sum(t.nbytes for t in tensors.values())},
-           'weight_map': weight_map}
+  index = {
+    'metadata': {'total_size': sum(t.nbytes for t in tensors.values())},
+    'weight_map': weight_map,
+  }
   with open(os.path.join(path, 'model.safetensors.index.json'), 'w', encoding='utf-8') as f:
     json.dump(index, f, indent=2)
 
@@ -293,8 +361,15 @@ def _write_tokenizer(tokenizer, path: str, max_len: int) -> dict[str, Any]:
   eos = tokenizer.tok.id_to_token(tokenizer.eos_id)
   pad = tokenizer.tok.id_to_token(tokenizer.pad_id)
   with open(os.path.join(path, 'tokenizer_config.json'), 'w', encoding='utf-8') as f:
-    json.dump({'tokenizer_class': 'PreTrainedTokenizerFast', 'eos_token': eos, 'pad_token': pad,
-               'model_max_length': max_len, 'clean_up_tokenization_spaces': False}, f, indent=2)
-  return {'eos_token_id': tokenizer.eos_id, 'pad_token_id': tokenizer.pad_id,
-          'bos_token_id': None}
-
+    json.dump(
+      {
+        'tokenizer_class': 'PreTrainedTokenizerFast',
+        'eos_token': eos,
+        'pad_token': pad,
+        'model_max_length': max_len,
+        'clean_up_tokenization_spaces': False,
+      },
+      f,
+      indent=2,
+    )
+  return {'eos_token_id': tokenizer.eos_id, 'pad_token_id': tokenizer.pad_id, 'bos_token_id': None}

@@ -6,17 +6,27 @@ HF fields of an mllm model, then maps them back and compares every setting that 
 network computes (`math_of`); a difference is a one-line refusal naming the mllm key. So whatever
 is exported imports to the same network, and nothing is approximated either way.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mllm.layers import resolved_head_dim
+from mllm.layers.ffn import hidden_dim
+from mllm.layers.moe import expert_hidden_dim, moe_layers
+from mllm.model import dense_ffn_kind
 
 # model_type → the architecture transformers builds for it.
-ARCHITECTURES = {'llama': 'LlamaForCausalLM', 'mistral': 'MistralForCausalLM',
-                 'qwen2': 'Qwen2ForCausalLM', 'qwen3': 'Qwen3ForCausalLM',
-                 'gpt2': 'GPT2LMHeadModel', 'mixtral': 'MixtralForCausalLM',
-                 'qwen3_moe': 'Qwen3MoeForCausalLM'}
+ARCHITECTURES = {
+  'llama': 'LlamaForCausalLM',
+  'mistral': 'MistralForCausalLM',
+  'qwen2': 'Qwen2ForCausalLM',
+  'qwen3': 'Qwen3ForCausalLM',
+  'gpt2': 'GPT2LMHeadModel',
+  'mixtral': 'MixtralForCausalLM',
+  'qwen3_moe': 'Qwen3MoeForCausalLM',
+}
 FAMILIES = tuple(ARCHITECTURES)
 MOE_FAMILIES = ('mixtral', 'qwen3_moe')
 
@@ -31,11 +41,13 @@ class HFExportError(ValueError):
 
 # --- Import: HF fields → mllm keys ------------------------------------------------------------
 
+
 def family_of(hf: dict) -> str:
   model_type = hf.get('model_type')
   if model_type not in FAMILIES:
-    raise HFImportError(f'model_type={model_type!r}: not imported yet; allowed: '
-                        f'{", ".join(FAMILIES)}')
+    raise HFImportError(
+      f'model_type={model_type!r}: not imported yet; allowed: {", ".join(FAMILIES)}'
+    )
   return model_type
 
 
@@ -46,37 +58,55 @@ def _rope(hf: dict) -> dict[str, Any]:
     params = dict(hf.get('rope_scaling') or {})
     params.setdefault('rope_theta', hf.get('rope_theta', 10000.0))
   kind = params.get('rope_type', params.get('type', 'default'))
-  out = {'position.kind': 'rope', 'position.rope_layout': 'half',
-         'position.rope_theta': float(params['rope_theta'])}
+  out = {
+    'position.kind': 'rope',
+    'position.rope_layout': 'half',
+    'position.rope_theta': float(params['rope_theta']),
+  }
   if kind == 'default':
     return out
   original = params.get('original_max_position_embeddings')
   if kind == 'linear':
-    out.update({'position.rope_scaling': 'linear',
-                'position.rope_scaling_factor': float(params['factor'])})
+    out.update(
+      {'position.rope_scaling': 'linear', 'position.rope_scaling_factor': float(params['factor'])}
+    )
   elif kind == 'llama3':
-    out.update({'position.rope_scaling': 'llama3',
-                'position.rope_scaling_factor': float(params['factor']),
-                'position.llama3_low_freq_factor': float(params['low_freq_factor']),
-                'position.llama3_high_freq_factor': float(params['high_freq_factor']),
-                'position.rope_original_max_len': int(original)})
+    out.update(
+      {
+        'position.rope_scaling': 'llama3',
+        'position.rope_scaling_factor': float(params['factor']),
+        'position.llama3_low_freq_factor': float(params['low_freq_factor']),
+        'position.llama3_high_freq_factor': float(params['high_freq_factor']),
+        'position.rope_original_max_len': int(original),
+      }
+    )
   elif kind == 'yarn':
     for field in ('attention_factor', 'mscale', 'mscale_all_dim', 'partial_rotary_factor'):
       if params.get(field) is not None:
-        raise HFImportError(f'rope_parameters.{field}={params[field]!r}: mllm\'s YaRN has the '
-                            'paper\'s attention factor 0.1·ln(s) + 1 only; allowed: unset')
+        raise HFImportError(
+          f'rope_parameters.{field}={params[field]!r}: mllm\'s YaRN has the '
+          'paper\'s attention factor 0.1·ln(s) + 1 only; allowed: unset'
+        )
     if params.get('truncate', True) is not True:
-      raise HFImportError(f"rope_parameters.truncate={params['truncate']!r}: mllm's YaRN rounds "
-                          'the correction range (floor/ceil); allowed: true')
+      raise HFImportError(
+        f"rope_parameters.truncate={params['truncate']!r}: mllm's YaRN rounds "
+        'the correction range (floor/ceil); allowed: true'
+      )
     factor = params.get('factor') or hf['max_position_embeddings'] / original
-    out.update({'position.rope_scaling': 'yarn', 'position.rope_scaling_factor': float(factor),
-                'position.rope_original_max_len': int(original or hf['max_position_embeddings']),
-                # transformers reads 0 or null as the defaults too
-                'position.yarn_beta_fast': float(params.get('beta_fast') or 32.0),
-                'position.yarn_beta_slow': float(params.get('beta_slow') or 1.0)})
+    out.update(
+      {
+        'position.rope_scaling': 'yarn',
+        'position.rope_scaling_factor': float(factor),
+        'position.rope_original_max_len': int(original or hf['max_position_embeddings']),
+        # transformers reads 0 or null as the defaults too
+        'position.yarn_beta_fast': float(params.get('beta_fast') or 32.0),
+        'position.yarn_beta_slow': float(params.get('beta_slow') or 1.0),
+      }
+    )
   else:
-    raise HFImportError(f'rope_type={kind!r}: not mapped to mllm yet; allowed: default, '
-                        'linear, llama3, yarn')
+    raise HFImportError(
+      f'rope_type={kind!r}: not mapped to mllm yet; allowed: default, linear, llama3, yarn'
+    )
   return out
 
 
@@ -93,8 +123,10 @@ def _window(hf: dict, family: str) -> int | None:
     if not sliding:
       return None
     if layer_types and set(layer_types) != {'sliding_attention'}:
-      raise HFImportError('layer_types mixes full and sliding attention; allowed: one kind for '
-                          'every layer (mllm has one window for all layers)')
+      raise HFImportError(
+        'layer_types mixes full and sliding attention; allowed: one kind for '
+        'every layer (mllm has one window for all layers)'
+      )
   return None if window is None else int(window)
 
 
@@ -104,7 +136,12 @@ def _moe(hf: dict, family: str) -> dict[str, Any]:
   _refuse(hf, 'router_jitter_noise', lambda v: not v, '0 (mllm has no jitter noise)')
   if family == 'mixtral':
     experts, expert_d_ff, every, first_dense, renormalize = (
-        hf['num_local_experts'], hf['intermediate_size'], 1, 0, True)
+      hf['num_local_experts'],
+      hf['intermediate_size'],
+      1,
+      0,
+      True,
+    )
   else:
     # transformers 5 writes num_local_experts (its attribute map); the hub's configs num_experts.
     experts = hf.get('num_experts') or hf['num_local_experts']
@@ -112,16 +149,28 @@ def _moe(hf: dict, family: str) -> dict[str, Any]:
     every, dense = hf.get('decoder_sparse_step', 1), list(hf.get('mlp_only_layers') or [])
     first_dense = len(dense)
     if dense != list(range(first_dense)):
-      raise HFImportError(f'mlp_only_layers={dense!r}: mllm\'s dense layers are a leading run; '
-                          f'allowed: [0, 1, ..., k-1]')
+      raise HFImportError(
+        f'mlp_only_layers={dense!r}: mllm\'s dense layers are a leading run; '
+        f'allowed: [0, 1, ..., k-1]'
+      )
     renormalize = bool(hf.get('norm_topk_prob', True))
-  return {'ffn.kind': 'moe', 'moe.num_experts': experts, 'moe.top_k': hf['num_experts_per_tok'],
-          'moe.expert_kind': 'swiglu', 'moe.expert_d_ff': expert_d_ff,
-          'moe.num_shared_experts': 0, 'moe.every': every, 'moe.first_dense_layers': first_dense,
-          'moe.router': 'softmax', 'moe.renormalize': renormalize, 'moe.noise': 'none',
-          'moe.expert_bias': False,
-          # Dropless: capacity dispatch drops tokens, transformers never does.
-          'moe.dispatch': 'dropless', 'moe.grouped_matmul': 'ragged_dot'}
+  return {
+    'ffn.kind': 'moe',
+    'moe.num_experts': experts,
+    'moe.top_k': hf['num_experts_per_tok'],
+    'moe.expert_kind': 'swiglu',
+    'moe.expert_d_ff': expert_d_ff,
+    'moe.num_shared_experts': 0,
+    'moe.every': every,
+    'moe.first_dense_layers': first_dense,
+    'moe.router': 'softmax',
+    'moe.renormalize': renormalize,
+    'moe.noise': 'none',
+    'moe.expert_bias': False,
+    # Dropless: capacity dispatch drops tokens, transformers never does.
+    'moe.dispatch': 'dropless',
+    'moe.grouped_matmul': 'ragged_dot',
+  }
 
 
 def _llama_like(hf: dict, family: str) -> dict[str, Any]:
@@ -130,21 +179,28 @@ def _llama_like(hf: dict, family: str) -> dict[str, Any]:
   _refuse(hf, 'attention_dropout', lambda v: not v, '0.0')
   n_heads = hf['num_attention_heads']
   out = {
-      'vocab_size': hf['vocab_size'], 'd_model': hf['hidden_size'],
-      'n_layers': hf['num_hidden_layers'], 'n_heads': n_heads,
-      'n_kv_heads': hf.get('num_key_value_heads') or n_heads,
-      'head_dim': hf.get('head_dim') or hf['hidden_size'] // n_heads,
-      'max_seq_len': hf['max_position_embeddings'],
-      'tie_embeddings': bool(hf.get('tie_word_embeddings', False)), 'embed_scale': 1.0,
-      'norm.kind': 'rmsnorm', 'norm.placement': 'pre', 'norm.eps': float(hf['rms_norm_eps']),
-      'norm.final_norm': True,
-      'ffn.kind': 'swiglu', 'ffn.d_ff': hf['intermediate_size'], 'ffn.match_params': False,
-      'ffn.use_bias': bool(hf.get('mlp_bias', False)),
-      'attention.use_bias': bool(hf.get('attention_bias', False)),
-      'attention.qkv_bias': family == 'qwen2',
-      'attention.qk_norm': family in ('qwen3', 'qwen3_moe'),
-      'attention.softmax_scale': None,
-      'attention.sliding_window': _window(hf, family),
+    'vocab_size': hf['vocab_size'],
+    'd_model': hf['hidden_size'],
+    'n_layers': hf['num_hidden_layers'],
+    'n_heads': n_heads,
+    'n_kv_heads': hf.get('num_key_value_heads') or n_heads,
+    'head_dim': hf.get('head_dim') or hf['hidden_size'] // n_heads,
+    'max_seq_len': hf['max_position_embeddings'],
+    'tie_embeddings': bool(hf.get('tie_word_embeddings', False)),
+    'embed_scale': 1.0,
+    'norm.kind': 'rmsnorm',
+    'norm.placement': 'pre',
+    'norm.eps': float(hf['rms_norm_eps']),
+    'norm.final_norm': True,
+    'ffn.kind': 'swiglu',
+    'ffn.d_ff': hf['intermediate_size'],
+    'ffn.match_params': False,
+    'ffn.use_bias': bool(hf.get('mlp_bias', False)),
+    'attention.use_bias': bool(hf.get('attention_bias', False)),
+    'attention.qkv_bias': family == 'qwen2',
+    'attention.qk_norm': family in ('qwen3', 'qwen3_moe'),
+    'attention.softmax_scale': None,
+    'attention.sliding_window': _window(hf, family),
   }
   out.update(_rope(hf))
   if family in MOE_FAMILIES:
@@ -160,17 +216,30 @@ def _gpt2(hf: dict) -> dict[str, Any]:
   _refuse(hf, 'scale_attn_weights', lambda v: v, 'true')
   d = hf['n_embd']
   return {
-      'vocab_size': hf['vocab_size'], 'd_model': d, 'n_layers': hf['n_layer'],
-      'n_heads': hf['n_head'], 'n_kv_heads': hf['n_head'], 'head_dim': d // hf['n_head'],
-      'max_seq_len': hf['n_positions'],
-      'tie_embeddings': bool(hf.get('tie_word_embeddings', True)), 'embed_scale': 1.0,
-      'position.kind': 'learned',
-      'norm.kind': 'layernorm', 'norm.placement': 'pre', 'norm.final_norm': True,
-      'norm.eps': float(hf['layer_norm_epsilon']), 'norm.use_bias': True,
-      'ffn.kind': acts[hf.get('activation_function', 'gelu_new')],
-      'ffn.d_ff': hf.get('n_inner') or 4 * d, 'ffn.match_params': False, 'ffn.use_bias': True,
-      'attention.use_bias': True, 'attention.qkv_bias': False, 'attention.qk_norm': False,
-      'attention.softmax_scale': None, 'attention.sliding_window': None,
+    'vocab_size': hf['vocab_size'],
+    'd_model': d,
+    'n_layers': hf['n_layer'],
+    'n_heads': hf['n_head'],
+    'n_kv_heads': hf['n_head'],
+    'head_dim': d // hf['n_head'],
+    'max_seq_len': hf['n_positions'],
+    'tie_embeddings': bool(hf.get('tie_word_embeddings', True)),
+    'embed_scale': 1.0,
+    'position.kind': 'learned',
+    'norm.kind': 'layernorm',
+    'norm.placement': 'pre',
+    'norm.final_norm': True,
+    'norm.eps': float(hf['layer_norm_epsilon']),
+    'norm.use_bias': True,
+    'ffn.kind': acts[hf.get('activation_function', 'gelu_new')],
+    'ffn.d_ff': hf.get('n_inner') or 4 * d,
+    'ffn.match_params': False,
+    'ffn.use_bias': True,
+    'attention.use_bias': True,
+    'attention.qkv_bias': False,
+    'attention.qk_norm': False,
+    'attention.softmax_scale': None,
+    'attention.sliding_window': None,
   }
 
 
@@ -179,13 +248,21 @@ def config_overrides(hf: dict) -> dict[str, Any]:
   family = family_of(hf)
   model = _gpt2(hf) if family == 'gpt2' else _llama_like(hf, family)
   out = {f'model.{k}': v for k, v in model.items()}
-  out.update({'model.dtype': 'float32', 'model.param_dtype': 'float32', 'model.dropout': 0.0,
-              'model.embed_dropout': 0.0, 'model.attention.dropout': 0.0,
-              'data.seq_len': model['max_seq_len']})
+  out.update(
+    {
+      'model.dtype': 'float32',
+      'model.param_dtype': 'float32',
+      'model.dropout': 0.0,
+      'model.embed_dropout': 0.0,
+      'model.attention.dropout': 0.0,
+      'data.seq_len': model['max_seq_len'],
+    }
+  )
   return out
 
 
 # --- Export: mllm → HF fields ------------------------------------------------------------------
+
 
 def family_for(m) -> str:
   """The HF family an mllm model config is exported as (checked afterwards by `check_exact`)."""
@@ -206,43 +283,76 @@ def _hf_rope(m) -> dict[str, Any]:
   if p.rope_scaling == 'linear':
     params.update(rope_type='linear', factor=float(p.rope_scaling_factor))
   elif p.rope_scaling == 'yarn':
-    params.update(rope_type='yarn', factor=float(p.rope_scaling_factor),
-                  original_max_position_embeddings=int(p.rope_original_max_len or m.max_seq_len),
-                  beta_fast=float(p.yarn_beta_fast), beta_slow=float(p.yarn_beta_slow))
+    params.update(
+      rope_type='yarn',
+      factor=float(p.rope_scaling_factor),
+      original_max_position_embeddings=int(p.rope_original_max_len or m.max_seq_len),
+      beta_fast=float(p.yarn_beta_fast),
+      beta_slow=float(p.yarn_beta_slow),
+    )
   elif p.rope_scaling == 'llama3':
-    params.update(rope_type='llama3', factor=float(p.rope_scaling_factor),
-                  low_freq_factor=float(p.llama3_low_freq_factor),
-                  high_freq_factor=float(p.llama3_high_freq_factor),
-                  original_max_position_embeddings=int(p.rope_original_max_len or m.max_seq_len))
+    params.update(
+      rope_type='llama3',
+      factor=float(p.rope_scaling_factor),
+      low_freq_factor=float(p.llama3_low_freq_factor),
+      high_freq_factor=float(p.llama3_high_freq_factor),
+      original_max_position_embeddings=int(p.rope_original_max_len or m.max_seq_len),
+    )
   # Both spellings: transformers ≥ 5 reads rope_parameters, earlier versions rope_theta and
   # rope_scaling.
-  legacy = None if params['rope_type'] == 'default' else {
-      k: v for k, v in params.items() if k != 'rope_theta'}
+  legacy = (
+    None
+    if params['rope_type'] == 'default'
+    else {k: v for k, v in params.items() if k != 'rope_theta'}
+  )
   return {'rope_parameters': params, 'rope_theta': params['rope_theta'], 'rope_scaling': legacy}
 
 
 def hf_config(m, family: str, dtype: str) -> dict[str, Any]:
   """config.json for model config `m` as `family` (unchecked: see `check_exact`)."""
-  from mllm.layers.ffn import hidden_dim  # noqa: PLC0415
-  from mllm.layers.moe import expert_hidden_dim  # noqa: PLC0415
-  from mllm.model import dense_ffn_kind  # noqa: PLC0415
+
   head_dim = resolved_head_dim(m)
-  common = {'architectures': [ARCHITECTURES[family]], 'model_type': family,
-            'vocab_size': m.vocab_size, 'tie_word_embeddings': bool(m.tie_embeddings),
-            'dtype': dtype, 'bos_token_id': None, 'eos_token_id': None, 'pad_token_id': None}
+  common = {
+    'architectures': [ARCHITECTURES[family]],
+    'model_type': family,
+    'vocab_size': m.vocab_size,
+    'tie_word_embeddings': bool(m.tie_embeddings),
+    'dtype': dtype,
+    'bos_token_id': None,
+    'eos_token_id': None,
+    'pad_token_id': None,
+  }
   if family == 'gpt2':
     # Another FFN is written as GPT-2's own, and check_exact names the difference.
     kind = {'gelu_tanh': 'gelu_new', 'gelu': 'gelu'}.get(m.ffn.kind, 'gelu_new')
-    return {**common, 'n_embd': m.d_model, 'n_layer': m.n_layers, 'n_head': m.n_heads,
-            'n_positions': m.max_seq_len, 'n_inner': hidden_dim(m.ffn, m.d_model),
-            'activation_function': kind, 'layer_norm_epsilon': float(m.norm.eps),
-            'resid_pdrop': 0.0, 'embd_pdrop': 0.0, 'attn_pdrop': 0.0, 'scale_attn_weights': True}
-  out = {**common, 'hidden_size': m.d_model, 'num_hidden_layers': m.n_layers,
-         'num_attention_heads': m.n_heads, 'num_key_value_heads': m.n_kv_heads,
-         'head_dim': head_dim, 'max_position_embeddings': m.max_seq_len,
-         'intermediate_size': hidden_dim(m.ffn, m.d_model, dense_ffn_kind(m)),
-         'rms_norm_eps': float(m.norm.eps), 'hidden_act': 'silu', 'attention_dropout': 0.0,
-         **_hf_rope(m)}
+    return {
+      **common,
+      'n_embd': m.d_model,
+      'n_layer': m.n_layers,
+      'n_head': m.n_heads,
+      'n_positions': m.max_seq_len,
+      'n_inner': hidden_dim(m.ffn, m.d_model),
+      'activation_function': kind,
+      'layer_norm_epsilon': float(m.norm.eps),
+      'resid_pdrop': 0.0,
+      'embd_pdrop': 0.0,
+      'attn_pdrop': 0.0,
+      'scale_attn_weights': True,
+    }
+  out = {
+    **common,
+    'hidden_size': m.d_model,
+    'num_hidden_layers': m.n_layers,
+    'num_attention_heads': m.n_heads,
+    'num_key_value_heads': m.n_kv_heads,
+    'head_dim': head_dim,
+    'max_position_embeddings': m.max_seq_len,
+    'intermediate_size': hidden_dim(m.ffn, m.d_model, dense_ffn_kind(m)),
+    'rms_norm_eps': float(m.norm.eps),
+    'hidden_act': 'silu',
+    'attention_dropout': 0.0,
+    **_hf_rope(m),
+  }
   if family in ('llama', 'qwen3', 'qwen3_moe'):
     out['attention_bias'] = bool(m.attention.use_bias)
   if family == 'llama':
@@ -252,33 +362,55 @@ def hf_config(m, family: str, dtype: str) -> dict[str, Any]:
   if family in ('qwen2', 'qwen3', 'qwen3_moe'):
     out.update(use_sliding_window=False, sliding_window=None)
   if family == 'mixtral':
-    out.update(num_local_experts=m.moe.num_experts, num_experts_per_tok=m.moe.top_k,
-               intermediate_size=expert_hidden_dim(m), router_jitter_noise=0.0)
+    out.update(
+      num_local_experts=m.moe.num_experts,
+      num_experts_per_tok=m.moe.top_k,
+      intermediate_size=expert_hidden_dim(m),
+      router_jitter_noise=0.0,
+    )
   if family == 'qwen3_moe':
-    out.update(num_experts=m.moe.num_experts, num_experts_per_tok=m.moe.top_k,
-               moe_intermediate_size=expert_hidden_dim(m), decoder_sparse_step=m.moe.every,
-               mlp_only_layers=list(range(m.moe.first_dense_layers)),
-               norm_topk_prob=bool(m.moe.renormalize))
+    out.update(
+      num_experts=m.moe.num_experts,
+      num_experts_per_tok=m.moe.top_k,
+      moe_intermediate_size=expert_hidden_dim(m),
+      decoder_sparse_step=m.moe.every,
+      mlp_only_layers=list(range(m.moe.first_dense_layers)),
+      norm_topk_prob=bool(m.moe.renormalize),
+    )
   return out
 
 
 def math_of(m) -> dict[str, Any]:
   """The settings of model config `m` that change what the network computes, resolved (a None
   that means a default is replaced by the value it means), keyed by their mllm key."""
-  from mllm.config import moe_layers  # noqa: PLC0415
-  from mllm.layers.ffn import hidden_dim  # noqa: PLC0415
-  from mllm.layers.moe import expert_hidden_dim  # noqa: PLC0415
-  from mllm.model import dense_ffn_kind  # noqa: PLC0415
-  keys = ('vocab_size', 'd_model', 'n_layers', 'n_heads', 'n_kv_heads', 'tie_embeddings',
-          'embed_scale', 'position.kind', 'norm.kind', 'norm.placement', 'norm.eps',
-          'norm.final_norm', 'ffn.kind', 'ffn.use_bias', 'attention.qk_norm',
-          'attention.use_bias', 'attention.qkv_bias', 'attention.sliding_window')
+
+  keys = (
+    'vocab_size',
+    'd_model',
+    'n_layers',
+    'n_heads',
+    'n_kv_heads',
+    'tie_embeddings',
+    'embed_scale',
+    'position.kind',
+    'norm.kind',
+    'norm.placement',
+    'norm.eps',
+    'norm.final_norm',
+    'ffn.kind',
+    'ffn.use_bias',
+    'attention.qk_norm',
+    'attention.use_bias',
+    'attention.qkv_bias',
+    'attention.sliding_window',
+  )
   out = {k: _get(m, k) for k in keys}
   head_dim = resolved_head_dim(m)
   out['head_dim'] = head_dim
-  out['attention.softmax_scale'] = m.attention.softmax_scale or head_dim ** -0.5
-  out['norm.use_bias'] = (m.norm.kind == 'layernorm' if m.norm.use_bias is None
-                          else bool(m.norm.use_bias))
+  out['attention.softmax_scale'] = m.attention.softmax_scale or head_dim**-0.5
+  out['norm.use_bias'] = (
+    m.norm.kind == 'layernorm' if m.norm.use_bias is None else bool(m.norm.use_bias)
+  )
   if m.norm.kind == 'partial_rmsnorm':
     out['norm.partial_p'] = m.norm.partial_p
   if len(moe_layers(m)) < m.n_layers:  # there are dense layers (all of them without MoE)
@@ -287,25 +419,43 @@ def math_of(m) -> dict[str, Any]:
     out['max_seq_len'] = m.max_seq_len
   if m.position.kind == 'rope':
     p = m.position
-    out.update({'position.rope_theta': float(p.rope_theta),
-                'position.rope_layout': p.rope_layout, 'position.rope_scaling': p.rope_scaling})
+    out.update(
+      {
+        'position.rope_theta': float(p.rope_theta),
+        'position.rope_layout': p.rope_layout,
+        'position.rope_scaling': p.rope_scaling,
+      }
+    )
     if p.rope_scaling != 'none':
       out['position.rope_scaling_factor'] = float(p.rope_scaling_factor)
     if p.rope_scaling in ('ntk', 'yarn', 'llama3'):
       out['position.rope_original_max_len'] = p.rope_original_max_len or m.max_seq_len
     if p.rope_scaling == 'yarn':
-      out.update({'position.yarn_beta_fast': p.yarn_beta_fast,
-                  'position.yarn_beta_slow': p.yarn_beta_slow})
+      out.update(
+        {'position.yarn_beta_fast': p.yarn_beta_fast, 'position.yarn_beta_slow': p.yarn_beta_slow}
+      )
     if p.rope_scaling == 'llama3':
-      out.update({'position.llama3_low_freq_factor': p.llama3_low_freq_factor,
-                  'position.llama3_high_freq_factor': p.llama3_high_freq_factor})
+      out.update(
+        {
+          'position.llama3_low_freq_factor': p.llama3_low_freq_factor,
+          'position.llama3_high_freq_factor': p.llama3_high_freq_factor,
+        }
+      )
   if m.ffn.kind == 'moe':
     moe = m.moe
-    out.update({'moe.num_experts': moe.num_experts, 'moe.top_k': moe.top_k,
-                'moe.expert_kind': moe.expert_kind, 'moe.expert_d_ff': expert_hidden_dim(m),
-                'moe.num_shared_experts': moe.num_shared_experts, 'moe.layers': moe_layers(m),
-                'moe.router': moe.router, 'moe.renormalize': bool(moe.renormalize),
-                'moe.expert_bias': bool(moe.expert_bias)})
+    out.update(
+      {
+        'moe.num_experts': moe.num_experts,
+        'moe.top_k': moe.top_k,
+        'moe.expert_kind': moe.expert_kind,
+        'moe.expert_d_ff': expert_hidden_dim(m),
+        'moe.num_shared_experts': moe.num_shared_experts,
+        'moe.layers': moe_layers(m),
+        'moe.router': moe.router,
+        'moe.renormalize': bool(moe.renormalize),
+        'moe.expert_bias': bool(moe.expert_bias),
+      }
+    )
   return out
 
 
@@ -324,6 +474,7 @@ def check_exact(m, family: str, back) -> None:
     if want[key] != got.get(key):
       shown = 'model.moe.every / first_dense_layers' if key == 'moe.layers' else f'model.{key}'
       raise HFExportError(
-          f'{shown}={want[key]!r}: Hugging Face\'s {ARCHITECTURES[family]} (the nearest class) '
-          f'has {got.get(key)!r}; allowed: a model a transformers class computes exactly '
-          f'({", ".join(FAMILIES)})')
+        f'{shown}={want[key]!r}: Hugging Face\'s {ARCHITECTURES[family]} (the nearest class) '
+        f'has {got.get(key)!r}; allowed: a model a transformers class computes exactly '
+        f'({", ".join(FAMILIES)})'
+      )

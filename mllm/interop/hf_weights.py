@@ -8,14 +8,16 @@ are the same table and a round trip is exact by construction (transposes and res
   - Mixtral and Qwen3-MoE store each expert's FFN separately; mllm stacks them [E, D, F].
 mllm parameters are named by their path in `nnx.to_pure_dict`, '/'-joined ('blocks/0/ffn/up/kernel').
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
 from mllm.layers import resolved_head_dim
+from mllm.layers.moe import moe_layers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,14 +43,22 @@ def transposed(hf: str, mllm: str) -> Link:
 
 def heads_in(hf: str, mllm: str, heads: int, head_dim: int) -> Link:
   """A q/k/v Linear [heads·head_dim, D] ↔ a kernel [D, heads, head_dim]."""
-  return _one(hf, mllm, lambda w: w.T.reshape(w.shape[1], heads, head_dim),
-              lambda p: p.reshape(p.shape[0], heads * head_dim).T)
+  return _one(
+    hf,
+    mllm,
+    lambda w: w.T.reshape(w.shape[1], heads, head_dim),
+    lambda p: p.reshape(p.shape[0], heads * head_dim).T,
+  )
 
 
 def heads_out(hf: str, mllm: str, heads: int, head_dim: int) -> Link:
   """The output Linear [D, heads·head_dim] ↔ a kernel [heads, head_dim, D]."""
-  return _one(hf, mllm, lambda w: w.T.reshape(heads, head_dim, w.shape[0]),
-              lambda p: p.reshape(heads * head_dim, p.shape[-1]).T)
+  return _one(
+    hf,
+    mllm,
+    lambda w: w.T.reshape(heads, head_dim, w.shape[0]),
+    lambda p: p.reshape(heads * head_dim, p.shape[-1]).T,
+  )
 
 
 def head_bias(hf: str, mllm: str, heads: int, head_dim: int) -> Link:
@@ -57,8 +67,9 @@ def head_bias(hf: str, mllm: str, heads: int, head_dim: int) -> Link:
 
 def experts(hf: list[str], mllm: str) -> Link:
   """One Linear per expert ([out, in] each) ↔ a stacked kernel [E, in, out]."""
-  return Link(tuple(hf), (mllm,), lambda *ws: (np.stack([w.T for w in ws]),),
-              lambda p: tuple(e.T for e in p))
+  return Link(
+    tuple(hf), (mllm,), lambda *ws: (np.stack([w.T for w in ws]),), lambda p: tuple(e.T for e in p)
+  )
 
 
 def fused_qkv(hf: str, mllm: tuple[str, str, str], heads: int, head_dim: int) -> Link:
@@ -71,26 +82,34 @@ def fused_qkv(hf: str, mllm: tuple[str, str, str], heads: int, head_dim: int) ->
 
   def to_hf(*parts):
     return (np.concatenate([p.reshape(*p.shape[:-2], heads * head_dim) for p in parts], -1),)
+
   return Link((hf,), mllm, to_mllm, to_hf)
 
 
 # --- The families ------------------------------------------------------------------------------
 
+
 def _attention_links(c, p: str, m: str) -> list[Link]:
   """Llama-style self_attn (q/k/v/o_proj; biases; Qwen3's q_norm/k_norm)."""
   n, k, h = c.n_heads, c.n_kv_heads, resolved_head_dim(c)
-  links = [heads_in(f'{p}q_proj.weight', f'{m}query/kernel', n, h),
-           heads_in(f'{p}k_proj.weight', f'{m}key/kernel', k, h),
-           heads_in(f'{p}v_proj.weight', f'{m}value/kernel', k, h),
-           heads_out(f'{p}o_proj.weight', f'{m}out/kernel', n, h)]
+  links = [
+    heads_in(f'{p}q_proj.weight', f'{m}query/kernel', n, h),
+    heads_in(f'{p}k_proj.weight', f'{m}key/kernel', k, h),
+    heads_in(f'{p}v_proj.weight', f'{m}value/kernel', k, h),
+    heads_out(f'{p}o_proj.weight', f'{m}out/kernel', n, h),
+  ]
   if c.attention.use_bias or c.attention.qkv_bias:
-    links += [head_bias(f'{p}{x}_proj.bias', f'{m}{name}/bias', heads, h)
-              for x, name, heads in (('q', 'query', n), ('k', 'key', k), ('v', 'value', k))]
+    links += [
+      head_bias(f'{p}{x}_proj.bias', f'{m}{name}/bias', heads, h)
+      for x, name, heads in (('q', 'query', n), ('k', 'key', k), ('v', 'value', k))
+    ]
   if c.attention.use_bias:
     links.append(same(f'{p}o_proj.bias', f'{m}out/bias'))
   if c.attention.qk_norm:
-    links += [same(f'{p}q_norm.weight', f'{m}query_norm/scale'),
-              same(f'{p}k_norm.weight', f'{m}key_norm/scale')]
+    links += [
+      same(f'{p}q_norm.weight', f'{m}query_norm/scale'),
+      same(f'{p}k_norm.weight', f'{m}key_norm/scale'),
+    ]
   return links
 
 
@@ -110,25 +129,33 @@ def _moe_links(c, family: str, p: str, m: str) -> list[Link]:
   else:
     p, names = p + 'mlp.', {x: f'{x}_proj' for x in ('gate', 'up', 'down')}
   return [transposed(f'{p}gate.weight', f'{m}router')] + [
-      experts([f'{p}experts.{i}.{names[x]}.weight' for i in e], f'{m}experts/{x}')
-      for x in ('gate', 'up', 'down')]
+    experts([f'{p}experts.{i}.{names[x]}.weight' for i in e], f'{m}experts/{x}')
+    for x in ('gate', 'up', 'down')
+  ]
 
 
 def llama_links(c, family: str) -> list[Link]:
   """Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE: model.{embed_tokens, layers.i, norm}, lm_head."""
-  from mllm.config import moe_layers  # noqa: PLC0415
+
   sparse = set(moe_layers(c))
-  links = [same('model.embed_tokens.weight', 'embed/embedding'),
-           same('model.norm.weight', 'final_norm/scale')]
+  links = [
+    same('model.embed_tokens.weight', 'embed/embedding'),
+    same('model.norm.weight', 'final_norm/scale'),
+  ]
   if not c.tie_embeddings:
     links.append(transposed('lm_head.weight', 'head/kernel'))
   for i in range(c.n_layers):
     p, m = f'model.layers.{i}.', f'blocks/{i}/'
     links += _attention_links(c, p + 'self_attn.', m + 'attention/')
-    links += (_moe_links(c, family, p, m + 'ffn/') if i in sparse
-              else _dense_ffn_links(c, p + 'mlp.', m + 'ffn/'))
-    links += [same(p + 'input_layernorm.weight', m + 'attention_norm/scale'),
-              same(p + 'post_attention_layernorm.weight', m + 'ffn_norm/scale')]
+    links += (
+      _moe_links(c, family, p, m + 'ffn/')
+      if i in sparse
+      else _dense_ffn_links(c, p + 'mlp.', m + 'ffn/')
+    )
+    links += [
+      same(p + 'input_layernorm.weight', m + 'attention_norm/scale'),
+      same(p + 'post_attention_layernorm.weight', m + 'ffn_norm/scale'),
+    ]
   return links
 
 
@@ -139,23 +166,34 @@ def gpt2_links(c, prefix: str = 'transformer.') -> list[Link]:
 
   def norm(hf: str, mllm: str) -> list[Link]:
     return [same(f'{t}{hf}.weight', f'{mllm}/scale'), same(f'{t}{hf}.bias', f'{mllm}/bias')]
-  links = [same(f'{t}wte.weight', 'embed/embedding'), same(f'{t}wpe.weight', 'position/table'),
-           *norm('ln_f', 'final_norm')]
+
+  links = [
+    same(f'{t}wte.weight', 'embed/embedding'),
+    same(f'{t}wpe.weight', 'position/table'),
+    *norm('ln_f', 'final_norm'),
+  ]
   if not c.tie_embeddings:
     links.append(transposed('lm_head.weight', 'head/kernel'))
   for i in range(c.n_layers):
     p, m = f'{t}h.{i}.', f'blocks/{i}/'
     qkv = tuple(f'{m}attention/{x}/' for x in ('query', 'key', 'value'))
-    links += [fused_qkv(p + 'attn.c_attn.weight', tuple(x + 'kernel' for x in qkv), n, h),
-              fused_qkv(p + 'attn.c_attn.bias', tuple(x + 'bias' for x in qkv), n, h),
-              _one(p + 'attn.c_proj.weight', m + 'attention/out/kernel',
-                   lambda w: w.reshape(n, h, w.shape[-1]), lambda k: k.reshape(n * h, -1)),
-              same(p + 'attn.c_proj.bias', m + 'attention/out/bias'),
-              same(p + 'mlp.c_fc.weight', m + 'ffn/up/kernel'),
-              same(p + 'mlp.c_fc.bias', m + 'ffn/up/bias'),
-              same(p + 'mlp.c_proj.weight', m + 'ffn/down/kernel'),
-              same(p + 'mlp.c_proj.bias', m + 'ffn/down/bias'),
-              *norm(f'h.{i}.ln_1', m + 'attention_norm'), *norm(f'h.{i}.ln_2', m + 'ffn_norm')]
+    links += [
+      fused_qkv(p + 'attn.c_attn.weight', tuple(x + 'kernel' for x in qkv), n, h),
+      fused_qkv(p + 'attn.c_attn.bias', tuple(x + 'bias' for x in qkv), n, h),
+      _one(
+        p + 'attn.c_proj.weight',
+        m + 'attention/out/kernel',
+        lambda w: w.reshape(n, h, w.shape[-1]),
+        lambda k: k.reshape(n * h, -1),
+      ),
+      same(p + 'attn.c_proj.bias', m + 'attention/out/bias'),
+      same(p + 'mlp.c_fc.weight', m + 'ffn/up/kernel'),
+      same(p + 'mlp.c_fc.bias', m + 'ffn/up/bias'),
+      same(p + 'mlp.c_proj.weight', m + 'ffn/down/kernel'),
+      same(p + 'mlp.c_proj.bias', m + 'ffn/down/bias'),
+      *norm(f'h.{i}.ln_1', m + 'attention_norm'),
+      *norm(f'h.{i}.ln_2', m + 'ffn_norm'),
+    ]
   return links
 
 
@@ -169,6 +207,7 @@ def links_for(c, family: str, names: list[str] | None = None) -> list[Link]:
 
 
 # --- Between a pure dict and '/'-paths ----------------------------------------------------------
+
 
 def flat(tree: dict, prefix: str = '') -> dict[str, np.ndarray]:
   out = {}
@@ -192,7 +231,7 @@ def nested(flat_params: dict[str, np.ndarray]) -> dict:
 
 def layer_path(path: str, i: int | None) -> str:
   """'blocks/x' → 'blocks/i/x' (i None: the path as is)."""
-  return path if i is None else f'blocks/{i}/{path[len("blocks/"):]}'
+  return path if i is None else f'blocks/{i}/{path[len("blocks/") :]}'
 
 
 def unstack_layers(params: dict[str, np.ndarray], n_layers: int) -> dict[str, np.ndarray]:

@@ -4,6 +4,7 @@ The projections carry logical axis names; the score computation is `mllm.ops.att
 implementation (`model.attention.impl`) is a registry entry. Positional schemes reach in only
 through the `PositionContext` (rotations, shared biases) and an optional per-layer part (Shaw).
 """
+
 from __future__ import annotations
 
 import jax
@@ -33,10 +34,17 @@ class Attention(nnx.Module):
       into_heads = spec.endswith('btnh')  # q, k, v (Qwen2's qkv_bias) rather than the output
       bias_shape = kernel_shape[-2:] if into_heads else kernel_shape[-1:]
       bias = acfg.use_bias or (into_heads and acfg.qkv_bias)
-      return nnx.Einsum(spec, kernel_shape, bias_shape if bias else None, dtype=dtype,
-                        param_dtype=param_dtype, kernel_init=kernel_init, rngs=rngs,
-                        kernel_metadata={'logical_axes': axes},
-                        bias_metadata={'logical_axes': axes[-(len(bias_shape)):]})
+      return nnx.Einsum(
+        spec,
+        kernel_shape,
+        bias_shape if bias else None,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        kernel_init=kernel_init,
+        rngs=rngs,
+        kernel_metadata={'logical_axes': axes},
+        bias_metadata={'logical_axes': axes[-(len(bias_shape)) :]},
+      )
 
     self.query = proj('btd,dnh->btnh', (d, n, h), ('embed', 'heads', 'head_dim'), init)
     self.key = proj('btd,dnh->btnh', (d, k, h), ('embed', 'kv_heads', 'head_dim'), init)
@@ -50,10 +58,15 @@ class Attention(nnx.Module):
     self.dropout = nnx.Dropout(acfg.dropout, rngs=rngs)
     self.impl = acfg.impl
     self.block_q, self.block_k = acfg.block_q, acfg.block_k
-    self.scale = acfg.softmax_scale if acfg.softmax_scale is not None else h ** -0.5
+    self.scale = acfg.softmax_scale if acfg.softmax_scale is not None else h**-0.5
 
-  def __call__(self, x_BTD: jax.Array, context: PositionContext, mask: AttentionMask,
-               cache: LayerCache | None = None):
+  def __call__(
+    self,
+    x_BTD: jax.Array,
+    context: PositionContext,
+    mask: AttentionMask,
+    cache: LayerCache | None = None,
+  ):
     """The attention output [B, T, D]; with a `cache`, (output, the layer's updated (k, v))."""
     q_BTNH, k_BTKH, v_BTKH = self.query(x_BTD), self.key(x_BTD), self.value(x_BTD)
     if self.query_norm is not None:
@@ -68,9 +81,20 @@ class Attention(nnx.Module):
     dropout_rng = None
     if self.dropout.rate > 0 and not self.dropout.deterministic:
       dropout_rng = self.dropout.rngs()
-    out_BTNH = attend(q_BTNH, k_BTKH, v_BTKH, mask=mask, bias=bias, rel_values=rel_values,
-                      scale=self.scale, impl=self.impl, dropout_rate=self.dropout.rate,
-                      dropout_rng=dropout_rng, block_q=self.block_q, block_k=self.block_k)
+    out_BTNH = attend(
+      q_BTNH,
+      k_BTKH,
+      v_BTKH,
+      mask=mask,
+      bias=bias,
+      rel_values=rel_values,
+      scale=self.scale,
+      impl=self.impl,
+      dropout_rate=self.dropout.rate,
+      dropout_rng=dropout_rng,
+      block_q=self.block_q,
+      block_k=self.block_k,
+    )
     if cache is None:
       return self.out(out_BTNH)
     # Decoding: one [N·H, D] matmul on a bitcast of the kernel. Through the einsum, XLA:CPU picks

@@ -5,6 +5,7 @@ Gated FFNs (Shazeer 2020, eqs. 5-6):           FFN(x) = (act(x·W_gate) ⊗ x·W
 A gated FFN has three matrices; with `match_params` its hidden size is 2/3 of the ungated one (rounded
 to `multiple_of`), so both have the same parameter count, as in Shazeer's comparison.
 """
+
 from __future__ import annotations
 
 import functools
@@ -19,10 +20,17 @@ gelu_tanh = functools.partial(jax.nn.gelu, approximate=True)  # GPT-2's "gelu_ne
 
 
 def _linear(d_in, d_out, axes, *, use_bias, std, dtype, param_dtype, rngs):
-  return nnx.Linear(d_in, d_out, use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
-                    kernel_init=nnx.initializers.normal(std), rngs=rngs,
-                    kernel_metadata={'logical_axes': axes},
-                    bias_metadata={'logical_axes': axes[1:]})
+  return nnx.Linear(
+    d_in,
+    d_out,
+    use_bias=use_bias,
+    dtype=dtype,
+    param_dtype=param_dtype,
+    kernel_init=nnx.initializers.normal(std),
+    rngs=rngs,
+    kernel_metadata={'logical_axes': axes},
+    bias_metadata={'logical_axes': axes[1:]},
+  )
 
 
 class FeedForward(nnx.Module):
@@ -30,17 +38,29 @@ class FeedForward(nnx.Module):
 
   Ungated: down(act(up(x))). Gated: down(act(gate(x)) ⊗ up(x)). Parameter names are gate/up/down.
   """
+
   gated = False
 
   @staticmethod
   def activation(x):
     raise NotImplementedError
 
-  def __init__(self, d_model: int, d_ff: int, *, use_bias: bool, init_std: float, out_std: float,
-               dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+  def __init__(
+    self,
+    d_model: int,
+    d_ff: int,
+    *,
+    use_bias: bool,
+    init_std: float,
+    out_std: float,
+    dtype=None,
+    param_dtype=jnp.float32,
+    rngs: nnx.Rngs,
+  ):
     common = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-    self.gate = (_linear(d_model, d_ff, ('embed', 'mlp'), std=init_std, **common)
-                 if self.gated else None)
+    self.gate = (
+      _linear(d_model, d_ff, ('embed', 'mlp'), std=init_std, **common) if self.gated else None
+    )
     self.up = _linear(d_model, d_ff, ('embed', 'mlp'), std=init_std, **common)
     self.down = _linear(d_ff, d_model, ('mlp', 'embed'), std=out_std, **common)
 
@@ -50,8 +70,13 @@ class FeedForward(nnx.Module):
       # transposing the [tokens, d_ff] activations (see there).
       dtype = self.up.dtype or jnp.result_type(x_BTD.dtype, self.up.kernel.dtype)
       kernel = lambda linear: linear.kernel[...].astype(dtype)  # noqa: E731
-      return _ffn(x_BTD.astype(dtype), kernel(self.gate) if self.gated else None,
-                  kernel(self.up), kernel(self.down), type(self).activation)
+      return _ffn(
+        x_BTD.astype(dtype),
+        kernel(self.gate) if self.gated else None,
+        kernel(self.up),
+        kernel(self.down),
+        type(self).activation,
+      )
     if self.gated:
       return self.down(self.activation(self.gate(x_BTD)) * self.up(x_BTD))
     return self.down(self.activation(self.up(x_BTD)))
@@ -66,6 +91,7 @@ class FeedForward(nnx.Module):
 # activations as they are, and the hidden activations are recomputed from the saved
 # pre-activations (cheap elementwise work) instead of being stored.
 # ---------------------------------------------------------------------------------------------
+
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def _ffn(x, w_gate, w_up, w_down, activation):
@@ -86,8 +112,9 @@ def _ffn_fwd(x, w_gate, w_up, w_down, activation):
 def _ffn_bwd(activation, residuals, dy):
   x, w_gate, w_up, w_down, pre_gate, pre_up = residuals
   d_model, d_ff = w_up.shape
-  hidden, hidden_vjp = jax.vjp(functools.partial(_ffn_hidden, activation=activation),
-                               pre_gate, pre_up)
+  hidden, hidden_vjp = jax.vjp(
+    functools.partial(_ffn_hidden, activation=activation), pre_gate, pre_up
+  )
   dy = dy.astype(hidden.dtype)
   d_hidden = dy @ w_down.T
   d_gate, d_up = hidden_vjp(d_hidden)
@@ -107,62 +134,80 @@ _ffn.defvjp(_ffn_fwd, _ffn_bwd)
 
 class MLP(FeedForward):
   """Two-matrix FFN."""
+
   gated = False
 
 
 class GatedMLP(FeedForward):
   """Three-matrix gated FFN."""
+
   gated = True
 
 
 class ReLU(MLP):
   """FFN_ReLU (Shazeer 2020, eq. 1)."""
+
   activation = staticmethod(jax.nn.relu)
 
 
 class GELU(MLP):
   """FFN_GELU (Shazeer 2020, eq. 2)."""
+
   activation = staticmethod(gelu)
 
 
 class GELUTanh(MLP):
   """FFN_GELU with GELU's tanh approximation (Hendrycks & Gimpel 2016, sec. 2; GPT-2)."""
+
   activation = staticmethod(gelu_tanh)
 
 
 class Swish(MLP):
   """FFN_Swish with β = 1, i.e. SiLU (Shazeer 2020, eq. 3)."""
+
   activation = staticmethod(jax.nn.silu)
 
 
 class GLU(GatedMLP):
   """FFN_GLU: sigmoid gate (Dauphin et al. 2017; Shazeer 2020, eq. 5)."""
+
   activation = staticmethod(jax.nn.sigmoid)
 
 
 class Bilinear(GatedMLP):
   """FFN_Bilinear: no activation on the gate (Shazeer 2020, eq. 5)."""
+
   activation = staticmethod(lambda x: x)
 
 
 class GEGLU(GatedMLP):
   """FFN_GEGLU: GELU gate (Shazeer 2020, eq. 6)."""
+
   activation = staticmethod(gelu)
 
 
 class SwiGLU(GatedMLP):
   """FFN_SwiGLU: Swish gate (Shazeer 2020, eq. 6; Llama, Mistral, Qwen)."""
+
   activation = staticmethod(jax.nn.silu)
 
 
 class ReGLU(GatedMLP):
   """FFN_ReGLU: ReLU gate (Shazeer 2020, eq. 5)."""
+
   activation = staticmethod(jax.nn.relu)
 
 
 FFNS: dict[str, type[nnx.Module]] = {
-    'relu': ReLU, 'gelu': GELU, 'gelu_tanh': GELUTanh, 'swish': Swish,
-    'glu': GLU, 'bilinear': Bilinear, 'geglu': GEGLU, 'swiglu': SwiGLU, 'reglu': ReGLU,
+  'relu': ReLU,
+  'gelu': GELU,
+  'gelu_tanh': GELUTanh,
+  'swish': Swish,
+  'glu': GLU,
+  'bilinear': Bilinear,
+  'geglu': GEGLU,
+  'swiglu': SwiGLU,
+  'reglu': ReGLU,
 }
 
 

@@ -16,6 +16,7 @@ its variance at the top stays that of one branch.
 Not here, under every scheme: the T5 relative-bias table keeps HF T5's d_model^-½ (a bias, not a
 projection), the MoE noise router starts at zero (Shazeer et al. 2017), norm scales at 1.
 """
+
 from __future__ import annotations
 
 import math

@@ -19,6 +19,7 @@ A forward pass with a cache writes the new keys into their slots, in place, and 
 slots. Only a chunk of several tokens on a rolling buffer attends to [the S slots ; its T new keys]
 before writing, so that it sees its own earlier tokens before they are overwritten.
 """
+
 from __future__ import annotations
 
 import jax
@@ -53,18 +54,26 @@ def cache_size(cfg, max_len: int) -> int:
   return slots_for(cfg.attention.sliding_window, max_len)
 
 
-def empty_cache(layers: int, batch: int, size: int, kv_heads: int, head_dim: int,
-                dtype) -> KVCache:
+def empty_cache(layers: int, batch: int, size: int, kv_heads: int, head_dim: int, dtype) -> KVCache:
   """A cache of `size` empty slots per sequence."""
   shape = (layers, batch, size, kv_heads, head_dim)
-  return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
-                 positions=jnp.full((batch, size), -1, jnp.int32))
+  return KVCache(
+    k=jnp.zeros(shape, dtype),
+    v=jnp.zeros(shape, dtype),
+    positions=jnp.full((batch, size), -1, jnp.int32),
+  )
 
 
 def init_cache(cfg, batch: int, max_len: int) -> KVCache:
   """An empty cache for `batch` sequences of up to `max_len` tokens (the model config `cfg`)."""
-  return empty_cache(cfg.n_layers, batch, cache_size(cfg, max_len), cfg.n_kv_heads,
-                     resolved_head_dim(cfg), jnp.dtype(cfg.dtype))
+  return empty_cache(
+    cfg.n_layers,
+    batch,
+    cache_size(cfg, max_len),
+    cfg.n_kv_heads,
+    resolved_head_dim(cfg),
+    jnp.dtype(cfg.dtype),
+  )
 
 
 def write_slots(positions_BT: jax.Array, size: int) -> jax.Array:
@@ -89,6 +98,7 @@ class LayerCache:
   """One layer's view during a forward pass: the whole cache, this layer's index in it, and the
   slots the new keys go to. The layer writes into the [L, ...] arrays directly, so with the cache
   donated every step updates it in place: no per-layer copy, no restacking of the layers."""
+
   k: jax.Array  # [L, B, S, K, H]
   v: jax.Array
   layer: jax.Array | int
@@ -104,8 +114,11 @@ class LayerCache:
     k_all = scatter(self.k, k_BTKH, self.slots, self.layer)
     v_all = scatter(self.v, v_BTKH, self.slots, self.layer)
     if self.write_first:
-      return k_all[self.layer].astype(k_BTKH.dtype), v_all[self.layer].astype(v_BTKH.dtype), (
-          k_all, v_all)
+      return (
+        k_all[self.layer].astype(k_BTKH.dtype),
+        v_all[self.layer].astype(v_BTKH.dtype),
+        (k_all, v_all),
+      )
     keys = jnp.concatenate([self.k[self.layer].astype(k_BTKH.dtype), k_BTKH], axis=1)
     values = jnp.concatenate([self.v[self.layer].astype(v_BTKH.dtype), v_BTKH], axis=1)
     return keys, values, (k_all, v_all)

@@ -1,4 +1,4 @@
-"""Mixture of Experts: a router sends each token to k of E expert FFNs (the lecture's last FFN).
+"""Mixture of Experts: a router sends each token to k of E expert FFNs.
 
     p(x) = softmax(x·W_r)  (or sigmoid, DeepSeek-V3),  in float32 whatever the compute dtype
     y(x) = Σ_{i ∈ top-k(p)} g_i(x) · E_i(x)  [+ Σ_j S_j(x), always-on shared experts]
@@ -20,293 +20,52 @@ Two ways to run the experts, equal when no token overflows (tested):
 
 Balancing: the Switch loss and the router z-loss (the layer returns its routing statistics; the
 training step adds the losses with their coefficients, over the global batch), router noise in
-training (the lecture's mixture, or Shazeer's noisy top-k; drawn from the 'dropout' RNG stream, so
+training (a mixture with uniform noise, or Shazeer's noisy top-k; drawn from the 'dropout' RNG stream, so
 a resumed run draws the same noise), and DeepSeek-V3's aux-loss-free bias (an `ExpertBias`
 variable that shifts the choice only; `update_expert_bias` is applied after each step).
 
 `model.ffn.kind='moe'` with the `model.moe.*` keys puts this layer in place of the FFN
 (`MoE.from_config`); experts and the model's dense layers are FFNs of `moe.expert_kind`.
 """
-from __future__ import annotations
 
-import math
+from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mllm.checks import ConfigError, integer, number, one_of, positive
 from mllm.layers.ffn import FFNS, hidden_dim
 from mllm.layers.init import weight_std
+from mllm.layers.moe_experts import (
+  DISPATCHES,
+  GROUPED_MATMULS,
+  Experts,
+  capacity,
+  capacity_dispatch,
+  dropless_dispatch,
+  resolve_dispatch,
+)
+from mllm.layers.moe_routing import (
+  BALANCE_CONVENTIONS,
+  NOISES,
+  ROUTERS,
+  ExpertBias,
+  load_balancing_loss,
+  load_summary,
+  mixture_noise,
+  noisy_topk_logits,
+  router_probs,
+  top_k,
+  update_expert_bias,
+  z_loss,
+)
 from mllm.ops import mesh as on_mesh
-
-ROUTERS = ('softmax', 'sigmoid')
-DISPATCHES = ('capacity', 'dropless')
-GROUPED_MATMULS = ('ragged_dot', 'megablox', 'tiled')  # the dropless path's kernel
-NOISES = ('none', 'mixture', 'noisy_topk')
-BALANCE_CONVENTIONS = ('switch', 'hf')
-
-
-class ExpertBias(nnx.Variable):
-  """DeepSeek-V3's per-expert routing bias: not a Param, so no optimizer or gradient touches it;
-  `update_expert_bias` moves it after each step. Saved with the model's state."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Routing.
-# ---------------------------------------------------------------------------------------------
-
-def router_probs(logits_TE: jax.Array, kind: str = 'softmax') -> jax.Array:
-  """Per-expert scores in float32: softmax over experts (they sum to 1), or independent sigmoids
-  (DeepSeek-V3, whose gates are then normalised over the chosen k)."""
-  logits_TE = logits_TE.astype(jnp.float32)
-  if kind == 'softmax':
-    return jax.nn.softmax(logits_TE, axis=-1)
-  if kind == 'sigmoid':
-    return jax.nn.sigmoid(logits_TE)
-  raise ValueError(f'unknown router {kind!r}; allowed: {", ".join(ROUTERS)}')
-
-
-def top_k(probs_TE: jax.Array, k: int, *, renormalize: bool,
-          selection_bias_E: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-  """(gates [T, k], experts [T, k]): the k best experts per token, best first.
-
-  selection_bias_E shifts the choice but not the gates (DeepSeek-V3's aux-loss-free balancing).
-  """
-  scores = probs_TE if selection_bias_E is None else probs_TE + selection_bias_E
-  _, experts_Tk = jax.lax.top_k(scores, k)
-  gates_Tk = jnp.take_along_axis(probs_TE, experts_Tk, axis=-1)
-  if renormalize:
-    gates_Tk = gates_Tk / jnp.sum(gates_Tk, axis=-1, keepdims=True)
-  return gates_Tk, experts_Tk
-
-
-def load_balancing_loss(tokens_per_expert_E: jax.Array, mean_prob_E: jax.Array, top_k: int,
-                        convention: str = 'switch') -> jax.Array:
-  """Switch Transformer's auxiliary loss (Fedus et al. 2021, eq. 4), E · Σ_i f_i · P_i, without α.
-
-  P_i is the mean router probability of expert i over the T tokens; f_i the fraction of the
-  assignments routed to it, from `tokens_per_expert` (T·k assignments in all):
-  - 'switch' (mllm's): f_i = count_i / (k·T), so Σ f = 1 and the loss is exactly 1 at uniform
-    routing for every k (and α after the coefficient), larger when routing is skewed;
-  - 'hf': transformers' per-layer convention, f_i = count_i / T, so Σ f = k and uniform routing
-    gives k.
-  Both inputs may come from a larger batch than one forward pass (the training step passes the
-  global batch's counts when accumulating gradients); f carries no gradient, P does.
-  """
-  if convention not in BALANCE_CONVENTIONS:
-    raise ValueError(f"unknown balancing convention {convention!r}; allowed: 'switch', 'hf'")
-  counts_E = jax.lax.stop_gradient(tokens_per_expert_E.astype(jnp.float32))
-  n_tokens = jnp.sum(counts_E, axis=-1, keepdims=True) / top_k
-  f_E = counts_E / (n_tokens * top_k if convention == 'switch' else n_tokens)
-  return counts_E.shape[-1] * jnp.sum(f_E * mean_prob_E.astype(jnp.float32), axis=-1)
-
-
-def balancing_objective(tokens_per_expert_LE: jax.Array, mean_prob_LE: jax.Array, top_k: int,
-                        convention: str = 'switch') -> jax.Array:
-  """The balancing term of the training objective (before its coefficient), from the stacked
-  statistics of the L MoE layers: 'switch', the mean over layers of each layer's loss; 'hf',
-  transformers' `load_balancing_loss_func`, which pools the layers (counts summed, P averaged)
-  into one loss."""
-  if convention == 'hf':
-    return load_balancing_loss(jnp.sum(tokens_per_expert_LE, 0), jnp.mean(mean_prob_LE, 0), top_k,
-                               'hf')
-  return jnp.mean(load_balancing_loss(tokens_per_expert_LE, mean_prob_LE, top_k, convention))
-
-
-def z_loss(logits_TE: jax.Array) -> jax.Array:
-  """Router z-loss (ST-MoE, Zoph et al. 2022, eq. 5): mean over tokens of logsumexp(logits)²."""
-  return jnp.mean(jax.nn.logsumexp(logits_TE.astype(jnp.float32), axis=-1) ** 2)
-
-
-def mixture_noise(probs_TE: jax.Array, alpha: float, key: jax.Array) -> jax.Array:
-  """The lecture's noisy router: p = (1 − α)·p + α·ε, with ε uniform on the probability simplex
-  (Dirichlet(1, ..., 1), drawn per token), so p stays a distribution."""
-  exponential = jax.random.exponential(key, probs_TE.shape, jnp.float32)
-  epsilon = exponential / jnp.sum(exponential, axis=-1, keepdims=True)
-  return (1.0 - alpha) * probs_TE + alpha * epsilon
-
-
-def noisy_topk_logits(logits_TE: jax.Array, noise_logits_TE: jax.Array,
-                      key: jax.Array) -> jax.Array:
-  """Noisy top-k gating (Shazeer et al. 2017, eq. 4): H = x·W_g + N(0, 1)·softplus(x·W_noise)."""
-  normal = jax.random.normal(key, logits_TE.shape, jnp.float32)
-  return logits_TE + normal * jax.nn.softplus(noise_logits_TE.astype(jnp.float32))
-
-
-def update_expert_bias(bias_E: jax.Array, tokens_per_expert_E: jax.Array,
-                       rate: float) -> jax.Array:
-  """Aux-loss-free balancing (DeepSeek-V3; Wang et al. 2024):
-  b_i ← b_i + γ·sign(mean load − load_i), raising under-loaded experts and lowering over-loaded
-  ones (over the last axis, E). Use the global batch's counts."""
-  load = tokens_per_expert_E.astype(jnp.float32)
-  return bias_E + rate * jnp.sign(jnp.mean(load, axis=-1, keepdims=True) - load)
-
-
-def load_summary(tokens_per_expert_E: jax.Array) -> dict[str, jax.Array]:
-  """How balanced one step's routing was (over the last axis, E): the coefficient of variation of
-  the load (std/mean, 0 when even), max/mean load (1 when even) and the fraction of experts that
-  got no token."""
-  load = tokens_per_expert_E.astype(jnp.float32)
-  mean = jnp.maximum(jnp.mean(load, axis=-1), 1e-9)
-  return {'load_cv': jnp.std(load, axis=-1) / mean,
-          'load_max_over_mean': jnp.max(load, axis=-1) / mean,
-          'dead_experts': jnp.mean((load == 0).astype(jnp.float32), axis=-1)}
-
-
-# ---------------------------------------------------------------------------------------------
-# Experts: E FFNs of one kind, weights stacked along a leading expert axis.
-# ---------------------------------------------------------------------------------------------
-
-class Experts(nnx.Module):
-  """E bias-free FFNs of the kind `ffn_kind` names (its activation and gating): gate/up
-  [E, D, F], down [E, F, D]."""
-
-  def __init__(self, num_experts: int, d_model: int, d_ff: int, ffn_kind: str = 'swiglu', *,
-               init_std: float, out_std: float, dtype=None, param_dtype=jnp.float32,
-               rngs: nnx.Rngs):
-    ffn = FFNS[ffn_kind]
-    self.activation, self.gated = ffn.activation, ffn.gated
-    self.dtype = dtype
-
-    def weight(shape, std, axes):
-      init = nnx.initializers.normal(std)
-      return nnx.Param(init(rngs.params(), shape, param_dtype), logical_axes=axes)
-    e, d, f = num_experts, d_model, d_ff
-    self.gate = weight((e, d, f), init_std, ('expert', 'embed', 'mlp')) if self.gated else None
-    self.up = weight((e, d, f), init_std, ('expert', 'embed', 'mlp'))
-    self.down = weight((e, f, d), out_std, ('expert', 'mlp', 'embed'))
-
-  def _weights(self, dtype):
-    cast = lambda w: None if w is None else w[...].astype(dtype)  # noqa: E731
-    return cast(self.gate), cast(self.up), cast(self.down)
-
-  def _hidden(self, pre_gate, pre_up):
-    return self.activation(pre_up) if pre_gate is None else self.activation(pre_gate) * pre_up
-
-  def grouped(self, x_ECD: jax.Array) -> jax.Array:
-    """Expert e applied to its own rows x_ECD[e] (the capacity buffer)."""
-    gate, up, down = self._weights(self.dtype or x_ECD.dtype)
-    x_ECD = x_ECD.astype(up.dtype)
-    pre_gate = None if gate is None else jnp.einsum('ecd,edf->ecf', x_ECD, gate)
-    hidden = self._hidden(pre_gate, jnp.einsum('ecd,edf->ecf', x_ECD, up))
-    return jnp.einsum('ecf,efd->ecd', hidden, down)
-
-  def ragged(self, x_SD: jax.Array, group_sizes_E: jax.Array,
-             impl: str = 'ragged_dot') -> jax.Array:
-    """Rows sorted by expert, group_sizes_E[e] of them for expert e (the dropless path)."""
-    gate, up, down = self._weights(self.dtype or x_SD.dtype)
-    x_SD = x_SD.astype(up.dtype)
-    matmul = lambda x, w: grouped_matmul(x, w, group_sizes_E, impl)  # noqa: E731
-    pre_gate = None if gate is None else matmul(x_SD, gate)
-    hidden = self._hidden(pre_gate, matmul(x_SD, up))
-    return matmul(hidden, down)
-
-
-def grouped_matmul(x_SD: jax.Array, w_EDF: jax.Array, group_sizes_E: jax.Array,
-                   impl: str = 'ragged_dot') -> jax.Array:
-  """Rows of group e times w_EDF[e]: `jax.lax.ragged_dot`, or megablox's `gmm` (Pallas TPU kernel,
-  run in Pallas interpret mode off TPU: for tests, slowly). gmm's row tiles are 128 (the whole
-  matrix when smaller); extra zero rows pad the last group to a whole tile and are cut off."""
-  if impl == 'ragged_dot':
-    return jax.lax.ragged_dot(x_SD, w_EDF, group_sizes_E)
-  if impl == 'tiled':
-    return tiled_grouped_matmul(x_SD, w_EDF, group_sizes_E)
-  if impl != 'megablox':
-    raise ValueError(f'unknown grouped matmul {impl!r}; allowed: {", ".join(GROUPED_MATMULS)}')
-  from jax.experimental.pallas.ops.tpu.megablox import gmm  # noqa: PLC0415 (TPU kernel)
-  mesh = on_mesh.current_mesh()
-  if mesh is not None and mesh.size > 1:
-    # gmm is an opaque kernel XLA cannot split, and the rows are sorted by expert over the whole
-    # batch: splitting needs the whole dispatch under shard_map (not written yet).
-    raise ValueError(f"moe.grouped_matmul='megablox' runs on one device, but the mesh has "
-                     f"{mesh.size}; use 'ragged_dot' on a mesh")
-  rows, d_in = x_SD.shape
-  tile_m = min(128, rows)
-  pad = -rows % tile_m
-  x_padded = jnp.pad(x_SD, ((0, pad), (0, 0)))
-  sizes = group_sizes_E.astype(jnp.int32).at[-1].add(pad)
-  tiling = (tile_m, min(128, d_in), min(128, w_EDF.shape[-1]))
-  out = gmm(x_padded, w_EDF, sizes, x_SD.dtype, tiling, None, None, False,
-            on_mesh.backend() != 'tpu')
-  return out[:rows]
-
-
-def tiled_grouped_matmul(x_SD: jax.Array, w_EDF: jax.Array, group_sizes_E: jax.Array,
-                         tile: int = 128) -> jax.Array:
-  """Rows of group e times w_EDF[e], as MegaBlocks tiles them (Gale et al. 2023, sec. 5): each
-  group is padded with zero rows to whole tiles of `tile` rows, so that every tile belongs to one
-  group, and each tile multiplies its group's weight. At most E·(tile − 1) padding rows: for S
-  sorted rows, (S + E·tile)·D·F multiply-adds where XLA:CPU's ragged_dot does E·S·D·F. The
-  weights are gathered per tile ([tiles, D, F] in memory): a path for CPUs and small models."""
-  rows, d_in = x_SD.shape
-  num_experts = w_EDF.shape[0]
-  tile = max(1, min(tile, rows))
-  n_tiles = (rows + num_experts * (tile - 1)) // tile  # >= sum_e ceil(size_e / tile)
-  sizes = group_sizes_E.astype(jnp.int32)
-  padded = (sizes + tile - 1) // tile * tile
-  start, padded_start = jnp.cumsum(sizes) - sizes, jnp.cumsum(padded) - padded
-  group = jnp.repeat(jnp.arange(num_experts), sizes, total_repeat_length=rows)
-  slot = padded_start[group] + jnp.arange(rows) - start[group]  # each row's place among the tiles
-  x_tiles = jnp.zeros((n_tiles * tile, d_in), x_SD.dtype).at[slot].set(x_SD)
-  # Tile t holds group e when padded_start[e] <= t·tile < padded_start[e] + padded[e]; tiles past
-  # the last group hold zero rows only (their weight is any group's).
-  owner = jnp.searchsorted(jnp.cumsum(padded), jnp.arange(n_tiles) * tile, side='right')
-  w_tiles = w_EDF[jnp.minimum(owner, num_experts - 1)]
-  y_tiles = jnp.einsum('tcd,tdf->tcf', x_tiles.reshape(n_tiles, tile, d_in), w_tiles)
-  return y_tiles.reshape(n_tiles * tile, -1)[slot]
-
-
-# ---------------------------------------------------------------------------------------------
-# Dispatch.
-# ---------------------------------------------------------------------------------------------
-
-def capacity(n_tokens: int, num_experts: int, k: int, capacity_factor: float) -> int:
-  """Assignments one expert takes: ceil(T/E · k · capacity_factor)."""
-  return max(1, math.ceil(n_tokens / num_experts * k * capacity_factor))
-
-
-def capacity_dispatch(experts: Experts, x_TD, gates_Tk, experts_Tk, num_experts: int,
-                      cap: int) -> tuple[jax.Array, jax.Array]:
-  """(y [T, D], kept [T, k]) running each expert on at most `cap` assignments.
-
-  Priority: slot-major (all first choices, then all second choices, ...), token order within a
-  slot, as GShard and Switch fill their buffers; an assignment at position >= cap is dropped.
-  """
-  n_tokens, k = experts_Tk.shape
-  d_model = x_TD.shape[-1]
-  by_priority = experts_Tk.T.reshape(-1)  # [k·T], slot-major
-  onehot = jax.nn.one_hot(by_priority, num_experts, dtype=jnp.int32)
-  position = jnp.sum((jnp.cumsum(onehot, axis=0) - 1) * onehot, axis=-1)  # rank within its expert
-  kept_flat = position < cap
-  slot_flat = jnp.where(kept_flat, by_priority * cap + position, num_experts * cap)  # overflow: bin
-  token_flat = jnp.tile(jnp.arange(n_tokens), k)
-  # Which token fills each of the E·C buffer rows (T: none, a zero row).
-  rows = jnp.full((num_experts * cap + 1,), n_tokens, jnp.int32).at[slot_flat].set(token_flat)
-  x_padded = jnp.concatenate([x_TD, jnp.zeros((1, d_model), x_TD.dtype)], axis=0)
-  x_ECD = x_padded[rows[:-1]].reshape(num_experts, cap, d_model)
-  y_rows = experts.grouped(x_ECD).reshape(num_experts * cap, d_model)
-  y_rows = jnp.concatenate([y_rows, jnp.zeros((1, d_model), y_rows.dtype)], axis=0)
-  y_kTD = y_rows[slot_flat].reshape(k, n_tokens, d_model)
-  kept_Tk = kept_flat.reshape(k, n_tokens).T
-  weights_kT = jnp.where(kept_Tk, gates_Tk, 0.0).T.astype(y_kTD.dtype)
-  return jnp.einsum('ktd,kt->td', y_kTD, weights_kT), kept_Tk
-
-
-def dropless_dispatch(experts: Experts, x_TD, gates_Tk, experts_Tk, num_experts: int,
-                      impl: str = 'ragged_dot') -> jax.Array:
-  """y [T, D] with every assignment computed: sort by expert, grouped matmul, unsort."""
-  n_tokens, k = experts_Tk.shape
-  flat = experts_Tk.reshape(-1)  # token-major: assignment a is token a // k
-  order = jnp.argsort(flat, stable=True)
-  group_sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
-  y_sorted = experts.ragged(x_TD[order // k], group_sizes, impl)
-  y_TkD = jnp.zeros_like(y_sorted).at[order].set(y_sorted).reshape(n_tokens, k, -1)
-  return jnp.einsum('tkd,tk->td', y_TkD, gates_Tk.astype(y_TkD.dtype))
-
 
 # ---------------------------------------------------------------------------------------------
 # The layer.
 # ---------------------------------------------------------------------------------------------
+
 
 class MoE(nnx.Module):
   """Router + E routed experts (+ shared experts), in place of an FFN: [B, T, D] → [B, T, D].
@@ -317,69 +76,120 @@ class MoE(nnx.Module):
   router_entropy, drop_rate.
   """
 
-  def __init__(self, d_model: int, *, num_experts: int, top_k: int, expert_d_ff: int,
-               ffn_kind: str = 'swiglu', num_shared_experts: int = 0,
-               shared_d_ff: int | None = None,
-               router: str = 'softmax', renormalize: bool = True, dispatch: str = 'capacity',
-               capacity_factor: float = 1.25, grouped_matmul: str = 'ragged_dot',
-               noise: str = 'none', noise_alpha: float = 0.1,
-               expert_bias: bool = False, force_uniform_routing: bool = False,
-               init_std: float = 0.02, out_std: float = 0.02,
-               shared_out_std: float | None = None, dtype=None, param_dtype=jnp.float32,
-               rngs: nnx.Rngs):
+  def __init__(
+    self,
+    d_model: int,
+    *,
+    num_experts: int,
+    top_k: int,
+    expert_d_ff: int,
+    ffn_kind: str = 'swiglu',
+    num_shared_experts: int = 0,
+    shared_d_ff: int | None = None,
+    router: str = 'softmax',
+    renormalize: bool = True,
+    dispatch: str = 'capacity',
+    capacity_factor: float = 1.25,
+    grouped_matmul: str = 'ragged_dot',
+    noise: str = 'none',
+    noise_alpha: float = 0.1,
+    expert_bias: bool = False,
+    force_uniform_routing: bool = False,
+    init_std: float = 0.02,
+    out_std: float = 0.02,
+    shared_out_std: float | None = None,
+    dtype=None,
+    param_dtype=jnp.float32,
+    rngs: nnx.Rngs,
+  ):
     if not 1 <= top_k <= num_experts:
       raise ValueError(f'top_k={top_k} must be in [1, num_experts={num_experts}]')
     if router not in ROUTERS or dispatch not in DISPATCHES or noise not in NOISES:
-      raise ValueError(f'router {router!r} / dispatch {dispatch!r} / noise {noise!r}; allowed: '
-                       f'{ROUTERS}, {DISPATCHES}, {NOISES}')
+      raise ValueError(
+        f'router {router!r} / dispatch {dispatch!r} / noise {noise!r}; allowed: '
+        f'{ROUTERS}, {DISPATCHES}, {NOISES}'
+      )
     self.num_experts, self.k, self.router_kind = num_experts, top_k, router
     self.renormalize, self.dispatch, self.capacity_factor = renormalize, dispatch, capacity_factor
     self.grouped_matmul = grouped_matmul
     self.noise, self.noise_alpha = noise, noise_alpha
     self.force_uniform_routing = force_uniform_routing
     init = nnx.initializers.normal(init_std)
-    self.router = nnx.Param(init(rngs.params(), (d_model, num_experts), param_dtype),
-                            logical_axes=('embed', None))
+    self.router = nnx.Param(
+      init(rngs.params(), (d_model, num_experts), param_dtype), logical_axes=('embed', None)
+    )
     # Shazeer et al. initialise the noise matrix to zero: noise of std softplus(0) ≈ 0.69 at first.
-    self.noise_router = (nnx.Param(jnp.zeros((d_model, num_experts), param_dtype),
-                                   logical_axes=('embed', None))
-                         if noise == 'noisy_topk' else None)
-    self.expert_bias = (ExpertBias(jnp.zeros((num_experts,), jnp.float32))
-                        if expert_bias else None)
+    self.noise_router = (
+      nnx.Param(jnp.zeros((d_model, num_experts), param_dtype), logical_axes=('embed', None))
+      if noise == 'noisy_topk'
+      else None
+    )
+    self.expert_bias = ExpertBias(jnp.zeros((num_experts,), jnp.float32)) if expert_bias else None
     # As nnx.Dropout: a 'dropout' stream (the train step reseeds it from (seed, step), so a
     # resumed run draws the same noise) and `deterministic`, which model.eval() sets.
     self.deterministic = False
     self.rngs = rngs['dropout'].fork() if noise != 'none' else None
-    self.experts = Experts(num_experts, d_model, expert_d_ff, ffn_kind, init_std=init_std,
-                           out_std=out_std, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.experts = Experts(
+      num_experts,
+      d_model,
+      expert_d_ff,
+      ffn_kind,
+      init_std=init_std,
+      out_std=out_std,
+      dtype=dtype,
+      param_dtype=param_dtype,
+      rngs=rngs,
+    )
     # shared_out_std: the shared experts' down projection, whose fan-in (shared_d_ff) may differ
     # from the routed experts'; None: out_std.
     shared_out_std = out_std if shared_out_std is None else shared_out_std
-    self.shared = (Experts(num_shared_experts, d_model, shared_d_ff or expert_d_ff, ffn_kind,
-                           init_std=init_std, out_std=shared_out_std, dtype=dtype,
-                           param_dtype=param_dtype, rngs=rngs)
-                   if num_shared_experts else None)
+    self.shared = (
+      Experts(
+        num_shared_experts,
+        d_model,
+        shared_d_ff or expert_d_ff,
+        ffn_kind,
+        init_std=init_std,
+        out_std=shared_out_std,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        rngs=rngs,
+      )
+      if num_shared_experts
+      else None
+    )
 
   @classmethod
-  def from_config(cls, cfg, *, rngs: nnx.Rngs) -> 'MoE':
+  def from_config(cls, cfg, *, rngs: nnx.Rngs) -> MoE:
     """The layer `model.moe` describes (cfg: the model config), initialised as `model.init` says:
     the router and the experts' gate and up read d_model features, each down projection its
     expert's hidden size."""
     moe = cfg.moe
     expert_d_ff = expert_hidden_dim(cfg)
-    return cls(cfg.d_model, num_experts=moe.num_experts, top_k=moe.top_k,
-               expert_d_ff=expert_d_ff, ffn_kind=moe.expert_kind,
-               num_shared_experts=moe.num_shared_experts, shared_d_ff=moe.shared_d_ff,
-               router=moe.router, renormalize=moe.renormalize,
-               dispatch=resolve_dispatch(moe.dispatch), capacity_factor=moe.capacity_factor,
-               grouped_matmul=moe.grouped_matmul,
-               noise=moe.noise, noise_alpha=moe.noise_alpha, expert_bias=moe.expert_bias,
-               force_uniform_routing=moe.force_uniform_routing,
-               init_std=weight_std(cfg, 'in', fan_in=cfg.d_model),
-               out_std=weight_std(cfg, 'out', fan_in=expert_d_ff),
-               shared_out_std=weight_std(cfg, 'out', fan_in=moe.shared_d_ff or expert_d_ff),
-               dtype=jnp.dtype(cfg.dtype),
-               param_dtype=jnp.dtype(cfg.param_dtype), rngs=rngs)
+    return cls(
+      cfg.d_model,
+      num_experts=moe.num_experts,
+      top_k=moe.top_k,
+      expert_d_ff=expert_d_ff,
+      ffn_kind=moe.expert_kind,
+      num_shared_experts=moe.num_shared_experts,
+      shared_d_ff=moe.shared_d_ff,
+      router=moe.router,
+      renormalize=moe.renormalize,
+      dispatch=resolve_dispatch(moe.dispatch),
+      capacity_factor=moe.capacity_factor,
+      grouped_matmul=moe.grouped_matmul,
+      noise=moe.noise,
+      noise_alpha=moe.noise_alpha,
+      expert_bias=moe.expert_bias,
+      force_uniform_routing=moe.force_uniform_routing,
+      init_std=weight_std(cfg, 'in', fan_in=cfg.d_model),
+      out_std=weight_std(cfg, 'out', fan_in=expert_d_ff),
+      shared_out_std=weight_std(cfg, 'out', fan_in=moe.shared_d_ff or expert_d_ff),
+      dtype=jnp.dtype(cfg.dtype),
+      param_dtype=jnp.dtype(cfg.param_dtype),
+      rngs=rngs,
+    )
 
   def _route(self, x_TD):
     """(gates [T, k], experts [T, k], router logits [T, E], probabilities [T, E])."""
@@ -388,8 +198,9 @@ class MoE(nnx.Module):
     training_noise = self.noise != 'none' and not self.deterministic
     routing_logits = logits_TE
     if training_noise and self.noise == 'noisy_topk':
-      routing_logits = noisy_topk_logits(logits_TE, x32 @ self.noise_router[...].astype(
-          jnp.float32), self.rngs())
+      routing_logits = noisy_topk_logits(
+        logits_TE, x32 @ self.noise_router[...].astype(jnp.float32), self.rngs()
+      )
     probs_TE = router_probs(routing_logits, self.router_kind)
     if training_noise and self.noise == 'mixture':
       probs_TE = mixture_noise(probs_TE, self.noise_alpha, self.rngs())
@@ -400,10 +211,8 @@ class MoE(nnx.Module):
       if renormalize:
         gates_Tk = gates_Tk / jnp.sum(gates_Tk, axis=-1, keepdims=True)
     else:
-      bias = (None if self.expert_bias is None
-              else jax.lax.stop_gradient(self.expert_bias[...]))
-      gates_Tk, experts_Tk = top_k(probs_TE, self.k, renormalize=renormalize,
-                                   selection_bias_E=bias)
+      bias = None if self.expert_bias is None else jax.lax.stop_gradient(self.expert_bias[...])
+      gates_Tk, experts_Tk = top_k(probs_TE, self.k, renormalize=renormalize, selection_bias_E=bias)
     return gates_Tk, experts_Tk, logits_TE, probs_TE
 
   def _dropless_matmul(self) -> str:
@@ -431,24 +240,29 @@ class MoE(nnx.Module):
     # its batch, and must equal transformers' (which never drops).
     if self.dispatch == 'capacity' and not self.deterministic:
       cap = capacity(x_TD.shape[0], self.num_experts, self.k, self.capacity_factor)
-      y_TD, kept_Tk = capacity_dispatch(self.experts, x_TD, gates_Tk, experts_Tk,
-                                        self.num_experts, cap)
+      y_TD, kept_Tk = capacity_dispatch(
+        self.experts, x_TD, gates_Tk, experts_Tk, self.num_experts, cap
+      )
       drop_rate = jnp.mean((~kept_Tk).astype(jnp.float32))
     else:
-      y_TD = dropless_dispatch(self.experts, x_TD, gates_Tk, experts_Tk, self.num_experts,
-                               self._dropless_matmul())
+      y_TD = dropless_dispatch(
+        self.experts, x_TD, gates_Tk, experts_Tk, self.num_experts, self._dropless_matmul()
+      )
       drop_rate = jnp.zeros((), jnp.float32)
     if self.shared is not None:  # every token through every shared expert, weight 1
-      y_TD = y_TD + jnp.sum(self.shared.grouped(
-          jnp.broadcast_to(x_TD, (self.shared.up.shape[0],) + x_TD.shape)), axis=0)
+      y_TD = y_TD + jnp.sum(
+        self.shared.grouped(jnp.broadcast_to(x_TD, (self.shared.up.shape[0],) + x_TD.shape)), axis=0
+      )
     stats = {
-        'tokens_per_expert': jnp.sum(jax.nn.one_hot(experts_Tk, self.num_experts,
-                                                    dtype=jnp.float32), axis=(0, 1)),
-        'mean_prob': jnp.mean(probs_TE, axis=0),
-        'z_loss': z_loss(logits_TE),
-        'router_entropy': jnp.mean(-jnp.sum(probs_TE * jnp.log(jnp.maximum(probs_TE, 1e-30)),
-                                            axis=-1)),
-        'drop_rate': drop_rate,
+      'tokens_per_expert': jnp.sum(
+        jax.nn.one_hot(experts_Tk, self.num_experts, dtype=jnp.float32), axis=(0, 1)
+      ),
+      'mean_prob': jnp.mean(probs_TE, axis=0),
+      'z_loss': z_loss(logits_TE),
+      'router_entropy': jnp.mean(
+        -jnp.sum(probs_TE * jnp.log(jnp.maximum(probs_TE, 1e-30)), axis=-1)
+      ),
+      'drop_rate': drop_rate,
     }
     return y_TD.reshape(batch, length, d_model).astype(x_BTD.dtype), stats
 
@@ -474,31 +288,27 @@ def training_note(moe_cfg) -> str | None:
   Switch Transformer (Fedus et al. 2022, eq. 2) gates the top-1 expert by p_i for exactly this
   reason. Allowed, not refused: a model imported with that setting computes it at inference."""
   if moe_cfg.top_k == 1 and moe_cfg.renormalize and moe_cfg.router == 'softmax':
-    return ('model.moe.top_k=1 with model.moe.renormalize=True makes every gate 1: the router gets '
-            'no gradient from the loss, only from the balancing and z losses; Switch gates the '
-            'top-1 expert by its probability (model.moe.renormalize=False)')
+    return (
+      'model.moe.top_k=1 with model.moe.renormalize=True makes every gate 1: the router gets '
+      'no gradient from the loss, only from the balancing and z losses; Switch gates the '
+      'top-1 expert by its probability (model.moe.renormalize=False)'
+    )
   return None
-
-
-def resolve_dispatch(dispatch: str, backend: str | None = None) -> str:
-  """`auto` → capacity on CPU (ragged_dot costs E× the FLOPs there: benchmarks/results/moe-layer-*),
-  dropless on accelerators."""
-  if dispatch != 'auto':
-    return dispatch
-  return 'capacity' if (backend or on_mesh.backend()) == 'cpu' else 'dropless'
 
 
 def moe_metrics(stats: dict[str, jax.Array], top_k: int, convention: str) -> dict[str, jax.Array]:
   """Per-layer metrics ([L] and [L, E]) from the stacked routing statistics of one step."""
   out = {name: jax.lax.stop_gradient(v) for name, v in stats.items()}
-  out['balance_loss'] = load_balancing_loss(out['tokens_per_expert'], out['mean_prob'], top_k,
-                                            convention)
+  out['balance_loss'] = load_balancing_loss(
+    out['tokens_per_expert'], out['mean_prob'], top_k, convention
+  )
   out.update(load_summary(out['tokens_per_expert']))
   return out
 
 
-def update_expert_biases(variables: nnx.State, tokens_per_expert_LE: jax.Array,
-                         rate: float) -> nnx.State:
+def update_expert_biases(
+  variables: nnx.State, tokens_per_expert_LE: jax.Array, rate: float
+) -> nnx.State:
   """`update_expert_bias` for every ExpertBias in `variables` (other leaves kept), row l of the
   counts going to the l-th MoE layer: the layers in order, or the one stacked [L, E] variable of
   scanned layers."""
@@ -508,8 +318,85 @@ def update_expert_biases(variables: nnx.State, tokens_per_expert_LE: jax.Array,
     if isinstance(var, ExpertBias):
       bias = var.get_value()
       n = bias.size // bias.shape[-1]
-      counts = tokens_per_expert_LE[row:row + n].reshape(bias.shape)
+      counts = tokens_per_expert_LE[row : row + n].reshape(bias.shape)
       var = var.replace(update_expert_bias(bias, counts, rate))
       row += n
     updated.append((path, var))
   return nnx.from_flat_state(updated)
+
+
+# ---------------------------------------------------------------------------------------------
+# Which layers are MoE, and the rules of `model.moe` (run by config validation).
+# ---------------------------------------------------------------------------------------------
+
+
+def moe_layers(m) -> list[int]:
+  """The indices of the MoE layers (Qwen2-MoE's decoder_sparse_step and DeepSeek's
+  first_k_dense_replace): i >= first_dense_layers and (i + 1) % every == 0."""
+  if m.ffn.kind != 'moe':
+    return []
+  return [
+    i for i in range(m.n_layers) if i >= m.moe.first_dense_layers and (i + 1) % m.moe.every == 0
+  ]
+
+
+def check_moe_config(m, p: str = 'model') -> None:
+  """model.moe: every key range-checked (used or not); the combinations only with ffn.kind='moe'."""
+  moe, q = m.moe, f'{p}.moe'
+  integer(f'{q}.num_experts', moe.num_experts)
+  if (
+    isinstance(moe.top_k, bool)
+    or not isinstance(moe.top_k, int)
+    or not (1 <= moe.top_k <= moe.num_experts)
+  ):
+    raise ConfigError(
+      f'{q}.top_k',
+      moe.top_k,
+      f'each token goes to top_k of {q}.num_experts='
+      f'{moe.num_experts} experts; allowed: 1 <= top_k <= {moe.num_experts}',
+    )
+  one_of(f'{q}.expert_kind', moe.expert_kind, FFNS, 'expert FFN')
+  integer(f'{q}.expert_d_ff', moe.expert_d_ff, optional=True)
+  integer(f'{q}.num_shared_experts', moe.num_shared_experts, 0)
+  integer(f'{q}.shared_d_ff', moe.shared_d_ff, optional=True)
+  integer(f'{q}.every', moe.every)
+  integer(f'{q}.first_dense_layers', moe.first_dense_layers, 0)
+  one_of(f'{q}.router', moe.router, ROUTERS, 'router')
+  one_of(f'{q}.dispatch', moe.dispatch, ('auto', *DISPATCHES), 'dispatch')
+  one_of(f'{q}.grouped_matmul', moe.grouped_matmul, GROUPED_MATMULS, 'grouped matmul')
+  one_of(
+    f'{q}.balance_convention',
+    moe.balance_convention,
+    BALANCE_CONVENTIONS,
+    'balancing-loss convention',
+  )
+  one_of(f'{q}.noise', moe.noise, NOISES, 'router noise')
+  positive(f'{q}.capacity_factor', moe.capacity_factor)
+  number(f'{q}.balance_coef', moe.balance_coef, 0.0, 1e3, 'a loss coefficient (0: off)')
+  number(f'{q}.z_loss_coef', moe.z_loss_coef, 0.0, 1e3, 'a loss coefficient (0: off)')
+  number(f'{q}.noise_alpha', moe.noise_alpha, 0.0, 1.0, 'the weight of the noise in the mixture')
+  number(f'{q}.bias_update_rate', moe.bias_update_rate, 0.0, 1e3, 'the bias step γ')
+  if m.ffn.kind != 'moe':
+    return
+  if m.ffn.use_bias:
+    raise ConfigError(
+      f'{p}.ffn.use_bias',
+      True,
+      "experts are bias-free (as in Switch, Mixtral "
+      f"and DeepSeek); allowed with {p}.ffn.kind='moe': false",
+    )
+  if not moe_layers(m):
+    raise ConfigError(
+      f'{q}.first_dense_layers',
+      moe.first_dense_layers,
+      f'with {q}.every={moe.every} this leaves no MoE layer among the '
+      f'{m.n_layers}; allowed: a smaller value, or a smaller {q}.every',
+    )
+  if m.scan_layers and len(moe_layers(m)) != m.n_layers:
+    raise ConfigError(
+      f'{p}.scan_layers',
+      True,
+      f'scanned layers must be alike, but {q}.every='
+      f'{moe.every} and {q}.first_dense_layers={moe.first_dense_layers} mix MoE '
+      'and dense layers; allowed: false, or every=1 and first_dense_layers=0',
+    )

@@ -3,6 +3,7 @@
 All share one constructor signature, `(dim, *, eps, use_bias, fp32, partial_p, param_dtype, rngs)`, so
 the model builds whichever the config names from the `NORMS` registry.
 """
+
 from __future__ import annotations
 
 import math
@@ -11,18 +12,31 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mllm.checks import ConfigError, one_of, positive
+
 
 class _Norm(nnx.Module):
   """Shared parameters: a learned gain γ (`scale`) and, optionally, a learned shift β (`bias`)."""
 
-  def __init__(self, dim: int, *, eps: float = 1e-6, use_bias: bool = False, fp32: bool = True,
-               partial_p: float = 1.0, param_dtype=jnp.float32, rngs: nnx.Rngs | None = None):
+  def __init__(
+    self,
+    dim: int,
+    *,
+    eps: float = 1e-6,
+    use_bias: bool = False,
+    fp32: bool = True,
+    partial_p: float = 1.0,
+    param_dtype=jnp.float32,
+    rngs: nnx.Rngs | None = None,
+  ):
     del rngs  # Deterministic init: γ = 1, β = 0.
     self.eps = eps
     self.fp32 = fp32
     self.partial_p = partial_p
     self.scale = nnx.Param(jnp.ones((dim,), param_dtype), logical_axes=('norm',))
-    self.bias = nnx.Param(jnp.zeros((dim,), param_dtype), logical_axes=('norm',)) if use_bias else None
+    self.bias = (
+      nnx.Param(jnp.zeros((dim,), param_dtype), logical_axes=('norm',)) if use_bias else None
+    )
 
   def normalize(self, x: jax.Array) -> jax.Array:
     raise NotImplementedError
@@ -79,10 +93,10 @@ class Identity(nnx.Module):
 
 
 NORMS: dict[str, type[nnx.Module]] = {
-    'layernorm': LayerNorm,
-    'rmsnorm': RMSNorm,
-    'partial_rmsnorm': PartialRMSNorm,
-    'none': Identity,
+  'layernorm': LayerNorm,
+  'rmsnorm': RMSNorm,
+  'partial_rmsnorm': PartialRMSNorm,
+  'none': Identity,
 }
 
 PLACEMENTS = ('pre', 'post')
@@ -90,8 +104,27 @@ PLACEMENTS = ('pre', 'post')
 
 def make_norm(norm_cfg, dim: int, *, param_dtype=jnp.float32, rngs: nnx.Rngs) -> nnx.Module:
   """The norm that `norm_cfg` (the config's `model.norm`) names, for vectors of size `dim`."""
-  kwargs = dict(eps=norm_cfg.eps, fp32=norm_cfg.fp32, partial_p=norm_cfg.partial_p,
-                param_dtype=param_dtype, rngs=rngs)
+  kwargs = dict(
+    eps=norm_cfg.eps,
+    fp32=norm_cfg.fp32,
+    partial_p=norm_cfg.partial_p,
+    param_dtype=param_dtype,
+    rngs=rngs,
+  )
   if norm_cfg.use_bias is not None:
     kwargs['use_bias'] = norm_cfg.use_bias
   return NORMS[norm_cfg.kind](dim, **kwargs)
+
+
+def check_norm_config(m, p: str = 'model') -> None:
+  """`model.norm`: a registered kind and placement, a positive eps, and partial RMSNorm's p."""
+  n = m.norm
+  one_of(f'{p}.norm.kind', n.kind, NORMS, 'norm')
+  one_of(f'{p}.norm.placement', n.placement, PLACEMENTS, 'norm placement')
+  positive(f'{p}.norm.eps', n.eps)
+  if not (isinstance(n.partial_p, (int, float)) and 0.0 < n.partial_p <= 1.0):
+    raise ConfigError(
+      f'{p}.norm.partial_p',
+      n.partial_p,
+      'partial RMSNorm uses the first p fraction of features; allowed: 0 < p <= 1',
+    )

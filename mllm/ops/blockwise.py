@@ -29,6 +29,7 @@ Layout: heads first, each block contiguous: q → [nq, B, K, G, bq, H], k/v → 
 repeated. Lengths that are not a multiple of the block are padded; padded keys are masked, padded
 queries are dropped.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,13 +41,13 @@ from jax import lax
 from pallas_kernels.block_ranges import MASK_VALUE, kv_block_range, q_block_range, visible
 from pallas_kernels.common import flash_vjp, pad_to, padded_ids, round_up
 
-
 DEFAULT_BLOCK = 512  # CPU: big enough for efficient matmuls; [B, N, 512, 512] f32 is 1 MiB per head
 
 
 @dataclasses.dataclass(frozen=True)
 class BlockLayout:
   """Static facts about one call: lengths, blocks, mask rules. Hashable, so custom_vjp can hold it."""
+
   T: int
   S: int
   block_q: int
@@ -69,8 +70,15 @@ class BlockLayout:
 
 
 def _ranges(lay: BlockLayout) -> dict:
-  return dict(block_q=lay.block_q, block_k=lay.block_k, q_len=lay.T, kv_len=lay.S,
-              q_offset=lay.q_offset, causal=lay.causal, window=lay.window)
+  return dict(
+    block_q=lay.block_q,
+    block_k=lay.block_k,
+    q_len=lay.T,
+    kv_len=lay.S,
+    q_offset=lay.q_offset,
+    causal=lay.causal,
+    window=lay.window,
+  )
 
 
 def _key_block_range(i, lay: BlockLayout):
@@ -91,6 +99,7 @@ def _query_block_range(j, lay: BlockLayout):
 # ----------------------------------------------------------------------------------------------
 # Block layout in and out.
 # ----------------------------------------------------------------------------------------------
+
 
 def _q_blocks(x_BTNH, n_kv, block):
   """[B, T, N, H] → [nq, B, K, G, bq, H]."""
@@ -125,13 +134,21 @@ def _aux_arrays(mask, bias, B, T, S, n_heads, n_kv, block_q, block_k):
   if mask.q_segment_ids is not None:
     q_seg = _seq_blocks(mask.q_segment_ids, B, T, block_q)
     kv_seg = _seq_blocks(mask.kv_segment_ids, B, S, block_k)
-    aux.update(q_seg=q_seg, kv_seg=kv_seg,
-               q_seg_range=(q_seg.min(-1), q_seg.max(-1)), kv_seg_range=(kv_seg.min(-1), kv_seg.max(-1)))
+    aux.update(
+      q_seg=q_seg,
+      kv_seg=kv_seg,
+      q_seg_range=(q_seg.min(-1), q_seg.max(-1)),
+      kv_seg_range=(kv_seg.min(-1), kv_seg.max(-1)),
+    )
   if mask.kv_positions is not None:
     q_pos = _seq_blocks(mask.q_positions, B, T, block_q)
     kv_pos = _seq_blocks(mask.kv_positions, B, S, block_k)
-    aux.update(mask_q_pos=q_pos, mask_kv_pos=kv_pos, q_pos_range=(q_pos.min(-1), q_pos.max(-1)),
-               kv_pos_range=_valid_range(kv_pos))
+    aux.update(
+      mask_q_pos=q_pos,
+      mask_kv_pos=kv_pos,
+      q_pos_range=(q_pos.min(-1), q_pos.max(-1)),
+      kv_pos_range=_valid_range(kv_pos),
+    )
   if bias is not None and bias.alibi_slopes is not None:
     aux['slopes'] = bias.alibi_slopes.astype(jnp.float32).reshape(n_kv, n_heads // n_kv)
     aux['q_pos'] = _seq_blocks(bias.q_positions, B, T, block_q)
@@ -150,10 +167,12 @@ def _valid_range(pos_nBb):
 # One score block.
 # ----------------------------------------------------------------------------------------------
 
+
 def _block_scores(q_BKGqH, k_BKbH, i, j, aux, lay: BlockLayout):
   """Scaled, biased and masked logits [B, K, G, bq, bk] (float32) and the allowed mask."""
-  s = jnp.einsum('bkgqh,bksh->bkgqs', q_BKGqH, k_BKbH,
-                 preferred_element_type=jnp.float32) * lay.scale
+  s = (
+    jnp.einsum('bkgqh,bksh->bkgqs', q_BKGqH, k_BKbH, preferred_element_type=jnp.float32) * lay.scale
+  )
   kj = j * lay.block_k + jnp.arange(lay.block_k)
   if lay.by_position:  # [B, bq, bk]: distance in positions; a key at position < 0 is empty
     kv_pos = aux['mask_kv_pos'][j]
@@ -228,7 +247,8 @@ def _online_softmax_step(carry, s, ok, v_BKbH, dropout=None):
   if dropout is not None:
     p = dropout(p)
   acc = acc * correction[..., None] + jnp.einsum(
-      'bkgqs,bksh->bkgqh', p.astype(v_BKbH.dtype), v_BKbH, preferred_element_type=jnp.float32)
+    'bkgqs,bksh->bkgqh', p.astype(v_BKbH.dtype), v_BKbH, preferred_element_type=jnp.float32
+  )
   return (m_new, l, acc), p, correction
 
 
@@ -242,13 +262,17 @@ def _finish(m, l, acc):
 
 def _initial_carry(q_BKGqH):
   shape = q_BKGqH.shape[:-1]
-  return (jnp.full(shape, MASK_VALUE, jnp.float32), jnp.zeros(shape, jnp.float32),
-          jnp.zeros(q_BKGqH.shape, jnp.float32))
+  return (
+    jnp.full(shape, MASK_VALUE, jnp.float32),
+    jnp.zeros(shape, jnp.float32),
+    jnp.zeros(q_BKGqH.shape, jnp.float32),
+  )
 
 
 # ----------------------------------------------------------------------------------------------
 # Fixed score modifiers: hand-written backward.
 # ----------------------------------------------------------------------------------------------
+
 
 def _flash_forward(lay, q_blocks, k_blocks, v_blocks, aux):
   def query_block(_, xs):
@@ -258,14 +282,14 @@ def _flash_forward(lay, q_blocks, k_blocks, v_blocks, aux):
       def step(carry):
         s, ok = _block_scores(q, k_blocks[j], i, j, aux, lay)
         return _online_softmax_step(carry, s, ok, v_blocks[j])[0]
+
       return _skip_unless_overlap(step, i, j, aux, lay, carry)
 
     lo, hi = _key_block_range(i, lay)
     out, lse = _finish(*lax.fori_loop(lo, hi, visit, _initial_carry(q)))
     return None, (out.astype(q.dtype), lse)
 
-  _, (out_blocks, lse_blocks) = lax.scan(
-      query_block, None, (jnp.arange(lay.n_q_blocks), q_blocks))
+  _, (out_blocks, lse_blocks) = lax.scan(query_block, None, (jnp.arange(lay.n_q_blocks), q_blocks))
   return out_blocks, lse_blocks
 
 
@@ -283,14 +307,17 @@ def _flash_backward(lay, q_blocks, k_blocks, v_blocks, aux, out_blocks, lse_bloc
         q, d_out = q_blocks[i], d_out_blocks[i]
         s, ok = _block_scores(q, k, i, j, aux, lay)
         p = jnp.where(ok, jnp.exp(s - lse_blocks[i][..., None]), 0.0)
-        dv = dv + jnp.einsum('bkgqs,bkgqh->bksh', p.astype(dtype), d_out,
-                             preferred_element_type=jnp.float32)
+        dv = dv + jnp.einsum(
+          'bkgqs,bkgqh->bksh', p.astype(dtype), d_out, preferred_element_type=jnp.float32
+        )
         dp = jnp.einsum('bkgqh,bksh->bkgqs', d_out, v, preferred_element_type=jnp.float32)
         ds = (p * (dp - delta_blocks[i][..., None])).astype(dtype)
         dk = dk + jnp.einsum('bkgqs,bkgqh->bksh', ds, q, preferred_element_type=jnp.float32)
-        dq_i = dq_acc[i] + jnp.einsum('bkgqs,bksh->bkgqh', ds, k,
-                                      preferred_element_type=jnp.float32)
+        dq_i = dq_acc[i] + jnp.einsum(
+          'bkgqs,bksh->bkgqh', ds, k, preferred_element_type=jnp.float32
+        )
         return dk, dv, lax.dynamic_update_index_in_dim(dq_acc, dq_i, i, 0)
+
       return _skip_unless_overlap(step, i, j, aux, lay, carry)
 
     lo, hi = _query_block_range(j, lay)
@@ -299,8 +326,10 @@ def _flash_backward(lay, q_blocks, k_blocks, v_blocks, aux, out_blocks, lse_bloc
     return dq_acc, ((dk * lay.scale).astype(k.dtype), dv.astype(v.dtype))
 
   dq_acc, (dk_blocks, dv_blocks) = lax.scan(
-      key_block, jnp.zeros(q_blocks.shape, jnp.float32),
-      (jnp.arange(lay.n_k_blocks), k_blocks, v_blocks))
+    key_block,
+    jnp.zeros(q_blocks.shape, jnp.float32),
+    (jnp.arange(lay.n_k_blocks), k_blocks, v_blocks),
+  )
   return (dq_acc * lay.scale).astype(dtype), dk_blocks, dv_blocks
 
 
@@ -310,6 +339,7 @@ _flash = flash_vjp(_flash_forward, _flash_backward)
 # ----------------------------------------------------------------------------------------------
 # Learned score modifiers or dropout: rematerialized scans, autodiff backward.
 # ----------------------------------------------------------------------------------------------
+
 
 def _dense_bias_blocks(dense, n_kv, lay):
   """[B|1, N|1, T, S] → [nq, nk, B|1, K|1, G|1, bq, bk], float32."""
@@ -329,8 +359,18 @@ def _index_blocks(index_BTS, batch, lay):
   return x.reshape(batch, nq, bq, nk, bk).transpose(1, 3, 0, 2, 4)
 
 
-def _learned(q_blocks, k_blocks, v_blocks, aux, lay, dense_blocks, rel_table, index_blocks,
-             dropout_rate, dropout_rng):
+def _learned(
+  q_blocks,
+  k_blocks,
+  v_blocks,
+  aux,
+  lay,
+  dense_blocks,
+  rel_table,
+  index_blocks,
+  dropout_rate,
+  dropout_rng,
+):
   n_rel = 0 if rel_table is None else rel_table.shape[0]
 
   @jax.checkpoint
@@ -349,7 +389,8 @@ def _learned(q_blocks, k_blocks, v_blocks, aux, lay, dense_blocks, rel_table, in
         if dense is not None:
           s = jnp.where(ok, s + dense, MASK_VALUE)
         (m, l, acc), p, correction = _online_softmax_step(
-            (m, l, acc), s, ok, v, drop if dropout_rate > 0.0 else None)
+          (m, l, acc), s, ok, v, drop if dropout_rate > 0.0 else None
+        )
         if index is not None:  # Shaw's value term: accumulate the weight of each relative index
           onehot = jax.nn.one_hot(index, n_rel, dtype=jnp.float32)  # [B|1, bq, bk, R]
           acc_rel = acc_rel * correction[..., None] + jnp.einsum('bkgqs,bqsr->bkgqr', p, onehot)
@@ -383,20 +424,40 @@ def _learned(q_blocks, k_blocks, v_blocks, aux, lay, dense_blocks, rel_table, in
 # Entry point.
 # ----------------------------------------------------------------------------------------------
 
-def blockwise_attention(q_BTNH, k_BSKH, v_BSKH, *, mask, bias=None, rel_values=None, scale: float,
-                        dropout_rate: float = 0.0, dropout_rng=None, block_q: int | None = None,
-                        block_k: int | None = None) -> jax.Array:
+
+def blockwise_attention(
+  q_BTNH,
+  k_BSKH,
+  v_BSKH,
+  *,
+  mask,
+  bias=None,
+  rel_values=None,
+  scale: float,
+  dropout_rate: float = 0.0,
+  dropout_rng=None,
+  block_q: int | None = None,
+  block_k: int | None = None,
+) -> jax.Array:
   """softmax(q·kᵀ·scale + bias)·v without materializing the scores; see the module docstring."""
-  B, T, N, H = q_BTNH.shape
+  B, T, N, _H = q_BTNH.shape
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
   block_q = min(block_q or DEFAULT_BLOCK, T)
   block_k = min(block_k or DEFAULT_BLOCK, S)
   by_position = mask.kv_positions is not None
   lay = BlockLayout(
-      T=T, S=S, block_q=block_q, block_k=block_k, causal=mask.causal, window=mask.window,
-      q_offset=0 if by_position else mask.static_offset(T, S, 'blockwise'), scale=float(scale),
-      alibi=bias is not None and bias.alibi_slopes is not None,
-      segments=mask.q_segment_ids is not None, by_position=by_position)
+    T=T,
+    S=S,
+    block_q=block_q,
+    block_k=block_k,
+    causal=mask.causal,
+    window=mask.window,
+    q_offset=0 if by_position else mask.static_offset(T, S, 'blockwise'),
+    scale=float(scale),
+    alibi=bias is not None and bias.alibi_slopes is not None,
+    segments=mask.q_segment_ids is not None,
+    by_position=by_position,
+  )
   aux = _aux_arrays(mask, bias, B, T, S, N, K, block_q, block_k)
   q_blocks = _q_blocks(q_BTNH, K, block_q)
   k_blocks, v_blocks = _k_blocks(k_BSKH, block_k), _k_blocks(v_BSKH, block_k)
@@ -407,7 +468,16 @@ def blockwise_attention(q_BTNH, k_BSKH, v_BSKH, *, mask, bias=None, rel_values=N
   else:
     dense_blocks = None if dense is None else _dense_bias_blocks(dense, K, lay)
     index_blocks = None if rel_values is None else _index_blocks(rel_values.index, B, lay)
-    out_blocks = _learned(q_blocks, k_blocks, v_blocks, aux, lay, dense_blocks,
-                          None if rel_values is None else rel_values.table, index_blocks,
-                          dropout_rate if dropout else 0.0, dropout_rng)
+    out_blocks = _learned(
+      q_blocks,
+      k_blocks,
+      v_blocks,
+      aux,
+      lay,
+      dense_blocks,
+      None if rel_values is None else rel_values.table,
+      index_blocks,
+      dropout_rate if dropout else 0.0,
+      dropout_rng,
+    )
   return _from_q_blocks(out_blocks, T)

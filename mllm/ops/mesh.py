@@ -8,11 +8,12 @@ The train and eval steps trace the model under `traced_on(mesh)`. Two things fol
     cannot be automatically partitioned"), so each device runs it on its own rows and heads.
 Outside a mesh context (a bare call, a single device) both fall back to JAX's defaults.
 """
+
 from __future__ import annotations
 
 import contextlib
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 from jax.sharding import PartitionSpec as P
@@ -74,9 +75,19 @@ def per_shard(fn: Callable, args: tuple, in_specs: tuple, out_specs) -> object:
   if mesh is None or mesh.size == 1:
     return fn(*args)
   # check_vma=False: a Pallas call has no rule for JAX's varying-manual-axes check.
-  return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
-                       check_vma=False)(*args)
+  return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(
+    *args
+  )
 
 
-__all__ = ['BATCH_AXES', 'HEADS_AXIS', 'P', 'backend', 'current_mesh', 'mesh_of', 'per_shard',
-           'split_axes', 'traced_on']
+__all__ = [
+  'BATCH_AXES',
+  'HEADS_AXIS',
+  'P',
+  'backend',
+  'current_mesh',
+  'mesh_of',
+  'per_shard',
+  'split_axes',
+  'traced_on',
+]

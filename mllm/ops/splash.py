@@ -12,6 +12,7 @@ softmax scale and has no additive bias: so this adapter
 ALiBi and learned biases go to 'pallas' / 'blockwise' (config validation says so). Off a TPU it runs
 in the Pallas HLO interpreter (slow; for tests).
 """
+
 from __future__ import annotations
 
 import functools
@@ -22,6 +23,7 @@ import numpy as np
 from jax import lax
 
 from mllm.ops import mesh as on_mesh
+from mllm.ops.masks import refuse_biases
 from pallas_kernels.block_ranges import visible
 from pallas_kernels.common import pad_to, round_up
 
@@ -29,25 +31,42 @@ BLOCK = 128  # splash's block sizes must divide the padded lengths; its own defa
 
 
 @functools.lru_cache(maxsize=32)
-def _kernel(n_heads: int, Tp: int, Sp: int, causal: bool, window: int | None, offset: int,
-            block_q: int, block_k: int, interpret: bool):
+def _kernel(
+  n_heads: int,
+  Tp: int,
+  Sp: int,
+  causal: bool,
+  window: int | None,
+  offset: int,
+  block_q: int,
+  block_k: int,
+  interpret: bool,
+):
   """A splash kernel for one mask and shape (mask processing runs on the host: cached)."""
-  from jax.experimental.pallas.ops.tpu import splash_attention as sa  # noqa: PLC0415
+  from jax.experimental.pallas.ops.tpu import splash_attention as sa
+
   shape = (Tp, Sp)
   if window is not None:  # the `window` most recent keys, self included (and ahead if not causal)
-    base = sa.LocalMask(shape, window_size=(window - 1, 0 if causal else window - 1),
-                        offset=offset)
+    base = sa.LocalMask(shape, window_size=(window - 1, 0 if causal else window - 1), offset=offset)
   elif causal:
     base = sa.CausalMask(shape, offset=offset)
   else:
     base = sa.FullMask(shape)
-  blocks = sa.BlockSizes(block_q=block_q, block_kv=block_k, block_kv_compute=block_k,
-                         block_q_dkv=block_q, block_kv_dkv=block_k,
-                         block_kv_dkv_compute=block_k, block_q_dq=block_q, block_kv_dq=block_k)
+  blocks = sa.BlockSizes(
+    block_q=block_q,
+    block_kv=block_k,
+    block_kv_compute=block_k,
+    block_q_dkv=block_q,
+    block_kv_dkv=block_k,
+    block_kv_dkv_compute=block_k,
+    block_q_dq=block_q,
+    block_kv_dq=block_k,
+  )
   # Concrete mask arrays even when first built inside a jit trace: the cache outlives traces.
   with jax.ensure_compile_time_eval():
-    return sa.make_splash_mha_single_device(sa.MultiHeadMask([base] * n_heads),
-                                            block_sizes=blocks, interpret=interpret)
+    return sa.make_splash_mha_single_device(
+      sa.MultiHeadMask([base] * n_heads), block_sizes=blocks, interpret=interpret
+    )
 
 
 def _static_rows_with_keys(T: int, S: int, causal: bool, window: int | None, offset: int):
@@ -74,17 +93,29 @@ def _rows_with_keys(q_seg_BT, kv_seg_BS, T, S, causal, window, offset, chunk=256
   return rows.transpose(1, 0, 2).reshape(q_seg_BT.shape[0], Tp)[:, :T]
 
 
-def splash_attention(q_BTNH, k_BSKH, v_BSKH, *, mask, bias, rel_values, scale: float,
-                     dropout_rate: float = 0.0, dropout_rng=None, block_q: int | None = None,
-                     block_k: int | None = None, interpret: bool | None = None) -> jax.Array:
+def splash_attention(
+  q_BTNH,
+  k_BSKH,
+  v_BSKH,
+  *,
+  mask,
+  bias,
+  rel_values,
+  scale: float,
+  dropout_rate: float = 0.0,
+  dropout_rng=None,
+  block_q: int | None = None,
+  block_k: int | None = None,
+  interpret: bool | None = None,
+) -> jax.Array:
   """softmax(q kᵀ scale, masked) v through splash; the contract of mllm.ops.attention.attend."""
-  from jax.experimental.pallas.ops.tpu import splash_attention as sa  # noqa: PLC0415
+  from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
-  from mllm.ops.attention import refuse_biases  # noqa: PLC0415 (attention imports this lazily)
-  refuse_biases('splash', bias, rel_values, dropout_rate > 0.0 and dropout_rng is not None,
-                alibi=True)
-  B, T, N, H = q_BTNH.shape
-  S, K = k_BSKH.shape[1], k_BSKH.shape[2]
+  refuse_biases(
+    'splash', bias, rel_values, dropout_rate > 0.0 and dropout_rng is not None, alibi=True
+  )
+  B, T, N, _H = q_BTNH.shape
+  S, _K = k_BSKH.shape[1], k_BSKH.shape[2]
   offset = mask.static_offset(T, S, 'splash')
   bq, bk = block_q or BLOCK, block_k or BLOCK
   for name, b in (('block_q', bq), ('block_k', bk)):
@@ -106,12 +137,14 @@ def splash_attention(q_BTNH, k_BSKH, v_BSKH, *, mask, bias, rel_values, scale: f
     # Real ids are the caller's (or 0); a padded key gets an id below every query's.
     def ids(x, length):
       return jnp.broadcast_to(jnp.asarray(x if segments else 0, jnp.int32), (B, length))
+
     q_ids, kv_ids = ids(mask.q_segment_ids, T), ids(mask.kv_segment_ids, S)
     pad_id = jnp.minimum(jnp.min(q_ids), jnp.min(kv_ids)) - 1
     q_ids_p = pad_to(q_ids, 1, Tp, 'edge')
     kv_ids_p = jnp.where(jnp.arange(Sp) < S, pad_to(kv_ids, 1, Sp), pad_id)
     out = jax.vmap(lambda q, k, v, qi, ki: kernel(q, k, v, segment_ids=sa.SegmentIds(qi, ki)))(
-        q, k, v, q_ids_p, kv_ids_p)
+      q, k, v, q_ids_p, kv_ids_p
+    )
   else:
     out = jax.vmap(kernel)(q, k, v)
   out_BTNH = out.transpose(0, 2, 1, 3)[:, :T]

@@ -1,2 +1,5 @@
 """Training: sharded jit step, AdamW, Orbax checkpoints, metrics. Entry points: train, evaluate."""
+
 from mllm.train.loop import TrainingDiverged, evaluate, train
+
+__all__ = ["TrainingDiverged", "evaluate", "train"]

@@ -20,14 +20,17 @@ How no checkpoint is ever lost:
   and nothing is touched. A step that fails to read is moved aside only once an older one has
   restored, and the log says which one and why.
 """
+
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import grain
 import jax
@@ -58,6 +61,7 @@ def note(message: str) -> None:
 # Structure of a saved state, without reading its arrays.
 # --------------------------------------------------------------------------------------------
 
+
 def _key_name(key) -> str:
   for attr in ('key', 'name', 'idx'):
     if hasattr(key, attr):
@@ -84,10 +88,13 @@ def compare(saved: Signature, expected: Signature) -> dict[str, list]:
   """{'only_saved': [path], 'only_expected': [path], 'different': [(path, saved, expected)]}; all
   empty when the two structures agree."""
   return {
-      'only_saved': sorted(set(saved) - set(expected)),
-      'only_expected': sorted(set(expected) - set(saved)),
-      'different': [(p, saved[p], expected[p]) for p in sorted(set(saved) & set(expected))
-                    if saved[p] != expected[p]],
+    'only_saved': sorted(set(saved) - set(expected)),
+    'only_expected': sorted(set(expected) - set(saved)),
+    'different': [
+      (p, saved[p], expected[p])
+      for p in sorted(set(saved) & set(expected))
+      if saved[p] != expected[p]
+    ],
   }
 
 
@@ -105,22 +112,29 @@ class StateMismatch(Exception):
 
 def describe_diff(diff: dict[str, list], limit: int = 3) -> str:
   parts = []
-  for what, paths in (('saved but not in this config', diff['only_saved']),
-                      ('in this config but not saved', diff['only_expected'])):
+  for what, paths in (
+    ('saved but not in this config', diff['only_saved']),
+    ('in this config but not saved', diff['only_expected']),
+  ):
     if paths:
       shown = ', '.join(format_path(p) for p in paths[:limit])
       parts.append(f'{len(paths)} entries {what} ({shown}{", ..." if len(paths) > limit else ""})')
   if diff['different']:
-    shown = ', '.join(f'{format_path(p)} {s[0]}/{s[1]} saved vs {e[0]}/{e[1]} here'
-                      for p, s, e in diff['different'][:limit])
-    parts.append(f"{len(diff['different'])} entries of another shape or dtype ({shown}"
-                 f"{', ...' if len(diff['different']) > limit else ''})")
+    shown = ', '.join(
+      f'{format_path(p)} {s[0]}/{s[1]} saved vs {e[0]}/{e[1]} here'
+      for p, s, e in diff['different'][:limit]
+    )
+    parts.append(
+      f"{len(diff['different'])} entries of another shape or dtype ({shown}"
+      f"{', ...' if len(diff['different']) > limit else ''})"
+    )
   return '; '.join(parts)
 
 
 # --------------------------------------------------------------------------------------------
 # Tidying the checkpoint folder before Orbax looks at it.
 # --------------------------------------------------------------------------------------------
+
 
 def _is_committed(path: str) -> bool:
   return any(os.path.exists(os.path.join(path, m)) for m in COMMIT_MARKERS)
@@ -131,8 +145,7 @@ def committed_steps(workdir: str) -> list[int]:
   folder names and commit markers without starting Orbax."""
   directory = checkpoint_dir(workdir)
   names = os.listdir(directory) if os.path.isdir(directory) else []
-  return sorted(int(n) for n in names
-                if n.isdigit() and _is_committed(os.path.join(directory, n)))
+  return sorted(int(n) for n in names if n.isdigit() and _is_committed(os.path.join(directory, n)))
 
 
 def purge_deleted(directory: str) -> int:
@@ -147,10 +160,8 @@ def purge_deleted(directory: str) -> int:
     if os.path.isdir(path) and not os.path.islink(path):
       shutil.rmtree(path, ignore_errors=True)
     else:
-      try:
+      with contextlib.suppress(FileNotFoundError):
         os.remove(path)
-      except FileNotFoundError:
-        pass
   return len(names)
 
 
@@ -168,8 +179,10 @@ def tidy(directory: str, log: Callable[[str], None] = note) -> None:
     return
   purged = purge_deleted(directory)
   if purged:
-    log(f'note: finished deleting {purged} old checkpoint(s) in {directory}/{DELETING} '
-        '(an interrupted max_to_keep cleanup)')
+    log(
+      f'note: finished deleting {purged} old checkpoint(s) in {directory}/{DELETING} '
+      '(an interrupted max_to_keep cleanup)'
+    )
   steps, bare = [], []
   for name in sorted(os.listdir(directory)):
     path = os.path.join(directory, name)
@@ -183,18 +196,23 @@ def tidy(directory: str, log: Callable[[str], None] = note) -> None:
     path = os.path.join(directory, str(step))
     if newest is not None and step < newest:
       shutil.rmtree(path, ignore_errors=True)
-      log(f'note: finished deleting checkpoint step {step}: it had lost its commit marker, so '
-          f'its deletion (max_to_keep) was interrupted; the newest step is {newest}')
+      log(
+        f'note: finished deleting checkpoint step {step}: it had lost its commit marker, so '
+        f'its deletion (max_to_keep) was interrupted; the newest step is {newest}'
+      )
     else:
       target = f'{path}.incomplete-{int(time.time())}'
       os.rename(path, target)
-      log(f'warning: checkpoint step {step} in {directory} has no commit marker (a partial copy, '
-          f'or a save outside Orbax); skipped it and moved it to {os.path.basename(target)}')
+      log(
+        f'warning: checkpoint step {step} in {directory} has no commit marker (a partial copy, '
+        f'or a save outside Orbax); skipped it and moved it to {os.path.basename(target)}'
+      )
 
 
 # --------------------------------------------------------------------------------------------
 # The checkpointer.
 # --------------------------------------------------------------------------------------------
+
 
 class Checkpointer:
   """Saves and restores {state, data iterator, config} at a step; async, keeping max_to_keep.
@@ -202,8 +220,15 @@ class Checkpointer:
   read_only: for reading another run's checkpoints (train.init_from): no tidying, no writes.
   """
 
-  def __init__(self, workdir: str, *, max_to_keep: int = 3, async_save: bool = True,
-               read_only: bool = False, log: Callable[[str], None] = note):
+  def __init__(
+    self,
+    workdir: str,
+    *,
+    max_to_keep: int = 3,
+    async_save: bool = True,
+    read_only: bool = False,
+    log: Callable[[str], None] = note,
+  ):
     self.directory = checkpoint_dir(workdir)
     self.read_only, self.log = read_only, log
     if not read_only:
@@ -213,8 +238,11 @@ class Checkpointer:
     # Orbax's own read_only mode logs three warnings per use; a manager that is never asked to
     # save (and neither creates nor tidies the folder) reads the same.
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=max_to_keep, create=not read_only, enable_async_checkpointing=async_save,
-        todelete_subdir=DELETING)
+      max_to_keep=max_to_keep,
+      create=not read_only,
+      enable_async_checkpointing=async_save,
+      todelete_subdir=DELETING,
+    )
     self.manager = ocp.CheckpointManager(self.directory, options=options)
 
   def all_steps(self) -> list[int]:
@@ -242,8 +270,7 @@ class Checkpointer:
   def saved_signature(self, step: int, params_only: bool = False) -> Signature:
     """The structure of the state saved at `step` (or of its parameters), from its metadata;
     raises if unreadable."""
-    metadata = ocp.StandardCheckpointHandler().metadata(
-        epath.Path(self.step_dir(step)) / 'state')
+    metadata = ocp.StandardCheckpointHandler().metadata(epath.Path(self.step_dir(step)) / 'state')
     tree = metadata.tree if hasattr(metadata, 'tree') else metadata
     sig = signature(tree)
     if not sig:
@@ -263,7 +290,7 @@ class Checkpointer:
       return None
     try:
       config = ocp.JsonCheckpointHandler().restore(epath.Path(path))
-    except Exception:  # pylint: disable=broad-except  (a damaged copy: the caller falls back)
+    except Exception:  # a damaged copy: the caller falls back
       return None
     return config if isinstance(config, dict) else None
 
@@ -296,21 +323,29 @@ class Checkpointer:
     if not states:
       return None
     if any(state != states[0] for state in states):
-      raise ConfigError('--workdir', self.directory, f'checkpoint step {step} was saved by '
-                        f'{len(names)} processes whose data positions differ ({states}), so it '
-                        f'cannot be resumed by {jax.process_count()}; allowed: resume it with '
-                        f'{len(names)} processes')
+      raise ConfigError(
+        '--workdir',
+        self.directory,
+        f'checkpoint step {step} was saved by '
+        f'{len(names)} processes whose data positions differ ({states}), so it '
+        f'cannot be resumed by {jax.process_count()}; allowed: resume it with '
+        f'{len(names)} processes',
+      )
     return states[0]
 
   def restore_params(self, step: int, abstract_params):
     """Only the parameters of the state at `step` (Orbax partial restore), on their shardings."""
     item = {'params': abstract_params}
-    args = ocp.args.PyTreeRestore(item=item, partial_restore=True,
-                                  restore_args=ocp.checkpoint_utils.construct_restore_args(item))
+    args = ocp.args.PyTreeRestore(
+      item=item,
+      partial_restore=True,
+      restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+    )
     return self.manager.restore(step, args=ocp.args.Composite(state=args))['state']['params']
 
-  def restore_latest(self, abstract, iterator=None, *, params_only: bool = False,
-                     set_aside: bool = True) -> tuple[int | None, Any]:
+  def restore_latest(
+    self, abstract, iterator=None, *, params_only: bool = False, set_aside: bool = True
+  ) -> tuple[int | None, Any]:
     """(step, restored) of the newest checkpoint that restores, or (None, None) if there is none.
 
     abstract: the abstract train state, or with params_only its abstract parameters (then only
@@ -326,11 +361,14 @@ class Checkpointer:
         diff = self.structure_diff(step, abstract, params_only)
         if any(diff.values()):
           raise StateMismatch(step, diff)
-        restored = (self.restore_params(step, abstract) if params_only
-                    else self.restore(step, abstract, iterator))
+        restored = (
+          self.restore_params(step, abstract)
+          if params_only
+          else self.restore(step, abstract, iterator)
+        )
       except StateMismatch:
         raise
-      except Exception as err:  # pylint: disable=broad-except  (Orbax raises many types here)
+      except Exception as err:  # Orbax raises many types here
         if jax.process_count() > 1:
           raise  # processes must agree on the step; do not guess on one of them
         failures.append((step, first_line(err)))
@@ -339,10 +377,13 @@ class Checkpointer:
       return step, restored
     if failures:
       listed = '; '.join(f'step {s}: {r}' for s, r in failures)
-      raise ConfigError('--workdir', os.path.dirname(self.directory),
-                        f'no checkpoint in it can be read ({listed}); nothing was moved or '
-                        'deleted; allowed: a workdir with a readable checkpoint, or a new '
-                        '--workdir (after moving the damaged steps away)')
+      raise ConfigError(
+        '--workdir',
+        os.path.dirname(self.directory),
+        f'no checkpoint in it can be read ({listed}); nothing was moved or '
+        'deleted; allowed: a workdir with a readable checkpoint, or a new '
+        '--workdir (after moving the damaged steps away)',
+      )
     return None, None
 
   def _report_skipped(self, failures, restored_step: int, set_aside: bool) -> None:
@@ -352,8 +393,10 @@ class Checkpointer:
         target = f'{self.step_dir(step)}.unreadable-{int(time.time())}'
         os.rename(self.step_dir(step), target)
         where = f'; moved it to {os.path.basename(target)}'
-      self.log(f'warning: checkpoint step {step} could not be read ({reason}); used step '
-               f'{restored_step} instead{where}')
+      self.log(
+        f'warning: checkpoint step {step} could not be read ({reason}); used step '
+        f'{restored_step} instead{where}'
+      )
     if failures and set_aside and not self.read_only:
       self.manager.reload()
 

@@ -6,6 +6,7 @@
 One code path for one CPU, one GPU or a pod: the jitted step runs on a `Mesh` and each process
 feeds its own rows of the batch (`jax.make_array_from_process_local_data`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -19,13 +20,25 @@ import jax
 import numpy as np
 
 from mllm.accounting import count_params, training_flops_per_token
-from mllm.config import ConfigError, moe_layers
-from mllm.layers.moe import training_note
+from mllm.config import ConfigError
+from mllm.layers.moe import moe_layers, training_note
 from mllm.paths import existing_dir, writable_dir
-from mllm.train.checkpoint import (Checkpointer, StateMismatch, checkpoint_dir, config_as_dict,
-                                   note, write_config)
-from mllm.train.metrics import (MetricsWriter, Progress, moe_records, peak_flops_per_device,
-                                plot_losses, read_metrics)
+from mllm.train.checkpoint import (
+  Checkpointer,
+  StateMismatch,
+  checkpoint_dir,
+  config_as_dict,
+  note,
+  write_config,
+)
+from mllm.train.metrics import (
+  MetricsWriter,
+  Progress,
+  moe_records,
+  peak_flops_per_device,
+  plot_losses,
+  read_metrics,
+)
 from mllm.train.resume import adopt_tokenizer, check_resumable, init_params, mismatch_error
 from mllm.train.sharding import global_batch, make_mesh
 from mllm.train.state import setup
@@ -57,16 +70,22 @@ def maybe_initialize_distributed() -> None:
   # coordinator ends them once it has missed the dead one's heartbeats this long.
   timeout = env.get('MLLM_HEARTBEAT_TIMEOUT_S', '100')
   if not timeout.isdigit() or int(timeout) < 1:
-    raise ConfigError('MLLM_HEARTBEAT_TIMEOUT_S', timeout, 'allowed: a whole number of seconds '
-                      ">= 1 (JAX's default: 100)")
+    raise ConfigError(
+      'MLLM_HEARTBEAT_TIMEOUT_S',
+      timeout,
+      'allowed: a whole number of seconds >= 1 (JAX\'s default: 100)',
+    )
   jax.distributed.initialize(**explicit_cluster(env), heartbeat_timeout_seconds=int(timeout))
 
 
 def several_processes(env) -> bool:
   """Whether the environment starts this process as one of several (a cluster's variables)."""
-  return bool(env.get('JAX_COORDINATOR_ADDRESS') or int(env.get('SLURM_NTASKS', '1')) > 1
-              or int(env.get('OMPI_COMM_WORLD_SIZE', '1')) > 1
-              or ',' in env.get('TPU_WORKER_HOSTNAMES', ''))
+  return bool(
+    env.get('JAX_COORDINATOR_ADDRESS')
+    or int(env.get('SLURM_NTASKS', '1')) > 1
+    or int(env.get('OMPI_COMM_WORLD_SIZE', '1')) > 1
+    or ',' in env.get('TPU_WORKER_HOSTNAMES', '')
+  )
 
 
 def explicit_cluster(env) -> dict:
@@ -80,13 +99,20 @@ def explicit_cluster(env) -> dict:
   for key, name in (('JAX_NUM_PROCESSES', 'num_processes'), ('JAX_PROCESS_ID', 'process_id')):
     value = env.get(key, '')
     if not value.isdigit():
-      raise ConfigError(key, value or '(unset)', f'JAX_COORDINATOR_ADDRESS={address} starts '
-                        'a job of several processes; allowed: JAX_NUM_PROCESSES (a count) and '
-                        'JAX_PROCESS_ID (0 to that count - 1) set beside it in every process')
+      raise ConfigError(
+        key,
+        value or '(unset)',
+        f'JAX_COORDINATOR_ADDRESS={address} starts '
+        'a job of several processes; allowed: JAX_NUM_PROCESSES (a count) and '
+        'JAX_PROCESS_ID (0 to that count - 1) set beside it in every process',
+      )
     values[name] = int(value)
   if values['process_id'] >= values['num_processes']:
-    raise ConfigError('JAX_PROCESS_ID', values['process_id'],
-                      f"allowed: 0 to JAX_NUM_PROCESSES - 1 = {values['num_processes'] - 1}")
+    raise ConfigError(
+      'JAX_PROCESS_ID',
+      values['process_id'],
+      f"allowed: 0 to JAX_NUM_PROCESSES - 1 = {values['num_processes'] - 1}",
+    )
   return {'coordinator_address': address, **values}
 
 
@@ -119,7 +145,8 @@ class _StopRequest:
     others would wait in the next step's collectives for ever."""
     if jax.process_count() == 1:
       return self.signal
-    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    from jax.experimental import multihost_utils
+
     flags = multihost_utils.process_allgather(np.array(self.signal is not None))
     if not np.any(flags):
       return None
@@ -140,8 +167,7 @@ def run_eval(eval_step, params, data, mesh, max_batches: int) -> dict | None:
 
 
 def _fmt_eval(e: dict) -> str:
-  return (f"val loss {e['loss']:.4f}  ppl {e['perplexity']:.2f}  "
-          f"bits/byte {e['bits_per_byte']:.4f}")
+  return f"val loss {e['loss']:.4f}  ppl {e['perplexity']:.2f}  bits/byte {e['bits_per_byte']:.4f}"
 
 
 def train(config, workdir: str, *, stop_after: int | None = None, progress: bool = True) -> dict:
@@ -156,8 +182,9 @@ def train(config, workdir: str, *, stop_after: int | None = None, progress: bool
   # Closing the checkpoint manager and the metrics writer on every exit, errors included, keeps
   # their background threads from dying noisily at interpreter shutdown.
   with contextlib.ExitStack() as closing:
-    ckpt = Checkpointer(workdir, max_to_keep=config.train.max_to_keep,
-                        async_save=config.train.async_checkpoint)
+    ckpt = Checkpointer(
+      workdir, max_to_keep=config.train.max_to_keep, async_save=config.train.async_checkpoint
+    )
     closing.callback(ckpt.close)
     return _train(config, workdir, stop_after, progress, mesh, model, init, ckpt, closing)
 
@@ -180,11 +207,13 @@ def _restore_or_init(config, workdir, ckpt, model, init, iterator) -> tuple[int,
 
 def _train(config, workdir, stop_after, progress, mesh, model, init, ckpt, closing) -> dict:
   from mllm.data import build_data
+
   t = config.train
   if check_resumable(workdir, config, ckpt, model.abstract_state) is None and t.init_from:
     adopt_tokenizer(config, workdir)
-  data = build_data(config, workdir, process_index=jax.process_index(),
-                    process_count=jax.process_count())
+  data = build_data(
+    config, workdir, process_index=jax.process_index(), process_count=jax.process_count()
+  )
   write_config(workdir, config)
   saved_config = config_as_dict(config)
   train_step = make_train_step(model)
@@ -195,12 +224,19 @@ def _train(config, workdir, stop_after, progress, mesh, model, init, ckpt, closi
   if start == end == 0:  # stop_after=0: save the initial state (launch.py --mode=import)
     ckpt.save(0, state, iterator, saved_config)
     ckpt.wait()
-    return {'step': 0, 'train_loss': float('nan'), 'eval': None, 'interrupted': None,
-            'workdir': workdir}
+    return {
+      'step': 0,
+      'train_loss': float('nan'),
+      'eval': None,
+      'interrupted': None,
+      'workdir': workdir,
+    }
+
   # Records after the resumed step are replayed; so is the final eval of a finished run.
   def keep(record) -> bool:
     final_eval = record['split'] == 'eval' and start == t.steps
     return record['step'] < start or (record['step'] == start and not final_eval)
+
   writer = MetricsWriter(workdir, tensorboard=t.tensorboard, resume_step=start, keep=keep)
   closing.callback(writer.close)
 
@@ -214,11 +250,15 @@ def _train(config, workdir, stop_after, progress, mesh, model, init, ckpt, closi
   if note:
     bar.print(f'note: {note}')
   if not data.stats['val']['tokens']:
-    bar.print(f'note: the validation split is empty (data.val_fraction={config.data.val_fraction} '
-              'of too few documents); no eval metrics')
-  bar.print(f"{'resuming from step ' + str(start) if start else 'starting'} in {workdir}: "
-            f'{counts.total:,} parameters, {jax.device_count()} × {device.device_kind}, mesh '
-            + ' × '.join(f'{k}={v}' for k, v in mesh.shape.items()))
+    bar.print(
+      f'note: the validation split is empty (data.val_fraction={config.data.val_fraction} '
+      'of too few documents); no eval metrics'
+    )
+  bar.print(
+    f"{'resuming from step ' + str(start) if start else 'starting'} in {workdir}: "
+    f'{counts.total:,} parameters, {jax.device_count()} × {device.device_kind}, mesh '
+    + ' × '.join(f'{k}={v}' for k, v in mesh.shape.items())
+  )
 
   step, last_saved, loss, compile_s, last_eval = start, start, float('nan'), 0.0, None
   interrupted = None  # the signal that stopped the job (in any of its processes)
@@ -232,16 +272,18 @@ def _train(config, workdir, stop_after, progress, mesh, model, init, ckpt, closi
         t0 = time.perf_counter()
         state, metrics = train_step(state, batch)
         # Reading the loss blocks on the step: it also avoids the multi-device CPU rendezvous
-        # deadlock between consecutive steps (JAX_NOTES.md).
+        # deadlock between consecutive steps that XLA:CPU can otherwise hit.
         loss = float(metrics['loss'])
         dt = time.perf_counter() - t0
         step += 1
         if not math.isfinite(loss) or not bool(metrics['params_finite']):
           what = f'loss is {loss}' if not math.isfinite(loss) else 'the update overflowed'
           raise TrainingDiverged(
-              f'{what} at step {step}; stopped without saving that state. The latest '
-              f'checkpoint is step {ckpt.latest_step()}; lower train.learning_rate or raise '
-              'train.warmup_steps', step)
+            f'{what} at step {step}; stopped without saving that state. The latest '
+            f'checkpoint is step {ckpt.latest_step()}; lower train.learning_rate or raise '
+            'train.warmup_steps',
+            step,
+          )
         if step == start + 1:
           compile_s = dt  # the first call compiles
         else:
@@ -249,16 +291,32 @@ def _train(config, workdir, stop_after, progress, mesh, model, init, ckpt, closi
         tok_s = tokens_per_step / dt
         mfu = (flops_per_token * tok_s / (peak * jax.device_count())) if peak else None
         moe = jax.device_get(metrics['moe']) if 'moe' in metrics else None
-        bar.update(step, f'loss {loss:.4f}  {tok_s:,.0f} tok/s  {dt * 1e3:.0f} ms/step'
-                   + (f'  MFU {mfu:.1%}' if mfu is not None else '')
-                   + (f"  drop {np.mean(moe['drop_rate']):.1%}  max/mean load "
-                      f"{np.mean(moe['load_max_over_mean']):.2f}" if moe else ''))
+        bar.update(
+          step,
+          f'loss {loss:.4f}  {tok_s:,.0f} tok/s  {dt * 1e3:.0f} ms/step'
+          + (f'  MFU {mfu:.1%}' if mfu is not None else '')
+          + (
+            f"  drop {np.mean(moe['drop_rate']):.1%}  max/mean load "
+            f"{np.mean(moe['load_max_over_mean']):.2f}"
+            if moe
+            else ''
+          ),
+        )
         if step % t.log_every == 0 or step == end:
-          writer.write(step, 'train', {
-              'loss': loss, 'grad_norm': metrics['grad_norm'],
-              'learning_rate': metrics['learning_rate'], 'tokens_per_s': tok_s,
-              'step_time_s': dt, 'mfu': mfu, 'tokens_seen': step * tokens_per_step,
-              **(moe_records(moe, moe_layers(config.model)) if moe else {})})
+          writer.write(
+            step,
+            'train',
+            {
+              'loss': loss,
+              'grad_norm': metrics['grad_norm'],
+              'learning_rate': metrics['learning_rate'],
+              'tokens_per_s': tok_s,
+              'step_time_s': dt,
+              'mfu': mfu,
+              'tokens_seen': step * tokens_per_step,
+              **(moe_records(moe, moe_layers(config.model)) if moe else {}),
+            },
+          )
         if t.eval_every and step % t.eval_every == 0 and step < t.steps:
           last_eval = run_eval(eval_step, state['params'], data, mesh, t.eval_batches)
           if last_eval:
@@ -286,10 +344,18 @@ def _train(config, workdir, stop_after, progress, mesh, model, init, ckpt, closi
   if jax.process_index() == 0 and os.path.exists(writer.path):
     plot = plot_losses(writer.path, os.path.join(workdir, 'loss.png'))
   median = float(np.median(times)) if times else float('nan')
-  summary = {'step': step, 'train_loss': loss, 'eval': last_eval, 'compile_s': compile_s,
-             'median_step_s': median, 'tokens_per_s': tokens_per_step / median if times else None,
-             'interrupted': interrupted, 'workdir': workdir, 'plot': plot,
-             'nothing_left': start >= end}
+  summary = {
+    'step': step,
+    'train_loss': loss,
+    'eval': last_eval,
+    'compile_s': compile_s,
+    'median_step_s': median,
+    'tokens_per_s': tokens_per_step / median if times else None,
+    'interrupted': interrupted,
+    'workdir': workdir,
+    'plot': plot,
+    'nothing_left': start >= end,
+  }
   bar.print(_summary_line(summary))
   return summary
 
@@ -298,23 +364,32 @@ def _last_train_loss(metrics_path: str, step: int) -> float:
   """The train loss recorded at `step` (or the last before it), NaN if none was."""
   if not os.path.exists(metrics_path):
     return float('nan')
-  losses = [r['loss'] for r in read_metrics(metrics_path)
-            if r['split'] == 'train' and r['step'] <= step and 'loss' in r]
+  losses = [
+    r['loss']
+    for r in read_metrics(metrics_path)
+    if r['split'] == 'train' and r['step'] <= step and 'loss' in r
+  ]
   return float(losses[-1]) if losses else float('nan')
 
 
 def _summary_line(s: dict) -> str:
   if s.get('nothing_left'):
-    parts = [f"nothing left to train: the run is at step {s['step']} already "
-             f"(train.steps or --stop_after); its last train loss {s['train_loss']:.4f}"]
+    parts = [
+      f"nothing left to train: the run is at step {s['step']} already "
+      f"(train.steps or --stop_after); its last train loss {s['train_loss']:.4f}"
+    ]
   else:
-    parts = [f"{'stopped' if s['interrupted'] else 'done'} at step {s['step']}",
-             f"train loss {s['train_loss']:.4f}"]
+    parts = [
+      f"{'stopped' if s['interrupted'] else 'done'} at step {s['step']}",
+      f"train loss {s['train_loss']:.4f}",
+    ]
   if s['eval']:
     parts.append(_fmt_eval(s['eval']))
   if s['tokens_per_s']:
-    parts.append(f"{s['tokens_per_s']:,.0f} tok/s (median step {s['median_step_s'] * 1e3:.0f} ms, "
-                 f"compile {s['compile_s']:.1f} s)")
+    parts.append(
+      f"{s['tokens_per_s']:,.0f} tok/s (median step {s['median_step_s'] * 1e3:.0f} ms, "
+      f"compile {s['compile_s']:.1f} s)"
+    )
   parts.append(f"workdir {s['workdir']}")
   return '; '.join(parts)
 
@@ -326,11 +401,13 @@ def evaluate(config, workdir: str) -> dict:
   in the workdir: an unreadable newest step is passed over, not moved.
   """
   from mllm.data import build_data
+
   maybe_initialize_distributed()
   existing_dir('--workdir', workdir, 'the workdir of a training run')
   if not os.path.isdir(checkpoint_dir(workdir)):
-    raise ConfigError('--workdir', workdir, 'has no checkpoint to evaluate; allowed: the workdir '
-                      'of a training run')
+    raise ConfigError(
+      '--workdir', workdir, 'has no checkpoint to evaluate; allowed: the workdir of a training run'
+    )
   mesh = make_mesh(config.mesh)
   model, _ = setup(config, mesh)
   abstract_params = model.abstract_state['params']
@@ -343,14 +420,20 @@ def evaluate(config, workdir: str) -> dict:
   finally:
     ckpt.close()
   if step is None:
-    raise ConfigError('--workdir', workdir, 'has no checkpoint to evaluate; allowed: the workdir '
-                      'of a training run')
-  data = build_data(config, workdir, process_index=jax.process_index(),
-                    process_count=jax.process_count())
-  result = run_eval(make_eval_step(model, data.tokenizer.token_bytes), params, data,
-                    mesh, config.train.eval_batches)
+    raise ConfigError(
+      '--workdir', workdir, 'has no checkpoint to evaluate; allowed: the workdir of a training run'
+    )
+  data = build_data(
+    config, workdir, process_index=jax.process_index(), process_count=jax.process_count()
+  )
+  result = run_eval(
+    make_eval_step(model, data.tokenizer.token_bytes), params, data, mesh, config.train.eval_batches
+  )
   if result is None:
-    raise ConfigError('data.val_fraction', config.data.val_fraction,
-                      'the validation split is empty; allowed: a larger fraction or more documents')
+    raise ConfigError(
+      'data.val_fraction',
+      config.data.val_fraction,
+      'the validation split is empty; allowed: a larger fraction or more documents',
+    )
   result['step'] = step
   return result

@@ -3,6 +3,7 @@
 MFU (PaLM, Chowdhery et al. 2022, App. B) = achieved model FLOPs/s ÷ the devices' peak FLOPs/s,
 with model FLOPs/token from `mllm.training_flops_per_token` (6N plus attention).
 """
+
 from __future__ import annotations
 
 import json
@@ -16,22 +17,23 @@ import numpy as np
 # Dense peak FLOP/s per chip: bf16, and float32 as XLA runs it on that chip (TF32 tensor cores on
 # NVIDIA Ampere and newer, bf16 passes on TPU). Sources: vendor datasheets (SXM parts).
 PEAK_FLOPS = {  # device_kind substring: (bfloat16, float32)
-    'H200': (989e12, 495e12),
-    'H100': (989e12, 495e12),
-    'GH200': (989e12, 495e12),
-    'B200': (2250e12, 1100e12),
-    'A100': (312e12, 156e12),
-    'L4': (121e12, 60e12),
-    'A10G': (70e12, 35e12),
-    'TPU v6': (918e12, 918e12),
-    'TPU v5p': (459e12, 459e12),
-    'TPU v5': (197e12, 197e12),  # v5e / 'TPU v5 lite'
-    'TPU v4': (275e12, 275e12),
+  'H200': (989e12, 495e12),
+  'H100': (989e12, 495e12),
+  'GH200': (989e12, 495e12),
+  'B200': (2250e12, 1100e12),
+  'A100': (312e12, 156e12),
+  'L4': (121e12, 60e12),
+  'A10G': (70e12, 35e12),
+  'TPU v6': (918e12, 918e12),
+  'TPU v5p': (459e12, 459e12),
+  'TPU v5': (197e12, 197e12),  # v5e / 'TPU v5 lite'
+  'TPU v4': (275e12, 275e12),
 }
 
 
-def peak_flops_per_device(device_kind: str, dtype: str, override: float | None = None
-                          ) -> float | None:
+def peak_flops_per_device(
+  device_kind: str, dtype: str, override: float | None = None
+) -> float | None:
   """Peak FLOP/s of one device, or None when the chip is not in the table (CPUs)."""
   if override:
     return float(override)
@@ -49,8 +51,9 @@ class MetricsWriter:
   cut short by a kill, are dropped first; TensorBoard hides its later events (purge_step).
   """
 
-  def __init__(self, workdir: str, *, tensorboard: bool = True, resume_step: int | None = None,
-               keep=None):
+  def __init__(
+    self, workdir: str, *, tensorboard: bool = True, resume_step: int | None = None, keep=None
+  ):
     self.enabled = jax.process_index() == 0
     self.path = os.path.join(workdir, 'metrics.jsonl')
     self._tb = self._file = None
@@ -58,11 +61,13 @@ class MetricsWriter:
       os.makedirs(workdir, exist_ok=True)
       if resume_step is not None:
         truncate_metrics(self.path, keep or (lambda r: r['step'] <= resume_step))
-      self._file = open(self.path, 'a', encoding='utf-8')
+      self._file = open(self.path, 'a', encoding='utf-8')  # noqa: SIM115 (open for the run)
       if tensorboard:
         from tensorboardX import SummaryWriter
-        self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'),
-                                 purge_step=resume_step + 1 if resume_step else None)
+
+        self._tb = SummaryWriter(
+          os.path.join(workdir, 'tensorboard'), purge_step=resume_step + 1 if resume_step else None
+        )
 
   def write(self, step: int, split: str, values: dict) -> None:
     if not self.enabled:
@@ -145,10 +150,16 @@ class Progress:
     self.live = self.enabled and sys.stdout.isatty()
     self._bar = None
     if self.live:
-      from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress,
-                                 TextColumn, TimeRemainingColumn)
-      self._bar = RichProgress(TextColumn('[bold]train'), BarColumn(), MofNCompleteColumn(),
-                               TextColumn('{task.fields[info]}'), TimeRemainingColumn())
+      from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+      from rich.progress import Progress as RichProgress
+
+      self._bar = RichProgress(
+        TextColumn('[bold]train'),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn('{task.fields[info]}'),
+        TimeRemainingColumn(),
+      )
       self._task = self._bar.add_task('train', total=total, completed=start, info='compiling…')
       self._bar.start()
 
@@ -179,8 +190,10 @@ def plot_losses(metrics_path: str, out_path: str) -> str | None:
   if not train:
     return None
   import matplotlib
+
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
+
   fig, ax = plt.subplots(figsize=(7, 4))
   ax.plot(*zip(*train), label='train', linewidth=1)
   if evals:

@@ -3,6 +3,7 @@
 AdamW (Loshchilov & Hutter 2019, Alg. 2): decay is decoupled, θ ← θ − η·(m̂/(√v̂+ε) + λθ), and by
 default skips norms, biases and embeddings (as GPT-3 and Llama do).
 """
+
 from __future__ import annotations
 
 import jax
@@ -30,6 +31,7 @@ def _schedule(t) -> optax.Schedule:
   elif t.schedule == 'constant':
     decay = optax.constant_schedule(peak)
   elif t.schedule == 'inverse_sqrt':  # Vaswani et al. 2017, eq. 3: η ∝ 1/√step after warm-up
+
     def decay(count):
       return peak * jax.lax.rsqrt(1.0 + count / max(warmup, 1))
   else:
@@ -46,6 +48,7 @@ def _is_embedding(names: tuple[str, ...]) -> bool:
 
 def weight_decay_mask(params: nnx.State, t) -> nnx.State:
   """True where AdamW decays the parameter."""
+
   def decays(path, var):
     names = tuple(str(getattr(k, 'key', getattr(k, 'name', k))) for k in path)
     if not t.decay_embeddings and _is_embedding(names):
@@ -53,14 +56,24 @@ def weight_decay_mask(params: nnx.State, t) -> nnx.State:
     if not t.decay_norms_and_biases and (names[-1] == 'bias' or any('norm' in n for n in names)):
       return var.replace(False)
     return var.replace(True)
-  return jax.tree_util.tree_map_with_path(decays, params,
-                                          is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+  return jax.tree_util.tree_map_with_path(
+    decays, params, is_leaf=lambda x: isinstance(x, nnx.Variable)
+  )
 
 
 def make_optimizer(t, params: nnx.State) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """`optax.chain(clip_by_global_norm, adamw)` for the `train` config section."""
   schedule = learning_rate_schedule(t)
   parts = [optax.clip_by_global_norm(t.grad_clip)] if t.grad_clip > 0 else []
-  parts.append(optax.adamw(schedule, b1=t.b1, b2=t.b2, eps=t.eps, weight_decay=t.weight_decay,
-                           mask=weight_decay_mask(params, t)))
+  parts.append(
+    optax.adamw(
+      schedule,
+      b1=t.b1,
+      b2=t.b2,
+      eps=t.eps,
+      weight_decay=t.weight_decay,
+      mask=weight_decay_mask(params, t),
+    )
+  )
   return optax.chain(*parts), schedule

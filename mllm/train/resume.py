@@ -10,19 +10,31 @@ config. Nothing is moved or deleted.
 To keep the parameters but not the rest (say, turning gradient clipping off changes the optimizer
 state), start a new workdir from them: `--config.train.init_from=workdir:OLD_WORKDIR`.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import shutil
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ml_collections import config_dict
 
-from mllm.config import ConfigError, INIT_SOURCES, flatten, set_path
-from mllm.train.checkpoint import (Checkpointer, Signature, StateMismatch, describe_diff,
-                                   note, only, signature)
+from mllm.config import ConfigError
+from mllm.config_keys import flatten, set_path
+from mllm.interop.hf import HFImportError, hf_params
+from mllm.train.checkpoint import (
+  Checkpointer,
+  Signature,
+  StateMismatch,
+  describe_diff,
+  note,
+  only,
+  signature,
+)
 from mllm.train.state import abstract_state
+from mllm.validation import INIT_SOURCES
 
 # The state's structure depends only on these sections (the data, mesh and seed do not change it).
 STATE_SECTIONS = ('model.', 'train.')
@@ -37,20 +49,30 @@ def read_config_json(workdir: str) -> dict | None:
     with open(path, encoding='utf-8') as f:
       saved = json.load(f)
   except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-    problem = (f'is not valid JSON ({err})' if isinstance(err, ValueError)
-               else f'cannot be read ({err})')
-    raise ConfigError('--workdir', workdir, f'its config.json {problem}; allowed: the config.json '
-                      'mllm wrote, or none: delete it and the config saved inside the latest '
-                      'checkpoint is used') from None
+    problem = (
+      f'is not valid JSON ({err})' if isinstance(err, ValueError) else f'cannot be read ({err})'
+    )
+    raise ConfigError(
+      '--workdir',
+      workdir,
+      f'its config.json {problem}; allowed: the config.json '
+      'mllm wrote, or none: delete it and the config saved inside the latest '
+      'checkpoint is used',
+    ) from None
   if not isinstance(saved, dict) or not isinstance(saved.get('model'), dict):
-    raise ConfigError('--workdir', workdir, 'its config.json holds no mllm config (no "model" '
-                      'section); allowed: the config.json mllm wrote, or none: delete it and the '
-                      'config saved inside the latest checkpoint is used')
+    raise ConfigError(
+      '--workdir',
+      workdir,
+      'its config.json holds no mllm config (no "model" '
+      'section); allowed: the config.json mllm wrote, or none: delete it and the '
+      'config saved inside the latest checkpoint is used',
+    )
   return saved
 
 
-def saved_config(workdir: str, ckpt: Checkpointer, step: int,
-                 log: Callable[[str], None] = note) -> dict | None:
+def saved_config(
+  workdir: str, ckpt: Checkpointer, step: int, log: Callable[[str], None] = note
+) -> dict | None:
   """The config the run in `workdir` was saved with: config.json, else the one inside `step`."""
   saved = read_config_json(workdir)
   if saved is not None:
@@ -87,9 +109,13 @@ def changed_keys(saved: dict, config) -> list[tuple[str, Any, Any]]:
   """(key, saved value, new value) for every model/train key that differs."""
   old, new = _flat_json(saved), flatten(config)
   missing = object()
-  return [(k, old.get(k), new[k]) for k in sorted(new)
-          if k.startswith(STATE_SECTIONS) and old.get(k, missing) is not missing
-          and _normal(old[k]) != _normal(new[k])]
+  return [
+    (k, old.get(k), new[k])
+    for k in sorted(new)
+    if k.startswith(STATE_SECTIONS)
+    and old.get(k, missing) is not missing
+    and _normal(old[k]) != _normal(new[k])
+  ]
 
 
 def _normal(value):
@@ -109,7 +135,7 @@ def culprits(saved: dict, config, params_only: bool = False) -> list[tuple[str, 
     try:
       if state_signature(trial, params_only) != reference:
         found.append((key, old, new))
-    except Exception:  # pylint: disable=broad-except  (a change may not build alone, e.g. n_heads)
+    except Exception:  # a change may not build alone, e.g. n_heads
       continue
   return found
 
@@ -122,16 +148,25 @@ def _what(diff: dict[str, list]) -> str:
 def _keys_to_blame(saved: dict, config, ckpt: Checkpointer, step: int, params_only: bool):
   """culprits(), if the saved config describes its own checkpoint (else None: it cannot tell)."""
   if state_signature(as_config(saved, config), params_only) != ckpt.saved_signature(
-      step, params_only):
+    step, params_only
+  ):
     return None
   # A single key explains it, or only a combination of changes does: then name them all.
   return culprits(saved, config, params_only) or changed_keys(saved, config)
 
 
-def mismatch_error(workdir: str, config, ckpt: Checkpointer, step: int, diff: dict[str, list],
-                   params_only: bool = False, log: Callable[[str], None] = note,
-                   key: str = '--workdir', value: Any = None, allowed: str | None = None
-                   ) -> ConfigError:
+def mismatch_error(
+  workdir: str,
+  config,
+  ckpt: Checkpointer,
+  step: int,
+  diff: dict[str, list],
+  params_only: bool = False,
+  log: Callable[[str], None] = note,
+  key: str = '--workdir',
+  value: Any = None,
+  allowed: str | None = None,
+) -> ConfigError:
   """One line naming the keys whose change makes checkpoint `step` incompatible with `config`.
 
   key, value: what the line starts with when no key can be named (the workdir by default).
@@ -146,19 +181,29 @@ def mismatch_error(workdir: str, config, ckpt: Checkpointer, step: int, diff: di
   if saved is not None:
     try:
       keys = _keys_to_blame(saved, config, ckpt, step, params_only)
-    except Exception:  # pylint: disable=broad-except  (an odd saved config: describe the entries)
+    except Exception:  # an odd saved config: describe the entries
       keys = None
   where = f'the run in {workdir} (checkpoint step {step})'
   if keys:
     listed = ', '.join(f'{k}={new!r} (saved: {old!r})' for k, old, new in keys)
     return ConfigError(f'{listed}: changes the {what} of {where}; nothing was moved; {allowed}')
-  return ConfigError(key, workdir if value is None else value,
-                     f'{where} holds {what} this config does not build ({describe_diff(diff)}); '
-                     f'nothing was moved; {allowed}')
+  return ConfigError(
+    key,
+    workdir if value is None else value,
+    f'{where} holds {what} this config does not build ({describe_diff(diff)}); '
+    f'nothing was moved; {allowed}',
+  )
 
 
-def check_resumable(workdir: str, config, ckpt: Checkpointer, abstract, *,
-                    params_only: bool = False, log: Callable[[str], None] = note) -> int | None:
+def check_resumable(
+  workdir: str,
+  config,
+  ckpt: Checkpointer,
+  abstract,
+  *,
+  params_only: bool = False,
+  log: Callable[[str], None] = note,
+) -> int | None:
   """Refuse, in one line naming the keys, a config whose state the workdir's checkpoint does not
   hold. Returns the newest step whose structure matches (None: no readable checkpoint).
 
@@ -171,7 +216,7 @@ def check_resumable(workdir: str, config, ckpt: Checkpointer, abstract, *,
   for step in reversed(steps):
     try:
       diff = ckpt.structure_diff(step, abstract, params_only)
-    except Exception:  # pylint: disable=broad-except
+    except Exception:
       continue
     if any(diff.values()):
       raise mismatch_error(workdir, config, ckpt, step, diff, params_only, log)
@@ -182,6 +227,7 @@ def check_resumable(workdir: str, config, ckpt: Checkpointer, abstract, *,
 # --------------------------------------------------------------------------------------------
 # train.init_from
 # --------------------------------------------------------------------------------------------
+
 
 def _source(init_from: str) -> tuple[str, int | None]:
   """'workdir:PATH' → (workdir, step or None for its latest); 'hf:PATH' → (PATH, None)."""
@@ -215,15 +261,23 @@ def init_params(config, abstract_params, log: Callable[[str], None] = note):
   if value.startswith('hf:'):
     return _hf_params(config, workdir, abstract_params, log)
   if not os.path.isdir(os.path.join(workdir, 'checkpoints')):
-    raise ConfigError('train.init_from', value, f'{workdir} holds no checkpoints/ folder; allowed: '
-                      "'workdir:PATH' with PATH a training workdir or one of its "
-                      'checkpoints/<step> folders')
+    raise ConfigError(
+      'train.init_from',
+      value,
+      f'{workdir} holds no checkpoints/ folder; allowed: '
+      "'workdir:PATH' with PATH a training workdir or one of its "
+      'checkpoints/<step> folders',
+    )
   ckpt = Checkpointer(workdir, read_only=True, log=log)
   try:
     steps = ckpt.all_steps()
     if not steps or (step is not None and step not in steps):
-      raise ConfigError('train.init_from', value, 'no such checkpoint; allowed: a step of '
-                        + (', '.join(map(str, steps)) if steps else 'a run that has saved one'))
+      raise ConfigError(
+        'train.init_from',
+        value,
+        'no such checkpoint; allowed: a step of '
+        + (', '.join(map(str, steps)) if steps else 'a run that has saved one'),
+      )
     try:
       if step is None:
         step, params = ckpt.restore_latest(abstract_params, params_only=True, set_aside=False)
@@ -233,31 +287,46 @@ def init_params(config, abstract_params, log: Callable[[str], None] = note):
           raise StateMismatch(step, diff)
         params = ckpt.restore_params(step, abstract_params)
     except StateMismatch as err:
-      raise mismatch_error(workdir, config, ckpt, err.step, err.diff, params_only=True, log=log,
-                           key='train.init_from', value=value,
-                           allowed='allowed: a model config with the same parameter shapes as '
-                                   'that run') from None
+      raise mismatch_error(
+        workdir,
+        config,
+        ckpt,
+        err.step,
+        err.diff,
+        params_only=True,
+        log=log,
+        key='train.init_from',
+        value=value,
+        allowed='allowed: a model config with the same parameter shapes as that run',
+      ) from None
   finally:
     ckpt.close()
-  log(f'initialized the parameters from {workdir} step {step} (train.init_from); the optimizer, '
-      'step count and data order start anew')
+  log(
+    f'initialized the parameters from {workdir} step {step} (train.init_from); the optimizer, '
+    'step count and data order start anew'
+  )
   return params
 
 
 def check_hf_folder(config, path: str) -> None:
   """train.init_from='hf:PATH' names a folder with a config.json (one line if not)."""
   if not os.path.isfile(os.path.join(path, 'config.json')):
-    raise ConfigError('train.init_from', config.train.init_from, f'{path} has no config.json; '
-                      "allowed: 'hf:PATH' with PATH a Hugging Face checkpoint folder")
+    raise ConfigError(
+      'train.init_from',
+      config.train.init_from,
+      f'{path} has no config.json; allowed: \'hf:PATH\' with PATH a Hugging Face checkpoint folder',
+    )
 
 
 def _hf_params(config, path: str, abstract_params, log: Callable[[str], None]):
-  from mllm.interop.hf import HFImportError, hf_params  # noqa: PLC0415
+
   check_hf_folder(config, path)
   try:
     params = hf_params(path, config, abstract_params)
   except HFImportError as err:
     raise ConfigError('train.init_from', config.train.init_from, str(err)) from None
-  log(f'initialized the parameters from the Hugging Face checkpoint {path} (train.init_from); '
-      'the optimizer, step count and data order start anew')
+  log(
+    f'initialized the parameters from the Hugging Face checkpoint {path} (train.init_from); '
+    'the optimizer, step count and data order start anew'
+  )
   return params

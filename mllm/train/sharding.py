@@ -9,6 +9,7 @@ experts, the expert axis is one more data-parallel axis. XLA's SPMD partitioner 
 collectives (the token exchange into and out of the experts included); there is no hand-written
 communication.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,22 +17,24 @@ import math
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from mllm.config import MESH_AXES, ConfigError
+from mllm.config import ConfigError
 from mllm.ops.mesh import BATCH_AXES, HEADS_AXIS
+from mllm.validation import MESH_AXES
 
 LOGICAL_RULES: dict[str, str | None] = {
-    'embed': 'fsdp',
-    'vocab': 'tensor',
-    'heads': HEADS_AXIS,
-    'kv_heads': HEADS_AXIS,
-    'mlp': 'tensor',
-    'expert': 'expert',
-    'head_dim': None,
-    'norm': None,
-    'positions': None,
-    'relpos_buckets': None,
+  'embed': 'fsdp',
+  'vocab': 'tensor',
+  'heads': HEADS_AXIS,
+  'kv_heads': HEADS_AXIS,
+  'mlp': 'tensor',
+  'expert': 'expert',
+  'head_dim': None,
+  'norm': None,
+  'positions': None,
+  'relpos_buckets': None,
 }
 
 
@@ -41,23 +44,29 @@ def mesh_shape(mesh_cfg, n_devices: int) -> tuple[int, ...]:
   fixed = math.prod(s for s in sizes if s != -1)
   if -1 in sizes:
     if n_devices % fixed:
-      raise ConfigError('mesh', dict(mesh_cfg), f'the fixed axes ({fixed}) must divide the '
-                        f'{n_devices} devices')
+      raise ConfigError(
+        'mesh', dict(mesh_cfg), f'the fixed axes ({fixed}) must divide the {n_devices} devices'
+      )
     sizes[sizes.index(-1)] = n_devices // fixed
   if math.prod(sizes) != n_devices:
-    raise ConfigError('mesh', dict(mesh_cfg), f'the axis sizes multiply to {math.prod(sizes)}, '
-                      f'but there are {n_devices} devices; allowed: a product of {n_devices}, '
-                      'or -1 on one axis')
+    raise ConfigError(
+      'mesh',
+      dict(mesh_cfg),
+      f'the axis sizes multiply to {math.prod(sizes)}, '
+      f'but there are {n_devices} devices; allowed: a product of {n_devices}, '
+      'or -1 on one axis',
+    )
   return tuple(sizes)
 
 
 def make_mesh(mesh_cfg, devices=None) -> jax.sharding.Mesh:
   devices = list(devices if devices is not None else jax.devices())
   shape = mesh_shape(mesh_cfg, len(devices))
-  # Auto axes: shardings are annotations that XLA propagates (JAX_NOTES: make_mesh defaults to
-  # Explicit axes, which put shardings in the type system).
-  return jax.make_mesh(shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(shape),
-                       devices=devices)
+  # Auto axes: shardings are annotations that XLA propagates (jax.make_mesh defaults to Explicit
+  # axes, which put shardings in the type system).
+  return jax.make_mesh(
+    shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(shape), devices=devices
+  )
 
 
 def logical_to_spec(names, shape, mesh, rules=LOGICAL_RULES) -> P:
@@ -77,9 +86,11 @@ def logical_to_spec(names, shape, mesh, rules=LOGICAL_RULES) -> P:
 
 def param_shardings(abstract_params: nnx.State, mesh) -> nnx.State:
   """The parameter tree with each Variable's value replaced by its NamedSharding."""
+
   def sharding(var):
     names = var.get_metadata().get('logical_axes', ())
     return var.replace(NamedSharding(mesh, logical_to_spec(names, var.get_value().shape, mesh)))
+
   return jax.tree.map(sharding, abstract_params, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 

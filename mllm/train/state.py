@@ -5,25 +5,27 @@ nnx.Param leaves, plus any MoE `ExpertBias`, which a rule updates and the optimi
 and the rest (dropout RNG streams, reseeded from `rng` and the step inside the jitted step, so a
 resumed run draws the same dropout masks as an uninterrupted one).
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from mllm.config import check_expert_axis
-from mllm.layers.moe import ExpertBias
-from mllm.model import build_model
+from mllm.model import SAVED, build_model, placeholder_rest
 from mllm.ops.mesh import traced_on
 from mllm.train.optimizer import make_optimizer
 from mllm.train.sharding import param_shardings, replicated
+from mllm.validation import check_expert_axis
 
-TrainState = dict  # {'step': int32[], 'params': nnx.State, 'opt_state': optax state, 'rng': uint32[2]}
-SAVED = (nnx.Param, ExpertBias)  # the variables in state['params'] (and so in checkpoints)
+TrainState = (
+  dict  # {'step': int32[], 'params': nnx.State, 'opt_state': optax state, 'rng': uint32[2]}
+)
 
 
 def split_trained(params: nnx.State) -> tuple[nnx.State, nnx.State]:
@@ -34,6 +36,7 @@ def split_trained(params: nnx.State) -> tuple[nnx.State, nnx.State]:
 @dataclasses.dataclass
 class Model:
   """What the step functions close over: the model's structure and its optimizer."""
+
   config: Any
   graphdef: nnx.GraphDef
   rest: nnx.State  # non-parameter state (RNG streams); not trained, not checkpointed
@@ -61,9 +64,13 @@ def _parts(config):
 
   def init() -> TrainState:
     _, params, _ = nnx.split(initial_model(config), SAVED, ...)
-    return {'step': jnp.zeros((), jnp.int32), 'params': params,
-            'opt_state': tx.init(split_trained(params)[0]),
-            'rng': jax.random.key_data(jax.random.key(config.seed))}
+    return {
+      'step': jnp.zeros((), jnp.int32),
+      'params': params,
+      'opt_state': tx.init(split_trained(params)[0]),
+      'rng': jax.random.key_data(jax.random.key(config.seed)),
+    }
+
   return abstract_model, tx, schedule, init
 
 
@@ -82,29 +89,23 @@ def setup(config, mesh) -> tuple[Model, Callable[[], TrainState]]:
   abstract = jax.eval_shape(init)
   p_shardings = param_shardings(abstract['params'], mesh)
   shardings = {
-      'step': replicated(mesh),
-      'params': p_shardings,
-      # Adam's moments mirror the parameters and are sharded like them; counters are replicated.
-      'opt_state': optax.tree_map_params(tx, lambda _, s: s, abstract['opt_state'],
-                                         split_trained(p_shardings)[0],
-                                         transform_non_params=lambda _: replicated(mesh),
-                                         is_leaf=lambda x: isinstance(x, nnx.Variable)),
-      'rng': replicated(mesh),
+    'step': replicated(mesh),
+    'params': p_shardings,
+    # Adam's moments mirror the parameters and are sharded like them; counters are replicated.
+    'opt_state': optax.tree_map_params(
+      tx,
+      lambda _, s: s,
+      abstract['opt_state'],
+      split_trained(p_shardings)[0],
+      transform_non_params=lambda _: replicated(mesh),
+      is_leaf=lambda x: isinstance(x, nnx.Variable),
+    ),
+    'rng': replicated(mesh),
   }
-  abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                          abstract, shardings)
-  model = Model(config, graphdef, _placeholder_rest(abstract_model), tx, schedule, mesh,
-                abstract, shardings)
+  abstract = jax.tree.map(
+    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+  )
+  model = Model(
+    config, graphdef, placeholder_rest(abstract_model), tx, schedule, mesh, abstract, shardings
+  )
   return model, jax.jit(init, out_shardings=shardings)
-
-
-def _placeholder_rest(abstract_model) -> nnx.State:
-  """Concrete stand-ins for the model's RNG streams: the step reseeds them before every use."""
-  key_data_shape = jax.random.key_data(jax.random.key(0)).shape
-
-  def concrete(x):
-    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-      return jax.random.wrap_key_data(jnp.zeros(x.shape + key_data_shape, jnp.uint32))
-    return jnp.zeros(x.shape, x.dtype)
-  _, _, rest = nnx.split(abstract_model, SAVED, ...)
-  return jax.tree.map(concrete, rest)

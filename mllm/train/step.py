@@ -4,6 +4,7 @@ Loss: mean next-token cross-entropy over the tokens whose loss_mask is 1 (paddin
 MoE balancing losses. With gradient accumulation each micro-batch's sum is divided by the whole
 batch's token count, so the update equals the one from the whole batch at once.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,8 +15,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from mllm.config import moe_layers
-from mllm.layers.moe import balancing_objective, moe_metrics, update_expert_biases
+from mllm.layers.moe import moe_layers, moe_metrics, update_expert_biases
+from mllm.layers.moe_routing import balancing_objective
 from mllm.ops.mesh import traced_on
 from mllm.train.sharding import batch_sharding, replicated
 from mllm.train.state import Model, TrainState, split_trained
@@ -38,16 +39,20 @@ def _forward_on_mesh(model: Model, params, batch, train: bool, dropout_key):
   elif dropout_key is not None:
     nnx.reseed(net, dropout=dropout_key, policy='match_shape')
   packed = model.config.data.document_mask
-  logits, moe_stats = net(batch['inputs'], positions=batch['positions'] if packed else None,
-                          segment_ids=batch['segment_ids'] if packed else None,
-                          return_moe_stats=True)
+  logits, moe_stats = net(
+    batch['inputs'],
+    positions=batch['positions'] if packed else None,
+    segment_ids=batch['segment_ids'] if packed else None,
+    return_moe_stats=True,
+  )
   losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch['targets'])
   return losses * batch['loss_mask'], moe_stats
 
 
 def _is_stochastic(cfg) -> bool:
   return max(cfg.dropout, cfg.embed_dropout, cfg.attention.dropout) > 0 or (
-      cfg.ffn.kind == 'moe' and cfg.moe.noise != 'none')
+    cfg.ffn.kind == 'moe' and cfg.moe.noise != 'none'
+  )
 
 
 def make_train_step(model: Model):
@@ -72,10 +77,10 @@ def make_train_step(model: Model):
     value = losses.sum() / n_tokens
     if has_moe:
       counts = stats['tokens_per_expert'] if counts_LE is None else counts_LE
-      balance = balancing_objective(counts, stats['mean_prob'], moe.top_k,
-                                    moe.balance_convention)
+      balance = balancing_objective(counts, stats['mean_prob'], moe.top_k, moe.balance_convention)
       value += (moe.balance_coef * balance + moe.z_loss_coef * jnp.mean(stats['z_loss'])) / accum
     return value, (losses.sum(), stats)
+
   grad_fn = jax.value_and_grad(objective, has_aux=True)
 
   def step(state: TrainState, batch) -> tuple[TrainState, dict]:
@@ -83,37 +88,43 @@ def make_train_step(model: Model):
     key = jax.random.fold_in(jax.random.wrap_key_data(state['rng']), state['step'])
     n_tokens = jnp.maximum(batch['loss_mask'].sum(), 1.0)
     if accum == 1:
-      (_, (loss_sum, stats)), grads = grad_fn(params, batch, key if stochastic else None,
-                                              n_tokens, None)
+      (_, (loss_sum, stats)), grads = grad_fn(
+        params, batch, key if stochastic else None, n_tokens, None
+      )
     else:
       # Row r goes to micro-batch r % accum, so every micro-batch is spread over all devices.
       micro = jax.tree.map(
-          lambda x: jnp.moveaxis(x.reshape(x.shape[0] // accum, accum, *x.shape[1:]), 1, 0),
-          batch)
+        lambda x: jnp.moveaxis(x.reshape(x.shape[0] // accum, accum, *x.shape[1:]), 1, 0), batch
+      )
       keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(accum))
       counts = None
       if has_moe and moe.balance_coef > 0:
+
         def count(carry, inputs):  # the variables ride in the carry: NNX merges them in-trace
           total, variables = carry
           mb, k = inputs
-          stats = _forward(model, variables, mb, train=True,
-                           dropout_key=k if stochastic else None)[1]
+          stats = _forward(model, variables, mb, train=True, dropout_key=k if stochastic else None)[
+            1
+          ]
           return (total + stats['tokens_per_expert'], variables), None
-        shapes = jax.eval_shape(lambda p, mb: _forward(model, p, mb, train=True)[1], params,
-                                _first(micro))
-        (counts, _), _ = jax.lax.scan(count, (_zeros(shapes['tokens_per_expert']), params),
-                                      (micro, keys))
+
+        shapes = jax.eval_shape(
+          lambda p, mb: _forward(model, p, mb, train=True)[1], params, _first(micro)
+        )
+        (counts, _), _ = jax.lax.scan(
+          count, (_zeros(shapes['tokens_per_expert']), params), (micro, keys)
+        )
 
       def add(carry, inputs):
         total, variables = carry
         mb, k = inputs
         out = grad_fn(variables, mb, k if stochastic else None, n_tokens, counts)
         return (jax.tree.map(jnp.add, total, out), variables), None
+
       zeros = _zeros(jax.eval_shape(grad_fn, params, _first(micro), None, n_tokens, counts))
       ((_, (loss_sum, stats)), grads), _ = jax.lax.scan(add, (zeros, params), (micro, keys))[0]
       # Summed over micro-batches: counts stay sums, the per-call means become means.
-      stats = {name: v if name == 'tokens_per_expert' else v / accum
-               for name, v in stats.items()}
+      stats = {name: v if name == 'tokens_per_expert' else v / accum for name, v in stats.items()}
     trained, rest = split_trained(params)
     grads = split_trained(grads)[0]
     updates, opt_state = model.tx.update(grads, state['opt_state'], trained)
@@ -121,21 +132,32 @@ def make_train_step(model: Model):
     if has_moe and moe.expert_bias:
       rest = update_expert_biases(rest, stats['tokens_per_expert'], moe.bias_update_rate)
     new_params = nnx.merge_state(trained, rest)
-    new_state = {'step': state['step'] + 1, 'params': new_params, 'opt_state': opt_state,
-                 'rng': state['rng']}
+    new_state = {
+      'step': state['step'] + 1,
+      'params': new_params,
+      'opt_state': opt_state,
+      'rng': state['rng'],
+    }
     # A finite loss can still come with an overflowing update; the loop must not save that state.
     finite = jnp.all(jnp.stack([jnp.isfinite(p).all() for p in jax.tree.leaves(new_params)]))
-    metrics = {'loss': loss_sum / n_tokens, 'grad_norm': optax.tree_utils.tree_norm(grads),
-               'learning_rate': model.schedule(state['step']), 'tokens': n_tokens,
-               'params_finite': finite}
+    metrics = {
+      'loss': loss_sum / n_tokens,
+      'grad_norm': optax.tree_utils.tree_norm(grads),
+      'learning_rate': model.schedule(state['step']),
+      'tokens': n_tokens,
+      'params_finite': finite,
+    }
     if has_moe:
       metrics['moe'] = moe_metrics(stats, moe.top_k, moe.balance_convention)
     return new_state, metrics
 
   metrics_sharding = replicated(model.mesh)
-  return jax.jit(step, donate_argnums=0,
-                 in_shardings=(model.shardings, batch_sharding(model.mesh)),
-                 out_shardings=(model.shardings, metrics_sharding))
+  return jax.jit(
+    step,
+    donate_argnums=0,
+    in_shardings=(model.shardings, batch_sharding(model.mesh)),
+    out_shardings=(model.shardings, metrics_sharding),
+  )
 
 
 def _first(micro_batches):
@@ -156,19 +178,28 @@ def make_eval_step(model: Model, token_bytes: np.ndarray):
   def evaluate(params, batch):
     losses = _forward(model, params, batch, train=False)[0]
     mask = batch['loss_mask']
-    return {'loss_sum': losses.sum(), 'tokens': mask.sum(),
-            'bytes': (table[batch['targets']] * mask).sum()}
+    return {
+      'loss_sum': losses.sum(),
+      'tokens': mask.sum(),
+      'bytes': (table[batch['targets']] * mask).sum(),
+    }
 
-  return jax.jit(evaluate, in_shardings=(model.shardings['params'], batch_sharding(model.mesh)),
-                 out_shardings=replicated(model.mesh))
+  return jax.jit(
+    evaluate,
+    in_shardings=(model.shardings['params'], batch_sharding(model.mesh)),
+    out_shardings=replicated(model.mesh),
+  )
 
 
 def eval_summary(totals: dict) -> dict:
   """Mean loss, perplexity and bits per byte from summed eval outputs."""
   loss = totals['loss_sum'] / max(totals['tokens'], 1.0)
-  return {'loss': loss, 'perplexity': math.exp(min(loss, 700.0)),
-          'bits_per_byte': totals['loss_sum'] / math.log(2) / max(totals['bytes'], 1.0),
-          'tokens': totals['tokens']}
+  return {
+    'loss': loss,
+    'perplexity': math.exp(min(loss, 700.0)),
+    'bits_per_byte': totals['loss_sum'] / math.log(2) / max(totals['bytes'], 1.0),
+    'tokens': totals['tokens'],
+  }
 
 
 def synthetic_batch(config, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
@@ -176,15 +207,20 @@ def synthetic_batch(config, rng: np.random.Generator | None = None) -> dict[str,
   rng = rng or np.random.default_rng(0)
   B, T = config.data.batch_size, config.data.seq_len
   tokens = rng.integers(0, config.model.vocab_size, (B, T + 1), dtype=np.int32)
-  return {'inputs': tokens[:, :-1], 'targets': tokens[:, 1:],
-          'positions': np.broadcast_to(np.arange(T, dtype=np.int32), (B, T)).copy(),
-          'segment_ids': np.ones((B, T), np.int32), 'loss_mask': np.ones((B, T), np.float32)}
+  return {
+    'inputs': tokens[:, :-1],
+    'targets': tokens[:, 1:],
+    'positions': np.broadcast_to(np.arange(T, dtype=np.int32), (B, T)).copy(),
+    'segment_ids': np.ones((B, T), np.int32),
+    'loss_mask': np.ones((B, T), np.float32),
+  }
 
 
 def benchmark_step(config, mesh=None):
   """(step_fn, state, batch) for timing the training step of `config` on synthetic tokens."""
   from mllm.train.sharding import global_batch, make_mesh
   from mllm.train.state import setup
+
   mesh = mesh or make_mesh(config.mesh)
   model, init = setup(config, mesh)
   return make_train_step(model), init(), global_batch(synthetic_batch(config), mesh)

@@ -1,0 +1,219 @@
+"""One run of a suite: its directory, named by the hash of its resolved config; training and
+evaluation through the same `train` and `evaluate` as launch.py; the suite's measure; result.json.
+A finished run of another suite with the same config is copied (`adopt`), not trained again.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import math
+import os
+import shutil
+import time
+
+import mllm
+from experiments.suite import Suite, Variant
+
+
+def resolve(suite: Suite, variant: Variant, preset: str, seed: int, extra: dict | None = None):
+  """The validated config of one run."""
+  if preset not in suite.presets:
+    raise ValueError(f'--preset={preset!r}; allowed: {", ".join(suite.presets)}')
+  spec = suite.base
+  if variant.choices:
+    spec += (',' if ':' in spec else ':') + variant.choices
+  overrides = {**suite.presets[preset], **variant.overrides, **(extra or {}), 'seed': seed}
+  config = mllm.load_config(spec, overrides)
+  if variant.derived is not None:
+    config = mllm.load_config(spec, {**overrides, **variant.derived(config)})
+  return config
+
+
+# Keys added to configs/base.py after suites had finished runs, with the value that reproduces
+# the code before them: at that value they are left out of the hash, so those runs stay valid.
+ADDED_KEYS = {'model.embed_scale': 1.0, 'model.init': 'fixed'}
+
+
+def config_hash(config, parent: str = '') -> str:
+  """12 hex digits of the resolved config; a starts_from run adds its parent run's hash, so a
+  changed parent is a new child run too."""
+  config = config.copy_and_resolve_references()
+  with config.unlocked():
+    for path, neutral in ADDED_KEYS.items():
+      *where, key = path.split('.')
+      node = config
+      for name in where:
+        node = node[name]
+      if key in node and node[key] == neutral:
+        del node[key]
+  text = config.to_json(sort_keys=True) + (f'\nstarts from {parent}' if parent else '')
+  return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def run_dir(out: str, suite: Suite, variant: Variant, config, parent: str = '') -> str:
+  return os.path.join(
+    out, suite.name, 'runs', f'{variant.name}-s{config.seed}-{config_hash(config, parent)}'
+  )
+
+
+def run_one(
+  config, workdir: str, *, progress: bool = True, measure=None, parent: dict | None = None
+) -> dict:
+  """Train and evaluate one run, then `measure(config, workdir)` if given; its result (also
+  written to workdir/result.json).
+
+  A run whose loss diverges is a result too: eval_loss NaN and the step it diverged at.
+  parent: the finished run (its record) a starts_from variant begins with. With
+  config.train.init_from set (trains=True) this run fine-tunes its parameters; without it the
+  parent's checkpoint is only evaluated, and measured, under this config.
+  """
+  from mllm.train import TrainingDiverged, evaluate, train
+
+  start = time.time()
+  counts = mllm.count_params(config)  # from an abstract model: nothing allocated
+  flops_per_token = mllm.training_flops_per_token(config, counts=counts).total
+  result = {
+    'params': counts.total,
+    'active_params': counts.active,
+    'flops_per_token': flops_per_token,
+    'learning_rate': config.train.learning_rate,
+  }
+  checkpoint, trained_eval = workdir, None
+  if parent is not None and not config.train.init_from:  # evaluated only: nothing trained here
+    checkpoint = parent['workdir']
+    # .get: a parent finished by an older runner may lack these counts.
+    result.update(
+      steps=0,
+      tokens=parent.get('tokens'),
+      train_flops=parent.get('train_flops'),
+      tokens_per_s=None,
+      median_step_s=None,
+      train_loss=None,
+    )
+  else:
+    try:
+      summary = train(config, workdir, progress=progress)
+    except TrainingDiverged as err:  # a result, not a failure: the same seed diverges again
+      result.update(
+        diverged_at_step=err.step,
+        eval_loss=math.nan,
+        steps=err.step,
+        tokens=err.step * config.data.batch_size * config.data.seq_len,
+        train_flops=math.nan,
+        tokens_per_s=None,
+        median_step_s=None,
+        train_loss=math.nan,
+        curve=train_curve(os.path.join(workdir, 'metrics.jsonl')),
+        wall_s=time.time() - start,
+      )
+      write_result(workdir, result)
+      return result
+    if summary['interrupted']:
+      raise KeyboardInterrupt(summary['interrupted'])
+    tokens = summary['step'] * config.data.batch_size * config.data.seq_len
+    result.update(
+      steps=summary['step'],
+      tokens=tokens,
+      train_loss=summary['train_loss'],
+      tokens_per_s=summary['tokens_per_s'],
+      median_step_s=summary['median_step_s'],
+      train_flops=flops_per_token * tokens + (parent['train_flops'] if parent else 0),
+      curve=train_curve(os.path.join(workdir, 'metrics.jsonl')),
+    )
+    evals = train_curve(os.path.join(workdir, 'metrics.jsonl'), 'eval')
+    if len(evals['step']) > 1:  # evaluated during training too (train.eval_every)
+      result['eval_curve'] = evals
+    trained_eval = summary['eval']
+  # train() evaluated the parameters it saved at its last step, on the same batches: the same
+  # numbers as evaluate(config, workdir) (a test holds them equal), without a second compile.
+  final = trained_eval or evaluate(config, checkpoint)
+  result.update(
+    eval_loss=final['loss'],
+    eval_perplexity=final['perplexity'],
+    bits_per_byte=final['bits_per_byte'],
+  )
+  if parent is not None:
+    result['starts_from'] = parent['variant']
+  if measure is not None:
+    result.update(measure(config, checkpoint))
+  # This call's seconds (a resumed run: since it resumed); kept in result.json, so a suite
+  # continued later still reports what each run cost.
+  result['wall_s'] = time.time() - start
+  write_result(workdir, result)
+  return result
+
+
+def train_curve(metrics_path: str, split: str = 'train') -> dict:
+  """{'step': [...], 'loss': [...]}: the run's logged train (or eval) losses."""
+  from mllm.train.metrics import read_metrics
+
+  records = [r for r in read_metrics(metrics_path) if r['split'] == split and 'loss' in r]
+  return {'step': [r['step'] for r in records], 'loss': [r['loss'] for r in records]}
+
+
+# What run_one itself records (a run adopted from another suite keeps these, not its measures).
+TRAINED_KEYS = (
+  'params',
+  'active_params',
+  'flops_per_token',
+  'learning_rate',
+  'steps',
+  'tokens',
+  'train_loss',
+  'tokens_per_s',
+  'median_step_s',
+  'train_flops',
+  'curve',
+  'eval_curve',
+  'eval_loss',
+  'eval_perplexity',
+  'bits_per_byte',
+)
+
+
+def read_result(workdir: str) -> dict:
+  with open(os.path.join(workdir, 'result.json')) as f:
+    result = json.load(f)
+  metrics = os.path.join(workdir, 'metrics.jsonl')
+  if 'curve' not in result and os.path.exists(metrics):  # finished by an older runner
+    result['curve'] = train_curve(metrics)
+  if 'train_flops' not in result:  # finished by an older runner
+    result['train_flops'] = (result.get('flops_per_token') or 0) * (result.get('tokens') or 0)
+  return result
+
+
+def write_result(workdir: str, result: dict) -> None:
+  with open(os.path.join(workdir, 'result.json.tmp'), 'w') as f:
+    json.dump(result, f, indent=1)
+  os.replace(os.path.join(workdir, 'result.json.tmp'), os.path.join(workdir, 'result.json'))
+
+
+def same_run_elsewhere(out: str, seed: int, digest: str, workdir: str) -> str | None:
+  """A finished run of another suite (or variant) with this exact config and seed."""
+  for other in sorted(glob.glob(os.path.join(out, '*', 'runs', f'*-s{seed}-{digest}'))):
+    if (
+      os.path.abspath(other) != os.path.abspath(workdir)
+      and os.path.exists(os.path.join(other, 'result.json'))
+      and os.path.isdir(os.path.join(other, 'checkpoints'))
+    ):
+      return other
+  return None
+
+
+def adopt(source: str, config, workdir: str, measure=None) -> dict:
+  """Copy a finished identical run into `workdir` instead of training it again; run only this
+  suite's measure on it."""
+  shutil.copytree(
+    source,
+    workdir,
+    dirs_exist_ok=True,
+    ignore=shutil.ignore_patterns('result.json*', 'errors.log', 'worker.log'),
+  )
+  result = {k: v for k, v in read_result(source).items() if k in TRAINED_KEYS}
+  result['copied_from'] = source
+  if measure is not None:
+    result.update(measure(config, workdir))
+  write_result(workdir, result)
+  return result

@@ -1,0 +1,51 @@
+"""ConfigError, and the small checks that config validation and every variant's own rules
+(mllm/layers/, mllm/ops/) share: each raises a one-line ConfigError naming the key, the value and
+what is allowed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+
+class ConfigError(ValueError):
+  """A bad config value: `key=value: what is wrong and what is allowed`, on one line."""
+
+  def __init__(self, key: str, value: Any = None, allowed: str | None = None):
+    if allowed is None:  # re-raised by a library with just the message (absl's flag parser does)
+      self.key = self.value = self.allowed = None
+      super().__init__(key)
+      return
+    self.key, self.value, self.allowed = key, value, allowed
+    super().__init__(f'{key}={value!r}: {allowed}')
+
+
+def one_of(key: str, value: Any, allowed: Iterable[str], what: str) -> None:
+  allowed = list(allowed)
+  if value not in allowed:
+    raise ConfigError(key, value, f'unknown {what}; allowed: ' + ', '.join(allowed))
+
+
+def positive(key: str, value: Any, optional: bool = False) -> None:
+  if optional and value is None:
+    return
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+    raise ConfigError(key, value, 'must be a positive number' + (' or None' if optional else ''))
+
+
+def rate(key: str, value: Any) -> None:
+  if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+    raise ConfigError(key, value, 'a dropout rate must be in [0, 1)')
+
+
+def integer(key: str, value: Any, minimum: int = 1, optional: bool = False) -> None:
+  if optional and value is None:
+    return
+  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    what = 'a positive integer' if minimum == 1 else f'an integer >= {minimum}'
+    raise ConfigError(key, value, f'must be {what}' + (' or None' if optional else ''))
+
+
+def number(key: str, value: Any, low: float, high: float, what: str) -> None:
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+    raise ConfigError(key, value, f'{what}; allowed: {low} <= value <= {high}')

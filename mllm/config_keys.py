@@ -1,0 +1,103 @@
+"""Dotted keys of an ml_collections config: read, write and parse `model.ffn.kind=swiglu`."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+from typing import Any
+
+from ml_collections import config_dict
+
+from mllm.checks import ConfigError
+
+
+def leaf_paths(config: config_dict.ConfigDict, prefix: str = '') -> Iterable[str]:
+  for key in config:
+    value = config[key]  # placeholders read as None, sub-configs as ConfigDicts
+    if isinstance(value, config_dict.ConfigDict):
+      yield from leaf_paths(value, f'{prefix}{key}.')
+    else:
+      yield f'{prefix}{key}'
+
+
+def flatten(config: config_dict.ConfigDict) -> dict[str, Any]:
+  """{'model.n_layers': 4, ...} for every leaf."""
+  return {path: get_path(config, path) for path in leaf_paths(config)}
+
+
+def get_path(config, path: str) -> Any:
+  node = config
+  for part in path.split('.'):
+    node = node[part]
+  return node
+
+
+def field_info(config, path: str) -> tuple[Any, type | None, bool]:
+  """(current value, declared type, nullable) of a leaf; (None, None, False) if unknown.
+
+  nullable: declared with `placeholder(type)`, so 'none' on the command line means unset; a
+  plain string field such as model.position.kind takes 'none' as a variant name.
+  """
+  *parents, leaf = path.split('.')
+  try:
+    node = get_path(config, '.'.join(parents)) if parents else config
+    # ConfigDict keeps a placeholder as a FieldReference in _fields (no public accessor).
+    field = node._fields.get(leaf)
+    nullable = isinstance(field, config_dict.FieldReference)
+    return node[leaf], node.get_type(leaf), nullable
+  except (KeyError, AttributeError, TypeError):
+    return None, None, False
+
+
+def set_path(config: config_dict.ConfigDict, path: str, value: Any) -> None:
+  """config[path] = value, with a ConfigError naming the key for unknown keys or wrong types."""
+  *parents, leaf = path.split('.')
+  node = config
+  for depth, name in enumerate(parents + [leaf]):
+    child = node.get(name) if name in node else None
+    if name not in node or (depth < len(parents) and not isinstance(child, config_dict.ConfigDict)):
+      where = '.'.join(parents[:depth]) or 'the config'
+      raise ConfigError(path, value, f'no such key; keys under {where}: ' + ', '.join(sorted(node)))
+    if depth < len(parents):
+      node = child
+  if isinstance(node[leaf], config_dict.ConfigDict):
+    raise ConfigError(
+      path,
+      value,
+      'is a section, not a value; set one of its keys: '
+      + ', '.join(f'{path}.{k}' for k in sorted(node[leaf])),
+    )
+  try:
+    with node.unlocked():
+      node[leaf] = value
+  except (TypeError, ValueError) as err:
+    declared = field_info(config, path)[1]  # also known for an unset placeholder
+    expected = declared.__name__ if declared else 'a value of the declared type'
+    raise ConfigError(path, value, f'wrong type, expected {expected} ({err})') from None
+
+
+def parse_value(
+  text: str, current: Any = None, declared: type | None = None, nullable: bool = False
+) -> Any:
+  """'4' → 4, '0.5' → 0.5, 'true' → True, 'none' → None, anything else stays a string.
+
+  When the field being set currently holds a string (a variant name), the text is taken as is, so
+  `pos=none` chooses the variant named 'none' rather than None; unless the field is `nullable` (a
+  placeholder such as data.cache_dir), where 'none' unsets it. `field_info` gives all three.
+  For a float field (`current` a float, or `declared` float), 'nan' and '[+-]inf' become floats,
+  so validation names the key ("must be finite") instead of reporting a wrong type.
+  """
+  lowered = text.strip().lower()
+  if isinstance(current, str) and not (nullable and lowered in ('none', 'null')):
+    return text.strip()
+  is_float = isinstance(current, float) or declared is float
+  if is_float and lowered.lstrip('+-') in ('nan', 'inf', 'infinity'):
+    return float(lowered)  # as absl's float parser reads it; validate() then refuses it
+  if lowered in ('none', 'null'):
+    return None
+  if lowered in ('true', 'false'):
+    return lowered == 'true'
+  try:
+    return ast.literal_eval(text.strip())
+  except Exception:  # literal_eval raises ValueError, SyntaxError, TypeError, MemoryError, ...
+    return text.strip()

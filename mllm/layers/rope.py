@@ -1,0 +1,161 @@
+"""RoPE (Su et al. 2021): rotation angles, the two feature layouts, and the context-extension
+scalings of its frequencies (PI, NTK, YaRN, llama3). `RotaryPositions` in positions.py applies it."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# ---------------------------------------------------------------------------------------------
+# RoPE (Su et al. 2021) and its context-extension scalings.
+# ---------------------------------------------------------------------------------------------
+
+ROPE_LAYOUTS = ('half', 'interleaved')
+ROPE_SCALINGS = ('none', 'linear', 'ntk', 'yarn', 'llama3')
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+  """How RoPE's frequencies are changed to reach a context `factor` times the trained one.
+
+  linear: Position Interpolation (Chen et al. 2023): positions / factor.
+  ntk:    NTK-aware base change (bloc97 2023): θ' = θ·factor^(d/(d−2)).
+  yarn:   YaRN (Peng et al. 2023, eqs. 17-20): per-frequency ramp between interpolation and
+          extrapolation (beta_fast = β, beta_slow = α) and attention temperature 0.1·ln(s) + 1.
+  llama3: Llama 3.1's wavelength-banded interpolation (low/high_freq_factor, original_max_len).
+  """
+
+  kind: str = 'none'
+  factor: float = 1.0
+  original_max_len: int = 2048
+  beta_fast: float = 32.0
+  beta_slow: float = 1.0
+  low_freq_factor: float = 1.0
+  high_freq_factor: float = 4.0
+
+  @classmethod
+  def of(cls, scaling: RopeScaling | Mapping[str, Any] | str | None) -> RopeScaling:
+    if scaling is None:
+      return cls()
+    if isinstance(scaling, RopeScaling):
+      return scaling
+    if isinstance(scaling, str):
+      return cls(kind=scaling)
+    return cls(**dict(scaling))
+
+
+def rope_inverse_frequencies(
+  head_dim: int, theta: float = 10000.0, scaling: RopeScaling | Mapping | str | None = None
+) -> tuple[np.ndarray, float]:
+  """θ_i = base^(−2(i−1)/d), i = 1..d/2, after `scaling`; and the factor that multiplies cos and sin
+  (YaRN's temperature, 1 otherwise). Computed in float64 NumPy: these are static."""
+  s = RopeScaling.of(scaling)
+  exponents = np.arange(0, head_dim, 2, dtype=np.float64)[: head_dim // 2] / head_dim
+  if s.kind == 'ntk':
+    theta = theta * s.factor ** (head_dim / (head_dim - 2))
+  inv_freq = 1.0 / theta**exponents
+  attention_factor = 1.0
+  if s.kind == 'linear':
+    inv_freq = inv_freq / s.factor
+  elif s.kind == 'yarn':
+
+    def correction_dim(n_rotations):  # the dimension whose wavelength fits n_rotations in L_orig
+      return (
+        head_dim
+        * math.log(s.original_max_len / (n_rotations * 2 * math.pi))
+        / (2 * math.log(theta))
+      )
+
+    low = max(math.floor(correction_dim(s.beta_fast)), 0)
+    high = min(math.ceil(correction_dim(s.beta_slow)), head_dim - 1)
+    if low == high:
+      high += 0.001
+    ramp = np.clip((np.arange(head_dim // 2) - low) / (high - low), 0.0, 1.0)
+    extrapolate = 1.0 - ramp  # 1: keep the original frequency; 0: interpolate it by the factor
+    inv_freq = inv_freq / s.factor * (1.0 - extrapolate) + inv_freq * extrapolate
+    attention_factor = 0.1 * math.log(s.factor) + 1.0 if s.factor > 1 else 1.0
+  elif s.kind == 'llama3':
+    low_freq_wavelen = s.original_max_len / s.low_freq_factor
+    high_freq_wavelen = s.original_max_len / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (s.original_max_len / wavelen - s.low_freq_factor) / (
+      s.high_freq_factor - s.low_freq_factor
+    )
+    scaled = np.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
+    medium = (wavelen <= low_freq_wavelen) & (wavelen >= high_freq_wavelen)
+    inv_freq = np.where(medium, (1 - smooth) * inv_freq / s.factor + smooth * inv_freq, scaled)
+  elif s.kind not in ('none', 'ntk'):
+    raise ValueError(f"rope scaling={s.kind!r}; allowed: {', '.join(ROPE_SCALINGS)}")
+  return inv_freq, attention_factor
+
+
+def rope_angles(
+  positions: jax.Array,
+  head_dim: int,
+  theta: float = 10000.0,
+  scaling: RopeScaling | Mapping | str | None = None,
+) -> tuple[jax.Array, jax.Array]:
+  """cos and sin of m·θ_i for positions [..., T] → two arrays [..., T, head_dim // 2]."""
+  inv_freq, attention_factor = rope_inverse_frequencies(head_dim, theta, scaling)
+  angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
+  return jnp.cos(angles) * attention_factor, jnp.sin(angles) * attention_factor
+
+
+def rotate(x_BTNH: jax.Array, cos_BTh: jax.Array, sin_BTh: jax.Array, layout: str) -> jax.Array:
+  """Apply the rotation R_{Θ,m} (Su et al. 2021, eq. 34) with precomputed angles.
+
+  'interleaved' rotates pairs (x1, x2), (x3, x4), ... (the paper, Meta's and Mistral's code);
+  'half' rotates (x_i, x_{i+d/2}) (GPT-NeoX, HF Llama/Qwen). They differ by a fixed permutation of
+  the head dimension, which is why checkpoints of one do not load into the other.
+  """
+  cos = cos_BTh[..., None, :]  # broadcast over heads
+  sin = sin_BTh[..., None, :]
+  x = x_BTNH.astype(jnp.float32)
+  if layout == 'half':
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  elif layout == 'interleaved':
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    out = jnp.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).reshape(x.shape)
+  else:
+    raise ValueError(f"rope layout={layout!r}; allowed: {', '.join(ROPE_LAYOUTS)}")
+  return out.astype(x_BTNH.dtype)
+
+
+def apply_rope(
+  x: jax.Array,
+  positions: jax.Array,
+  *,
+  theta: float = 10000.0,
+  layout: str = 'half',
+  scaling: RopeScaling | Mapping | str | None = None,
+) -> jax.Array:
+  """Rotary position embedding of x [B, T, heads, head_dim] at positions [B, T] (or [T])."""
+  if x.shape[-1] % 2:
+    raise ValueError(f'RoPE needs an even head_dim, got {x.shape[-1]}')
+  cos, sin = rope_angles(jnp.asarray(positions), x.shape[-1], theta, scaling)
+  return rotate(x, cos, sin, layout)
+
+
+def rope_frequencies_2d(
+  head_dim: int, height: int, width: int, theta: float = 10000.0
+) -> jax.Array:
+  """2-D RoPE for an image grid (Pixtral, from the Mistral notes): angles [height, width, head_dim//2].
+
+  Of the d/2 base frequencies, the even-indexed ones rotate with the row and the odd-indexed ones
+  with the column; the two halves are concatenated.
+  """
+  freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+  rows = np.outer(np.arange(height), freqs[0::2])  # [height, ·]
+  cols = np.outer(np.arange(width), freqs[1::2])  # [width, ·]
+  angles = np.concatenate(
+    [np.repeat(rows[:, None, :], width, axis=1), np.repeat(cols[None, :, :], height, axis=0)],
+    axis=-1,
+  )
+  return jnp.asarray(angles, jnp.float32)

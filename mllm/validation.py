@@ -1,0 +1,349 @@
+"""Config validation: every invalid value or combination raises a one-line `ConfigError` naming
+the key, the bad value and what is allowed, before anything is built or compiled. Generic checks
+live here; each variant's own rules live with it (`PositionScheme.check`, `check_moe_config`,
+`check_norm_config`, the attention implementations' records) and are called from here."""
+
+from __future__ import annotations
+
+import math
+
+from ml_collections import config_dict
+
+from mllm.checks import ConfigError, integer, number, one_of, positive, rate
+from mllm.config_keys import flatten, get_path
+from mllm.layers.ffn import FFNS
+from mllm.layers.init import INIT_SCHEMES
+from mllm.layers.moe import check_moe_config
+from mllm.layers.norms import check_norm_config
+from mllm.layers.positions import POSITIONS, check_position_config
+from mllm.layers.remat import REMAT_POLICIES
+from mllm.ops.attention import ATTENTION_IMPLS
+
+DTYPES = ('float32', 'bfloat16')
+DEFAULT_INIT_STD = 0.02  # configs/base.py's model.init_std
+DATA_SOURCES = ('stdlib', 'text', 'jsonl', 'parquet', 'hf')
+TOKENIZERS = ('bpe', 'byte')
+SCHEDULES = ('cosine', 'linear', 'constant', 'inverse_sqrt')
+MESH_AXES = ('data', 'fsdp', 'expert', 'tensor')
+INIT_SOURCES = ('workdir', 'hf')  # train.init_from='workdir:PATH' or 'hf:PATH'
+
+
+def check_finite(config: config_dict.ConfigDict, prefix: str = '') -> None:
+  """Every float in the config is a number: NaN and ±inf pass most range checks unnoticed
+  (`nan <= 0` is False), and would only show up as a NaN loss many steps later."""
+  for path, value in flatten(config).items():
+    if isinstance(value, float) and not math.isfinite(value):
+      raise ConfigError(
+        prefix + path, value, 'must be a finite number; NaN and ±inf are not allowed'
+      )
+
+
+def _divisors(n: int) -> str:
+  return ', '.join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+# Model keys that may be None (meaning "derive it"); every other model key must be set.
+OPTIONAL_KEYS = (
+  'head_dim',
+  'attention.sliding_window',
+  'attention.softmax_scale',
+  'attention.block_q',
+  'attention.block_k',
+  'position.rope_original_max_len',
+  'ffn.d_ff',
+  'norm.use_bias',
+  'moe.expert_d_ff',
+  'moe.shared_d_ff',
+)
+BOOL_KEYS = (
+  'tie_embeddings',
+  'depth_scaled_init',
+  'scan_layers',
+  'attention.qk_norm',
+  'attention.use_bias',
+  'attention.qkv_bias',
+  'ffn.match_params',
+  'ffn.use_bias',
+  'norm.fp32',
+  'norm.final_norm',
+  'norm.use_bias',
+  'moe.renormalize',
+  'moe.expert_bias',
+  'moe.force_uniform_routing',
+)
+
+
+def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
+  """Check the `model` part of a config; raise ConfigError on the first problem."""
+  p = prefix
+  if not isinstance(m, config_dict.ConfigDict):
+    raise ConfigError(p, m, 'must be a config section (a ConfigDict)')
+  check_finite(m, f'{p}.')
+  for key in ('vocab_size', 'd_model', 'n_layers', 'n_heads', 'n_kv_heads', 'max_seq_len'):
+    value = m[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+      raise ConfigError(f'{p}.{key}', value, 'must be a positive integer')
+  for path, value in flatten(m).items():
+    if value is None and path not in OPTIONAL_KEYS:
+      raise ConfigError(
+        f'{p}.{path}',
+        value,
+        'must be set; None is allowed only for ' + ', '.join(f'{p}.{k}' for k in OPTIONAL_KEYS),
+      )
+  for path in BOOL_KEYS:
+    value = get_path(m, path)
+    if not isinstance(value, bool) and not (value is None and path in OPTIONAL_KEYS):
+      raise ConfigError(f'{p}.{path}', value, 'must be true or false')
+  integer(f'{p}.head_dim', m.head_dim, optional=True)
+  one_of(f'{p}.init', m.init, INIT_SCHEMES, 'initialisation scheme')
+  positive(f'{p}.init_std', m.init_std)
+  if m.init != 'fixed' and m.init_std != DEFAULT_INIT_STD:  # set, and silently unused
+    raise ConfigError(
+      f'{p}.init_std',
+      m.init_std,
+      f"read only by {p}.init='fixed' (it is {m.init!r}); set "
+      f"{p}.init='fixed' to use it, else leave it at {DEFAULT_INIT_STD}",
+    )
+  positive(f'{p}.embed_scale', m.embed_scale)
+  one_of(f'{p}.dtype', m.dtype, DTYPES, 'compute dtype')
+  one_of(f'{p}.param_dtype', m.param_dtype, DTYPES, 'parameter dtype')
+  one_of(f'{p}.remat', m.remat, REMAT_POLICIES, 'remat policy')
+  rate(f'{p}.dropout', m.dropout)
+  rate(f'{p}.embed_dropout', m.embed_dropout)
+
+  if m.n_kv_heads > m.n_heads or m.n_heads % m.n_kv_heads:
+    raise ConfigError(
+      f'{p}.n_kv_heads',
+      m.n_kv_heads,
+      f'must divide {p}.n_heads={m.n_heads}; allowed: {_divisors(m.n_heads)}',
+    )
+  if m.head_dim is None and m.d_model % m.n_heads:
+    raise ConfigError(
+      f'{p}.n_heads',
+      m.n_heads,
+      f'must divide {p}.d_model={m.d_model} when {p}.head_dim is unset; allowed: '
+      f'{_divisors(m.d_model)}, or set {p}.head_dim',
+    )
+
+  a = m.attention
+  one_of(f'{p}.attention.impl', a.impl, ATTENTION_IMPLS, 'attention implementation')
+  integer(f'{p}.attention.sliding_window', a.sliding_window, optional=True)
+  positive(f'{p}.attention.softmax_scale', a.softmax_scale, optional=True)
+  rate(f'{p}.attention.dropout', a.dropout)
+
+  pos = m.position
+  one_of(f'{p}.position.kind', pos.kind, POSITIONS, 'position scheme')
+  _check_attention_impl(m, p)
+  check_position_config(m, p)
+
+  f = m.ffn
+  # The dense FFNs (read now: a registry may have grown since import), and the MoE built of them.
+  one_of(f'{p}.ffn.kind', f.kind, (*FFNS, 'moe'), 'FFN')
+  integer(f'{p}.ffn.d_ff', f.d_ff, optional=True)
+  integer(f'{p}.ffn.multiple_of', f.multiple_of)
+  check_moe_config(m, p)
+
+  check_norm_config(m, p)
+
+
+def _check_attention_impl(m: config_dict.ConfigDict, p: str) -> None:
+  """Refuse what the attention implementation cannot run, naming the reason; each
+  implementation's record (mllm/ops/attention.py) says what it takes."""
+  a = m.attention
+  impl = ATTENTION_IMPLS[a.impl]
+  for key in ('block_q', 'block_k'):
+    value = a[key]
+    if value is None:
+      continue
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise ConfigError(
+        f'{p}.attention.{key}', value, 'a tile size must be a positive integer or None'
+      )
+    why = impl.tiles and impl.tiles(key, value)
+    if why:
+      raise ConfigError(f'{p}.attention.{key}', value, why)
+  if m.position.kind == 'alibi' and not impl.alibi:
+    raise ConfigError(
+      f'{p}.attention.impl',
+      a.impl,
+      f'{a.impl} adds no bias to the scores, so no '
+      f"ALiBi ({p}.position.kind='alibi'); allowed with it: 'pallas' (ALiBi "
+      "in-kernel), 'blockwise', 'xla', 'auto'",
+    )
+  if POSITIONS[m.position.kind].learned_bias and not impl.learned_terms:
+    raise ConfigError(
+      f'{p}.attention.impl',
+      a.impl,
+      f'{p}.position.kind={m.position.kind!r} is a learned relative bias, whose '
+      f"gradient only autodiff gives; allowed with it: 'xla', 'blockwise', 'auto'",
+    )
+  if a.dropout > 0 and not impl.learned_terms:
+    raise ConfigError(
+      f'{p}.attention.impl',
+      a.impl,
+      f'the {a.impl} kernel has no attention dropout ({p}.attention.dropout='
+      f"{a.dropout}); allowed with it: 'xla', 'blockwise', 'auto'",
+    )
+  if impl.half_precision and m.dtype != 'bfloat16':
+    raise ConfigError(
+      f'{p}.attention.impl',
+      a.impl,
+      f"{impl.half_precision} runs in bfloat16/float16 but {p}.dtype={m.dtype!r}; "
+      f"set {p}.dtype='bfloat16' or use 'xla', 'blockwise', 'pallas'",
+    )
+
+
+def check_backend(m: config_dict.ConfigDict, backend: str | None = None, p: str = 'model') -> None:
+  """What only the machine can tell: is the attention implementation available on it?"""
+  import jax  # deferred: validation itself never touches a backend
+
+  backend = backend or jax.default_backend()
+  if m.ffn.kind == 'moe' and m.moe.grouped_matmul == 'megablox' and backend == 'gpu':
+    raise ConfigError(
+      f'{p}.moe.grouped_matmul',
+      'megablox',
+      "megablox's gmm is a TPU kernel (off "
+      "TPU it only interprets, for tests); allowed on gpu: 'ragged_dot'",
+    )
+  refuses = ATTENTION_IMPLS[m.attention.impl].backends
+  why = refuses and refuses(backend)
+  if why:
+    raise ConfigError(f'{p}.attention.impl', m.attention.impl, why)
+
+
+def validate_data(config: config_dict.ConfigDict) -> None:
+  d = config.data
+  one_of('data.source', d.source, DATA_SOURCES, 'data source')
+  if d.source != 'stdlib' and not d.path:
+    raise ConfigError(
+      'data.path',
+      d.path,
+      f"data.source={d.source!r} reads data.path; allowed: "
+      + ('a dataset name or a save_to_disk folder' if d.source == 'hf' else 'a file or a folder'),
+    )
+  if not isinstance(d.text_field, str) or not d.text_field:
+    raise ConfigError('data.text_field', d.text_field, 'must name the text column')
+  number('data.val_fraction', d.val_fraction, 0.0, 0.5, 'the share of documents held out')
+  one_of('data.tokenizer', d.tokenizer, TOKENIZERS, 'tokenizer')
+  integer('data.tokenizer_train_bytes', d.tokenizer_train_bytes)
+  for key in ('eos_token', 'pad_token'):
+    if not isinstance(d[key], str) or not d[key]:
+      raise ConfigError(f'data.{key}', d[key], 'must name a special token of the BPE tokenizer')
+  # Whether the tokenizer fits model.vocab_size is checked when the data is built.
+  if not isinstance(d.document_mask, bool):
+    raise ConfigError('data.document_mask', d.document_mask, 'must be true or false')
+  integer('data.seq_len', d.seq_len)
+  integer('data.batch_size', d.batch_size)
+  for key in ('path', 'cache_dir', 'hf_config'):
+    if d[key] is not None and (not isinstance(d[key], str) or not d[key].strip()):
+      raise ConfigError(f'data.{key}', d[key], 'must be a non-empty string, or None')
+  if config.model.position.kind == 'learned' and d.seq_len > config.model.max_seq_len:
+    raise ConfigError(
+      'data.seq_len',
+      d.seq_len,
+      f'learned positions cover model.max_seq_len={config.model.max_seq_len} '
+      'tokens; allowed: <= that, or raise model.max_seq_len',
+    )
+
+
+def validate_train(config: config_dict.ConfigDict) -> None:
+  t = config.train
+  integer('train.steps', t.steps)
+  positive('train.learning_rate', t.learning_rate)
+  one_of('train.schedule', t.schedule, SCHEDULES, 'learning-rate schedule')
+  integer('train.warmup_steps', t.warmup_steps, 0)
+  if t.schedule in ('cosine', 'linear') and t.warmup_steps >= t.steps:
+    raise ConfigError(
+      'train.warmup_steps',
+      t.warmup_steps,
+      f'must be < train.steps={t.steps} for a {t.schedule} decay',
+    )
+  number('train.min_lr_ratio', t.min_lr_ratio, 0.0, 1.0, 'a fraction of the peak rate')
+  number('train.b1', t.b1, 0.0, 0.999999, 'an Adam moment decay')
+  number('train.b2', t.b2, 0.0, 0.999999, 'an Adam moment decay')
+  positive('train.eps', t.eps)
+  number('train.weight_decay', t.weight_decay, 0.0, 10.0, 'the decoupled weight decay')
+  number('train.grad_clip', t.grad_clip, 0.0, 1e30, 'a global norm (0: off)')
+  for key in ('decay_embeddings', 'decay_norms_and_biases', 'async_checkpoint', 'tensorboard'):
+    if not isinstance(t[key], bool):
+      raise ConfigError(f'train.{key}', t[key], 'must be true or false')
+  integer('train.grad_accum_steps', t.grad_accum_steps)
+  if config.data.batch_size % t.grad_accum_steps:
+    raise ConfigError(
+      'train.grad_accum_steps',
+      t.grad_accum_steps,
+      f'must divide data.batch_size={config.data.batch_size}; allowed: '
+      + _divisors(config.data.batch_size),
+    )
+  integer('train.log_every', t.log_every)
+  integer('train.eval_every', t.eval_every, 0)
+  integer('train.eval_batches', t.eval_batches, 0)
+  integer('train.checkpoint_every', t.checkpoint_every)
+  integer('train.max_to_keep', t.max_to_keep)
+  positive('train.peak_flops', t.peak_flops, optional=True)
+  if t.init_from is not None:
+    kind, sep, path = t.init_from.partition(':') if isinstance(t.init_from, str) else ('', '', '')
+    if kind not in INIT_SOURCES or not sep or not path.strip():
+      raise ConfigError(
+        'train.init_from',
+        t.init_from,
+        'start a fresh run from the parameters of '
+        "another run; allowed: None, 'workdir:PATH' (a training workdir, or "
+        "one of its checkpoints/<step> folders), or 'hf:PATH' (a Hugging Face "
+        'checkpoint folder)',
+      )
+
+
+def validate_mesh(config: config_dict.ConfigDict) -> None:
+  if sorted(config.mesh.keys()) != sorted(MESH_AXES):
+    raise ConfigError('mesh', dict(config.mesh), 'needs exactly the axes ' + ', '.join(MESH_AXES))
+  sizes = [config.mesh[a] for a in MESH_AXES]
+  for axis, size in zip(MESH_AXES, sizes):
+    if isinstance(size, bool) or not isinstance(size, int) or not (size >= 1 or size == -1):
+      raise ConfigError(
+        f'mesh.{axis}',
+        size,
+        'a mesh axis size is a positive integer, or -1 for all devices left over',
+      )
+  if sizes.count(-1) > 1:
+    raise ConfigError('mesh', dict(config.mesh), 'at most one axis may be -1')
+  if config.mesh.expert not in (1, -1):
+    check_expert_axis(config.model, config.mesh.expert)
+
+
+def check_expert_axis(m: config_dict.ConfigDict, size: int) -> None:
+  """The expert mesh axis (its resolved size) shards the experts, so it must divide them."""
+  if size == 1:
+    return
+  if m.ffn.kind != 'moe':
+    raise ConfigError(
+      'mesh.expert',
+      size,
+      f"shards the experts of an MoE model, but "
+      f"model.ffn.kind={m.ffn.kind!r}; allowed: 1, or model.ffn.kind='moe'",
+    )
+  if m.moe.num_experts % size:
+    raise ConfigError(
+      'mesh.expert',
+      size,
+      f'must divide model.moe.num_experts='
+      f'{m.moe.num_experts}; allowed: {_divisors(m.moe.num_experts)}',
+    )
+
+
+def validate(config: config_dict.ConfigDict) -> None:
+  """Check a full config (model and the run settings); raise ConfigError on the first problem.
+
+  What needs the machine (device counts, files on disk) is checked when the run starts.
+  """
+  check_finite(config)
+  if (
+    isinstance(config.seed, bool)
+    or not isinstance(config.seed, int)
+    or not (0 <= config.seed < 2**31)
+  ):
+    raise ConfigError('seed', config.seed, 'must be an integer in [0, 2**31)')
+  validate_model(config.model)
+  validate_data(config)
+  validate_train(config)
+  validate_mesh(config)

@@ -1,0 +1,495 @@
+"""FlashAttention-2 forward and backward in Pallas (Triton-style GPU kernels; CPU via interpret=True).
+
+Forward = Algorithm 1 of FlashAttention-2 (Dao 2023, arXiv:2307.08691): one program per
+(batch, query head, query block) keeps its Q tile resident, streams K/V tiles with an online
+softmax (running max m, running sum l, unnormalized accumulator) and saves the per-row log-sum-exp.
+Backward = Algorithm 2: delta = rowsum(dO * O) as a jnp preprocess, then one kernel per
+(batch, KV head, key block) accumulating dK/dV over every query head of its GQA group (so no
+atomics and K/V are never repeated), and one kernel per (batch, query head, query block) for dQ.
+
+Layout: q [B, T, N, H], k/v [B, S, K, H] with query head n reading KV head n // (N // K) through
+the BlockSpec index maps. Query t sits at key position q_offset + t (default S - T, bottom-right).
+The wrapper pads T and S to a multiple of the (power-of-two) blocks and H to a power of two
+(>= 16) with zeros; padded keys are masked, padded queries and head columns are sliced off.
+Scores live in base 2 (logits * log2 e) so the kernels use exp2; the saved LSE is base 2 too.
+
+Skipping: the key-block loop of a query block runs only over [kv_block_range) -- it stops at the
+causal diagonal and starts at the first block inside the sliding window -- and the backward
+query-block loop over [q_block_range). With segment ids, a (query block, key block) pair whose
+[min, max] id ranges do not intersect is skipped by a lax.cond (sound for unsorted ids too).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from pallas_kernels import tile_math as tm
+from pallas_kernels.block_ranges import MASK_VALUE, kv_block_range, q_block_range
+from pallas_kernels.common import (
+  MaskRule,
+  check_inputs,
+  default_positions,
+  flash_vjp,
+  pad_to,
+  padded_ids,
+)
+
+
+class BlockSizes(NamedTuple):
+  block_q: int
+  block_k: int
+  block_q_bwd: int
+  block_k_bwd: int
+
+
+def _pad_head_dim(h: int) -> int:
+  return max(16, pl.next_power_of_2(h))  # tl.dot wants every dimension >= 16
+
+
+def default_blocks(head_dim: int, backend: str) -> BlockSizes:
+  """Block sizes (powers of two) for a head_dim on 'gpu' or 'cpu' (interpret mode)."""
+  if backend == 'cpu':
+    # The interpreter pays per loop iteration, not per flop: fewer, larger tiles are faster.
+    return BlockSizes(128, 128, 128, 128)
+  # The backward kernels hold four tiles plus two f32 accumulators, hence smaller blocks.
+  # Not tuned on hardware.
+  if _pad_head_dim(head_dim) >= 256:
+    return BlockSizes(64, 64, 32, 32)
+  return BlockSizes(128, 128, 64, 64)
+
+
+DEFAULT_BLOCKS = {'gpu': default_blocks(128, 'gpu'), 'cpu': default_blocks(128, 'cpu')}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cfg(MaskRule):
+  blocks: BlockSizes
+  num_warps: int
+  num_stages: int
+
+  def ranges(self, bwd: bool):
+    bq, bk = self.blocks[2:] if bwd else self.blocks[:2]
+    return dict(
+      block_q=bq,
+      block_k=bk,
+      q_len=self.q_len,
+      kv_len=self.kv_len,
+      q_offset=self.q_offset,
+      causal=self.causal,
+      window=self.window,
+    )
+
+
+class _Extras(NamedTuple):
+  """Optional per-token side inputs (None when unused); never differentiated."""
+
+  q_seg_BT: jax.Array | None
+  kv_seg_BS: jax.Array | None
+  q_pos_BT: jax.Array | None
+  kv_pos_BS: jax.Array | None
+  slopes_N: jax.Array | None
+
+
+def _scores(q_tH, k_sH, t0, j0, qseg_t, kseg_s, qpos_t, kpos_s, slope, cfg):
+  """tile_math.scores for a tile starting at query row t0 and key j0 (vectors become columns)."""
+  i_t1 = (t0 + cfg.q_offset + jnp.arange(q_tH.shape[0]))[:, None]
+  j_1s = (j0 + jnp.arange(k_sH.shape[0]))[None, :]
+  col = lambda x: None if x is None else x[:, None]
+  row = lambda x: None if x is None else x[None, :]
+  # Only a block-size that does not divide kv_len lets a visited tile hold padding keys.
+  return tm.scores(
+    q_tH,
+    k_sH,
+    i_t1,
+    j_1s,
+    cfg,
+    kv_padded=bool(cfg.kv_len % k_sH.shape[0]),
+    qseg_t1=col(qseg_t),
+    kseg_1s=row(kseg_s),
+    qpos_t1=col(qpos_t),
+    kpos_1s=row(kpos_s),
+    slope=slope,
+  )
+
+
+def _unless_disjoint(cfg, seg_range, seg_other, step, carry):
+  """step(carry), skipped when the two tiles' segment-id [min, max] ranges cannot meet."""
+  if not cfg.segments:
+    return step(carry)
+  lo, hi = seg_range
+  meet = (jnp.min(seg_other) <= hi) & (lo <= jnp.max(seg_other))
+  return lax.cond(meet, step, lambda c: c, carry)
+
+
+def _fwd_kernel(
+  q_ref, k_ref, v_ref, qseg_ref, kseg_ref, qpos_ref, kpos_ref, slopes_ref, o_ref, lse_ref, *, cfg
+):
+  n, qb = pl.program_id(1), pl.program_id(2)
+  bq, bk = cfg.blocks[:2]
+  t0 = qb * bq
+  q_tH = q_ref[...]
+  qseg_t = qseg_ref[...] if cfg.segments else None
+  seg_range = (jnp.min(qseg_t), jnp.max(qseg_t)) if cfg.segments else None
+  qpos_t = qpos_ref[...] if cfg.alibi else None
+  slope = slopes_ref[n] if cfg.alibi else None
+
+  def body(kb, carry):
+    j0 = kb * bk
+    kseg_s = kseg_ref[pl.ds(j0, bk)] if cfg.segments else None
+
+    def step(carry):
+      acc_tH, m_t, l_t = carry
+      kpos_s = kpos_ref[pl.ds(j0, bk)] if cfg.alibi else None
+      s_ts, mask_ts = _scores(
+        q_tH, k_ref[pl.ds(j0, bk), :], t0, j0, qseg_t, kseg_s, qpos_t, kpos_s, slope, cfg
+      )
+      return tm.online_softmax_step(acc_tH, m_t, l_t, s_ts, mask_ts, v_ref[pl.ds(j0, bk), :], cfg)
+
+    return _unless_disjoint(cfg, seg_range, kseg_s, step, carry)
+
+  lo, hi = kv_block_range(qb, **cfg.ranges(bwd=False))
+  init = (
+    jnp.zeros(q_tH.shape, jnp.float32),
+    jnp.full((bq,), MASK_VALUE, jnp.float32),
+    jnp.zeros((bq,), jnp.float32),
+  )
+  o_tH, lse_t = tm.finish_rows(*lax.fori_loop(lo, hi, body, init))
+  o_ref[...] = o_tH.astype(o_ref.dtype)
+  lse_ref[...] = lse_t
+
+
+def _grad_tile(
+  q_tH, k_sH, v_sH, do_tH, lse_t, delta_t, t0, j0, qseg_t, kseg_s, qpos_t, kpos_s, slope, cfg
+):
+  s_ts, mask_ts = _scores(q_tH, k_sH, t0, j0, qseg_t, kseg_s, qpos_t, kpos_s, slope, cfg)
+  return tm.grad_tile(s_ts, mask_ts, do_tH, v_sH, lse_t, delta_t, cfg)
+
+
+def _dkv_kernel(
+  q_ref,
+  k_ref,
+  v_ref,
+  do_ref,
+  lse_ref,
+  delta_ref,
+  qseg_ref,
+  kseg_ref,
+  qpos_ref,
+  kpos_ref,
+  slopes_ref,
+  dk_ref,
+  dv_ref,
+  *,
+  cfg,
+):
+  kh, kb = pl.program_id(1), pl.program_id(2)
+  bq, bk = cfg.blocks[2:]
+  j0 = kb * bk
+  k_sH, v_sH = k_ref[...], v_ref[...]
+  kseg_s = kseg_ref[...] if cfg.segments else None
+  seg_range = (jnp.min(kseg_s), jnp.max(kseg_s)) if cfg.segments else None
+  kpos_s = kpos_ref[...] if cfg.alibi else None
+  lo, hi = q_block_range(kb, **cfg.ranges(bwd=True))  # the same for every head of the group
+
+  def head_body(g, carry):
+    slope = slopes_ref[kh * cfg.groups + g] if cfg.alibi else None
+
+    def q_body(qb, carry):
+      rows = pl.ds(qb * bq, bq)
+      qseg_t = qseg_ref[rows] if cfg.segments else None
+
+      def step(carry):
+        dk_sH, dv_sH = carry
+        q_tH, do_tH = q_ref[rows, g, :], do_ref[rows, g, :]
+        qpos_t = qpos_ref[rows] if cfg.alibi else None
+        p_ts, ds_ts = _grad_tile(
+          q_tH,
+          k_sH,
+          v_sH,
+          do_tH,
+          lse_ref[g, rows],
+          delta_ref[g, rows],
+          qb * bq,
+          j0,
+          qseg_t,
+          kseg_s,
+          qpos_t,
+          kpos_s,
+          slope,
+          cfg,
+        )
+        dv_sH += tm.dot(p_ts.astype(do_tH.dtype), do_tH, 0, 0, cfg)
+        dk_sH += tm.dot(ds_ts.astype(q_tH.dtype), q_tH, 0, 0, cfg)
+        return dk_sH, dv_sH
+
+      return _unless_disjoint(cfg, seg_range, qseg_t, step, carry)
+
+    return lax.fori_loop(lo, hi, q_body, carry)
+
+  zeros_sH = jnp.zeros(k_sH.shape, jnp.float32)
+  dk_sH, dv_sH = lax.fori_loop(0, cfg.groups, head_body, (zeros_sH, zeros_sH))
+  dk_ref[...] = (dk_sH * cfg.scale).astype(dk_ref.dtype)
+  dv_ref[...] = dv_sH.astype(dv_ref.dtype)
+
+
+def _dq_kernel(
+  q_ref,
+  k_ref,
+  v_ref,
+  do_ref,
+  lse_ref,
+  delta_ref,
+  qseg_ref,
+  kseg_ref,
+  qpos_ref,
+  kpos_ref,
+  slopes_ref,
+  dq_ref,
+  *,
+  cfg,
+):
+  n, qb = pl.program_id(1), pl.program_id(2)
+  bq, bk = cfg.blocks[2:]
+  q_tH, do_tH, lse_t, delta_t = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
+  qseg_t = qseg_ref[...] if cfg.segments else None
+  seg_range = (jnp.min(qseg_t), jnp.max(qseg_t)) if cfg.segments else None
+  qpos_t = qpos_ref[...] if cfg.alibi else None
+  slope = slopes_ref[n] if cfg.alibi else None
+
+  def body(kb, dq_tH):
+    keys = pl.ds(kb * bk, bk)
+    kseg_s = kseg_ref[keys] if cfg.segments else None
+
+    def step(dq_tH):
+      k_sH = k_ref[keys, :]
+      kpos_s = kpos_ref[keys] if cfg.alibi else None
+      _, ds_ts = _grad_tile(
+        q_tH,
+        k_sH,
+        v_ref[keys, :],
+        do_tH,
+        lse_t,
+        delta_t,
+        qb * bq,
+        kb * bk,
+        qseg_t,
+        kseg_s,
+        qpos_t,
+        kpos_s,
+        slope,
+        cfg,
+      )
+      return dq_tH + tm.dot(ds_ts.astype(k_sH.dtype), k_sH, 1, 0, cfg)
+
+    return _unless_disjoint(cfg, seg_range, kseg_s, step, dq_tH)
+
+  lo, hi = kv_block_range(qb, **cfg.ranges(bwd=True))
+  dq_tH = lax.fori_loop(lo, hi, body, jnp.zeros(q_tH.shape, jnp.float32))
+  dq_ref[...] = (dq_tH * cfg.scale).astype(dq_ref.dtype)
+
+
+def _side_specs(ex, q_spec, kv_spec):
+  """BlockSpecs of the optional inputs, given those of a query-long and a key-long id array."""
+
+  def opt(x, spec):
+    return None if x is None else spec
+
+  slopes = None if ex.slopes_N is None else pl.BlockSpec(ex.slopes_N.shape, lambda *_: (0,))
+  return [
+    opt(ex.q_seg_BT, q_spec),
+    opt(ex.kv_seg_BS, kv_spec),
+    opt(ex.q_pos_BT, q_spec),
+    opt(ex.kv_pos_BS, kv_spec),
+    slopes,
+  ]
+
+
+def _call(kernel, cfg, grid, in_specs, out_specs, out_shape, args, name):
+  return pl.pallas_call(
+    functools.partial(kernel, cfg=cfg),
+    grid=grid,
+    in_specs=in_specs,
+    out_specs=out_specs,
+    out_shape=out_shape,
+    interpret=cfg.interpret,
+    name=name,
+    # A Triton dataclass also selects the Triton (not Mosaic GPU) lowering.
+    compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+  )(*args)
+
+
+def _per_q_block_specs(ex, bq, Sp, Hp, G):
+  """Specs for a grid (B, N, query blocks): a Q-like tile, all keys of the KV head, row stats."""
+  q_tile = pl.BlockSpec((None, bq, None, Hp), lambda b, n, i: (b, i, n, 0))
+  kv_all = pl.BlockSpec((None, Sp, None, Hp), lambda b, n, i: (b, 0, n // G, 0))
+  row_tile = pl.BlockSpec((None, None, bq), lambda b, n, i: (b, n, i))
+  side = _side_specs(
+    ex,
+    pl.BlockSpec((None, bq), lambda b, n, i: (b, i)),
+    pl.BlockSpec((None, Sp), lambda b, n, i: (b, 0)),
+  )
+  return q_tile, kv_all, row_tile, side
+
+
+def _forward(cfg, q_BTNH, k_BSKH, v_BSKH, ex):
+  B, Tp, N, Hp = q_BTNH.shape
+  bq = cfg.blocks.block_q
+  q_tile, kv_all, row_tile, side = _per_q_block_specs(ex, bq, k_BSKH.shape[1], Hp, cfg.groups)
+  return _call(
+    _fwd_kernel,
+    cfg,
+    (B, N, Tp // bq),
+    [q_tile, kv_all, kv_all, *side],
+    [q_tile, row_tile],
+    [
+      jax.ShapeDtypeStruct(q_BTNH.shape, q_BTNH.dtype),
+      jax.ShapeDtypeStruct((B, N, Tp), jnp.float32),
+    ],
+    (q_BTNH, k_BSKH, v_BSKH, *ex),
+    'flash_attention_fwd',
+  )
+
+
+def _backward(cfg, q_BTNH, k_BSKH, v_BSKH, ex, o_BTNH, lse_BNT, do_BTNH):
+  B, Tp, N, Hp = q_BTNH.shape
+  Sp, K, G = k_BSKH.shape[1], k_BSKH.shape[2], cfg.groups
+  bq, bk = cfg.blocks[2:]
+  delta_BNT = jnp.einsum('btnh,btnh->bnt', o_BTNH.astype(jnp.float32), do_BTNH.astype(jnp.float32))
+  args = (q_BTNH, k_BSKH, v_BSKH, do_BTNH, lse_BNT, delta_BNT, *ex)
+
+  # dK/dV: grid (B, K, key blocks); a program reads the queries of all G heads of its group.
+  q_group = pl.BlockSpec((None, Tp, G, Hp), lambda b, h, j: (b, 0, h, 0))
+  kv_tile = pl.BlockSpec((None, bk, None, Hp), lambda b, h, j: (b, j, h, 0))
+  rows_group = pl.BlockSpec((None, G, Tp), lambda b, h, j: (b, h, 0))
+  side = _side_specs(
+    ex,
+    pl.BlockSpec((None, Tp), lambda b, h, j: (b, 0)),
+    pl.BlockSpec((None, bk), lambda b, h, j: (b, j)),
+  )
+  dk_BSKH, dv_BSKH = _call(
+    _dkv_kernel,
+    cfg,
+    (B, K, Sp // bk),
+    [q_group, kv_tile, kv_tile, q_group, rows_group, rows_group, *side],
+    [kv_tile, kv_tile],
+    [jax.ShapeDtypeStruct(k_BSKH.shape, k_BSKH.dtype)] * 2,
+    args,
+    'flash_attention_dkv',
+  )
+
+  q_tile, kv_all, row_tile, side = _per_q_block_specs(ex, bq, Sp, Hp, G)
+  dq_BTNH = _call(
+    _dq_kernel,
+    cfg,
+    (B, N, Tp // bq),
+    [q_tile, kv_all, kv_all, q_tile, row_tile, row_tile, *side],
+    q_tile,
+    jax.ShapeDtypeStruct(q_BTNH.shape, q_BTNH.dtype),
+    args,
+    'flash_attention_dq',
+  )
+  return dq_BTNH, dk_BSKH, dv_BSKH
+
+
+_flash = flash_vjp(_forward, _backward)
+
+
+def _block(requested, default, length):
+  b = default if requested is None else requested
+  if b < 16 or b & (b - 1):  # Triton tensors are power-of-two sized; tl.dot needs >= 16
+    raise ValueError(f'block sizes must be powers of two >= 16, got {b}')
+  return min(b, max(16, pl.next_power_of_2(length)))
+
+
+def flash_attention(
+  q_BTNH,
+  k_BSKH,
+  v_BSKH,
+  *,
+  scale: float,
+  causal: bool = True,
+  window: int | None = None,
+  q_offset: int | None = None,
+  q_segment_ids=None,
+  kv_segment_ids=None,
+  alibi_slopes=None,
+  q_positions=None,
+  kv_positions=None,
+  block_q: int | None = None,
+  block_k: int | None = None,
+  num_warps: int | None = None,
+  num_stages: int | None = None,
+  interpret: bool | None = None,
+) -> jax.Array:
+  """softmax(q k^T * scale + alibi, masked) v; GQA when N is a multiple of K.
+
+  Query t may attend key j iff (not causal or j <= i) and (window is None or (i - j < window and
+  (causal or j - i < window))) and equal segment ids, where i = q_offset + t (default S - T).
+  ALiBi adds alibi_slopes[n] * (kv_positions[b, j] - q_positions[b, t]); positions default to
+  i and j. A query with no allowed key returns 0. block_q/block_k (powers of two, >= 16) set the
+  tiles of both passes; by default default_blocks() picks them.
+  """
+  B, T, N, H = q_BTNH.shape
+  _, S, K, _ = k_BSKH.shape
+  check_inputs(q_BTNH, k_BSKH, v_BSKH, q_segment_ids, kv_segment_ids, window)
+  if interpret is None:
+    interpret = jax.default_backend() == 'cpu'
+  q_offset = S - T if q_offset is None else int(q_offset)
+  Hp = _pad_head_dim(H)
+  dflt = default_blocks(H, 'cpu' if interpret else 'gpu')
+  blocks = BlockSizes(
+    _block(block_q, dflt.block_q, T),
+    _block(block_k, dflt.block_k, S),
+    _block(block_q, dflt.block_q_bwd, T),
+    _block(block_k, dflt.block_k_bwd, S),
+  )
+  # Powers of two: the larger of the fwd/bwd blocks is a multiple of the smaller.
+  Tp = -(-T // max(blocks[0], blocks[2])) * max(blocks[0], blocks[2])
+  Sp = -(-S // max(blocks[1], blocks[3])) * max(blocks[1], blocks[3])
+
+  alibi = alibi_slopes is not None
+  if alibi:
+    q_positions, kv_positions = default_positions(T, S, q_offset, q_positions, kv_positions)
+  segments = q_segment_ids is not None
+
+  def side(x, length, padded, use):
+    return padded_ids(x, B, length, padded) if use else None
+
+  ex = _Extras(
+    side(q_segment_ids, T, Tp, segments),
+    side(kv_segment_ids, S, Sp, segments),
+    side(q_positions, T, Tp, alibi),
+    side(kv_positions, S, Sp, alibi),
+    jnp.asarray(alibi_slopes, jnp.float32) if alibi else None,
+  )
+  cfg = _Cfg(
+    scale=float(scale),
+    causal=bool(causal),
+    window=window,
+    q_offset=q_offset,
+    q_len=T,
+    kv_len=S,
+    groups=N // K,
+    blocks=blocks,
+    num_warps=num_warps or (4 if Hp <= 64 else 8),
+    num_stages=num_stages or 2,
+    interpret=bool(interpret),
+    segments=segments,
+    alibi=alibi,
+    # Triton's default f32 dot is TF32 (~1e-3 error); ask for IEEE f32 on f32 inputs.
+    precision=lax.Precision.HIGHEST if q_BTNH.dtype == jnp.float32 else None,
+  )
+
+  def pad(x, length):
+    return pad_to(pad_to(x, 1, length), 3, Hp)
+
+  o = _flash(cfg, pad(q_BTNH, Tp), pad(k_BSKH, Sp), pad(v_BSKH, Sp), ex)
+  return o[:, :T, :, :H]

@@ -1,0 +1,83 @@
+"""Adding a variant touches no library file: a position scheme and an FFN defined and registered
+here are validated, trained and summarised like the built-in ones (docs/extending.md walks through
+the same example)."""
+
+from __future__ import annotations
+
+import io
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import tiny_config
+from flax import nnx
+from rich.console import Console
+
+import mllm
+from mllm.layers.ffn import FFNS, MLP
+from mllm.layers.positions import POSITIONS, PositionScheme, sinusoidal_embedding
+from mllm.summary import layer_table
+from mllm.train.step import benchmark_step
+
+
+class ScaledSinusoidal(PositionScheme):
+  """Sinusoids times one learned scalar, started at 1/√d_model, added to the embedding."""
+
+  def __init__(self, cfg, *, rngs):
+    del rngs
+    self.scale = nnx.Param(jnp.full((), cfg.d_model**-0.5, cfg.param_dtype))
+
+  def embed(self, x_BTD, positions_BT):
+    waves = sinusoidal_embedding(positions_BT, x_BTD.shape[-1])
+    return x_BTD + (self.scale[...] * waves).astype(x_BTD.dtype)
+
+  @classmethod
+  def check(cls, m, p):
+    if m.d_model % 4:
+      raise mllm.ConfigError(f'{p}.d_model', m.d_model, 'scaled sinusoids need a multiple of 4')
+
+  @classmethod
+  def describe(cls, m):
+    return f'scaled sinusoids (d={m.d_model})'
+
+
+class SquaredReLU(MLP):
+  """Primer's FFN: max(0, x)² (So et al. 2021, sec. 4)."""
+
+  activation = staticmethod(lambda x: jnp.square(jax.nn.relu(x)))
+
+
+@pytest.fixture
+def registered(monkeypatch):
+  monkeypatch.setitem(POSITIONS, 'scaled_sinusoidal', ScaledSinusoidal)
+  monkeypatch.setitem(FFNS, 'relu2', SquaredReLU)
+
+
+def test_a_new_position_scheme_and_ffn_validate_train_and_summarise(registered):
+  config = tiny_config('pos=scaled_sinusoidal,ffn=relu2')
+  with pytest.raises(mllm.ConfigError, match='scaled sinusoids need a multiple of 4'):
+    tiny_config('pos=scaled_sinusoidal', model__d_model=18, model__n_heads=2, model__n_kv_heads=1)
+  with pytest.raises(mllm.ConfigError, match=r'unknown FFN; allowed: .*relu2'):
+    tiny_config('ffn=relu3')
+
+  step, state, batch = benchmark_step(config)
+  before = float(state['params']['position']['scale'][...])  # the step donates `state`
+  state, metrics = step(state, batch)
+  assert np.isfinite(float(metrics['loss']))
+  assert float(state['params']['position']['scale'][...]) != before  # the scheme's parameter trains
+
+  model = mllm.build_model(config, rngs=nnx.Rngs(0))
+  out = io.StringIO()
+  Console(file=out, width=200).print(layer_table(config, model))
+  assert 'scaled sinusoids (d=16)' in out.getvalue()
+  assert 'relu2' in out.getvalue()
+
+
+def test_the_new_ffn_computes_its_activation(registered):
+  """The registered FFN runs its own activation: down(relu(up(x))²) against NumPy."""
+  ffn = FFNS['relu2'](8, 16, use_bias=False, init_std=0.5, out_std=0.5, rngs=nnx.Rngs(0))
+  x = np.random.default_rng(0).standard_normal((2, 3, 8)).astype(np.float32)
+  up, down = np.asarray(ffn.up.kernel[...]), np.asarray(ffn.down.kernel[...])
+  want = np.square(np.maximum(x.astype(np.float64) @ up, 0)) @ down
+  np.testing.assert_allclose(np.asarray(ffn(jnp.asarray(x))), want, rtol=1e-5, atol=1e-5)
