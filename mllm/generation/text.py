@@ -33,10 +33,10 @@ def load_run(workdir: str, like):
     saved = saved_config(workdir, ckpt, step)
     config = as_config(saved, like) if saved is not None else like
     validate(config)
-    model_parts, _ = setup(config, make_mesh(config.mesh))
+    train_setup, _ = setup(config, make_mesh(config.mesh))
     try:
       step, params = ckpt.restore_latest(
-        model_parts.abstract_state['params'], params_only=True, set_aside=False
+        train_setup.abstract_state['params'], params_only=True, set_aside=False
       )
     except StateMismatch as err:
       raise ConfigError(
@@ -60,7 +60,7 @@ def load_run(workdir: str, like):
         f'its tokenizer.json cannot be read '
         f'({type(err).__name__}); allowed: the workdir of a training run',
       ) from None
-  model = model_parts.merge(params)
+  model = train_setup.merge(params)
   model.eval()
   return model, tokenizer, step, config
 

@@ -178,7 +178,7 @@ def train(config, workdir: str, *, stop_after: int | None = None, progress: bool
   maybe_initialize_distributed()
   writable_dir('--workdir', workdir)
   mesh = make_mesh(config.mesh)
-  model, init = setup(config, mesh)
+  train_setup, init = setup(config, mesh)
   # Closing the checkpoint manager and the metrics writer on every exit, errors included, keeps
   # their background threads from dying noisily at interpreter shutdown.
   with contextlib.ExitStack() as closing:
@@ -186,13 +186,13 @@ def train(config, workdir: str, *, stop_after: int | None = None, progress: bool
       workdir, max_to_keep=config.train.max_to_keep, async_save=config.train.async_checkpoint
     )
     closing.callback(ckpt.close)
-    return _train(config, workdir, stop_after, progress, mesh, model, init, ckpt, closing)
+    return _train(config, workdir, stop_after, progress, mesh, train_setup, init, ckpt, closing)
 
 
-def _restore_or_init(config, workdir, ckpt, model, init, iterator) -> tuple[int, dict]:
+def _restore_or_init(config, workdir, ckpt, train_setup, init, iterator) -> tuple[int, dict]:
   """(start step, state): the latest checkpoint, else a fresh state (train.init_from's params)."""
   try:
-    start, state = ckpt.restore_latest(model.abstract_state, iterator)
+    start, state = ckpt.restore_latest(train_setup.abstract_state, iterator)
   except StateMismatch as err:  # check_resumable ran first; this is the safety net
     raise mismatch_error(workdir, config, ckpt, err.step, err.diff) from None
   if start is not None:
@@ -201,25 +201,25 @@ def _restore_or_init(config, workdir, ckpt, model, init, iterator) -> tuple[int,
     return start, state
   state = init()
   if config.train.init_from:
-    state['params'] = init_params(config, model.abstract_state['params'])
+    state['params'] = init_params(config, train_setup.abstract_state['params'])
   return 0, state
 
 
-def _train(config, workdir, stop_after, progress, mesh, model, init, ckpt, closing) -> dict:
+def _train(config, workdir, stop_after, progress, mesh, train_setup, init, ckpt, closing) -> dict:
   from mllm.data import build_data
 
   t = config.train
-  if check_resumable(workdir, config, ckpt, model.abstract_state) is None and t.init_from:
+  if check_resumable(workdir, config, ckpt, train_setup.abstract_state) is None and t.init_from:
     adopt_tokenizer(config, workdir)
   data = build_data(
     config, workdir, process_index=jax.process_index(), process_count=jax.process_count()
   )
   write_config(workdir, config)
   saved_config = config_as_dict(config)
-  train_step = make_train_step(model)
-  eval_step = make_eval_step(model, data.tokenizer.token_bytes)
+  train_step = make_train_step(train_setup)
+  eval_step = make_eval_step(train_setup, data.tokenizer.token_bytes)
   iterator = data.train_iterator()
-  start, state = _restore_or_init(config, workdir, ckpt, model, init, iterator)
+  start, state = _restore_or_init(config, workdir, ckpt, train_setup, init, iterator)
   end = t.steps if stop_after is None else min(t.steps, stop_after)
   if start == end == 0:  # stop_after=0: save the initial state (launch.py --mode=import)
     ckpt.save(0, state, iterator, saved_config)
@@ -409,8 +409,8 @@ def evaluate(config, workdir: str) -> dict:
       '--workdir', workdir, 'has no checkpoint to evaluate; allowed: the workdir of a training run'
     )
   mesh = make_mesh(config.mesh)
-  model, _ = setup(config, mesh)
-  abstract_params = model.abstract_state['params']
+  train_setup, _ = setup(config, mesh)
+  abstract_params = train_setup.abstract_state['params']
   ckpt = Checkpointer(workdir, read_only=True)
   try:
     check_resumable(workdir, config, ckpt, abstract_params, params_only=True)
@@ -427,7 +427,11 @@ def evaluate(config, workdir: str) -> dict:
     config, workdir, process_index=jax.process_index(), process_count=jax.process_count()
   )
   result = run_eval(
-    make_eval_step(model, data.tokenizer.token_bytes), params, data, mesh, config.train.eval_batches
+    make_eval_step(train_setup, data.tokenizer.token_bytes),
+    params,
+    data,
+    mesh,
+    config.train.eval_batches,
   )
   if result is None:
     raise ConfigError(

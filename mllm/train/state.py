@@ -34,7 +34,7 @@ def split_trained(params: nnx.State) -> tuple[nnx.State, nnx.State]:
 
 
 @dataclasses.dataclass
-class Model:
+class TrainSetup:
   """What the step functions close over: the model's structure and its optimizer."""
 
   config: Any
@@ -79,7 +79,7 @@ def abstract_state(config) -> TrainState:
   return jax.eval_shape(_parts(config)[3])
 
 
-def setup(config, mesh) -> tuple[Model, Callable[[], TrainState]]:
+def setup(config, mesh) -> tuple[TrainSetup, Callable[[], TrainState]]:
   """Structure, optimizer and shardings of a run; returns it with a jitted initializer."""
   with traced_on(mesh):  # choices made at construction (MoE dispatch) are for the mesh's devices
     abstract_model, tx, schedule, init = _parts(config)
@@ -105,7 +105,7 @@ def setup(config, mesh) -> tuple[Model, Callable[[], TrainState]]:
   abstract = jax.tree.map(
     lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
   )
-  model = Model(
+  train_setup = TrainSetup(
     config, graphdef, placeholder_rest(abstract_model), tx, schedule, mesh, abstract, shardings
   )
-  return model, jax.jit(init, out_shardings=shardings)
+  return train_setup, jax.jit(init, out_shardings=shardings)

@@ -19,26 +19,26 @@ from mllm.layers.moe import moe_layers, moe_metrics, update_expert_biases
 from mllm.layers.moe_routing import balancing_objective
 from mllm.ops.mesh import traced_on
 from mllm.train.sharding import batch_sharding, replicated
-from mllm.train.state import Model, TrainState, split_trained
+from mllm.train.state import TrainSetup, TrainState, split_trained
 
 
-def _forward(model: Model, params, batch, *, train: bool, dropout_key=None):
+def _forward(train_setup: TrainSetup, params, batch, *, train: bool, dropout_key=None):
   """(per-token losses × loss_mask [B, T], the MoE layers' routing statistics; {} if dense).
 
   train=True: the training computation (dropout and router noise drawn from `dropout_key` where
   the config has them; a capacity MoE drops what overflows its capacity). train=False:
   inference (`model.eval()`: nothing random, no token dropped)."""
-  with traced_on(model.mesh):  # kernels choose for, and split over, the step's devices
-    return _forward_on_mesh(model, params, batch, train, dropout_key)
+  with traced_on(train_setup.mesh):  # kernels choose for, and split over, the step's devices
+    return _forward_on_mesh(train_setup, params, batch, train, dropout_key)
 
 
-def _forward_on_mesh(model: Model, params, batch, train: bool, dropout_key):
-  net = model.merge(params)
+def _forward_on_mesh(train_setup: TrainSetup, params, batch, train: bool, dropout_key):
+  net = train_setup.merge(params)
   if not train:
     net.eval()
   elif dropout_key is not None:
     nnx.reseed(net, dropout=dropout_key, policy='match_shape')
-  packed = model.config.data.document_mask
+  packed = train_setup.config.data.document_mask
   logits, moe_stats = net(
     batch['inputs'],
     positions=batch['positions'] if packed else None,
@@ -55,7 +55,7 @@ def _is_stochastic(cfg) -> bool:
   )
 
 
-def make_train_step(model: Model):
+def make_train_step(train_setup: TrainSetup):
   """`step(state, batch) -> (state, metrics)`, jitted, with the state donated.
 
   The objective is mean cross-entropy + balance_coef · the Switch loss (`balancing_objective`) +
@@ -63,7 +63,7 @@ def make_train_step(model: Model):
   the global batch's expert counts f (a forward pass over the micro-batches finds them first, one
   extra forward per step), so it and the update equal those of the whole batch at once.
   """
-  cfg = model.config
+  cfg = train_setup.config
   accum = cfg.train.grad_accum_steps
   moe = cfg.model.moe
   has_moe = bool(moe_layers(cfg.model))
@@ -73,7 +73,7 @@ def make_train_step(model: Model):
     """(this micro-batch's share of the objective, (its loss sum, its MoE stats)). Differentiated
     with respect to all saved variables (NNX's scan refuses variables traced at another level);
     the ExpertBias gradient is zero (it only selects) and is dropped."""
-    losses, stats = _forward(model, params, batch, train=True, dropout_key=key)
+    losses, stats = _forward(train_setup, params, batch, train=True, dropout_key=key)
     value = losses.sum() / n_tokens
     if has_moe:
       counts = stats['tokens_per_expert'] if counts_LE is None else counts_LE
@@ -103,13 +103,13 @@ def make_train_step(model: Model):
         def count(carry, inputs):  # the variables ride in the carry: NNX merges them in-trace
           total, variables = carry
           mb, k = inputs
-          stats = _forward(model, variables, mb, train=True, dropout_key=k if stochastic else None)[
-            1
-          ]
+          stats = _forward(
+            train_setup, variables, mb, train=True, dropout_key=k if stochastic else None
+          )[1]
           return (total + stats['tokens_per_expert'], variables), None
 
         shapes = jax.eval_shape(
-          lambda p, mb: _forward(model, p, mb, train=True)[1], params, _first(micro)
+          lambda p, mb: _forward(train_setup, p, mb, train=True)[1], params, _first(micro)
         )
         (counts, _), _ = jax.lax.scan(
           count, (_zeros(shapes['tokens_per_expert']), params), (micro, keys)
@@ -127,7 +127,7 @@ def make_train_step(model: Model):
       stats = {name: v if name == 'tokens_per_expert' else v / accum for name, v in stats.items()}
     trained, rest = split_trained(params)
     grads = split_trained(grads)[0]
-    updates, opt_state = model.tx.update(grads, state['opt_state'], trained)
+    updates, opt_state = train_setup.tx.update(grads, state['opt_state'], trained)
     trained = optax.apply_updates(trained, updates)
     if has_moe and moe.expert_bias:
       rest = update_expert_biases(rest, stats['tokens_per_expert'], moe.bias_update_rate)
@@ -143,7 +143,7 @@ def make_train_step(model: Model):
     metrics = {
       'loss': loss_sum / n_tokens,
       'grad_norm': optax.tree_utils.tree_norm(grads),
-      'learning_rate': model.schedule(state['step']),
+      'learning_rate': train_setup.schedule(state['step']),
       'tokens': n_tokens,
       'params_finite': finite,
     }
@@ -151,12 +151,12 @@ def make_train_step(model: Model):
       metrics['moe'] = moe_metrics(stats, moe.top_k, moe.balance_convention)
     return new_state, metrics
 
-  metrics_sharding = replicated(model.mesh)
+  metrics_sharding = replicated(train_setup.mesh)
   return jax.jit(
     step,
     donate_argnums=0,
-    in_shardings=(model.shardings, batch_sharding(model.mesh)),
-    out_shardings=(model.shardings, metrics_sharding),
+    in_shardings=(train_setup.shardings, batch_sharding(train_setup.mesh)),
+    out_shardings=(train_setup.shardings, metrics_sharding),
   )
 
 
@@ -168,7 +168,7 @@ def _zeros(shapes):
   return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
-def make_eval_step(model: Model, token_bytes: np.ndarray):
+def make_eval_step(train_setup: TrainSetup, token_bytes: np.ndarray):
   """`eval(params, batch) -> {loss_sum, tokens, bytes}`: sums, so batches and hosts add up.
 
   bytes counts the UTF-8 bytes the target tokens stand for (bits per byte = nats / ln 2 / bytes).
@@ -176,7 +176,7 @@ def make_eval_step(model: Model, token_bytes: np.ndarray):
   table = jnp.asarray(token_bytes, jnp.float32)
 
   def evaluate(params, batch):
-    losses = _forward(model, params, batch, train=False)[0]
+    losses = _forward(train_setup, params, batch, train=False)[0]
     mask = batch['loss_mask']
     return {
       'loss_sum': losses.sum(),
@@ -186,8 +186,8 @@ def make_eval_step(model: Model, token_bytes: np.ndarray):
 
   return jax.jit(
     evaluate,
-    in_shardings=(model.shardings['params'], batch_sharding(model.mesh)),
-    out_shardings=replicated(model.mesh),
+    in_shardings=(train_setup.shardings['params'], batch_sharding(train_setup.mesh)),
+    out_shardings=replicated(train_setup.mesh),
   )
 
 
@@ -222,5 +222,5 @@ def benchmark_step(config, mesh=None):
   from mllm.train.state import setup
 
   mesh = mesh or make_mesh(config.mesh)
-  model, init = setup(config, mesh)
-  return make_train_step(model), init(), global_batch(synthetic_batch(config), mesh)
+  train_setup, init = setup(config, mesh)
+  return make_train_step(train_setup), init(), global_batch(synthetic_batch(config), mesh)
