@@ -380,8 +380,8 @@ def main(argv=None) -> None:
       notes.append(
         f"{impl}: not registered in ATTENTION_IMPLS ({', '.join(sorted(ATTENTION_IMPLS))})"
       )
-    elif ATTENTION_IMPLS[impl].backends and ATTENTION_IMPLS[impl].backends(backend):
-      notes.append(f'{impl}: {ATTENTION_IMPLS[impl].backends(backend)}')
+    elif why := ATTENTION_IMPLS[impl].refuses_backend(backend):
+      notes.append(f'{impl}: {why}')
     else:
       impls.append(impl)
   for note in notes:

@@ -159,7 +159,7 @@ def _check_attention_impl(m: config_dict.ConfigDict, p: str) -> None:
       raise ConfigError(
         f'{p}.attention.{key}', value, 'a tile size must be a positive integer or None'
       )
-    why = impl.tiles and impl.tiles(key, value)
+    why = impl.refuses_tile(key, value)
     if why:
       raise ConfigError(f'{p}.attention.{key}', value, why)
   if m.position.kind == 'alibi' and not impl.alibi:
@@ -205,8 +205,7 @@ def check_backend(m: config_dict.ConfigDict, backend: str | None = None, p: str 
       "megablox's gmm is a TPU kernel (off "
       "TPU it only interprets, for tests); allowed on gpu: 'ragged_dot'",
     )
-  refuses = ATTENTION_IMPLS[m.attention.impl].backends
-  why = refuses and refuses(backend)
+  why = ATTENTION_IMPLS[m.attention.impl].refuses_backend(backend)
   if why:
     raise ConfigError(f'{p}.attention.impl', m.attention.impl, why)
 

@@ -145,6 +145,14 @@ class AttentionImpl:
   def __call__(self, q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
     return self.run(q_BTNH, k_BSKH, v_BSKH, **kwargs)
 
+  def refuses_tile(self, key: str, value: int) -> str | None:
+    """Why `model.attention.<key>=value` is refused, or None."""
+    return self.tiles(key, value) if self.tiles else None
+
+  def refuses_backend(self, backend: str) -> str | None:
+    """Why this JAX backend cannot run it, or None."""
+    return self.backends(backend) if self.backends else None
+
 
 _KERNEL = dict(per_shard=True, index_masks=True)
 
