@@ -12,8 +12,8 @@
 Without --config, a --workdir that holds a run's config.json runs with that config.
 
 Bad configs, overrides, flags, paths and data print one line naming the key or path, the value and
-what is allowed, and exit with status 2: the config is read and checked before absl parses the
-flags, and what only the run can check (paths, data, a resume) raises ConfigError, so no traceback.
+what is allowed, and exit with status 2: what only the run can check (paths, data, a resume)
+raises an InputError (a ConfigError for a config key), caught here, so no traceback.
 """
 
 from __future__ import annotations
@@ -22,37 +22,87 @@ import os
 import sys
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
-from mllm.config import ConfigError, load_config, read_config
+from mllm.checks import ConfigError, InputError
+from mllm.config import load_config, read_config
 from mllm.config_keys import field_info, get_path, parse_value, set_path
+from mllm.paths import RunDir
 from mllm.validation import validate
 
 DEFAULT_CONFIG = 'configs/rope_swiglu.py'
 BASE_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'base.py')
+MODE_NAMES = ('train', 'eval', 'summary', 'generate', 'import', 'export')
+
+_CONFIG = flags.DEFINE_string(
+  'config',
+  None,
+  f'Config file, optionally with :choices (default {DEFAULT_CONFIG}, or the config.json of an '
+  'existing --workdir). Override any key with --config.KEY=VALUE.',
+)
+_MODE = flags.DEFINE_string('mode', 'train', 'What to do: ' + ', '.join(MODE_NAMES) + '.')
+_WORKDIR = flags.DEFINE_string(
+  'workdir',
+  None,
+  'Run directory: checkpoints, metrics, config; default runs/<config name>. '
+  'An existing one is resumed.',
+)
+_STOP_AFTER = flags.DEFINE_integer(
+  'stop_after',
+  None,
+  'Train up to this step, save and exit (for chunked jobs); the schedule still ends at '
+  'train.steps.',
+  lower_bound=1,
+)
+_HF = flags.DEFINE_string(
+  'hf', None, '--mode=import: the Hugging Face folder to read; --mode=export: the folder to write.'
+)
+_PROMPT = flags.DEFINE_string('prompt', None, '--mode=generate: the text to continue.')
+_PROMPT_FILE = flags.DEFINE_string(
+  'prompt_file', None, '--mode=generate: a file of prompts, one per line (a batch).'
+)
+_MAX_NEW_TOKENS = flags.DEFINE_integer(
+  'max_new_tokens', 100, '--mode=generate: tokens to add per prompt (fewer if it ends with EOS).'
+)
+_TEMPERATURE = flags.DEFINE_float(
+  'temperature', 0.0, '--mode=generate: 0 is greedy.', lower_bound=0.0
+)
+_TOP_K = flags.DEFINE_integer(
+  'top_k', 0, '--mode=generate: sample from the k likeliest tokens (0: all).', lower_bound=0
+)
+_TOP_P = flags.DEFINE_float(
+  'top_p',
+  1.0,
+  '--mode=generate: nucleus sampling mass (1: all).',
+  lower_bound=0.0,
+  upper_bound=1.0,
+)
+_REPETITION_PENALTY = flags.DEFINE_float(
+  'repetition_penalty', 1.0, '--mode=generate: CTRL repetition penalty (1: off).'
+)
+_SEED = flags.DEFINE_integer('seed', 0, '--mode=generate: sampling seed.')
 
 
-def _summary(config, spec: str) -> None:
+def _summary(config) -> None:
   from mllm.summary import summarize
 
   base = load_config(BASE_CONFIG) if os.path.isfile(BASE_CONFIG) else None
-  summarize(config, base, spec=spec)
+  summarize(config, base, spec=_config_spec())
 
 
-def _train(config, spec: str) -> None:
+def _train(config) -> None:
   from mllm.train import TrainingDiverged, train
 
   try:
-    train(config, _workdir(spec), stop_after=_STOP_AFTER.value)
+    train(config, _workdir(), stop_after=_STOP_AFTER.value)
   except TrainingDiverged as err:
     print(f'error: {err}', file=sys.stderr)
     sys.exit(1)
 
 
-def _eval(config, spec: str) -> None:
+def _eval(config) -> None:
   from mllm.train import evaluate
 
-  workdir = _workdir(spec)
+  workdir = _workdir()
   result = evaluate(config, workdir)
   import jax  # initialized by evaluate (several processes: each computes the same numbers)
 
@@ -64,43 +114,43 @@ def _eval(config, spec: str) -> None:
     )
 
 
-def _workdir(spec: str) -> str:
+def _workdir() -> str:
   """--workdir, else runs/<config name>[-<choices>]."""
   if _WORKDIR.value:
     return _WORKDIR.value
-  path, _, arg = spec.partition(':')
+  path, _, arg = _config_spec().partition(':')
   name = os.path.splitext(os.path.basename(path))[0]
   if arg:
     name += '-' + ''.join(c if c.isalnum() or c in '._=-' else '_' for c in arg.replace(',', '-'))
   return os.path.join('runs', name)
 
 
-def _generate(config, spec: str) -> None:
+def _generate(config) -> None:
   from mllm.generation import generate, load_run
   from mllm.train.loop import several_processes
 
   if several_processes(os.environ):
-    raise ConfigError(
+    raise InputError(
       '--mode',
       'generate',
       'decodes in one process (a checkpoint written by '
       'several processes restores in one); allowed: start it once, without the '
       'cluster variables (JAX_COORDINATOR_ADDRESS, SLURM_NTASKS > 1, ...)',
     )
-  workdir = _workdir(spec)
+  workdir = _workdir()
   prompts = [_PROMPT.value] if _PROMPT.value is not None else []
   if _PROMPT_FILE.value:
     try:
       with open(_PROMPT_FILE.value, encoding='utf-8') as f:
         prompts += [line.rstrip('\n') for line in f if line.strip()]
     except (OSError, UnicodeDecodeError) as err:
-      raise ConfigError(
+      raise InputError(
         '--prompt_file',
         _PROMPT_FILE.value,
         f'cannot be read ({err}); allowed: a UTF-8 text file with one prompt per line',
       ) from None
   if not prompts:
-    raise ConfigError(
+    raise InputError(
       '--prompt',
       None,
       'no prompt given; allowed: --prompt=TEXT or --prompt_file=FILE with one prompt per line',
@@ -139,7 +189,7 @@ def _generate(config, spec: str) -> None:
   )
 
 
-def _import(config, spec: str) -> None:
+def _import(config) -> None:
   """A normal workdir from a Hugging Face folder: its config (the model, the tokenizer; the rest
   from --config), tokenizer.json and the weights as checkpoint step 0, for train/eval/generate."""
   from mllm.train import train
@@ -147,7 +197,7 @@ def _import(config, spec: str) -> None:
 
   workdir = _hf_workdir()
   if os.path.isdir(checkpoint_dir(workdir)) and os.listdir(checkpoint_dir(workdir)):
-    raise ConfigError('--workdir', workdir, 'already holds checkpoints; allowed: a new workdir')
+    raise InputError('--workdir', workdir, 'already holds checkpoints; allowed: a new workdir')
   train(config, workdir, stop_after=0, progress=False)
   print(
     f'imported {_HF.value} into {workdir} (step 0). Next: python launch.py --workdir={workdir} '
@@ -155,7 +205,7 @@ def _import(config, spec: str) -> None:
   )
 
 
-def _export(config, spec: str) -> None:
+def _export(config) -> None:
   from mllm.data.tokenizers import BPETokenizer
   from mllm.generation import load_run
   from mllm.interop.hf import HFExportError, to_hf
@@ -190,6 +240,7 @@ MODES = {
   'import': _import,
   'export': _export,
 }
+assert tuple(MODES) == MODE_NAMES
 
 
 def _fail(message: str) -> None:
@@ -197,78 +248,41 @@ def _fail(message: str) -> None:
   sys.exit(2)
 
 
-def _config_spec(argv: list[str]) -> str:
-  spec = _flag(argv, 'config')
-  return DEFAULT_CONFIG if spec is None else spec
+def _config_spec() -> str:
+  return DEFAULT_CONFIG if _CONFIG.value is None else _CONFIG.value
 
 
-def config_first(argv: list[str]) -> list[str]:
-  """argv with `--config=FILE` (or `--config FILE`) moved first: absl refuses a --config.key
-  override placed before it, and flags should not care about their order."""
-  rest, first, i = [], [], 1
-  while i < len(argv):
-    if argv[i].startswith('--config='):
-      first = [argv[i]]
-    elif argv[i] == '--config' and i + 1 < len(argv):
-      first = [argv[i], argv[i + 1]]
-      i += 1
-    else:
-      rest.append(argv[i])
-    i += 1
-  return argv[:1] + first + rest
-
-
-def _flag(argv: list[str], name: str) -> str | None:
-  """The value of --name=VALUE or --name VALUE in argv (absl has not parsed it yet): the last."""
-  value = None
-  for i, arg in enumerate(argv):
-    if arg.startswith(f'--{name}='):
-      value = arg.split('=', 1)[1]
-    elif arg == f'--{name}' and i + 1 < len(argv):
-      value = argv[i + 1]
-  return value
-
-
-def _read_config(argv: list[str]):
+def _read_config():
   """--config's file; without --config, the config.json of --workdir if it holds one."""
-  workdir = _flag(argv, 'workdir')
-  has_saved = workdir and os.path.isfile(os.path.join(workdir, 'config.json'))
-  if _flag(argv, 'config') is None and has_saved:
+  workdir = _WORKDIR.value
+  if _CONFIG.value is None and workdir and os.path.isfile(RunDir(workdir).config):
     from mllm.train.resume import as_config, read_config_json
 
     return as_config(read_config_json(workdir), read_config(BASE_CONFIG)), True
-  return read_config(_config_spec(argv)), False
+  return read_config(_config_spec()), False
 
 
-def preflight(argv: list[str]):
-  """Read the config and apply the `--config.key=value` overrides ourselves, so that a bad file,
-  choice, key, type or combination is reported in one line instead of a flag-parser trace.
+def build_config(overrides: list[str]):
+  """The run's config: --config's file (or the workdir's), the `--config.KEY=VALUE` overrides
+  parsed by the config's schema, validated, then locked; a problem raises one InputError line.
 
   With --mode=import or train.init_from='hf:PATH' (and a config not read from the workdir), the
   model and tokenizer settings come from the Hugging Face folder; the overrides still win.
-
-  Returns the validated, locked config: the run uses it, not absl's parse of the same flags, so
-  one parser decides every value (absl reads `--config.data.path=none` as the string 'none').
   """
-  try:
-    config, from_workdir = _read_config(argv)
-    explicit = {}
-    for arg in argv[1:]:
-      if arg.startswith('--config.'):
-        key, sep, value = arg[len('--config.') :].partition('=')
-        if not sep:
-          raise ConfigError(f'--config.{key}', None, 'expected --config.key=value')
-        set_path(config, key, parse_value(value, *field_info(config, key)))
-        explicit[key] = get_path(config, key)
-    hf_path = _flag(argv, 'hf') if _flag(argv, 'mode') == 'import' else None
-    if hf_path:
-      config.train.init_from = 'hf:' + os.path.abspath(hf_path)
-    validate(config)
-    init_from = config.train.init_from or ''
-    if init_from.startswith('hf:') and not from_workdir:
-      config = _from_hf(config, init_from[len('hf:') :], explicit)
-  except ConfigError as err:
-    _fail(str(err))
+  config, from_workdir = _read_config()
+  explicit = {}
+  for arg in overrides:
+    key, sep, value = arg[len('--config.') :].partition('=')
+    if not sep:
+      raise InputError(f'--config.{key}', None, 'expected --config.key=value')
+    set_path(config, key, parse_value(value, *field_info(config, key)))
+    explicit[key] = get_path(config, key)
+  if _MODE.value == 'import' and _HF.value:
+    config.train.init_from = 'hf:' + os.path.abspath(_HF.value)
+  validate(config)
+  init_from = config.train.init_from or ''
+  if init_from.startswith('hf:') and not from_workdir:
+    config = _from_hf(config, init_from[len('hf:') :], explicit)
   config.lock()
   return config
 
@@ -292,19 +306,38 @@ def _from_hf(config, path: str, explicit: dict):
     raise ConfigError('train.init_from', config.train.init_from, str(err)) from None
 
 
+def parse_argv(argv: list[str]) -> list[str]:
+  """app.run's flags parser, the one reader of the command line: absl parses the flags declared
+  above (a bad one is one line); the `--config.KEY=VALUE` overrides go on to main as its arguments.
+
+  absl cannot declare override flags before the config is read, so mllm's config schema parses
+  them (`build_config`). ml_collections' `config_flags` would type each override from its default
+  value (`--config.data.path=none` would be the string 'none'), demand --config before its
+  overrides and report a bad config file as a traceback.
+  """
+  overrides = [arg for arg in argv[1:] if arg.startswith('--config.')]
+  try:
+    rest = flags.FLAGS([argv[0], *(arg for arg in argv[1:] if not arg.startswith('--config.'))])
+  except flags.Error as err:
+    _fail(str(err).splitlines()[0])
+  return rest + overrides
+
+
 def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    _fail(f'unexpected arguments {argv[1:]!r}; flags look like --config=... --mode=...')
+  overrides = [arg for arg in argv[1:] if arg.startswith('--config.')]
+  if len(overrides) < len(argv) - 1:
+    unexpected = [arg for arg in argv[1:] if arg not in overrides]
+    _fail(f'unexpected arguments {unexpected!r}; flags look like --config=... --mode=...')
   if _MODE.value not in MODES:
     _fail(f"--mode={_MODE.value!r}: unknown mode; allowed: {', '.join(MODES)}")
   logging.set_verbosity(logging.WARNING)  # keep JAX's backend probing out of the output
-  from mllm import compile_cache
-
-  compile_cache.enable()  # a relaunch of the same shapes reads XLA's output from disk
-  config = _PREFLIGHT_CONFIG
   try:
-    MODES[_MODE.value](config, _config_spec(sys.argv))
-  except ConfigError as err:  # what only the run can check: data paths, devices, a resume
+    config = build_config(overrides)
+    from mllm import compile_cache
+
+    compile_cache.enable()  # a relaunch of the same shapes reads XLA's output from disk
+    MODES[_MODE.value](config)
+  except InputError as err:  # a bad config, flag or path; or what only the run can check
     _fail(str(err))
   except OSError as err:  # a path the checks could not foresee (a disk filling up, a lost mount)
     where = f'{err.filename}: ' if err.filename else ''
@@ -321,61 +354,5 @@ def main(argv: list[str]) -> None:
     os._exit(130)
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
-  try:
-    return flags.FLAGS(argv)
-  except flags.Error as err:
-    _fail(str(err).splitlines()[0])
-
-
 if __name__ == '__main__':
-  sys.argv = config_first(sys.argv)
-  _PREFLIGHT_CONFIG = preflight(sys.argv)
-  # Declared for --help and for flag parsing; the values come from preflight.
-  _CONFIG = config_flags.DEFINE_config_file(
-    'config', DEFAULT_CONFIG, 'Config file, optionally with :choices.', lock_config=True
-  )
-  _MODE = flags.DEFINE_string('mode', 'train', 'What to do: ' + ', '.join(MODES) + '.')
-  _WORKDIR = flags.DEFINE_string(
-    'workdir',
-    None,
-    'Run directory: checkpoints, metrics, config; '
-    'default runs/<config name>. An existing one is resumed.',
-  )
-  _STOP_AFTER = flags.DEFINE_integer(
-    'stop_after',
-    None,
-    'Train up to this step, save and exit '
-    '(for chunked jobs); the schedule still ends at train.steps.',
-    lower_bound=1,
-  )
-  _HF = flags.DEFINE_string(
-    'hf',
-    None,
-    '--mode=import: the Hugging Face folder to read; --mode=export: the folder to write.',
-  )
-  _PROMPT = flags.DEFINE_string('prompt', None, '--mode=generate: the text to continue.')
-  _PROMPT_FILE = flags.DEFINE_string(
-    'prompt_file', None, '--mode=generate: a file of prompts, one per line (a batch).'
-  )
-  _MAX_NEW_TOKENS = flags.DEFINE_integer(
-    'max_new_tokens', 100, '--mode=generate: tokens to add per prompt (fewer if it ends with EOS).'
-  )
-  _TEMPERATURE = flags.DEFINE_float(
-    'temperature', 0.0, '--mode=generate: 0 is greedy.', lower_bound=0.0
-  )
-  _TOP_K = flags.DEFINE_integer(
-    'top_k', 0, '--mode=generate: sample from the k likeliest tokens (0: all).', lower_bound=0
-  )
-  _TOP_P = flags.DEFINE_float(
-    'top_p',
-    1.0,
-    '--mode=generate: nucleus sampling mass (1: all).',
-    lower_bound=0.0,
-    upper_bound=1.0,
-  )
-  _REPETITION_PENALTY = flags.DEFINE_float(
-    'repetition_penalty', 1.0, '--mode=generate: CTRL repetition penalty (1: off).'
-  )
-  _SEED = flags.DEFINE_integer('seed', 0, '--mode=generate: sampling seed.')
-  app.run(main, flags_parser=_parse_flags)
+  app.run(main, flags_parser=parse_argv)

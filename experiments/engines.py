@@ -24,6 +24,8 @@ import traceback
 import warnings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The files a run's folder holds for its engine, beside mllm's own (mllm/paths.py RunDir).
+JOB, WORKER_LOG = 'job.pkl', 'worker.log'
 
 
 def _pythonpath() -> str:
@@ -34,7 +36,7 @@ def _pythonpath() -> str:
 
 
 def write_job(job: dict, workdir: str) -> None:
-  with open(os.path.join(workdir, 'job.pkl'), 'wb') as f:
+  with open(os.path.join(workdir, JOB), 'wb') as f:
     pickle.dump(job, f)
 
 
@@ -72,7 +74,7 @@ class LocalPool:
   def submit(self, job: dict, workdir: str) -> subprocess.Popen:
     write_job(job, workdir)
     slot = min(set(range(self.slots)) - set(self._running.values()))
-    log = open(os.path.join(workdir, 'worker.log'), 'a')  # noqa: SIM115 (the worker's, closed on exit)
+    log = open(os.path.join(workdir, WORKER_LOG), 'a')  # noqa: SIM115 (the worker's, closed on exit)
     env = {**os.environ, 'PYTHONPATH': _pythonpath()}
     cpus = self._cpus[slot]
     if cpus:  # the worker pins itself before JAX starts (a preexec_fn is unsafe in threaded code)
@@ -145,7 +147,7 @@ def check_out_for_ray(out: str) -> None:
 def run_task(workdir: str) -> None:
   """One run inside a Ray worker process (a fresh process per task: JAX starts once per run):
   the worker's output goes to workdir/worker.log, as in the local pool."""
-  if not os.path.exists(os.path.join(workdir, 'job.pkl')):
+  if not os.path.exists(os.path.join(workdir, JOB)):
     import socket
 
     raise FileNotFoundError(
@@ -157,7 +159,7 @@ def run_task(workdir: str) -> None:
   cpus = ray.get_runtime_context().get_assigned_resources().get('CPU')
   if cpus:  # XLA sizes its CPU thread pool by $NPROC when JAX starts: the task's share
     os.environ['NPROC'] = str(max(1, int(cpus)))
-  log = os.open(os.path.join(workdir, 'worker.log'), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+  log = os.open(os.path.join(workdir, WORKER_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
   sys.stdout.flush()
   sys.stderr.flush()
   os.dup2(log, 1)

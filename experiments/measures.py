@@ -6,6 +6,8 @@ import statistics
 
 import jax.numpy as jnp
 
+from mllm.paths import RunDir
+
 
 def decode(config, workdir: str) -> dict:
   """Greedy decode speed of the trained model (batch 1, 16-token prompt, 64 new tokens, compile
@@ -29,15 +31,12 @@ def moe_load(config, workdir: str) -> dict:
   """Expert load over the last 10% of the logged train steps, from metrics.jsonl: coefficient of
   variation and max/mean of the tokens per expert (averaged over MoE layers), drop rate, and dead
   experts (under 1% of the mean load, summed over layers). A dense run reports nothing."""
-  import os
 
   import numpy as np
 
   from mllm.train.metrics import read_metrics
 
-  records = [
-    r for r in read_metrics(os.path.join(workdir, 'metrics.jsonl')) if r['split'] == 'train'
-  ]
+  records = [r for r in read_metrics(RunDir(workdir).metrics) if r['split'] == 'train']
   records = records[-max(1, len(records) // 10) :]
   layers = sorted({k for r in records for k in r if k.endswith('/tokens_per_expert')})
   if not layers:

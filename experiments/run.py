@@ -14,7 +14,12 @@ import shutil
 import time
 
 import mllm
+from experiments.engines import WORKER_LOG
 from experiments.suite import Suite, Variant
+from mllm.paths import RunDir
+
+# The files a finished (or failed) run adds to its folder, beside mllm's own (RunDir).
+RESULT, ERRORS_LOG = 'result.json', 'errors.log'
 
 
 def resolve(suite: Suite, variant: Variant, preset: str, seed: int, extra: dict | None = None):
@@ -105,7 +110,7 @@ def run_one(
         tokens_per_s=None,
         median_step_s=None,
         train_loss=math.nan,
-        curve=train_curve(os.path.join(workdir, 'metrics.jsonl')),
+        curve=train_curve(RunDir(workdir).metrics),
         wall_s=time.time() - start,
       )
       write_result(workdir, result)
@@ -120,9 +125,9 @@ def run_one(
       tokens_per_s=summary['tokens_per_s'],
       median_step_s=summary['median_step_s'],
       train_flops=flops_per_token * tokens + (parent['train_flops'] if parent else 0),
-      curve=train_curve(os.path.join(workdir, 'metrics.jsonl')),
+      curve=train_curve(RunDir(workdir).metrics),
     )
-    evals = train_curve(os.path.join(workdir, 'metrics.jsonl'), 'eval')
+    evals = train_curve(RunDir(workdir).metrics, 'eval')
     if len(evals['step']) > 1:  # evaluated during training too (train.eval_every)
       result['eval_curve'] = evals
     trained_eval = summary['eval']
@@ -174,9 +179,9 @@ TRAINED_KEYS = (
 
 
 def read_result(workdir: str) -> dict:
-  with open(os.path.join(workdir, 'result.json')) as f:
+  with open(os.path.join(workdir, RESULT)) as f:
     result = json.load(f)
-  metrics = os.path.join(workdir, 'metrics.jsonl')
+  metrics = RunDir(workdir).metrics
   if 'curve' not in result and os.path.exists(metrics):  # finished by an older runner
     result['curve'] = train_curve(metrics)
   if 'train_flops' not in result:  # finished by an older runner
@@ -185,9 +190,9 @@ def read_result(workdir: str) -> dict:
 
 
 def write_result(workdir: str, result: dict) -> None:
-  with open(os.path.join(workdir, 'result.json.tmp'), 'w') as f:
+  with open(os.path.join(workdir, RESULT + '.tmp'), 'w') as f:
     json.dump(result, f, indent=1)
-  os.replace(os.path.join(workdir, 'result.json.tmp'), os.path.join(workdir, 'result.json'))
+  os.replace(os.path.join(workdir, RESULT + '.tmp'), os.path.join(workdir, RESULT))
 
 
 def same_run_elsewhere(out: str, seed: int, digest: str, workdir: str) -> str | None:
@@ -195,8 +200,8 @@ def same_run_elsewhere(out: str, seed: int, digest: str, workdir: str) -> str | 
   for other in sorted(glob.glob(os.path.join(out, '*', 'runs', f'*-s{seed}-{digest}'))):
     if (
       os.path.abspath(other) != os.path.abspath(workdir)
-      and os.path.exists(os.path.join(other, 'result.json'))
-      and os.path.isdir(os.path.join(other, 'checkpoints'))
+      and os.path.exists(os.path.join(other, RESULT))
+      and os.path.isdir(RunDir(other).checkpoints)
     ):
       return other
   return None
@@ -209,7 +214,7 @@ def adopt(source: str, config, workdir: str, measure=None) -> dict:
     source,
     workdir,
     dirs_exist_ok=True,
-    ignore=shutil.ignore_patterns('result.json*', 'errors.log', 'worker.log'),
+    ignore=shutil.ignore_patterns(RESULT + '*', ERRORS_LOG, WORKER_LOG),
   )
   result = {k: v for k, v in read_result(source).items() if k in TRAINED_KEYS}
   result['copied_from'] = source

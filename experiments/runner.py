@@ -30,9 +30,17 @@ from tqdm import tqdm
 # processes and load one version each.
 import mllm.generation
 import mllm.train  # noqa: F401 (this and the line above: for the reason above)
-from experiments.engines import LocalPool, RayEngine, check_out_for_ray, parse_resources
+from experiments.engines import (
+  WORKER_LOG,
+  LocalPool,
+  RayEngine,
+  check_out_for_ray,
+  parse_resources,
+)
 from experiments.measures import MEASURES
 from experiments.run import (
+  ERRORS_LOG,
+  RESULT,
   adopt,
   config_hash,
   read_result,
@@ -44,6 +52,7 @@ from experiments.run import (
 )
 from experiments.suite import BenchmarkSuite, Suite, Variant
 from experiments.tuning import TUNING_SEED_BASE, choose, tuning_seeds
+from mllm.paths import RunDir
 
 
 @contextlib.contextmanager
@@ -67,7 +76,7 @@ def _sigterm_as_interrupt():
 
 def _last_error(workdir: str) -> str:
   try:
-    with open(os.path.join(workdir, 'worker.log')) as f:
+    with open(os.path.join(workdir, WORKER_LOG)) as f:
       lines = [line.strip() for line in f if line.strip()]
   except OSError:
     return 'the worker left no log'
@@ -123,13 +132,13 @@ def _execute(
   _restore_from_ledgers(plan, out)
   for job in plan:
     measure = MEASURES[job.measure] if job.measure else None
-    if os.path.exists(os.path.join(job.workdir, 'result.json')):
+    if os.path.exists(os.path.join(job.workdir, RESULT)):
       result = read_result(job.workdir)
       if (
         remeasure
         and measure is not None
         and 'diverged_at_step' not in result
-        and (os.path.isdir(os.path.join(job.workdir, 'checkpoints')) or not job.variant.trains)
+        and (os.path.isdir(RunDir(job.workdir).checkpoints) or not job.variant.trains)
       ):
         source = (
           finished[job.parent]['workdir']
@@ -182,7 +191,7 @@ def _execute(
 
   def adopted(job) -> bool:
     """An identical finished run elsewhere under `out` is copied, not trained again."""
-    if job.parent is not None or os.path.isdir(os.path.join(job.workdir, 'checkpoints')):
+    if job.parent is not None or os.path.isdir(RunDir(job.workdir).checkpoints):
       return False  # a child depends on its parent's path; a started run resumes instead
     source = same_run_elsewhere(out, job.seed, job.hash, job.workdir)
     if source is None:
@@ -228,7 +237,7 @@ def _execute(
           break
         for handle, ok in engine.wait(1.0):
           job, payload, attempt = running.pop(handle)
-          if ok and os.path.exists(os.path.join(job.workdir, 'result.json')):
+          if ok and os.path.exists(os.path.join(job.workdir, RESULT)):
             done(job, read_result(job.workdir))
           elif attempt == 1:  # a failed (or killed) run is retried once: it resumes
             start(job, payload, 2)
@@ -291,9 +300,7 @@ def _restore_from_ledgers(plan: list[_Job], out: str) -> None:
     return entries[-1] if entries and job.measure is None else None
 
   found = {
-    job.key: record(job)
-    for job in plan
-    if not os.path.exists(os.path.join(job.workdir, 'result.json'))
+    job.key: record(job) for job in plan if not os.path.exists(os.path.join(job.workdir, RESULT))
   }
   restorable = {key for key, entry in found.items() if entry is not None}
   for job in plan:
@@ -569,7 +576,7 @@ def _run_here(job: _Job, run, kwargs, progress, done) -> None:
       raise
     except Exception as err:  # reported, the suite goes on
       errors.append(f'{type(err).__name__}: {err}')
-      with open(os.path.join(job.workdir, 'errors.log'), 'a') as f:
+      with open(os.path.join(job.workdir, ERRORS_LOG), 'a') as f:
         f.write(traceback.format_exc() + '\n')
   done(job, errors=errors)
 

@@ -20,9 +20,10 @@ def main(workdir: str) -> int:
   from mllm import compile_cache
 
   compile_cache.enable()  # every seed of a variant compiles the same shapes
+  from experiments.engines import JOB
   from experiments.run import run_one
 
-  with open(os.path.join(workdir, 'job.pkl'), 'rb') as f:
+  with open(os.path.join(workdir, JOB), 'rb') as f:
     job = pickle.load(f)
   measure = MEASURES[job['measure']] if job['measure'] else None
   # Which attempt this is, for whoever reads worker.log after a retry (a node lost, a kill).

@@ -1,6 +1,6 @@
-"""ConfigError, and the small checks that config validation and every variant's own rules
-(mllm/layers/, mllm/ops/) share: each raises a one-line ConfigError naming the key, the value and
-what is allowed."""
+"""InputError and ConfigError, and the small checks that config validation and every variant's own
+rules (mllm/layers/, mllm/ops/) share: each raises a one-line ConfigError naming the key, the value
+and what is allowed."""
 
 from __future__ import annotations
 
@@ -8,8 +8,12 @@ from collections.abc import Iterable
 from typing import Any
 
 
-class ConfigError(ValueError):
-  """A bad config value: `key=value: what is wrong and what is allowed`, on one line."""
+class InputError(ValueError):
+  """A bad input the user can fix: `key=value: what is wrong and what is allowed`, on one line.
+
+  `key` names a flag (`--workdir`), a file or a config key. Entry points print it and exit 2;
+  ConfigError is the case of a config key, found by validation or by the run (a missing data file).
+  """
 
   def __init__(self, key: str, value: Any = None, allowed: str | None = None):
     if allowed is None:  # re-raised by a library with just the message (absl's flag parser does)
@@ -18,6 +22,15 @@ class ConfigError(ValueError):
       return
     self.key, self.value, self.allowed = key, value, allowed
     super().__init__(f'{key}={value!r}: {allowed}')
+
+
+class ConfigError(InputError):
+  """A bad config value: `model.d_model=100: ...`."""
+
+
+def input_error(key: str, value: Any, allowed: str) -> InputError:
+  """The error for `key`: an InputError for a flag (`--workdir`), a ConfigError for a config key."""
+  return (InputError if key.startswith('-') else ConfigError)(key, value, allowed)
 
 
 def one_of(key: str, value: Any, allowed: Iterable[str], what: str) -> None:

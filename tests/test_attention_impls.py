@@ -522,6 +522,21 @@ def test_config_refuses_unsupported_combinations(choices, message):
   assert '\n' not in str(err.value)
 
 
+def test_a_splash_tile_is_refused_for_the_same_reason_at_config_time_and_at_call_time():
+  """One rule (mllm.ops.splash.tile_problem) serves validation and a direct call."""
+  from mllm.ops.splash import splash_attention
+
+  with pytest.raises(mllm.ConfigError) as config_err:
+    tiny_config('attn=splash,model.attention.block_k=192')
+  q = jnp.zeros((1, 8, 2, 16), jnp.float32)
+  with pytest.raises(ValueError) as call_err:
+    splash_attention(
+      q, q, q, mask=AttentionMask(), bias=None, rel_values=None, scale=0.25, block_k=192
+    )
+  assert config_err.value.allowed in str(call_err.value)
+  assert str(call_err.value).startswith('block_k=192: splash tiles')
+
+
 def test_splash_is_refused_on_a_gpu():
   config = tiny_config('attn=splash')
   with pytest.raises(mllm.ConfigError, match='splash is a TPU kernel'):

@@ -10,7 +10,7 @@ import sys
 import pytest
 from conftest import ROOT, make_config
 
-from mllm.config import ConfigError
+from mllm.checks import InputError
 from mllm.generation import generate, generate_tokens, load_run
 from mllm.train import train
 
@@ -41,12 +41,12 @@ def test_text_api_equals_token_generation(run):
   assert texts == [tokenizer.decode([t for t in seq if t != tokenizer.eos_id]) for seq in ids]
   assert all(len(seq) == 12 or seq[-1] == tokenizer.eos_id for seq in ids)
   with pytest.raises(
-    ConfigError,
+    InputError,
     match=r'^--max_new_tokens=30: learned positions end at '
     r'model.max_seq_len=32 .* allowed: <= 28$',
   ):
     generate(model, tokenizer, ['def '], max_new_tokens=30)
-  with pytest.raises(ConfigError, match=r'^--prompt=.*prompt 2 is empty'):
+  with pytest.raises(InputError, match=r'^--prompt=.*prompt 2 is empty'):
     generate(model, tokenizer, ['def ', ''], max_new_tokens=3)
 
 

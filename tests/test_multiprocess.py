@@ -158,7 +158,7 @@ def test_a_two_process_run_resumes_bitwise_in_two_processes(runs):
 def test_the_launcher_environment_and_bad_cluster_variables(monkeypatch):
   """Each process gets the coordinator, the count and its id, and on CPU its devices; a job
   named by JAX_COORDINATOR_ADDRESS without the other two is refused in one line."""
-  from mllm.config import ConfigError
+  from mllm.checks import InputError
   from mllm.multiprocess import process_env
   from mllm.train.loop import explicit_cluster
 
@@ -172,9 +172,9 @@ def test_the_launcher_environment_and_bad_cluster_variables(monkeypatch):
     'process_id': 1,
   }
   assert explicit_cluster({}) == {}  # SLURM, Open MPI, TPU pods: JAX finds the job itself
-  with pytest.raises(ConfigError, match=r"JAX_NUM_PROCESSES='\(unset\)': JAX_COORDINATOR"):
+  with pytest.raises(InputError, match=r"JAX_NUM_PROCESSES='\(unset\)': JAX_COORDINATOR"):
     explicit_cluster({'JAX_COORDINATOR_ADDRESS': 'h:1', 'JAX_PROCESS_ID': '0'})
-  with pytest.raises(ConfigError, match=r'JAX_PROCESS_ID=2: allowed: 0 to JAX_NUM_PROCESSES'):
+  with pytest.raises(InputError, match=r'JAX_PROCESS_ID=2: allowed: 0 to JAX_NUM_PROCESSES'):
     explicit_cluster(
       {'JAX_COORDINATOR_ADDRESS': 'h:1', 'JAX_NUM_PROCESSES': '2', 'JAX_PROCESS_ID': '2'}
     )
@@ -333,7 +333,7 @@ def test_four_processes_with_experts_match_one_and_restore_a_two_process_run(run
 def test_a_data_position_saved_by_another_process_count(tmp_path):
   """One process resuming a 2-process checkpoint takes the data position the two files agree
   on; files that disagree are refused in one line naming the process counts."""
-  from mllm.config import ConfigError
+  from mllm.checks import InputError
   from mllm.train.checkpoint import Checkpointer
 
   ckpt = Checkpointer(str(tmp_path), read_only=True)
@@ -344,7 +344,7 @@ def test_a_data_position_saved_by_another_process_count(tmp_path):
   assert ckpt.data_state_of_another_job(6) == {'next_index': 6}
   (folder / 'process_1-of-2.json').write_text(json.dumps({'next_index': 7}))
   with pytest.raises(
-    ConfigError,
+    InputError,
     match=r'saved by 2 processes whose data positions differ .* '
     'cannot be resumed by 1; allowed: resume it with 2',
   ):

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from conftest import STEPS, load_state, make_config
 
+from mllm.checks import InputError
 from mllm.config import ConfigError
 from mllm.train import evaluate, train
 from mllm.train.checkpoint import DELETING, Checkpointer
@@ -121,7 +122,7 @@ def test_damaged_config_json_is_one_line_and_nothing_moves(run, tmp_path):
   before = fingerprint(workdir)
   for action in (lambda: train(config, workdir, progress=False), lambda: evaluate(config, workdir)):
     with pytest.raises(
-      ConfigError,
+      InputError,
       match=r"^--workdir='.*': its config\.json is not valid JSON "
       r'\(.*\); allowed: .* delete it',
     ) as info:
@@ -157,7 +158,7 @@ def test_without_any_saved_config_the_state_entries_are_named(run, tmp_path):
   before = fingerprint(workdir)
   no_clip = make_config(corpus, cache, train__grad_clip=0.0)
   with pytest.raises(
-    ConfigError,
+    InputError,
     match=r"^--workdir='.*': the run in .* \(checkpoint step 40\) "
     r'holds optimizer state this config does not build \(.*opt_state/1.*\); '
     r'nothing was moved',
@@ -179,7 +180,7 @@ def test_a_stale_config_json_is_not_trusted_to_name_keys(run, tmp_path):
     json.dump(saved, f)
   no_clip = make_config(corpus, cache, train__grad_clip=0.0)
   with pytest.raises(
-    ConfigError,
+    InputError,
     match=r"^--workdir='.*': the run in .* holds optimizer state "
     r'this config does not build \(.*opt_state',
   ):
@@ -288,7 +289,7 @@ def test_when_no_step_reads_nothing_is_moved(run, tmp_path):
     damage(workdir, step)
   before = fingerprint(workdir)
   with pytest.raises(
-    ConfigError,
+    InputError,
     match=r"^--workdir='.*': no checkpoint in it can be read "
     r'\(step 40: .*; step 30: .*; step 20: .*\); nothing was moved',
   ):

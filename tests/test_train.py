@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 from conftest import ROOT, STEPS, load_state, make_config, read_tensorboard_scalars, run_overrides
 
+from mllm.checks import InputError
 from mllm.config import ConfigError
+from mllm.paths import RunDir
 from mllm.train import TrainingDiverged, evaluate, train
 from mllm.train.checkpoint import Checkpointer
 from mllm.train.metrics import read_metrics
@@ -75,6 +77,16 @@ def test_loss_falls_and_metrics_are_written(reference_run):
   np.testing.assert_allclose(tb_losses, train_losses, rtol=1e-5)
   assert [s for s, _ in scalars['eval/bits_per_byte']] == [STEPS]
   assert os.path.isfile(os.path.join(workdir, 'config.json'))
+
+
+def test_the_run_folder_holds_what_rundir_names_and_nothing_else(reference_run):
+  """RunDir is the one place a run's file names are written: every file training leaves is one
+  of its names (a byte-level run has no tokenizer.json)."""
+  _, workdir, _, _ = reference_run
+  run = RunDir(workdir)
+  named = {run.config, run.checkpoints, run.metrics, run.tensorboard, run.loss_plot, run.tokenizer}
+  present = {os.path.join(os.path.abspath(workdir), name) for name in os.listdir(workdir)}
+  assert present == {os.path.abspath(p) for p in named} - {os.path.abspath(run.tokenizer)}
 
 
 def test_learning_rate_follows_warmup_then_cosine(reference_run):
@@ -290,15 +302,17 @@ def test_bare_step_directory_is_skipped_and_moved_aside_by_training(
   assert [n for n in os.listdir(os.path.dirname(bogus)) if '.incomplete-' in n]
 
 
-def test_eval_without_checkpoint_is_a_config_error(corpus, tmp_path):
+def test_eval_without_checkpoint_is_an_input_error(corpus, tmp_path):
   config = make_config(corpus, str(tmp_path / 'cache'))
-  with pytest.raises(ConfigError, match=r"^--workdir='.*/nope': no such folder"):
+  with pytest.raises(InputError, match=r"^--workdir='.*/nope': no such folder"):
     evaluate(config, str(tmp_path / 'nope'))
-  with pytest.raises(ConfigError, match='has no checkpoint'):
+  with pytest.raises(InputError, match='has no checkpoint') as info:
     evaluate(config, str(tmp_path))
+  assert not isinstance(info.value, ConfigError)  # a flag's problem, not a config key's
   os.makedirs(tmp_path / 'checkpoints')
-  with pytest.raises(ConfigError, match='has no checkpoint'):
+  with pytest.raises(InputError, match='has no checkpoint') as info:
     evaluate(config, str(tmp_path))
+  assert not isinstance(info.value, ConfigError)  # a flag's problem, not a config key's
 
 
 def test_gradient_accumulation_equals_the_full_batch(corpus, tmp_path):

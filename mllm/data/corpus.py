@@ -24,6 +24,7 @@ import tqdm
 from mllm.config import ConfigError
 from mllm.data.sources import Source, is_val
 from mllm.data.tokenizers import EOS, PAD, BPETokenizer, ByteTokenizer, Tokenizer
+from mllm.paths import RunDir
 
 FORMAT_VERSION = 1
 SPLITS = ('train', 'val')
@@ -89,7 +90,7 @@ def load_tokenizer(config, workdir: str, source: Source, verbose: bool = True) -
   if d.tokenizer == 'byte':
     tok = ByteTokenizer()
   else:
-    path = os.path.join(workdir, 'tokenizer.json')
+    path = RunDir(workdir).tokenizer
     if os.path.exists(path):  # resuming, or an imported model's: the run keeps it
       tok = _read_bpe(path, d)
     else:

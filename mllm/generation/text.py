@@ -3,7 +3,7 @@ streamed text, and `generate` over `generate_tokens`."""
 
 from __future__ import annotations
 
-from mllm.config import ConfigError
+from mllm.checks import InputError
 from mllm.data.tokenizers import BPETokenizer, ByteTokenizer
 from mllm.generation.decode import generate_tokens
 from mllm.paths import existing_dir
@@ -25,7 +25,7 @@ def load_run(workdir: str, like):
   try:
     step = ckpt.latest_step()
     if step is None:
-      raise ConfigError(
+      raise InputError(
         '--workdir',
         workdir,
         'has no checkpoint to generate from; allowed: the workdir of a training run',
@@ -39,7 +39,7 @@ def load_run(workdir: str, like):
         train_setup.abstract_state['params'], params_only=True, set_aside=False
       )
     except StateMismatch as err:
-      raise ConfigError(
+      raise InputError(
         '--workdir',
         workdir,
         f'its checkpoint step {err.step} does not match its '
@@ -54,7 +54,7 @@ def load_run(workdir: str, like):
     try:
       tokenizer = BPETokenizer.from_file(path, config.data.eos_token, config.data.pad_token)
     except Exception as err:  # missing or unreadable
-      raise ConfigError(
+      raise InputError(
         '--workdir',
         workdir,
         f'its tokenizer.json cannot be read '
@@ -68,28 +68,28 @@ def load_run(workdir: str, like):
 def check_request(
   model, prompts: list[list[int]], max_new_tokens: int, repetition_penalty: float = 1.0
 ) -> None:
-  """One-line ConfigErrors for requests the model cannot serve."""
+  """One-line InputErrors for requests the model cannot serve."""
   if not repetition_penalty > 0:
-    raise ConfigError(
+    raise InputError(
       '--repetition_penalty',
       repetition_penalty,
       'must be > 0 (1: off; above 1 discourages repeats)',
     )
   if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-    raise ConfigError('--max_new_tokens', max_new_tokens, 'must be a positive integer')
+    raise InputError('--max_new_tokens', max_new_tokens, 'must be a positive integer')
   if not prompts:
-    raise ConfigError(
+    raise InputError(
       '--prompt',
       '',
       'no prompt given; allowed: --prompt=TEXT or --prompt_file=FILE with one prompt per line',
     )
   for i, prompt in enumerate(prompts):
     if not prompt:
-      raise ConfigError('--prompt', '', f'prompt {i + 1} is empty; allowed: at least one token')
+      raise InputError('--prompt', '', f'prompt {i + 1} is empty; allowed: at least one token')
   table = model.position.max_positions
   longest = max(len(p) for p in prompts)
   if table is not None and longest + max_new_tokens > table:
-    raise ConfigError(
+    raise InputError(
       '--max_new_tokens',
       max_new_tokens,
       f'learned positions end at model.max_seq_len={table} and the longest prompt '

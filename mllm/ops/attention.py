@@ -27,7 +27,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from mllm.ops import kernels
+from mllm.ops import kernels, splash
 from mllm.ops import mesh as on_mesh
 from mllm.ops.blockwise import blockwise_attention
 from mllm.ops.kernels import cudnn_attention, pallas_attention, pallas_kernel, splash_attention
@@ -178,7 +178,7 @@ ATTENTION_IMPLS: dict[str, AttentionImpl] = {
   'splash': AttentionImpl(
     splash_attention,
     alibi=False,
-    tiles=kernels.splash_tiles,
+    tiles=splash.tile_problem,
     backends=kernels.splash_backends,
     **_KERNEL,
   ),

@@ -172,15 +172,6 @@ def mgpu_tiles(key: str, value: int) -> str | None:
   return None
 
 
-def splash_tiles(key: str, value: int) -> str | None:
-  if value % 128:
-    return (
-      'splash tiles queries and keys in multiples of 128; allowed: 128, 256, 512, ..., or None '
-      'for 128'
-    )
-  return None
-
-
 def splash_backends(backend: str) -> str | None:
   if backend == 'gpu':
     return (

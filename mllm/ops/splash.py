@@ -93,6 +93,17 @@ def _rows_with_keys(q_seg_BT, kv_seg_BS, T, S, causal, window, offset, chunk=256
   return rows.transpose(1, 0, 2).reshape(q_seg_BT.shape[0], Tp)[:, :T]
 
 
+def tile_problem(key: str, value: int) -> str | None:
+  """Why splash cannot take `value` as a tile (block_q / block_k), or None: the config check
+  (model.attention.block_q, ...) and the call share it."""
+  if value % BLOCK:
+    return (
+      f'splash tiles queries and keys in multiples of {BLOCK}; allowed: 128, 256, 512, ..., or '
+      f'None for {BLOCK}'
+    )
+  return None
+
+
 def splash_attention(
   q_BTNH,
   k_BSKH,
@@ -119,8 +130,8 @@ def splash_attention(
   offset = mask.static_offset(T, S, 'splash')
   bq, bk = block_q or BLOCK, block_k or BLOCK
   for name, b in (('block_q', bq), ('block_k', bk)):
-    if b % BLOCK:
-      raise ValueError(f'splash {name} must be a multiple of {BLOCK}, got {b}')
+    if problem := tile_problem(name, b):
+      raise ValueError(f'{name}={b}: {problem}')
   Tp, Sp = round_up(T, bq), round_up(S, bk)
   if interpret is None:
     interpret = on_mesh.backend() != 'tpu'

@@ -38,7 +38,9 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from mllm.config import ConfigError, first_line
+from mllm.checks import InputError
+from mllm.config import first_line
+from mllm.paths import RunDir
 
 # Orbax writes both into the tmp folder before its commit rename (AtomicRenameTemporaryPath).
 COMMIT_MARKERS = ('_CHECKPOINT_METADATA', 'commit_success.txt')
@@ -50,7 +52,7 @@ Signature = dict[tuple[str, ...], tuple[tuple[int, ...], str]]
 
 
 def checkpoint_dir(workdir: str) -> str:
-  return os.path.join(os.path.abspath(workdir), 'checkpoints')
+  return RunDir(workdir).checkpoints
 
 
 def note(message: str) -> None:
@@ -323,7 +325,7 @@ class Checkpointer:
     if not states:
       return None
     if any(state != states[0] for state in states):
-      raise ConfigError(
+      raise InputError(
         '--workdir',
         self.directory,
         f'checkpoint step {step} was saved by '
@@ -353,7 +355,7 @@ class Checkpointer:
     A step whose saved structure differs from `abstract` raises StateMismatch at once. A step that
     fails to read is skipped; once an older one has restored, the skipped ones are moved aside
     (set_aside, for training) or left alone (evaluation), and the log says which and why. If no
-    step restores, a ConfigError lists them and nothing is moved.
+    step restores, an InputError lists them and nothing is moved.
     """
     failures: list[tuple[int, str]] = []
     for step in reversed(self.all_steps()):
@@ -377,7 +379,7 @@ class Checkpointer:
       return step, restored
     if failures:
       listed = '; '.join(f'step {s}: {r}' for s, r in failures)
-      raise ConfigError(
+      raise InputError(
         '--workdir',
         os.path.dirname(self.directory),
         f'no checkpoint in it can be read ({listed}); nothing was moved or '
@@ -414,7 +416,7 @@ def write_config(workdir: str, config) -> None:
   """config.json, written atomically (a kill never leaves half a file)."""
   if jax.process_index() == 0:
     os.makedirs(workdir, exist_ok=True)
-    path = os.path.join(workdir, 'config.json')
+    path = RunDir(workdir).config
     with open(path + '.tmp', 'w') as f:
       f.write(config.to_json_best_effort(indent=2, sort_keys=True))
     os.replace(path + '.tmp', path)

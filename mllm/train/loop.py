@@ -20,9 +20,10 @@ import jax
 import numpy as np
 
 from mllm.accounting import count_params, training_flops_per_token
+from mllm.checks import InputError
 from mllm.config import ConfigError
 from mllm.layers.moe import moe_layers, training_note
-from mllm.paths import existing_dir, writable_dir
+from mllm.paths import RunDir, existing_dir, writable_dir
 from mllm.train.checkpoint import (
   Checkpointer,
   StateMismatch,
@@ -70,7 +71,7 @@ def maybe_initialize_distributed() -> None:
   # coordinator ends them once it has missed the dead one's heartbeats this long.
   timeout = env.get('MLLM_HEARTBEAT_TIMEOUT_S', '100')
   if not timeout.isdigit() or int(timeout) < 1:
-    raise ConfigError(
+    raise InputError(
       'MLLM_HEARTBEAT_TIMEOUT_S',
       timeout,
       'allowed: a whole number of seconds >= 1 (JAX\'s default: 100)',
@@ -99,7 +100,7 @@ def explicit_cluster(env) -> dict:
   for key, name in (('JAX_NUM_PROCESSES', 'num_processes'), ('JAX_PROCESS_ID', 'process_id')):
     value = env.get(key, '')
     if not value.isdigit():
-      raise ConfigError(
+      raise InputError(
         key,
         value or '(unset)',
         f'JAX_COORDINATOR_ADDRESS={address} starts '
@@ -108,7 +109,7 @@ def explicit_cluster(env) -> dict:
       )
     values[name] = int(value)
   if values['process_id'] >= values['num_processes']:
-    raise ConfigError(
+    raise InputError(
       'JAX_PROCESS_ID',
       values['process_id'],
       f"allowed: 0 to JAX_NUM_PROCESSES - 1 = {values['num_processes'] - 1}",
@@ -342,7 +343,7 @@ def _train(config, workdir, stop_after, progress, mesh, train_setup, init, ckpt,
   writer.close()
   plot = None
   if jax.process_index() == 0 and os.path.exists(writer.path):
-    plot = plot_losses(writer.path, os.path.join(workdir, 'loss.png'))
+    plot = plot_losses(writer.path, RunDir(workdir).loss_plot)
   median = float(np.median(times)) if times else float('nan')
   summary = {
     'step': step,
@@ -405,7 +406,7 @@ def evaluate(config, workdir: str) -> dict:
   maybe_initialize_distributed()
   existing_dir('--workdir', workdir, 'the workdir of a training run')
   if not os.path.isdir(checkpoint_dir(workdir)):
-    raise ConfigError(
+    raise InputError(
       '--workdir', workdir, 'has no checkpoint to evaluate; allowed: the workdir of a training run'
     )
   mesh = make_mesh(config.mesh)
@@ -420,7 +421,7 @@ def evaluate(config, workdir: str) -> dict:
   finally:
     ckpt.close()
   if step is None:
-    raise ConfigError(
+    raise InputError(
       '--workdir', workdir, 'has no checkpoint to evaluate; allowed: the workdir of a training run'
     )
   data = build_data(

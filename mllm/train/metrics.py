@@ -14,6 +14,8 @@ import time
 import jax
 import numpy as np
 
+from mllm.paths import RunDir
+
 # Dense peak FLOP/s per chip: bf16, and float32 as XLA runs it on that chip (TF32 tensor cores on
 # NVIDIA Ampere and newer, bf16 passes on TPU). Sources: vendor datasheets (SXM parts).
 PEAK_FLOPS = {  # device_kind substring: (bfloat16, float32)
@@ -55,7 +57,7 @@ class MetricsWriter:
     self, workdir: str, *, tensorboard: bool = True, resume_step: int | None = None, keep=None
   ):
     self.enabled = jax.process_index() == 0
-    self.path = os.path.join(workdir, 'metrics.jsonl')
+    self.path = RunDir(workdir).metrics
     self._tb = self._file = None
     if self.enabled:
       os.makedirs(workdir, exist_ok=True)
@@ -66,7 +68,7 @@ class MetricsWriter:
         from tensorboardX import SummaryWriter
 
         self._tb = SummaryWriter(
-          os.path.join(workdir, 'tensorboard'), purge_step=resume_step + 1 if resume_step else None
+          RunDir(workdir).tensorboard, purge_step=resume_step + 1 if resume_step else None
         )
 
   def write(self, step: int, split: str, values: dict) -> None:

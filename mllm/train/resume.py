@@ -21,9 +21,11 @@ from typing import Any
 
 from ml_collections import config_dict
 
+from mllm.checks import InputError, input_error
 from mllm.config import ConfigError
 from mllm.config_keys import flatten, set_path
 from mllm.interop.hf import HFImportError, hf_params
+from mllm.paths import RunDir
 from mllm.train.checkpoint import (
   Checkpointer,
   Signature,
@@ -41,8 +43,8 @@ STATE_SECTIONS = ('model.', 'train.')
 
 
 def read_config_json(workdir: str) -> dict | None:
-  """The workdir's config.json, None if there is none; a one-line ConfigError if it is damaged."""
-  path = os.path.join(workdir, 'config.json')
+  """The workdir's config.json, None if there is none; a one-line InputError if it is damaged."""
+  path = RunDir(workdir).config
   if not os.path.exists(path):
     return None
   try:
@@ -52,7 +54,7 @@ def read_config_json(workdir: str) -> dict | None:
     problem = (
       f'is not valid JSON ({err})' if isinstance(err, ValueError) else f'cannot be read ({err})'
     )
-    raise ConfigError(
+    raise InputError(
       '--workdir',
       workdir,
       f'its config.json {problem}; allowed: the config.json '
@@ -60,7 +62,7 @@ def read_config_json(workdir: str) -> dict | None:
       'checkpoint is used',
     ) from None
   if not isinstance(saved, dict) or not isinstance(saved.get('model'), dict):
-    raise ConfigError(
+    raise InputError(
       '--workdir',
       workdir,
       'its config.json holds no mllm config (no "model" '
@@ -166,7 +168,7 @@ def mismatch_error(
   key: str = '--workdir',
   value: Any = None,
   allowed: str | None = None,
-) -> ConfigError:
+) -> InputError:
   """One line naming the keys whose change makes checkpoint `step` incompatible with `config`.
 
   key, value: what the line starts with when no key can be named (the workdir by default).
@@ -187,7 +189,7 @@ def mismatch_error(
   if keys:
     listed = ', '.join(f'{k}={new!r} (saved: {old!r})' for k, old, new in keys)
     return ConfigError(f'{listed}: changes the {what} of {where}; nothing was moved; {allowed}')
-  return ConfigError(
+  return input_error(
     key,
     workdir if value is None else value,
     f'{where} holds {what} this config does not build ({describe_diff(diff)}); '
@@ -235,7 +237,7 @@ def _source(init_from: str) -> tuple[str, int | None]:
   assert kind in INIT_SOURCES, kind  # validate() checked it
   path = os.path.abspath(os.path.expanduser(path.strip()))
   parent = os.path.dirname(path)
-  if os.path.basename(path).isdigit() and os.path.basename(parent) == 'checkpoints':
+  if os.path.basename(path).isdigit() and parent == RunDir(os.path.dirname(parent)).checkpoints:
     return os.path.dirname(parent), int(os.path.basename(path))
   return path, None
 
@@ -243,8 +245,8 @@ def _source(init_from: str) -> tuple[str, int | None]:
 def adopt_tokenizer(config, workdir: str, log: Callable[[str], None] = note) -> None:
   """Copy the train.init_from run's tokenizer.json into a new workdir: its parameters were trained
   on those token ids, and a BPE trained anew (on other data or settings) would scramble them."""
-  source = os.path.join(_source(config.train.init_from)[0], 'tokenizer.json')
-  target = os.path.join(workdir, 'tokenizer.json')
+  source = RunDir(_source(config.train.init_from)[0]).tokenizer
+  target = RunDir(workdir).tokenizer
   if config.data.tokenizer != 'bpe' or os.path.exists(target) or not os.path.isfile(source):
     return
   os.makedirs(workdir, exist_ok=True)
@@ -260,7 +262,7 @@ def init_params(config, abstract_params, log: Callable[[str], None] = note):
   workdir, step = _source(value)
   if value.startswith('hf:'):
     return _hf_params(config, workdir, abstract_params, log)
-  if not os.path.isdir(os.path.join(workdir, 'checkpoints')):
+  if not os.path.isdir(RunDir(workdir).checkpoints):
     raise ConfigError(
       'train.init_from',
       value,
