@@ -68,13 +68,7 @@ def generate_tokens(
       f'the longest prompt ({max(lengths)} tokens) plus max_new_tokens '
       f'({max_new_tokens}) exceeds the cache (max_len={max_len})'
     )
-  tokens = np.zeros((len(prompts), width), np.int32)
-  positions = np.full((len(prompts), width), -1, np.int32)
-  seen = np.zeros((len(prompts), model.embed.num_embeddings), bool)
-  for b, prompt in enumerate(prompts):
-    tokens[b, : len(prompt)] = prompt
-    positions[b, : len(prompt)] = np.arange(len(prompt))
-    seen[b, prompt] = True
+  tokens, positions, seen = _prompt_arrays(prompts, width, model.embed.num_embeddings)
   cache = empty_cache_for(model, len(prompts), max_len)
   graphdef, state = nnx.split(model)
   chunks = [
@@ -90,36 +84,76 @@ def generate_tokens(
     repetition_penalty=repetition_penalty,
     streaming=stream is not None,
   )
-  # Compiled ahead of time (cached by JAX after the first call), so the timings below hold only
-  # the prefill and the decode.
   start = time.perf_counter()
+  prefill, decode = _compile(graphdef, state, chunks[0], cache, seen, seed, decode_kwargs)
+  compiled = time.perf_counter()
+  last_logits, cache = _prefill_chunks(prefill, state, chunks, cache, lengths, chunk)
+  prefilled = time.perf_counter()
+  out, count = _decode_streaming(decode, state, cache, last_logits, lengths, seen, seed, stream)
+  if timings is not None:
+    timings.update(
+      compile_s=compiled - start,
+      prefill_s=prefilled - compiled,
+      decode_s=time.perf_counter() - prefilled,
+    )
+  return [out[b, : count[b]].tolist() for b in range(len(prompts))]
+
+
+def _prompt_arrays(prompts: list[list[int]], width: int, vocab: int):
+  """Right-padded prompt tokens and positions [B, width] (-1: padding, never attended) and which
+  tokens each prompt holds [B, vocab] (for the repetition penalty)."""
+  tokens = np.zeros((len(prompts), width), np.int32)
+  positions = np.full((len(prompts), width), -1, np.int32)
+  seen = np.zeros((len(prompts), vocab), bool)
+  for b, prompt in enumerate(prompts):
+    tokens[b, : len(prompt)] = prompt
+    positions[b, : len(prompt)] = np.arange(len(prompt))
+    seen[b, prompt] = True
+  return tokens, positions, seen
+
+
+def _compile(graphdef, state, first_chunk, cache, seen, seed: int, decode_kwargs: dict):
+  """The prefill and decode programs, compiled ahead of time (cached by JAX after the first call),
+  so that the timings hold only the prefill and the decode."""
+  batch, vocab = seen.shape
   # Traced for the mesh the parameters live on (load_run's), as the train step is, so `auto`
   # chooses for those devices. (No Pallas kernel runs here: a prefill chunk with a cache goes
   # blockwise and a decode step xla, see ops.attention.cached_impl.)
   with traced_on(mesh_of(state)):
-    prefill = _prefill.lower(graphdef, state, *chunks[0], cache).compile()
-    logits_shape = jax.ShapeDtypeStruct((len(prompts), model.embed.num_embeddings), jnp.float32)
+    prefill = _prefill.lower(graphdef, state, *first_chunk, cache).compile()
+    logits_shape = jax.ShapeDtypeStruct((batch, vocab), jnp.float32)
     decode = _decode.lower(
       graphdef,
       state,
       cache,
       logits_shape,
-      jnp.zeros(len(prompts), jnp.int32),
+      jnp.zeros(batch, jnp.int32),
       jnp.asarray(seen),
       jax.random.key(seed),
       **decode_kwargs,
     ).compile()
-  compiled = time.perf_counter()
+  return prefill, decode
+
+
+def _prefill_chunks(prefill, state, chunks, cache, lengths: list[int], chunk: int):
+  """(the logits at each sequence's last prompt token [B, vocab], the filled cache)."""
   last_logits = None
-  for start_index, (chunk_tokens, chunk_positions) in zip(range(0, width, chunk), chunks):
+  for start_index, (chunk_tokens, chunk_positions) in zip(
+    range(0, len(chunks) * chunk, chunk), chunks
+  ):
     logits, cache = prefill(state, chunk_tokens, chunk_positions, cache)
     # The logits at each sequence's last prompt token, wherever that falls.
     ends = np.asarray(lengths) - 1 - start_index
     inside = (ends >= 0) & (ends < chunk)
-    picked = logits[jnp.arange(len(prompts)), jnp.asarray(np.clip(ends, 0, chunk - 1))]
+    picked = logits[jnp.arange(len(lengths)), jnp.asarray(np.clip(ends, 0, chunk - 1))]
     last_logits = picked if last_logits is None else jnp.where(inside[:, None], picked, last_logits)
   jax.block_until_ready(last_logits)
-  prefilled = time.perf_counter()
+  return last_logits, cache
+
+
+def _decode_streaming(decode, state, cache, last_logits, lengths, seen, seed: int, stream):
+  """(new tokens [B, max_new_tokens], how many each sequence made [B]); `stream` receives every
+  step's tokens while the compiled loop runs."""
   global _STREAM_SINK
   _STREAM_SINK = stream
   try:
@@ -135,13 +169,7 @@ def generate_tokens(
     jax.effects_barrier()  # every streamed step has reached the sink
   finally:
     _STREAM_SINK = None
-  if timings is not None:
-    timings.update(
-      compile_s=compiled - start,
-      prefill_s=prefilled - compiled,
-      decode_s=time.perf_counter() - prefilled,
-    )
-  return [out[b, : count[b]].tolist() for b in range(len(prompts))]
+  return out, count
 
 
 # Where the decode loop's streamed tokens go: set for the length of one generate_tokens call, so
