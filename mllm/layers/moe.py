@@ -30,6 +30,8 @@ variable that shifts the choice only; `update_expert_bias` is applied after each
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -67,6 +69,33 @@ from mllm.ops import mesh as on_mesh
 # ---------------------------------------------------------------------------------------------
 
 
+def _check_choices(num_experts: int, top_k: int, router: str, dispatch: str, noise: str) -> None:
+  """ValueError for a layer built by hand with choices no config would pass (validation checks
+  the config's)."""
+  if not 1 <= top_k <= num_experts:
+    raise ValueError(f'top_k={top_k} must be in [1, num_experts={num_experts}]')
+  if router not in ROUTERS or dispatch not in DISPATCHES or noise not in NOISES:
+    raise ValueError(
+      f'router {router!r} / dispatch {dispatch!r} / noise {noise!r}; allowed: '
+      f'{ROUTERS}, {DISPATCHES}, {NOISES}'
+    )
+
+
+def _router_params(d_model: int, num_experts: int, init_std: float, noise: str, param_dtype, rngs):
+  """The router's [d_model, E] matrix, and noisy top-k's noise matrix (else None)."""
+  init = nnx.initializers.normal(init_std)
+  router = nnx.Param(
+    init(rngs.params(), (d_model, num_experts), param_dtype), logical_axes=('embed', None)
+  )
+  # Shazeer et al. initialise the noise matrix to zero: noise of std softplus(0) ≈ 0.69 at first.
+  noise_router = (
+    nnx.Param(jnp.zeros((d_model, num_experts), param_dtype), logical_axes=('embed', None))
+    if noise == 'noisy_topk'
+    else None
+  )
+  return router, noise_router
+
+
 class MoE(nnx.Module):
   """Router + E routed experts (+ shared experts), in place of an FFN: [B, T, D] → [B, T, D].
 
@@ -102,58 +131,36 @@ class MoE(nnx.Module):
     param_dtype=jnp.float32,
     rngs: nnx.Rngs,
   ):
-    if not 1 <= top_k <= num_experts:
-      raise ValueError(f'top_k={top_k} must be in [1, num_experts={num_experts}]')
-    if router not in ROUTERS or dispatch not in DISPATCHES or noise not in NOISES:
-      raise ValueError(
-        f'router {router!r} / dispatch {dispatch!r} / noise {noise!r}; allowed: '
-        f'{ROUTERS}, {DISPATCHES}, {NOISES}'
-      )
+    _check_choices(num_experts, top_k, router, dispatch, noise)
     self.num_experts, self.k, self.router_kind = num_experts, top_k, router
     self.renormalize, self.dispatch, self.capacity_factor = renormalize, dispatch, capacity_factor
     self.grouped_matmul = grouped_matmul
     self.noise, self.noise_alpha = noise, noise_alpha
     self.force_uniform_routing = force_uniform_routing
-    init = nnx.initializers.normal(init_std)
-    self.router = nnx.Param(
-      init(rngs.params(), (d_model, num_experts), param_dtype), logical_axes=('embed', None)
-    )
-    # Shazeer et al. initialise the noise matrix to zero: noise of std softplus(0) ≈ 0.69 at first.
-    self.noise_router = (
-      nnx.Param(jnp.zeros((d_model, num_experts), param_dtype), logical_axes=('embed', None))
-      if noise == 'noisy_topk'
-      else None
+    self.router, self.noise_router = _router_params(
+      d_model, num_experts, init_std, noise, param_dtype, rngs
     )
     self.expert_bias = ExpertBias(jnp.zeros((num_experts,), jnp.float32)) if expert_bias else None
     # As nnx.Dropout: a 'dropout' stream (the train step reseeds it from (seed, step), so a
     # resumed run draws the same noise) and `deterministic`, which model.eval() sets.
     self.deterministic = False
     self.rngs = rngs['dropout'].fork() if noise != 'none' else None
-    self.experts = Experts(
-      num_experts,
-      d_model,
-      expert_d_ff,
-      ffn_kind,
+    experts = functools.partial(
+      Experts,
+      d_model=d_model,
+      ffn_kind=ffn_kind,
       init_std=init_std,
-      out_std=out_std,
       dtype=dtype,
       param_dtype=param_dtype,
       rngs=rngs,
     )
-    # shared_out_std: the shared experts' down projection, whose fan-in (shared_d_ff) may differ
-    # from the routed experts'; None: out_std.
-    shared_out_std = out_std if shared_out_std is None else shared_out_std
+    self.experts = experts(num_experts, d_ff=expert_d_ff, out_std=out_std)
+    # shared_out_std (None: out_std): the shared down projection's fan-in may differ (shared_d_ff).
     self.shared = (
-      Experts(
+      experts(
         num_shared_experts,
-        d_model,
-        shared_d_ff or expert_d_ff,
-        ffn_kind,
-        init_std=init_std,
-        out_std=shared_out_std,
-        dtype=dtype,
-        param_dtype=param_dtype,
-        rngs=rngs,
+        d_ff=shared_d_ff or expert_d_ff,
+        out_std=out_std if shared_out_std is None else shared_out_std,
       )
       if num_shared_experts
       else None
