@@ -138,23 +138,7 @@ def _generate(config) -> None:
       'cluster variables (JAX_COORDINATOR_ADDRESS, SLURM_NTASKS > 1, ...)',
     )
   workdir = _workdir()
-  prompts = [_PROMPT.value] if _PROMPT.value is not None else []
-  if _PROMPT_FILE.value:
-    try:
-      with open(_PROMPT_FILE.value, encoding='utf-8') as f:
-        prompts += [line.rstrip('\n') for line in f if line.strip()]
-    except (OSError, UnicodeDecodeError) as err:
-      raise InputError(
-        '--prompt_file',
-        _PROMPT_FILE.value,
-        f'cannot be read ({err}); allowed: a UTF-8 text file with one prompt per line',
-      ) from None
-  if not prompts:
-    raise InputError(
-      '--prompt',
-      None,
-      'no prompt given; allowed: --prompt=TEXT or --prompt_file=FILE with one prompt per line',
-    )
+  prompts = _prompts()
   model, tokenizer, step, _ = load_run(workdir, config)
   timings = {}
   streaming = len(prompts) == 1  # one prompt: print its text as it is produced
@@ -187,6 +171,28 @@ def _generate(config) -> None:
     f"({timings['new_tokens'] / decode_s:,.0f} tok/s); compile {timings['compile_s']:.1f} s",
     file=sys.stderr,
   )
+
+
+def _prompts() -> list[str]:
+  """--prompt, then --prompt_file's lines (blank ones skipped); an InputError if there are none."""
+  prompts = [_PROMPT.value] if _PROMPT.value is not None else []
+  if _PROMPT_FILE.value:
+    try:
+      with open(_PROMPT_FILE.value, encoding='utf-8') as f:
+        prompts += [line.rstrip('\n') for line in f if line.strip()]
+    except (OSError, UnicodeDecodeError) as err:
+      raise InputError(
+        '--prompt_file',
+        _PROMPT_FILE.value,
+        f'cannot be read ({err}); allowed: a UTF-8 text file with one prompt per line',
+      ) from None
+  if not prompts:
+    raise InputError(
+      '--prompt',
+      None,
+      'no prompt given; allowed: --prompt=TEXT or --prompt_file=FILE with one prompt per line',
+    )
+  return prompts
 
 
 def _import(config) -> None:

@@ -163,19 +163,8 @@ class Transformer(nnx.Module):
     return_moe_stats: bool = False,
     cache: KVCache | None = None,
   ):
-    B, T = tokens_BT.shape
     if positions is None:
-      if cache is not None:  # each sequence continues after the latest position in its cache
-        start_B = jnp.max(cache.positions, axis=1) + 1
-        positions = start_B[:, None] + jnp.arange(T, dtype=jnp.int32)
-      else:
-        table = self.position.max_positions
-        if table is not None and table < T:
-          raise ValueError(
-            f'sequence length {T} exceeds model.max_seq_len={table}, the '
-            'size of the learned position table'
-          )
-        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+      positions = self._default_positions(tokens_BT, cache)
     x_BTD = self.embed(tokens_BT)
     if self.embed_scale != 1.0:  # e.g. √d: token vectors on the scale of added sinusoids
       x_BTD = x_BTD * jnp.asarray(self.embed_scale, x_BTD.dtype)
@@ -186,38 +175,10 @@ class Transformer(nnx.Module):
       mask = AttentionMask(
         causal=True, window=self.window, q_segment_ids=segment_ids, kv_segment_ids=segment_ids
       )
+      writes = None
     else:
-      slots = write_slots(positions, cache.size)
-      first = writes_first(T, self.window)
-      new_positions = scatter(cache.positions, positions, slots)
-      kv_positions = (
-        new_positions if first else jnp.concatenate([cache.positions, positions], axis=1)
-      )
-      context = self.position.context(positions, kv_positions)
-      mask = AttentionMask(
-        causal=True, window=self.window, q_positions=positions, kv_positions=kv_positions
-      )
-    if self.scan_layers:
-      x_BTD, stats, kv = _scan_blocks(
-        x_BTD,
-        self.blocks,
-        context,
-        mask,
-        self.remat,
-        None if cache is None else (cache, slots, first),
-      )
-    else:
-      per_layer = []
-      kv = None if cache is None else (cache.k, cache.v)
-      for i, block in enumerate(self.blocks):
-        layer_cache = None if cache is None else LayerCache(*kv, i, slots, first)
-        x_BTD, layer_stats, layer_kv = _call_block(
-          block, x_BTD, context, mask, self.remat, layer_cache
-        )
-        per_layer.append(layer_stats)
-        kv = layer_kv
-      per_layer = [s for s in per_layer if s is not None]
-      stats = jax.tree.map(lambda *xs: jnp.stack(xs), *per_layer) if per_layer else {}
+      context, mask, writes, new_positions = self._cached_context(positions, cache)
+    x_BTD, stats, kv = self._blocks(x_BTD, context, mask, cache, writes)
     if self.final_norm is not None:
       x_BTD = self.final_norm(x_BTD)
     logits_BTV = self.embed.attend(x_BTD) if self.head is None else self.head(x_BTD)
@@ -226,6 +187,57 @@ class Transformer(nnx.Module):
       new_cache = KVCache(k=kv[0], v=kv[1], positions=new_positions)
       return logits_BTV, new_cache
     return (logits_BTV, stats or {}) if return_moe_stats else logits_BTV
+
+  def _default_positions(self, tokens_BT, cache: KVCache | None):
+    """0..T−1, or with a cache each sequence's next positions after the latest it holds."""
+    B, T = tokens_BT.shape
+    if cache is not None:  # each sequence continues after the latest position in its cache
+      start_B = jnp.max(cache.positions, axis=1) + 1
+      return start_B[:, None] + jnp.arange(T, dtype=jnp.int32)
+    table = self.position.max_positions
+    if table is not None and table < T:
+      raise ValueError(
+        f'sequence length {T} exceeds model.max_seq_len={table}, the '
+        'size of the learned position table'
+      )
+    return jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+
+  def _cached_context(self, positions, cache: KVCache):
+    """(position context, mask, (write slots, whether writes come first), the cache's new
+    positions) of a pass that reads and extends `cache`."""
+    slots = write_slots(positions, cache.size)
+    first = writes_first(positions.shape[1], self.window)
+    new_positions = scatter(cache.positions, positions, slots)
+    kv_positions = new_positions if first else jnp.concatenate([cache.positions, positions], axis=1)
+    context = self.position.context(positions, kv_positions)
+    mask = AttentionMask(
+      causal=True, window=self.window, q_positions=positions, kv_positions=kv_positions
+    )
+    return context, mask, (slots, first), new_positions
+
+  def _blocks(self, x_BTD, context, mask, cache: KVCache | None, writes):
+    """(x after every block, the MoE statistics stacked in layer order, the cache's (k, v))."""
+    if self.scan_layers:
+      return _scan_blocks(
+        x_BTD,
+        self.blocks,
+        context,
+        mask,
+        self.remat,
+        None if cache is None else (cache, *writes),
+      )
+    per_layer = []
+    kv = None if cache is None else (cache.k, cache.v)
+    for i, block in enumerate(self.blocks):
+      layer_cache = None if cache is None else LayerCache(*kv, i, *writes)
+      x_BTD, layer_stats, layer_kv = _call_block(
+        block, x_BTD, context, mask, self.remat, layer_cache
+      )
+      per_layer.append(layer_stats)
+      kv = layer_kv
+    per_layer = [s for s in per_layer if s is not None]
+    stats = jax.tree.map(lambda *xs: jnp.stack(xs), *per_layer) if per_layer else {}
+    return x_BTD, stats, kv
 
 
 def _call_block(block: Block, x_BTD, context, mask, remat: str, cache=None):

@@ -73,12 +73,8 @@ BOOL_KEYS = (
 )
 
 
-def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
-  """Check the `model` part of a config; raise ConfigError on the first problem."""
-  p = prefix
-  if not isinstance(m, config_dict.ConfigDict):
-    raise ConfigError(p, m, 'must be a config section (a ConfigDict)')
-  check_finite(m, f'{p}.')
+def _check_model_scalars(m: config_dict.ConfigDict, p: str) -> None:
+  """The model section's own keys: sizes, what may be None, booleans, init, dtypes, rates."""
   for key in ('vocab_size', 'd_model', 'n_layers', 'n_heads', 'n_kv_heads', 'max_seq_len'):
     value = m[key]
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -111,6 +107,14 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
   rate(f'{p}.dropout', m.dropout)
   rate(f'{p}.embed_dropout', m.embed_dropout)
 
+
+def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
+  """Check the `model` part of a config; raise ConfigError on the first problem."""
+  p = prefix
+  if not isinstance(m, config_dict.ConfigDict):
+    raise ConfigError(p, m, 'must be a config section (a ConfigDict)')
+  check_finite(m, f'{p}.')
+  _check_model_scalars(m, p)
   if m.n_kv_heads > m.n_heads or m.n_heads % m.n_kv_heads:
     raise ConfigError(
       f'{p}.n_kv_heads',

@@ -68,13 +68,9 @@ def generate_tokens(
       f'the longest prompt ({max(lengths)} tokens) plus max_new_tokens '
       f'({max_new_tokens}) exceeds the cache (max_len={max_len})'
     )
-  tokens, positions, seen = _prompt_arrays(prompts, width, model.embed.num_embeddings)
+  chunks, seen = _prompt_chunks(prompts, width, chunk, model.embed.num_embeddings)
   cache = empty_cache_for(model, len(prompts), max_len)
   graphdef, state = nnx.split(model)
-  chunks = [
-    (jnp.asarray(tokens[:, i : i + chunk]), jnp.asarray(positions[:, i : i + chunk]))
-    for i in range(0, width, chunk)
-  ]
   decode_kwargs = dict(
     max_new_tokens=max_new_tokens,
     eos_id=-1 if eos_id is None else eos_id,
@@ -99,9 +95,10 @@ def generate_tokens(
   return [out[b, : count[b]].tolist() for b in range(len(prompts))]
 
 
-def _prompt_arrays(prompts: list[list[int]], width: int, vocab: int):
-  """Right-padded prompt tokens and positions [B, width] (-1: padding, never attended) and which
-  tokens each prompt holds [B, vocab] (for the repetition penalty)."""
+def _prompt_chunks(prompts: list[list[int]], width: int, chunk: int, vocab: int):
+  """The right-padded prompts as prefill chunks of (tokens, positions) [B, chunk] (position -1:
+  padding, never attended), and which tokens each prompt holds [B, vocab] (for the repetition
+  penalty)."""
   tokens = np.zeros((len(prompts), width), np.int32)
   positions = np.full((len(prompts), width), -1, np.int32)
   seen = np.zeros((len(prompts), vocab), bool)
@@ -109,7 +106,11 @@ def _prompt_arrays(prompts: list[list[int]], width: int, vocab: int):
     tokens[b, : len(prompt)] = prompt
     positions[b, : len(prompt)] = np.arange(len(prompt))
     seen[b, prompt] = True
-  return tokens, positions, seen
+  chunks = [
+    (jnp.asarray(tokens[:, i : i + chunk]), jnp.asarray(positions[:, i : i + chunk]))
+    for i in range(0, width, chunk)
+  ]
+  return chunks, seen
 
 
 def _compile(graphdef, state, first_chunk, cache, seen, seed: int, decode_kwargs: dict):

@@ -2,9 +2,10 @@
 
 A folder as transformers' `save_pretrained` writes it: config.json and model.safetensors (or
 shards with model.safetensors.index.json), and the tokenizer's files. Families: Llama, Mistral,
-Qwen2, Qwen3, GPT-2, Mixtral, Qwen3-MoE. The config mapping is `hf_config.py`, the weight mapping
-`hf_weights.py`; both are exact (no approximation) and strict both ways: a setting one side cannot
-represent is a one-line error naming it, and so is a checkpoint with weights missing or left over.
+Qwen2, Qwen3, GPT-2, Mixtral, Qwen3-MoE. The config mapping is `hf_config.py` (import) and
+`hf_config_export.py`, the weight mapping `hf_weights.py`; all are exact (no approximation) and
+strict both ways: a setting one side cannot represent is a one-line error naming it, and so is a
+checkpoint with weights missing or left over.
 """
 
 from __future__ import annotations
@@ -27,12 +28,10 @@ from mllm.interop.hf_config import (
   FAMILIES,
   HFExportError,
   HFImportError,
-  check_exact,
   config_overrides,
-  family_for,
   family_of,
-  hf_config,
 )
+from mllm.interop.hf_config_export import check_exact, family_for, hf_config
 from mllm.model import SAVED, build_model, placeholder_rest
 from mllm.validation import validate
 

@@ -109,28 +109,23 @@ def cudnn_attention(
   if bias is not None:  # cuDNN reads the bias in the input dtype: bf16 rounds large ALiBi terms
     dense_bias = bias.materialize()
     dense_bias = dense_bias.astype(q_BTNH.dtype) if implementation == 'cudnn' else dense_bias
-  if plain:
+  if plain:  # cuDNN's own causal mask and window: no dense mask
     window = None if mask.window is None else (mask.window - 1, 0)
-    return jax.nn.dot_product_attention(
-      q_BTNH,
-      k_BSKH,
-      v_BSKH,
-      bias=dense_bias,
-      scale=scale,
-      is_causal=mask.causal,
-      local_window_size=window,
-      implementation=implementation,
-    )
-  allowed = mask.allowed(T, S)  # [B|1, 1, T, S]
+    masking = dict(is_causal=mask.causal, local_window_size=window)
+  else:
+    allowed = mask.allowed(T, S)  # [B|1, 1, T, S]
+    masking = dict(mask=allowed)
   out = jax.nn.dot_product_attention(
     q_BTNH,
     k_BSKH,
     v_BSKH,
     bias=dense_bias,
-    mask=allowed,
     scale=scale,
     implementation=implementation,
+    **masking,
   )
+  if plain:
+    return out
   # A query that sees no key gets zeros here too (dot_product_attention would average).
   return jnp.where(jnp.any(allowed, axis=-1)[:, 0, :, None, None], out, 0).astype(q_BTNH.dtype)
 

@@ -104,6 +104,21 @@ def tile_problem(key: str, value: int) -> str | None:
   return None
 
 
+def _segment_ids(mask, B: int, T: int, S: int, Tp: int, Sp: int):
+  """(query ids [B, T], key ids [B, S], both padded to [B, Tp] / [B, Sp]): the caller's segment
+  ids (or 0); a padded key gets an id below every query's, so no query sees it."""
+  segments = mask.q_segment_ids is not None
+
+  def ids(x, length):
+    return jnp.broadcast_to(jnp.asarray(x if segments else 0, jnp.int32), (B, length))
+
+  q_ids, kv_ids = ids(mask.q_segment_ids, T), ids(mask.kv_segment_ids, S)
+  pad_id = jnp.minimum(jnp.min(q_ids), jnp.min(kv_ids)) - 1
+  q_ids_p = pad_to(q_ids, 1, Tp, 'edge')
+  kv_ids_p = jnp.where(jnp.arange(Sp) < S, pad_to(kv_ids, 1, Sp), pad_id)
+  return q_ids, kv_ids, q_ids_p, kv_ids_p
+
+
 def splash_attention(
   q_BTNH,
   k_BSKH,
@@ -145,14 +160,7 @@ def splash_attention(
   segments = mask.q_segment_ids is not None
   q_ids = kv_ids = None
   if segments or Sp > S:
-    # Real ids are the caller's (or 0); a padded key gets an id below every query's.
-    def ids(x, length):
-      return jnp.broadcast_to(jnp.asarray(x if segments else 0, jnp.int32), (B, length))
-
-    q_ids, kv_ids = ids(mask.q_segment_ids, T), ids(mask.kv_segment_ids, S)
-    pad_id = jnp.minimum(jnp.min(q_ids), jnp.min(kv_ids)) - 1
-    q_ids_p = pad_to(q_ids, 1, Tp, 'edge')
-    kv_ids_p = jnp.where(jnp.arange(Sp) < S, pad_to(kv_ids, 1, Sp), pad_id)
+    q_ids, kv_ids, q_ids_p, kv_ids_p = _segment_ids(mask, B, T, S, Tp, Sp)
     out = jax.vmap(lambda q, k, v, qi, ki: kernel(q, k, v, segment_ids=sa.SegmentIds(qi, ki)))(
       q, k, v, q_ids_p, kv_ids_p
     )

@@ -75,13 +75,16 @@ def xla_attention(
     preferred_element_type=jnp.float32,
   )
   if rel_values is not None:
-    n_rel = rel_values.table.shape[0]
-    onehot_BTSR = jax.nn.one_hot(rel_values.index, n_rel, dtype=jnp.float32)
-    weights_BKGTR = jnp.einsum('bkgts,btsr->bkgtr', probs_BKGTS, onehot_BTSR)
-    out_BTKGH = out_BTKGH + jnp.einsum(
-      'bkgtr,rh->btkgh', weights_BKGTR, rel_values.table.astype(jnp.float32)
-    )
+    out_BTKGH = out_BTKGH + _relative_values(probs_BKGTS, rel_values)
   return out_BTKGH.reshape(B, T, N, H).astype(q_BTNH.dtype)
+
+
+def _relative_values(probs_BKGTS, rel_values: RelativeValues):
+  """Shaw et al. 2018, Eq. 3's second term: sum_j p_ij a^V_ij, from the table of R embeddings."""
+  n_rel = rel_values.table.shape[0]
+  onehot_BTSR = jax.nn.one_hot(rel_values.index, n_rel, dtype=jnp.float32)
+  weights_BKGTR = jnp.einsum('bkgts,btsr->bkgtr', probs_BKGTS, onehot_BTSR)
+  return jnp.einsum('bkgtr,rh->btkgh', weights_BKGTR, rel_values.table.astype(jnp.float32))
 
 
 # ---------------------------------------------------------------------------------------------
