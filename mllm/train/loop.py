@@ -10,11 +10,14 @@ feeds its own rows of the batch (`jax.make_array_from_process_local_data`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import signal
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -207,6 +210,8 @@ def _restore_or_init(config, workdir, ckpt, train_setup, init, iterator) -> tupl
 
 
 def _train(config, workdir, stop_after, progress, mesh, train_setup, init, ckpt, closing) -> dict:
+  """`train` once the mesh, the model and the checkpointer exist: the data, the steps and the
+  start state, then the loop (`closing` closes what this opens on every exit)."""
   from mllm.data import build_data
 
   t = config.train
@@ -223,33 +228,67 @@ def _train(config, workdir, stop_after, progress, mesh, train_setup, init, ckpt,
   start, state = _restore_or_init(config, workdir, ckpt, train_setup, init, iterator)
   end = t.steps if stop_after is None else min(t.steps, stop_after)
   if start == end == 0:  # stop_after=0: save the initial state (launch.py --mode=import)
-    ckpt.save(0, state, iterator, saved_config)
-    ckpt.wait()
-    return {
-      'step': 0,
-      'train_loss': float('nan'),
-      'eval': None,
-      'interrupted': None,
-      'workdir': workdir,
-    }
+    return _save_initial_state(ckpt, state, iterator, saved_config, workdir)
+  writer = _metrics_writer(workdir, t, start)
+  closing.callback(writer.close)
+
+  counts = count_params(config)
+  device = jax.devices()[0]
+  loop = _Loop(
+    config=config,
+    workdir=workdir,
+    mesh=mesh,
+    ckpt=ckpt,
+    data=data,
+    iterator=iterator,
+    saved_config=saved_config,
+    train_step=train_step,
+    eval_step=eval_step,
+    writer=writer,
+    tokens_per_step=config.data.batch_size * config.data.seq_len,
+    flops_per_token=training_flops_per_token(config, config.data.seq_len, counts).total,
+    peak=peak_flops_per_device(device.device_kind, config.model.dtype, t.peak_flops),
+    bar=Progress(end, start, log_every=t.log_every, enabled=progress),
+    start=start,
+    end=end,
+    state=state,
+  )
+  _print_start(loop.bar, config, workdir, mesh, data, counts, device, start)
+  if start >= end:  # resumed at its last step: report the losses it ended with, not NaN
+    loop.loss = _last_train_loss(writer.path, start)
+  loop.run()
+  return loop.finish()
+
+
+def _save_initial_state(ckpt, state, iterator, saved_config, workdir) -> dict:
+  """Save the state as step 0 and return the summary of a run that took no step."""
+  ckpt.save(0, state, iterator, saved_config)
+  ckpt.wait()
+  return {
+    'step': 0,
+    'train_loss': float('nan'),
+    'eval': None,
+    'interrupted': None,
+    'workdir': workdir,
+  }
+
+
+def _metrics_writer(workdir, t, start: int) -> MetricsWriter:
+  """The run's MetricsWriter, resuming at step `start` (t: config.train)."""
 
   # Records after the resumed step are replayed; so is the final eval of a finished run.
   def keep(record) -> bool:
     final_eval = record['split'] == 'eval' and start == t.steps
     return record['step'] < start or (record['step'] == start and not final_eval)
 
-  writer = MetricsWriter(workdir, tensorboard=t.tensorboard, resume_step=start, keep=keep)
-  closing.callback(writer.close)
+  return MetricsWriter(workdir, tensorboard=t.tensorboard, resume_step=start, keep=keep)
 
-  counts = count_params(config)
-  tokens_per_step = config.data.batch_size * config.data.seq_len
-  flops_per_token = training_flops_per_token(config, config.data.seq_len, counts).total
-  device = jax.devices()[0]
-  peak = peak_flops_per_device(device.device_kind, config.model.dtype, t.peak_flops)
-  bar = Progress(end, start, log_every=t.log_every, enabled=progress)
-  note = training_note(config.model.moe) if moe_layers(config.model) else None
-  if note:
-    bar.print(f'note: {note}')
+
+def _print_start(bar, config, workdir, mesh, data, counts, device, start: int) -> None:
+  """The notes for the run (MoE training, an empty validation split) and the line it starts with."""
+  moe_note = training_note(config.model.moe) if moe_layers(config.model) else None
+  if moe_note:
+    bar.print(f'note: {moe_note}')
   if not data.stats['val']['tokens']:
     bar.print(
       f'note: the validation split is empty (data.val_fraction={config.data.val_fraction} '
@@ -261,104 +300,176 @@ def _train(config, workdir, stop_after, progress, mesh, train_setup, init, ckpt,
     + ' × '.join(f'{k}={v}' for k, v in mesh.shape.items())
   )
 
-  step, last_saved, loss, compile_s, last_eval = start, start, float('nan'), 0.0, None
-  interrupted = None  # the signal that stopped the job (in any of its processes)
-  if start >= end:  # resumed at its last step: report the losses it ended with, not NaN
-    loss = _last_train_loss(writer.path, start)
-  times = []
-  with _StopRequest() as stop:
-    try:
-      while step < end:
-        batch = global_batch(next(iterator), mesh)
-        t0 = time.perf_counter()
-        state, metrics = train_step(state, batch)
-        # Reading the loss blocks on the step: it also avoids the multi-device CPU rendezvous
-        # deadlock between consecutive steps that XLA:CPU can otherwise hit.
-        loss = float(metrics['loss'])
-        dt = time.perf_counter() - t0
-        step += 1
-        if not math.isfinite(loss) or not bool(metrics['params_finite']):
-          what = f'loss is {loss}' if not math.isfinite(loss) else 'the update overflowed'
-          raise TrainingDiverged(
-            f'{what} at step {step}; stopped without saving that state. The latest '
-            f'checkpoint is step {ckpt.latest_step()}; lower train.learning_rate or raise '
-            'train.warmup_steps',
-            step,
-          )
-        if step == start + 1:
-          compile_s = dt  # the first call compiles
-        else:
-          times.append(dt)
-        tok_s = tokens_per_step / dt
-        mfu = (flops_per_token * tok_s / (peak * jax.device_count())) if peak else None
-        moe = jax.device_get(metrics['moe']) if 'moe' in metrics else None
-        bar.update(
-          step,
-          f'loss {loss:.4f}  {tok_s:,.0f} tok/s  {dt * 1e3:.0f} ms/step'
-          + (f'  MFU {mfu:.1%}' if mfu is not None else '')
-          + (
-            f"  drop {np.mean(moe['drop_rate']):.1%}  max/mean load "
-            f"{np.mean(moe['load_max_over_mean']):.2f}"
-            if moe
-            else ''
-          ),
-        )
-        if step % t.log_every == 0 or step == end:
-          writer.write(
-            step,
-            'train',
-            {
-              'loss': loss,
-              'grad_norm': metrics['grad_norm'],
-              'learning_rate': metrics['learning_rate'],
-              'tokens_per_s': tok_s,
-              'step_time_s': dt,
-              'mfu': mfu,
-              'tokens_seen': step * tokens_per_step,
-              **(moe_records(moe, moe_layers(config.model)) if moe else {}),
-            },
-          )
-        if t.eval_every and step % t.eval_every == 0 and step < t.steps:
-          last_eval = run_eval(eval_step, state['params'], data, mesh, t.eval_batches)
-          if last_eval:
-            writer.write(step, 'eval', last_eval)
-            bar.print(f'step {step}: {_fmt_eval(last_eval)}')
-        if step % t.checkpoint_every == 0 or step == end:
-          ckpt.save(step, state, iterator, saved_config)
-          last_saved = step
-        interrupted = stop.agreed()
-        if interrupted:
-          if last_saved != step:
-            ckpt.save(step, state, iterator, saved_config)
-            last_saved = step
-          bar.print(f'{interrupted}: saved step {step} in {ckpt.directory}; run again to resume')
-          break
-    finally:
-      bar.close()
-  ckpt.wait()  # the last save is committed before the run reports itself done
-  if step == t.steps and not interrupted:
-    last_eval = run_eval(eval_step, state['params'], data, mesh, t.eval_batches)
-    if last_eval:
-      writer.write(step, 'eval', last_eval)
-  writer.close()
-  plot = None
-  if jax.process_index() == 0 and os.path.exists(writer.path):
-    plot = plot_losses(writer.path, RunDir(workdir).loss_plot)
-  median = float(np.median(times)) if times else float('nan')
-  summary = {
-    'step': step,
-    'train_loss': loss,
-    'eval': last_eval,
-    'compile_s': compile_s,
-    'median_step_s': median,
-    'tokens_per_s': tokens_per_step / median if times else None,
-    'interrupted': interrupted,
-    'workdir': workdir,
-    'plot': plot,
-    'nothing_left': start >= end,
-  }
-  bar.print(_summary_line(summary))
-  return summary
+
+@dataclasses.dataclass
+class _Loop:
+  """The steps of one `train` call: what they use, and what they carry from one step to the next
+  and into the summary."""
+
+  config: Any
+  workdir: str
+  mesh: jax.sharding.Mesh
+  ckpt: Checkpointer
+  data: Any
+  iterator: Any  # the training batches; saved with each checkpoint
+  saved_config: dict
+  train_step: Callable
+  eval_step: Callable
+  writer: MetricsWriter
+  tokens_per_step: int
+  flops_per_token: float
+  peak: float | None  # FLOP/s of one device; None where unknown (no MFU)
+  bar: Progress
+  start: int
+  end: int
+  state: dict  # the train state: step, params, opt_state, rng
+  step: int = dataclasses.field(init=False)
+  last_saved: int = dataclasses.field(init=False)
+  loss: float = float('nan')
+  compile_s: float = 0.0
+  last_eval: dict | None = None
+  interrupted: str | None = None  # the signal that stopped the job (in any of its processes)
+  times: list[float] = dataclasses.field(default_factory=list)  # step times after the first
+
+  def __post_init__(self):
+    self.step = self.last_saved = self.start
+
+  def run(self) -> None:
+    """Step until `end`, or until a stop request (SIGTERM, SIGINT), which saves the step reached."""
+    with _StopRequest() as stop:
+      try:
+        while self.step < self.end:
+          metrics, dt = self._take_step()
+          self._report(metrics, dt)
+          self._evaluate_and_save()
+          self.interrupted = stop.agreed()
+          if self.interrupted:
+            self._save_for_resume()
+            break
+      finally:
+        self.bar.close()
+
+  def _take_step(self) -> tuple[dict, float]:
+    """Run one training step: (its metrics, its seconds). Raises TrainingDiverged, before the new
+    state can be saved, when the loss or the new parameters are not finite."""
+    batch = global_batch(next(self.iterator), self.mesh)
+    t0 = time.perf_counter()
+    self.state, metrics = self.train_step(self.state, batch)
+    # Reading the loss blocks on the step: it also avoids the multi-device CPU rendezvous
+    # deadlock between consecutive steps that XLA:CPU can otherwise hit.
+    self.loss = loss = float(metrics['loss'])
+    dt = time.perf_counter() - t0
+    self.step += 1
+    if not math.isfinite(loss) or not bool(metrics['params_finite']):
+      what = f'loss is {loss}' if not math.isfinite(loss) else 'the update overflowed'
+      raise TrainingDiverged(
+        f'{what} at step {self.step}; stopped without saving that state. The latest '
+        f'checkpoint is step {self.ckpt.latest_step()}; lower train.learning_rate or raise '
+        'train.warmup_steps',
+        self.step,
+      )
+    if self.step == self.start + 1:
+      self.compile_s = dt  # the first call compiles
+    else:
+      self.times.append(dt)
+    return metrics, dt
+
+  def _report(self, metrics: dict, dt: float) -> None:
+    """Show the step on the progress bar; write its train record every log_every steps and at
+    the end."""
+    step, loss = self.step, self.loss
+    tok_s = self.tokens_per_step / dt
+    mfu = (self.flops_per_token * tok_s / (self.peak * jax.device_count())) if self.peak else None
+    moe = jax.device_get(metrics['moe']) if 'moe' in metrics else None
+    self.bar.update(step, _step_info(loss, tok_s, dt, mfu, moe))
+    if step % self.config.train.log_every == 0 or step == self.end:
+      self.writer.write(
+        step,
+        'train',
+        {
+          'loss': loss,
+          'grad_norm': metrics['grad_norm'],
+          'learning_rate': metrics['learning_rate'],
+          'tokens_per_s': tok_s,
+          'step_time_s': dt,
+          'mfu': mfu,
+          'tokens_seen': step * self.tokens_per_step,
+          **(moe_records(moe, moe_layers(self.config.model)) if moe else {}),
+        },
+      )
+
+  def _evaluate_and_save(self) -> None:
+    """Evaluate every eval_every steps (the last step's eval comes after the loop); save every
+    checkpoint_every steps and at the end."""
+    t, step = self.config.train, self.step
+    if t.eval_every and step % t.eval_every == 0 and step < t.steps:
+      self.last_eval = run_eval(
+        self.eval_step, self.state['params'], self.data, self.mesh, t.eval_batches
+      )
+      if self.last_eval:
+        self.writer.write(step, 'eval', self.last_eval)
+        self.bar.print(f'step {step}: {_fmt_eval(self.last_eval)}')
+    if step % t.checkpoint_every == 0 or step == self.end:
+      self._save()
+
+  def _save(self) -> None:
+    """Save the step reached (train state and data position)."""
+    self.ckpt.save(self.step, self.state, self.iterator, self.saved_config)
+    self.last_saved = self.step
+
+  def _save_for_resume(self) -> None:
+    """On a stop request: save the step reached (unless just saved) and say how to resume."""
+    if self.last_saved != self.step:
+      self._save()
+    self.bar.print(
+      f'{self.interrupted}: saved step {self.step} in {self.ckpt.directory}; run again to resume'
+    )
+
+  def finish(self) -> dict:
+    """After the loop: wait for the last save, evaluate a finished run, close the metrics, plot
+    the losses; print and return the summary."""
+    t, step = self.config.train, self.step
+    self.ckpt.wait()  # the last save is committed before the run reports itself done
+    if step == t.steps and not self.interrupted:
+      self.last_eval = run_eval(
+        self.eval_step, self.state['params'], self.data, self.mesh, t.eval_batches
+      )
+      if self.last_eval:
+        self.writer.write(step, 'eval', self.last_eval)
+    self.writer.close()
+    plot = None
+    if jax.process_index() == 0 and os.path.exists(self.writer.path):
+      plot = plot_losses(self.writer.path, RunDir(self.workdir).loss_plot)
+    times = self.times
+    median = float(np.median(times)) if times else float('nan')
+    summary = {
+      'step': step,
+      'train_loss': self.loss,
+      'eval': self.last_eval,
+      'compile_s': self.compile_s,
+      'median_step_s': median,
+      'tokens_per_s': self.tokens_per_step / median if times else None,
+      'interrupted': self.interrupted,
+      'workdir': self.workdir,
+      'plot': plot,
+      'nothing_left': self.start >= self.end,
+    }
+    self.bar.print(_summary_line(summary))
+    return summary
+
+
+def _step_info(loss: float, tok_s: float, dt: float, mfu: float | None, moe: dict | None) -> str:
+  """The progress bar's text for a step: loss, speed, MFU where known, MoE drop rate and load."""
+  return (
+    f'loss {loss:.4f}  {tok_s:,.0f} tok/s  {dt * 1e3:.0f} ms/step'
+    + (f'  MFU {mfu:.1%}' if mfu is not None else '')
+    + (
+      f"  drop {np.mean(moe['drop_rate']):.1%}  max/mean load "
+      f"{np.mean(moe['load_max_over_mean']):.2f}"
+      if moe
+      else ''
+    )
+  )
 
 
 def _last_train_loss(metrics_path: str, step: int) -> float:

@@ -63,93 +63,21 @@ def make_train_step(train_setup: TrainSetup):
   the global batch's expert counts f (a forward pass over the micro-batches finds them first, one
   extra forward per step), so it and the update equal those of the whole batch at once.
   """
-  cfg = train_setup.config
-  accum = cfg.train.grad_accum_steps
-  moe = cfg.model.moe
-  has_moe = bool(moe_layers(cfg.model))
-  stochastic = _is_stochastic(cfg.model)
-
-  def objective(params, batch, key, n_tokens, counts_LE):
-    """(this micro-batch's share of the objective, (its loss sum, its MoE stats)). Differentiated
-    with respect to all saved variables (NNX's scan refuses variables traced at another level);
-    the ExpertBias gradient is zero (it only selects) and is dropped."""
-    losses, stats = _forward(train_setup, params, batch, train=True, dropout_key=key)
-    value = losses.sum() / n_tokens
-    if has_moe:
-      counts = stats['tokens_per_expert'] if counts_LE is None else counts_LE
-      balance = balancing_objective(counts, stats['mean_prob'], moe.top_k, moe.balance_convention)
-      value += (moe.balance_coef * balance + moe.z_loss_coef * jnp.mean(stats['z_loss'])) / accum
-    return value, (losses.sum(), stats)
-
-  grad_fn = jax.value_and_grad(objective, has_aux=True)
+  parts = _StepParts(train_setup)
 
   def step(state: TrainState, batch) -> tuple[TrainState, dict]:
     params = state['params']
     key = jax.random.fold_in(jax.random.wrap_key_data(state['rng']), state['step'])
     n_tokens = jnp.maximum(batch['loss_mask'].sum(), 1.0)
-    if accum == 1:
-      (_, (loss_sum, stats)), grads = grad_fn(
-        params, batch, key if stochastic else None, n_tokens, None
+    if parts.accum == 1:
+      (_, (loss_sum, stats)), grads = parts.grad_fn(
+        params, batch, parts.dropout_key(key), n_tokens, None
       )
     else:
-      # Row r goes to micro-batch r % accum, so every micro-batch is spread over all devices.
-      micro = jax.tree.map(
-        lambda x: jnp.moveaxis(x.reshape(x.shape[0] // accum, accum, *x.shape[1:]), 1, 0), batch
-      )
-      keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(accum))
-      counts = None
-      if has_moe and moe.balance_coef > 0:
-
-        def count(carry, inputs):  # the variables ride in the carry: NNX merges them in-trace
-          total, variables = carry
-          mb, k = inputs
-          stats = _forward(
-            train_setup, variables, mb, train=True, dropout_key=k if stochastic else None
-          )[1]
-          return (total + stats['tokens_per_expert'], variables), None
-
-        shapes = jax.eval_shape(
-          lambda p, mb: _forward(train_setup, p, mb, train=True)[1], params, _first(micro)
-        )
-        (counts, _), _ = jax.lax.scan(
-          count, (_zeros(shapes['tokens_per_expert']), params), (micro, keys)
-        )
-
-      def add(carry, inputs):
-        total, variables = carry
-        mb, k = inputs
-        out = grad_fn(variables, mb, k if stochastic else None, n_tokens, counts)
-        return (jax.tree.map(jnp.add, total, out), variables), None
-
-      zeros = _zeros(jax.eval_shape(grad_fn, params, _first(micro), None, n_tokens, counts))
-      ((_, (loss_sum, stats)), grads), _ = jax.lax.scan(add, (zeros, params), (micro, keys))[0]
-      # Summed over micro-batches: counts stay sums, the per-call means become means.
-      stats = {name: v if name == 'tokens_per_expert' else v / accum for name, v in stats.items()}
-    trained, rest = split_trained(params)
+      loss_sum, stats, grads = parts.accumulated_grads(params, batch, key, n_tokens)
     grads = split_trained(grads)[0]
-    updates, opt_state = train_setup.tx.update(grads, state['opt_state'], trained)
-    trained = optax.apply_updates(trained, updates)
-    if has_moe and moe.expert_bias:
-      rest = update_expert_biases(rest, stats['tokens_per_expert'], moe.bias_update_rate)
-    new_params = nnx.merge_state(trained, rest)
-    new_state = {
-      'step': state['step'] + 1,
-      'params': new_params,
-      'opt_state': opt_state,
-      'rng': state['rng'],
-    }
-    # A finite loss can still come with an overflowing update; the loop must not save that state.
-    finite = jnp.all(jnp.stack([jnp.isfinite(p).all() for p in jax.tree.leaves(new_params)]))
-    metrics = {
-      'loss': loss_sum / n_tokens,
-      'grad_norm': optax.tree_utils.tree_norm(grads),
-      'learning_rate': train_setup.schedule(state['step']),
-      'tokens': n_tokens,
-      'params_finite': finite,
-    }
-    if has_moe:
-      metrics['moe'] = moe_metrics(stats, moe.top_k, moe.balance_convention)
-    return new_state, metrics
+    new_state = parts.updated_state(state, grads, stats)
+    return new_state, parts.metrics(state, new_state, loss_sum, stats, grads, n_tokens)
 
   metrics_sharding = replicated(train_setup.mesh)
   return jax.jit(
@@ -158,6 +86,114 @@ def make_train_step(train_setup: TrainSetup):
     in_shardings=(train_setup.shardings, batch_sharding(train_setup.mesh)),
     out_shardings=(train_setup.shardings, metrics_sharding),
   )
+
+
+class _StepParts:
+  """The pieces `make_train_step`'s `step` is traced from, with the config's switches read once
+  (the MoE settings, the number of micro-batches, whether the model draws random numbers)."""
+
+  def __init__(self, train_setup: TrainSetup):
+    cfg = train_setup.config
+    self.train_setup = train_setup
+    self.accum = cfg.train.grad_accum_steps
+    self.moe = cfg.model.moe
+    self.has_moe = bool(moe_layers(cfg.model))
+    self.stochastic = _is_stochastic(cfg.model)
+    self.grad_fn = jax.value_and_grad(self.objective, has_aux=True)
+
+  def dropout_key(self, key):
+    """`key` where the model draws random numbers (dropout, router noise), else None."""
+    return key if self.stochastic else None
+
+  def objective(self, params, batch, key, n_tokens, counts_LE):
+    """(this micro-batch's share of the objective, (its loss sum, its MoE stats)). Differentiated
+    with respect to all saved variables (NNX's scan refuses variables traced at another level);
+    the ExpertBias gradient is zero (it only selects) and is dropped."""
+    moe, accum = self.moe, self.accum
+    losses, stats = _forward(self.train_setup, params, batch, train=True, dropout_key=key)
+    value = losses.sum() / n_tokens
+    if self.has_moe:
+      counts = stats['tokens_per_expert'] if counts_LE is None else counts_LE
+      balance = balancing_objective(counts, stats['mean_prob'], moe.top_k, moe.balance_convention)
+      value += (moe.balance_coef * balance + moe.z_loss_coef * jnp.mean(stats['z_loss'])) / accum
+    return value, (losses.sum(), stats)
+
+  def accumulated_grads(self, params, batch, key, n_tokens):
+    """(loss sum, MoE stats, gradients) of the whole batch, summed by a scan over `accum`
+    micro-batches."""
+    accum = self.accum
+    # Row r goes to micro-batch r % accum, so every micro-batch is spread over all devices.
+    micro = jax.tree.map(
+      lambda x: jnp.moveaxis(x.reshape(x.shape[0] // accum, accum, *x.shape[1:]), 1, 0), batch
+    )
+    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(accum))
+    counts = None
+    if self.has_moe and self.moe.balance_coef > 0:
+      counts = self.expert_counts(params, micro, keys)
+
+    def add(carry, inputs):
+      total, variables = carry
+      mb, k = inputs
+      out = self.grad_fn(variables, mb, self.dropout_key(k), n_tokens, counts)
+      return (jax.tree.map(jnp.add, total, out), variables), None
+
+    zeros = _zeros(jax.eval_shape(self.grad_fn, params, _first(micro), None, n_tokens, counts))
+    ((_, (loss_sum, stats)), grads), _ = jax.lax.scan(add, (zeros, params), (micro, keys))[0]
+    # Summed over micro-batches: counts stay sums, the per-call means become means.
+    stats = {name: v if name == 'tokens_per_expert' else v / accum for name, v in stats.items()}
+    return loss_sum, stats, grads
+
+  def expert_counts(self, params, micro, keys):
+    """The whole batch's tokens per expert [layers, experts]: a forward pass over the
+    micro-batches, before the one that takes gradients, for the Switch loss's f."""
+    train_setup = self.train_setup
+
+    def count(carry, inputs):  # the variables ride in the carry: NNX merges them in-trace
+      total, variables = carry
+      mb, k = inputs
+      stats = _forward(train_setup, variables, mb, train=True, dropout_key=self.dropout_key(k))[1]
+      return (total + stats['tokens_per_expert'], variables), None
+
+    shapes = jax.eval_shape(
+      lambda p, mb: _forward(train_setup, p, mb, train=True)[1], params, _first(micro)
+    )
+    (counts, _), _ = jax.lax.scan(
+      count, (_zeros(shapes['tokens_per_expert']), params), (micro, keys)
+    )
+    return counts
+
+  def updated_state(self, state: TrainState, grads, stats) -> TrainState:
+    """The next state: the optimizer's update of the trained parameters from their `grads` (and,
+    with moe.expert_bias, the expert biases' update from this step's expert counts)."""
+    trained, rest = split_trained(state['params'])
+    updates, opt_state = self.train_setup.tx.update(grads, state['opt_state'], trained)
+    trained = optax.apply_updates(trained, updates)
+    if self.has_moe and self.moe.expert_bias:
+      rest = update_expert_biases(rest, stats['tokens_per_expert'], self.moe.bias_update_rate)
+    return {
+      'step': state['step'] + 1,
+      'params': nnx.merge_state(trained, rest),
+      'opt_state': opt_state,
+      'rng': state['rng'],
+    }
+
+  def metrics(self, state, new_state, loss_sum, stats, grads, n_tokens) -> dict:
+    """The step's metrics: loss, gradient norm, learning rate, tokens, whether the new parameters
+    are all finite, and the MoE routing metrics where the model has MoE layers."""
+    # A finite loss can still come with an overflowing update; the loop must not save that state.
+    finite = jnp.all(
+      jnp.stack([jnp.isfinite(p).all() for p in jax.tree.leaves(new_state['params'])])
+    )
+    metrics = {
+      'loss': loss_sum / n_tokens,
+      'grad_norm': optax.tree_utils.tree_norm(grads),
+      'learning_rate': self.train_setup.schedule(state['step']),
+      'tokens': n_tokens,
+      'params_finite': finite,
+    }
+    if self.has_moe:
+      metrics['moe'] = moe_metrics(stats, self.moe.top_k, self.moe.balance_convention)
+    return metrics
 
 
 def _first(micro_batches):
