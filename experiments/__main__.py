@@ -14,6 +14,61 @@ from experiments.suite import PRESETS, BenchmarkSuite, available, load_suite
 
 
 def main(argv=None) -> int:
+  args = _parser().parse_args(argv)
+  if args.engine == 'local' and (args.ray_address or args.resources):
+    print(
+      'error: --ray_address and --resources go with --engine=ray; allowed with '
+      '--engine=local: --jobs',
+      file=sys.stderr,
+    )
+    return 2
+  from mllm import compile_cache
+  from mllm.config import ConfigError
+
+  compile_cache.enable()  # every seed of a variant compiles the same shapes (--jobs=1 runs here)
+  try:
+    if args.seeds < 1:
+      raise ValueError(f'--seeds={args.seeds}; allowed: a positive integer')
+    suite = load_suite(args.suite)
+    if isinstance(suite, BenchmarkSuite):
+      if args.engine != 'local':
+        raise ValueError(
+          f'--engine={args.engine}; allowed for the benchmark suite '
+          f'{args.suite!r}: local (it times kernels on this machine)'
+        )
+      print(Path(run_benchmark(suite, args.preset, args.out)).read_text())
+      return 0
+    results = run_suite(
+      suite,
+      preset=args.preset,
+      seeds=args.seeds,
+      out=args.out,
+      run=None if args.report_only else run_one,
+      jobs=args.jobs,
+      remeasure=args.remeasure,
+      tune_lr=args.tune_lr,
+      tune_seeds=args.tune_seeds,
+      engine=args.engine,
+      ray_address=args.ray_address,
+      resources=args.resources,
+    )
+  except (ValueError, ConfigError) as err:
+    print(f'error: {err}', file=sys.stderr)
+    return 2
+  except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the started runs saved their checkpoints
+    print(
+      'error: interrupted; finished runs are kept and started ones saved a checkpoint: run '
+      'the same command again to resume',
+      file=sys.stderr,
+    )
+    return 130
+  path = report.write(suite, results, args.out)
+  print(Path(path).read_text())
+  return 1 if results['failed'] else 0
+
+
+def _parser() -> argparse.ArgumentParser:
+  """The command line's arguments."""
   parser = argparse.ArgumentParser(prog='python -m experiments', description=__doc__)
   parser.add_argument('suite', help='one of: ' + ', '.join(available()))
   parser.add_argument('--preset', default='cpu', choices=PRESETS)
@@ -66,57 +121,7 @@ def main(argv=None) -> int:
     action='store_true',
     help="run the suite's measure (decode speed, ...) again on finished runs",
   )
-  args = parser.parse_args(argv)
-  if args.engine == 'local' and (args.ray_address or args.resources):
-    print(
-      'error: --ray_address and --resources go with --engine=ray; allowed with '
-      '--engine=local: --jobs',
-      file=sys.stderr,
-    )
-    return 2
-  from mllm import compile_cache
-  from mllm.config import ConfigError
-
-  compile_cache.enable()  # every seed of a variant compiles the same shapes (--jobs=1 runs here)
-  try:
-    if args.seeds < 1:
-      raise ValueError(f'--seeds={args.seeds}; allowed: a positive integer')
-    suite = load_suite(args.suite)
-    if isinstance(suite, BenchmarkSuite):
-      if args.engine != 'local':
-        raise ValueError(
-          f'--engine={args.engine}; allowed for the benchmark suite '
-          f'{args.suite!r}: local (it times kernels on this machine)'
-        )
-      print(Path(run_benchmark(suite, args.preset, args.out)).read_text())
-      return 0
-    results = run_suite(
-      suite,
-      preset=args.preset,
-      seeds=args.seeds,
-      out=args.out,
-      run=None if args.report_only else run_one,
-      jobs=args.jobs,
-      remeasure=args.remeasure,
-      tune_lr=args.tune_lr,
-      tune_seeds=args.tune_seeds,
-      engine=args.engine,
-      ray_address=args.ray_address,
-      resources=args.resources,
-    )
-  except (ValueError, ConfigError) as err:
-    print(f'error: {err}', file=sys.stderr)
-    return 2
-  except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the started runs saved their checkpoints
-    print(
-      'error: interrupted; finished runs are kept and started ones saved a checkpoint: run '
-      'the same command again to resume',
-      file=sys.stderr,
-    )
-    return 130
-  path = report.write(suite, results, args.out)
-  print(Path(path).read_text())
-  return 1 if results['failed'] else 0
+  return parser
 
 
 if __name__ == '__main__':

@@ -165,6 +165,21 @@ def _cost_line(results: dict) -> str:
 
 
 def markdown(suite: Suite, results: dict, rows: list[dict]) -> str:
+  """results.md's text: what the suite compares, one table row per variant, notes below."""
+  extras = [k for k in EXTRA_COLUMNS if k != suite.metric and any(k in row for row in rows)]
+  lines = _preamble(suite, results)
+  lines += [
+    '| variant | params | tokens/param | lr | mean ± std | Δ vs baseline [95% CI] | '
+    'p (Holm) | verdict | paper | vs paper | train tokens/s |'
+    + ''.join(f' {EXTRA_COLUMNS[k][0]} |' for k in extras),
+    '|---|---:|---:|---:|---:|---:|---:|---|---:|---|---:|' + '---:|' * len(extras),
+  ]
+  lines += [_table_row(suite, row, extras) for row in rows]
+  return '\n'.join(lines + _notes(suite, results, rows)) + '\n'
+
+
+def _preamble(suite: Suite, results: dict) -> list[str]:
+  """The lines above the table: the suite, how rows are compared, where the rates come from."""
   lines = [
     f'# Suite `{suite.name}`: {suite.description}',
     '',
@@ -189,37 +204,38 @@ def markdown(suite: Suite, results: dict, rows: list[dict]) -> str:
       f'({rates}), not tuned again at this suite\'s budget.',
       '',
     ]
-  extras = [k for k in EXTRA_COLUMNS if k != suite.metric and any(k in row for row in rows)]
-  lines += [
-    '| variant | params | tokens/param | lr | mean ± std | Δ vs baseline [95% CI] | '
-    'p (Holm) | verdict | paper | vs paper | train tokens/s |'
-    + ''.join(f' {EXTRA_COLUMNS[k][0]} |' for k in extras),
-    '|---|---:|---:|---:|---:|---:|---:|---|---:|---|---:|' + '---:|' * len(extras),
-  ]
-  for row in rows:
-    if not row['n']:
-      what = row.get('verdict', 'no finished run')
-      lines.append(f"| {_name(suite, row['variant'])} | | | | {what} | | | | | | |")
-      continue
-    params = f"{row['params']:,}"
-    if row['active_params'] != row['params']:
-      params += f" ({row['active_params']:,} active)"
-    test = row.get('test')
-    delta = (
-      f'{test.mean:+.4f} [{test.ci_low:+.4f}, {test.ci_high:+.4f}]'
-      if test
-      else ('baseline' if row['variant'] == suite.baseline.name else '')
-    )
-    p = f"{row['p_holm']:.3g}" if test else ''
-    paper = '' if row['paper'] is None else f"{row['paper']:.3f}"
-    spread = f" ± {row['std']:.4f}" if row['n'] > 1 else ' (1 seed)'
-    speed = '—' if row['tokens_per_s'] is None else f"{row['tokens_per_s']:,.0f}"
-    per_param = f"{row['tokens'] / row['active_params']:.2f}" if row.get('tokens') else ''
-    lines.append(
-      f"| {_name(suite, row['variant'])} | {params} | {per_param} | {_lr_cell(row)} | "
-      f"{row['mean']:.4f}{spread} | {delta} | {p} | {row.get('verdict', '')} | "
-      f"{paper} | {row['agreement']} | {speed} |" + ''.join(f' {_cell(k, row)} |' for k in extras)
-    )
+  return lines
+
+
+def _table_row(suite: Suite, row: dict, extras: list[str]) -> str:
+  """One variant's line of the table; a variant without a finished run says why."""
+  if not row['n']:
+    what = row.get('verdict', 'no finished run')
+    return f"| {_name(suite, row['variant'])} | | | | {what} | | | | | | |"
+  params = f"{row['params']:,}"
+  if row['active_params'] != row['params']:
+    params += f" ({row['active_params']:,} active)"
+  test = row.get('test')
+  delta = (
+    f'{test.mean:+.4f} [{test.ci_low:+.4f}, {test.ci_high:+.4f}]'
+    if test
+    else ('baseline' if row['variant'] == suite.baseline.name else '')
+  )
+  p = f"{row['p_holm']:.3g}" if test else ''
+  paper = '' if row['paper'] is None else f"{row['paper']:.3f}"
+  spread = f" ± {row['std']:.4f}" if row['n'] > 1 else ' (1 seed)'
+  speed = '—' if row['tokens_per_s'] is None else f"{row['tokens_per_s']:,.0f}"
+  per_param = f"{row['tokens'] / row['active_params']:.2f}" if row.get('tokens') else ''
+  return (
+    f"| {_name(suite, row['variant'])} | {params} | {per_param} | {_lr_cell(row)} | "
+    f"{row['mean']:.4f}{spread} | {delta} | {p} | {row.get('verdict', '')} | "
+    f"{paper} | {row['agreement']} | {speed} |" + ''.join(f' {_cell(k, row)} |' for k in extras)
+  )
+
+
+def _notes(suite: Suite, results: dict, rows: list[dict]) -> list[str]:
+  """The lines below the table: runs not run yet, power, cost and failed runs."""
+  lines = []
   if results.get('pending'):
     lines += [
       '',
@@ -237,7 +253,7 @@ def markdown(suite: Suite, results: dict, rows: list[dict]) -> str:
       'Failed runs (after one retry): '
       + '; '.join(f"{f['variant']} seed {f['seed']}: {f['errors'][-1]}" for f in results['failed']),
     ]
-  return '\n'.join(lines) + '\n'
+  return lines
 
 
 def paper_effect(suite: Suite, row: dict, rows: list[dict]) -> float | None:

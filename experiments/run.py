@@ -77,60 +77,19 @@ def run_one(
   from mllm.train import TrainingDiverged, evaluate, train
 
   start = time.time()
-  counts = mllm.count_params(config)  # from an abstract model: nothing allocated
-  flops_per_token = mllm.training_flops_per_token(config, counts=counts).total
-  result = {
-    'params': counts.total,
-    'active_params': counts.active,
-    'flops_per_token': flops_per_token,
-    'learning_rate': config.train.learning_rate,
-  }
+  result = _counts(config)
   checkpoint, trained_eval = workdir, None
   if parent is not None and not config.train.init_from:  # evaluated only: nothing trained here
     checkpoint = parent['workdir']
-    # .get: a parent finished by an older runner may lack these counts.
-    result.update(
-      steps=0,
-      tokens=parent.get('tokens'),
-      train_flops=parent.get('train_flops'),
-      tokens_per_s=None,
-      median_step_s=None,
-      train_loss=None,
-    )
+    result.update(_parent_counts(parent))
   else:
     try:
       summary = train(config, workdir, progress=progress)
     except TrainingDiverged as err:  # a result, not a failure: the same seed diverges again
-      result.update(
-        diverged_at_step=err.step,
-        eval_loss=math.nan,
-        steps=err.step,
-        tokens=err.step * config.data.batch_size * config.data.seq_len,
-        train_flops=math.nan,
-        tokens_per_s=None,
-        median_step_s=None,
-        train_loss=math.nan,
-        curve=train_curve(RunDir(workdir).metrics),
-        wall_s=time.time() - start,
-      )
+      result.update(_diverged(config, workdir, err.step, start))
       write_result(workdir, result)
       return result
-    if summary['interrupted']:
-      raise KeyboardInterrupt(summary['interrupted'])
-    tokens = summary['step'] * config.data.batch_size * config.data.seq_len
-    result.update(
-      steps=summary['step'],
-      tokens=tokens,
-      train_loss=summary['train_loss'],
-      tokens_per_s=summary['tokens_per_s'],
-      median_step_s=summary['median_step_s'],
-      train_flops=flops_per_token * tokens + (parent['train_flops'] if parent else 0),
-      curve=train_curve(RunDir(workdir).metrics),
-    )
-    evals = train_curve(RunDir(workdir).metrics, 'eval')
-    if len(evals['step']) > 1:  # evaluated during training too (train.eval_every)
-      result['eval_curve'] = evals
-    trained_eval = summary['eval']
+    trained_eval = _add_training(result, config, workdir, summary, parent)
   # train() evaluated the parameters it saved at its last step, on the same batches: the same
   # numbers as evaluate(config, workdir) (a test holds them equal), without a second compile.
   final = trained_eval or evaluate(config, checkpoint)
@@ -148,6 +107,68 @@ def run_one(
   result['wall_s'] = time.time() - start
   write_result(workdir, result)
   return result
+
+
+def _counts(config) -> dict:
+  """The run's parameter and FLOP counts and its learning rate: a result's first keys."""
+  counts = mllm.count_params(config)  # from an abstract model: nothing allocated
+  return {
+    'params': counts.total,
+    'active_params': counts.active,
+    'flops_per_token': mllm.training_flops_per_token(config, counts=counts).total,
+    'learning_rate': config.train.learning_rate,
+  }
+
+
+def _parent_counts(parent: dict) -> dict:
+  """What a run that only evaluates its parent's parameters records of training: the parent's."""
+  # .get: a parent finished by an older runner may lack these counts.
+  return dict(
+    steps=0,
+    tokens=parent.get('tokens'),
+    train_flops=parent.get('train_flops'),
+    tokens_per_s=None,
+    median_step_s=None,
+    train_loss=None,
+  )
+
+
+def _diverged(config, workdir: str, step: int, start: float) -> dict:
+  """The result keys of a run whose loss diverged at `step`."""
+  return dict(
+    diverged_at_step=step,
+    eval_loss=math.nan,
+    steps=step,
+    tokens=step * config.data.batch_size * config.data.seq_len,
+    train_flops=math.nan,
+    tokens_per_s=None,
+    median_step_s=None,
+    train_loss=math.nan,
+    curve=train_curve(RunDir(workdir).metrics),
+    wall_s=time.time() - start,
+  )
+
+
+def _add_training(
+  result: dict, config, workdir: str, summary: dict, parent: dict | None
+) -> dict | None:
+  """Add what train() reported and logged to `result`; its final evaluation."""
+  if summary['interrupted']:
+    raise KeyboardInterrupt(summary['interrupted'])
+  tokens = summary['step'] * config.data.batch_size * config.data.seq_len
+  result.update(
+    steps=summary['step'],
+    tokens=tokens,
+    train_loss=summary['train_loss'],
+    tokens_per_s=summary['tokens_per_s'],
+    median_step_s=summary['median_step_s'],
+    train_flops=result['flops_per_token'] * tokens + (parent['train_flops'] if parent else 0),
+    curve=train_curve(RunDir(workdir).metrics),
+  )
+  evals = train_curve(RunDir(workdir).metrics, 'eval')
+  if len(evals['step']) > 1:  # evaluated during training too (train.eval_every)
+    result['eval_curve'] = evals
+  return summary['eval']
 
 
 def train_curve(metrics_path: str, split: str = 'train') -> dict:

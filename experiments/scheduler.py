@@ -1,0 +1,340 @@
+"""Run a plan of jobs: finished runs read back, identical ones copied, the rest run here or on an
+engine (experiments/engines.py) as their parents allow, a failed run retried once; each suite's
+ledger (finished.jsonl) of finished runs, which restores them where their run directories are gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import glob
+import json
+import os
+import signal
+import threading
+import traceback
+
+from tqdm import tqdm
+
+from experiments.engines import WORKER_LOG
+from experiments.measures import MEASURES
+from experiments.run import (
+  ERRORS_LOG,
+  RESULT,
+  adopt,
+  read_result,
+  same_run_elsewhere,
+  write_result,
+)
+from experiments.suite import Variant
+from mllm.paths import RunDir
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+  """SIGTERM (a scheduler's preemption, `kill`) stops the suite as Ctrl-C does: the workers get
+  SIGTERM in turn and save a checkpoint, and none is left running unsupervised (where a relaunch
+  would start a second process on the same workdir)."""
+  if threading.current_thread() is not threading.main_thread():  # only it may set handlers
+    yield
+    return
+
+  def interrupt(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+  previous = signal.signal(signal.SIGTERM, interrupt)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+
+
+def _last_error(workdir: str) -> str:
+  try:
+    with open(os.path.join(workdir, WORKER_LOG)) as f:
+      lines = [line.strip() for line in f if line.strip()]
+  except OSError:
+    return 'the worker left no log'
+  errors = [
+    line
+    for line in lines
+    if 'Error' in line.split(':')[0] or line.split(':')[0].endswith('Exception')
+  ]
+  return (errors or lines or ['the worker exited without output'])[-1]
+
+
+@dataclasses.dataclass
+class Job:
+  """One run to execute: a table run (key (variant, seed)) or a tuning run (key (variant, seed,
+  k), k the learning-rate grid's exponent)."""
+
+  key: tuple
+  variant: Variant
+  seed: int
+  config: object
+  workdir: str
+  hash: str
+  parent: tuple | None = None  # the key of the run a starts_from variant begins from
+  measure: str | None = None  # a name in MEASURES
+
+  def record(self) -> dict:
+    return {
+      'variant': self.variant.name,
+      'seed': self.seed,
+      'workdir': self.workdir,
+      'hash': self.hash,
+    }
+
+
+def run_plan(
+  plan: list[Job],
+  *,
+  out: str,
+  run,
+  engine,
+  progress: bool,
+  remeasure: bool,
+  desc: str,
+  finished: dict | None = None,
+) -> tuple[dict, dict, list]:
+  """Run what has not finished of `plan`: (finished {key: record + result}, failed {key: record +
+  errors}, pending [records] (run=None)). Finished runs are read back (remeasured if asked); an
+  identical finished run elsewhere under `out` is copied; a failed run is retried once; a
+  starts_from run waits for its parent, whose record `finished` may already hold. engine: where
+  the runs execute (experiments/engines.py); None: one at a time in this process."""
+  finished = dict(finished or {})
+  _restore_from_ledgers(plan, out)
+  todo, pending = _read_back(plan, finished, run, remeasure)
+  bar = tqdm(
+    total=len(plan),
+    initial=len(plan) - len(todo),
+    desc=desc,
+    unit='run',
+    disable=not progress or not todo,
+    position=0,
+  )
+  runs = _Runs(out=out, run=run, engine=engine, progress=progress, finished=finished, bar=bar)
+  try:
+    with _sigterm_as_interrupt():
+      runs.work_through(todo)
+  except KeyboardInterrupt:
+    if runs.running:  # the runs save a checkpoint: the next call resumes them
+      engine.stop()
+    raise
+  finally:
+    bar.close()
+  return finished, runs.failed, pending
+
+
+def _read_back(plan: list[Job], finished: dict, run, remeasure: bool) -> tuple[list, list]:
+  """Add each finished job of `plan` to `finished` (measured again if asked); (the jobs to run,
+  the records of those pending where nothing runs)."""
+  todo, pending = [], []
+  for job in plan:
+    measure = MEASURES[job.measure] if job.measure else None
+    if os.path.exists(os.path.join(job.workdir, RESULT)):
+      result = read_result(job.workdir)
+      if (
+        remeasure
+        and measure is not None
+        and 'diverged_at_step' not in result
+        and (os.path.isdir(RunDir(job.workdir).checkpoints) or not job.variant.trains)
+      ):
+        source = (
+          finished[job.parent]['workdir']
+          if (job.parent and not job.variant.trains)
+          else job.workdir
+        )
+        result.update(measure(job.config, source))
+        write_result(job.workdir, result)
+      finished[job.key] = {**job.record(), **result}
+    elif run is None:
+      pending.append(job.record())
+    else:
+      todo.append(job)
+  return todo, pending
+
+
+class _Runs:
+  """The runs of one `run_plan` call: those finished, failed and running, and the steps that
+  start and end them."""
+
+  def __init__(self, *, out: str, run, engine, progress: bool, finished: dict, bar):
+    self.out, self.run, self.engine, self.progress = out, run, engine, progress
+    self.finished, self.failed, self.bar = finished, {}, bar
+    self.running = {}  # the engine's handle -> (job, payload, attempt)
+
+  def work_through(self, todo: list[Job]) -> None:
+    """Start each job of `todo` once its parent has finished, as slots allow, until all ended."""
+    while todo or self.running:
+      for job in [job for job in todo if self.ready(job) is None]:
+        todo.remove(job)
+        self.done(
+          job,
+          errors=[f'its starts_from run {job.variant.starts_from} seed {job.seed} did not finish'],
+        )
+      startable = [job for job in todo if self.ready(job)]
+      if startable and (self.engine is None or len(self.running) < self.engine.slots):
+        job = startable[0]
+        todo.remove(job)
+        self.launch(job)
+        continue
+      if not self.running:
+        break
+      self.collect()
+
+  def ready(self, job: Job) -> bool | None:
+    """True: it can start; None: it never can (its parent failed); False: not yet."""
+    if job.parent is None:
+      return True
+    if job.parent in self.failed or 'diverged_at_step' in self.finished.get(job.parent, {}):
+      return None
+    return job.parent in self.finished
+
+  def launch(self, job: Job) -> None:
+    """Copy `job` from an identical finished run, or run it here, or submit it to the engine."""
+    kwargs = self.prepare(job)
+    if self.adopted(job):
+      return
+    if self.engine is None:
+      _run_here(job, self.run, kwargs, self.progress, self.done)
+    else:
+      self.start(job, {'config': job.config, 'measure': job.measure, **kwargs}, 1)
+
+  def prepare(self, job: Job) -> dict:
+    """Write the job's run_config.json; the parent's record for a starts_from run."""
+    kwargs = {}
+    if job.parent is not None:
+      kwargs['parent'] = self.finished[job.parent]
+      if job.variant.trains:
+        job.config.train.init_from = f"workdir:{kwargs['parent']['workdir']}"
+    os.makedirs(job.workdir, exist_ok=True)
+    with open(os.path.join(job.workdir, 'run_config.json'), 'w') as f:
+      f.write(job.config.to_json(sort_keys=True, indent=1))
+    return kwargs
+
+  def adopted(self, job: Job) -> bool:
+    """An identical finished run elsewhere under `out` is copied, not trained again."""
+    if job.parent is not None or os.path.isdir(RunDir(job.workdir).checkpoints):
+      return False  # a child depends on its parent's path; a started run resumes instead
+    source = same_run_elsewhere(self.out, job.seed, job.hash, job.workdir)
+    if source is None:
+      return False
+    self.bar.write(
+      f'run {job.variant.name} seed {job.seed}: the same config and seed finished in '
+      f'{source}; copied, not trained again'
+    )
+    self.done(
+      job, adopt(source, job.config, job.workdir, MEASURES[job.measure] if job.measure else None)
+    )
+    return True
+
+  def start(self, job: Job, payload: dict, attempt: int) -> None:
+    """Submit `job` to the engine (attempt 2: the retry, which resumes it)."""
+    self.running[self.engine.submit(payload, job.workdir)] = (job, payload, attempt)
+
+  def collect(self) -> None:
+    """Record the engine's runs that ended in the next second; retry a failed one once."""
+    for handle, ok in self.engine.wait(1.0):
+      job, payload, attempt = self.running.pop(handle)
+      if ok and os.path.exists(os.path.join(job.workdir, RESULT)):
+        self.done(job, read_result(job.workdir))
+      elif attempt == 1:  # a failed (or killed) run is retried once: it resumes
+        self.start(job, payload, 2)
+      else:
+        self.done(job, errors=[_last_error(job.workdir)])
+
+  def done(self, job: Job, result=None, errors=None) -> None:
+    """Record `job` as finished (in its suite's ledger too) or as failed with its errors."""
+    if result is not None:
+      self.finished[job.key] = {**job.record(), **result}
+      _append_ledger(job, result)
+    else:
+      self.failed[job.key] = {**job.record(), 'errors': errors}
+      self.bar.write(f'run {job.variant.name} seed {job.seed} failed: {errors[-1]}')
+    self.bar.update(1)
+
+
+def _run_here(job: Job, run, kwargs, progress, done) -> None:
+  """One run in this process, retried once on an exception (e.g. a transient I/O error)."""
+  measure = MEASURES[job.measure] if job.measure else None
+  errors = []
+  for _ in range(2):
+    try:
+      result = run(job.config, job.workdir, progress=progress, measure=measure, **kwargs)
+      done(job, result)
+      return
+    except KeyboardInterrupt:
+      raise
+    except Exception as err:  # reported, the suite goes on
+      errors.append(f'{type(err).__name__}: {err}')
+      with open(os.path.join(job.workdir, ERRORS_LOG), 'a') as f:
+        f.write(traceback.format_exc() + '\n')
+  done(job, errors=errors)
+
+
+# Each suite folder keeps a ledger of its finished runs, <out>/<suite>/finished.jsonl (committed
+# with the results): a fresh clone, without the run directories, resumes a suite where it
+# stopped instead of training its finished runs again.
+LEDGER = 'finished.jsonl'
+
+
+def _append_ledger(job: Job, result: dict) -> None:
+  suite_folder = os.path.dirname(os.path.dirname(job.workdir))
+  with open(os.path.join(suite_folder, LEDGER), 'a') as f:
+    f.write(
+      json.dumps(
+        {'hash': job.hash, 'seed': job.seed, 'run': os.path.basename(job.workdir), 'result': result}
+      )
+      + '\n'
+    )
+
+
+def _read_ledgers(out: str) -> dict:
+  """{hash: [entry, ...]} of every suite's ledger under `out`, each with its suite folder."""
+  entries = {}
+  for path in sorted(glob.glob(os.path.join(out, '*', LEDGER))):
+    with open(path) as f:
+      for line in f:
+        if line.strip():
+          entry = json.loads(line)
+          entries.setdefault(entry['hash'], []).append(
+            {**entry, 'suite_folder': os.path.dirname(path)}
+          )
+  return entries
+
+
+def _restore_from_ledgers(plan: list[Job], out: str) -> None:
+  """Give every unfinished job of `plan` that a ledger records its result.json back (without
+  checkpoints), unless a child of it still has to run and needs its parameters. Its own suite's
+  record wins (its latest); another suite's stands in only for a job without a measure, since
+  that suite did not measure it (such a run is copied with its checkpoint and measured, or
+  trained again)."""
+  ledger = _read_ledgers(out)
+
+  def record(job) -> dict | None:
+    entries = ledger.get(job.hash, [])
+    own = os.path.abspath(os.path.dirname(os.path.dirname(job.workdir)))
+    mine = [e for e in entries if os.path.abspath(e['suite_folder']) == own]
+    if mine:
+      return mine[-1]
+    return entries[-1] if entries and job.measure is None else None
+
+  found = {
+    job.key: record(job) for job in plan if not os.path.exists(os.path.join(job.workdir, RESULT))
+  }
+  restorable = {key for key, entry in found.items() if entry is not None}
+  for job in plan:
+    if job.parent in restorable and job.key not in restorable and job.key in found:
+      restorable.discard(job.parent)
+  for job in plan:
+    if job.key not in restorable:
+      continue
+    entry = found[job.key]
+    result = dict(entry['result'])
+    if os.path.abspath(entry['suite_folder']) != os.path.abspath(
+      os.path.dirname(os.path.dirname(job.workdir))
+    ):
+      result['copied_from'] = os.path.join(entry['suite_folder'], 'runs', entry['run'])
+    os.makedirs(job.workdir, exist_ok=True)
+    write_result(job.workdir, result)
