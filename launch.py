@@ -127,7 +127,7 @@ def _workdir() -> str:
 
 def _generate(config) -> None:
   from mllm.generation import generate, load_run
-  from mllm.train.loop import several_processes
+  from mllm.train.cluster import several_processes
 
   if several_processes(os.environ):
     raise InputError(

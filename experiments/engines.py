@@ -23,9 +23,9 @@ import time
 import traceback
 import warnings
 
+from experiments.run_files import JOB, WORKER_LOG
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The files a run's folder holds for its engine, beside mllm's own (mllm/paths.py RunDir).
-JOB, WORKER_LOG = 'job.pkl', 'worker.log'
 
 
 def _pythonpath() -> str:

@@ -14,12 +14,9 @@ import shutil
 import time
 
 import mllm
-from experiments.engines import WORKER_LOG
+from experiments.run_files import ERRORS_LOG, RESULT, WORKER_LOG
 from experiments.suite import Suite, Variant
 from mllm.paths import RunDir
-
-# The files a finished (or failed) run adds to its folder, beside mllm's own (RunDir).
-RESULT, ERRORS_LOG = 'result.json', 'errors.log'
 
 
 def resolve(suite: Suite, variant: Variant, preset: str, seed: int, extra: dict | None = None):

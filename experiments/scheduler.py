@@ -16,16 +16,14 @@ import traceback
 
 from tqdm import tqdm
 
-from experiments.engines import WORKER_LOG
 from experiments.measures import MEASURES
 from experiments.run import (
-  ERRORS_LOG,
-  RESULT,
   adopt,
   read_result,
   same_run_elsewhere,
   write_result,
 )
+from experiments.run_files import ERRORS_LOG, RESULT, WORKER_LOG
 from experiments.suite import Variant
 from mllm.paths import RunDir
 

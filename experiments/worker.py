@@ -20,8 +20,8 @@ def main(workdir: str) -> int:
   from mllm import compile_cache
 
   compile_cache.enable()  # every seed of a variant compiles the same shapes
-  from experiments.engines import JOB
   from experiments.run import run_one
+  from experiments.run_files import JOB
 
   with open(os.path.join(workdir, JOB), 'rb') as f:
     job = pickle.load(f)

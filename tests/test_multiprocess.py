@@ -160,7 +160,7 @@ def test_the_launcher_environment_and_bad_cluster_variables(monkeypatch):
   named by JAX_COORDINATOR_ADDRESS without the other two is refused in one line."""
   from mllm.checks import InputError
   from mllm.multiprocess import process_env
-  from mllm.train.loop import explicit_cluster
+  from mllm.train.cluster import explicit_cluster
 
   env = process_env(1, 2, 1234, devices=2, base={'XLA_FLAGS': '--xla_foo=1'})
   assert env['JAX_COORDINATOR_ADDRESS'] == '127.0.0.1:1234'

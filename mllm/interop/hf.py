@@ -276,9 +276,10 @@ def run_config(config, path: str, explicit: dict[str, Any] | None = None):
 
 
 def base_config_path() -> str:
-  import configs  # deferred; installed with mllm (pyproject's packages)
-
-  return os.path.join(os.path.dirname(configs.__file__), 'base.py')
+  """The config file of the schema's defaults (what configs/base.py re-exports)."""
+  return os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'config_schema.py'
+  )
 
 
 # --- Export -------------------------------------------------------------------------------------

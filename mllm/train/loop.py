@@ -13,8 +13,6 @@ import contextlib
 import dataclasses
 import math
 import os
-import signal
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,18 +21,17 @@ import jax
 import numpy as np
 
 from mllm.accounting import count_params, training_flops_per_token
-from mllm.checks import InputError
-from mllm.config import ConfigError
 from mllm.layers.moe import moe_layers, training_note
-from mllm.paths import RunDir, existing_dir, writable_dir
+from mllm.paths import RunDir, writable_dir
 from mllm.train.checkpoint import (
   Checkpointer,
   StateMismatch,
-  checkpoint_dir,
   config_as_dict,
   note,
   write_config,
 )
+from mllm.train.cluster import StopRequest, maybe_initialize_distributed
+from mllm.train.evaluation import run_eval
 from mllm.train.metrics import (
   MetricsWriter,
   Progress,
@@ -46,7 +43,7 @@ from mllm.train.metrics import (
 from mllm.train.resume import adopt_tokenizer, check_resumable, init_params, mismatch_error
 from mllm.train.sharding import global_batch, make_mesh
 from mllm.train.state import setup
-from mllm.train.step import eval_summary, make_eval_step, make_train_step
+from mllm.train.step import make_eval_step, make_train_step
 
 
 class TrainingDiverged(RuntimeError):
@@ -55,119 +52,6 @@ class TrainingDiverged(RuntimeError):
   def __init__(self, message: str, step: int):
     super().__init__(message)
     self.step = step
-
-
-def maybe_initialize_distributed() -> None:
-  """`jax.distributed.initialize()` when the launcher started several processes.
-
-  JAX reads the coordinator, process count and id itself from SLURM, Open MPI, Kubernetes
-  JobSets and Cloud TPU pods; JAX_COORDINATOR_ADDRESS (with JAX_NUM_PROCESSES, JAX_PROCESS_ID)
-  covers anything else.
-  """
-  env = os.environ
-  if not several_processes(env) or jax.distributed.is_initialized():
-    return
-  # CPU devices of different processes exchange data over gloo (JAX's CPU default has no
-  # cross-process collectives); GPUs and TPUs are not affected by this setting.
-  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-  # A process that dies (SIGKILL, a lost host) leaves the others blocked in a collective; JAX's
-  # coordinator ends them once it has missed the dead one's heartbeats this long.
-  timeout = env.get('MLLM_HEARTBEAT_TIMEOUT_S', '100')
-  if not timeout.isdigit() or int(timeout) < 1:
-    raise InputError(
-      'MLLM_HEARTBEAT_TIMEOUT_S',
-      timeout,
-      'allowed: a whole number of seconds >= 1 (JAX\'s default: 100)',
-    )
-  jax.distributed.initialize(**explicit_cluster(env), heartbeat_timeout_seconds=int(timeout))
-
-
-def several_processes(env) -> bool:
-  """Whether the environment starts this process as one of several (a cluster's variables)."""
-  return bool(
-    env.get('JAX_COORDINATOR_ADDRESS')
-    or int(env.get('SLURM_NTASKS', '1')) > 1
-    or int(env.get('OMPI_COMM_WORLD_SIZE', '1')) > 1
-    or ',' in env.get('TPU_WORKER_HOSTNAMES', '')
-  )
-
-
-def explicit_cluster(env) -> dict:
-  """initialize()'s arguments from JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID
-  (jax reads only the first itself; without the others it fails with 'Number of processes must
-  be defined'); {} where a cluster JAX detects (SLURM, Open MPI, TPU pods) names the job."""
-  address = env.get('JAX_COORDINATOR_ADDRESS')
-  if not address:
-    return {}
-  values = {}
-  for key, name in (('JAX_NUM_PROCESSES', 'num_processes'), ('JAX_PROCESS_ID', 'process_id')):
-    value = env.get(key, '')
-    if not value.isdigit():
-      raise InputError(
-        key,
-        value or '(unset)',
-        f'JAX_COORDINATOR_ADDRESS={address} starts '
-        'a job of several processes; allowed: JAX_NUM_PROCESSES (a count) and '
-        'JAX_PROCESS_ID (0 to that count - 1) set beside it in every process',
-      )
-    values[name] = int(value)
-  if values['process_id'] >= values['num_processes']:
-    raise InputError(
-      'JAX_PROCESS_ID',
-      values['process_id'],
-      f"allowed: 0 to JAX_NUM_PROCESSES - 1 = {values['num_processes'] - 1}",
-    )
-  return {'coordinator_address': address, **values}
-
-
-class _StopRequest:
-  """SIGTERM / SIGINT set a flag; the loop saves a checkpoint after the current step and returns.
-  A second signal stops at once."""
-
-  def __init__(self):
-    self.signal = None
-    self._previous = {}
-
-  def __enter__(self):
-    if threading.current_thread() is threading.main_thread():
-      for sig in (signal.SIGTERM, signal.SIGINT):
-        self._previous[sig] = signal.signal(sig, self._handle)
-    return self
-
-  def _handle(self, signum, frame):
-    if self.signal is not None:
-      raise KeyboardInterrupt
-    self.signal = signal.Signals(signum).name
-
-  def __exit__(self, *exc):
-    for sig, handler in self._previous.items():
-      signal.signal(sig, handler)
-
-  def agreed(self) -> str | None:
-    """The request as every process of the job sees it: a signal can reach them a step apart
-    (or reach one only), and all must save the same step and leave the loop together, or the
-    others would wait in the next step's collectives for ever."""
-    if jax.process_count() == 1:
-      return self.signal
-    from jax.experimental import multihost_utils
-
-    flags = multihost_utils.process_allgather(np.array(self.signal is not None))
-    if not np.any(flags):
-      return None
-    return self.signal or 'a signal to another process of the job'
-
-
-def run_eval(eval_step, params, data, mesh, max_batches: int) -> dict | None:
-  """Validation metrics, or None when the validation split is empty."""
-  batches = data.eval_batches(max_batches)
-  if not len(batches):
-    return None
-  totals = {'loss_sum': 0.0, 'tokens': 0.0, 'bytes': 0.0}
-  for batch in batches:
-    out = jax.device_get(eval_step(params, global_batch(batch, mesh)))
-    for k in totals:
-      totals[k] += float(out[k])  # summed in float64 on the host
-  return eval_summary(totals)
 
 
 def _fmt_eval(e: dict) -> str:
@@ -336,7 +220,7 @@ class _Loop:
 
   def run(self) -> None:
     """Step until `end`, or until a stop request (SIGTERM, SIGINT), which saves the step reached."""
-    with _StopRequest() as stop:
+    with StopRequest() as stop:
       try:
         while self.step < self.end:
           metrics, dt = self._take_step()
@@ -504,52 +388,3 @@ def _summary_line(s: dict) -> str:
     )
   parts.append(f"workdir {s['workdir']}")
   return '; '.join(parts)
-
-
-def evaluate(config, workdir: str) -> dict:
-  """Validation loss, perplexity and bits per byte of `workdir`'s latest checkpoint.
-
-  Reads only the parameters (so optimizer settings may differ from the run's) and changes nothing
-  in the workdir: an unreadable newest step is passed over, not moved.
-  """
-  from mllm.data import build_data
-
-  maybe_initialize_distributed()
-  existing_dir('--workdir', workdir, 'the workdir of a training run')
-  if not os.path.isdir(checkpoint_dir(workdir)):
-    raise InputError(
-      '--workdir', workdir, 'has no checkpoint to evaluate; allowed: the workdir of a training run'
-    )
-  mesh = make_mesh(config.mesh)
-  train_setup, _ = setup(config, mesh)
-  abstract_params = train_setup.abstract_state['params']
-  ckpt = Checkpointer(workdir, read_only=True)
-  try:
-    check_resumable(workdir, config, ckpt, abstract_params, params_only=True)
-    step, params = ckpt.restore_latest(abstract_params, params_only=True, set_aside=False)
-  except StateMismatch as err:
-    raise mismatch_error(workdir, config, ckpt, err.step, err.diff, params_only=True) from None
-  finally:
-    ckpt.close()
-  if step is None:
-    raise InputError(
-      '--workdir', workdir, 'has no checkpoint to evaluate; allowed: the workdir of a training run'
-    )
-  data = build_data(
-    config, workdir, process_index=jax.process_index(), process_count=jax.process_count()
-  )
-  result = run_eval(
-    make_eval_step(train_setup, data.tokenizer.token_bytes),
-    params,
-    data,
-    mesh,
-    config.train.eval_batches,
-  )
-  if result is None:
-    raise ConfigError(
-      'data.val_fraction',
-      config.data.val_fraction,
-      'the validation split is empty; allowed: a larger fraction or more documents',
-    )
-  result['step'] = step
-  return result

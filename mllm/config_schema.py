@@ -1,0 +1,173 @@
+"""The schema: every config key mllm reads, with its default and a comment on what it does.
+
+configs/base.py re-exports this `get_config`, and every named config starts from it:
+
+    python launch.py --config=configs/base.py:pos=alibi,ffn=geglu,norm=layernorm,placement=post
+
+`arg` is a comma-separated list of choices: the short names pos, ffn, norm, placement, attn, window,
+rope_scaling; any dotted path (model.n_layers=2); or any leaf name that is unique (n_kv_heads=2).
+It lives in the library (not in configs/) because the library builds configs from it too: a Hugging
+Face import or export maps a checkpoint's config.json onto these defaults.
+"""
+
+from ml_collections import config_dict
+
+from mllm.config import apply_choices
+
+placeholder = config_dict.placeholder
+
+
+# One function of ~150 lines on purpose: it is the schema, every key and its default in one
+# listing that a reader scans top to bottom (as ml_collections configs are written).
+def get_config(arg: str | None = None) -> config_dict.ConfigDict:
+  config = config_dict.ConfigDict()
+  config.seed = 0
+
+  model = config.model = config_dict.ConfigDict()
+  model.vocab_size = 512
+  model.d_model = 256
+  model.n_layers = 4
+  model.n_heads = 8
+  model.n_kv_heads = 8  # = n_heads: MHA; 1: MQA; a divisor in between: GQA
+  model.head_dim = placeholder(int)  # None: d_model // n_heads
+  model.max_seq_len = 256  # context length; size of the learned position table
+  model.tie_embeddings = True
+  model.dropout = 0.0  # on each residual branch
+  model.embed_dropout = 0.0
+  # Initialisation scheme (mllm/layers/init.py): fan_in (1/sqrt(fan_in), LeCun) | fixed
+  # (N(0, init_std) for every weight, GPT-2) | small_init (sqrt(2 / (5 d_model)), Nguyen & Salazar
+  # 2019). fixed's 0.02 suits d_model ~768; at d_model 128 it cost a GELU model 0.2 nats at its
+  # tuned lr (experiments/results/init_gelu), hence fan_in by default.
+  model.init = 'fan_in'
+  model.init_std = 0.02  # read only by init='fixed'
+  model.embed_scale = 1.0  # token embeddings × this, before positions (Vaswani 2017 §3.4: √d_model)
+  model.depth_scaled_init = (
+    True  # output projections: the scheme's std / sqrt(2 * n_layers) (GPT-2)
+  )
+  model.param_dtype = 'float32'
+  model.dtype = 'float32'  # compute dtype: float32 | bfloat16
+  model.scan_layers = False  # nnx.scan over layers: faster compiles, same results
+  model.remat = 'none'  # none | full (recompute each layer in the backward) | dots (keep matmuls)
+
+  attention = model.attention = config_dict.ConfigDict()
+  attention.impl = (
+    'auto'  # xla|blockwise|pallas|pallas_tpu|pallas_mgpu|splash|cudnn|auto (mllm/ops/attention.py)
+  )
+  attention.block_q = placeholder(int)  # blockwise / pallas tile sizes; None: the impl's default
+  attention.block_k = placeholder(int)
+  attention.sliding_window = placeholder(int)  # None: full causal; W: the W most recent keys
+  attention.qk_norm = False  # RMSNorm on q and k per head (Qwen3)
+  attention.softmax_scale = placeholder(float)  # None: 1 / sqrt(head_dim)
+  attention.dropout = 0.0
+  attention.use_bias = False  # biases on the q, k, v and output projections (GPT-2)
+  attention.qkv_bias = False  # biases on q, k and v only (Qwen2); use_bias includes them
+
+  position = model.position = config_dict.ConfigDict()
+  position.kind = 'rope'  # none | learned | sinusoidal | shaw | t5 | rope | alibi
+  position.rope_theta = 10000.0
+  position.rope_layout = 'half'  # half (HF/Qwen) | interleaved (paper/Meta)
+  position.rope_scaling = 'none'  # none | linear (PI) | ntk | yarn | llama3
+  position.rope_scaling_factor = 1.0
+  position.rope_original_max_len = placeholder(int)  # None: max_seq_len
+  position.yarn_beta_fast = 32.0
+  position.yarn_beta_slow = 1.0
+  position.llama3_low_freq_factor = 1.0
+  position.llama3_high_freq_factor = 4.0
+  position.t5_num_buckets = 32
+  position.t5_max_distance = 128
+  position.shaw_max_distance = 16  # clipping distance k
+
+  ffn = model.ffn = config_dict.ConfigDict()
+  ffn.kind = (
+    'swiglu'  # relu | gelu | gelu_tanh | swish | glu | bilinear | geglu | swiglu | reglu | moe
+  )
+  ffn.d_ff = placeholder(int)  # None: 4 * d_model
+  ffn.match_params = True  # gated FFNs: d_ff * 2/3, so parameters match the ungated FFN
+  ffn.multiple_of = 8
+  ffn.use_bias = False
+
+  # Mixture of Experts, used when ffn.kind = 'moe' (mllm/layers/moe.py). ffn.d_ff, match_params and
+  # multiple_of size the experts and the dense layers as they size a dense FFN.
+  moe = model.moe = config_dict.ConfigDict()
+  moe.num_experts = 8
+  moe.top_k = 2  # 1: Switch; 2: GShard, Mixtral
+  moe.expert_kind = 'swiglu'  # the experts' FFN, and the dense layers' in a mixed stack
+  moe.expert_d_ff = placeholder(int)  # None: the dense FFN's hidden size; smaller: fine-grained
+  moe.num_shared_experts = 0  # always-on experts beside the routed ones (DeepSeekMoE)
+  moe.shared_d_ff = placeholder(int)  # None: expert_d_ff
+  moe.every = 1  # layer i is MoE when (i + 1) % every == 0 and i >= first_dense_layers
+  moe.first_dense_layers = 0
+  moe.router = 'softmax'  # softmax | sigmoid (DeepSeek-V3; gates normalised over the top k)
+  moe.renormalize = True  # gates renormalised over the chosen k (Mixtral)
+  moe.dispatch = 'auto'  # capacity | dropless (ragged_dot) | auto: capacity on CPU, else dropless
+  moe.capacity_factor = 1.25  # capacity = ceil(tokens / experts * top_k * capacity_factor)
+  moe.grouped_matmul = (
+    'ragged_dot'  # dropless kernel: ragged_dot | megablox (Pallas gmm, TPU) | tiled
+  )
+  moe.balance_coef = 0.01  # Switch load-balancing loss, α
+  moe.balance_convention = 'switch'  # switch: 1 at uniform routing for every k | hf: k
+  moe.z_loss_coef = 0.001  # router z-loss (ST-MoE)
+  moe.noise = 'none'  # none | mixture: (1 - α)·p + α·ε | noisy_topk (Shazeer 2017); training only
+  moe.noise_alpha = 0.1
+  moe.expert_bias = False  # DeepSeek-V3 aux-loss-free balancing: a selection bias, no gradient
+  moe.bias_update_rate = 0.001  # γ in b ← b + γ·sign(mean load − load), after each step
+  moe.force_uniform_routing = False  # balanced assignment whatever the router says (benchmarks)
+
+  norm = model.norm = config_dict.ConfigDict()
+  norm.kind = 'rmsnorm'  # layernorm | rmsnorm | partial_rmsnorm | none
+  norm.placement = 'pre'  # pre | post
+  norm.eps = 1e-6
+  norm.fp32 = True  # statistics in float32 (the notebook's qwen3_compatible)
+  norm.use_bias = placeholder(bool)  # None: layernorm True, rmsnorm False (its optional shift)
+  norm.partial_p = 0.0625  # partial_rmsnorm: fraction of features in the RMS (paper: 6.25%)
+  norm.final_norm = True
+
+  data = config.data = config_dict.ConfigDict()
+  data.source = 'stdlib'  # stdlib (this Python's standard library) | text | jsonl | parquet | hf
+  data.path = placeholder(str)  # text/jsonl/parquet: a file or folder; hf: a dataset name or folder
+  data.text_field = 'text'  # jsonl / parquet / hf: the column holding the text
+  data.hf_config = placeholder(str)  # hf: the dataset's config name, if it has several
+  data.hf_split = 'train'  # hf: the split to read (mllm makes its own train/val split)
+  data.val_fraction = 0.02  # documents go to val by a hash of their path (or row id)
+  data.tokenizer = 'bpe'  # bpe (HF tokenizers, trained on the train split) | byte (256 + specials)
+  data.tokenizer_train_bytes = 8_000_000  # bpe: train on at most this much text
+  # bpe: the special tokens that end a document and fill padding (an imported Hugging Face
+  # tokenizer names its own: '</s>', '<|endoftext|>', ...)
+  data.eos_token = '<eos>'
+  data.pad_token = '<pad>'
+  data.cache_dir = placeholder(str)  # None: $MLLM_CACHE_DIR or ~/.cache/mllm
+  data.document_mask = True  # packed documents: per-document positions, no cross-document attention
+  data.seq_len = 256
+  data.batch_size = 8  # global batch, split over processes and the (data, fsdp, expert) mesh axes
+
+  train = config.train = config_dict.ConfigDict()
+  train.steps = 500
+  train.learning_rate = 3e-3  # peak, after warm-up
+  train.schedule = 'cosine'  # cosine | linear | constant | inverse_sqrt (each after linear warm-up)
+  train.warmup_steps = 50
+  train.min_lr_ratio = 0.1  # cosine / linear decay to learning_rate * this
+  train.b1 = 0.9
+  train.b2 = 0.95
+  train.eps = 1e-8
+  train.weight_decay = 0.1  # AdamW, decoupled
+  train.decay_embeddings = False  # weight decay on embedding tables (and a tied head)
+  train.decay_norms_and_biases = False
+  train.grad_clip = 1.0  # global-norm clipping; 0 turns it off
+  train.grad_accum_steps = 1  # micro-batches per step; data.batch_size is split between them
+  train.log_every = 10
+  train.eval_every = 100  # and at the end; 0: only at the end
+  train.eval_batches = 16  # 0: the whole validation split
+  train.checkpoint_every = 100  # and at the end and on SIGTERM / SIGINT
+  train.max_to_keep = 3
+  train.async_checkpoint = True
+  train.peak_flops = placeholder(float)  # per device, for MFU; None: look the chip up
+  # A fresh run starting from the parameters of another: "workdir:PATH" (its latest checkpoint, or
+  # PATH/checkpoints/<step>), or "hf:PATH" (a Hugging Face checkpoint folder; launch.py then takes
+  # the model config and tokenizer from it). Optimizer, step and data start anew; ignored once
+  # this run has saved.
+  train.init_from = placeholder(str)
+  train.tensorboard = True
+
+  # -1: all devices left; expert shards MoE experts (and splits the batch like data)
+  config.mesh = config_dict.ConfigDict(dict(data=-1, fsdp=1, expert=1, tensor=1))
+  return apply_choices(config, arg)
