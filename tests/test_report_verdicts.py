@@ -105,6 +105,7 @@ def test_the_overview_counts_every_judged_row_once():
     'agrees': 3,
     'within noise': 1,
     'contradicts, diagnosed': 1,
+    'contradicts, unexplained': 0,
     'contradicts, undiagnosed': 0,
   }
   assert tally['protocol'] == "baseline's lr (old)" and tally['rows'] == 6
@@ -112,7 +113,13 @@ def test_the_overview_counts_every_judged_row_once():
   undiagnosed = overview.tally(Suite(**{**SUITE.__dict__, 'diagnoses': {}}), tuned)
   assert undiagnosed['protocol'] == 'tuned lr'
   assert undiagnosed['counts']['contradicts, undiagnosed'] == 1
+  unexplained = overview.tally(
+    Suite(**{**SUITE.__dict__, 'diagnoses': {'worse_here': 'unexplained. Ruled out: the rate'}}),
+    tuned,
+  )
+  assert unexplained['counts']['contradicts, unexplained'] == 1
+  assert unexplained['counts']['contradicts, diagnosed'] == 0
   text = overview.markdown([tally, undiagnosed])
   assert 'Of 10 rows where the literature states a direction' in text
-  assert '6 agree, 2 are within noise, 2 contradict it (1 with a diagnosis)' in text
+  assert '6 agree, 2 are within noise, 2 contradict it (1 with a diagnosis, 0 unexplained' in text
   assert '- `verdicts` worse_here: contradicts (no diagnosis yet)' in text

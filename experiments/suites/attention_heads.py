@@ -17,12 +17,13 @@ def widen_ffn(config) -> dict:
   return {'model.ffn.d_ff': hidden_dim(m.ffn, m.d_model) + extra, 'model.ffn.match_params': False}
 
 
-def _variant(name, n_kv, paper=None):
+def _variant(name, n_kv, paper=None, expect=''):
   return Variant(
     name,
     overrides={'model.n_kv_heads': n_kv},
     derived=widen_ffn,
     paper={'eval_loss': paper} if paper else {},
+    expect=expect,
   )
 
 
@@ -39,12 +40,22 @@ SUITE = Suite(
   base='configs/rope_swiglu.py',
   variants=(
     _variant('MHA', 8, 1.424),
-    _variant('GQA-4', 4),
-    _variant('GQA-2', 2),
+    # Ainslie et al. 2023, Table 1 and Fig. 6: GQA with a few groups is on par with MHA.
+    _variant('GQA-4', 4, expect='same'),
+    _variant('GQA-2', 2, expect='same'),
     _variant('MQA', 1, 1.439),
   ),
   presets=_PRESETS,
   extra_metrics='decode',
+  diagnoses={
+    'GQA-2': 'unexplained. Ruled out: the learning rate (tuned per variant, both best at 6e-3) and '
+    'the token budget (attention_heads_tokens, 4x the tokens: the mean gap is +0.064 1 M tokens '
+    'in and +0.065 at the end, 4 M; within noise there only because the seeds spread more: '
+    '+0.119, +0.015, +0.060). Not '
+    'ruled out: head width (K and V are 2 heads of 16 dims per layer here, 64-128 in the papers), '
+    'uptraining (Ainslie et al. convert trained MHA checkpoints; these train from scratch) and the '
+    "metric (the paper's downstream scores, LM loss here)",
+  },
   paper_source='MQA: Shazeer 2019 Table 1 (WMT14 EN-DE dev ln-ppl 1.424 MHA, 1.439 MQA); '
   'GQA: Ainslie et al. 2023 Table 1 (T5-XXL, GQA-8 47.1 vs MHA 47.2 average)',
 )
