@@ -57,10 +57,29 @@ def tiny():
 STEPS = 40
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+  """Under `--dist loadgroup`, a test marked xdist_group must carry its group in its id (the
+  scheduler keeps a group on one worker by that suffix); a pytest that drops it would silently
+  build every shared training fixture once per worker."""
+  if not config.getvalue('loadgroup'):
+    return
+  for item in items:
+    if item.get_closest_marker('xdist_group') and '@' not in item.nodeid:
+      raise pytest.UsageError(
+        f'pytest-xdist did not tag {item.nodeid} with its xdist_group (pytest {pytest.__version__}'
+        "): --dist loadgroup would not group tests; pyproject.toml's pytest range says why"
+      )
+
+
 @pytest.fixture(scope='module')
 def corpus(tmp_path_factory):
   """14 real documents: standard-library modules copied as .txt files."""
-  root = tmp_path_factory.mktemp('corpus')
+  return write_corpus(tmp_path_factory.mktemp('corpus'))
+
+
+def write_corpus(root) -> str:
+  """`corpus`'s 14 documents written into the folder `root`; returns its path."""
   stdlib = sysconfig.get_paths()['stdlib']
   names = sorted(n for n in os.listdir(stdlib) if n.endswith('.py'))
   picked = [n for n in names if 2_000 < os.path.getsize(os.path.join(stdlib, n)) < 30_000][:14]

@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT, load_state
+from conftest import ROOT, load_state, write_corpus
 
 from mllm.train.metrics import read_metrics
 
@@ -93,10 +93,13 @@ def saved_params(workdir: str):
   return load_state(config, workdir)['params']
 
 
-@pytest.fixture(scope='module')
-def runs(corpus, tmp_path_factory):
+# Session scope (with a corpus of its own): pytest-xdist may run other modules' tests between this
+# module's on the same worker, and a module fixture would then be built again (a minute each).
+@pytest.fixture(scope='session')
+def runs(tmp_path_factory):
   """The same config trained by 1 process x 4 devices, by 2 processes x 2 devices, and by 2
   processes stopped at step 3 (--stop_after) and started again."""
+  corpus = write_corpus(tmp_path_factory.mktemp('corpus'))
   cache = str(tmp_path_factory.mktemp('cache'))
   dirs = {name: str(tmp_path_factory.mktemp(name)) for name in ('one', 'two', 'resumed')}
   launch(flags(corpus, cache) + [f'--workdir={dirs["one"]}'], processes=1, devices=4)
