@@ -62,7 +62,7 @@ def pytest_collection_modifyitems(config, items):
   """Under `--dist loadgroup`, a test marked xdist_group must carry its group in its id (the
   scheduler keeps a group on one worker by that suffix); a pytest that drops it would silently
   build every shared training fixture once per worker."""
-  if not config.getvalue('loadgroup'):
+  if not config.getoption('loadgroup', default=False):  # set on xdist's workers only
     return
   for item in items:
     if item.get_closest_marker('xdist_group') and '@' not in item.nodeid:
