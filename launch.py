@@ -199,10 +199,10 @@ def _import(config) -> None:
   """A normal workdir from a Hugging Face folder: its config (the model, the tokenizer; the rest
   from --config), tokenizer.json and the weights as checkpoint step 0, for train/eval/generate."""
   from mllm.train import train
-  from mllm.train.checkpoint import checkpoint_dir
 
   workdir = _hf_workdir()
-  if os.path.isdir(checkpoint_dir(workdir)) and os.listdir(checkpoint_dir(workdir)):
+  checkpoints = RunDir(workdir).checkpoints
+  if os.path.isdir(checkpoints) and os.listdir(checkpoints):
     raise InputError('--workdir', workdir, 'already holds checkpoints; allowed: a new workdir')
   train(config, workdir, stop_after=0, progress=False)
   print(
@@ -321,24 +321,27 @@ def parse_argv(argv: list[str]) -> list[str]:
   value (`--config.data.path=none` would be the string 'none'), demand --config before its
   overrides and report a bad config file as a traceback.
   """
-  overrides = [arg for arg in argv[1:] if arg.startswith('--config.')]
+  overrides = [arg for arg in argv[1:] if _is_override(arg)]
   try:
-    rest = flags.FLAGS([argv[0], *(arg for arg in argv[1:] if not arg.startswith('--config.'))])
+    rest = flags.FLAGS([argv[0], *(arg for arg in argv[1:] if not _is_override(arg))])
   except flags.Error as err:
     _fail(str(err).splitlines()[0])
   return rest + overrides
 
 
+def _is_override(arg: str) -> bool:
+  return arg.startswith('--config.')
+
+
 def main(argv: list[str]) -> None:
-  overrides = [arg for arg in argv[1:] if arg.startswith('--config.')]
-  if len(overrides) < len(argv) - 1:
-    unexpected = [arg for arg in argv[1:] if arg not in overrides]
+  unexpected = [arg for arg in argv[1:] if not _is_override(arg)]
+  if unexpected:
     _fail(f'unexpected arguments {unexpected!r}; flags look like --config=... --mode=...')
   if _MODE.value not in MODES:
     _fail(f"--mode={_MODE.value!r}: unknown mode; allowed: {', '.join(MODES)}")
   logging.set_verbosity(logging.WARNING)  # keep JAX's backend probing out of the output
   try:
-    config = build_config(overrides)
+    config = build_config(argv[1:])
     from mllm import compile_cache
 
     compile_cache.enable()  # a relaunch of the same shapes reads XLA's output from disk

@@ -105,29 +105,40 @@ def cudnn_attention(
   T, S = q_BTNH.shape[1], k_BSKH.shape[1]
   aligned = mask.static_offset(T, S, 'cudnn') == 0 and T == S
   plain = aligned and mask.q_segment_ids is None and (mask.window is None or mask.causal)
-  dense_bias = None
-  if bias is not None:  # cuDNN reads the bias in the input dtype: bf16 rounds large ALiBi terms
-    dense_bias = bias.materialize()
-    dense_bias = dense_bias.astype(q_BTNH.dtype) if implementation == 'cudnn' else dense_bias
-  if plain:  # cuDNN's own causal mask and window: no dense mask
+  dense_bias = _cudnn_bias(bias, q_BTNH.dtype, implementation)
+  if plain:
     window = None if mask.window is None else (mask.window - 1, 0)
-    masking = dict(is_causal=mask.causal, local_window_size=window)
-  else:
-    allowed = mask.allowed(T, S)  # [B|1, 1, T, S]
-    masking = dict(mask=allowed)
+    return jax.nn.dot_product_attention(
+      q_BTNH,
+      k_BSKH,
+      v_BSKH,
+      bias=dense_bias,
+      scale=scale,
+      is_causal=mask.causal,
+      local_window_size=window,
+      implementation=implementation,
+    )
+  allowed = mask.allowed(T, S)  # [B|1, 1, T, S]
   out = jax.nn.dot_product_attention(
     q_BTNH,
     k_BSKH,
     v_BSKH,
     bias=dense_bias,
+    mask=allowed,
     scale=scale,
     implementation=implementation,
-    **masking,
   )
-  if plain:
-    return out
   # A query that sees no key gets zeros here too (dot_product_attention would average).
   return jnp.where(jnp.any(allowed, axis=-1)[:, 0, :, None, None], out, 0).astype(q_BTNH.dtype)
+
+
+def _cudnn_bias(bias: ScoreBias | None, dtype, implementation: str):
+  """The dense [B|1, N|1, T, S] score bias dot_product_attention takes, or None."""
+  if bias is None:
+    return None
+  dense = bias.materialize()
+  # cuDNN reads the bias in the input dtype: bf16 rounds large ALiBi terms.
+  return dense.astype(dtype) if implementation == 'cudnn' else dense
 
 
 def splash_attention(q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:

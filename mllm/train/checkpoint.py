@@ -51,10 +51,6 @@ TMP_MARKER = '.orbax-checkpoint-tmp'
 Signature = dict[tuple[str, ...], tuple[tuple[int, ...], str]]
 
 
-def checkpoint_dir(workdir: str) -> str:
-  return RunDir(workdir).checkpoints
-
-
 def note(message: str) -> None:
   print(message, file=sys.stdout, flush=True)
 
@@ -145,7 +141,7 @@ def _is_committed(path: str) -> bool:
 def committed_steps(workdir: str) -> list[int]:
   """The steps a run in `workdir` has fully saved (what a restart resumes from), read from the
   folder names and commit markers without starting Orbax."""
-  directory = checkpoint_dir(workdir)
+  directory = RunDir(workdir).checkpoints
   names = os.listdir(directory) if os.path.isdir(directory) else []
   return sorted(int(n) for n in names if n.isdigit() and _is_committed(os.path.join(directory, n)))
 
@@ -231,7 +227,7 @@ class Checkpointer:
     read_only: bool = False,
     log: Callable[[str], None] = note,
   ):
-    self.directory = checkpoint_dir(workdir)
+    self.directory = RunDir(workdir).checkpoints
     self.read_only, self.log = read_only, log
     if not read_only:
       tidy(self.directory, log)

@@ -10,8 +10,8 @@ import jax
 
 from mllm.checks import InputError
 from mllm.config import ConfigError
-from mllm.paths import existing_dir
-from mllm.train.checkpoint import Checkpointer, StateMismatch, checkpoint_dir
+from mllm.paths import RunDir, existing_dir
+from mllm.train.checkpoint import Checkpointer, StateMismatch
 from mllm.train.cluster import maybe_initialize_distributed
 from mllm.train.resume import check_resumable, mismatch_error
 from mllm.train.sharding import global_batch, make_mesh
@@ -42,7 +42,7 @@ def evaluate(config, workdir: str) -> dict:
 
   maybe_initialize_distributed()
   existing_dir('--workdir', workdir, 'the workdir of a training run')
-  if not os.path.isdir(checkpoint_dir(workdir)):
+  if not os.path.isdir(RunDir(workdir).checkpoints):
     raise InputError(
       '--workdir', workdir, 'has no checkpoint to evaluate; allowed: the workdir of a training run'
     )

@@ -287,14 +287,19 @@ class _Loop:
     checkpoint_every steps and at the end."""
     t, step = self.config.train, self.step
     if t.eval_every and step % t.eval_every == 0 and step < t.steps:
-      self.last_eval = run_eval(
-        self.eval_step, self.state['params'], self.data, self.mesh, t.eval_batches
-      )
+      self._evaluate()
       if self.last_eval:
-        self.writer.write(step, 'eval', self.last_eval)
         self.bar.print(f'step {step}: {_fmt_eval(self.last_eval)}')
     if step % t.checkpoint_every == 0 or step == self.end:
       self._save()
+
+  def _evaluate(self) -> None:
+    """Evaluate the current parameters and write the eval record (none if the split is empty)."""
+    self.last_eval = run_eval(
+      self.eval_step, self.state['params'], self.data, self.mesh, self.config.train.eval_batches
+    )
+    if self.last_eval:
+      self.writer.write(self.step, 'eval', self.last_eval)
 
   def _save(self) -> None:
     """Save the step reached (train state and data position)."""
@@ -315,11 +320,7 @@ class _Loop:
     t, step = self.config.train, self.step
     self.ckpt.wait()  # the last save is committed before the run reports itself done
     if step == t.steps and not self.interrupted:
-      self.last_eval = run_eval(
-        self.eval_step, self.state['params'], self.data, self.mesh, t.eval_batches
-      )
-      if self.last_eval:
-        self.writer.write(step, 'eval', self.last_eval)
+      self._evaluate()
     self.writer.close()
     plot = None
     if jax.process_index() == 0 and os.path.exists(self.writer.path):
