@@ -1,7 +1,16 @@
 # Two commands set everything up on a fresh machine with python3 >= 3.11 and make:
 #   make train   bootstrap .venv from pyproject.toml, then run the default config
 #   make test    bootstrap .venv, then run the test suite (slow tests excluded)
-PYTHON ?= python3
+#
+# The Python: the newest tested one (3.13, 3.12) found on PATH or in pyenv's versions folder
+# (pyenv's shims fail for a version that is not selected, so its folders are read directly); jax
+# >= 0.11 needs Python >= 3.12. Without one, python3 (3.11) gets jax 0.10. `make PYTHON=...` picks
+# another; `make python` prints the choice.
+FIND_PYTHON = for p in python3.13 python3.12 \
+    $$(ls -d "$$(pyenv root 2>/dev/null || echo $$HOME/.pyenv)"/versions/3.1[23].*/bin/python3 2>/dev/null); do \
+    "$$p" -c 'import sys; assert sys.version_info[:2] in ((3, 12), (3, 13)); print(*sys.version_info[:3], sys.executable)' 2>/dev/null; \
+  done | sort -n -k1 -k2 -k3 | tail -n 1 | cut -d' ' -f4
+PYTHON ?= $(or $(shell $(FIND_PYTHON)),python3)
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 CONFIG ?= configs/rope_swiglu.py
@@ -10,15 +19,20 @@ ARGS ?=
 # tests of one xdist_group (the training runs sharing a module fixture) on one worker.
 PYTEST_ARGS ?= -n 2 --dist loadgroup
 
-.PHONY: install train summary lint format test test-slow test-tpu ablate clean
+.PHONY: python install train summary lint format test test-slow test-tpu ablate clean
 
-# Re-created whenever pyproject.toml changes.
+# Re-created whenever pyproject.toml changes; a .venv of another Python is replaced.
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "mllm needs python >= 3.11"'
+	@echo "mllm: $(VENV) with $$($(PYTHON) -c 'import sys; print("Python", sys.version.split()[0], sys.executable)')"
+	@test ! -x $(VENV)/bin/python || [ "$$($(VENV)/bin/python -c 'import sys; print(sys.version_info[:2])')" = "$$($(PYTHON) -c 'import sys; print(sys.version_info[:2])')" ] || rm -rf $(VENV)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV)/bin/python -m pip install --quiet -e '.[dev,cluster]'
 	touch $(STAMP)
+
+python:
+	@$(PYTHON) -c 'import sys; print("Python", sys.version.split()[0], sys.executable)'
 
 install: $(STAMP)
 
