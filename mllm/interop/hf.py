@@ -3,9 +3,10 @@
 A folder as transformers' `save_pretrained` writes it: config.json and model.safetensors (or
 shards with model.safetensors.index.json), and the tokenizer's files. Families: Llama, Mistral,
 Qwen2, Qwen3, GPT-2, Mixtral, Qwen3-MoE. The config mapping is `hf_config.py` (import) and
-`hf_config_export.py`, the weight mapping `hf_weights.py`; all are exact (no approximation) and
-strict both ways: a setting one side cannot represent is a one-line error naming it, and so is a
-checkpoint with weights missing or left over.
+`hf_config_export.py` (a variant's own fields are mapped by its class in mllm/layers/), the weight
+mapping `hf_weights.py`; all are exact (no approximation) and strict both ways: a setting one side
+cannot represent is a one-line error naming it, and so is a checkpoint with weights missing or left
+over.
 """
 
 from __future__ import annotations

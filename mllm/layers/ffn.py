@@ -40,6 +40,9 @@ class FeedForward(nnx.Module):
   """
 
   gated = False
+  # The names transformers gives this FFN's activation (config.json's hidden_act, which for a
+  # gated FFN names the gate's, or GPT-2's activation_function); HF export writes the first.
+  hf_activations: tuple[str, ...] = ()
 
   @staticmethod
   def activation(x):
@@ -154,12 +157,14 @@ class GELU(MLP):
   """FFN_GELU (Shazeer 2020, eq. 2)."""
 
   activation = staticmethod(gelu)
+  hf_activations = ('gelu',)
 
 
 class GELUTanh(MLP):
   """FFN_GELU with GELU's tanh approximation (Hendrycks & Gimpel 2016, sec. 2; GPT-2)."""
 
   activation = staticmethod(gelu_tanh)
+  hf_activations = ('gelu_new', 'gelu_pytorch_tanh')
 
 
 class Swish(MLP):
@@ -190,6 +195,7 @@ class SwiGLU(GatedMLP):
   """FFN_SwiGLU: Swish gate (Shazeer 2020, eq. 6; Llama, Mistral, Qwen)."""
 
   activation = staticmethod(jax.nn.silu)
+  hf_activations = ('silu',)
 
 
 class ReGLU(GatedMLP):

@@ -25,7 +25,8 @@ a resumed run draws the same noise), and DeepSeek-V3's aux-loss-free bias (an `E
 variable that shifts the choice only; `update_expert_bias` is applied after each step).
 
 `model.ffn.kind='moe'` with the `model.moe.*` keys puts this layer in place of the FFN
-(`MoE.from_config`); experts and the model's dense layers are FFNs of `moe.expert_kind`.
+(`MoE.from_config`); experts and the model's dense layers are FFNs of `moe.expert_kind`. Its
+Hugging Face mapping (Mixtral, Qwen3-MoE) is moe_hf.py.
 """
 
 from __future__ import annotations

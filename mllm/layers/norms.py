@@ -38,6 +38,11 @@ class _Norm(nnx.Module):
       nnx.Param(jnp.zeros((dim,), param_dtype), logical_axes=('norm',)) if use_bias else None
     )
 
+  @classmethod
+  def hf_math(cls, m) -> dict:
+    """Its settings beyond `norm.kind`, eps and bias that change the network, for HF export."""
+    return {}
+
   def normalize(self, x: jax.Array) -> jax.Array:
     raise NotImplementedError
 
@@ -76,6 +81,10 @@ class PartialRMSNorm(_Norm):
   """pRMSNorm: the RMS is estimated from the first k = ⌈p·d⌉ features only (Zhang & Sennrich 2019,
   eq. 6); every feature is then divided by it. p = 1 is RMSNorm."""
 
+  @classmethod
+  def hf_math(cls, m):
+    return {'norm.partial_p': m.norm.partial_p}
+
   def normalize(self, x):
     k = max(1, math.ceil(self.partial_p * x.shape[-1]))
     mean_square = jnp.mean(jnp.square(x[..., :k]), axis=-1, keepdims=True)
@@ -84,6 +93,10 @@ class PartialRMSNorm(_Norm):
 
 class Identity(nnx.Module):
   """No normalization (the 'Baseline' row of the RMSNorm paper)."""
+
+  @classmethod
+  def hf_math(cls, m):
+    return {}
 
   def __init__(self, dim: int, **kwargs):
     del dim, kwargs

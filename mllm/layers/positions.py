@@ -23,7 +23,16 @@ from flax import nnx, struct
 from mllm.checks import ConfigError, one_of, positive
 from mllm.layers import resolved_head_dim
 from mllm.layers.init import weight_std
-from mllm.layers.rope import ROPE_LAYOUTS, ROPE_SCALINGS, RopeScaling, rope_angles, rotate
+from mllm.layers.rope import (
+  ROPE_LAYOUTS,
+  ROPE_SCALINGS,
+  RopeScaling,
+  rope_angles,
+  rope_hf_fields,
+  rope_keys_from_hf,
+  rope_math,
+  rotate,
+)
 from mllm.ops.attention import RelativeValues, ScoreBias
 
 # ---------------------------------------------------------------------------------------------
@@ -109,7 +118,8 @@ class PositionContext:
 
 class PositionScheme(nnx.Module):
   """Base scheme: acts nowhere (NoPE). Subclasses override what they need: the four points above,
-  and `check` (their rules on the config, beyond the keys' ranges) and `describe` (one line)."""
+  `check` (their rules on the config, beyond the keys' ranges), `describe` (one line) and
+  `hf_math` (what Hugging Face export must reproduce)."""
 
   max_positions: int | None = None  # size of a learned table of absolute positions, if any
   learned_bias = False  # its score bias is learned: only 'xla', 'blockwise' (autodiff) run it
@@ -122,6 +132,12 @@ class PositionScheme(nnx.Module):
   def describe(cls, m) -> str:
     """One line for the summary's tables."""
     return m.position.kind
+
+  @classmethod
+  def hf_math(cls, m) -> dict:
+    """Its settings beyond `position.kind` that change the network, keyed by mllm key and
+    resolved: what HF export compares after mapping its config.json back (`math_of`)."""
+    return {}
 
   def __init__(self, cfg, *, rngs: nnx.Rngs):
     del cfg, rngs
@@ -144,6 +160,10 @@ class NoPositions(PositionScheme):
 
 class LearnedPositions(PositionScheme):
   """A learned vector per absolute position, added to the token embedding (GPT-2)."""
+
+  @classmethod
+  def hf_math(cls, m):
+    return {'max_seq_len': m.max_seq_len}  # the table's size: a model of another size differs
 
   def __init__(self, cfg, *, rngs):
     init = nnx.initializers.normal(weight_std(cfg, 'table'))
@@ -171,6 +191,13 @@ class SinusoidalPositions(PositionScheme):
 
 class RotaryPositions(PositionScheme):
   """RoPE: q and k rotated by angles m·θ_i, so q_m·k_n depends on m − n only (Su et al. 2021)."""
+
+  # Its Hugging Face mapping, in rope.py beside the scalings it names: config.json's
+  # rope_parameters → position keys (refusing what mllm lacks), position keys → those fields, and
+  # the settings export compares.
+  keys_from_hf = staticmethod(rope_keys_from_hf)
+  hf_fields = staticmethod(rope_hf_fields)
+  hf_math = staticmethod(rope_math)
 
   @classmethod
   def check(cls, m, p):

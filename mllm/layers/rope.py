@@ -1,5 +1,6 @@
-"""RoPE (Su et al. 2021): rotation angles, the two feature layouts, and the context-extension
-scalings of its frequencies (PI, NTK, YaRN, llama3). `RotaryPositions` in positions.py applies it."""
+"""RoPE (Su et al. 2021): rotation angles, the two feature layouts, the context-extension
+scalings of its frequencies (PI, NTK, YaRN, llama3), and their Hugging Face mapping.
+`RotaryPositions` in positions.py applies it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from mllm.hf_errors import HFImportError
 
 # ---------------------------------------------------------------------------------------------
 # RoPE (Su et al. 2021) and its context-extension scalings.
@@ -159,3 +162,128 @@ def rope_frequencies_2d(
     axis=-1,
   )
   return jnp.asarray(angles, jnp.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# RoPE's Hugging Face mapping (`RotaryPositions.keys_from_hf`, `hf_fields`, `hf_math`):
+# config.json's `rope_parameters` ↔ `model.position.*`, exactly or refused in one line.
+# ---------------------------------------------------------------------------------------------
+
+
+def rope_keys_from_hf(hf: dict) -> dict[str, Any]:
+  """Position keys from `rope_parameters` (transformers ≥ 5) or `rope_theta` + `rope_scaling`."""
+  params = dict(hf.get('rope_parameters') or {})
+  if not params:
+    params = dict(hf.get('rope_scaling') or {})
+    params.setdefault('rope_theta', hf.get('rope_theta', 10000.0))
+  kind = params.get('rope_type', params.get('type', 'default'))
+  out = {
+    'position.kind': 'rope',
+    'position.rope_layout': 'half',
+    'position.rope_theta': float(params['rope_theta']),
+  }
+  if kind == 'default':
+    return out
+  original = params.get('original_max_position_embeddings')
+  if kind == 'linear':
+    out.update(
+      {'position.rope_scaling': 'linear', 'position.rope_scaling_factor': float(params['factor'])}
+    )
+  elif kind == 'llama3':
+    out.update(
+      {
+        'position.rope_scaling': 'llama3',
+        'position.rope_scaling_factor': float(params['factor']),
+        'position.llama3_low_freq_factor': float(params['low_freq_factor']),
+        'position.llama3_high_freq_factor': float(params['high_freq_factor']),
+        'position.rope_original_max_len': int(original),
+      }
+    )
+  elif kind == 'yarn':
+    out.update(_yarn_keys_from_hf(hf, params, original))
+  else:
+    raise HFImportError(
+      f'rope_type={kind!r}: not mapped to mllm yet; allowed: default, linear, llama3, yarn'
+    )
+  return out
+
+
+def _yarn_keys_from_hf(hf: dict, params: dict, original: int | None) -> dict[str, Any]:
+  for field in ('attention_factor', 'mscale', 'mscale_all_dim', 'partial_rotary_factor'):
+    if params.get(field) is not None:
+      raise HFImportError(
+        f'rope_parameters.{field}={params[field]!r}: mllm\'s YaRN has the '
+        'paper\'s attention factor 0.1·ln(s) + 1 only; allowed: unset'
+      )
+  if params.get('truncate', True) is not True:
+    raise HFImportError(
+      f"rope_parameters.truncate={params['truncate']!r}: mllm's YaRN rounds "
+      'the correction range (floor/ceil); allowed: true'
+    )
+  factor = params.get('factor') or hf['max_position_embeddings'] / original
+  return {
+    'position.rope_scaling': 'yarn',
+    'position.rope_scaling_factor': float(factor),
+    'position.rope_original_max_len': int(original or hf['max_position_embeddings']),
+    # transformers reads 0 or null as the defaults too
+    'position.yarn_beta_fast': float(params.get('beta_fast') or 32.0),
+    'position.yarn_beta_slow': float(params.get('beta_slow') or 1.0),
+  }
+
+
+def rope_hf_fields(m) -> dict[str, Any]:
+  """config.json's RoPE fields for model config `m` (its `position.*`, whatever the kind)."""
+  p = m.position
+  params: dict[str, Any] = {'rope_type': 'default', 'rope_theta': float(p.rope_theta)}
+  if p.rope_scaling == 'linear':
+    params.update(rope_type='linear', factor=float(p.rope_scaling_factor))
+  elif p.rope_scaling == 'yarn':
+    params.update(
+      rope_type='yarn',
+      factor=float(p.rope_scaling_factor),
+      original_max_position_embeddings=int(p.rope_original_max_len or m.max_seq_len),
+      beta_fast=float(p.yarn_beta_fast),
+      beta_slow=float(p.yarn_beta_slow),
+    )
+  elif p.rope_scaling == 'llama3':
+    params.update(
+      rope_type='llama3',
+      factor=float(p.rope_scaling_factor),
+      low_freq_factor=float(p.llama3_low_freq_factor),
+      high_freq_factor=float(p.llama3_high_freq_factor),
+      original_max_position_embeddings=int(p.rope_original_max_len or m.max_seq_len),
+    )
+  # Both spellings: transformers ≥ 5 reads rope_parameters, earlier versions rope_theta and
+  # rope_scaling.
+  legacy = (
+    None
+    if params['rope_type'] == 'default'
+    else {k: v for k, v in params.items() if k != 'rope_theta'}
+  )
+  return {'rope_parameters': params, 'rope_theta': params['rope_theta'], 'rope_scaling': legacy}
+
+
+def rope_math(m) -> dict[str, Any]:
+  """RoPE's settings that change the network, resolved, for HF export's `math_of`."""
+  p = m.position
+  out = {
+    'position.rope_theta': float(p.rope_theta),
+    'position.rope_layout': p.rope_layout,
+    'position.rope_scaling': p.rope_scaling,
+  }
+  if p.rope_scaling != 'none':
+    out['position.rope_scaling_factor'] = float(p.rope_scaling_factor)
+  if p.rope_scaling in ('ntk', 'yarn', 'llama3'):
+    out['position.rope_original_max_len'] = p.rope_original_max_len or m.max_seq_len
+  if p.rope_scaling == 'yarn':
+    out.update(
+      {'position.yarn_beta_fast': p.yarn_beta_fast, 'position.yarn_beta_slow': p.yarn_beta_slow}
+    )
+  if p.rope_scaling == 'llama3':
+    out.update(
+      {
+        'position.llama3_low_freq_factor': p.llama3_low_freq_factor,
+        'position.llama3_high_freq_factor': p.llama3_high_freq_factor,
+      }
+    )
+  return out
