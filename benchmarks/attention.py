@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import shlex
@@ -44,12 +43,12 @@ import time
 import jax
 import jax.numpy as jnp
 
+from benchmarks.attention_tables import MiB, fmt, ms_cell, write_outputs
 from benchmarks.machine import cpu_model
 from mllm.ops.attention import ATTENTION_IMPLS, PALLAS_IMPLS, AttentionMask, attend, pallas_kernel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DENSE = ('xla',)  # implementations that materialize [B, H, N, N] scores
-MiB = 2**20
 
 
 def parse_args(argv=None):
@@ -218,164 +217,23 @@ def run_cell(impl, causal, n, batch, inputs, args, budget_bytes) -> dict:
   return row
 
 
-def fmt(value, spec='.1f', scale=1.0) -> str:
-  return 'n/a' if value is None else format(value / scale, spec)
-
-
-def ms_cell(row, kind, repeats, unit='') -> str:
-  if f'{kind}_ms' not in row:
-    skipped = row.get('skipped') or row.get(f'{kind}_skipped')
-    return f'skipped ({skipped.split(" (")[0]})' if skipped else 'n/a'
-  runs = row[f'{kind}_runs']
-  return fmt(row[f'{kind}_ms'], '.2f') + (f' ({runs})' if runs < repeats else '') + unit
-
-
-def tables(rows, repeats) -> str:
-  header = [
-    'impl',
-    'causal',
-    'N',
-    'batch',
-    'fwd ms',
-    'fwd+bwd ms',
-    'fwd TFLOP/s',
-    'fwd+bwd TFLOP/s',
-    'scratch fwd MiB',
-    'scratch fwd+bwd MiB',
-    'FA GFLOPs fwd / fwd+bwd',
-    'XLA GFLOPs fwd / fwd+bwd',
-    'XLA GB accessed fwd / fwd+bwd',
-  ]
-  lines = ['| ' + ' | '.join(header) + ' |', '|---|---|' + '---:|' * (len(header) - 2)]
-  for r in rows:
-    g = lambda key, spec, scale: fmt(r.get(key), spec, scale)  # noqa: E731, B023 (runs within this iteration)
-    lines.append(
-      '| '
-      + ' | '.join(
-        [
-          r['impl'],
-          str(r['causal']).lower(),
-          str(r['N']),
-          str(r['batch']),
-          ms_cell(r, 'fwd', repeats),
-          ms_cell(r, 'fwdbwd', repeats),
-          g('fwd_tflops', '.3f', 1),
-          g('fwdbwd_tflops', '.3f', 1),
-          g('fwd_scratch', '.1f', MiB),
-          g('fwdbwd_scratch', '.1f', MiB),
-          f"{g('fa_fwd_flops', '.2f', 1e9)} / {g('fa_fwdbwd_flops', '.2f', 1e9)}",
-          f"{g('fwd_xla_flops', '.2f', 1e9)} / {g('fwdbwd_xla_flops', '.2f', 1e9)}",
-          f"{g('fwd_xla_bytes', '.3f', 1e9)} / {g('fwdbwd_xla_bytes', '.3f', 1e9)}",
-        ]
-      )
-      + ' |'
-    )
-  by_key = {(r['impl'], r['causal'], r['N']): r for r in rows}
-  present = {r['impl'] for r in rows}
-  refs = [ref for ref in ('xla', 'cudnn') if ref in present]
-  if len(present) < 2 or not refs:
-    return '\n'.join(lines)
-
-  def ratio(r, ref_impl, key):
-    a, b = r.get(key), by_key.get((ref_impl, r['causal'], r['N']), {}).get(key)
-    return '-' if r['impl'] == ref_impl or a is None or not b else f'{a / b:.2f}'
-
-  cols = {
-    'xla': ['fwd_ms', 'fwdbwd_ms', 'fwd_scratch', 'fwdbwd_scratch'],
-    'cudnn': ['fwd_tflops', 'fwdbwd_tflops'],
-  }
-  names = {
-    'fwd_ms': 'fwd time',
-    'fwdbwd_ms': 'fwd+bwd time',
-    'fwd_scratch': 'scratch fwd',
-    'fwdbwd_scratch': 'scratch fwd+bwd',
-    'fwd_tflops': 'fwd TFLOP/s',
-    'fwdbwd_tflops': 'fwd+bwd TFLOP/s',
-  }
-  header = ['impl', 'causal', 'N'] + [f'{names[k]} / {ref}' for ref in refs for k in cols[ref]]
-  ratios = ['| ' + ' | '.join(header) + ' |', '|---|---|' + '---:|' * (len(header) - 2)]
-  for r in rows:
-    if r['impl'] != 'xla' or 'cudnn' in refs:
-      cells = [r['impl'], str(r['causal']).lower(), str(r['N'])]
-      ratios.append(
-        '| ' + ' | '.join(cells + [ratio(r, ref, k) for ref in refs for k in cols[ref]]) + ' |'
-      )
-  what = ['time and scratch: impl / xla, below 1 is faster or smaller'] * ('xla' in refs)
-  what += ['TFLOP/s: impl / cudnn, above 1 is faster'] * ('cudnn' in refs)
-  return '\n'.join(lines) + f"\n\nRatios ({'; '.join(what)}):\n\n" + '\n'.join(ratios)
-
-
-FOOTNOTES = """\
-- TFLOP/s and "FA GFLOPs" use FlashAttention's convention (fwd 4·B·H·N²·D, halved when causal;
-  fwd+bwd 3.5 × fwd), not XLA's count. ms (k): only k timed runs, --time_budget_s was reached.
-- XLA's FLOPs and bytes come from `cost_analysis()` of the compiled program and count only what it
-  sees as HLO: a while loop's body is counted once, not once per iteration (blockwise attention, and
-  Pallas interpreted on CPU, are loops), and a Pallas kernel on GPU or cuDNN attention is a custom
-  call counted as little or nothing. Read them as a lower bound for those implementations.
-- Scratch = `memory_analysis().temp_size_in_bytes` (excludes arguments and outputs; in fwd+bwd it
-  includes whatever the forward saves for the backward). skipped (memory): the estimated dense
-  scores (~4 × B·H·N² float32) or the compiled scratch exceed --max_gb; n/a: the implementation
-  raised for this combination (message in the log and the JSON).
-- Rows marked (interpreted) run a Pallas kernel in an interpreter (Triton's on CPU, the TPU kernel
-  off a TPU, the Mosaic GPU one off a GPU): their times say nothing about the kernel's speed on its
-  hardware."""
-
-
-def plot(rows, path, title) -> None:
-  import matplotlib
-
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt
-
-  fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-  colors = {}
-  for impl, causal in sorted(
-    {(r['impl'], r['causal']) for r in rows}, key=lambda x: (x[0], not x[1])
-  ):
-    cell = sorted(
-      (r for r in rows if r['impl'] == impl and r['causal'] == causal), key=lambda r: r['N']
-    )
-    color = colors.setdefault(impl, f'C{len(colors)}')
-    for ax, key, scale in ((axes[0], 'fwdbwd_ms', 1), (axes[1], 'fwdbwd_scratch', MiB)):
-      pts = [(r['N'], r[key] / scale) for r in cell if r.get(key)]  # zero scratch cannot be drawn
-      if pts:
-        ax.plot(
-          *zip(*pts),
-          '-' if causal else '--',
-          marker='o',
-          color=color,
-          label=f"{impl} {'causal' if causal else 'full'}",
-        )
-  for ax, ylabel in zip(axes, ('fwd+bwd time (ms)', 'fwd+bwd scratch memory (MiB)')):
-    ax.set_xscale('log', base=2)
-    ax.set_yscale('log')
-    ax.set(xlabel='sequence length N', ylabel=ylabel)
-    ax.grid(True, which='both', alpha=0.3)
-    ax.legend(fontsize=8)
-  fig.suptitle(title, fontsize=9)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-
-
-def main(argv=None) -> None:
-  args = parse_args(argv)
-  backend = jax.default_backend()
+def fill_defaults(args, backend: str) -> None:
+  """The defaults that depend on the backend: dtype, KV heads, scratch budget, output paths."""
   args.dtype = args.dtype or ('float32' if backend == 'cpu' else 'bfloat16')
   args.kv_heads = args.kv_heads or args.heads
   if args.max_gb is None:
     limit = (jax.devices()[0].memory_stats() or {}).get('bytes_limit') if backend != 'cpu' else None
     args.max_gb = limit / 1e9 if limit else 12.0
-  budget_bytes = args.max_gb * 1e9
   if args.out is None:
     args.out = os.path.join(ROOT, 'benchmarks', 'results', f'attention-{backend}.md')
   if args.plot is None and args.out:
     args.plot = os.path.splitext(args.out)[0] + '.png'
-  env = environment(args)
-  for key, value in env.items():
-    print(f'{key}: {value}', flush=True)
+
+
+def usable_impls(names: str, backend: str) -> tuple[list[str], list[str]]:
+  """The comma list's implementations that run here, and a note for each of the others."""
   impls, notes = [], []
-  for impl in args.impls.split(','):
+  for impl in names.split(','):
     if impl not in ATTENTION_IMPLS:
       notes.append(
         f"{impl}: not registered in ATTENTION_IMPLS ({', '.join(sorted(ATTENTION_IMPLS))})"
@@ -384,78 +242,62 @@ def main(argv=None) -> None:
       notes.append(f'{impl}: {why}')
     else:
       impls.append(impl)
+  return impls, notes
+
+
+def random_inputs(n: int, batch: int, args) -> list[jax.Array]:
+  """q, k, v and the cotangent dO of one N, seeded by N so that every impl sees the same."""
+  keys = jax.random.split(jax.random.key(n), 4)
+  shapes = [
+    (batch, n, args.heads),
+    (batch, n, args.kv_heads),
+    (batch, n, args.kv_heads),
+    (batch, n, args.heads),
+  ]
+  dtype = jnp.dtype(args.dtype)
+  return [jax.random.normal(key, s + (args.head_dim,), dtype) for key, s in zip(keys, shapes)]
+
+
+def print_row(impl: str, row, repeats: int) -> None:
+  """The log line of one cell; `impl` is the name asked for, without row's ' (interpreted)'."""
+  where = f"[{impl} causal={row['causal']} N={row['N']} B={row['batch']}]"
+  if 'skipped' in row:
+    print(f"{where} skipped: {row['skipped']}", flush=True)
+    return
+  print(
+    f"{where} fwd {ms_cell(row, 'fwd', repeats, ' ms')}, "
+    f"fwd+bwd {ms_cell(row, 'fwdbwd', repeats, ' ms')}, fwd+bwd "
+    f"{fmt(row.get('fwdbwd_tflops'), '.3f')} TFLOP/s, scratch "
+    f"{fmt(row.get('fwd_scratch'), '.1f', MiB)} / {fmt(row.get('fwdbwd_scratch'), '.1f', MiB)} MiB, "
+    f"compile {fmt(row.get('fwd_compile_s'))} + {fmt(row.get('fwdbwd_compile_s'))} s",
+    flush=True,
+  )
+
+
+def main(argv=None) -> None:
+  args = parse_args(argv)
+  backend = jax.default_backend()
+  fill_defaults(args, backend)
+  budget_bytes = args.max_gb * 1e9
+  env = environment(args)
+  for key, value in env.items():
+    print(f'{key}: {value}', flush=True)
+  impls, notes = usable_impls(args.impls, backend)
   for note in notes:
     print(f'skipping {note}', flush=True)
   causals = {'true': [True], 'false': [False], 'both': [True, False]}[args.causal]
-  dtype = jnp.dtype(args.dtype)
   rows = []
   for causal in causals:
     for n in [int(x) for x in args.seq_lens.split(',')]:
       batch = max(1, args.tokens_per_batch // n) if args.tokens_per_batch else args.batch
-      keys = jax.random.split(jax.random.key(n), 4)
-      shapes = [
-        (batch, n, args.heads),
-        (batch, n, args.kv_heads),
-        (batch, n, args.kv_heads),
-        (batch, n, args.heads),
-      ]
-      inputs = [jax.random.normal(key, s + (args.head_dim,), dtype) for key, s in zip(keys, shapes)]
+      inputs = random_inputs(n, batch, args)
       for impl in impls:
         row = run_cell(impl, causal, n, batch, inputs, args, budget_bytes)
         rows.append(row)
-        if 'skipped' in row:
-          print(f"[{impl} causal={causal} N={n} B={batch}] skipped: {row['skipped']}", flush=True)
-          continue
-        print(
-          f"[{impl} causal={causal} N={n} B={batch}] fwd {ms_cell(row, 'fwd', args.repeats, ' ms')}, "
-          f"fwd+bwd {ms_cell(row, 'fwdbwd', args.repeats, ' ms')}, fwd+bwd "
-          f"{fmt(row.get('fwdbwd_tflops'), '.3f')} TFLOP/s, scratch "
-          f"{fmt(row.get('fwd_scratch'), '.1f', MiB)} / {fmt(row.get('fwdbwd_scratch'), '.1f', MiB)} MiB, "
-          f"compile {fmt(row.get('fwd_compile_s'))} + {fmt(row.get('fwdbwd_compile_s'))} s",
-          flush=True,
-        )
+        print_row(impl, row, args.repeats)
       del inputs
       write_outputs(rows, args, env, notes, backend, final=False)  # a killed run keeps its rows
   write_outputs(rows, args, env, notes, backend, final=True)
-
-
-def write_outputs(rows, args, env, notes, backend, *, final: bool) -> None:
-  """The markdown table, the raw rows as JSON and (final) the plot; printed when final."""
-  text = tables(rows, args.repeats)
-  if final:
-    print('\n' + text + '\n\n' + FOOTNOTES)
-  if args.out:
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, 'w') as f:
-      f.write(
-        f'# Attention benchmark ({backend})\n\n'
-        + '\n'.join(f'- {k}: {v}' for k, v in env.items())
-        + ''.join(f'\n- skipped {note}' for note in notes)
-        + ('' if final else '\n- INCOMPLETE: the run stopped before its last cell')
-        + '\n\n'
-        + text
-        + '\n\n'
-        + FOOTNOTES
-        + '\n'
-      )
-    json_path = os.path.splitext(args.out)[0] + '.json'
-    with open(json_path, 'w') as f:
-      json.dump(
-        {
-          'environment': env,
-          'args': vars(args),
-          'skipped_impls': notes,
-          'rows': rows,
-          'complete': final,
-        },
-        f,
-        indent=1,
-      )
-    if final:
-      print(f'wrote {args.out} and {json_path}')
-  if final and args.plot and rows:
-    plot(rows, args.plot, f"attention {env['setting']}; {env['machine']}")
-    print(f'wrote {args.plot}')
 
 
 if __name__ == '__main__':

@@ -98,60 +98,54 @@ def _run(step: str, size: str, path: str) -> dict:
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser()
-  parser.add_argument('--sizes', default=','.join(SIZES))
-  parser.add_argument('--one', choices=('make', 'import', 'export'))
-  parser.add_argument('--path')
-  args = parser.parse_args()
-  if args.one:
-    print(json.dumps(one(args.one, args.sizes, args.path)))
-    return
+HEADER = [
+  'model',
+  'params',
+  'file GiB (bf16)',
+  'params GiB (f32)',
+  'import s',
+  'import peak GiB',
+  'largest tensor GiB (f32)',
+  'export s',
+  'export peak GiB',
+]
+GIB = 2**30
+
+
+def measure(size: str) -> list[str]:
+  """The table row of one size: its folder written, then imported and exported, each step in a
+  fresh process."""
+  with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, 'hf')
+    _run('make', size, path)
+    file_bytes = sum(
+      os.path.getsize(os.path.join(path, f)) for f in os.listdir(path) if f.endswith('.safetensors')
+    )
+    imported, exported = _run('import', size, path), _run('export', size, path)
+    largest = max(_tensor_sizes(path).values())
+  params = imported['params']
+  return [
+    size,
+    f'{params / 1e6:,.0f}M',
+    f'{file_bytes / GIB:.2f}',
+    f'{4 * params / GIB:.2f}',
+    f"{imported['seconds']:.1f}",
+    f"{imported['peak_above_start'] / GIB:.2f}",
+    f'{largest * 4 / GIB:.2f}',
+    f"{exported['seconds']:.1f}",
+    f"{exported['peak_above_start'] / GIB:.2f}",
+  ]
+
+
+def report(rows) -> None:
+  """Print the table and write it to results/hf_interop-<backend>.md."""
   import jax
   from rich.console import Console
   from rich.table import Table
 
   from benchmarks.machine import describe
 
-  gib = 2**30
-  rows = []
-  for size in args.sizes.split(','):
-    with tempfile.TemporaryDirectory() as tmp:
-      path = os.path.join(tmp, 'hf')
-      _run('make', size, path)
-      file_bytes = sum(
-        os.path.getsize(os.path.join(path, f))
-        for f in os.listdir(path)
-        if f.endswith('.safetensors')
-      )
-      imported, exported = _run('import', size, path), _run('export', size, path)
-      largest = max(_tensor_sizes(path).values())
-    params = imported['params']
-    rows.append(
-      [
-        size,
-        f'{params / 1e6:,.0f}M',
-        f'{file_bytes / gib:.2f}',
-        f'{4 * params / gib:.2f}',
-        f"{imported['seconds']:.1f}",
-        f"{imported['peak_above_start'] / gib:.2f}",
-        f'{largest * 4 / gib:.2f}',
-        f"{exported['seconds']:.1f}",
-        f"{exported['peak_above_start'] / gib:.2f}",
-      ]
-    )
-  header = [
-    'model',
-    'params',
-    'file GiB (bf16)',
-    'params GiB (f32)',
-    'import s',
-    'import peak GiB',
-    'largest tensor GiB (f32)',
-    'export s',
-    'export peak GiB',
-  ]
-  table = Table(*header, title='Hugging Face import / export')
+  table = Table(*HEADER, title='Hugging Face import / export')
   for row in rows:
     table.add_row(*row)
   Console().print(table)
@@ -162,8 +156,8 @@ def main() -> None:
     'transformers folder; from_hf to float32 parameters, to_hf back to bfloat16; each in '
     'a fresh process; peak = ru_maxrss above the process\'s memory before the call.',
     '',
-    '| ' + ' | '.join(header) + ' |',
-    '|' + '---|' * len(header),
+    '| ' + ' | '.join(HEADER) + ' |',
+    '|' + '---|' * len(HEADER),
   ]
   lines += ['| ' + ' | '.join(row) + ' |' for row in rows]
   os.makedirs(os.path.join(os.path.dirname(__file__), 'results'), exist_ok=True)
@@ -171,6 +165,18 @@ def main() -> None:
   with open(out, 'w') as f:
     f.write('\n'.join(lines) + '\n')
   print(f'wrote {out}')
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser()
+  parser.add_argument('--sizes', default=','.join(SIZES))
+  parser.add_argument('--one', choices=('make', 'import', 'export'))
+  parser.add_argument('--path')
+  args = parser.parse_args()
+  if args.one:  # a child process of _run
+    print(json.dumps(one(args.one, args.sizes, args.path)))
+    return
+  report([measure(size) for size in args.sizes.split(',')])
 
 
 def _tensor_sizes(path: str) -> dict[str, int]:

@@ -30,25 +30,21 @@ def _corpus(folder: str) -> str:
   return folder
 
 
-def main(argv=None) -> None:
+def parse_args(argv=None):
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument('--runs', type=int, default=8)
   parser.add_argument('--jobs', type=int, default=2)
   parser.add_argument(
     '--out', default=os.path.join(os.path.dirname(__file__), 'results', 'suite_engines-cpu.md')
   )
-  args = parser.parse_args(argv)
-  import ray
+  return parser.parse_args(argv)
 
-  from benchmarks.machine import describe
-  from experiments.engines import init_ray
-  from experiments.runner import run_suite
+
+def tiny_suite(tmp: str):
+  """The one-variant suite and its config overrides: a byte-level corpus and caches under tmp."""
   from experiments.suite import Suite, Variant
   from experiments.suites._presets import PRESETS
-  from mllm import compile_cache
 
-  compile_cache.enable()
-  tmp = tempfile.mkdtemp(prefix='suite-engines-')
   extra = {
     'data.source': 'text',
     'data.path': _corpus(os.path.join(tmp, 'corpus')),
@@ -58,6 +54,45 @@ def main(argv=None) -> None:
     'data.cache_dir': os.path.join(tmp, 'cache'),
   }
   suite = Suite('bench', 'engine overhead', 'configs/base.py', (Variant('base'),), PRESETS)
+  return suite, extra
+
+
+def write_report(args, walls, load: float) -> None:
+  """Print the table of (engine, wall s) rows, the local pool's first, and write it to --out."""
+  from benchmarks.machine import describe
+
+  pool = walls[0][1]
+  lines = [
+    f'# Suite engines: {args.runs} tiny runs, --jobs={args.jobs} ({describe()})',
+    '',
+    f'`python -m benchmarks.suite_engines --runs={args.runs} --jobs={args.jobs}`. '
+    'Overhead per run: (wall - local pool wall) / runs. Load average when it started: '
+    f'{load:.1f} on {os.cpu_count()} cores.',
+    '',
+    '| engine | wall s | s per run | overhead per run s |',
+    '|---|---:|---:|---:|',
+  ]
+  lines += [
+    f'| {name} | {wall:.1f} | {wall / args.runs:.2f} | {(wall - pool) / args.runs:+.2f} |'
+    for name, wall in walls
+  ]
+  text = '\n'.join(lines) + '\n'
+  print(text)
+  with open(args.out, 'w') as f:
+    f.write(text)
+
+
+def main(argv=None) -> None:
+  args = parse_args(argv)
+  import ray
+
+  from experiments.engines import init_ray
+  from experiments.runner import run_suite
+  from mllm import compile_cache
+
+  compile_cache.enable()
+  tmp = tempfile.mkdtemp(prefix='suite-engines-')
+  suite, extra = tiny_suite(tmp)
 
   def timed(engine: str, name: str) -> float:
     out = os.path.join(tmp, name)
@@ -86,29 +121,12 @@ def main(argv=None) -> None:
   finally:
     ray.shutdown()
   shutil.rmtree(tmp, ignore_errors=True)
-  rows = [
+  walls = [
     ('local pool', pool),
     ('Ray, local instance started by the suite', ray_started),
     ('Ray, instance already up', ray_up),
   ]
-  lines = [
-    f'# Suite engines: {args.runs} tiny runs, --jobs={args.jobs} ({describe()})',
-    '',
-    f'`python -m benchmarks.suite_engines --runs={args.runs} --jobs={args.jobs}`. '
-    'Overhead per run: (wall - local pool wall) / runs. Load average when it started: '
-    f'{load:.1f} on {os.cpu_count()} cores.',
-    '',
-    '| engine | wall s | s per run | overhead per run s |',
-    '|---|---:|---:|---:|',
-  ]
-  lines += [
-    f'| {name} | {wall:.1f} | {wall / args.runs:.2f} | {(wall - pool) / args.runs:+.2f} |'
-    for name, wall in rows
-  ]
-  text = '\n'.join(lines) + '\n'
-  print(text)
-  with open(args.out, 'w') as f:
-    f.write(text)
+  write_report(args, walls, load)
 
 
 if __name__ == '__main__':

@@ -236,7 +236,7 @@ def environment(with_torch: bool = True) -> dict:
   return env
 
 
-def main() -> None:
+def parse_args(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--quick', action='store_true', help='smoke run: tiny model, 2 steps')
   parser.add_argument('--models', default='default,25m', help=f'comma list of {list(MODELS)}')
@@ -254,48 +254,55 @@ def main() -> None:
   parser.add_argument(
     '--out', default=None, help='markdown table (default: print only; e.g. benchmarks/results/x.md)'
   )
-  args = parser.parse_args()
+  return parser.parse_args(argv)
+
+
+def measure(name: str, args) -> dict:
+  """The table row of one model: both sides set up, their steps timed interleaved and printed."""
+  config = load(name, args.batch_size)
+  steps = args.steps or (2 if args.quick else 5 if name == '25m' else 10)
+  warmup = 1 if args.quick else args.warmup
+  tokens = config.data.batch_size * config.data.seq_len
+  row = dict(
+    name=name,
+    desc=MODELS[name][1],
+    tokens=tokens,
+    flops_per_token=mllm.training_flops_per_token(config).total,
+    peak=peak_flops_per_device(jax.devices()[0].device_kind, config.model.dtype),
+  )
+  runners = {}
+  if args.only in ('both', 'jax'):
+    j = setup_jax(config, args.jax_step)
+    runners['jax'] = j['run']
+    row.update(params=j['params'], jax_compile_s=j['compile_s'], jax_source=j['source'])
+  if args.only in ('both', 'torch'):
+    t = setup_torch(config)
+    runners['torch'] = t['run']
+    row.update(torch_params=t['params'])
+  r = time_interleaved(runners, steps, warmup)
+  for side, times in r['times'].items():
+    row[f'{side}_ms'] = 1e3 * statistics.median(times)
+    row[f'{side}_min_ms'] = 1e3 * min(times)
+    print(
+      f"[{name}] {side}{' (' + row['jax_source'] + ')' if side == 'jax' else ''}: "
+      f"params {row['params' if side == 'jax' else 'torch_params']:,}"
+      f"{', compile {:.1f} s'.format(row['jax_compile_s']) if side == 'jax' else ''}, "
+      f"step ms {[round(1e3 * x) for x in times]}, losses "
+      f"{[round(x, 3) for x in r['losses'][side]]}",
+      flush=True,
+    )
+  return row
+
+
+def main() -> None:
+  args = parse_args()
   if args.traceback_every_s:
     faulthandler.dump_traceback_later(args.traceback_every_s, repeat=True)
   names = ['quick'] if args.quick else args.models.split(',')
   env = environment(with_torch=args.only != 'jax')
   for key, value in env.items():
     print(f'{key}: {value}')
-  rows = []
-  for name in names:
-    config = load(name, args.batch_size)
-    steps = args.steps or (2 if args.quick else 5 if name == '25m' else 10)
-    warmup = 1 if args.quick else args.warmup
-    tokens = config.data.batch_size * config.data.seq_len
-    row = dict(
-      name=name,
-      desc=MODELS[name][1],
-      tokens=tokens,
-      flops_per_token=mllm.training_flops_per_token(config).total,
-      peak=peak_flops_per_device(jax.devices()[0].device_kind, config.model.dtype),
-    )
-    runners = {}
-    if args.only in ('both', 'jax'):
-      j = setup_jax(config, args.jax_step)
-      runners['jax'] = j['run']
-      row.update(params=j['params'], jax_compile_s=j['compile_s'], jax_source=j['source'])
-    if args.only in ('both', 'torch'):
-      t = setup_torch(config)
-      runners['torch'] = t['run']
-      row.update(torch_params=t['params'])
-    r = time_interleaved(runners, steps, warmup)
-    for side, times in r['times'].items():
-      row[f'{side}_ms'] = 1e3 * statistics.median(times)
-      row[f'{side}_min_ms'] = 1e3 * min(times)
-      print(
-        f"[{name}] {side}{' (' + row['jax_source'] + ')' if side == 'jax' else ''}: "
-        f"params {row['params' if side == 'jax' else 'torch_params']:,}"
-        f"{', compile {:.1f} s'.format(row['jax_compile_s']) if side == 'jax' else ''}, "
-        f"step ms {[round(1e3 * x) for x in times]}, losses "
-        f"{[round(x, 3) for x in r['losses'][side]]}",
-        flush=True,
-      )
-    rows.append(row)
+  rows = [measure(name, args) for name in names]
   print_table(rows, env, args.out)
 
 

@@ -373,6 +373,52 @@ def _block(requested, default, length, multiple, name):
   return min(b, round_up(length, multiple))
 
 
+def _tiling(block_q, block_k, T: int, S: int, H: int):
+  """(bq, bk, Tp, Sp, Hp): the tiles of both passes (the requested ones, else the defaults) and
+  the lengths and head dim they pad to."""
+  bq = _block(block_q, DEFAULT_BLOCK_Q, T, SUBLANES, 'block_q')
+  bk = _block(block_k, DEFAULT_BLOCK_K, S, LANES, 'block_k')
+  return bq, bk, round_up(T, bq), round_up(S, bk), round_up(H, LANES)
+
+
+def _lanes(x_BT):
+  """[B, T] -> [B, T, 128]: one query per sublane row."""
+  return jnp.broadcast_to(x_BT[:, :, None], (*x_BT.shape, LANES))
+
+
+def _sublanes(x_BS):
+  """[B, S] -> [B, 8, S]: one key per lane."""
+  return jnp.broadcast_to(x_BS[:, None, :], (x_BS.shape[0], SUBLANES, x_BS.shape[1]))
+
+
+def _side_inputs(
+  cfg, B, N, Tp, Sp, q_segment_ids, kv_segment_ids, q_positions, kv_positions, slopes
+) -> _Extras:
+  """The side inputs cfg asks for, in kernel layout: segment ids and their per-block [min, max],
+  ALiBi positions (by default the key index) and the N slopes; None where unused."""
+  T, S = cfg.q_len, cfg.kv_len
+  if cfg.alibi:
+    q_positions, kv_positions = default_positions(T, S, cfg.q_offset, q_positions, kv_positions)
+
+  def ids(x, length, padded):
+    return padded_ids(x, B, length, padded)
+
+  seg_ranges = q_seg = kv_seg = q_pos = kv_pos = slopes_8N = None
+  if cfg.segments:
+    q_ids, kv_ids = ids(q_segment_ids, T, Tp), ids(kv_segment_ids, S, Sp)
+    seg_ranges = (*block_min_max(q_ids, cfg.block_q), *block_min_max(kv_ids, cfg.block_k))
+    q_seg, kv_seg = _lanes(q_ids), _sublanes(kv_ids)
+  if cfg.alibi:
+    q_pos, kv_pos = _lanes(ids(q_positions, T, Tp)), _sublanes(ids(kv_positions, S, Sp))
+    slopes_8N = jnp.broadcast_to(jnp.asarray(slopes, jnp.float32)[None], (SUBLANES, N))
+  return _Extras(seg_ranges, q_seg, kv_seg, q_pos, kv_pos, slopes_8N)
+
+
+def _head_major(x, length: int, Hp: int):
+  """[B, L, heads, H] -> [B, heads, length, Hp], zero-padded."""
+  return pad_to(pad_to(x, 1, length), 3, Hp).transpose(0, 2, 1, 3)
+
+
 def flash_attention(
   q_BTNH,
   k_BSKH,
@@ -406,32 +452,7 @@ def flash_attention(
   if interpret is None:
     interpret = jax.default_backend() != 'tpu'
   q_offset = S - T if q_offset is None else int(q_offset)
-  bq = _block(block_q, DEFAULT_BLOCK_Q, T, SUBLANES, 'block_q')
-  bk = _block(block_k, DEFAULT_BLOCK_K, S, LANES, 'block_k')
-  Tp, Sp, Hp = round_up(T, bq), round_up(S, bk), round_up(H, LANES)
-
-  segments, alibi = q_segment_ids is not None, alibi_slopes is not None
-  if alibi:
-    q_positions, kv_positions = default_positions(T, S, q_offset, q_positions, kv_positions)
-
-  def ids(x, length, padded):
-    return padded_ids(x, B, length, padded)
-
-  def lanes(x_BT):  # [B, T] -> [B, T, 128]: one query per sublane row
-    return jnp.broadcast_to(x_BT[:, :, None], (*x_BT.shape, LANES))
-
-  def sublanes(x_BS):  # [B, S] -> [B, 8, S]: one key per lane
-    return jnp.broadcast_to(x_BS[:, None, :], (x_BS.shape[0], SUBLANES, x_BS.shape[1]))
-
-  seg_ranges = q_seg = kv_seg = q_pos = kv_pos = slopes = None
-  if segments:
-    q_ids, kv_ids = ids(q_segment_ids, T, Tp), ids(kv_segment_ids, S, Sp)
-    seg_ranges = (*block_min_max(q_ids, bq), *block_min_max(kv_ids, bk))
-    q_seg, kv_seg = lanes(q_ids), sublanes(kv_ids)
-  if alibi:
-    q_pos, kv_pos = lanes(ids(q_positions, T, Tp)), sublanes(ids(kv_positions, S, Sp))
-    slopes = jnp.broadcast_to(jnp.asarray(alibi_slopes, jnp.float32)[None], (SUBLANES, N))
-  ex = _Extras(seg_ranges, q_seg, kv_seg, q_pos, kv_pos, slopes)
+  bq, bk, Tp, Sp, Hp = _tiling(block_q, block_k, T, S, H)
   cfg = _Cfg(
     scale=float(scale),
     causal=bool(causal),
@@ -442,14 +463,15 @@ def flash_attention(
     groups=N // K,
     block_q=bq,
     block_k=bk,
-    segments=segments,
-    alibi=alibi,
+    segments=q_segment_ids is not None,
+    alibi=alibi_slopes is not None,
     interpret=bool(interpret),
     precision=lax.Precision.HIGHEST if q_BTNH.dtype == jnp.float32 else None,
   )
-
-  def head_major(x, length):  # [B, L, heads, H] -> [B, heads, Lp, Hp]
-    return pad_to(pad_to(x, 1, length), 3, Hp).transpose(0, 2, 1, 3)
-
-  o = _flash(cfg, head_major(q_BTNH, Tp), head_major(k_BSKH, Sp), head_major(v_BSKH, Sp), ex)
+  ex = _side_inputs(
+    cfg, B, N, Tp, Sp, q_segment_ids, kv_segment_ids, q_positions, kv_positions, alibi_slopes
+  )
+  o = _flash(
+    cfg, _head_major(q_BTNH, Tp, Hp), _head_major(k_BSKH, Sp, Hp), _head_major(v_BSKH, Sp, Hp), ex
+  )
   return o.transpose(0, 2, 1, 3)[:, :T, :, :H]

@@ -40,6 +40,7 @@ from pallas_kernels.common import (
   flash_vjp,
   pad_to,
   padded_ids,
+  round_up,
 )
 
 
@@ -409,6 +410,46 @@ def _block(requested, default, length):
   return min(b, max(16, pl.next_power_of_2(length)))
 
 
+def _tiling(block_q, block_k, T: int, S: int, H: int, interpret: bool):
+  """(blocks, Tp, Sp, Hp): the tiles of both passes (the requested ones, else default_blocks())
+  and the lengths and head dim they pad to."""
+  default = default_blocks(H, 'cpu' if interpret else 'gpu')
+  blocks = BlockSizes(
+    _block(block_q, default.block_q, T),
+    _block(block_k, default.block_k, S),
+    _block(block_q, default.block_q_bwd, T),
+    _block(block_k, default.block_k_bwd, S),
+  )
+  # Powers of two: the larger of the fwd/bwd blocks is a multiple of the smaller.
+  Tp = round_up(T, max(blocks.block_q, blocks.block_q_bwd))
+  Sp = round_up(S, max(blocks.block_k, blocks.block_k_bwd))
+  return blocks, Tp, Sp, _pad_head_dim(H)
+
+
+def _side_inputs(cfg, B, Tp, Sp, q_segment_ids, kv_segment_ids, q_positions, kv_positions, slopes):
+  """The side inputs cfg asks for: segment ids and ALiBi positions (by default the key index) as
+  [B, padded] int32, the slopes as float32; None where unused."""
+  T, S = cfg.q_len, cfg.kv_len
+  if cfg.alibi:
+    q_positions, kv_positions = default_positions(T, S, cfg.q_offset, q_positions, kv_positions)
+
+  def side(x, length, padded, use):
+    return padded_ids(x, B, length, padded) if use else None
+
+  return _Extras(
+    side(q_segment_ids, T, Tp, cfg.segments),
+    side(kv_segment_ids, S, Sp, cfg.segments),
+    side(q_positions, T, Tp, cfg.alibi),
+    side(kv_positions, S, Sp, cfg.alibi),
+    jnp.asarray(slopes, jnp.float32) if cfg.alibi else None,
+  )
+
+
+def _pad(x, length: int, Hp: int):
+  """[B, L, heads, H] zero-padded to [B, length, heads, Hp]."""
+  return pad_to(pad_to(x, 1, length), 3, Hp)
+
+
 def flash_attention(
   q_BTNH,
   k_BSKH,
@@ -443,33 +484,7 @@ def flash_attention(
   if interpret is None:
     interpret = jax.default_backend() == 'cpu'
   q_offset = S - T if q_offset is None else int(q_offset)
-  Hp = _pad_head_dim(H)
-  dflt = default_blocks(H, 'cpu' if interpret else 'gpu')
-  blocks = BlockSizes(
-    _block(block_q, dflt.block_q, T),
-    _block(block_k, dflt.block_k, S),
-    _block(block_q, dflt.block_q_bwd, T),
-    _block(block_k, dflt.block_k_bwd, S),
-  )
-  # Powers of two: the larger of the fwd/bwd blocks is a multiple of the smaller.
-  Tp = -(-T // max(blocks[0], blocks[2])) * max(blocks[0], blocks[2])
-  Sp = -(-S // max(blocks[1], blocks[3])) * max(blocks[1], blocks[3])
-
-  alibi = alibi_slopes is not None
-  if alibi:
-    q_positions, kv_positions = default_positions(T, S, q_offset, q_positions, kv_positions)
-  segments = q_segment_ids is not None
-
-  def side(x, length, padded, use):
-    return padded_ids(x, B, length, padded) if use else None
-
-  ex = _Extras(
-    side(q_segment_ids, T, Tp, segments),
-    side(kv_segment_ids, S, Sp, segments),
-    side(q_positions, T, Tp, alibi),
-    side(kv_positions, S, Sp, alibi),
-    jnp.asarray(alibi_slopes, jnp.float32) if alibi else None,
-  )
+  blocks, Tp, Sp, Hp = _tiling(block_q, block_k, T, S, H, interpret)
   cfg = _Cfg(
     scale=float(scale),
     causal=bool(causal),
@@ -482,14 +497,13 @@ def flash_attention(
     num_warps=num_warps or (4 if Hp <= 64 else 8),
     num_stages=num_stages or 2,
     interpret=bool(interpret),
-    segments=segments,
-    alibi=alibi,
+    segments=q_segment_ids is not None,
+    alibi=alibi_slopes is not None,
     # Triton's default f32 dot is TF32 (~1e-3 error); ask for IEEE f32 on f32 inputs.
     precision=lax.Precision.HIGHEST if q_BTNH.dtype == jnp.float32 else None,
   )
-
-  def pad(x, length):
-    return pad_to(pad_to(x, 1, length), 3, Hp)
-
-  o = _flash(cfg, pad(q_BTNH, Tp), pad(k_BSKH, Sp), pad(v_BSKH, Sp), ex)
+  ex = _side_inputs(
+    cfg, B, Tp, Sp, q_segment_ids, kv_segment_ids, q_positions, kv_positions, alibi_slopes
+  )
+  o = _flash(cfg, _pad(q_BTNH, Tp, Hp), _pad(k_BSKH, Sp, Hp), _pad(v_BSKH, Sp, Hp), ex)
   return o[:, :T, :, :H]
