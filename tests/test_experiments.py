@@ -134,6 +134,9 @@ def test_ray_tasks_give_the_same_results_as_this_process_and_the_pool(finished, 
     assert ': starting\n' in Path(os.path.join(run['workdir'], 'worker.log')).read_text()
 
 
+# Slow (25 s): the fast run checks the Ray engine's results (above); retries after a lost worker
+# run with -m slow, as does SIGTERM through Ray (below).
+@pytest.mark.slow
 @pytest.mark.xdist_group('ray')
 def test_a_killed_ray_worker_is_retried_and_its_run_resumes(corpus, tmp_path):
   """SIGKILL to the Ray worker process training a run (a node lost, the OOM killer): the runner
@@ -733,7 +736,7 @@ def _workers_of(out: str) -> list[int]:
 
 
 @pytest.mark.parametrize(
-  'engine', ['local', pytest.param('ray', marks=pytest.mark.xdist_group('ray'))]
+  'engine', ['local', pytest.param('ray', marks=[pytest.mark.xdist_group('ray'), pytest.mark.slow])]
 )
 def test_sigterm_to_the_suite_stops_its_workers_and_they_save(corpus, tmp_path, engine):
   """A preempted suite (SIGTERM to its main process, jobs=2) passes the signal on: the workers

@@ -97,20 +97,23 @@ def saved_params(workdir: str):
 # module's on the same worker, and a module fixture would then be built again (a minute each).
 @pytest.fixture(scope='session')
 def runs(tmp_path_factory):
-  """The same config trained by 1 process x 4 devices, by 2 processes x 2 devices, and by 2
-  processes stopped at step 3 (--stop_after) and started again."""
+  """The same config trained by 1 process x 4 devices and by 2 processes x 2 devices."""
   corpus = write_corpus(tmp_path_factory.mktemp('corpus'))
   cache = str(tmp_path_factory.mktemp('cache'))
-  dirs = {name: str(tmp_path_factory.mktemp(name)) for name in ('one', 'two', 'resumed')}
+  dirs = {name: str(tmp_path_factory.mktemp(name)) for name in ('one', 'two')}
   launch(flags(corpus, cache) + [f'--workdir={dirs["one"]}'], processes=1, devices=4)
   two = launch(flags(corpus, cache) + [f'--workdir={dirs["two"]}'], processes=2, devices=2)
-  launch(
-    flags(corpus, cache) + [f'--workdir={dirs["resumed"]}', '--stop_after=3'],
-    processes=2,
-    devices=2,
-  )
-  launch(flags(corpus, cache) + [f'--workdir={dirs["resumed"]}'], processes=2, devices=2)
   return corpus, cache, dirs, two.stdout
+
+
+@pytest.fixture(scope='session')
+def resumed(runs, tmp_path_factory):
+  """The workdir of `runs`' 2-process config stopped at step 3 (--stop_after) and started again."""
+  corpus, cache, _, _ = runs
+  workdir = str(tmp_path_factory.mktemp('resumed'))
+  launch(flags(corpus, cache) + [f'--workdir={workdir}', '--stop_after=3'], processes=2, devices=2)
+  launch(flags(corpus, cache) + [f'--workdir={workdir}'], processes=2, devices=2)
+  return workdir
 
 
 def test_two_processes_train_what_one_process_trains(runs):
@@ -147,13 +150,16 @@ def test_process_zero_alone_writes_the_run_files(runs):
   assert '4 × cpu' in stdout
 
 
-def test_a_two_process_run_resumes_bitwise_in_two_processes(runs):
+# Slow (two more 2-process launches): resuming is tested bitwise in one process in the fast run
+# (test_train.py, test_resume.py); here, across processes.
+@pytest.mark.slow
+def test_a_two_process_run_resumes_bitwise_in_two_processes(runs, resumed):
   _, _, dirs, _ = runs
-  assert train_losses(dirs['resumed']) == train_losses(dirs['two'])
+  assert train_losses(resumed) == train_losses(dirs['two'])
   import jax
 
   for a, b in zip(
-    jax.tree.leaves(saved_params(dirs['resumed'])), jax.tree.leaves(saved_params(dirs['two']))
+    jax.tree.leaves(saved_params(resumed)), jax.tree.leaves(saved_params(dirs['two']))
   ):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
@@ -216,6 +222,9 @@ def _wait_for_steps(workdir: str, steps: int, procs) -> None:
   raise AssertionError('the job made no progress')
 
 
+# Slow (45 s): one process's SIGTERM is tested in the fast run (test_train.py); here, that the
+# processes of a job agree on the step.
+@pytest.mark.slow
 def test_sigterm_to_one_process_stops_the_whole_job_at_one_step(corpus, tmp_path):
   """A scheduler's SIGTERM can reach the processes a step apart, or only one: they agree to
   stop, save the same step once and all exit 0; started again, the job resumes from it."""
