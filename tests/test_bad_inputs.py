@@ -12,12 +12,10 @@ import os
 import shlex
 import shutil
 import string
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from launch_server import LaunchServer
 
 TINY = (
   '--config.model.n_layers=1 --config.model.d_model=32 --config.model.n_heads=2 '
@@ -335,24 +333,20 @@ def paths(tmp_path_factory):
 
 
 @pytest.fixture(scope='module')
-def trained_run(paths, tmp_path_factory):
+def server():
+  """launch.py runs forked from one warm process (tests/launch_server.py): ~0.2 s a case, not 1.6."""
+  server = LaunchServer()
+  yield server
+  server.close()
+
+
+@pytest.fixture(scope='module')
+def trained_run(paths, server, tmp_path_factory):
   """A workdir holding a finished 4-step run of BASE_ARGS (made once per worker)."""
   workdir = str(tmp_path_factory.mktemp('trained') / 'run')
-  result = launch(BASE_ARGS.format(**paths, workdir=workdir))
+  result = server.run(shlex.split(BASE_ARGS.format(**paths, workdir=workdir)))
   assert result.returncode == 0, result.stderr
   return workdir
-
-
-def launch(args: str, env_extra: dict | None = None):
-  env = dict(os.environ, JAX_PLATFORMS='cpu', **(env_extra or {}))
-  return subprocess.run(
-    [sys.executable, 'launch.py', *shlex.split(args)],
-    cwd=ROOT,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
 
 
 def _prepare(name: str, paths, request, tmp_path) -> str:
@@ -380,7 +374,7 @@ def _prepare(name: str, paths, request, tmp_path) -> str:
   ],
 )
 def test_bad_input_is_one_error_line_exit_2_no_traceback(
-  case_id, args, expected, paths, request, tmp_path
+  case_id, args, expected, paths, server, request, tmp_path
 ):
   words = shlex.split(args)
   env = {}
@@ -397,7 +391,8 @@ def test_bad_input_is_one_error_line_exit_2_no_traceback(
   }
   env = {k: v.format(**values) for k, v in env.items()}
   base = BASE_ARGS.format(**paths, workdir=str(tmp_path / 'workdir'))
-  result = launch(base + ' ' + ' '.join(shlex.quote(w) for w in words).format(**values), env)
+  argv = shlex.split(base + ' ' + ' '.join(shlex.quote(w) for w in words).format(**values))
+  result = server.run(argv, env)
   output = result.stdout + result.stderr
   assert 'Traceback' not in output, output
   assert result.returncode == 2, output
@@ -410,3 +405,36 @@ def test_bad_input_is_one_error_line_exit_2_no_traceback(
 def test_the_table_is_large_and_unique():
   assert len(CASES) >= 80
   assert len({case[0] for case in CASES}) == len(CASES)
+
+
+def test_the_launch_server_gives_what_a_fresh_process_gives(server, tmp_path):
+  """The forked runs above stand for `python launch.py`: the same exit status, stdout and stderr,
+  also for a process that writes and dies mid-run (a config that calls os._exit)."""
+  import subprocess
+  import sys
+
+  from conftest import ROOT
+
+  dying = tmp_path / 'dying.py'
+  dying.write_text('import os, sys\nprint("out")\nsys.stderr.write("err\\n")\nos._exit(3)\n')
+  cases = [
+    ['--config=configs/base.py', '--config.model.d_model=-1'],
+    ['--config=configs/base.py', '--no_such_flag=1'],
+    [f'--config={dying}'],
+  ]
+  for args in cases:
+    fresh = subprocess.run(
+      [sys.executable, 'launch.py', *args],
+      cwd=ROOT,
+      env=dict(os.environ, JAX_PLATFORMS='cpu'),
+      capture_output=True,
+      text=True,
+      timeout=120,
+    )
+    forked = server.run(args)
+    assert (forked.returncode, forked.stdout, forked.stderr) == (
+      fresh.returncode,
+      fresh.stdout,
+      fresh.stderr,
+    ), args
+  assert forked.returncode == 3 and forked.stdout == 'out\n'

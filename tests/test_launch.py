@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
+import launch_server
 import pytest
-from conftest import ROOT
 
 TINY_FLAGS = [
   '--config.model.n_layers=1',
@@ -21,15 +17,8 @@ TINY_FLAGS = [
 
 
 def run_launch(*args):
-  env = dict(os.environ, JAX_PLATFORMS='cpu')
-  return subprocess.run(
-    [sys.executable, 'launch.py', *args],
-    cwd=ROOT,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
+  """`python launch.py ARGS` (forked from a warm process: tests/launch_server.py)."""
+  return launch_server.shared().run(list(args))
 
 
 def test_summary_mode_prints_tables_counts_and_a_timed_forward():
@@ -117,3 +106,30 @@ def test_eval_mode_evaluates_past_the_training_context(corpus, tmp_path):
   assert printed == pytest.approx(expected['loss'], abs=1e-4)
   short = evaluate(mllm.load_config('configs/base.py', flags), workdir)
   assert expected['tokens'] == 4 * short['tokens']  # 2 batches of 2 × 64 tokens, not of 2 × 16
+
+
+def test_import_mllm_is_lazy_and_every_top_level_name_resolves():
+  """`import mllm` imports no Orbax, Grain or generation code (launch.py's config errors come
+  before them); each name in `mllm.__all__` is the object its module defines."""
+  import importlib
+  import subprocess
+  import sys
+
+  from conftest import ROOT
+
+  code = (
+    'import sys, mllm\n'
+    'heavy = ("orbax", "grain", "mllm.generation", "mllm.interop", "mllm.train")\n'
+    'print(sorted(m for m in sys.modules if any(m == h or m.startswith(h + ".") for h in heavy)))\n'
+  )
+  out = subprocess.run(
+    [sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True, timeout=120
+  )
+  assert out.stdout.strip() == '[]', out.stdout + out.stderr
+  import mllm
+
+  for name in mllm.__all__:
+    assert getattr(mllm, name) is getattr(importlib.import_module(mllm._WHERE[name]), name)
+  assert mllm.validation is importlib.import_module('mllm.validation')
+  with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+    mllm.no_such_name  # noqa: B018 (the attribute access is the test)
