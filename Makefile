@@ -21,12 +21,17 @@ PYTEST_ARGS ?= -n 2 --dist loadgroup
 
 .PHONY: python install train summary lint format test test-slow test-tpu ablate clean
 
-# Re-created whenever pyproject.toml changes; a .venv of another Python is replaced.
-$(STAMP): pyproject.toml
+# The venv $(1), made by $(PYTHON); one made by another Python version is replaced.
+define make_venv
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "mllm needs python >= 3.11"'
-	@echo "mllm: $(VENV) with $$($(PYTHON) -c 'import sys; print("Python", sys.version.split()[0], sys.executable)')"
-	@test ! -x $(VENV)/bin/python || [ "$$($(VENV)/bin/python -c 'import sys; print(sys.version_info[:2])')" = "$$($(PYTHON) -c 'import sys; print(sys.version_info[:2])')" ] || rm -rf $(VENV)
-	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	@echo "mllm: $(1) with $$($(PYTHON) -c 'import sys; print("Python", sys.version.split()[0], sys.executable)')"
+	@test ! -x $(1)/bin/python || [ "$$($(1)/bin/python -c 'import sys; print(sys.version_info[:2])')" = "$$($(PYTHON) -c 'import sys; print(sys.version_info[:2])')" ] || rm -rf $(1)
+	test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
+endef
+
+# Re-created whenever pyproject.toml changes.
+$(STAMP): pyproject.toml
+	$(call make_venv,$(VENV))
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV)/bin/python -m pip install --quiet -e '.[dev,cluster]'
 	touch $(STAMP)
@@ -75,7 +80,7 @@ test-slow: $(STAMP)
 # the persistent compilation cache.
 TPU_VENV := .venv-tpu
 $(TPU_VENV)/.installed-stamp: pyproject.toml
-	test -x $(TPU_VENV)/bin/python || $(PYTHON) -m venv $(TPU_VENV)
+	$(call make_venv,$(TPU_VENV))
 	$(TPU_VENV)/bin/python -m pip install --quiet -e '.[dev,tpu]'
 	touch $@
 
