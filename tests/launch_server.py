@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -108,6 +109,7 @@ class LaunchServer:
   def close(self):
     self._proc.stdin.close()
     self._proc.wait(timeout=60)
+    shutil.rmtree(self._dir, ignore_errors=True)
 
 
 _shared: LaunchServer | None = None
