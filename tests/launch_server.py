@@ -11,14 +11,15 @@ variables such as JAX_PLATFORMS, so `run` starts a fresh interpreter when one of
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 
 from conftest import ROOT
@@ -53,6 +54,11 @@ while line := sys.stdin.readline():
   _, status = os.waitpid(pid, 0)
   print(json.dumps(os.waitstatus_to_exitcode(status)), flush=True)
 '''
+
+
+def _kill(pid: int) -> None:
+  with contextlib.suppress(ProcessLookupError):  # it ended as the timer fired
+    os.kill(pid, signal.SIGKILL)
 
 
 @dataclass
@@ -98,11 +104,14 @@ class LaunchServer:
     self._proc.stdin.write(json.dumps(request) + '\n')
     self._proc.stdin.flush()
     pid = int(self._proc.stdout.readline())
-    if not select.select([self._proc.stdout], [], [], timeout)[0]:
-      os.kill(pid, signal.SIGKILL)
-      self._proc.stdout.readline()
-      raise subprocess.TimeoutExpired(['launch.py', *args], timeout)
+    # A timer, not select(): the status line may already sit in the pipe reader's buffer.
+    fired = threading.Event()
+    watchdog = threading.Timer(timeout, lambda: (fired.set(), _kill(pid)))
+    watchdog.start()
     returncode = json.loads(self._proc.stdout.readline())
+    watchdog.cancel()
+    if fired.is_set():
+      raise subprocess.TimeoutExpired(['launch.py', *args], timeout)
     with open(out) as f_out, open(err) as f_err:
       return Result(returncode, f_out.read(), f_err.read())
 

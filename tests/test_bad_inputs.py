@@ -438,3 +438,9 @@ def test_the_launch_server_gives_what_a_fresh_process_gives(server, tmp_path):
       fresh.stderr,
     ), args
   assert forked.returncode == 3 and forked.stdout == 'out\n'
+  # Past its timeout a child is killed, and the server goes on serving.
+  sleeping = tmp_path / 'sleeping.py'
+  sleeping.write_text('import time\ntime.sleep(60)\n')
+  with pytest.raises(subprocess.TimeoutExpired):
+    server.run([f'--config={sleeping}'], timeout=1)
+  assert server.run(cases[0]).returncode == 2
