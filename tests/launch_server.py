@@ -70,6 +70,19 @@ class Result:
   stderr: str
 
 
+def run_fresh(args: list[str], env: dict, timeout: float = 300) -> Result:
+  """`python launch.py ARGS` in a new interpreter, what LaunchServer.run stands for."""
+  proc = subprocess.run(
+    [sys.executable, 'launch.py', *args],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
+  return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
 class LaunchServer:
   def __init__(self):
     env = dict(os.environ, JAX_PLATFORMS='cpu')
@@ -90,15 +103,7 @@ class LaunchServer:
     """launch.py with `args` and the environment plus `env_extra`, as subprocess.run gives it."""
     env = dict(self._env, **(env_extra or {}))
     if any(k.startswith(IMPORT_TIME_PREFIXES) for k in (env_extra or {})):
-      proc = subprocess.run(
-        [sys.executable, 'launch.py', *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-      )
-      return Result(proc.returncode, proc.stdout, proc.stderr)
+      return run_fresh(args, env, timeout)
     out, err = os.path.join(self._dir, 'stdout'), os.path.join(self._dir, 'stderr')
     request = {'args': args, 'env': env, 'stdout': out, 'stderr': err}
     self._proc.stdin.write(json.dumps(request) + '\n')

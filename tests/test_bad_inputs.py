@@ -15,7 +15,7 @@ import string
 
 import numpy as np
 import pytest
-from launch_server import LaunchServer
+from launch_server import LaunchServer, run_fresh
 
 TINY = (
   '--config.model.n_layers=1 --config.model.d_model=32 --config.model.n_heads=2 '
@@ -411,9 +411,6 @@ def test_the_launch_server_gives_what_a_fresh_process_gives(server, tmp_path):
   """The forked runs above stand for `python launch.py`: the same exit status, stdout and stderr,
   also for a process that writes and dies mid-run (a config that calls os._exit)."""
   import subprocess
-  import sys
-
-  from conftest import ROOT
 
   dying = tmp_path / 'dying.py'
   dying.write_text('import os, sys\nprint("out")\nsys.stderr.write("err\\n")\nos._exit(3)\n')
@@ -423,14 +420,7 @@ def test_the_launch_server_gives_what_a_fresh_process_gives(server, tmp_path):
     [f'--config={dying}'],
   ]
   for args in cases:
-    fresh = subprocess.run(
-      [sys.executable, 'launch.py', *args],
-      cwd=ROOT,
-      env=dict(os.environ, JAX_PLATFORMS='cpu'),
-      capture_output=True,
-      text=True,
-      timeout=120,
-    )
+    fresh = run_fresh(args, dict(os.environ, JAX_PLATFORMS='cpu'), timeout=120)
     forked = server.run(args)
     assert (forked.returncode, forked.stdout, forked.stderr) == (
       fresh.returncode,
