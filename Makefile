@@ -10,7 +10,10 @@ FIND_PYTHON = for p in python3.13 python3.12 \
     $$(ls -d "$$(pyenv root 2>/dev/null || echo $$HOME/.pyenv)"/versions/3.1[23].*/bin/python3 2>/dev/null); do \
     "$$p" -c 'import sys; assert sys.version_info[:2] in ((3, 12), (3, 13)); print(*sys.version_info[:3], sys.executable)' 2>/dev/null; \
   done | sort -n -k1 -k2 -k3 | tail -n 1 | cut -d' ' -f4
-PYTHON ?= $(or $(shell $(FIND_PYTHON)),python3)
+# `:=` searches once; `?=` would search again at every use of $(PYTHON).
+ifndef PYTHON
+PYTHON := $(or $(shell $(FIND_PYTHON)),python3)
+endif
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 CONFIG ?= configs/rope_swiglu.py
