@@ -22,7 +22,7 @@ ARGS ?=
 # tests of one xdist_group (the training runs sharing a module fixture) on one worker.
 PYTEST_ARGS ?= -n 2 --dist loadgroup
 
-.PHONY: python install train summary lint format test test-slow test-tpu ablate clean
+.PHONY: python install train summary lint format test test-slow test-gpu test-tpu ablate clean
 
 # The venv $(1), made by $(PYTHON); one made by another Python version is replaced.
 define make_venv
@@ -76,6 +76,26 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS) -m slow tests
+
+# The default suite on a GPU (jax[cuda] installed: `pip install -e '.[dev,cuda]'`). GPU_PYTHON=python3
+# uses that Python as it is (no venv bootstrap: the offline GPU image); pytest-xdist and
+# pytest-timeout are used when installed. Settings (docs/testing.md says why): no preallocation, as
+# GPU_WORKERS processes share one GPU; float32 matmuls without TF32 (the float64-reference
+# tolerances); deterministic GPU reductions (the bitwise resume tests); no GEMM autotuning (compile
+# time). -rfE names the failures in the summary.
+GPU_PYTHON ?= $(VENV)/bin/python
+GPU_WORKERS ?= 6
+GPU_TIMEOUT ?= 600
+GPU_XLA_FLAGS ?= --xla_gpu_deterministic_ops=true --xla_gpu_autotune_level=0
+GPU_ARGS ?=
+test-gpu: $(if $(filter $(VENV)/bin/python,$(GPU_PYTHON)),$(STAMP))
+	@$(GPU_PYTHON) -c 'import jax; print("test-gpu: jax", jax.__version__, "devices", jax.devices()); assert jax.default_backend() == "gpu", "no GPU backend: install jax[cuda] (the cuda extra)"'
+	XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_DEFAULT_MATMUL_PRECISION=highest \
+	XLA_FLAGS="$(GPU_XLA_FLAGS) $$XLA_FLAGS" \
+	$(GPU_PYTHON) -m pytest -q -rfE \
+	  $$($(GPU_PYTHON) -c 'import xdist' 2>/dev/null && echo "-n $(GPU_WORKERS) --dist loadgroup") \
+	  $$($(GPU_PYTHON) -c 'import pytest_timeout' 2>/dev/null && echo "--timeout=$(GPU_TIMEOUT)") \
+	  $(GPU_ARGS) tests
 
 # Compile the TPU kernels and whole train steps for TPU v4/v5e/v5p/v6e with libtpu, on this host
 # (no TPU needed): a venv of its own, since libtpu makes JAX look for a TPU when it starts;

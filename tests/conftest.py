@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import sysconfig
 import tempfile
 
@@ -21,6 +22,15 @@ os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.5')
 # GPU interpreter holds one pool thread per warpgroup waiting on a barrier, plus the launch: on a
 # 2-core machine it deadlocks (pallas_kernels/flash_attention_mgpu.py refuses a pool under 4).
 os.environ.setdefault('NPROC', '8')
+
+# The float64-reference tolerances assume float32 matmuls in full precision: on a GPU, XLA's default
+# runs them in TF32 (10-bit mantissa, ~1e-3 relative error). 'highest' is what the CPU does anyway;
+# read when JAX is imported, so subprocesses inherit it too. `make test-gpu` sets it as well.
+os.environ.setdefault('JAX_DEFAULT_MATMUL_PRECISION', 'highest')
+if 'jax' in sys.modules:  # imported before this file (a plugin): set it on the live config too
+  sys.modules['jax'].config.update(
+    'jax_default_matmul_precision', os.environ['JAX_DEFAULT_MATMUL_PRECISION']
+  )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = os.path.join(ROOT, 'configs', 'base.py')
@@ -70,6 +80,29 @@ def pytest_collection_modifyitems(config, items):
         f'pytest-xdist did not tag {item.nodeid} with its xdist_group (pytest {pytest.__version__}'
         "): --dist loadgroup would not group tests; pyproject.toml's pytest range says why"
       )
+
+
+# --- Tests of one backend's behaviour: `@pytest.mark.cpu_only(reason=...)` runs where JAX's default
+# backend is the CPU and `gpu_only` where it is a GPU (a twin asserting what the other does), judged
+# by the backend the test process really has (JAX_PLATFORMS included). Marks registered in
+# pyproject.toml; docs/testing.md lists the tests that differ on a GPU.
+
+BACKEND_MARKS = {'cpu_only': 'cpu', 'gpu_only': 'gpu'}
+
+
+def pytest_runtest_setup(item):
+  for name, needed in BACKEND_MARKS.items():
+    mark = item.get_closest_marker(name)
+    if mark is None:
+      continue
+    reason = mark.kwargs.get('reason') or (mark.args[0] if mark.args else '')
+    if not reason:
+      raise pytest.UsageError(f'{item.nodeid}: @pytest.mark.{name} needs reason=...')
+    import jax  # deferred: only a marked test makes this process pick its backend here
+
+    backend = jax.default_backend()
+    if backend != needed:
+      pytest.skip(f'{name} (this run: {backend}): {reason}')
 
 
 @pytest.fixture(scope='module')
