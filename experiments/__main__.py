@@ -1,10 +1,11 @@
 """python -m experiments SUITE [--preset=cpu|gpu|tiny] [--seeds=N] [--jobs=N] [--out=experiments/results]
-[--tune_lr | --no-tune_lr] [--tune_seeds=N]
+[--tune_lr | --no-tune_lr] [--tune_seeds=N] [--variants=NAME,NAME] [--steps=N]
 [--engine=local|ray [--ray_address=auto|HOST:PORT] [--resources=JSON]]"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -31,6 +32,10 @@ def main(argv=None) -> int:
       raise ValueError(f'--seeds={args.seeds}; allowed: a positive integer')
     suite = load_suite(args.suite)
     if isinstance(suite, BenchmarkSuite):
+      if args.variants or args.steps:
+        raise ValueError(
+          f'--variants / --steps trim a training suite; {args.suite!r} is a benchmark suite'
+        )
       if args.engine != 'local':
         raise ValueError(
           f'--engine={args.engine}; allowed for the benchmark suite '
@@ -38,9 +43,11 @@ def main(argv=None) -> int:
         )
       print(Path(run_benchmark(suite, args.preset, args.out)).read_text())
       return 0
+    suite = _only(suite, args.variants)
     results = run_suite(
       suite,
       preset=args.preset,
+      extra=None if args.steps is None else _steps(args.steps),
       seeds=args.seeds,
       out=args.out,
       run=None if args.report_only else run_one,
@@ -65,6 +72,27 @@ def main(argv=None) -> int:
   path = report.write(suite, results, args.out)
   print(Path(path).read_text())
   return 1 if results['failed'] else 0
+
+
+def _only(suite, variants: str | None):
+  """The suite with only the named variants, in the suite's order (a smoke run of a big suite)."""
+  if not variants:
+    return suite
+  names = [v.name for v in suite.variants]
+  wanted = variants.split(',')
+  unknown = [w for w in wanted if w not in names]
+  if unknown:
+    raise ValueError(
+      f'--variants={variants}: no {unknown[0]!r} in {suite.name!r}; allowed: {", ".join(names)}'
+    )
+  return dataclasses.replace(suite, variants=tuple(v for v in suite.variants if v.name in wanted))
+
+
+def _steps(steps: int) -> dict:
+  """Overrides of a shortened run: `steps` steps, warm-up and evaluation scaled to fit."""
+  if steps < 2:
+    raise ValueError(f'--steps={steps}; allowed: an integer >= 2')
+  return {'train.steps': steps, 'train.warmup_steps': min(50, steps // 10), 'train.eval_every': 0}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -110,6 +138,19 @@ def _parser() -> argparse.ArgumentParser:
   )
   parser.add_argument(
     '--tune_seeds', type=int, default=1, help='seeds per learning-rate grid point (1000, 1001, ...)'
+  )
+  parser.add_argument(
+    '--variants',
+    default=None,
+    help='comma-separated variant names: run only these (a smoke run; their results are '
+    'stored like any run, under the shortened config\'s own hash)',
+  )
+  parser.add_argument(
+    '--steps',
+    type=int,
+    default=None,
+    help='train every run this many steps instead of the preset\'s (warm-up min(50, steps/10), '
+    'evaluation at the end only): a smoke run, e.g. of the gpu preset in one short call',
   )
   parser.add_argument(
     '--report_only',

@@ -808,3 +808,24 @@ def test_the_runner_holds_the_library_from_its_start():
     [sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True, timeout=300
   )
   assert proc.stdout.strip() == 'True', proc.stderr[-2000:]
+
+
+def test_variants_and_steps_trim_a_suite_for_a_smoke_run(capsys):
+  """`--variants` keeps the named rows in the suite's order and `--steps` shortens every run
+  (warm-up scaled, evaluation at the end), both checked before anything runs."""
+  from experiments.__main__ import _only, _steps, main
+
+  ffn = load_suite('ffn')
+  trimmed = _only(ffn, 'swiglu,relu')
+  assert [v.name for v in trimmed.variants] == ['relu', 'swiglu']
+  assert trimmed.variants[1] is ffn.variants[[v.name for v in ffn.variants].index('swiglu')]
+  config = resolve(trimmed, trimmed.variants[0], 'gpu', 0, _steps(100))
+  assert (config.train.steps, config.train.warmup_steps, config.train.eval_every) == (100, 10, 0)
+  assert main(['ffn', '--variants=relu,nope', '--steps=20', '--out=/nonexistent']) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == [
+    "error: --variants=relu,nope: no 'nope' in 'ffn'; allowed: "
+    + ', '.join(v.name for v in ffn.variants)
+  ]
+  assert main(['ffn', '--steps=1', '--out=/nonexistent']) == 2
+  assert capsys.readouterr().err.strip() == 'error: --steps=1; allowed: an integer >= 2'
