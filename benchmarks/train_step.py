@@ -4,6 +4,7 @@
     python -m benchmarks.train_step --out table.md   # also write environment + table as markdown
     python -m benchmarks.train_step --quick    # smoke run: tiny model, 2 timed steps
     python -m benchmarks.train_step --models=125m --only=jax --batch_size=64   # GPU: MFU
+    python -m benchmarks.train_step --models=125m --only=jax --scan_layers=both --profile_dir=/tmp/p
 
 Both sides train the same model (configs/rope_swiglu.py: RoPE 'half', GQA, SwiGLU, RMSNorm pre-LN,
 tied embeddings, float32, or bf16 compute for 125m; benchmarks/torch_llama.py for PyTorch) on the
@@ -17,9 +18,17 @@ The JAX step is `mllm.train.step.benchmark_step(config)` (the library's own trai
 exists, else an equivalent built here (split params, value_and_grad, optax chain, jit with donation;
 `--jax_step=local` forces it). JAX MFU = the library's FLOPs per token
 (`mllm.training_flops_per_token`: 6N + attention) × tokens/s ÷ the chip's peak
-(`mllm.train.metrics.PEAK_FLOPS`), as the training loop reports it; '-' on a CPU. Document masking
-is off so that both sides compute plain causal attention, and warm-up of the learning rate is off so
-that every timed step does the same work.
+(`mllm.train.metrics.PEAK_FLOPS`), as the training loop reports it; '-' on a CPU. Warm-up of the
+learning rate is off so that every timed step does the same work.
+
+Document masking (`--document_mask`): 'on' is the config's default (`data.document_mask=True`):
+the batch holds packed documents, rows cut from a stream `<eos> doc <eos> doc ...` by the data
+pipeline's own `pack_window`, so segment ids and per-document positions are as training makes them;
+document lengths are 1 + geometric with mean `--doc_len_mean` (256) from seed 0. 'off' is one
+causal segment per row. The PyTorch side computes plain causal attention, so it runs in 'off' rows
+only (the default is 'both' with `--only=jax`, else 'off'). Each row names the attention
+implementation: the configured one, for 'auto' what `choose_impl` answers for the step's q/k, and
+what the compiled step holds (a cuDNN, Triton or Mosaic GPU custom call, else XLA's own ops).
 """
 
 from __future__ import annotations
@@ -82,13 +91,47 @@ MODELS = {
 }
 
 
-def load(name: str, batch_size: int | None = None):
+def load(
+  name: str,
+  batch_size: int | None = None,
+  document_mask: bool = False,
+  scan_layers: bool | None = None,
+  remat: str | None = None,
+):
   overrides = dict(MODELS[name][0])
   if batch_size:
     overrides['data.batch_size'] = batch_size
-  overrides.setdefault('data.document_mask', False)
+  overrides['data.document_mask'] = document_mask
+  if scan_layers is not None:
+    overrides['model.scan_layers'] = scan_layers
+  if remat is not None:
+    overrides['model.remat'] = remat
   overrides['train.warmup_steps'] = 0  # a constant learning rate: every timed step does the same
   return mllm.load_config(os.path.join(ROOT, 'configs', 'rope_swiglu.py'), overrides)
+
+
+DOC_SEED = 0
+EOS_ID = 0  # the documents' tokens are drawn from 1..vocab-1, so only BOS markers equal it
+
+
+def packed_batch(config, mean_doc_len: float, seed: int = DOC_SEED) -> dict[str, np.ndarray]:
+  """A batch of packed random documents, as mllm/data/pipeline.py makes it: the stream
+  `<eos> doc1 <eos> doc2 ...` (mllm/data/corpus.py), cut into consecutive windows of seq_len + 1
+  tokens, each packed by `pack_window` (segment ids from 1, positions restarting at each <eos>).
+  Document lengths: 1 + geometric, mean `mean_doc_len`."""
+  from mllm.data.pipeline import pack_window
+
+  rng = np.random.default_rng(seed)
+  B, T, V = config.data.batch_size, config.data.seq_len, config.model.vocab_size
+  need = B * T + 1
+  parts, total = [], 0
+  while total < need:
+    n = int(rng.geometric(1.0 / mean_doc_len))
+    parts += [np.array([EOS_ID], np.int32), rng.integers(1, V, n, dtype=np.int32)]
+    total += n + 1
+  stream = np.concatenate(parts)
+  rows = [pack_window(stream[i * T : i * T + T + 1], T, EOS_ID, EOS_ID, True) for i in range(B)]
+  return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -98,6 +141,10 @@ def load(name: str, batch_size: int | None = None):
 
 def _local_benchmark_step(config):
   """(step_fn, state, batch): the training step written out here, for when mllm.train lacks one."""
+  if config.model.scan_layers:  # nnx.split of a scanned model's RNG counts fails under this jit
+    raise SystemExit(
+      'error: --scan_layers=on: the local step does not scan; allowed: --jax_step=auto'
+    )
   t = config.train
   model = mllm.build_model(config, rngs=nnx.Rngs(config.seed))
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -118,8 +165,14 @@ def _local_benchmark_step(config):
     ),
   )
 
+  packed = config.data.document_mask
+
   def loss_fn(params, batch):
-    logits = nnx.merge(graphdef, params, rest)(batch['inputs'])
+    logits = nnx.merge(graphdef, params, rest)(
+      batch['inputs'],
+      positions=batch['positions'] if packed else None,
+      segment_ids=batch['segment_ids'] if packed else None,
+    )
     return optax.softmax_cross_entropy_with_integer_labels(logits, batch['targets']).mean()
 
   def step(state, batch):
@@ -132,7 +185,12 @@ def _local_benchmark_step(config):
 
   B, T = config.data.batch_size, config.data.seq_len
   tokens = np.random.default_rng(0).integers(0, config.model.vocab_size, (B, T + 1), np.int32)
-  batch = {'inputs': jnp.asarray(tokens[:, :-1]), 'targets': jnp.asarray(tokens[:, 1:])}
+  batch = {
+    'inputs': jnp.asarray(tokens[:, :-1]),
+    'targets': jnp.asarray(tokens[:, 1:]),
+    'positions': jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T)),
+    'segment_ids': jnp.ones((B, T), jnp.int32),
+  }
   state = {'params': params, 'opt_state': tx.init(params)}
   return jax.jit(step, donate_argnums=0), state, batch
 
@@ -150,16 +208,29 @@ def jax_benchmark_step(config, which: str):
   return (*_local_benchmark_step(config), 'benchmarks.train_step (local)')
 
 
-def setup_jax(config, which: str) -> dict:
+def setup_jax(config, which: str, mean_doc_len: float = 256) -> dict:
   """Compiles the JAX step; `run()` does one step (blocked on) and returns its loss."""
   start = time.perf_counter()
   step_fn, state, batch, source = jax_benchmark_step(config, which)
+  if config.data.document_mask:  # packed documents in place of the random tokens, same sharding
+    packed = packed_batch(config, mean_doc_len)
+    segments = packed['segment_ids'].max(axis=1)
+    print(
+      f'packed documents: {segments.sum()} segments in {len(segments)} rows '
+      f'({packed["positions"].size / segments.sum():.0f} tokens each on average)',
+      flush=True,
+    )
+    batch = {
+      k: jax.device_put(packed[k], getattr(v, 'sharding', None)) if k in packed else v
+      for k, v in batch.items()
+    }
   n_params = sum(x.size for x in jax.tree.leaves(state['params']))
   print(f'built the model and optimizer state in {time.perf_counter() - start:.1f} s', flush=True)
   start = time.perf_counter()
   compiled = step_fn.lower(state, batch).compile()
   compile_s = time.perf_counter() - start
   print(f'compiled the step in {compile_s:.1f} s', flush=True)
+  impl = attention_impl(config, compiled.as_text() or '')
   box = [state]
 
   def run() -> float:
@@ -167,7 +238,37 @@ def setup_jax(config, which: str) -> dict:
     jax.block_until_ready((box[0], metrics))
     return metrics['loss']
 
-  return dict(run=run, params=n_params, compile_s=compile_s, source=source)
+  return dict(run=run, params=n_params, compile_s=compile_s, source=source, impl=impl)
+
+
+# What a compiled step's HLO holds when a fused attention kernel ran (custom-call targets).
+KERNEL_MARKERS = (
+  ('cudnn', ('__cudnn$fmha',)),
+  ('pallas/triton', ('__gpu$xla.gpu.triton', 'triton_kernel_call')),
+  ('pallas/mosaic_gpu', ('mosaic_gpu',)),
+  ('pallas/mosaic_tpu', ('tpu_custom_call',)),
+)
+
+
+def attention_impl(config, hlo_text: str) -> str:
+  """The attention implementation of the step: the configured one; for 'auto' also what
+  mllm.ops.attention.choose_impl answers for the step's q/k (its signature is changing, so a
+  failure is reported, not raised); then the fused kernels that the compiled HLO contains."""
+  m = config.model
+  impl = m.attention.impl
+  if impl == 'auto':
+    try:
+      from mllm.ops.attention import choose_impl
+
+      B, T, H = config.data.batch_size, config.data.seq_len, m.d_model // m.n_heads
+      q = jax.ShapeDtypeStruct((B, T, m.n_heads, H), jnp.dtype(m.dtype))
+      k = jax.ShapeDtypeStruct((B, T, m.n_kv_heads, H), jnp.dtype(m.dtype))
+      chosen = choose_impl(q, k, bias=None, rel_values=None, dropout=m.attention.dropout > 0)
+    except Exception as e:  # a report, whatever the chooser's signature is today
+      chosen = f'? (choose_impl: {type(e).__name__})'
+    impl = f'auto->{chosen}'
+  seen = [name for name, marks in KERNEL_MARKERS if any(x in hlo_text for x in marks)]
+  return f"{impl}; HLO: {'+'.join(seen) if seen else 'no fused kernel (xla/blockwise)'}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,6 +347,38 @@ def parse_args(argv=None):
   parser.add_argument('--only', choices=['both', 'jax', 'torch'], default='both')
   parser.add_argument('--batch_size', type=int, default=None, help="override the models' batch")
   parser.add_argument(
+    '--document_mask',
+    choices=['off', 'on', 'both'],
+    default=None,
+    help="data.document_mask: 'on' (the config default) feeds packed documents with segment ids "
+    "and per-document positions (pipeline's pack_window), 'off' one causal segment a row; default "
+    "'both' with --only=jax, else 'off' (the PyTorch side is plain causal and runs in 'off' rows only)",
+  )
+  parser.add_argument(
+    '--doc_len_mean',
+    type=float,
+    default=256,
+    help=f'mean document length with --document_mask on: 1 + geometric, seed {DOC_SEED}',
+  )
+  parser.add_argument(
+    '--scan_layers',
+    choices=['off', 'on', 'both'],
+    default=None,
+    help="model.scan_layers (nnx.scan over layers); default: the config's (off)",
+  )
+  parser.add_argument(
+    '--remat', choices=['none', 'full', 'dots'], default=None, help="model.remat; default: config's"
+  )
+  parser.add_argument(
+    '--profile_dir',
+    default=None,
+    help='after timing, run --profile_steps more JAX steps inside jax.profiler.trace(DIR/<row>) '
+    "and print the 10 ops with the most total time, read offline from the trace's .xplane.pb with "
+    "jax.profiler.ProfileData (no TensorBoard): a GPU's 'XLA Ops' line (device time per HLO op or "
+    "fusion), on a CPU the XLA threads' events (host time); the trace opens in TensorBoard/XProf",
+  )
+  parser.add_argument('--profile_steps', type=int, default=3)
+  parser.add_argument(
     '--traceback_every_s',
     type=float,
     default=None,
@@ -257,14 +390,31 @@ def parse_args(argv=None):
   return parser.parse_args(argv)
 
 
-def measure(name: str, args) -> dict:
+def variants(choice: str | None, default: str | None = None) -> list[bool | None]:
+  """'off'/'on'/'both' (None: `default`, None meaning the config's value) as a list of settings."""
+  choice = choice or default
+  return {'off': [False], 'on': [True], 'both': [False, True], None: [None]}[choice]
+
+
+def row_label(name: str, config, scan: bool | None, remat: str | None) -> str:
+  label = f"{name}, doc mask {'on' if config.data.document_mask else 'off'}"
+  if scan is not None:
+    label += f", scan {'on' if scan else 'off'}"
+  if remat is not None:
+    label += f', remat {remat}'
+  return label
+
+
+def measure(name: str, args, document_mask: bool = False, scan: bool | None = None) -> dict:
   """The table row of one model: both sides set up, their steps timed interleaved and printed."""
-  config = load(name, args.batch_size)
+  config = load(name, args.batch_size, document_mask, scan, args.remat)
+  label = row_label(name, config, scan, args.remat)
+  print(f'--- {label}', flush=True)
   steps = args.steps or (2 if args.quick else 5 if name == '25m' else 10)
   warmup = 1 if args.quick else args.warmup
   tokens = config.data.batch_size * config.data.seq_len
   row = dict(
-    name=name,
+    name=label,
     desc=MODELS[name][1],
     tokens=tokens,
     flops_per_token=mllm.training_flops_per_token(config).total,
@@ -272,10 +422,14 @@ def measure(name: str, args) -> dict:
   )
   runners = {}
   if args.only in ('both', 'jax'):
-    j = setup_jax(config, args.jax_step)
+    j = setup_jax(config, args.jax_step, args.doc_len_mean)
     runners['jax'] = j['run']
     row.update(params=j['params'], jax_compile_s=j['compile_s'], jax_source=j['source'])
-  if args.only in ('both', 'torch'):
+    row['name'] += f", attn {j['impl']}"
+    print(f'[{label}] attention: {j["impl"]}', flush=True)
+  if args.only in ('both', 'torch') and document_mask:
+    print(f'[{label}] torch: not run (its attention is plain causal, no document mask)')
+  elif args.only in ('both', 'torch'):
     t = setup_torch(config)
     runners['torch'] = t['run']
     row.update(torch_params=t['params'])
@@ -284,14 +438,78 @@ def measure(name: str, args) -> dict:
     row[f'{side}_ms'] = 1e3 * statistics.median(times)
     row[f'{side}_min_ms'] = 1e3 * min(times)
     print(
-      f"[{name}] {side}{' (' + row['jax_source'] + ')' if side == 'jax' else ''}: "
+      f"[{label}] {side}{' (' + row['jax_source'] + ')' if side == 'jax' else ''}: "
       f"params {row['params' if side == 'jax' else 'torch_params']:,}"
       f"{', compile {:.1f} s'.format(row['jax_compile_s']) if side == 'jax' else ''}, "
       f"step ms {[round(1e3 * x) for x in times]}, losses "
       f"{[round(x, 3) for x in r['losses'][side]]}",
       flush=True,
     )
+  if args.profile_dir and 'jax' in runners:
+    profile(runners['jax'], os.path.join(args.profile_dir, slug(label)), args.profile_steps)
   return row
+
+
+def slug(label: str) -> str:
+  return ''.join(c if c.isalnum() else '_' for c in label).strip('_')
+
+
+def profile(run, directory: str, steps: int, top: int = 10) -> None:
+  """`steps` steps inside jax.profiler.trace(directory), then the `top` ops by total time."""
+  with jax.profiler.trace(directory):
+    for _ in range(steps):
+      run()
+  print(f'profile: trace of {steps} steps in {directory}', flush=True)
+  try:
+    where, totals = op_times(directory)
+  except Exception as e:  # the trace is written; reading it is a convenience
+    print(f'profile: could not read the trace offline ({type(e).__name__}: {e})')
+    return
+  if not totals:
+    print('profile: no op events in the trace')
+    return
+  grand = sum(ns for ns, _ in totals.values())
+  print(f'profile: top {top} ops by total time over {steps} steps ({where}):')
+  ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]
+  for op, (ns, count) in ranked:
+    print(f'  {ns / 1e6 / steps:9.3f} ms/step {ns / grand:6.1%} x{count // steps:<4} {op[:100]}')
+
+
+def op_times(directory: str) -> tuple[str, dict[str, tuple[float, int]]]:
+  """(what was read, {op name: (total ns, count)}) from the newest .xplane.pb under `directory`:
+  the device planes' 'XLA Ops' lines where there are any (GPU/TPU: time per HLO op), else the
+  host's XLA threads (CPU: HLO ops; the Python line and the executor's wrappers left out)."""
+  import glob
+
+  from jax.profiler import ProfileData
+
+  paths = sorted(glob.glob(os.path.join(directory, '**', '*.xplane.pb'), recursive=True))
+  data = ProfileData.from_file(max(paths, key=os.path.getmtime))
+  picked = [
+    (plane.name, line)
+    for plane in data.planes
+    if plane.name.startswith('/device:')
+    for line in plane.lines
+    if line.name == 'XLA Ops'
+  ]
+  where = "device 'XLA Ops'"
+  if not picked:
+    picked = [
+      (plane.name, line)
+      for plane in data.planes
+      if plane.name.startswith('/host:CPU')
+      for line in plane.lines
+      if line.name != 'python'
+    ]
+    where = 'host XLA threads'
+  totals: dict[str, tuple[float, int]] = {}
+  for _, line in picked:
+    for event in line.events:
+      if where.startswith('host') and '::' in event.name:  # executor and thread-pool wrappers
+        continue
+      ns, count = totals.get(event.name, (0.0, 0))
+      totals[event.name] = (ns + event.duration_ns, count + 1)
+  return where, totals
 
 
 def main() -> None:
@@ -302,7 +520,13 @@ def main() -> None:
   env = environment(with_torch=args.only != 'jax')
   for key, value in env.items():
     print(f'{key}: {value}')
-  rows = [measure(name, args) for name in names]
+  docs = variants(args.document_mask, 'both' if args.only == 'jax' else 'off')
+  rows = [
+    measure(name, args, doc, scan)
+    for name in names
+    for doc in docs
+    for scan in variants(args.scan_layers)
+  ]
   print_table(rows, env, args.out)
 
 
