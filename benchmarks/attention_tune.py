@@ -1,14 +1,18 @@
-"""Tile sizes, warps and pipeline stages of the Triton flash-attention kernel, swept on a GPU.
+"""Tile sizes, warps and pipeline stages of mllm's GPU flash-attention kernels, swept on a GPU.
 
-    python -m benchmarks.attention_tune                        # N 4096 and 16384, causal, D 128
+    python -m benchmarks.attention_tune                        # Triton: N 4096 and 16384, causal, D 128
     python -m benchmarks.attention_tune --seq_lens=8192 --causal=false --head_dim=64
+    python -m benchmarks.attention_tune --kernel=mgpu          # Mosaic GPU: block_k x ring slots
 
 The setting of benchmarks/attention.py (bf16, --tokens_per_batch per batch, H query heads): for
 every (block_q, block_k, num_warps, num_stages) the forward and the forward+backward of
 `pallas_kernels.flash_attention_triton` are compiled and timed (median of --repeats after a warm-up),
 and the best configuration of each pass is printed with its TFLOP/s (FlashAttention's convention:
 forward 4·B·H·N²·D, halved when causal; forward+backward 3.5× that). block_q / block_k set the
-tiles of both passes; `default_blocks` can then take each pass's best. A configuration the
+tiles of both passes; `default_blocks` can then take each pass's best. `--kernel=mgpu` sweeps the
+Mosaic GPU kernel (pallas_kernels/flash_attention_mgpu.py) instead: its query tile is fixed at 64
+rows a warpgroup, so the knobs are block_k (--mgpu_blocks) and the slots of its copy rings
+(--mgpu_steps); --warps / --stages do not apply to it. A configuration the
 compiler refuses (shared memory, registers) is listed as n/a. On a CPU the kernel only
 interprets: use tiny sizes (--seq_lens=128 --tokens_per_batch=128 --blocks=32,64) to smoke-test.
 """
@@ -24,7 +28,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.flash_attention_triton import flash_attention
+from pallas_kernels import flash_attention_mgpu, flash_attention_triton
 
 
 def timed(fn, args, repeats: int) -> float:
@@ -38,6 +42,22 @@ def timed(fn, args, repeats: int) -> float:
   return statistics.median(times)
 
 
+def settings(args) -> list[tuple]:
+  """(block_q, block_k, warps, stages) to try: the Triton grid, or the Mosaic GPU kernel's
+  block_k x ring slots (block_q 64 and its warpgroups fixed; warps reported as None)."""
+
+  def ints(spec: str) -> list[int]:
+    return [int(x) for x in spec.split(',')]
+
+  if args.kernel == 'mgpu':
+    return [
+      (flash_attention_mgpu.TILE, bk, None, steps)
+      for bk, steps in itertools.product(ints(args.mgpu_blocks), ints(args.mgpu_steps))
+    ]
+  blocks = ints(args.blocks)
+  return list(itertools.product(blocks, blocks, ints(args.warps), ints(args.stages)))
+
+
 def sweep(n: int, args) -> list[dict]:
   batch = max(1, args.tokens_per_batch // n)
   keys = jax.random.split(jax.random.key(n), 4)
@@ -45,19 +65,25 @@ def sweep(n: int, args) -> list[dict]:
   q, k, v, d_out = (jax.random.normal(key, shape, jnp.bfloat16) for key in keys)
   fwd_flops = 4 * batch * args.heads * n * n * args.head_dim / (2 if args.causal else 1)
   rows = []
-  blocks = [int(b) for b in args.blocks.split(',')]
-  for bq, bk, warps, stages in itertools.product(
-    blocks, blocks, *([int(x) for x in spec.split(',')] for spec in (args.warps, args.stages))
-  ):
-    attn = functools.partial(
-      flash_attention,
-      scale=args.head_dim**-0.5,
-      causal=args.causal,
-      block_q=bq,
-      block_k=bk,
-      num_warps=warps,
-      num_stages=stages,
-    )
+  for bq, bk, warps, stages in settings(args):
+    if args.kernel == 'mgpu':  # warps: fixed by the kernel; stages: its rings' slots
+      attn = functools.partial(
+        flash_attention_mgpu.flash_attention,
+        scale=args.head_dim**-0.5,
+        causal=args.causal,
+        block_k=bk,
+        steps=stages,
+      )
+    else:
+      attn = functools.partial(
+        flash_attention_triton.flash_attention,
+        scale=args.head_dim**-0.5,
+        causal=args.causal,
+        block_q=bq,
+        block_k=bk,
+        num_warps=warps,
+        num_stages=stages,
+      )
 
     def loss(q, k, v, d, attn=attn):
       return jnp.sum(attn(q, k, v).astype(jnp.float32) * d)
@@ -103,11 +129,15 @@ def main(argv=None) -> None:
   p.add_argument('--blocks', default='64,128', help='values tried for block_q and block_k')
   p.add_argument('--warps', default='4,8')
   p.add_argument('--stages', default='2,3')
+  p.add_argument('--kernel', choices=['triton', 'mgpu'], default='triton')
+  p.add_argument('--mgpu_blocks', default='64,128,192,256', help='--kernel=mgpu: block_k values')
+  p.add_argument('--mgpu_steps', default='2,3', help='--kernel=mgpu: ring slots')
   p.add_argument('--repeats', type=int, default=5)
   args = p.parse_args(argv)
   args.causal = args.causal == 'true'
   print(
-    f'{jax.devices()[0].device_kind}, jax {jax.__version__}; H {args.heads}, D {args.head_dim}, '
+    f'{args.kernel} kernel; {jax.devices()[0].device_kind}, jax {jax.__version__}; '
+    f'H {args.heads}, D {args.head_dim}, '
     f"{'causal' if args.causal else 'full'}, {args.tokens_per_batch} tokens per batch, bf16"
   )
   for n in [int(x) for x in args.seq_lens.split(',')]:
