@@ -333,8 +333,8 @@ def test_moe_model_loss_falls_metrics_are_logged_and_resume_is_exact_with_noise(
 
 
 def _small_mixtral(**extra):
-  """configs/mixtral_like.py shrunk to 2 layers, d_model 64, random init (the issue's case); on
-  CPU its dispatch 'auto' is capacity."""
+  """configs/mixtral_like.py shrunk to 2 layers, d_model 64, random init (the issue's case), with
+  capacity dispatch (what its 'auto' is on a CPU) on any backend."""
   import mllm
 
   return mllm.load_config(
@@ -346,6 +346,7 @@ def _small_mixtral(**extra):
       'model.vocab_size': 128,
       'model.max_seq_len': 64,
       'data.seq_len': 64,
+      'model.moe.dispatch': 'capacity',
       **extra,
     },
   )

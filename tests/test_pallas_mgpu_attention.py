@@ -6,7 +6,8 @@ blocks every query block must skip hold NaN, and a query with no allowed key giv
 The interpreter cannot run the kernels' MMAs as written for the GPU (a transposed shared-memory
 operand, a register-held operand inside run_state), so in interpret mode they are jnp.dots on the
 same tiles; the GPU path is lowered for CUDA here instead, which checks its layouts, wgmma shapes
-and shared-memory size.
+and shared-memory size. On a GPU backend the kernels default to compiling for real (interpret
+off), so the same cases test the compiled kernels there (Hopper or newer: wgmma).
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def test_forward_alone_matches_float64_reference(p, request):
 
   o, lse = jax.jit(
     lambda q, k, v, ex: fm.flash_attention_forward(
-      q, k, v, q_offset=x['q_offset'], block_k=bk, interpret=True, **ex, **common
+      q, k, v, q_offset=x['q_offset'], block_k=bk, **ex, **common
     )
   )(
     x['q'],

@@ -1,7 +1,8 @@
 """The training loop end to end on a tiny model and a small local corpus (byte tokenizer).
 
-Exactness: on CPU a resumed run (after a planned stop or a SIGTERM) must give bitwise the same
-parameters and optimizer state as an uninterrupted one.
+Exactness: a resumed run (after a planned stop or a SIGTERM) must give bitwise the same parameters
+and optimizer state as an uninterrupted one on the same backend (on a GPU with deterministic
+reductions, --xla_gpu_deterministic_ops, as `make test-gpu` sets).
 """
 
 from __future__ import annotations
@@ -160,8 +161,11 @@ def test_sigterm_saves_exits_cleanly_and_resumes_exactly(reference_run, corpus, 
   flags = [f'--config.{k}={v}' for k, v in run_overrides(corpus, cache).items()]
   flags += ['--config.train.steps=400']  # long enough to be killed mid-way; checked below
   # The schedule depends on train.steps, so the killed run trains its own 400-step schedule and
-  # is compared against a planned stop of the same config below.
-  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  # is compared against a planned stop of the same config below. The killed run uses this
+  # process's backend: its steps and the resumed ones must be the planned run's, bit for bit.
+  env = dict(os.environ)
+  if jax.default_backend() == 'cpu':
+    env['JAX_PLATFORMS'] = 'cpu'
   proc = subprocess.Popen(
     [sys.executable, 'launch.py', '--config=configs/base.py', f'--workdir={workdir}', *flags],
     cwd=ROOT,
