@@ -279,7 +279,7 @@ def build_model(config, *, rngs: nnx.Rngs) -> Transformer:
 
   model_cfg = config.model if 'model' in config else config
   validate_model(model_cfg)
-  check_backend(model_cfg)
+  check_backend(model_cfg, data=config.get('data') if 'model' in config else None)
   return Transformer(model_cfg, rngs=rngs)
 
 

@@ -197,8 +197,18 @@ def _check_attention_impl(m: config_dict.ConfigDict, p: str) -> None:
     )
 
 
-def check_backend(m: config_dict.ConfigDict, backend: str | None = None, p: str = 'model') -> None:
-  """What only the machine can tell: is the attention implementation available on it?"""
+def check_backend(
+  m: config_dict.ConfigDict,
+  backend: str | None = None,
+  p: str = 'model',
+  *,
+  data: config_dict.ConfigDict | None = None,
+  gpu=None,
+) -> None:
+  """What only the machine can tell: is the attention implementation available on it? `data`
+  (the config's data section, when known) gives the training sequence length; `gpu`
+  (mllm.ops.cudnn_rules.GpuFacts) the GPU's compute capability and cuDNN version, by default the
+  runtime's."""
   import jax  # deferred: validation itself never touches a backend
 
   backend = backend or jax.default_backend()
@@ -212,6 +222,35 @@ def check_backend(m: config_dict.ConfigDict, backend: str | None = None, p: str 
   why = ATTENTION_IMPLS[m.attention.impl].refuses_backend(backend)
   if why:
     raise ConfigError(f'{p}.attention.impl', m.attention.impl, why)
+  if m.attention.impl == 'cudnn' and backend == 'gpu':
+    _check_cudnn_runs(m, p, data, gpu)
+
+
+def _check_cudnn_runs(m, p: str, data, gpu) -> None:
+  """impl='cudnn' on a GPU: refuse, at config time, a training call that JAX would refuse to hand
+  to cuDNN (mllm/ops/cudnn_rules.py), with the facts the config gives: the head dim, the dtype,
+  data.seq_len (queries and keys alike in training), the causal sliding window."""
+  from mllm.ops.cudnn_rules import cudnn_refusal, runtime_gpu_facts
+
+  gpu = runtime_gpu_facts() if gpu is None else gpu
+  seq_len = None if data is None else data.seq_len
+  why = cudnn_refusal(
+    dtype=m.dtype,
+    q_len=seq_len,
+    kv_len=seq_len,
+    head_dim=m.head_dim or m.d_model // m.n_heads,
+    causal=True,
+    window=m.attention.sliding_window,
+    training=True,
+    gpu=gpu,
+  )
+  if why:
+    kernels = "'pallas_mgpu' (Hopper, bfloat16), 'pallas'" if gpu.hopper else "'pallas'"
+    raise ConfigError(
+      f'{p}.attention.impl',
+      'cudnn',
+      f"{why}; allowed here: 'auto' (picks a kernel that runs it), {kernels}, 'blockwise', 'xla'",
+    )
 
 
 def validate_data(config: config_dict.ConfigDict) -> None:

@@ -28,6 +28,7 @@ import mllm
 from mllm.ops import attention as attention_ops
 from mllm.ops import blockwise
 from mllm.ops.attention import AttentionMask, RelativeValues, ScoreBias
+from mllm.ops.cudnn_rules import GpuFacts, runtime_gpu_facts
 
 TOLERANCE = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
 # Tiles per implementation: several blocks per case; blockwise's need not be powers of two.
@@ -464,10 +465,10 @@ def test_auto_picks_per_backend_length_and_features():
     q_positions=jnp.zeros((1, 1), jnp.int32),
     kv_positions=jnp.zeros((1, 1), jnp.int32),
   )
-  choose = functools.partial(attention_ops.choose_impl, rel_values=None, dropout=False)
-  for backend in ('cpu', 'gpu'):
-    assert choose(*short, bias=None, backend=backend) == 'xla'
-    assert choose(*long, bias=None, backend=backend) == 'blockwise'
+  hopper = GpuFacts((9, 0), 91000)  # the GPU rules in full: tests/test_auto_choice.py
+  choose = functools.partial(attention_ops.choose_impl, rel_values=None, dropout=False, gpu=hopper)
+  assert choose(*short, bias=None, backend='cpu') == 'xla'
+  assert choose(*long, bias=None, backend='cpu') == 'blockwise'
   for backend in ('cpu', 'gpu', 'tpu'):
     assert choose(*long, bias=dense, backend=backend) == 'blockwise'
   assert choose(*short, bias=None, backend='tpu') == 'splash'
@@ -475,10 +476,11 @@ def test_auto_picks_per_backend_length_and_features():
   assert choose(*qk(64, jnp.bfloat16), bias=None, backend='gpu') == 'cudnn'
   assert choose(*qk(64, jnp.bfloat16), bias=None, backend='cpu') == 'xla'
   assert choose(*qk(4096, jnp.bfloat16), bias=dense, backend='gpu') == 'blockwise'
-  assert choose(*qk(4096, jnp.bfloat16), bias=alibi, backend='gpu') == 'blockwise'
+  assert choose(*qk(4096, jnp.bfloat16), bias=alibi, backend='gpu') == 'pallas_mgpu'
+  assert choose(*short, bias=None, backend='gpu') == 'pallas'  # float32: the Triton kernel
   assert (
     attention_ops.choose_impl(
-      *qk(64, jnp.bfloat16), bias=None, rel_values=None, dropout=True, backend='gpu'
+      *qk(64, jnp.bfloat16), bias=None, rel_values=None, dropout=True, backend='gpu', gpu=hopper
     )
     == 'xla'
   )
@@ -551,10 +553,43 @@ def test_the_mosaic_gpu_kernel_is_refused_on_a_tpu():
   mllm.validation.check_backend(config.model, backend='cpu')  # interpreted, for tests
 
 
+@pytest.mark.skipif(jax.default_backend() == 'gpu', reason='the refusal off a GPU')
 def test_cudnn_is_refused_without_a_gpu():
   config = tiny_config('attn=cudnn,model.dtype=bfloat16')
   with pytest.raises(mllm.ConfigError, match="cuDNN needs a GPU, this machine's JAX backend is"):
     mllm.build_model(config, rngs=nnx.Rngs(0))
+
+
+@pytest.mark.skipif(jax.default_backend() != 'gpu', reason="the GPU's own facts decide")
+def test_cudnn_builds_on_a_gpu_what_it_can_train_and_refuses_the_rest():
+  """On a GPU, impl='cudnn' passes the backend check when cuDNN can train the config, and is one
+  ConfigError (mllm/ops/cudnn_rules.py) when it cannot: an odd data.seq_len, a head dim cuDNN
+  refuses. The runtime's facts (compute capability, cuDNN version) are read."""
+  facts = runtime_gpu_facts()
+  assert facts.compute_capability is not None and facts.cudnn_version is not None
+  ok = dict(model__head_dim=64, data__seq_len=16)
+  mllm.build_model(tiny_config('attn=cudnn,model.dtype=bfloat16', **ok), rngs=nnx.Rngs(0))
+  for bad, message in (
+    (dict(data__seq_len=17), 'even sequence lengths, got 17 queries'),
+    (dict(model__head_dim=100), 'a head dim that is a multiple of 8'),
+  ):
+    config = tiny_config('attn=cudnn,model.dtype=bfloat16', **(ok | bad))
+    with pytest.raises(mllm.ConfigError, match=message) as err:
+      mllm.build_model(config, rngs=nnx.Rngs(0))
+    assert "model.attention.impl='cudnn'" in str(err.value) and '\n' not in str(err.value)
+
+
+def test_cudnn_config_refusal_off_a_gpu_uses_the_given_facts():
+  """The same check with the GPU facts given, on any machine: an odd training length is refused
+  naming key, value, why and what is allowed; an even one passes."""
+  facts = GpuFacts((9, 0), 91000)
+  config = tiny_config('attn=cudnn,model.dtype=bfloat16', model__head_dim=64, data__seq_len=17)
+  with pytest.raises(mllm.ConfigError, match='even sequence lengths') as err:
+    mllm.validation.check_backend(config.model, 'gpu', data=config.data, gpu=facts)
+  assert str(err.value).startswith("model.attention.impl='cudnn': cuDNN trains only on even")
+  assert "allowed here: 'auto'" in str(err.value) and 'pallas_mgpu' in str(err.value)
+  config = tiny_config('attn=cudnn,model.dtype=bfloat16', model__head_dim=64, data__seq_len=16)
+  mllm.validation.check_backend(config.model, 'gpu', data=config.data, gpu=facts)
 
 
 @pytest.mark.parametrize('impl', ['pallas', 'pallas_tpu', 'pallas_mgpu', 'splash', 'cudnn'])

@@ -20,6 +20,7 @@ registry, 'auto' and `attend`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -30,6 +31,7 @@ import jax.numpy as jnp
 from mllm.ops import kernels, splash
 from mllm.ops import mesh as on_mesh
 from mllm.ops.blockwise import blockwise_attention
+from mllm.ops.cudnn_rules import GpuFacts, cudnn_refusal, runtime_gpu_facts
 from mllm.ops.kernels import cudnn_attention, pallas_attention, pallas_kernel, splash_attention
 from mllm.ops.masks import AttentionMask, RelativeValues, ScoreBias
 from mllm.ops.xla_attention import xla_attention
@@ -43,6 +45,7 @@ __all__ = [
   'attend',
   'cached_impl',
   'choose_impl',
+  'choosing_for',
   'pallas_kernel',
 ]
 
@@ -61,30 +64,108 @@ def choose_impl(
   rel_values: RelativeValues | None,
   dropout: bool,
   backend: str | None = None,
+  mask: AttentionMask | None = None,
+  gpu: GpuFacts | None = None,
+  training: bool = True,
 ) -> str:
   """What 'auto' runs: the fastest implementation that supports the call on this backend.
 
-  GPU, bf16/fp16, no learned terms and no ALiBi: cuDNN (the fastest fused kernel on H100 in the
-  FA3 paper; it would round an ALiBi bias to bf16). TPU, no learned terms: JAX's splash kernel,
-  or mllm's TPU kernel ('pallas') with ALiBi, which splash cannot add. Otherwise 'xla' below
-  BLOCKWISE_FROM keys and 'blockwise' from there. mllm's GPU kernels are not picked until they
-  have been measured on a GPU.
+  Learned terms or dropout (their gradients come from autodiff): 'xla' below BLOCKWISE_FROM keys,
+  'blockwise' from there, on every backend. TPU: JAX's splash kernel, or mllm's TPU kernel
+  ('pallas') with ALiBi, which splash cannot add. CPU: 'xla' / 'blockwise' by the same length.
+  GPU (`choose_on_gpu`): cuDNN when it can run the call and takes its mask as flags, else
+  mllm's kernels, which take every index mask natively. `mask` defaults to plain causal; `gpu`
+  (compute capability, cuDNN version) to the runtime's; `training`: the call is differentiated
+  (cuDNN refuses more then; 'auto' cannot tell inside a trace, so it assumes so).
   """
   backend = backend or on_mesh.backend()
   learned = rel_values is not None or dropout or (bias is not None and bias.dense is not None)
   alibi = bias is not None and bias.alibi_slopes is not None
-  if backend == 'gpu' and not learned and not alibi and q_BTNH.dtype in (jnp.bfloat16, jnp.float16):
-    return 'cudnn'
-  if backend == 'tpu' and not learned:
+  by_length = 'xla' if k_BSKH.shape[1] < BLOCKWISE_FROM else 'blockwise'
+  if learned:
+    return by_length
+  if backend == 'tpu':
     return 'pallas' if alibi else 'splash'
-  return 'xla' if k_BSKH.shape[1] < BLOCKWISE_FROM else 'blockwise'
+  if backend == 'gpu':
+    gpu = runtime_gpu_facts() if gpu is None else gpu
+    return choose_on_gpu(q_BTNH, k_BSKH, mask or AttentionMask(), alibi, gpu, training)
+  return by_length
+
+
+def choose_on_gpu(q_BTNH, k_BSKH, mask: AttentionMask, alibi: bool, gpu: GpuFacts, training):
+  """'auto' on a GPU, for a call without learned terms. In order:
+  1. 'cudnn' (fastest in every cell measured, docs/kernels.md) when cuDNN takes the mask as
+     flags (none, or causal / causal window aligned top-left), there is no ALiBi (it would be a
+     dense bias, rounded to bf16) and `cudnn_refusal` finds nothing (dtype, head dim, odd
+     lengths in training, GPU generation).
+  2. 'pallas_mgpu' (Mosaic GPU) on Hopper (9.x) for bf16/fp16 with head_dim <= 128: packed
+     documents, bottom-right alignment, two-sided windows and ALiBi in-kernel, O(N) memory.
+  3. 'pallas' (Triton) for head_dim <= 256: the same masks, any float dtype, any GPU.
+  4. 'blockwise' (O(N) memory), or 'xla' for a mask only it reads: a traced q_offset, or
+     positions (a KV cache's prefill chunk) below BLOCKWISE_FROM keys.
+  """
+  T, S, H = q_BTNH.shape[1], k_BSKH.shape[1], q_BTNH.shape[3]
+  by_length = 'xla' if S < BLOCKWISE_FROM else 'blockwise'
+  if mask.kv_positions is not None:  # the kernels mask by index only
+    return by_length
+  try:
+    mask.static_offset(T, S, 'auto')
+  except ValueError:  # per-example offsets: only 'xla' reads them
+    return 'xla'
+  dtype = q_BTNH.dtype
+  if not alibi and kernels.cudnn_takes_mask(mask, T, S):
+    why = cudnn_refusal(
+      dtype=dtype,
+      q_len=T,
+      kv_len=S,
+      head_dim=H,
+      head_dim_v=k_BSKH.shape[3],
+      causal=mask.causal,
+      window=mask.window,
+      training=training,
+      gpu=gpu,
+    )
+    if why is None:
+      return 'cudnn'
+  half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+  if gpu.hopper and half and kernels.mgpu_head_dim(H) is None:
+    return 'pallas_mgpu'
+  if kernels.triton_head_dim(H) is None:
+    return 'pallas'
+  return 'blockwise'
+
+
+# What 'auto' chooses for, when set: (backend, GpuFacts), instead of the mesh's backend and the
+# runtime's GPU. Tests trace on CPU what a GPU run would trace (the kernels then interpret).
+_CHOOSE_FOR: list[tuple[str, GpuFacts | None]] = []
+
+
+@contextlib.contextmanager
+def choosing_for(backend: str, gpu: GpuFacts | None = None):
+  """'auto' picks as on `backend` (with these GPU facts) while the calls inside are traced."""
+  _CHOOSE_FOR.append((backend, gpu))
+  try:
+    yield
+  finally:
+    _CHOOSE_FOR.pop()
 
 
 def auto_attention(q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
   dropout = kwargs.get('dropout_rate', 0.0) > 0.0 and kwargs.get('dropout_rng') is not None
+  backend, gpu = _CHOOSE_FOR[-1] if _CHOOSE_FOR else (None, None)
   impl = choose_impl(
-    q_BTNH, k_BSKH, bias=kwargs.get('bias'), rel_values=kwargs.get('rel_values'), dropout=dropout
+    q_BTNH,
+    k_BSKH,
+    bias=kwargs.get('bias'),
+    rel_values=kwargs.get('rel_values'),
+    dropout=dropout,
+    backend=backend,
+    mask=kwargs.get('mask'),
+    gpu=gpu,
   )
+  for key in ('block_q', 'block_k'):  # tiles set for another kernel: the picked one's defaults
+    if kwargs.get(key) is not None and ATTENTION_IMPLS[impl].refuses_tile(key, kwargs[key]):
+      kwargs[key] = None
   return run_impl(impl, q_BTNH, k_BSKH, v_BSKH, **kwargs)
 
 

@@ -103,8 +103,7 @@ def cudnn_attention(
       "set model.dtype='bfloat16' or use impl='blockwise'"
     )
   T, S = q_BTNH.shape[1], k_BSKH.shape[1]
-  aligned = mask.static_offset(T, S, 'cudnn') == 0 and T == S
-  plain = aligned and mask.q_segment_ids is None and (mask.window is None or mask.causal)
+  plain = cudnn_takes_mask(mask, T, S)
   dense_bias = _cudnn_bias(bias, q_BTNH.dtype, implementation)
   if plain:
     window = None if mask.window is None else (mask.window - 1, 0)
@@ -130,6 +129,17 @@ def cudnn_attention(
   )
   # A query that sees no key gets zeros here too (dot_product_attention would average).
   return jnp.where(jnp.any(allowed, axis=-1)[:, 0, :, None, None], out, 0).astype(q_BTNH.dtype)
+
+
+def cudnn_takes_mask(mask: AttentionMask, q_len: int, kv_len: int) -> bool:
+  """Whether cuDNN takes the mask as its own flags (no [B, 1, T, S] array): no mask, or a causal
+  mask (with a causal window) whose queries and keys line up (cuDNN aligns them top-left)."""
+  if mask.q_segment_ids is not None or mask.kv_positions is not None:
+    return False
+  if not mask.causal and mask.window is None:
+    return True
+  aligned = q_len == kv_len and mask.static_offset(q_len, kv_len, 'cudnn') == 0
+  return aligned and mask.causal
 
 
 def _cudnn_bias(bias: ScoreBias | None, dtype, implementation: str):
@@ -174,6 +184,30 @@ def mgpu_tiles(key: str, value: int) -> str | None:
     return (
       'the Mosaic GPU kernel gives each warpgroup 64 query rows and streams keys in multiples '
       'of 64; allowed: block_q 64, block_k 64, 128, 192, ..., or None for their defaults'
+    )
+  return None
+
+
+def triton_head_dim(head_dim: int) -> str | None:
+  """Why the Triton kernel is not run at this head dim: it pads to a power of two, and its tiles
+  (pallas_kernels/flash_attention_triton.py default_blocks) are sized up to 256."""
+  if head_dim > 256:
+    return f'the Triton kernel pads head_dim to a power of two up to 256, got {head_dim}'
+  return None
+
+
+# The Mosaic GPU kernel's shared memory at its default tiles (block_k 128, 2 pipeline steps), in
+# 16-bit elements: forward / dq hold 2 query-side tiles of 64 x Hp (Q, or Q and dO: 4) and a ring
+# of 2 x 2 key tiles of 128 x Hp. At Hp = 128 that is 192 KiB; at Hp = 192 it is 288 KiB, over
+# Hopper's 227 KiB per block. Hp is head_dim rounded up to 64.
+MGPU_MAX_HEAD_DIM = 128
+
+
+def mgpu_head_dim(head_dim: int) -> str | None:
+  if head_dim > MGPU_MAX_HEAD_DIM:
+    return (
+      f'the Mosaic GPU kernel at its default tiles fits shared memory up to head_dim '
+      f'{MGPU_MAX_HEAD_DIM}, got {head_dim}'
     )
   return None
 
