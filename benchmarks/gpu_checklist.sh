@@ -1,58 +1,110 @@
 #!/bin/bash
-# The GPU measurements (training step, tests, attention, MoE layer, decoding) in one call of about
-# 9 minutes. Each step has its own time limit; the steps' logs and result files are packed into
-# OUT/results.tgz as each one ends, so a step that runs out of time loses only itself.
+# The GPU measurements of ../shared/GPU_CHECKLIST.md in one call of under 10 minutes. Each step has
+# its own time limit; the steps' logs and result files are packed into OUT/results.tgz as each one
+# ends, so a step that runs out of time loses only itself.
 #
-#   bash benchmarks/gpu_checklist.sh OUT_DIR [SUFFIX]     # SUFFIX names the files: h100, h200
+#   bash benchmarks/gpu_checklist.sh OUT_DIR [SUFFIX] [PHASES]
+#
+# SUFFIX names the result files (h100, h200); PHASES is a comma list of
+#   perf     the 125M training step with document masking on and off,
+#            scanned and unrolled, cuDNN's dense mask against what 'auto' picks, a profile's top
+#            ops, and the same model trained through launch.py (time to first step, MFU)
+#   kernels  the Triton and Mosaic GPU kernels' tiles (benchmarks/attention_tune.py)
+#   tests    the default test suite on the GPU (make test-gpu), with a GPU suite end to end
+#            (the gpu preset, 2 variants, 1 seed, 100 steps, no lr tuning) beside it
+#   init     start-up at 12 and 24 layers, unrolled and scanned (benchmarks/init_time.py)
+#   tables   the attention table (bf16, 16k tokens a batch, H 16, D 128), MoE layer, decoding
+# default: perf,kernels,tests.
 #
 # Run from the repository root on the GPU machine, with jax[cuda] and mllm's dependencies on the
-# path (on the lent image: carry ml-collections, grain, array-record, portpicker and tensorboardX as
-# wheels, not flax: the image's flax 0.12.10 matches its jax 0.11.2, and 0.12.8 does not import).
-# Results of 2026-11-26 and what ran out of time: benchmarks/results/gpu-h200.md.
-# Items, the training step first (it printed nothing on 2026-11-26 after a cut-off pytest step):
-# (3) the 125M model's training step, tokens/s and MFU; (1) the attention kernels' tests with the
-# real Triton / Mosaic GPU kernels and cuDNN; (2) the attention table (bf16, 16k tokens a batch,
-# H 16, D 128, causal and not); (4) MoE dispatch: capacity vs dropless vs dense; (5) decoding
-# the 125M model at batch 1 and 32.
+# path. On the lent image (Python 3.12.3, jax 0.11.2, flax 0.12.10, pytest 9, no network) carry as
+# wheels: ml-collections, grain, array-record, portpicker, tensorboardX (mllm's dependencies the
+# image lacks), datasets, dill, multiprocess (tests of the parquet / HF sources), and pytest<9 with
+# pytest-xdist (pyproject.toml's dev range: --dist loadgroup needs pytest 8). Not flax: the image's
+# 0.12.10 matches its jax. Not ray (too large to carry): its tests are deselected here.
 set -u
-OUT=${1:?usage: gpu_checklist.sh OUT_DIR [SUFFIX]}
+OUT=${1:?usage: gpu_checklist.sh OUT_DIR [SUFFIX] [PHASES]}
 SUFFIX=${2:-gpu}
+PHASES=${3:-perf,kernels,tests}
 RES=${RES:-/tmp/gpu_checklist}
+PY=${PY:-python3}
 mkdir -p "$OUT" "$RES"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 
 stamp() { echo "=== $* ($(date -u +%H:%M:%S) UTC)"; }
-pack() { tar czf "$OUT/results.tgz" -C "$RES" .; }
+pack() { tar czf "$OUT/results.tgz" -C "$RES" . 2>/dev/null; }
 step() {  # step NAME LIMIT_S COMMAND...: run it under a limit, log it, keep the tail, pack
   local name=$1 limit=$2
   shift 2
   stamp "$name: start, limit ${limit}s: $*"
+  local t0=$SECONDS
   timeout -k 5 "$limit" "$@" > "$RES/$name.log" 2>&1
-  stamp "$name: rc=$? (124 = out of time)"
-  tail -n 30 "$RES/$name.log"
+  local rc=$?
+  stamp "$name: rc=$rc (124 = out of time) after $((SECONDS - t0)) s"
+  tail -n 25 "$RES/$name.log"
   pack
 }
+has() { [[ ",$PHASES," == *",$1,"* ]]; }
+
+# The 125M model of benchmarks/train_step.py (GPT-2 small's shape, Llama-style) for launch.py.
+M125="--config.model.d_model=768 --config.model.n_layers=12 --config.model.n_heads=12
+  --config.model.n_kv_heads=12 --config.model.vocab_size=50304 --config.model.max_seq_len=1024
+  --config.data.seq_len=1024 --config.data.batch_size=32 --config.model.dtype=bfloat16"
 
 {
-  stamp environment
+  stamp "environment: phases $PHASES"
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
-  python3 -c 'import jax, flax, optax; print("jax", jax.__version__, "flax", flax.__version__,
-              "optax", optax.__version__, jax.devices())'
-  # (3) first, on an idle GPU.
-  step train_step 100 python3 -m benchmarks.train_step --models=125m --only=jax --batch_size=64 \
-    --traceback_every_s=40 \
-    --out="$RES/train_step-$SUFFIX.md"
-  # (1) float32 references at full precision, so that a failure is the kernel's, not TF32's. The
-  # interpreted TPU kernels (splash, pallas_tpu) say nothing about a GPU and take minutes.
-  JAX_DEFAULT_MATMUL_PRECISION=highest step tests 150 python3 -m pytest -q -n 8 \
-    -p no:cacheprovider --timeout=100 --tb=line -rfE -W ignore::DeprecationWarning \
-    -k 'not splash and not pallas_tpu' tests/test_pallas_attention.py tests/test_attention_impls.py
-  step attention 160 python3 -m benchmarks.attention --dtype=bfloat16 --tokens_per_batch=16384 \
-    --heads=16 --head_dim=128 --causal=both --impls=xla,blockwise,pallas,pallas_mgpu,cudnn \
-    --repeats=5 --time_budget_s=2 --out="$RES/attention-$SUFFIX.md"
-  # (2) the tiles, warps and stages of the Triton kernel (its backward ran at 28-38% of cuDNN's).
-  step tune 100 python3 -m benchmarks.attention_tune --seq_lens=4096,16384
-  step moe 50 python3 -m benchmarks.moe --out_dir="$RES"
-  step decode 55 python3 -m benchmarks.decode --only_125m --out="$RES/decode-$SUFFIX.md"
+  $PY -c 'import jax, flax, optax, pytest; print("jax", jax.__version__, "flax", flax.__version__,
+          "optax", optax.__version__, "pytest", pytest.__version__, jax.devices())'
+  git log --oneline -1 2>/dev/null || true
+
+  if has perf; then
+    # Unrolled layers, document mask on (the default: 'auto' picks for segment ids) and off, each
+    # profiled (top ops from the trace); then scanned layers, and cuDNN given the dense mask.
+    step train_step 110 $PY -m benchmarks.train_step --models=125m --only=jax --batch_size=32 \
+      --document_mask=both --scan_layers=off --profile_dir="$RES/profile" \
+      --out="$RES/train_step-$SUFFIX.md"
+    step train_step_scan 45 $PY -m benchmarks.train_step --models=125m --only=jax --batch_size=32 \
+      --document_mask=off --scan_layers=on --out="$RES/train_step_scan-$SUFFIX.md"
+    step train_step_cudnn_dense 45 $PY -m benchmarks.train_step --models=125m --only=jax \
+      --batch_size=32 --document_mask=on --impl=cudnn --out="$RES/train_step_cudnn-$SUFFIX.md"
+    # As a user runs it: launch.py, the default config family at 125M, packed documents; the
+    # built-in corpus is built (BPE trained, text tokenized) on this fresh machine first.
+    step launch_125m 75 $PY launch.py --config=configs/rope_swiglu.py --workdir=/tmp/run125m \
+      $M125 --config.train.steps=40 --config.train.warmup_steps=4 --config.train.log_every=10 \
+      --config.train.eval_every=0 --config.train.eval_batches=4 --config.train.checkpoint_every=0
+  fi
+
+  if has kernels; then
+    step tune_triton 60 $PY -m benchmarks.attention_tune --seq_lens=4096 --repeats=3
+    step tune_mgpu 40 $PY -m benchmarks.attention_tune --kernel=mgpu --seq_lens=4096 --repeats=3
+  fi
+
+  if has tests; then
+    # The GPU suite beside the tests (its timings are not the point: the runner, checkpoints and
+    # report working on a GPU are); the tests decide the call's length.
+    ( timeout -k 5 200 $PY -m experiments ffn --preset=gpu --seeds=1 --no-tune_lr \
+        --variants=relu,swiglu --steps=100 --out="$RES/suite" > "$RES/suite.log" 2>&1
+      echo "suite rc=$?" >> "$RES/suite.log" ) &
+    step tests 200 make test-gpu GPU_PYTHON=$PY GPU_WORKERS=10 \
+      GPU_ARGS="-v -p no:cacheprovider -k 'not ray'"
+    wait
+    stamp "suite (beside the tests)"
+    tail -n 30 "$RES/suite.log"
+    rm -rf "$RES"/suite/*/runs  # checkpoints: not needed back
+    pack
+  fi
+
+  if has init; then  # start-up at 12 and 24 layers (the CPU's numbers: init_time-cpu.md)
+    step init_time 45 $PY -m benchmarks.init_time --out="$RES/init_time-$SUFFIX.md"
+  fi
+
+  if has tables; then
+    step attention 160 $PY -m benchmarks.attention --dtype=bfloat16 --tokens_per_batch=16384 \
+      --heads=16 --head_dim=128 --causal=both --impls=xla,blockwise,pallas,pallas_mgpu,cudnn \
+      --repeats=5 --time_budget_s=2 --out="$RES/attention-$SUFFIX.md"
+    step moe 50 $PY -m benchmarks.moe --out_dir="$RES"
+    step decode 55 $PY -m benchmarks.decode --only_125m --out="$RES/decode-$SUFFIX.md"
+  fi
   stamp done
 } 2>&1 | tee "$OUT/run.log"

@@ -97,6 +97,7 @@ def load(
   document_mask: bool = False,
   scan_layers: bool | None = None,
   remat: str | None = None,
+  impl: str | None = None,
 ):
   overrides = dict(MODELS[name][0])
   if batch_size:
@@ -106,6 +107,8 @@ def load(
     overrides['model.scan_layers'] = scan_layers
   if remat is not None:
     overrides['model.remat'] = remat
+  if impl is not None:
+    overrides['model.attention.impl'] = impl
   overrides['train.warmup_steps'] = 0  # a constant learning rate: every timed step does the same
   return mllm.load_config(os.path.join(ROOT, 'configs', 'rope_swiglu.py'), overrides)
 
@@ -370,6 +373,12 @@ def parse_args(argv=None):
     '--remat', choices=['none', 'full', 'dots'], default=None, help="model.remat; default: config's"
   )
   parser.add_argument(
+    '--impl',
+    default=None,
+    help="model.attention.impl (e.g. cudnn: packed documents reach it as a dense mask); "
+    "default: the config's ('auto')",
+  )
+  parser.add_argument(
     '--profile_dir',
     default=None,
     help='after timing, run --profile_steps more JAX steps inside jax.profiler.trace(DIR/<row>) '
@@ -407,7 +416,7 @@ def row_label(name: str, config, scan: bool | None, remat: str | None) -> str:
 
 def measure(name: str, args, document_mask: bool = False, scan: bool | None = None) -> dict:
   """The table row of one model: both sides set up, their steps timed interleaved and printed."""
-  config = load(name, args.batch_size, document_mask, scan, args.remat)
+  config = load(name, args.batch_size, document_mask, scan, args.remat, args.impl)
   label = row_label(name, config, scan, args.remat)
   print(f'--- {label}', flush=True)
   steps = args.steps or (2 if args.quick else 5 if name == '25m' else 10)
