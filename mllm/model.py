@@ -103,19 +103,10 @@ class Transformer(nnx.Module):
   """
 
   def __init__(self, cfg, *, rngs: nnx.Rngs):
-    dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
-    table_init = nnx.initializers.normal(weight_std(cfg, 'table'))  # the embedding and the head
-    self.embed = nnx.Embed(
-      cfg.vocab_size,
-      cfg.d_model,
-      dtype=dtype,
-      param_dtype=param_dtype,
-      embedding_init=table_init,
-      rngs=rngs,
-      embedding_metadata={'logical_axes': ('vocab', 'embed')},
-    )
-    self.position = POSITIONS[cfg.position.kind](cfg, rngs=rngs)
-    self.embed_dropout = nnx.Dropout(cfg.embed_dropout, rngs=rngs)
+    # Built in the order the parts draw from `rngs`; a fast init builds them one program at a
+    # time in the same order (mllm/train/state.py), so both give the same parameters.
+    for name, part in make_stem(cfg, rngs=rngs).items():
+      setattr(self, name, part)
     self.scan_layers = cfg.scan_layers
     self.moe_layers = tuple(moe_layers(cfg))
     if cfg.scan_layers:
@@ -131,25 +122,8 @@ class Transformer(nnx.Module):
       self.blocks = nnx.List(
         [Block(cfg, moe=i in self.moe_layers, rngs=rngs) for i in range(cfg.n_layers)]
       )
-    self.final_norm = (
-      make_norm(cfg.norm, cfg.d_model, param_dtype=param_dtype, rngs=rngs)
-      if cfg.norm.final_norm
-      else None
-    )
-    self.head = (
-      None
-      if cfg.tie_embeddings
-      else nnx.Linear(
-        cfg.d_model,
-        cfg.vocab_size,
-        use_bias=False,
-        dtype=dtype,
-        param_dtype=param_dtype,
-        kernel_init=table_init,
-        rngs=rngs,
-        kernel_metadata={'logical_axes': ('embed', 'vocab')},
-      )
-    )
+    for name, part in make_tail(cfg, rngs=rngs).items():
+      setattr(self, name, part)
     self.window = cfg.attention.sliding_window
     self.embed_scale = cfg.embed_scale
     self.remat = cfg.remat
@@ -238,6 +212,53 @@ class Transformer(nnx.Module):
     per_layer = [s for s in per_layer if s is not None]
     stats = jax.tree.map(lambda *xs: jnp.stack(xs), *per_layer) if per_layer else {}
     return x_BTD, stats, kv
+
+
+def _table_init(cfg):
+  """The initializer of the embedding and the head."""
+  return nnx.initializers.normal(weight_std(cfg, 'table'))
+
+
+def make_stem(cfg, *, rngs: nnx.Rngs) -> dict[str, nnx.Module]:
+  """The Transformer's modules before its blocks, by attribute name, built in that order."""
+  return {
+    'embed': nnx.Embed(
+      cfg.vocab_size,
+      cfg.d_model,
+      dtype=jnp.dtype(cfg.dtype),
+      param_dtype=jnp.dtype(cfg.param_dtype),
+      embedding_init=_table_init(cfg),
+      rngs=rngs,
+      embedding_metadata={'logical_axes': ('vocab', 'embed')},
+    ),
+    'position': POSITIONS[cfg.position.kind](cfg, rngs=rngs),
+    'embed_dropout': nnx.Dropout(cfg.embed_dropout, rngs=rngs),
+  }
+
+
+def make_tail(cfg, *, rngs: nnx.Rngs) -> dict[str, nnx.Module | None]:
+  """The Transformer's modules after its blocks, by attribute name, built in that order."""
+  param_dtype = jnp.dtype(cfg.param_dtype)
+  final_norm = (
+    make_norm(cfg.norm, cfg.d_model, param_dtype=param_dtype, rngs=rngs)
+    if cfg.norm.final_norm
+    else None
+  )
+  head = (
+    None
+    if cfg.tie_embeddings
+    else nnx.Linear(
+      cfg.d_model,
+      cfg.vocab_size,
+      use_bias=False,
+      dtype=jnp.dtype(cfg.dtype),
+      param_dtype=param_dtype,
+      kernel_init=_table_init(cfg),
+      rngs=rngs,
+      kernel_metadata={'logical_axes': ('embed', 'vocab')},
+    )
+  )
+  return {'final_norm': final_norm, 'head': head}
 
 
 def _call_block(block: Block, x_BTD, context, mask, remat: str, cache=None):

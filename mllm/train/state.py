@@ -1,5 +1,8 @@
 """The training state: a plain dict {step, params, opt_state, rng}, sharded on the mesh.
 
+Unrolled layers are initialized layer by layer (`layered_init`): one compiled program per
+distinct layer shape, reused for every layer, so start-up compile time does not grow with depth.
+
 The NNX model is split once into a static graphdef, its saved variables (`params`: the trained
 nnx.Param leaves, plus any MoE `ExpertBias`, which a rule updates and the optimizer never sees),
 and the rest (dropout RNG streams, reseeded from `rng` and the step inside the jitted step, so a
@@ -14,10 +17,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
+from jax.tree_util import DictKey
 
-from mllm.model import SAVED, build_model, placeholder_rest
+from mllm.layers.moe import moe_layers
+from mllm.model import SAVED, Block, build_model, make_stem, make_tail, placeholder_rest
 from mllm.ops.mesh import traced_on
 from mllm.train.optimizer import make_optimizer
 from mllm.train.sharding import param_shardings, replicated
@@ -108,4 +114,92 @@ def setup(config, mesh) -> tuple[TrainSetup, Callable[[], TrainState]]:
   train_setup = TrainSetup(
     config, graphdef, placeholder_rest(abstract_model), tx, schedule, mesh, abstract, shardings
   )
-  return train_setup, jax.jit(init, out_shardings=shardings)
+  if config.model.scan_layers:  # one scanned layer: the whole-model program compiles quickly
+    return train_setup, jax.jit(init, out_shardings=shardings)
+  return train_setup, layered_init(config, tx, abstract, shardings)
+
+
+def _leaves_by_path(tree, prefix: tuple = ()) -> dict:
+  """{key path: leaf} of `tree`, each path under `prefix`."""
+  return {prefix + path: leaf for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def _saved(built) -> nnx.State | dict[str, nnx.State]:
+  """The saved variables of a module, or of a {name: module or None} dict of them."""
+  if isinstance(built, dict):
+    return {name: nnx.state(m, SAVED) for name, m in built.items() if m is not None}
+  return nnx.state(built, SAVED)
+
+
+def layered_init(
+  config, tx, abstract: TrainState, shardings: TrainState
+) -> Callable[[], TrainState]:
+  """The whole-model init (`_parts`) of an unrolled model, as a few small programs.
+
+  nnx.Rngs draws each key as fold_in(key, count), count advancing by one per draw. So the model
+  is built part by part in its construction order (stem, layer 0..n-1, tail; model.Transformer),
+  each part by a jitted program that takes the RNG streams' (key, count) state and returns the
+  part's parameters and the advanced state: the same keys, the same parameters, bit for bit, as
+  one program building everything. Every layer of one config (dense, MoE) reuses one program,
+  where the whole-model program held n_layers copies for XLA to compile. The seeds are inputs,
+  not constants, so XLA has nothing to constant-fold.
+  """
+  cfg = config.model
+  param_shardings = _leaves_by_path(shardings['params'])
+  rng_graphdef = nnx.graphdef(nnx.eval_shape(lambda: nnx.Rngs(params=0, dropout=1)))
+
+  def seeded(seeds) -> nnx.Rngs:  # nnx.Rngs(params=seed, dropout=seed + 1), as initial_model
+    return nnx.Rngs(params=jax.random.key(seeds[0]), dropout=jax.random.key(seeds[1]))
+
+  def resumed(rng_state) -> nnx.Rngs:
+    return nnx.merge(rng_graphdef, rng_state)
+
+  def part_program(build, make_rngs, arg, prefix=()):
+    """(jit of arg -> (the part's saved state, the RNG state), the RNG state's structure); the
+    part's arrays come out with the shardings of their place, `prefix`, in the model."""
+
+    def run(arg):
+      rngs = make_rngs(arg)
+      return _saved(build(cfg, rngs=rngs)), nnx.state(rngs)
+
+    out = jax.eval_shape(run, arg)
+    out_shardings = (
+      jax.tree_util.tree_map_with_path(lambda path, _: param_shardings[prefix + path], out[0]),
+      shardings['step'],  # replicated
+    )
+    return jax.jit(run, out_shardings=out_shardings), out[1]
+
+  def make_block(moe: bool):
+    return lambda cfg, rngs: Block(cfg, moe=moe, rngs=rngs)
+
+  seeds = np.asarray([config.seed, config.seed + 1], np.int32)  # numpy: valid on every host
+  stem, rng_state = part_program(make_stem, seeded, jax.ShapeDtypeStruct(seeds.shape, seeds.dtype))
+  is_moe = [i in moe_layers(cfg) for i in range(cfg.n_layers)]
+  layer = lambda i: (DictKey('blocks'), DictKey(i))  # noqa: E731
+  # One program per distinct layer config, laid out like the first layer of that config.
+  blocks = {
+    moe: part_program(make_block(moe), resumed, rng_state, layer(is_moe.index(moe)))[0]
+    for moe in sorted(set(is_moe))
+  }
+  tail = part_program(make_tail, resumed, rng_state)[0]
+  rest = jax.jit(
+    lambda params: {
+      'step': jnp.zeros((), jnp.int32),
+      'opt_state': tx.init(split_trained(params)[0]),
+      'rng': jax.random.key_data(jax.random.key(config.seed)),
+    },
+    out_shardings={k: v for k, v in shardings.items() if k != 'params'},
+  )
+
+  def init() -> TrainState:
+    parts, rng = stem(seeds)
+    values = _leaves_by_path(parts)
+    for i, moe in enumerate(is_moe):
+      block, rng = blocks[moe](rng)
+      values |= _leaves_by_path(block, layer(i))
+    parts, _ = tail(rng)
+    values |= _leaves_by_path(parts)
+    params = jax.tree_util.tree_map_with_path(lambda path, _: values[path], abstract['params'])
+    return {'params': params, **rest(params)}
+
+  return init
