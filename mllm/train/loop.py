@@ -63,6 +63,7 @@ def train(config, workdir: str, *, stop_after: int | None = None, progress: bool
 
   stop_after: leave after this global step (saving a checkpoint), as a preemption would.
   """
+  started = time.perf_counter()  # the first step's start-up line counts from here
   maybe_initialize_distributed()
   writable_dir('--workdir', workdir)
   mesh = make_mesh(config.mesh)
@@ -74,7 +75,9 @@ def train(config, workdir: str, *, stop_after: int | None = None, progress: bool
       workdir, max_to_keep=config.train.max_to_keep, async_save=config.train.async_checkpoint
     )
     closing.callback(ckpt.close)
-    return _train(config, workdir, stop_after, progress, mesh, train_setup, init, ckpt, closing)
+    return _train(
+      config, workdir, stop_after, progress, mesh, train_setup, init, ckpt, closing, started
+    )
 
 
 def _restore_or_init(config, workdir, ckpt, train_setup, init, iterator) -> tuple[int, dict]:
@@ -93,7 +96,9 @@ def _restore_or_init(config, workdir, ckpt, train_setup, init, iterator) -> tupl
   return 0, state
 
 
-def _train(config, workdir, stop_after, progress, mesh, train_setup, init, ckpt, closing) -> dict:
+def _train(
+  config, workdir, stop_after, progress, mesh, train_setup, init, ckpt, closing, started: float
+) -> dict:
   """`train` once the mesh, the model and the checkpointer exist: the data, the steps and the
   start state, then the loop (`closing` closes what this opens on every exit)."""
   from mllm.data import build_data
@@ -109,7 +114,11 @@ def _train(config, workdir, stop_after, progress, mesh, train_setup, init, ckpt,
   train_step = make_train_step(train_setup)
   eval_step = make_eval_step(train_setup, data.tokenizer.token_bytes)
   iterator = data.train_iterator()
-  start, state = _restore_or_init(config, workdir, ckpt, train_setup, init, iterator)
+  t0 = time.perf_counter()
+  start, state = jax.block_until_ready(
+    _restore_or_init(config, workdir, ckpt, train_setup, init, iterator)
+  )
+  state_s = time.perf_counter() - t0
   end = t.steps if stop_after is None else min(t.steps, stop_after)
   if start == end == 0:  # stop_after=0: save the initial state (launch.py --mode=import)
     return _save_initial_state(ckpt, state, iterator, saved_config, workdir)
@@ -136,6 +145,8 @@ def _train(config, workdir, stop_after, progress, mesh, train_setup, init, ckpt,
     start=start,
     end=end,
     state=state,
+    started=started,
+    state_note=f"{'restore' if start else 'init'} {state_s:.1f} s",
   )
   _print_start(loop.bar, config, workdir, mesh, data, counts, device, start)
   if start >= end:  # resumed at its last step: report the losses it ended with, not NaN
@@ -207,6 +218,8 @@ class _Loop:
   start: int
   end: int
   state: dict  # the train state: step, params, opt_state, rng
+  started: float  # time.perf_counter() at the start of `train`
+  state_note: str  # how long the state took to initialize or restore, for the start-up line
   step: int = dataclasses.field(init=False)
   last_saved: int = dataclasses.field(init=False)
   loss: float = float('nan')
@@ -254,6 +267,10 @@ class _Loop:
       )
     if self.step == self.start + 1:
       self.compile_s = dt  # the first call compiles
+      self.bar.print(
+        f'first step after {time.perf_counter() - self.started:.1f} s from the start of train() '
+        f'({self.state_note}, compile + step {dt:.1f} s)'
+      )
     else:
       self.times.append(dt)
     return metrics, dt
