@@ -80,7 +80,10 @@ def measure(variant: str) -> dict:
   jax.block_until_ready(init())
   t2 = time.perf_counter()
   compile_s = sum(s for e, s in events[in_setup:] if e in (TRACE, LOWER, BACKEND))
+  from benchmarks.machine import describe
+
   return {
+    'machine': describe(),  # here, not in the parent: JAX there would hold the GPU's memory
     'setup': t1 - t0,
     'compile': compile_s,
     'run': t2 - t1 - compile_s,
@@ -127,20 +130,21 @@ def main() -> None:
   results = {}
   for variant in args.variants.split(','):
     runs = [run_fresh(variant) for _ in range(args.repeat)]
-    results[variant] = {k: min(r[k] for r in runs) for k in runs[0]}
+    results[variant] = {k: min(r[k] for r in runs) for k in runs[0] if k != 'machine'}
+    machine = runs[0]['machine']
     print(f'{variant}: {results[variant]}', flush=True)
-  text = table(results)
-  print(text)
-  if args.out:
-    from benchmarks.machine import describe
+    if args.out:  # after each variant: a run cut short by a time limit keeps what it measured
+      write(args.out, machine, args.repeat, table(results))
+  print(table(results))
 
-    command = 'python -m benchmarks.init_time ' + ' '.join(sys.argv[1:])
-    with open(args.out, 'w') as f:
-      f.write(
-        f'# Start-up: model + optimizer state ready\n\n- machine: {describe()}\n'
-        f'- command: `{command}`\n- each number: min over {args.repeat} fresh processes\n\n'
-        f'{text}\n'
-      )
+
+def write(path: str, machine: str, repeat: int, text: str) -> None:
+  command = 'python -m benchmarks.init_time ' + ' '.join(sys.argv[1:])
+  with open(path, 'w') as f:
+    f.write(
+      f'# Start-up: model + optimizer state ready\n\n- machine: {machine}\n'
+      f'- command: `{command}`\n- each number: min over {repeat} fresh processes\n\n{text}\n'
+    )
 
 
 if __name__ == '__main__':
