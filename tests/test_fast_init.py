@@ -23,8 +23,12 @@ def whole_model_init(config, shardings):
 
 CASES = {
   'dense': ('', {}),
-  # layer 0 dense, layers 1-2 MoE: two layer programs, used in an order that interleaves them
-  'moe_mixed': (MOE, {'model__n_layers': 3, 'model__moe__first_dense_layers': 1}),
+  # layers dense, MoE, dense: two layer programs, the dense one used again after the MoE one; the
+  # expert bias is saved but not trained (in params, not in Adam's state)
+  'moe_mixed': (
+    MOE,
+    {'model__n_layers': 3, 'model__moe__every': 2, 'model__moe__expert_bias': True},
+  ),
   # parameters in the stem (a position table) and the tail (an untied head)
   'learned_untied': ('pos=learned', {'model__tie_embeddings': False}),
   'relative_bias': ('pos=t5,norm=layernorm', {}),
