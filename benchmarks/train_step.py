@@ -255,19 +255,29 @@ KERNEL_MARKERS = (
 
 def attention_impl(config, hlo_text: str) -> str:
   """The attention implementation of the step: the configured one; for 'auto' also what
-  mllm.ops.attention.choose_impl answers for the step's q/k (its signature is changing, so a
-  failure is reported, not raised); then the fused kernels that the compiled HLO contains."""
+  mllm.ops.attention.choose_impl answers for the step's q/k and mask (packed documents: segment
+  ids; a failure is reported, not raised); then the fused kernels that the compiled HLO
+  contains, which is what ran."""
   m = config.model
   impl = m.attention.impl
   if impl == 'auto':
     try:
-      from mllm.ops.attention import choose_impl
+      from mllm.ops.attention import AttentionMask, choose_impl
 
       B, T, H = config.data.batch_size, config.data.seq_len, m.d_model // m.n_heads
       q = jax.ShapeDtypeStruct((B, T, m.n_heads, H), jnp.dtype(m.dtype))
       k = jax.ShapeDtypeStruct((B, T, m.n_kv_heads, H), jnp.dtype(m.dtype))
-      chosen = choose_impl(q, k, bias=None, rel_values=None, dropout=m.attention.dropout > 0)
-    except Exception as e:  # a report, whatever the chooser's signature is today
+      segment_ids = jax.ShapeDtypeStruct((B, T), jnp.int32) if config.data.document_mask else None
+      mask = AttentionMask(
+        causal=True,
+        window=m.attention.sliding_window,
+        q_segment_ids=segment_ids,
+        kv_segment_ids=segment_ids,
+      )
+      chosen = choose_impl(
+        q, k, bias=None, rel_values=None, dropout=m.attention.dropout > 0, mask=mask
+      )
+    except Exception as e:  # a report, not a failure of the benchmark
       chosen = f'? (choose_impl: {type(e).__name__})'
     impl = f'auto->{chosen}'
   seen = [name for name, marks in KERNEL_MARKERS if any(x in hlo_text for x in marks)]

@@ -61,10 +61,15 @@ def default_blocks(head_dim: int, backend: str) -> BlockSizes:
     # The interpreter pays per loop iteration, not per flop: fewer, larger tiles are faster.
     return BlockSizes(128, 128, 128, 128)
   # The backward kernels hold four tiles plus two f32 accumulators, hence smaller blocks.
-  # Not tuned on hardware.
-  if _pad_head_dim(head_dim) >= 256:
+  Hp = _pad_head_dim(head_dim)
+  if Hp >= 256:  # not tuned on hardware
     return BlockSizes(64, 64, 32, 32)
-  return BlockSizes(128, 128, 64, 64)
+  if Hp > 64:
+    # Tuned on an H100 (benchmarks/results/gpu-h100.md, D 128, N 4096, causal, bf16): 64-row
+    # tiles in both passes with 4 warps and 2 stages ran forward+backward at 248 TFLOP/s, twice
+    # the 128/64 split with 8 warps before; the forward alone about as fast (180 TFLOP/s).
+    return BlockSizes(64, 64, 64, 64)
+  return BlockSizes(128, 128, 64, 64)  # head_dim <= 64: not tuned on hardware
 
 
 DEFAULT_BLOCKS = {'gpu': default_blocks(128, 'gpu'), 'cpu': default_blocks(128, 'cpu')}
@@ -494,7 +499,7 @@ def flash_attention(
     kv_len=S,
     groups=N // K,
     blocks=blocks,
-    num_warps=num_warps or (4 if Hp <= 64 else 8),
+    num_warps=num_warps or (4 if Hp <= 128 else 8),  # 4 at Hp 128: tuned (default_blocks)
     num_stages=num_stages or 2,
     interpret=bool(interpret),
     segments=q_segment_ids is not None,

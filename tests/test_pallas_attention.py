@@ -357,7 +357,8 @@ def test_bounds_traced_match_python():
 
 
 def test_default_blocks_and_validation():
-  assert fa.default_blocks(64, 'gpu')[:2] == (128, 128)
+  assert fa.default_blocks(64, "gpu")[:2] == (128, 128)
+  assert fa.default_blocks(128, "gpu") == (64, 64, 64, 64)  # tuned on an H100
   assert fa.default_blocks(256, 'gpu')[:2] == (64, 64)
   assert all(b & (b - 1) == 0 for bs in fa.DEFAULT_BLOCKS.values() for b in bs)
   q = jnp.zeros((1, 8, 2, 16))
