@@ -1,21 +1,21 @@
 #!/bin/bash
-# The GPU measurements of ../shared/GPU_CHECKLIST.md, in phases of which two or three fit one call of
-# under 10 minutes. Each step has
-# its own time limit; the steps' logs and result files are packed into OUT/results.tgz as each one
-# ends, so a step that runs out of time loses only itself.
+# The GPU measurements (the project's GPU checklist), in phases of which two or three fit one call
+# of under 10 minutes. Each step has its own time limit; the steps' logs and result files are packed
+# into OUT/results.tgz as each one ends, so a step that runs out of time loses only itself.
 #
 #   bash benchmarks/gpu_checklist.sh OUT_DIR [SUFFIX] [PHASES]
+#   bash benchmarks/gpu_checklist.sh /tmp/out h100 tests,suite      # e.g. a call of ~9 minutes
 #
-# SUFFIX names the result files (h100, h200); PHASES is a comma list of
+# SUFFIX names the result files (h100, h200); PHASES is a comma list of (run in this order)
+#   tests    the default test suite on the GPU (make test-gpu)
 #   perf     the 125M training step with document masking on and off,
 #            scanned and unrolled, cuDNN's dense mask against what 'auto' picks, a profile's top
 #            ops, and the same model trained through launch.py (time to first step, MFU)
 #   kernels  the Triton and Mosaic GPU kernels' tiles (benchmarks/attention_tune.py)
-#   tests    the default test suite on the GPU (make test-gpu)
 #   suite    a GPU suite end to end (the gpu preset, 2 variants, 1 seed, 100 steps, no lr tuning)
 #   init     start-up at 12 and 24 layers, unrolled and scanned (benchmarks/init_time.py)
 #   tables   the attention table (bf16, 16k tokens a batch, H 16, D 128), MoE layer, decoding
-# default: perf,kernels,tests,suite (which does not fit one 10-minute call: pick).
+# default: tests,perf,kernels,suite (which does not fit one 10-minute call: pick).
 #
 # Run from the repository root on the GPU machine, with jax[cuda] and mllm's dependencies on the
 # path. On the lent image (Python 3.12.3, jax 0.11.2, flax 0.12.10, pytest 9, no network) carry as
@@ -26,7 +26,7 @@
 set -u
 OUT=${1:?usage: gpu_checklist.sh OUT_DIR [SUFFIX] [PHASES]}
 SUFFIX=${2:-gpu}
-PHASES=${3:-perf,kernels,tests,suite}
+PHASES=${3:-tests,perf,kernels,suite}
 RES=${RES:-/tmp/gpu_checklist}
 PY=${PY:-python3}
 mkdir -p "$OUT" "$RES"
@@ -59,6 +59,18 @@ M125="--config.model.d_model=768 --config.model.n_layers=12 --config.model.n_hea
           "optax", optax.__version__, "pytest", pytest.__version__, jax.devices())'
   git log --oneline -1 2>/dev/null || true
 
+  if has tests; then
+    # Deselected: Ray (not on the image), and the TPU kernels' tests (splash, pallas_tpu), which
+    # only interpret there as on the CPU and take minutes. -vv: the Makefile's -q and one -v
+    # cancel; one line per test keeps the failures' names when the limit cuts the run (the whole
+    # run reached 47% in 170 s on 12 workers on an H100, 2026-11-26: about 6 minutes in all).
+    # TESTS_S: this step's limit.
+    step tests ${TESTS_S:-360} make test-gpu GPU_PYTHON=$PY GPU_WORKERS=12 \
+      GPU_ARGS="-vv -p no:cacheprovider -k 'not ray and not splash and not pallas_tpu'"
+    pkill -f "pytest" 2>/dev/null; sleep 2  # workers a cut run left behind would hold the GPU
+    grep -E "(FAILED|ERROR) " "$RES/tests.log" | sed 's/^.*\(FAILED\|ERROR\) /\1 /' | sort -u | head -40
+  fi
+
   if has perf; then
     # Unrolled layers, document mask on (the default: 'auto' picks for segment ids) and off, each
     # profiled (top ops from the trace); then scanned layers, and cuDNN given the dense mask.
@@ -80,17 +92,6 @@ M125="--config.model.d_model=768 --config.model.n_layers=12 --config.model.n_hea
     # Mosaic GPU first: 'auto' picks it for packed documents on Hopper.
     step tune_mgpu 40 $PY -m benchmarks.attention_tune --kernel=mgpu --seq_lens=4096 --repeats=3
     step tune_triton 35 $PY -m benchmarks.attention_tune --seq_lens=4096 --repeats=3
-  fi
-
-  if has tests; then
-    # Deselected: Ray (not on the image), and the TPU kernels' tests (splash, pallas_tpu), which
-    # only interpret there as on the CPU and take minutes. -vv: the Makefile's -q and one -v
-    # cancel; one line per test keeps the failures' names when the limit cuts the run (the whole
-    # run reached 47% in 170 s on 12 workers on an H100, 2026-11-26: about 6 minutes in all).
-    # TESTS_S: this step's limit.
-    step tests ${TESTS_S:-360} make test-gpu GPU_PYTHON=$PY GPU_WORKERS=12 \
-      GPU_ARGS="-vv -p no:cacheprovider -k 'not ray and not splash and not pallas_tpu'"
-    grep -E "(FAILED|ERROR) " "$RES/tests.log" | sed 's/^.*\(FAILED\|ERROR\) /\1 /' | sort -u | head -40
   fi
 
   if has suite; then  # the runner, checkpoints and report on a GPU; alone (a loaded GPU doubles it)
