@@ -48,6 +48,7 @@ import optax
 from flax import nnx
 
 import mllm
+from benchmarks import profile_ops
 from benchmarks.machine import cpu_model
 from mllm.train.metrics import peak_flops_per_device
 
@@ -392,9 +393,11 @@ def parse_args(argv=None):
     '--profile_dir',
     default=None,
     help='after timing, run --profile_steps more JAX steps inside jax.profiler.trace(DIR/<row>) '
-    "and print the 10 ops with the most total time, read offline from the trace's .xplane.pb with "
-    "jax.profiler.ProfileData (no TensorBoard): a GPU's 'XLA Ops' line (device time per HLO op or "
-    "fusion), on a CPU the XLA threads' events (host time); the trace opens in TensorBoard/XProf",
+    "and print where their time went, read offline from the trace's .xplane.pb with "
+    'jax.profiler.ProfileData (benchmarks/profile_ops.py, no TensorBoard): on a GPU the kernels '
+    "of its stream lines summed per HLO op (stat 'hlo_op'), the top 10, a summary by kind (matmul, "
+    'attention, elementwise/reduction, copy/transpose, other) and busy vs wall time; on a CPU the '
+    "XLA threads' events (host time); the trace opens in TensorBoard/XProf",
   )
   parser.add_argument('--profile_steps', type=int, default=3)
   parser.add_argument(
@@ -465,7 +468,12 @@ def measure(name: str, args, document_mask: bool = False, scan: bool | None = No
       flush=True,
     )
   if args.profile_dir and 'jax' in runners:
-    profile(runners['jax'], os.path.join(args.profile_dir, slug(label)), args.profile_steps)
+    profile(
+      runners['jax'],
+      os.path.join(args.profile_dir, slug(label)),
+      args.profile_steps,
+      row['jax_ms'],
+    )
   return row
 
 
@@ -473,62 +481,25 @@ def slug(label: str) -> str:
   return ''.join(c if c.isalnum() else '_' for c in label).strip('_')
 
 
-def profile(run, directory: str, steps: int, top: int = 10) -> None:
-  """`steps` steps inside jax.profiler.trace(directory), then the `top` ops by total time."""
+def profile(run, directory: str, steps: int, step_ms: float | None = None) -> None:
+  """`steps` steps inside jax.profiler.trace(directory), then where their time went
+  (benchmarks/profile_ops.py: device time per HLO op and per kind, against the wall step)."""
   with jax.profiler.trace(directory):
+    start = time.perf_counter()
     for _ in range(steps):
       run()
-  print(f'profile: trace of {steps} steps in {directory}', flush=True)
+    wall_ms = 1e3 * (time.perf_counter() - start) / steps
+  untraced = f', {step_ms:.2f} ms untraced' if step_ms else ''
+  print(f'profile: trace of {steps} steps ({wall_ms:.2f} ms/step{untraced}) in {directory}')
   try:
-    where, totals = op_times(directory)
+    table = profile_ops.read(directory)
   except Exception as e:  # the trace is written; reading it is a convenience
     print(f'profile: could not read the trace offline ({type(e).__name__}: {e})')
     return
-  if not totals:
-    print('profile: no op events in the trace')
+  if not table.ops:
+    print(f'profile: no op events in the trace {table.note}')
     return
-  grand = sum(ns for ns, _ in totals.values())
-  print(f'profile: top {top} ops by total time over {steps} steps ({where}):')
-  ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]
-  for op, (ns, count) in ranked:
-    print(f'  {ns / 1e6 / steps:9.3f} ms/step {ns / grand:6.1%} x{count // steps:<4} {op[:100]}')
-
-
-def op_times(directory: str) -> tuple[str, dict[str, tuple[float, int]]]:
-  """(what was read, {op name: (total ns, count)}) from the newest .xplane.pb under `directory`:
-  the device planes' 'XLA Ops' lines where there are any (GPU/TPU: time per HLO op), else the
-  host's XLA threads (CPU: HLO ops; the Python line and the executor's wrappers left out)."""
-  import glob
-
-  from jax.profiler import ProfileData
-
-  paths = sorted(glob.glob(os.path.join(directory, '**', '*.xplane.pb'), recursive=True))
-  data = ProfileData.from_file(max(paths, key=os.path.getmtime))
-  picked = [
-    (plane.name, line)
-    for plane in data.planes
-    if plane.name.startswith('/device:')
-    for line in plane.lines
-    if line.name == 'XLA Ops'
-  ]
-  where = "device 'XLA Ops'"
-  if not picked:
-    picked = [
-      (plane.name, line)
-      for plane in data.planes
-      if plane.name.startswith('/host:CPU')
-      for line in plane.lines
-      if line.name != 'python'
-    ]
-    where = 'host XLA threads'
-  totals: dict[str, tuple[float, int]] = {}
-  for _, line in picked:
-    for event in line.events:
-      if where.startswith('host') and '::' in event.name:  # executor and thread-pool wrappers
-        continue
-      ns, count = totals.get(event.name, (0.0, 0))
-      totals[event.name] = (ns + event.duration_ns, count + 1)
-  return where, totals
+  print('\n'.join(profile_ops.report(table, steps, wall_ms)), flush=True)
 
 
 def main() -> None:
