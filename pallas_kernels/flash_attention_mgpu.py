@@ -608,7 +608,14 @@ def _backward(cfg, q_BTNH, k_BSKH, v_BSKH, side, o_BTNH, lse_BNT, do_BTNH):
   return dq, dk, dv
 
 
-_flash = flash_vjp(_forward, _backward)
+# Each distinct kernel is traced and lowered once per step, not once per layer: under jit, every
+# layer's call with the same shapes and config reuses the first one's jaxpr, which JAX lowers to one
+# function that the step calls per layer. XLA's Mosaic GPU custom call compiles (LLVM, ptxas) once
+# per hash of the serialized kernel, and jaxlib 0.11 stamps each lowering with a new
+# `mosaic_gpu.dump_basename`: lowered per layer, a 12-layer step compiled 36 kernels, not 3
+# (docs/kernels.md, "Compile time of the Mosaic GPU kernel"; tests/test_mgpu_compile.py).
+_forward_once = jax.jit(_forward, static_argnums=0)
+_flash = flash_vjp(_forward_once, jax.jit(_backward, static_argnums=0))
 
 
 def _prepare(
@@ -770,5 +777,5 @@ def flash_attention_forward(
     steps=steps,
     interpret=interpret,
   )
-  o, lse = _forward(cfg, q, k, v, side)
+  o, lse = _forward_once(cfg, q, k, v, side)
   return o[:, :T, :, :H], lse[:, :, :T]
