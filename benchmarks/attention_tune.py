@@ -66,23 +66,16 @@ def sweep(n: int, args) -> list[dict]:
   fwd_flops = 4 * batch * args.heads * n * n * args.head_dim / (2 if args.causal else 1)
   rows = []
   for bq, bk, warps, stages in settings(args):
+    common = dict(scale=args.head_dim**-0.5, causal=args.causal, block_k=bk)
     if args.kernel == 'mgpu':  # warps: fixed by the kernel; stages: its rings' slots
-      attn = functools.partial(
-        flash_attention_mgpu.flash_attention,
-        scale=args.head_dim**-0.5,
-        causal=args.causal,
-        block_k=bk,
-        steps=stages,
-      )
+      attn = functools.partial(flash_attention_mgpu.flash_attention, steps=stages, **common)
     else:
       attn = functools.partial(
         flash_attention_triton.flash_attention,
-        scale=args.head_dim**-0.5,
-        causal=args.causal,
         block_q=bq,
-        block_k=bk,
         num_warps=warps,
         num_stages=stages,
+        **common,
       )
 
     def loss(q, k, v, d, attn=attn):
