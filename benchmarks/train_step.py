@@ -263,9 +263,10 @@ def attention_impl(config, hlo_text: str) -> str:
   impl = m.attention.impl
   if impl == 'auto':
     try:
+      from mllm.layers import resolved_head_dim
       from mllm.ops.attention import AttentionMask, choose_impl
 
-      B, T, H = config.data.batch_size, config.data.seq_len, m.d_model // m.n_heads
+      B, T, H = config.data.batch_size, config.data.seq_len, resolved_head_dim(m)
       q = jax.ShapeDtypeStruct((B, T, m.n_heads, H), jnp.dtype(m.dtype))
       k = jax.ShapeDtypeStruct((B, T, m.n_kv_heads, H), jnp.dtype(m.dtype))
       segment_ids = jax.ShapeDtypeStruct((B, T), jnp.int32) if config.data.document_mask else None

@@ -230,6 +230,7 @@ def _check_cudnn_runs(m, p: str, data, gpu) -> None:
   """impl='cudnn' on a GPU: refuse, at config time, a training call that JAX would refuse to hand
   to cuDNN (mllm/ops/cudnn_rules.py), with the facts the config gives: the head dim, the dtype,
   data.seq_len (queries and keys alike in training), the causal sliding window."""
+  from mllm.layers import resolved_head_dim
   from mllm.ops.cudnn_rules import cudnn_refusal, runtime_gpu_facts
 
   gpu = runtime_gpu_facts() if gpu is None else gpu
@@ -238,7 +239,7 @@ def _check_cudnn_runs(m, p: str, data, gpu) -> None:
     dtype=m.dtype,
     q_len=seq_len,
     kv_len=seq_len,
-    head_dim=m.head_dim or m.d_model // m.n_heads,
+    head_dim=resolved_head_dim(m),
     causal=True,
     window=m.attention.sliding_window,
     training=True,

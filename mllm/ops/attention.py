@@ -26,12 +26,11 @@ import functools
 from collections.abc import Callable
 
 import jax
-import jax.numpy as jnp
 
 from mllm.ops import kernels, splash
 from mllm.ops import mesh as on_mesh
 from mllm.ops.blockwise import blockwise_attention
-from mllm.ops.cudnn_rules import GpuFacts, cudnn_refusal, runtime_gpu_facts
+from mllm.ops.cudnn_rules import GpuFacts, cudnn_refusal, is_half, runtime_gpu_facts
 from mllm.ops.kernels import cudnn_attention, pallas_attention, pallas_kernel, splash_attention
 from mllm.ops.masks import AttentionMask, RelativeValues, ScoreBias
 from mllm.ops.xla_attention import xla_attention
@@ -127,8 +126,7 @@ def choose_on_gpu(q_BTNH, k_BSKH, mask: AttentionMask, alibi: bool, gpu: GpuFact
     )
     if why is None:
       return 'cudnn'
-  half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-  if gpu.hopper and half and kernels.mgpu_head_dim(H) is None:
+  if gpu.hopper and is_half(dtype) and kernels.mgpu_head_dim(H) is None:
     return 'pallas_mgpu'
   if kernels.triton_head_dim(H) is None:
     return 'pallas'

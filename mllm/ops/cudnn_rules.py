@@ -33,6 +33,11 @@ import jax.numpy as jnp
 HALF = (jnp.bfloat16, jnp.float16)
 
 
+def is_half(dtype) -> bool:
+  """bfloat16 or float16: what cuDNN's and the Mosaic GPU kernel's tensor-core paths take."""
+  return jnp.dtype(dtype) in [jnp.dtype(d) for d in HALF]
+
+
 @dataclasses.dataclass(frozen=True)
 class GpuFacts:
   """What the rules need to know about the GPU; None: unknown, judged conservatively (as on a
@@ -92,7 +97,7 @@ def cudnn_refusal(
   sent as q/kv offsets (mllm sends none). A length of None (unknown) is not judged.
   """
   cc, version = gpu.compute_capability, gpu.cudnn_version
-  if jnp.dtype(dtype) not in [jnp.dtype(d) for d in HALF]:
+  if not is_half(dtype):
     return f'cuDNN flash attention takes bfloat16/float16 inputs, not {jnp.dtype(dtype).name}'
   if cc is not None and cc < (8, 0):
     return f'cuDNN flash attention needs compute capability >= 8.0, this GPU has {cc[0]}.{cc[1]}'

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from mllm.ops import mesh as on_mesh
 from mllm.ops import splash
+from mllm.ops.cudnn_rules import is_half
 from mllm.ops.masks import AttentionMask, RelativeValues, ScoreBias, refuse_biases
 
 
@@ -97,7 +98,7 @@ def cudnn_attention(
   """
   del block_q, block_k
   refuse_biases('cudnn', bias, rel_values, dropout_rate > 0.0 and dropout_rng is not None)
-  if implementation == 'cudnn' and q_BTNH.dtype not in (jnp.bfloat16, jnp.float16):
+  if implementation == 'cudnn' and not is_half(q_BTNH.dtype):
     raise ValueError(
       f'attention impl=cudnn needs bfloat16 or float16 inputs, got {q_BTNH.dtype}; '
       "set model.dtype='bfloat16' or use impl='blockwise'"
@@ -196,10 +197,10 @@ def triton_head_dim(head_dim: int) -> str | None:
   return None
 
 
-# The Mosaic GPU kernel's shared memory at its default tiles (block_k 128, 2 pipeline steps), in
-# 16-bit elements: forward / dq hold 2 query-side tiles of 64 x Hp (Q, or Q and dO: 4) and a ring
-# of 2 x 2 key tiles of 128 x Hp. At Hp = 128 that is 192 KiB; at Hp = 192 it is 288 KiB, over
-# Hopper's 227 KiB per block. Hp is head_dim rounded up to 64.
+# The largest head_dim the Mosaic GPU kernel was measured to fit in Hopper's 227 KiB of shared
+# memory at its default tiles (block_k 64, 3 ring slots: run at D 128 on an H100,
+# benchmarks/results/gpu-h100.md, where block_k 128 with 3 slots was already 112 bytes over).
+# Larger heads go to the Triton kernel. Hp is head_dim rounded up to 64.
 MGPU_MAX_HEAD_DIM = 128
 
 

@@ -70,14 +70,19 @@ def _parts(config):
 
   def init() -> TrainState:
     _, params, _ = nnx.split(initial_model(config), SAVED, ...)
-    return {
-      'step': jnp.zeros((), jnp.int32),
-      'params': params,
-      'opt_state': tx.init(split_trained(params)[0]),
-      'rng': jax.random.key_data(jax.random.key(config.seed)),
-    }
+    return initial_state(params, tx, config.seed)
 
   return abstract_model, tx, schedule, init
+
+
+def initial_state(params: nnx.State, tx, seed: int) -> TrainState:
+  """The train state at step 0 around freshly drawn `params`: Adam's zeros, the run's RNG key."""
+  return {
+    'step': jnp.zeros((), jnp.int32),
+    'params': params,
+    'opt_state': tx.init(split_trained(params)[0]),
+    'rng': jax.random.key_data(jax.random.key(seed)),
+  }
 
 
 def abstract_state(config) -> TrainState:
@@ -182,13 +187,10 @@ def layered_init(
     for moe in sorted(set(is_moe))
   }
   tail = part_program(make_tail, resumed, rng_state)[0]
+  not_params = {k: v for k, v in shardings.items() if k != 'params'}
   rest = jax.jit(
-    lambda params: {
-      'step': jnp.zeros((), jnp.int32),
-      'opt_state': tx.init(split_trained(params)[0]),
-      'rng': jax.random.key_data(jax.random.key(config.seed)),
-    },
-    out_shardings={k: v for k, v in shardings.items() if k != 'params'},
+    lambda params: {k: initial_state(params, tx, config.seed)[k] for k in not_params},
+    out_shardings=not_params,
   )
 
   def init() -> TrainState:
