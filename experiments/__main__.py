@@ -1,5 +1,5 @@
 """python -m experiments SUITE [--preset=cpu|gpu|tiny] [--seeds=N] [--jobs=N] [--out=experiments/results]
-[--tune_lr | --no-tune_lr] [--tune_seeds=N] [--variants=NAME,NAME] [--steps=N]
+[--tune_lr | --no-tune_lr] [--tune_seeds=N] [--variants=NAME,NAME] [--steps=N] [--reuse_other_code]
 [--engine=local|ray [--ray_address=auto|HOST:PORT] [--resources=JSON]]"""
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ def main(argv=None) -> int:
       engine=args.engine,
       ray_address=args.ray_address,
       resources=args.resources,
+      reuse_other_code=args.reuse_other_code,
     )
   except (ValueError, ConfigError) as err:
     print(f'error: {err}', file=sys.stderr)
@@ -156,6 +157,12 @@ def _parser() -> argparse.ArgumentParser:
     '--report_only',
     action='store_true',
     help='run nothing: write the report of the runs finished so far',
+  )
+  parser.add_argument(
+    '--reuse_other_code',
+    action='store_true',
+    help='keep finished runs whose code, jax/flax/optax or device differ from this checkout\'s '
+    '(results.md lists the runs of each); without it such runs stop the suite before it starts',
   )
   parser.add_argument(
     '--remeasure',

@@ -204,6 +204,7 @@ class RayEngine:
   retries stay off, so a run is never tried three times."""
 
   STOP_GRACE_S = 120  # how long a cancelled run may take to save its checkpoint
+  remote = True  # runs may land on other machines (another device kind than the driver's)
 
   def __init__(self, resources: dict, address: str | None = None):
     try:

@@ -2,11 +2,13 @@
 
     python -m experiments.overview [--out=experiments/results]
 
-Reads each suite's results.json (whatever has finished), recomputes its rows with
-report.summarize and counts, per suite, the rows whose direction agrees with the literature's,
-those within noise where the literature reports a gap, and those that contradict it: with a
-diagnosis (Suite.diagnoses), unexplained (a diagnosis that says so and lists what was ruled out) or
-not yet looked at. The README's Results section opens with the totals.
+Reads each suite's results.json (whatever has finished) and recomputes its rows with
+report.summarize, adjusted over the whole project: Holm over every test of every scored suite at
+once, simultaneous CIs and detectable effects at that family's size. Each row with a literature
+expectation lands in one of report.CATEGORIES: agrees, agrees in direction but not in size, no
+difference detected, or contradicts (diagnosed, unexplained, diagnosis not supported by the runs
+now, undiagnosed). Diagnosis suites (`Suite.diagnoses_of`) are listed as the evidence they are,
+not scored again. The README's Results section opens with the totals.
 """
 
 from __future__ import annotations
@@ -16,31 +18,11 @@ import json
 import os
 import sys
 
-from experiments import report
+from experiments import provenance, report, stats
+from experiments.diagnosis import Evidence
 from experiments.suite import Suite, available, load_suite
 
-# A row's report.agreement() -> the column it is counted in.
-COLUMNS = (
-  'agrees',
-  'within noise',
-  'contradicts, diagnosed',
-  'contradicts, unexplained',
-  'contradicts, undiagnosed',
-)
-
-
-def column(agreement: str) -> str | None:
-  """The overview column of a row's agreement ('' : the literature says nothing of it)."""
-  if not agreement:
-    return None
-  if agreement.startswith('contradicts'):
-    if agreement.endswith('(no diagnosis yet)'):
-      return 'contradicts, undiagnosed'
-    if agreement.startswith('contradicts: unexplained'):
-      return 'contradicts, unexplained'
-    return 'contradicts, diagnosed'
-
-  return 'within noise' if agreement == 'within noise' else 'agrees'
+COLUMNS = report.CATEGORIES
 
 
 def protocol(results: dict) -> str:
@@ -49,67 +31,164 @@ def protocol(results: dict) -> str:
   return "baseline's lr (old)"
 
 
-def tally(suite: Suite, results: dict) -> dict:
-  """The suite's counts per column and its contradicting rows."""
+def _known(suite: Suite, results: dict) -> dict:
+  """results without runs of variants the suite no longer has."""
   known = {v.name for v in suite.variants}
-  results = {**results, 'runs': [r for r in results['runs'] if r['variant'] in known]}
-  rows = report.summarize(suite, results)
+  return {**results, 'runs': [r for r in results['runs'] if r['variant'] in known]}
+
+
+def project_family(loaded: list[tuple[Suite, dict]], out: str | None) -> dict[str, report.Family]:
+  """{suite: Family} adjusting every test of every suite in `loaded` together (Holm)."""
+  tests = []
+  for suite, results in loaded:
+    rows = report.summarize(suite, results, evidence=Evidence(out, (suite.name, results)))
+    tests += [(suite.name, r['variant'], r['test'].p) for r in rows if 'test' in r]
+  adjusted = stats.holm([p for _, _, p in tests])
+  families = {suite.name: report.Family(len(tests), {}) for suite, _ in loaded}
+  for (name, variant, _), p in zip(tests, adjusted):
+    families[name].adjusted[variant] = p
+  return families
+
+
+def tally(suite: Suite, results: dict, family: report.Family | None = None, out=None) -> dict:
+  """The suite's counts per category (under `family`; default: its own table's Holm), its rows
+  that are not plain agreements, how many verdicts the project-wide adjustment changed, and how
+  many code versions its runs come from."""
+  results = _known(suite, results)
+  evidence = Evidence(out, (suite.name, results))
+  rows = report.summarize(suite, results, evidence=evidence, family=family)
+  table_rows = report.summarize(suite, results, evidence=evidence)
+  own = {r['variant']: r.get('verdict') for r in table_rows}
+  table_counts = dict.fromkeys(COLUMNS, 0)
+  for row in table_rows:
+    if row['judgement']:
+      table_counts[row['judgement']] += 1
   counts = dict.fromkeys(COLUMNS, 0)
-  contradictions = []
+  notes = {c: [] for c in COLUMNS}
   for row in rows:
-    where = column(row['agreement'])
-    if where is None:
-      continue
-    counts[where] += 1
-    if where.startswith('contradicts'):
-      contradictions.append(f"`{suite.name}` {row['variant']}: {row['agreement']}")
+    if row['judgement']:
+      counts[row['judgement']] += 1
+      notes[row['judgement']].append(f"`{suite.name}` {row['variant']}: {row['agreement']}")
+  versions = {provenance.key(r.get('provenance')) for r in results['runs']}
   return {
     'suite': suite.name,
     'protocol': protocol(results),
     'seeds': results.get('seeds'),
     'rows': len(rows),
     'counts': counts,
-    'contradictions': contradictions,
+    'table_counts': table_counts,
+    'tests': sum('test' in r for r in rows),
+    'notes': notes,
+    'changed': [
+      f"`{suite.name}` {r['variant']}: {own[r['variant']]} in its table, {r['verdict']} "
+      'project-wide'
+      for r in rows
+      if 'test' in r and own[r['variant']] != r['verdict']
+    ],
+    'code_versions': len(versions),
   }
 
 
-def collect(out: str) -> list[dict]:
-  tallies = []
+def collect(out: str) -> tuple[list[dict], list[dict]]:
+  """(the scored suites' tallies under the project-wide family, the diagnosis suites: what each
+  re-measures)."""
+  loaded, diagnoses = [], []
   for name in available():
     suite = load_suite(name)
     path = os.path.join(out, name, 'results.json')
     if not isinstance(suite, Suite) or not os.path.exists(path):
       continue
     with open(path) as f:
-      tallies.append(tally(suite, json.load(f)))
-  return tallies
+      results = _known(suite, json.load(f))
+    if suite.diagnoses_of:
+      diagnoses.append(
+        {
+          'suite': name,
+          'of': suite.diagnoses_of,
+          'rows': [v.name for v in suite.variants],
+          'seeds': results.get('seeds'),
+        }
+      )
+    else:
+      loaded.append((suite, results))
+  families = project_family(loaded, out)
+  return [tally(s, r, families[s.name], out) for s, r in loaded], diagnoses
 
 
-def markdown(tallies: list[dict]) -> str:
+def _sentence(totals: dict) -> str:
+  contradict = sum(v for c, v in totals.items() if c.startswith('contradicts'))
+  return (
+    f"{totals['agrees']} agree, {totals['agrees in direction, not size']} agree in direction "
+    f"but not in size, {totals['no difference detected']} detect no difference, {contradict} "
+    f"contradict it ({totals['contradicts, diagnosed']} diagnosed, "
+    f"{totals['contradicts, unexplained']} unexplained after the checks their rows recompute, "
+    f"{totals['contradicts, diagnosis not supported']} with a diagnosis the runs no longer "
+    f"support, {totals['contradicts, undiagnosed']} not diagnosed yet)"
+  )
+
+
+def markdown(tallies: list[dict], diagnoses: list[dict] = ()) -> str:
   totals = {c: sum(t['counts'][c] for t in tallies) for c in COLUMNS}
-  judged = sum(totals.values())
+  per_table = {c: sum(t['table_counts'][c] for t in tallies) for c in COLUMNS}
+  tests = sum(t['tests'] for t in tallies)
   lines = [
     '# Verdicts against the literature, every suite',
     '',
-    f"Of {judged} rows where the literature states a direction (a paper's number, or a "
-    f"stated expectation, against the suite's baseline): {totals['agrees']} agree, "
-    f"{totals['within noise']} are within noise, "
-    f"{sum(totals[c] for c in COLUMNS if c.startswith('contradicts'))} contradict "
-    f"it ({totals['contradicts, diagnosed']} with a diagnosis, "
-    f"{totals['contradicts, unexplained']} unexplained after the checks its row lists). Generated by "
-    '`python -m experiments.overview` from each suite\'s results.json.',
+    f'Of {sum(totals.values())} rows where the literature states a direction or a size (a '
+    "paper's number, or a stated expectation, against the row's reference), adjusted over the "
+    f'whole project (Holm over all {tests} tests of the scored suites at once; simultaneous CIs '
+    f'and detectable effects at that family size): {_sentence(totals)}.',
     '',
-    '| suite | protocol | seeds | rows | ' + ' | '.join(COLUMNS) + ' |',
-    '|---|---|---:|---:|' + '---:|' * len(COLUMNS),
+    "Adjusted over each suite's own table instead, as each results.md is: "
+    f'{_sentence(per_table)}. The gap between the two is the price of asking {tests} questions '
+    'of 3 seeds each: at α 0.05 / '
+    f'{tests} a 3-seed paired test needs |t| above {stats.t_quantile(1 - 0.025 / max(tests, 1), 2):.0f}.'
+    if tests
+    else '',
+    '',
+    "Generated by `python -m experiments.overview` from each suite's results.json; the table "
+    'counts rows adjusted over the project.',
+    '',
+    '| suite | protocol | seeds | rows | code versions | '
+    + ' | '.join(c.replace('contradicts, ', 'contradicts: ') for c in COLUMNS)
+    + ' |',
+    '|---|---|---:|---:|---:|' + '---:|' * len(COLUMNS),
   ]
   for t in tallies:
+    versions = str(t['code_versions']) + (' (mixed)' if t['code_versions'] > 1 else '')
     lines.append(
       f"| [`{t['suite']}`]({t['suite']}/results.md) | {t['protocol']} | {t['seeds']} "
-      f"| {t['rows']} | " + ' | '.join(str(t['counts'][c]) for c in COLUMNS) + ' |'
+      f"| {t['rows']} | {versions} | " + ' | '.join(str(t['counts'][c]) for c in COLUMNS) + ' |'
     )
-  contradictions = [c for t in tallies for c in t['contradictions']]
-  if contradictions:
-    lines += ['', 'Contradictions:', ''] + [f'- {c}' for c in contradictions]
+  for category in COLUMNS[1:]:
+    noted = [n for t in tallies for n in t['notes'][category]]
+    if noted:
+      lines += ['', f'{category[0].upper()}{category[1:]}:', ''] + [f'- {n}' for n in noted]
+  changed = [c for t in tallies for c in t['changed']]
+  if changed:
+    lines += ['', 'Verdicts the project-wide adjustment changes:', ''] + [f'- {c}' for c in changed]
+  if diagnoses:
+    lines += [
+      '',
+      'Diagnosis suites (evidence for the diagnoses above, not scored again):',
+      '',
+    ] + [
+      f"- [`{d['suite']}`]({d['suite']}/results.md) re-measures `{d['of']}`'s "
+      f"{', '.join(d['rows'])} ({d['seeds']} seeds)"
+      for d in diagnoses
+    ]
+  versions = [t['suite'] for t in tallies if t['code_versions'] > 1]
+  lines += [
+    '',
+    'Provenance: '
+    + (
+      f"the runs of {', '.join(f'`{v}`' for v in versions)} come from more than one code "
+      'version, package set or device (each results.md lists them); runs finished before '
+      'provenance was recorded count as one version per commit that added them.'
+      if versions
+      else 'every suite\'s runs come from one code version each (each results.md names it).'
+    ),
+  ]
   return '\n'.join(lines) + '\n'
 
 
@@ -121,7 +200,7 @@ def main(argv=None) -> int:
   )
   parser.add_argument('--out', default='experiments/results')
   args = parser.parse_args(argv)
-  text = markdown(collect(args.out))
+  text = markdown(*collect(args.out))
   with open(os.path.join(args.out, 'overview.md'), 'w') as f:
     f.write(text)
   print(text)

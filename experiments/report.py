@@ -3,11 +3,13 @@ baseline with 95% CIs, Holm-adjusted p-values, verdicts, the paper's numbers, pa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 
-from experiments import plots, stats, tensorboard
+from experiments import plots, provenance, stats, tensorboard
+from experiments.diagnosis import Evidence
 from experiments.suite import Suite
 
 # Measurements shown as extra columns (mean over seeds) when a suite's runs have them.
@@ -24,19 +26,71 @@ EXTRA_COLUMNS = {
 }
 
 
-def summarize(suite: Suite, results: dict) -> list[dict]:
-  """One row per variant, in the suite's order, with the statistics against the baseline."""
+ALPHA = 0.05  # the family-wise error rate of every table's tests
+
+# What a row with a literature expectation shows (experiments/overview.py counts these).
+CATEGORIES = (
+  'agrees',
+  'agrees in direction, not size',
+  'no difference detected',
+  'contradicts, diagnosed',
+  'contradicts, unexplained',
+  'contradicts, diagnosis not supported',
+  'contradicts, undiagnosed',
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """The tests a row's verdict is adjusted over: m of them, and each row's Holm-adjusted p
+  (variant -> p). One table's by default; overview.md passes the whole project's."""
+
+  m: int
+  adjusted: dict
+
+
+def summarize(
+  suite: Suite, results: dict, *, evidence: Evidence | None = None, family: Family | None = None
+) -> list[dict]:
+  """One row per variant, in the suite's order: its statistics against its reference row (the
+  baseline, or its `versus`), the verdict adjusted over `family` (default: Holm over this
+  table's tests) with a simultaneous CI, and its judgement against the literature (diagnoses
+  recomputed from `evidence`; default: this suite's results alone)."""
+  rows = _rows(suite, results)
+  tested = [row for row in rows if 'test' in row]
+  if family is None:
+    family = Family(
+      len(tested),
+      dict(zip([r['variant'] for r in tested], stats.holm([r['test'].p for r in tested]))),
+    )
+  for row in tested:
+    row['p_holm'] = family.adjusted[row['variant']]
+    row['m'] = family.m
+    row['ci_all'] = stats.simultaneous_ci(row['test'], family.m, ALPHA)
+    row['verdict'] = stats.verdict(row['test'], row['p_holm'], alpha=ALPHA)
+  tuning = results.get('tuning', {})
+  evidence = evidence or Evidence(None, (suite.name, results))
+  for row in rows:
+    if row['variant'] in tuning:
+      row['lr_edge'] = tuning[row['variant']]['edge']
+    row['judgement'], row['agreement'] = judge(suite, row, rows, evidence)
+  return rows
+
+
+def _rows(suite: Suite, results: dict) -> list[dict]:
+  """Each variant's mean ± std and counts, and its paired test against its reference row."""
   metric = suite.metric
   by_variant = {v.name: {} for v in suite.variants}
   for run in results['runs']:
     by_variant[run['variant']][run['seed']] = run
-  base_runs = by_variant[suite.baseline.name]
-  rows, tests = [], []
+  rows = []
   for variant in suite.variants:
     runs = by_variant[variant.name]
     values = [runs[s][metric] for s in sorted(runs) if math.isfinite(runs[s][metric])]
+    reference = suite.reference(variant)
     row = {
       'variant': variant.name,
+      'versus': reference.name,
       'n': len(values),
       'paper': variant.paper.get(metric),
       'diverged': sorted(s for s in runs if 'diverged_at_step' in runs[s]),
@@ -56,27 +110,19 @@ def summarize(suite: Suite, results: dict) -> list[dict]:
       for key in EXTRA_COLUMNS:
         if all(key in r for r in runs.values()):
           row[key] = stats.mean_std([r[key] for r in runs.values()])[0]
+    ref_runs = by_variant[reference.name]
     paired = sorted(
       s
-      for s in set(runs) & set(base_runs)
-      if math.isfinite(runs[s][metric]) and math.isfinite(base_runs[s][metric])
+      for s in set(runs) & set(ref_runs)
+      if math.isfinite(runs[s][metric]) and math.isfinite(ref_runs[s][metric])
     )
     if row['diverged']:
       row['verdict'] = f"diverged in {len(row['diverged'])} of {len(runs)} seeds"
-    elif variant is not suite.baseline and len(paired) >= 2:
+    elif variant is not reference and len(paired) >= 2:
       row['test'] = stats.paired_test(
-        [runs[s][metric] for s in paired], [base_runs[s][metric] for s in paired]
+        [runs[s][metric] for s in paired], [ref_runs[s][metric] for s in paired]
       )
-      tests.append(row)
     rows.append(row)
-  for row, adjusted in zip(tests, stats.holm([r['test'].p for r in tests])):
-    row['p_holm'] = adjusted
-    row['verdict'] = stats.verdict(row['test'], adjusted)
-  tuning = results.get('tuning', {})
-  for row in rows:
-    if row['variant'] in tuning:
-      row['lr_edge'] = tuning[row['variant']]['edge']
-    row['agreement'] = agreement(suite, row)
   return rows
 
 
@@ -86,29 +132,58 @@ PAPER_SAME = 0.005
 
 
 def expected_direction(suite: Suite, variant) -> str | None:
-  """What the literature says of `variant` against the baseline: 'better', 'worse' or 'same',
-  from the paper's numbers when both rows have one, else the variant's stated `expect`."""
-  ours, base = variant.paper.get(suite.metric), suite.baseline.paper.get(suite.metric)
-  if ours is not None and base is not None and variant is not suite.baseline:
+  """What the literature says of `variant` against its reference row: 'better', 'worse' or
+  'same', from the paper's numbers when both rows have one, else the variant's `expect`."""
+  reference = suite.reference(variant)
+  ours, base = variant.paper.get(suite.metric), reference.paper.get(suite.metric)
+  if ours is not None and base is not None and variant is not reference:
     if abs(ours - base) <= PAPER_SAME * abs(base):
       return 'same'
     return 'better' if ours < base else 'worse'
   return variant.expect or None
 
 
-def agreement(suite: Suite, row: dict) -> str:
-  """'same direction', 'within noise' or 'contradicts' (with the suite's diagnosis), against
-  what the literature expects; '' where it says nothing or there is no test."""
+def judge(suite: Suite, row: dict, rows: list[dict], evidence: Evidence) -> tuple[str, str]:
+  """(category, the "vs paper" cell) of a row against what the literature expects; ('', '')
+  where it says nothing of the row or the row has no test. The categories:
+  - agrees: significant, in the literature's direction (and, where the paper gives a size, the
+    measured gap over the paper's, the same fraction of our reference's loss, has 1 in its
+    simultaneous CI);
+  - agrees in direction, not size: significant, that direction, that ratio's CI excludes 1;
+  - no difference detected: not significant; the cell names the smallest gap the row could have
+    seen (80% power at the family's adjusted alpha), whatever the literature expects;
+  - contradicts: significant against the literature's direction, or a gap where it expects none,
+    with its diagnosis recomputed (diagnosed, unexplained, not supported by the numbers now, or
+    none yet)."""
   variant = next(v for v in suite.variants if v.name == row['variant'])
-  expected, verdict = expected_direction(suite, variant), row.get('verdict')
-  if expected is None or verdict not in ('better', 'worse', 'within noise'):
-    return ''
+  expected, verdict, test = expected_direction(suite, variant), row.get('verdict'), row.get('test')
+  if expected is None or test is None or verdict not in ('better', 'worse', 'within noise'):
+    return '', ''
+  alpha = ALPHA / row['m']
   if verdict == 'within noise':
-    return 'agrees (within noise)' if expected == 'same' else 'within noise'
+    seen = stats.detectable_effect(test.std, test.n, alpha=alpha)
+    return 'no difference detected', f'no difference detected (could see ±{seen:.3f})'
   if verdict == expected:
-    return 'same direction'
+    effect = paper_effect(suite, row, rows)
+    if effect is None or expected == 'same':
+      return 'agrees', 'agrees (direction; no size to compare)'
+    low, high = sorted(bound / effect for bound in row['ci_all'])
+    ratio = f"{test.mean / effect:.2g}x the paper's gap [{low:.2g}, {high:.2g}]"
+    if low <= 1.0 <= high:
+      return 'agrees', f'agrees ({ratio})'
+    return 'agrees in direction, not size', f'direction, not size: {ratio}'
   diagnosis = suite.diagnoses.get(row['variant'])
-  return 'contradicts' + (f': {diagnosis}' if diagnosis else ' (no diagnosis yet)')
+  if diagnosis is None:
+    return 'contradicts, undiagnosed', 'contradicts (no diagnosis yet)'
+  finding = diagnosis.find(evidence, row['variant'])
+  if not finding.supported:
+    return (
+      'contradicts, diagnosis not supported',
+      f'contradicts; DIAGNOSIS NOT SUPPORTED by the runs now: {finding.text}',
+    )
+  if diagnosis.explains:
+    return 'contradicts, diagnosed', f'contradicts: {finding.text}'
+  return 'contradicts, unexplained', f'contradicts: {finding.text}'
 
 
 def _cell(key: str, row: dict) -> str:
@@ -170,9 +245,9 @@ def markdown(suite: Suite, results: dict, rows: list[dict]) -> str:
   lines = _preamble(suite, results)
   lines += [
     '| variant | params | tokens/param | lr | mean ± std | Δ vs baseline [95% CI] | '
-    'p (Holm) | verdict | paper | vs paper | train tokens/s |'
+    'Δ [simultaneous 95% CI] | p (Holm) | verdict | paper | vs paper | train tokens/s |'
     + ''.join(f' {EXTRA_COLUMNS[k][0]} |' for k in extras),
-    '|---|---:|---:|---:|---:|---:|---:|---|---:|---|---:|' + '---:|' * len(extras),
+    '|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---:|' + '---:|' * len(extras),
   ]
   lines += [_table_row(suite, row, extras) for row in rows]
   return '\n'.join(lines + _notes(suite, results, rows)) + '\n'
@@ -185,10 +260,17 @@ def _preamble(suite: Suite, results: dict) -> list[str]:
     '',
     f"Preset `{results['preset']}`, {results['seeds']} paired seeds, metric "
     f'`{suite.metric}` (lower is better). Differences are variant − '
-    f'`{suite.baseline.name}` over the same seeds: mean, 95% CI (paired t), p-value '
-    'Holm-adjusted across the rows; "within noise" when the adjusted p >= 0.05.',
+    f'`{suite.baseline.name}` (or the row it names) over the same seeds: mean, its own 95% CI '
+    '(paired t) and the simultaneous one that holds for all the table\'s rows at once '
+    "(Bonferroni), p-value Holm-adjusted across the rows; 'within noise' when the adjusted p >= "
+    f'{ALPHA}. The "vs paper" column: agrees (significant, the literature\'s direction, and '
+    "its size where the paper gives one: the measured gap over the paper's gap as the same "
+    'fraction of our reference row, with its simultaneous CI); direction, not size; no '
+    'difference detected (with the smallest gap the row could have seen at 80% power); '
+    'contradicts (with its diagnosis, recomputed from the runs it rests on).',
     '',
   ]
+  lines += _provenance_lines(results)
   if suite.paper_source:
     lines += [
       f'Paper column: {suite.paper_source}. Our runs are far smaller: compare the '
@@ -211,16 +293,18 @@ def _table_row(suite: Suite, row: dict, extras: list[str]) -> str:
   """One variant's line of the table; a variant without a finished run says why."""
   if not row['n']:
     what = row.get('verdict', 'no finished run')
-    return f"| {_name(suite, row['variant'])} | | | | {what} | | | | | | |"
+    return f"| {_name(suite, row['variant'])} | | | | {what} | | | | | | | |"
   params = f"{row['params']:,}"
   if row['active_params'] != row['params']:
     params += f" ({row['active_params']:,} active)"
   test = row.get('test')
+  versus = '' if row['versus'] == suite.baseline.name else f"vs {row['versus']}: "
   delta = (
-    f'{test.mean:+.4f} [{test.ci_low:+.4f}, {test.ci_high:+.4f}]'
+    f'{versus}{test.mean:+.4f} [{test.ci_low:+.4f}, {test.ci_high:+.4f}]'
     if test
     else ('baseline' if row['variant'] == suite.baseline.name else '')
   )
+  joint = f"[{row['ci_all'][0]:+.4f}, {row['ci_all'][1]:+.4f}]" if test else ''
   p = f"{row['p_holm']:.3g}" if test else ''
   paper = '' if row['paper'] is None else f"{row['paper']:.3f}"
   spread = f" ± {row['std']:.4f}" if row['n'] > 1 else ' (1 seed)'
@@ -228,7 +312,7 @@ def _table_row(suite: Suite, row: dict, extras: list[str]) -> str:
   per_param = f"{row['tokens'] / row['active_params']:.2f}" if row.get('tokens') else ''
   return (
     f"| {_name(suite, row['variant'])} | {params} | {per_param} | {_lr_cell(row)} | "
-    f"{row['mean']:.4f}{spread} | {delta} | {p} | {row.get('verdict', '')} | "
+    f"{row['mean']:.4f}{spread} | {delta} | {joint} | {p} | {row.get('verdict', '')} | "
     f"{paper} | {row['agreement']} | {speed} |" + ''.join(f' {_cell(k, row)} |' for k in extras)
   )
 
@@ -257,14 +341,15 @@ def _notes(suite: Suite, results: dict, rows: list[dict]) -> list[str]:
 
 
 def paper_effect(suite: Suite, row: dict, rows: list[dict]) -> float | None:
-  """The paper's difference to its baseline as a fraction of its baseline's metric, applied to
+  """The paper's difference to the reference row as a fraction of that row's metric, applied to
   ours: the effect this suite would see if the paper's relative gap held at our scale."""
   variant = next(v for v in suite.variants if v.name == row['variant'])
-  ours, base = variant.paper.get(suite.metric), suite.baseline.paper.get(suite.metric)
-  baseline_row = next(r for r in rows if r['variant'] == suite.baseline.name)
-  if ours is None or base is None or variant is suite.baseline or 'mean' not in baseline_row:
+  reference = suite.reference(variant)
+  ours, base = variant.paper.get(suite.metric), reference.paper.get(suite.metric)
+  reference_row = next(r for r in rows if r['variant'] == reference.name)
+  if ours is None or base is None or variant is reference or 'mean' not in reference_row:
     return None
-  return (ours - base) / base * baseline_row['mean']
+  return (ours - base) / base * reference_row['mean']
 
 
 def _power_line(suite: Suite, rows: list[dict]) -> str:
@@ -276,7 +361,7 @@ def _power_line(suite: Suite, rows: list[dict]) -> str:
       continue
     if abs(effect) <= PAPER_SAME * abs(rows[0].get('mean', 0.0)):
       continue  # the paper reports no difference: nothing to resolve
-    n = stats.seeds_for_power(test.std, effect)
+    n = stats.seeds_for_power(test.std, effect, alpha=ALPHA / row['m'])
     cells.append(
       f"{row['variant']} {'more than 1000' if n is None else n} "
       f'(effect {effect:+.3f}, paired std {test.std:.3f})'
@@ -285,9 +370,45 @@ def _power_line(suite: Suite, rows: list[dict]) -> str:
     return ''
   return (
     "Power: seeds a row within noise would need to resolve the paper's gap, taken as the "
-    "same fraction of our baseline's loss (paired t-test, α 0.05 before Holm's "
-    "correction, 80% power, the row's own paired std over its seeds): " + '; '.join(cells) + '.'
+    "same fraction of our reference row's loss (paired t-test at the table's adjusted α, "
+    f"{ALPHA} / {rows_m(rows)} tests, 80% power, the row's own paired std over its seeds): "
+    + '; '.join(cells)
+    + '.'
   )
+
+
+def rows_m(rows: list[dict]) -> int:
+  """The number of tests the rows' verdicts are adjusted over."""
+  return next((r['m'] for r in rows if 'm' in r), 0)
+
+
+def _provenance_lines(results: dict) -> list[str]:
+  """Which code, packages and device produced the table's runs: one line per group of runs that
+  ran the same computation (experiments/provenance.py)."""
+  groups = {}
+  for run in results['runs']:
+    record = run.get('provenance')
+    groups.setdefault(provenance.key(record), []).append(record)
+  if not groups:
+    return []
+  cells = [
+    f'{len(records)} runs: {provenance.label(records[0])}'
+    for records in sorted(groups.values(), key=len, reverse=True)
+  ]
+  mixed = len(groups) > 1
+  lines = [
+    (
+      'Provenance (MIXED: the runs come from more than one code version, package set or '
+      'device; compare rows across them with care): '
+      if mixed
+      else 'Provenance: '
+    )
+    + '; '.join(cells)
+    + '.'
+  ]
+  if results.get('reused_other_code'):
+    lines[0] += ' This table was continued with --reuse_other_code.'
+  return lines + ['']
 
 
 def _lr_cell(row: dict) -> str:
@@ -318,7 +439,7 @@ def write(suite: Suite, results: dict, out: str) -> str:
   markdown's path."""
   folder = os.path.join(out, suite.name)
   os.makedirs(folder, exist_ok=True)
-  rows = summarize(suite, results)
+  rows = summarize(suite, results, evidence=Evidence(out, (suite.name, results)))
   with open(os.path.join(folder, 'results.json'), 'w') as f:
     json.dump(results, f, indent=1)
   figures = plots.write_all(suite, results, rows, folder)

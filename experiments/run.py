@@ -14,6 +14,7 @@ import shutil
 import time
 
 import mllm
+from experiments import provenance
 from experiments.run_files import ERRORS_LOG, RESULT, WORKER_LOG
 from experiments.suite import Suite, Variant
 from mllm.paths import RunDir
@@ -75,6 +76,7 @@ def run_one(
 
   start = time.time()
   result = _counts(config)
+  result['provenance'] = provenance.current()
   checkpoint, trained_eval = workdir, None
   if parent is not None and not config.train.init_from:  # evaluated only: nothing trained here
     checkpoint = parent['workdir']
@@ -193,6 +195,7 @@ TRAINED_KEYS = (
   'eval_loss',
   'eval_perplexity',
   'bits_per_byte',
+  'provenance',
 )
 
 

@@ -106,6 +106,7 @@ def run_suite(
   engine: str = 'local',
   ray_address: str | None = None,
   resources: str | None = None,
+  reuse_other_code: bool = False,
 ) -> dict:
   """{'runs': [...], 'failed': [...], 'pending': [...], 'tuning': {...}} for every (variant,
   seed), finished ones read back. run=None runs nothing: a report of what has finished so far.
@@ -121,6 +122,9 @@ def run_suite(
   engine='ray' submits every run as a Ray task (experiments/engines.py) with `resources` (JSON;
   default this machine's cores over `jobs`) to the cluster at `ray_address`, or to a local Ray
   started here without one.
+  reuse_other_code: keep finished runs (this suite's, or identical ones of others) whose
+  provenance (experiments/provenance.py) differs from this checkout's; without it a suite with
+  such runs stops with ValueError before running anything, and other suites' are not copied.
   """
   _check_engine(jobs, engine, run)
   if engine == 'ray':
@@ -144,7 +148,13 @@ def run_suite(
       tune_lr=tune_lr,
       tune_seeds=tune_seeds,
       borrowed=borrowed,
-      execute=dict(run=run, engine=where, progress=progress, remeasure=remeasure),
+      execute=dict(
+        run=run,
+        engine=where,
+        progress=progress,
+        remeasure=remeasure,
+        reuse_other_code=reuse_other_code,
+      ),
     )
   finally:
     if hasattr(where, 'close'):
@@ -231,6 +241,7 @@ def _run_suite(
       else {}
     ),
     **({'lr_from': {'suite': suite.lr_from, 'rates': borrowed}} if borrowed else {}),
+    **({'reused_other_code': True} if execute['reuse_other_code'] and run is not None else {}),
   }
 
 

@@ -16,6 +16,7 @@ import traceback
 
 from tqdm import tqdm
 
+from experiments import provenance
 from experiments.measures import MEASURES
 from experiments.run import (
   adopt,
@@ -94,15 +95,20 @@ def run_plan(
   remeasure: bool,
   desc: str,
   finished: dict | None = None,
+  reuse_other_code: bool = False,
 ) -> tuple[dict, dict, list]:
   """Run what has not finished of `plan`: (finished {key: record + result}, failed {key: record +
   errors}, pending [records] (run=None)). Finished runs are read back (remeasured if asked); an
   identical finished run elsewhere under `out` is copied; a failed run is retried once; a
   starts_from run waits for its parent, whose record `finished` may already hold. engine: where
-  the runs execute (experiments/engines.py); None: one at a time in this process."""
+  the runs execute (experiments/engines.py); None: one at a time in this process.
+  reuse_other_code: keep (and copy) finished runs whose provenance differs from this process's;
+  without it, another suite's such run is not copied and this plan's own raise ValueError."""
   finished = dict(finished or {})
-  _restore_from_ledgers(plan, out)
+  accept = _acceptable(run, engine, reuse_other_code)
+  _restore_from_ledgers(plan, out, accept)
   todo, pending = _read_back(plan, finished, run, remeasure)
+  _refuse_other_code(plan, finished, accept)
   bar = tqdm(
     total=len(plan),
     initial=len(plan) - len(todo),
@@ -111,7 +117,9 @@ def run_plan(
     disable=not progress or not todo,
     position=0,
   )
-  runs = _Runs(out=out, run=run, engine=engine, progress=progress, finished=finished, bar=bar)
+  runs = _Runs(
+    out=out, run=run, engine=engine, progress=progress, finished=finished, bar=bar, accept=accept
+  )
   try:
     with _sigterm_as_interrupt():
       runs.work_through(todo)
@@ -122,6 +130,33 @@ def run_plan(
   finally:
     bar.close()
   return finished, runs.failed, pending
+
+
+def _acceptable(run, engine, reuse_other_code: bool):
+  """result -> whether it may stand for a run of this process's code. Reports (run=None) read
+  every run; an engine on other machines (Ray) may run on another device kind than this one."""
+  if run is None or reuse_other_code:
+    return lambda result: True
+  here = provenance.current()
+  keys = provenance.COMPARED
+  if engine is not None and getattr(engine, 'remote', False):
+    keys = tuple(k for k in keys if k != 'device')
+  return lambda result: provenance.same_computation(result.get('provenance'), here, keys)
+
+
+def _refuse_other_code(plan: list[Job], finished: dict, accept) -> None:
+  """ValueError when a finished run of `plan` came from other code, packages or device."""
+  other = [job for job in plan if job.key in finished and not accept(finished[job.key])]
+  if not other:
+    return
+  job = other[0]
+  raise ValueError(
+    f'{len(other)} finished runs here came from other code, packages or device than this '
+    f'checkout (e.g. {job.variant.name} seed {job.seed}: '
+    f"{provenance.label(finished[job.key].get('provenance'))}; here: "
+    f'{provenance.label(provenance.current())}); allowed: --reuse_other_code to keep them '
+    '(results.md lists the runs of each code), or --out=DIR to run them afresh'
+  )
 
 
 def _read_back(plan: list[Job], finished: dict, run, remeasure: bool) -> tuple[list, list]:
@@ -157,8 +192,11 @@ class _Runs:
   """The runs of one `run_plan` call: those finished, failed and running, and the steps that
   start and end them."""
 
-  def __init__(self, *, out: str, run, engine, progress: bool, finished: dict, bar):
+  def __init__(
+    self, *, out: str, run, engine, progress: bool, finished: dict, bar, accept=lambda r: True
+  ):
     self.out, self.run, self.engine, self.progress = out, run, engine, progress
+    self.accept = accept
     self.finished, self.failed, self.bar = finished, {}, bar
     self.running = {}  # the engine's handle -> (job, payload, attempt)
 
@@ -216,7 +254,7 @@ class _Runs:
     if job.parent is not None or os.path.isdir(RunDir(job.workdir).checkpoints):
       return False  # a child depends on its parent's path; a started run resumes instead
     source = same_run_elsewhere(self.out, job.seed, job.hash, job.workdir)
-    if source is None:
+    if source is None or not self.accept(read_result(source)):
       return False
     self.bar.write(
       f'run {job.variant.name} seed {job.seed}: the same config and seed finished in '
@@ -302,12 +340,12 @@ def _read_ledgers(out: str) -> dict:
   return entries
 
 
-def _restore_from_ledgers(plan: list[Job], out: str) -> None:
+def _restore_from_ledgers(plan: list[Job], out: str, accept=lambda result: True) -> None:
   """Give every unfinished job of `plan` that a ledger records its result.json back (without
   checkpoints), unless a child of it still has to run and needs its parameters. Its own suite's
   record wins (its latest); another suite's stands in only for a job without a measure, since
   that suite did not measure it (such a run is copied with its checkpoint and measured, or
-  trained again)."""
+  trained again), and only where `accept` takes its result (the same code)."""
   ledger = _read_ledgers(out)
 
   def record(job) -> dict | None:
@@ -316,7 +354,8 @@ def _restore_from_ledgers(plan: list[Job], out: str) -> None:
     mine = [e for e in entries if os.path.abspath(e['suite_folder']) == own]
     if mine:
       return mine[-1]
-    return entries[-1] if entries and job.measure is None else None
+    others = [e for e in entries if accept(e['result'])]
+    return others[-1] if others and job.measure is None else None
 
   found = {
     job.key: record(job) for job in plan if not os.path.exists(os.path.join(job.workdir, RESULT))

@@ -38,6 +38,9 @@ class Variant:
   # The literature's direction against the baseline where `paper` has no number for both:
   # 'better', 'worse' or 'same' (results.md then says whether this suite agrees).
   expect: str = ''
+  # The row this one is compared with (its Δ, test and the literature's direction); '' : the
+  # suite's baseline. E.g. direct fine-tuning against PI fine-tuning, as the PI paper compares.
+  versus: str = ''
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +59,13 @@ class Suite:
   # Another suite whose tuned rates its same-named variants take instead of tuning here (e.g. a
   # longer-training copy of some of its rows, where a grid would cost 4x).
   lr_from: str = ''
-  # variant -> why its result departs from the paper: the controlled experiment that shows it
-  # (a suite and variant, or a results file), or 'unexplained: ...' with what was ruled out.
+  # variant -> why its result departs from the paper (experiments/diagnosis.py): the runs it
+  # rests on and the comparison the report recomputes from them.
   diagnoses: dict = dataclasses.field(default_factory=dict)
+  # A diagnosis suite: the suite whose rows it re-measures (e.g. 4x the tokens). Its rows are
+  # listed as evidence for that suite's diagnoses in overview.md, not scored against the
+  # literature a second time.
+  diagnoses_of: str = ''
 
   def __post_init__(self):
     names = [v.name for v in self.variants]
@@ -75,15 +82,33 @@ class Suite:
           f"suite {self.name!r}: variant {v.name!r} has expect={v.expect!r}; "
           "allowed: 'better', 'worse', 'same' or ''"
         )
+      if (v.versus and v.versus not in names) or v.versus == v.name:
+        raise ValueError(
+          f'suite {self.name!r}: variant {v.name!r} has versus={v.versus!r}; allowed: another '
+          f'variant ({", ".join(n for n in names if n != v.name)})'
+        )
       if not v.trains and not v.starts_from:
         raise ValueError(
           f'suite {self.name!r}: variant {v.name!r} has trains=False but no '
           'starts_from; allowed: a starts_from variant to take the parameters of'
         )
 
+    from experiments.diagnosis import Diagnosis
+
+    for name, diagnosis in self.diagnoses.items():
+      if name not in names or not isinstance(diagnosis, Diagnosis):
+        raise ValueError(
+          f'suite {self.name!r}: diagnoses[{name!r}] = {diagnosis!r:.60}; allowed: a '
+          'Diagnosis (experiments/diagnosis.py) of one of its variants'
+        )
+
   @property
   def baseline(self) -> Variant:
     return self.variants[0]
+
+  def reference(self, variant: Variant) -> Variant:
+    """The row `variant` is compared with: its `versus`, else the baseline."""
+    return next(v for v in self.variants if v.name == (variant.versus or self.baseline.name))
 
 
 @dataclasses.dataclass(frozen=True)

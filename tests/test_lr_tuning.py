@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from test_experiments import data_overrides
 
-from experiments import report
+from experiments import provenance, report
 from experiments.runner import resolve, run_suite
 from experiments.suite import Suite, Variant
 from experiments.suites._presets import PRESETS
@@ -63,6 +63,7 @@ def _fake_run(best_lr: dict, diverge_above: float, calls: list):
       'tokens_per_s': 1.0,
       'learning_rate': lr,
       'tokens': 10,
+      'provenance': provenance.current(),  # as run_one records it
     }
     if lr > diverge_above:
       result.update(eval_loss=math.nan, diverged_at_step=3, tokens_per_s=None)

@@ -1,16 +1,35 @@
-"""The report's judgement of each row against its paper (same direction / within noise /
-contradicts with the suite's diagnosis) and its power line, on hand-made results: no training."""
+"""The report's judgement of each row against the literature (agrees, direction but not size, no
+difference detected, contradicts with its diagnosis recomputed), its power line and the
+project-wide overview, on hand-made results: no training."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+
 import pytest
 
-from experiments import report, stats
+from experiments import diagnosis, overview, report, stats
+from experiments.diagnosis import Diagnosis, Evidence, Finding
 from experiments.suite import Suite, Variant
 from experiments.suites._presets import PRESETS
 
-# Paper: base 2.000; 'better' 1.900 (5% lower); 'level' 2.005 (0.25%: the paper's "no
-# difference"); 'worse_here' 1.900 too; 'noisy' 1.980 (1% lower); 'expected' has no number.
+
+def _says(supported: bool, explains: bool = True) -> Diagnosis:
+  """A diagnosis that recomputes one number from the runs: worse_here's mean gap."""
+
+  def finds(evidence: Evidence, variant: str) -> Finding:
+    ours, base = evidence.runs('verdicts', variant), evidence.runs('verdicts', 'base')
+    gap = sum(ours[s]['eval_loss'] - base[s]['eval_loss'] for s in ours) / len(ours)
+    return Finding(supported, f'the gap is {gap:+.2f}')
+
+  return Diagnosis('verdicts: worse_here − base', finds, explains)
+
+
+# Paper: base 2.000; 'better' 1.900 (5% lower); 'tenfold' 1.980 (1% lower; we see 10x that);
+# 'level' 2.005 (0.25%: the paper's "no difference"); 'worse_here' 1.900; 'noisy' 1.980;
+# 'expected' and 'gap_where_none' have only a stated direction.
 SUITE = Suite(
   name='verdicts',
   description='report test',
@@ -19,22 +38,29 @@ SUITE = Suite(
   variants=(
     Variant('base', paper={'eval_loss': 2.0}),
     Variant('better', paper={'eval_loss': 1.9}),
+    Variant('tenfold', paper={'eval_loss': 1.98}),
     Variant('level', paper={'eval_loss': 2.005}),
     Variant('worse_here', paper={'eval_loss': 1.9}),
     Variant('noisy', paper={'eval_loss': 1.98}),
     Variant('expected', expect='worse'),
+    Variant('gap_where_none', expect='same'),
+    Variant('versus_better', paper={'eval_loss': 1.9}, versus='better'),
   ),
-  diagnoses={'worse_here': 'the learning rate (suite x, variant y)'},
+  diagnoses={'worse_here': _says(True)},
 )
 
-LOSSES = {  # three paired seeds each
-  'base': [3.00, 3.10, 2.90],
-  'better': [2.80, 2.91, 2.69],  # 0.2 lower, tight: better
+BASE = [3.00, 3.10, 2.90]
+LOSSES = {  # three paired seeds each; tight differences are ±0.01 around their mean
+  'base': BASE,
+  'better': [b - d for b, d in zip(BASE, (0.15, 0.16, 0.14))],  # the paper's 5% (0.15): agrees
+  'tenfold': [b - d for b, d in zip(BASE, (0.30, 0.31, 0.29))],  # 10x the paper's 1%
   'level': [3.01, 3.08, 2.92],  # within noise
-  'worse_here': [3.30, 3.41, 3.19],  # 0.3 higher, tight: worse
+  'worse_here': [b + d for b, d in zip(BASE, (0.30, 0.31, 0.29))],  # against the paper
   'noisy': [2.95, 3.15, 2.85],  # within noise, the paper says 1% better
-  'expected': [3.20, 3.31, 3.10],
-}  # worse, as expected
+  'expected': [b + d for b, d in zip(BASE, (0.20, 0.21, 0.19))],  # worse, as expected
+  'gap_where_none': [b + d for b, d in zip(BASE, (0.20, 0.21, 0.19))],
+  'versus_better': [b - d for b, d in zip(BASE, (0.151, 0.16, 0.14))],  # = 'better' within noise
+}
 
 
 def results():
@@ -63,63 +89,153 @@ def results():
   }
 
 
-def test_each_row_is_judged_against_its_paper():
-  rows = {r['variant']: r for r in report.summarize(SUITE, results())}
-  assert rows['better']['agreement'] == 'same direction'
-  assert rows['level']['agreement'] == 'agrees (within noise)'  # the paper: no difference
-  assert rows['worse_here']['agreement'] == ('contradicts: the learning rate (suite x, variant y)')
-  assert rows['noisy']['agreement'] == 'within noise'
-  assert rows['expected']['agreement'] == 'same direction'  # from `expect`, no paper number
-  assert rows['base']['agreement'] == ''
-  undiagnosed = Suite(**{**SUITE.__dict__, 'diagnoses': {}})
-  assert report.summarize(undiagnosed, results())[3]['agreement'] == (
-    'contradicts (no diagnosis yet)'
-  )
+def _rows(suite=SUITE, family=None):
+  return {r['variant']: r for r in report.summarize(suite, results(), family=family)}
 
 
-def test_the_power_line_names_the_seeds_a_row_within_noise_would_need():
+def test_each_row_lands_in_one_category():
+  rows = _rows()
+  category = {name: row['judgement'] for name, row in rows.items()}
+  assert category == {
+    'base': '',
+    'better': 'agrees',
+    'tenfold': 'agrees in direction, not size',
+    'level': 'no difference detected',  # the paper expects none, the run could not see one
+    'worse_here': 'contradicts, diagnosed',
+    'noisy': 'no difference detected',
+    'expected': 'agrees',
+    'gap_where_none': 'contradicts, undiagnosed',
+    'versus_better': 'no difference detected',  # vs 'better', where both papers say 1.9
+  }
+  assert rows['versus_better']['versus'] == 'better'
+  assert rows['versus_better']['test'].mean == pytest.approx(-0.001 / 3)
+
+
+def test_the_size_ratio_and_the_detectable_effect_follow_the_formulas():
+  rows = _rows()
+  m = sum('test' in r for r in rows.values())
+  tenfold = rows['tenfold']
+  effect = -0.01 * stats.mean_std(BASE)[0]  # the paper's 1%, as a fraction of our baseline
+  low, high = stats.simultaneous_ci(tenfold['test'], m)
+  assert tenfold['ci_all'] == pytest.approx((low, high))
+  assert f"{tenfold['test'].mean / effect:.2g}x the paper's gap" in tenfold['agreement']
+  assert f'[{high / effect:.2g}, {low / effect:.2g}]' in tenfold['agreement']
+  assert not high / effect <= 1 <= low / effect  # the interval excludes the paper's size
+  level = rows['level']
+  seen = stats.detectable_effect(level['test'].std, 3, alpha=0.05 / m)
+  assert level['agreement'] == f'no difference detected (could see ±{seen:.3f})'
+
+
+def test_a_diagnosis_is_recomputed_and_flagged_when_unsupported():
+  rows = _rows()
+  assert rows['worse_here']['agreement'] == 'contradicts: the gap is +0.30'
+  for supported, explains, category in [
+    (False, True, 'contradicts, diagnosis not supported'),
+    (True, False, 'contradicts, unexplained'),
+  ]:
+    suite = dataclasses.replace(SUITE, diagnoses={'worse_here': _says(supported, explains)})
+    assert _rows(suite)['worse_here']['judgement'] == category
+  unsupported = dataclasses.replace(SUITE, diagnoses={'worse_here': _says(False)})
+  assert 'DIAGNOSIS NOT SUPPORTED' in _rows(unsupported)['worse_here']['agreement']
+
+
+def test_a_suite_refuses_a_diagnosis_that_is_a_string_and_a_bad_versus():
+  with pytest.raises(ValueError, match=r"diagnoses\['base'\].*allowed: a Diagnosis"):
+    dataclasses.replace(SUITE, diagnoses={'base': 'the learning rate'})
+  with pytest.raises(ValueError, match="versus='nope'; allowed: another variant"):
+    Suite('s', 'x', 'configs/base.py', (Variant('a'), Variant('b', versus='nope')), PRESETS)
+
+
+def test_the_power_line_names_the_seeds_at_the_adjusted_alpha():
   rows = report.summarize(SUITE, results())
   by_name = {r['variant']: r for r in rows}
-  base_mean = sum(LOSSES['base']) / 3
-  # The paper's 1% gap applied to our baseline's mean loss.
+  m = by_name['noisy']['m']
+  base_mean = stats.mean_std(BASE)[0]
   assert report.paper_effect(SUITE, by_name['noisy'], rows) == pytest.approx(-0.01 * base_mean)
   text = report.markdown(SUITE, results(), rows)
   line = next(ln for ln in text.splitlines() if ln.startswith('Power:'))
-  diffs = [v - b for v, b in zip(LOSSES['noisy'], LOSSES['base'])]
-  n = stats.seeds_for_power(stats.mean_std(diffs)[1], -0.01 * base_mean)
-  assert f'noisy {n} (effect {-0.01 * base_mean:+.3f}' in line
-  # Rows outside noise and rows whose paper reports no gap ('level') need no more seeds.
+  diffs = [v - b for v, b in zip(LOSSES['noisy'], BASE)]
+  n = stats.seeds_for_power(stats.mean_std(diffs)[1], -0.01 * base_mean, alpha=0.05 / m)
+  assert f"noisy {'more than 1000' if n is None else n} (effect {-0.01 * base_mean:+.3f}" in line
+  assert f'0.05 / {m} tests' in line
   assert 'level' not in line and 'better' not in line and 'expected' not in line
 
 
-def test_the_overview_counts_every_judged_row_once():
-  """experiments.overview: 'better' and 'expected' agree in direction and 'level' agrees with
-  the paper's no-difference; 'noisy' is within noise; 'worse_here' contradicts with a diagnosis.
-  The baseline is not judged. Runs of variants a suite no longer has are left out."""
-  from experiments import overview
+def test_the_overview_adjusts_over_every_suite_at_once(tmp_path):
+  """Two copies of the suite under `out`: project-wide Holm runs over both tables' tests (twice
+  the family), which the verdicts follow; diagnosis suites are listed, not scored."""
+  out = str(tmp_path)
+  twin = dataclasses.replace(SUITE, name='twin')
+  loaded = [(SUITE, results()), (twin, {**results(), 'suite': 'twin'})]
+  families = overview.project_family(loaded, out)
+  tests = [r['test'].p for r in report.summarize(SUITE, results()) if 'test' in r]
+  expected = stats.holm(tests + tests)
+  assert families['verdicts'].m == 2 * len(tests)
+  assert list(families['verdicts'].adjusted.values()) == pytest.approx(expected[: len(tests)])
+  tally = overview.tally(SUITE, results(), families['verdicts'], out)
+  by_table = overview.tally(SUITE, results(), None, out)
+  assert sum(tally['counts'].values()) == sum(by_table['counts'].values()) == 8
+  assert tally['table_counts'] == by_table['counts']
+  diag = [
+    {'suite': 'verdicts_tokens', 'of': 'verdicts', 'rows': ['base', 'worse_here'], 'seeds': 3}
+  ]
+  text = overview.markdown([tally], diag)
+  assert f"Holm over all {len(tests)} tests" in text
+  assert '- [`verdicts_tokens`](verdicts_tokens/results.md) re-measures `verdicts`' in text
+  assert '- `verdicts` gap_where_none: contradicts (no diagnosis yet)' in text
 
-  stale = results()
-  stale['runs'].append({**stale['runs'][0], 'variant': 'removed'})
-  tally = overview.tally(SUITE, stale)
-  assert tally['counts'] == {
-    'agrees': 3,
-    'within noise': 1,
-    'contradicts, diagnosed': 1,
-    'contradicts, unexplained': 0,
-    'contradicts, undiagnosed': 0,
-  }
-  assert tally['protocol'] == "baseline's lr (old)" and tally['rows'] == 6
-  tuned = {**results(), 'lr_from': {'suite': 'x', 'rates': {}}}
-  undiagnosed = overview.tally(Suite(**{**SUITE.__dict__, 'diagnoses': {}}), tuned)
-  assert undiagnosed['protocol'] == 'tuned lr'
-  assert undiagnosed['counts']['contradicts, undiagnosed'] == 1
-  unexplained = overview.tally(
-    Suite(**{**SUITE.__dict__, 'diagnoses': {'worse_here': 'unexplained. Ruled out: the rate'}}),
-    tuned,
-  )
-  assert unexplained['counts']['contradicts, unexplained'] == 1
-  assert unexplained['counts']['contradicts, diagnosed'] == 0
-  text = overview.markdown([tally, undiagnosed])
-  assert 'Of 10 rows where the literature states a direction' in text
-  assert '6 agree, 2 are within noise, 2 contradict it (1 with a diagnosis, 0 unexplained' in text
-  assert '- `verdicts` worse_here: contradicts (no diagnosis yet)' in text
+
+def _tokens_suite(out: str, curves: dict) -> None:
+  """A results.json for a 'longer' suite whose runs hold eval curves at steps 1..4."""
+  runs = [
+    {
+      'variant': name,
+      'seed': seed,
+      'eval_loss': curve[-1],
+      'eval_curve': {'step': [1, 2, 3, 4], 'loss': curve},
+      'tokens': 4_000_000,
+      'steps': 4,
+    }
+    for name, per_seed in curves.items()
+    for seed, curve in enumerate(per_seed)
+  ]
+  os.makedirs(os.path.join(out, 'longer'), exist_ok=True)
+  with open(os.path.join(out, 'longer', 'results.json'), 'w') as f:
+    json.dump({'runs': runs}, f)
+
+
+def test_a_token_budget_diagnosis_recomputes_its_sentence_from_the_runs(tmp_path):
+  out = str(tmp_path)
+  base = [[3.0, 2.8, 2.6, 2.4]] * 3
+  shrinking = [[3.2, 3.1, 2.8, 2.5], [3.3, 3.0, 2.75, 2.45], [3.2, 3.05, 2.7, 2.42]]
+  _tokens_suite(out, {'base': base, 'late': shrinking})
+  finding = diagnosis.token_budget('longer', baseline='base').find(Evidence(out), 'late')
+  assert finding.supported
+  assert 'peaks at +0.250 2.0 M tokens in and ends at +0.057' in finding.text
+  assert 'shrinks after its peak on 3 of 3 seeds and ends positive on 3' in finding.text
+  growing = [shrinking[0], shrinking[1], [3.1, 3.0, 2.9, 2.9]]  # seed 2 keeps growing
+  _tokens_suite(out, {'base': base, 'late': growing})
+  again = diagnosis.token_budget('longer', baseline='base').find(Evidence(out), 'late')
+  assert not again.supported and 'on 2 of 3 seeds' in again.text
+  missing = diagnosis.token_budget('absent', baseline='base').find(Evidence(out), 'late')
+  assert not missing.supported and missing.text.startswith("not recomputed: suite 'absent'")
+  ruled_out = diagnosis.budget_ruled_out('longer', baseline='base')(Evidence(out), 'late')
+  # The gap a quarter in (step 1: mean of +0.2, +0.3, +0.1) against the end (+0.1, +0.05, +0.5).
+  assert ruled_out.supported and '+0.200 1.0 M tokens in and +0.217 at 4.0 M' in ruled_out.text
+
+
+def test_the_committed_diagnoses_hold_on_the_committed_runs():
+  """Every diagnosis a suite declares, recomputed from experiments/results: none stale."""
+  from experiments.suite import available, load_suite
+
+  out = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'experiments', 'results')
+  found = 0
+  for name in available():
+    suite = load_suite(name)
+    for variant, diagnosed in getattr(suite, 'diagnoses', {}).items():
+      if not os.path.exists(os.path.join(out, name, 'results.json')):
+        continue
+      finding = diagnosed.find(Evidence(out), variant)
+      assert finding.supported, f'{name} {variant}: {finding.text}'
+      found += 1
+  assert found >= 4

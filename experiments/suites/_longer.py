@@ -21,6 +21,7 @@ def longer_copy(
       preset: {**overrides, **LONGER.get(preset, {})} for preset, overrides in donor.presets.items()
     },
     lr_from=donor.name,
+    diagnoses_of=donor.name,
     paper_source=donor.paper_source,
     **fields,
   )

@@ -2,6 +2,7 @@
 at matched parameters — the K/V projections a variant drops go to a wider FFN, as the MQA paper
 widens d_ff — with quality, decode tokens/s and KV-cache bytes per token."""
 
+from experiments import diagnosis
 from experiments.suite import Suite, Variant
 from experiments.suites._presets import PRESETS
 from mllm.layers.ffn import hidden_dim
@@ -48,13 +49,15 @@ SUITE = Suite(
   presets=_PRESETS,
   extra_metrics='decode',
   diagnoses={
-    'GQA-2': 'unexplained. Ruled out: the learning rate (tuned per variant, both best at 6e-3) and '
-    'the token budget (attention_heads_tokens, 4x the tokens: the mean gap is +0.064 1 M tokens '
-    'in and +0.065 at the end, 4 M; within noise there only because the seeds spread more: '
-    '+0.119, +0.015, +0.060). Not '
-    'ruled out: head width (K and V are 2 heads of 16 dims per layer here, 64-128 in the papers), '
-    'uptraining (Ainslie et al. convert trained MHA checkpoints; these train from scratch) and the '
-    "metric (the paper's downstream scores, LM loss here)",
+    'GQA-2': diagnosis.unexplained(
+      diagnosis.rates_tuned('attention_heads', baseline='MHA'),
+      diagnosis.budget_ruled_out('attention_heads_tokens', baseline='MHA'),
+      not_ruled_out='head width (K and V are 2 heads of 16 dims per layer here, 64-128 in the '
+      'papers), uptraining (Ainslie et al. convert trained MHA checkpoints; these train from '
+      "scratch) and the metric (the paper's downstream scores, LM loss here)",
+      rests_on='attention_heads: tuning of MHA and GQA-2; attention_heads_tokens: GQA-2 − MHA '
+      'eval loss per seed along 4 M tokens',
+    ),
   },
   paper_source='MQA: Shazeer 2019 Table 1 (WMT14 EN-DE dev ln-ppl 1.424 MHA, 1.439 MQA); '
   'GQA: Ainslie et al. 2023 Table 1 (T5-XXL, GQA-8 47.1 vs MHA 47.2 average)',

@@ -18,4 +18,5 @@ SUITE = Suite(
     name: {**overrides, 'model.init': 'fixed'} for name, overrides in ffn.SUITE.presets.items()
   },
   paper_source=ffn.SUITE.paper_source,
+  diagnoses_of='ffn',
 )

@@ -26,4 +26,5 @@ SUITE = Suite(
   ),
   presets=positions.SUITE.presets,
   paper_source=positions.SUITE.paper_source,
+  diagnoses_of='positions',
 )

@@ -1,0 +1,204 @@
+"""Why a row departs from the literature, as comparisons the report recomputes from runs.
+
+A suite's `diagnoses` maps a contradicting row to a `Diagnosis`: the runs and metric it rests on,
+and a function that recomputes its numbers from the suites' results and says whether they still
+support its claim. The report writes the sentence from those numbers on every run, so a re-run
+that changes them changes the sentence, and a claim they no longer support is flagged
+('diagnosis not supported') in results.md and overview.md instead of printed as before.
+
+`explains=False` marks an honest non-explanation: the checks that were ruled out (each recomputed)
+and what was not; the row is then counted as 'contradicts, unexplained'.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Callable
+
+from experiments import stats
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+  supported: bool  # the recomputed numbers still support the claim
+  text: str  # the sentence, written from those numbers
+
+
+class MissingRuns(LookupError):
+  """The runs a diagnosis rests on are not there (a suite not run yet, a variant removed)."""
+
+
+class Evidence:
+  """The finished results of every suite under `out` (each suite's results.json), the suite
+  being reported taken from memory (`current`: its name and results)."""
+
+  def __init__(self, out: str | None, current: tuple[str, dict] | None = None):
+    self.out = out
+    self._cache = dict([current]) if current else {}
+
+  def results(self, suite: str) -> dict:
+    if suite not in self._cache:
+      path = os.path.join(self.out or '', suite, 'results.json')
+      if self.out is None or not os.path.exists(path):
+        raise MissingRuns(f'suite {suite!r} has no results.json')
+      with open(path) as f:
+        self._cache[suite] = json.load(f)
+    return self._cache[suite]
+
+  def runs(self, suite: str, variant: str) -> dict[int, dict]:
+    """{seed: run} of a variant's finished table runs."""
+    found = {r['seed']: r for r in self.results(suite)['runs'] if r['variant'] == variant}
+    if not found:
+      raise MissingRuns(f'suite {suite!r} has no finished run of {variant!r}')
+    return found
+
+  def tuning(self, suite: str, variant: str) -> dict:
+    tuned = self.results(suite).get('tuning', {}).get(variant)
+    if not tuned or tuned.get('best_lr') is None:
+      raise MissingRuns(f'suite {suite!r} has no learning-rate tuning of {variant!r}')
+    return tuned
+
+
+@dataclasses.dataclass(frozen=True)
+class Diagnosis:
+  rests_on: str  # the runs and metric, e.g. 'positions_tokens: learned − rope eval loss per seed'
+  finds: Callable[[Evidence, str], Finding]  # (evidence, the row's variant) -> the finding
+  explains: bool = True  # False: what was ruled out and what was not (an unexplained row)
+
+  def find(self, evidence: Evidence, variant: str) -> Finding:
+    try:
+      return self.finds(evidence, variant)
+    except MissingRuns as err:
+      return Finding(False, f'not recomputed: {err} ({self.rests_on})')
+
+
+def _gaps_per_seed(evidence: Evidence, suite: str, variant: str, baseline: str) -> dict:
+  """{seed: (steps, variant − baseline eval loss at each evaluation)} over paired seeds."""
+  ours, base = evidence.runs(suite, variant), evidence.runs(suite, baseline)
+  gaps = {}
+  for seed in sorted(set(ours) & set(base)):
+    a, b = ours[seed].get('eval_curve'), base[seed].get('eval_curve')
+    if not a or not b or a['step'] != b['step']:
+      raise MissingRuns(f'suite {suite!r}: seed {seed} has no matching eval curves')
+    gaps[seed] = (a['step'], [x - y for x, y in zip(a['loss'], b['loss'])])
+  if len(gaps) < 2:
+    raise MissingRuns(f'suite {suite!r}: fewer than 2 paired seeds of {variant!r}')
+  return gaps
+
+
+def _tokens(run: dict, step: int) -> str:
+  per_step = run['tokens'] / run['steps']
+  return f'{step * per_step / 1e6:.1f} M'
+
+
+def token_budget(suite: str, baseline: str) -> Diagnosis:
+  """The gap is a token-budget effect: in `suite` (the rows trained longer, evaluated during
+  training) the variant's gap to `baseline` shrinks from its peak to the end on every seed."""
+
+  def finds(evidence: Evidence, variant: str) -> Finding:
+    gaps = _gaps_per_seed(evidence, suite, variant, baseline)
+    run = next(iter(evidence.runs(suite, variant).values()))
+    steps = next(iter(gaps.values()))[0]
+    peaks = {s: max(range(len(g)), key=g.__getitem__) for s, (_, g) in gaps.items()}
+    shrinks = [s for s, (_, g) in gaps.items() if g[-1] < g[peaks[s]] and peaks[s] < len(g) - 1]
+    mean_at = [stats.mean_std([g[i] for _, g in gaps.values()])[0] for i in range(len(steps))]
+    finals = [g[-1] for _, g in gaps.values()]
+    test = stats.paired_test(
+      [evidence.runs(suite, variant)[s]['eval_loss'] for s in gaps],
+      [evidence.runs(suite, baseline)[s]['eval_loss'] for s in gaps],
+    )
+    peak = max(range(len(steps)), key=mean_at.__getitem__)
+    positive = sum(f > 0 for f in finals)
+    text = (
+      f'token budget ({suite}, {len(gaps)} seeds): the mean gap to {baseline} peaks at '
+      f'{mean_at[peak]:+.3f} {_tokens(run, steps[peak])} tokens in and ends at {test.mean:+.3f} '
+      f'[{test.ci_low:+.3f}, {test.ci_high:+.3f}] at {_tokens(run, steps[-1])}; it shrinks after '
+      f'its peak on {len(shrinks)} of {len(gaps)} seeds and ends positive on {positive}'
+    )
+    return Finding(len(shrinks) == len(gaps), text)
+
+  return Diagnosis(f'{suite}: eval loss − {baseline} per seed along training', finds)
+
+
+def rates_tuned(suite: str, baseline: str) -> Callable[[Evidence, str], Finding]:
+  """Ruled out, the learning rate: both rows' rates were tuned and neither best sits at an edge
+  of its grid."""
+
+  def finds(evidence: Evidence, variant: str) -> Finding:
+    ours, base = evidence.tuning(suite, variant), evidence.tuning(suite, baseline)
+    inside = ours.get('edge') is None and base.get('edge') is None
+    return Finding(
+      inside,
+      f"the learning rate (tuned per variant in {suite}: {baseline} best at {base['best_lr']:.3g}, "
+      f"{variant} at {ours['best_lr']:.3g}, "
+      + ('neither at an edge of its grid)' if inside else 'one at an edge of its grid)'),
+    )
+
+  return finds
+
+
+def budget_ruled_out(suite: str, baseline: str) -> Callable[[Evidence, str], Finding]:
+  """Ruled out, the token budget: in `suite` (4x the tokens) the mean gap at the end keeps at
+  least half of its size a quarter of the way in (1 M tokens of 4 M): it is not closing."""
+
+  def finds(evidence: Evidence, variant: str) -> Finding:
+    gaps = _gaps_per_seed(evidence, suite, variant, baseline)
+    steps = next(iter(gaps.values()))[0]
+    quarter = min(range(len(steps)), key=lambda i: abs(steps[i] - steps[-1] / 4))
+    run = next(iter(evidence.runs(suite, variant).values()))
+    early = stats.mean_std([g[quarter] for _, g in gaps.values()])[0]
+    late = [g[-1] for _, g in gaps.values()]
+    mean_late = stats.mean_std(late)[0]
+    return Finding(
+      early > 0 and mean_late >= early / 2,
+      f'the token budget ({suite}: the mean gap is {early:+.3f} '
+      f'{_tokens(run, steps[quarter])} tokens in and {mean_late:+.3f} at '
+      f"{_tokens(run, steps[-1])}, not closing (at least half kept); per seed at the end "
+      f"{', '.join(f'{x:+.3f}' for x in late)})",
+    )
+
+  return finds
+
+
+def unexplained(
+  *checks: Callable[[Evidence, str], Finding], not_ruled_out: str, rests_on: str
+) -> Diagnosis:
+  """A contradiction left unexplained: the recomputed `checks` (each a cause ruled out; the
+  record stands while every one still holds) and the causes `not_ruled_out`."""
+
+  def finds(evidence: Evidence, variant: str) -> Finding:
+    found = [check(evidence, variant) for check in checks]
+    return Finding(
+      all(f.supported for f in found),
+      f"unexplained. Ruled out: {'; '.join(f.text for f in found)}. Not ruled out: {not_ruled_out}",
+    )
+
+  return Diagnosis(rests_on, finds, explains=False)
+
+
+def rate_alone(suite: str, baseline: str) -> Callable[[Evidence, str], Finding]:
+  """Ruled out, the learning rate as the whole story: the rows' tuned rates differ, and at the
+  variant's own best rate the tuning seeds still put it behind the baseline at that same rate."""
+
+  def finds(evidence: Evidence, variant: str) -> Finding:
+    ours, base = evidence.tuning(suite, variant), evidence.tuning(suite, baseline)
+
+    def at(tuned: dict, lr: float) -> float:
+      for point in tuned['points']:
+        if math.isclose(point['lr'], lr) and point['eval_loss']:
+          return stats.mean_std(point['eval_loss'])[0]
+      raise MissingRuns(f'suite {suite!r}: no tuning run at lr {lr:.3g}')
+
+    lr_ours, lr_base = ours['best_lr'], base['best_lr']
+    gap_at = {lr: at(ours, lr) - at(base, lr) for lr in (lr_base, lr_ours)}
+    return Finding(
+      gap_at[lr_ours] > 0,
+      f'the learning rate alone ({variant} is best at {lr_ours:.3g}, {baseline} at '
+      f'{lr_base:.3g}; on the tuning seeds the gap is {gap_at[lr_base]:+.3f} at {lr_base:.3g} and '
+      f'{gap_at[lr_ours]:+.3f} at {lr_ours:.3g}, so a gap remains at the same rate)',
+    )
+
+  return finds

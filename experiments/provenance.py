@@ -1,0 +1,120 @@
+"""Which code and machine produced a run: recorded in every run's result (and so in its suite's
+ledger), compared before a finished run is reused, and stated in results.md.
+
+A run's numbers depend on mllm's code (and the kernels'), on jax and its libraries, and on the
+device. `code` is a digest of the Python sources that compute them, read as syntax trees without
+docstrings, so editing a comment or a docstring keeps it and any change to what runs does not.
+The git commit and a dirty flag say where to find that code; they are not compared (a commit that
+touches only docs or experiments/ leaves the numbers alone).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import importlib.metadata
+import os
+import platform
+import subprocess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SOURCES = ('mllm', 'pallas_kernels')  # the packages whose code computes a run's numbers
+PACKAGES = ('jax', 'jaxlib', 'flax', 'optax')
+# What must agree for two runs to be the same computation (the rest says where to find it).
+COMPARED = ('code', *PACKAGES, 'device')
+
+
+def _without_docstrings(tree: ast.AST) -> ast.AST:
+  for node in ast.walk(tree):
+    body = getattr(node, 'body', None)
+    if (
+      isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+      and body
+      and isinstance(body[0], ast.Expr)
+      and isinstance(body[0].value, ast.Constant)
+      and isinstance(body[0].value.value, str)
+    ):
+      node.body = body[1:] or [ast.Pass()]
+  return tree
+
+
+def code_digest(root: str = ROOT, sources: tuple[str, ...] = SOURCES) -> str:
+  """12 hex digits over every .py file under `sources` (path and syntax tree, docstrings and
+  comments left out)."""
+  digest = hashlib.sha256()
+  for package in sources:
+    for folder, dirs, files in sorted(os.walk(os.path.join(root, package))):
+      dirs.sort()
+      for name in sorted(f for f in files if f.endswith('.py')):
+        path = os.path.join(folder, name)
+        with open(path, encoding='utf-8') as f:
+          tree = _without_docstrings(ast.parse(f.read(), filename=path))
+        digest.update(os.path.relpath(path, root).encode() + b'\0')
+        digest.update(ast.dump(tree, include_attributes=False).encode() + b'\0')
+  return digest.hexdigest()[:12]
+
+
+def _git(*args: str) -> str | None:
+  try:
+    out = subprocess.run(
+      ['git', '-C', ROOT, *args], capture_output=True, text=True, timeout=10, check=True
+    )
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return out.stdout.strip()
+
+
+@functools.cache
+def _static() -> dict:
+  """What does not change while a process lives: the code, the packages, the commit."""
+  commit = _git('rev-parse', '--short=12', 'HEAD')
+  dirty = _git('status', '--porcelain', '--', *SOURCES)
+  record = {
+    'code': code_digest(),
+    'commit': commit,
+    'dirty': None if commit is None or dirty is None else bool(dirty),
+    'python': platform.python_version(),
+  }
+  for package in PACKAGES:
+    try:
+      record[package] = importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+      record[package] = None
+  return record
+
+
+def current() -> dict:
+  """This process's provenance: the code digest, commit and dirty flag, package versions, and
+  the kind of the first device (e.g. 'cpu', 'NVIDIA H100 80GB HBM3')."""
+  import jax
+
+  device = jax.devices()[0]
+  return {**_static(), 'device': device.device_kind, 'backend': device.platform}
+
+
+def same_computation(a: dict | None, b: dict | None, keys: tuple[str, ...] = COMPARED) -> bool:
+  """Whether two records describe the same code on the same packages and device kind (`keys`).
+  A run without a record (finished before records were kept) matches nothing."""
+  if not a or not b or not a.get('code') or not b.get('code'):
+    return False
+  return all(a.get(k) == b.get(k) for k in keys)
+
+
+def label(record: dict | None) -> str:
+  """One phrase naming a record: 'code 1a2b3c4d5e6f (commit 0123abcd, dirty), jax 0.12.0.1,
+  flax 0.12.2, optax 0.2.6 on cpu'; a run without one says when its ledger line was committed."""
+  if not record or not record.get('code'):
+    committed = (record or {}).get('ledger_commit')
+    return 'not recorded' + (f' (finished by commit {committed})' if committed else '')
+  commit = record.get('commit')
+  where = f" (commit {commit[:8]}{', dirty' if record.get('dirty') else ''})" if commit else ''
+  packages = ', '.join(f'{p} {record[p]}' for p in ('jax', 'flax', 'optax') if record.get(p))
+  return f"code {record['code']}{where}, {packages} on {record.get('device')}"
+
+
+def key(record: dict | None) -> tuple:
+  """What groups runs of the same computation (records without provenance: by their commit)."""
+  if not record or not record.get('code'):
+    return ('not recorded', (record or {}).get('ledger_commit'))
+  return tuple(record.get(k) for k in COMPARED)
