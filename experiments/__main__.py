@@ -1,5 +1,6 @@
 """python -m experiments SUITE [--preset=cpu|gpu|tiny] [--seeds=N] [--jobs=N] [--out=experiments/results]
 [--tune_lr | --no-tune_lr] [--tune_seeds=N] [--variants=NAME,NAME] [--steps=N] [--reuse_other_code]
+[--refine_lr=VARIANT,... [--refine_seeds=N]]
 [--engine=local|ray [--ray_address=auto|HOST:PORT] [--resources=JSON]]"""
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ def main(argv=None) -> int:
       ray_address=args.ray_address,
       resources=args.resources,
       reuse_other_code=args.reuse_other_code,
+      refine_lr=tuple(args.refine_lr.split(',')) if args.refine_lr else (),
+      refine_seeds=args.refine_seeds,
     )
   except (ValueError, ConfigError) as err:
     print(f'error: {err}', file=sys.stderr)
@@ -157,6 +160,15 @@ def _parser() -> argparse.ArgumentParser:
     '--report_only',
     action='store_true',
     help='run nothing: write the report of the runs finished so far',
+  )
+  parser.add_argument(
+    '--refine_lr',
+    default=None,
+    help="comma-separated variants whose tuned rate is refined after tuning: best / √ratio, best, "
+    'best · √ratio on --refine_seeds tuning seeds; the table runs at the refined best',
+  )
+  parser.add_argument(
+    '--refine_seeds', type=int, default=2, help='tuning seeds of a refinement (1000, 1001, ...)'
   )
   parser.add_argument(
     '--reuse_other_code',

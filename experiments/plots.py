@@ -216,11 +216,22 @@ def lr_sensitivity(suite, results: dict, path: str) -> str | None:
     best = [p for p in ok if t['best_lr'] is not None and np.isclose(p['lr'], t['best_lr'])]
     if best:
       ax.plot([best[0]['lr']], [np.mean(best[0]['eval_loss'])], 'o', color=line.get_color())
+    fine = [p for p in (t.get('refined') or {}).get('points', []) if p['eval_loss']]
+    if fine:  # the half-step refinement, on its own seeds: squares, the chosen one filled
+      ax.plot(
+        [p['lr'] for p in fine],
+        [np.mean(p['eval_loss']) for p in fine],
+        's:',
+        color=line.get_color(),
+        mfc='none',
+        lw=1,
+      )
   ax.set_xscale('log')
   ax.set(
     xlabel='peak learning rate',
     ylabel='eval loss (tuning seeds)',
-    title=f'suite {suite.name}: learning-rate sensitivity (x: diverged; filled: chosen)',
+    title=f'suite {suite.name}: learning-rate sensitivity (x: diverged; filled: chosen; '
+    'squares: refined)',
   )
   return _finish(fig, ax, path)
 

@@ -430,7 +430,33 @@ def _tuning_line(suite: Suite, results: dict) -> str:
     f"log-spaced rates a factor {grid.ratio:g} apart around its configured rate, widened "
     f"past an edge where the best sat (up to {grid.max_widen} more per side); {runs} tuning "
     'runs, diverged runs counted as infinitely bad (lr_sensitivity.png). Tokens/param: '
-    'training tokens per (active) parameter.'
+    'training tokens per (active) parameter.' + _refined_line(suite, tuning)
+  )
+
+
+def _refined_line(suite: Suite, tuning: dict) -> str:
+  """The variants whose rate was refined on a half-step grid, and what it chose."""
+  refined = {name: t['refined'] for name, t in tuning.items() if t.get('refined')}
+  if not refined:
+    return ''
+  seeds = next(iter(refined.values()))['seeds']
+  cells = [
+    f"{name} {r['coarse_best_lr']:.3g} -> "
+    + ('not finished' if r['best_lr'] is None else f"{r['best_lr']:.3g}")
+    + ' ('
+    + ', '.join(
+      f"{p['lr']:.3g}: {stats.mean_std(p['eval_loss'])[0]:.4f}"
+      if p['eval_loss']
+      else f"{p['lr']:.3g}: -"
+      for p in r['points']
+    )
+    + ')'
+    for name, r in refined.items()
+  ]
+  return (
+    f' Refined after tuning, on seeds {", ".join(map(str, seeds))}: the best rate, its half-step '
+    f'neighbours (a factor √{suite.lr_grid.ratio:g}) and the mean eval loss of each; the table '
+    'runs at the refined best: ' + '; '.join(cells) + '.'
   )
 
 

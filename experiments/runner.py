@@ -26,12 +26,36 @@ from experiments.engines import LocalPool, RayEngine, check_out_for_ray, parse_r
 from experiments.run import config_hash, resolve, run_dir, run_one
 from experiments.scheduler import Job, run_plan
 from experiments.suite import BenchmarkSuite, Suite, Variant
-from experiments.tuning import TUNING_SEED_BASE, choose, tuning_seeds
+from experiments.tuning import TUNING_SEED_BASE, choose, refine, tuning_seeds
 
 
-def _tune(suite: Suite, *, preset: str, extra: dict, tune_seeds: int, out: str, **execute) -> dict:
+def _tuning_jobs(
+  suite: Suite, v: Variant, lr: float, seeds: list[int], key, *, preset: str, extra: dict, out: str
+) -> list[Job]:
+  """The runs of `v` at rate `lr` on `seeds`, keyed (variant, seed, key)."""
+  jobs = []
+  for seed in seeds:
+    config = resolve(suite, v, preset, seed, {**extra, 'train.learning_rate': lr})
+    digest = config_hash(config)
+    workdir = os.path.join(out, suite.name, 'runs', f'{v.name}-lr{lr:.3g}-s{seed}-{digest}')
+    jobs.append(Job((v.name, seed, key), v, seed, config, workdir, digest))
+  return jobs
+
+
+def _tune(
+  suite: Suite,
+  *,
+  preset: str,
+  extra: dict,
+  tune_seeds: int,
+  out: str,
+  refine_lr: tuple[str, ...] = (),
+  refine_seeds: int = 2,
+  **execute,
+) -> dict:
   """Tune each tuned variant's learning rate on the tuning seeds, widening the grid past an edge
-  where the best rate sits: {variant: {'center', 'points', 'best_lr', 'edge', 'complete'}}."""
+  where the best rate sits, then refine the `refine_lr` variants' best (experiments/tuning.py):
+  {variant: {'center', 'points', 'best_lr', 'edge', 'complete'[, 'refined']}}."""
   grid = suite.lr_grid
   tuned = [v for v in suite.variants if v.tune and not v.starts_from]
   centers = {v.name: resolve(suite, v, preset, 0, extra).train.learning_rate for v in tuned}
@@ -40,13 +64,7 @@ def _tune(suite: Suite, *, preset: str, extra: dict, tune_seeds: int, out: str, 
 
   def point(v: Variant, k: int) -> list[Job]:
     lr = grid.lr(centers[v.name], k)
-    jobs = []
-    for seed in seeds:
-      config = resolve(suite, v, preset, seed, {**extra, 'train.learning_rate': lr})
-      digest = config_hash(config)
-      workdir = os.path.join(out, suite.name, 'runs', f'{v.name}-lr{lr:.3g}-s{seed}-{digest}')
-      jobs.append(Job((v.name, seed, k), v, seed, config, workdir, digest))
-    return jobs
+    return _tuning_jobs(suite, v, lr, seeds, k, preset=preset, extra=extra, out=out)
 
   def widens(v: Variant, k: int) -> bool:
     """Training: always; a report of what finished (run=None): where that point finished."""
@@ -87,7 +105,64 @@ def _tune(suite: Suite, *, preset: str, extra: dict, tune_seeds: int, out: str, 
         'edge': None if choice is None else choice.edge,
       }
     if not grew:
-      return summary
+      break
+  for v in tuned:
+    if v.name in refine_lr and summary[v.name]['best_lr'] is not None:
+      summary[v.name]['refined'] = _refine(
+        suite,
+        v,
+        summary[v.name]['best_lr'],
+        tuning_seeds(refine_seeds),
+        preset,
+        extra,
+        out,
+        execute,
+      )
+      if summary[v.name]['refined']['best_lr'] is not None:
+        summary[v.name]['best_lr'] = summary[v.name]['refined']['best_lr']
+  return summary
+
+
+def _refine(
+  suite: Suite, v: Variant, best: float, seeds: list[int], preset, extra, out, execute
+) -> dict:
+  """Rates best / √ratio, best, best · √ratio on `seeds`: {'coarse_best_lr', 'points',
+  'best_lr' (None until every run finished), 'seeds'}."""
+  grid = suite.lr_grid
+  rates = [grid.lr(best, k) for k in (-0.5, 0, 0.5)]
+  plan = [
+    job
+    for lr in rates
+    for job in _tuning_jobs(
+      suite, v, lr, seeds, ('refine', lr), preset=preset, extra=extra, out=out
+    )
+  ]
+  finished, failed, _ = run_plan(
+    plan, out=out, desc=f'suite {suite.name}: refining {v.name}\'s rate', **execute
+  )
+  points, losses = [], {}
+  for lr in rates:
+    done = [
+      finished[v.name, s, ('refine', lr)] for s in seeds if (v.name, s, ('refine', lr)) in finished
+    ]
+    points.append(
+      {
+        'lr': lr,
+        'seeds': [r['seed'] for r in done],
+        'eval_loss': [r['eval_loss'] for r in done],
+        'wall_s': [r.get('wall_s') for r in done if not r.get('copied_from')],
+        'failed': sum((v.name, s, ('refine', lr)) in failed for s in seeds),
+      }
+    )
+    if len(done) == len(seeds):
+      losses[lr] = [r['eval_loss'] for r in done]
+  complete = len(losses) == len(rates)
+  return {
+    'coarse_best_lr': best,
+    'seeds': seeds,
+    'points': points,
+    'best_lr': refine(losses) if complete else None,
+  }
 
 
 def run_suite(
@@ -107,6 +182,8 @@ def run_suite(
   ray_address: str | None = None,
   resources: str | None = None,
   reuse_other_code: bool = False,
+  refine_lr: tuple[str, ...] = (),
+  refine_seeds: int = 2,
 ) -> dict:
   """{'runs': [...], 'failed': [...], 'pending': [...], 'tuning': {...}} for every (variant,
   seed), finished ones read back. run=None runs nothing: a report of what has finished so far.
@@ -125,12 +202,15 @@ def run_suite(
   reuse_other_code: keep finished runs (this suite's, or identical ones of others) whose
   provenance (experiments/provenance.py) differs from this checkout's; without it a suite with
   such runs stops with ValueError before running anything, and other suites' are not copied.
+  refine_lr: after tuning, refine these variants' best rate on a half-step grid over
+  `refine_seeds` tuning seeds (experiments/tuning.py); the table runs at the refined rate.
   """
   _check_engine(jobs, engine, run)
   if engine == 'ray':
     check_out_for_ray(out)
     resources = parse_resources(resources, jobs)
   _check_tuning(tune_lr, tune_seeds, seeds)
+  _check_refine(suite, refine_lr, refine_seeds, tune_lr)
   extra = dict(extra or {})
   order = [(variant, seed) for seed in range(seeds) for variant in suite.variants]
   for variant, seed in order:  # every config checked before anything runs
@@ -147,6 +227,7 @@ def run_suite(
       order=order,
       tune_lr=tune_lr,
       tune_seeds=tune_seeds,
+      refine=dict(refine_lr=tuple(refine_lr), refine_seeds=refine_seeds),
       borrowed=borrowed,
       execute=dict(
         run=run,
@@ -184,6 +265,19 @@ def _check_tuning(tune_lr: bool, tune_seeds: int, seeds: int) -> None:
     )
 
 
+def _check_refine(suite: Suite, names, refine_seeds: int, tune_lr: bool) -> None:
+  """Refuse (ValueError) a refinement of variants the suite does not tune, or without tuning."""
+  if not names:
+    return
+  tuned = [v.name for v in suite.variants if v.tune and not v.starts_from]
+  unknown = [n for n in names if n not in tuned]
+  if unknown or not tune_lr or suite.lr_from or refine_seeds < 1:
+    raise ValueError(
+      f"--refine_lr={','.join(names)} --refine_seeds={refine_seeds}; allowed: variants this "
+      f"suite tunes ({', '.join(tuned) or 'none'}), with --tune_lr, on a positive number of seeds"
+    )
+
+
 def _engine(run, engine: str, jobs: int, resources: dict | None, ray_address: str | None):
   """Where the runs execute (experiments/engines.py); None: one at a time in this process."""
   if run is None:  # a report of what has finished: nothing runs, no engine starts
@@ -203,6 +297,7 @@ def _run_suite(
   order: list,
   tune_lr: bool,
   tune_seeds: int,
+  refine: dict,
   borrowed: dict | None,
   execute: dict,
 ) -> dict:
@@ -215,6 +310,7 @@ def _run_suite(
       extra=extra,
       tune_seeds=tune_seeds,
       out=out,
+      **refine,
       **{**execute, 'remeasure': False},
     )
     if tune_lr and not suite.lr_from

@@ -8,6 +8,10 @@ apart span 16x). The tuning runs use seeds of their own (`tuning_seeds`, from 10
 table's paired seeds 0..S-1, so the table's runs are not the ones the rate was picked on. Where the
 best rate sits at an edge of the grid, the grid grows one point past that edge (up to
 `max_widen` times a side); a diverged run is a data point (an infinite loss), not a failure.
+
+A refinement (`--refine_lr=VARIANT,...`) then halves the grid's step around a named variant's best
+(rates best / √ratio, best, best · √ratio) on more tuning seeds (`--refine_seeds`), for the rows
+whose verdict hangs on the rate's resolution; the table runs at the refined best.
 """
 
 from __future__ import annotations
@@ -36,8 +40,18 @@ class LrGrid:
     low = -(self.points // 2)
     return list(range(low, low + self.points))
 
-  def lr(self, center: float, k: int) -> float:
-    return center * self.ratio**k
+  def lr(self, center: float, k: float) -> float:
+    """center · ratio^k, rounded to 12 significant digits, so that the same rate reached by two
+    routes (3e-3 · √2² and 6e-3) is one config, one run."""
+    return float(f'{center * self.ratio**k:.12g}')
+
+
+def refine(losses: dict[float, list[float]]) -> float | None:
+  """The best rate of a refinement: {rate: eval losses over the refinement seeds} -> the rate with
+  the lowest mean (a diverged seed: infinitely bad; ties to the lower rate); None if empty."""
+  if not losses:
+    return None
+  return min(sorted(losses), key=lambda lr: (_mean(losses[lr]), lr))
 
 
 def tuning_seeds(n: int) -> list[int]:

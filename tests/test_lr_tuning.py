@@ -421,3 +421,45 @@ def test_runs_evaluated_during_training_draw_loss_against_tokens(tmp_path, corpu
   path = report.write(one, out, str(tmp_path))
   assert os.path.getsize(os.path.join(str(tmp_path), 'evals', 'loss_vs_tokens.png')) > 1000
   assert '![loss_vs_tokens.png](loss_vs_tokens.png)' in Path(path).read_text()
+
+
+def test_a_refinement_halves_the_grid_step_around_a_named_variants_best(tmp_path):
+  """base's optimum lies between two grid points (center · √2): the coarse grid, on one seed,
+  picks center (a tie goes to the lower rate); the refinement tries center / √2, center and
+  center · √2 on two seeds, reusing the coarse run it shares, and the table runs at center · √2.
+  relu, not named, keeps its coarse rate."""
+  center = resolve(SUITE, SUITE.variants[0], 'tiny', 0).train.learning_rate
+  grid = SUITE.lr_grid
+  optimum = {'base': center * 2**0.5, 'relu': center, 'child': 1.0}
+  calls = []
+  out = run_suite(
+    SUITE,
+    preset='tiny',
+    seeds=1,
+    out=str(tmp_path),
+    progress=False,
+    run=_fake_run(optimum, 1.0, calls),
+    tune_lr=True,
+    refine_lr=('base',),
+    refine_seeds=2,
+  )
+  base = out['tuning']['base']
+  assert base['refined']['coarse_best_lr'] == pytest.approx(center)
+  assert [p['lr'] for p in base['refined']['points']] == pytest.approx(
+    [center / 2**0.5, center, center * 2**0.5]
+  )
+  assert base['best_lr'] == pytest.approx(center * 2**0.5) == grid.lr(center, 0.5)
+  assert 'refined' not in out['tuning']['relu']
+  assert out['tuning']['relu']['best_lr'] == pytest.approx(center)
+  at_center = [c for c in calls if c[0] == 'base' and c[1] == 1000 and c[2] == center]
+  assert len(at_center) == 1  # the coarse run is the refinement's too
+  assert sum(c[0] == 'base' and c[1] >= TUNING_SEED_BASE for c in calls) == 5 + 5
+  table = {(v, s): lr for v, s, lr in calls if s < TUNING_SEED_BASE}
+  assert table['base', 0] == table['child', 0] == pytest.approx(center * 2**0.5)
+  text = report.markdown(SUITE, out, report.summarize(SUITE, out))
+  assert 'Refined after tuning, on seeds 1000, 1001' in text
+  assert f'base {center:.3g} -> {center * 2**0.5:.3g}' in text
+  with pytest.raises(ValueError, match=r'--refine_lr=child .*allowed: variants this suite tunes'):
+    run_suite(
+      SUITE, preset='tiny', seeds=1, out=str(tmp_path), run=None, tune_lr=True, refine_lr=('child',)
+    )
