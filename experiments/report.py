@@ -442,7 +442,11 @@ def _refined_line(suite: Suite, tuning: dict) -> str:
   seeds = next(iter(refined.values()))['seeds']
   cells = [
     f"{name} {r['coarse_best_lr']:.3g} -> "
-    + ('not finished' if r['best_lr'] is None else f"{r['best_lr']:.3g}")
+    + (
+      f"not finished ({r.get('pending', 0)} runs to go)"
+      if r['best_lr'] is None
+      else f"{r['best_lr']:.3g}"
+    )
     + ' ('
     + ', '.join(
       f"{p['lr']:.3g}: {stats.mean_std(p['eval_loss'])[0]:.4f}"

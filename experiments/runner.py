@@ -137,7 +137,7 @@ def _refine(
       suite, v, lr, seeds, ('refine', lr), preset=preset, extra=extra, out=out
     )
   ]
-  finished, failed, _ = run_plan(
+  finished, failed, pending = run_plan(
     plan, out=out, desc=f'suite {suite.name}: refining {v.name}\'s rate', **execute
   )
   points, losses = [], {}
@@ -162,6 +162,7 @@ def _refine(
     'seeds': seeds,
     'points': points,
     'best_lr': refine(losses) if complete else None,
+    'pending': len(pending),
   }
 
 

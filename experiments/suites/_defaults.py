@@ -6,7 +6,9 @@ both widths is the better default. Run with --no-tune_lr (the rate is the thing 
 from experiments.suite import Variant
 
 INITS = ('fan_in', 'fixed')
-RATES = (3e-3, 6e-3, 1.2e-2)  # a factor-2 grid; a best at its edge grows it by one rate
+# A factor-2 grid; 1.5e-3 was added when fan_in's first seed put its best at 3e-3, the lowest
+# rate of the first grid (2026-11-26).
+RATES = (1.5e-3, 3e-3, 6e-3, 1.2e-2)
 SHIPPED = ('fan_in', 3e-3)  # configs/base.py's pair when the grid was run (2026-11-26)
 
 
