@@ -25,7 +25,9 @@ from experiments.suite import Suite, available, load_suite
 COLUMNS = report.CATEGORIES
 
 
-def protocol(results: dict) -> str:
+def protocol(results: dict, suite: Suite | None = None) -> str:
+  if suite is not None and not any(v.tune for v in suite.variants):
+    return 'lr is a row (grid)'
   if results.get('tuning') or results.get('lr_from'):
     return 'tuned lr'
   return "baseline's lr (old)"
@@ -72,7 +74,7 @@ def tally(suite: Suite, results: dict, family: report.Family | None = None, out=
   versions = {provenance.key(r.get('provenance')) for r in results['runs']}
   return {
     'suite': suite.name,
-    'protocol': protocol(results),
+    'protocol': protocol(results, suite),
     'seeds': results.get('seeds'),
     'rows': len(rows),
     'counts': counts,
