@@ -39,11 +39,11 @@ def _known(suite: Suite, results: dict) -> dict:
   return {**results, 'runs': [r for r in results['runs'] if r['variant'] in known]}
 
 
-def project_family(loaded: list[tuple[Suite, dict]], out: str | None) -> dict[str, report.Family]:
+def project_family(loaded: list[tuple[Suite, dict]]) -> dict[str, report.Family]:
   """{suite: Family} adjusting every test of every suite in `loaded` together (Holm)."""
   tests = []
   for suite, results in loaded:
-    rows = report.summarize(suite, results, evidence=Evidence(out, (suite.name, results)))
+    rows = report.measured_rows(suite, results)
     tests += [(suite.name, r['variant'], r['test'].p) for r in rows if 'test' in r]
   adjusted = stats.holm([p for _, _, p in tests])
   families = {suite.name: report.Family(len(tests), {}) for suite, _ in loaded}
@@ -71,7 +71,6 @@ def tally(suite: Suite, results: dict, family: report.Family | None = None, out=
     if row['judgement']:
       counts[row['judgement']] += 1
       notes[row['judgement']].append(f"`{suite.name}` {row['variant']}: {row['agreement']}")
-  versions = {provenance.key(r.get('provenance')) for r in results['runs']}
   return {
     'suite': suite.name,
     'protocol': protocol(results, suite),
@@ -87,7 +86,7 @@ def tally(suite: Suite, results: dict, family: report.Family | None = None, out=
       for r in rows
       if 'test' in r and own[r['variant']] != r['verdict']
     ],
-    'code_versions': len(versions),
+    'code_versions': len(provenance.by_version(results['runs'])),
   }
 
 
@@ -113,7 +112,7 @@ def collect(out: str) -> tuple[list[dict], list[dict]]:
       )
     else:
       loaded.append((suite, results))
-  families = project_family(loaded, out)
+  families = project_family(loaded)
   return [tally(s, r, families[s.name], out) for s, r in loaded], diagnoses
 
 

@@ -118,3 +118,12 @@ def key(record: dict | None) -> tuple:
   if not record or not record.get('code'):
     return ('not recorded', (record or {}).get('ledger_commit'))
   return tuple(record.get(k) for k in COMPARED)
+
+
+def by_version(runs: list[dict]) -> dict[tuple, list[dict | None]]:
+  """The runs' provenance records grouped by `key`: one group per computation."""
+  groups = {}
+  for run in runs:
+    record = run.get('provenance')
+    groups.setdefault(key(record), []).append(record)
+  return groups

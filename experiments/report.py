@@ -56,7 +56,7 @@ def summarize(
   baseline, or its `versus`), the verdict adjusted over `family` (default: Holm over this
   table's tests) with a simultaneous CI, and its judgement against the literature (diagnoses
   recomputed from `evidence`; default: this suite's results alone)."""
-  rows = _rows(suite, results)
+  rows = measured_rows(suite, results)
   tested = [row for row in rows if 'test' in row]
   if family is None:
     family = Family(
@@ -77,7 +77,7 @@ def summarize(
   return rows
 
 
-def _rows(suite: Suite, results: dict) -> list[dict]:
+def measured_rows(suite: Suite, results: dict) -> list[dict]:
   """Each variant's mean ± std and counts, and its paired test against its reference row."""
   metric = suite.metric
   by_variant = {v.name: {} for v in suite.variants}
@@ -385,10 +385,7 @@ def rows_m(rows: list[dict]) -> int:
 def _provenance_lines(results: dict) -> list[str]:
   """Which code, packages and device produced the table's runs: one line per group of runs that
   ran the same computation (experiments/provenance.py)."""
-  groups = {}
-  for run in results['runs']:
-    record = run.get('provenance')
-    groups.setdefault(provenance.key(record), []).append(record)
+  groups = provenance.by_version(results['runs'])
   if not groups:
     return []
   cells = [

@@ -142,16 +142,15 @@ def _refine(
   )
   points, losses = [], {}
   for lr in rates:
-    done = [
-      finished[v.name, s, ('refine', lr)] for s in seeds if (v.name, s, ('refine', lr)) in finished
-    ]
+    keys = [job.key for job in plan if job.key[2] == ('refine', lr)]
+    done = [finished[k] for k in keys if k in finished]
     points.append(
       {
         'lr': lr,
         'seeds': [r['seed'] for r in done],
         'eval_loss': [r['eval_loss'] for r in done],
         'wall_s': [r.get('wall_s') for r in done if not r.get('copied_from')],
-        'failed': sum((v.name, s, ('refine', lr)) in failed for s in seeds),
+        'failed': sum(k in failed for k in keys),
       }
     )
     if len(done) == len(seeds):

@@ -192,9 +192,7 @@ class _Runs:
   """The runs of one `run_plan` call: those finished, failed and running, and the steps that
   start and end them."""
 
-  def __init__(
-    self, *, out: str, run, engine, progress: bool, finished: dict, bar, accept=lambda r: True
-  ):
+  def __init__(self, *, out: str, run, engine, progress: bool, finished: dict, bar, accept):
     self.out, self.run, self.engine, self.progress = out, run, engine, progress
     self.accept = accept
     self.finished, self.failed, self.bar = finished, {}, bar
@@ -340,7 +338,7 @@ def _read_ledgers(out: str) -> dict:
   return entries
 
 
-def _restore_from_ledgers(plan: list[Job], out: str, accept=lambda result: True) -> None:
+def _restore_from_ledgers(plan: list[Job], out: str, accept) -> None:
   """Give every unfinished job of `plan` that a ledger records its result.json back (without
   checkpoints), unless a child of it still has to run and needs its parameters. Its own suite's
   record wins (its latest); another suite's stands in only for a job without a measure, since

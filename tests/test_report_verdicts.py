@@ -167,7 +167,7 @@ def test_the_overview_adjusts_over_every_suite_at_once(tmp_path):
   out = str(tmp_path)
   twin = dataclasses.replace(SUITE, name='twin')
   loaded = [(SUITE, results()), (twin, {**results(), 'suite': 'twin'})]
-  families = overview.project_family(loaded, out)
+  families = overview.project_family(loaded)
   tests = [r['test'].p for r in report.summarize(SUITE, results()) if 'test' in r]
   expected = stats.holm(tests + tests)
   assert families['verdicts'].m == 2 * len(tests)

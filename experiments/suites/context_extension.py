@@ -44,6 +44,18 @@ def _finetune_at_target(config) -> dict:
   }
 
 
+def _applied(name: str, kind: str) -> Variant:
+  """The rope run's parameters evaluated under a scaling to 8L, with no training."""
+  return Variant(
+    name,
+    overrides=_scaled(kind),
+    derived=_pretraining_length,
+    starts_from='rope',
+    trains=False,
+    expect='better',
+  )
+
+
 # Every extension beats the unchanged model past L: unchanged, the PI paper's LLaMA reads > 1e3 ppl
 # at 2L (its Table 1), where each extension stays near its ppl at L (expect='better' at 8L).
 # LLaMA 7B on PG-19 (PI paper, Table 1): perplexity at 8192 = 4L of the models extended to 4L
@@ -57,30 +69,7 @@ SUITE = Suite(
   base='configs/rope_swiglu.py',
   variants=(
     Variant('rope'),  # the default config: its runs are the noise suite's, copied
-    Variant(
-      'pi',
-      overrides=_scaled('linear'),
-      derived=_pretraining_length,
-      starts_from='rope',
-      trains=False,
-      expect='better',
-    ),
-    Variant(
-      'ntk',
-      overrides=_scaled('ntk'),
-      derived=_pretraining_length,
-      starts_from='rope',
-      trains=False,
-      expect='better',
-    ),
-    Variant(
-      'yarn',
-      overrides=_scaled('yarn'),
-      derived=_pretraining_length,
-      starts_from='rope',
-      trains=False,
-      expect='better',
-    ),
+    *(_applied(name, kind) for name, kind in (('pi', 'linear'), ('ntk', 'ntk'), ('yarn', 'yarn'))),
     Variant(
       'pi-finetune',
       overrides=_scaled('linear'),
