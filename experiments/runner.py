@@ -203,13 +203,18 @@ def run_suite(
   provenance (experiments/provenance.py) differs from this checkout's; without it a suite with
   such runs stops with ValueError before running anything, and other suites' are not copied.
   refine_lr: after tuning, refine these variants' best rate on a half-step grid over
-  `refine_seeds` tuning seeds (experiments/tuning.py); the table runs at the refined rate.
+  `refine_seeds` tuning seeds (experiments/tuning.py); the table runs at the refined rate. The
+  suite's own `refine_lr` rows are refined too, so a report regenerated without the flag shows
+  the same table.
   """
   _check_engine(jobs, engine, run)
   if engine == 'ray':
     check_out_for_ray(out)
     resources = parse_resources(resources, jobs)
   _check_tuning(tune_lr, tune_seeds, seeds)
+  if tune_lr:  # (a subset of the variants, --variants, keeps those it holds)
+    held = [v.name for v in suite.variants if v.name in suite.refine_lr]
+    refine_lr = tuple(dict.fromkeys([*held, *refine_lr]))
   _check_refine(suite, refine_lr, refine_seeds, tune_lr)
   extra = dict(extra or {})
   order = [(variant, seed) for seed in range(seeds) for variant in suite.variants]
@@ -337,7 +342,7 @@ def _run_suite(
       else {}
     ),
     **({'lr_from': {'suite': suite.lr_from, 'rates': borrowed}} if borrowed else {}),
-    **({'reused_other_code': True} if execute['reuse_other_code'] and run is not None else {}),
+    **({'reused_other_code': True} if execute['reuse_other_code'] else {}),
   }
 
 

@@ -66,6 +66,9 @@ class Suite:
   # listed as evidence for that suite's diagnoses in overview.md, not scored against the
   # literature a second time.
   diagnoses_of: str = ''
+  # Variants whose tuned rate is refined on a half-step grid over two tuning seeds (as
+  # --refine_lr does), where a verdict turned on the factor-2 grid's resolution.
+  refine_lr: tuple[str, ...] = ()
 
   def __post_init__(self):
     names = [v.name for v in self.variants]

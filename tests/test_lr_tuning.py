@@ -3,6 +3,7 @@ seeds kept apart from the table's, divergence as data, the report's lr column an
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -463,3 +464,18 @@ def test_a_refinement_halves_the_grid_step_around_a_named_variants_best(tmp_path
     run_suite(
       SUITE, preset='tiny', seeds=1, out=str(tmp_path), run=None, tune_lr=True, refine_lr=('child',)
     )
+
+
+def test_a_suites_own_refine_lr_is_refined_without_the_flag(tmp_path):
+  """Suite.refine_lr: the refinement happens (and a report regenerated later shows it) without
+  --refine_lr; a --variants subset keeps the names it holds."""
+  center = resolve(SUITE, SUITE.variants[0], 'tiny', 0).train.learning_rate
+  optimum = {'base': center * 2**0.5, 'relu': center, 'child': 1.0}
+  declared = dataclasses.replace(SUITE, refine_lr=('base',))
+  common = dict(preset='tiny', seeds=1, out=str(tmp_path), progress=False, tune_lr=True)
+  out = run_suite(declared, run=_fake_run(optimum, 1.0, []), **common)
+  assert out['tuning']['base']['best_lr'] == pytest.approx(center * 2**0.5)
+  again = run_suite(declared, run=None, **common)  # a report of what finished
+  assert again['tuning']['base']['best_lr'] == pytest.approx(center * 2**0.5)
+  only_relu = dataclasses.replace(declared, variants=(SUITE.variants[1],))
+  assert 'refined' not in run_suite(only_relu, run=None, **common)['tuning']['relu']

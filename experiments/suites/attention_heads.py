@@ -48,6 +48,7 @@ SUITE = Suite(
   ),
   presets=_PRESETS,
   extra_metrics='decode',
+  refine_lr=('MHA', 'GQA-2'),
   diagnoses={
     'GQA-2': diagnosis.unexplained(
       diagnosis.rates_tuned('attention_heads', baseline='MHA'),

@@ -35,6 +35,7 @@ SUITE = Suite(
       },
     ),
   ),
+  refine_lr=('relu', 'glu'),
   presets=PRESETS,
   paper_source='Shazeer 2020, Table 1 (C4 log-perplexity, 65k steps)',
 )

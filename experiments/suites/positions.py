@@ -44,6 +44,7 @@ SUITE = Suite(
   variants=tuple(
     _variant(kind) for kind in ('rope', 'none', 'learned', 'sinusoidal', 'shaw', 't5', 'alibi')
   ),
+  refine_lr=('rope', 'learned', 'sinusoidal'),
   presets=PRESETS,
   extra_metrics='extrapolation',
   diagnoses=_DIAGNOSES,
