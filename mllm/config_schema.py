@@ -13,6 +13,9 @@ Face import or export maps a checkpoint's config.json onto these defaults.
 from ml_collections import config_dict
 
 from mllm.config import apply_choices
+from mllm.layers.norms import NORMS
+from mllm.layers.positions import POSITIONS
+from mllm.variant_config import add_keys
 
 placeholder = config_dict.placeholder
 
@@ -64,18 +67,11 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
 
   position = model.position = config_dict.ConfigDict()
   position.kind = 'rope'  # none | learned | sinusoidal | shaw | t5 | rope | alibi
-  position.rope_theta = 10000.0
-  position.rope_layout = 'half'  # half (HF/Qwen) | interleaved (paper/Meta)
-  position.rope_scaling = 'none'  # none | linear (PI) | ntk | yarn | llama3
-  position.rope_scaling_factor = 1.0
-  position.rope_original_max_len = placeholder(int)  # None: max_seq_len
-  position.yarn_beta_fast = 32.0
-  position.yarn_beta_slow = 1.0
-  position.llama3_low_freq_factor = 1.0
-  position.llama3_high_freq_factor = 4.0
-  position.t5_num_buckets = 32
-  position.t5_max_distance = 128
-  position.shaw_max_distance = 16  # clipping distance k
+  # Each scheme's own keys, declared with it (its Settings in mllm/layers/positions.py, RoPE's
+  # scalings in rope.py): rope_theta, rope_layout, rope_scaling (none | linear (PI) | ntk | yarn |
+  # llama3), rope_scaling_factor, rope_original_max_len, yarn_beta_fast / _slow,
+  # llama3_low / high_freq_factor, t5_num_buckets, t5_max_distance, shaw_max_distance.
+  add_keys(position, POSITIONS)
 
   ffn = model.ffn = config_dict.ConfigDict()
   ffn.kind = (
@@ -119,8 +115,8 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   norm.eps = 1e-6
   norm.fp32 = True  # statistics in float32 (the notebook's qwen3_compatible)
   norm.use_bias = placeholder(bool)  # None: layernorm True, rmsnorm False (its optional shift)
-  norm.partial_p = 0.0625  # partial_rmsnorm: fraction of features in the RMS (paper: 6.25%)
   norm.final_norm = True
+  add_keys(norm, NORMS)  # each norm's own keys (mllm/layers/norms.py): partial_rmsnorm's partial_p
 
   data = config.data = config_dict.ConfigDict()
   data.source = 'stdlib'  # stdlib (this Python's standard library) | text | jsonl | parquet | hf
