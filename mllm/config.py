@@ -1,6 +1,10 @@
 """Config loading: a config file (`configs/*.py`, with `:choices`), overrides by dotted key, then
 validation (mllm/validation.py).
 
+`load_config` is the one way a run's config is made (launch.py, a Hugging Face import, a restart
+from a workdir's config.json, the experiments): it validates once and locks the result, and
+`build_model` trusts a config it made that nobody has changed since (`is_validated`).
+
 Every invalid value or combination raises a `ConfigError` whose message is one line naming the key,
 the bad value and what is allowed, before anything is built or compiled.
 """
@@ -10,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -148,17 +153,31 @@ def first_line(err: BaseException, limit: int = 200) -> str:
   return type(err).__name__ + (f': {text[0][:limit]}' if text else '')
 
 
-def load_config(spec: str, overrides: Mapping[str, Any] | None = None) -> config_dict.ConfigDict:
-  """What `--config=` takes (a path, optionally `:arg`) → a validated, locked ConfigDict.
-
-  overrides: {'model.n_layers': 2, ...}, applied after `get_config(arg)`.
-  """
-  config = read_config(spec)
+def load_config(
+  source: str | config_dict.ConfigDict, overrides: Mapping[str, Any] | None = None
+) -> config_dict.ConfigDict:
+  """A config file spec (a path, optionally `:arg`) or an assembled ConfigDict (a workdir's saved
+  config, a Hugging Face import's), then `overrides` ({'model.n_layers': 2, ...}) → validated
+  once, locked, and remembered as validated (`is_validated`)."""
+  config = read_config(source) if isinstance(source, str) else source
   for key, value in (overrides or {}).items():
     set_path(config, key, value)
   validate(config)
   config.lock()
+  for part in (config, config.model):
+    _VALIDATED[id(part)] = (weakref.ref(part), part.to_json(sort_keys=True))
   return config
+
+
+# id(config) → (the config, its contents when load_config validated it). A locked ConfigDict still
+# takes new values for its keys, so a config counts as validated only while its contents match.
+_VALIDATED: dict[int, tuple[weakref.ref, str]] = {}
+
+
+def is_validated(config: config_dict.ConfigDict) -> bool:
+  """`config` (a full config or its model section) came from load_config, unchanged since."""
+  ref, contents = _VALIDATED.get(id(config), (None, None))
+  return ref is not None and ref() is config and config.to_json(sort_keys=True) == contents
 
 
 def config_diff(

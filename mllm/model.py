@@ -295,11 +295,14 @@ def _scan_blocks(x_BTD, blocks: Block, context, mask, remat: str, cached=None):
 
 
 def build_model(config, *, rngs: nnx.Rngs) -> Transformer:
-  """Validate `config` (the full config or its `model` part) and build the transformer it names."""
+  """Build the transformer `config` (the full config or its `model` part) names; validate it
+  first unless load_config made it (and it is unchanged since)."""
+  from mllm.config import is_validated
   from mllm.validation import check_backend, validate_model
 
   model_cfg = config.model if 'model' in config else config
-  validate_model(model_cfg)
+  if not is_validated(model_cfg):
+    validate_model(model_cfg)
   check_backend(model_cfg, data=config.get('data') if 'model' in config else None)
   return Transformer(model_cfg, rngs=rngs)
 

@@ -307,17 +307,24 @@ def validate_train(config: config_dict.ConfigDict) -> None:
   integer('train.checkpoint_every', t.checkpoint_every)
   integer('train.max_to_keep', t.max_to_keep)
   positive('train.peak_flops', t.peak_flops, optional=True)
-  if t.init_from is not None:
-    kind, sep, path = t.init_from.partition(':') if isinstance(t.init_from, str) else ('', '', '')
-    if kind not in INIT_SOURCES or not sep or not path.strip():
-      raise ConfigError(
-        'train.init_from',
-        t.init_from,
-        'start a fresh run from the parameters of '
-        "another run; allowed: None, 'workdir:PATH' (a training workdir, or "
-        "one of its checkpoints/<step> folders), or 'hf:PATH' (a Hugging Face "
-        'checkpoint folder)',
-      )
+  init_source(t.init_from)
+
+
+def init_source(init_from) -> tuple[str | None, str | None]:
+  """train.init_from → (kind, path): (None, None), ('workdir', PATH) or ('hf', PATH)."""
+  if init_from is None:
+    return None, None
+  kind, sep, path = init_from.partition(':') if isinstance(init_from, str) else ('', '', '')
+  if kind not in INIT_SOURCES or not sep or not path.strip():
+    raise ConfigError(
+      'train.init_from',
+      init_from,
+      'start a fresh run from the parameters of '
+      "another run; allowed: None, 'workdir:PATH' (a training workdir, or "
+      "one of its checkpoints/<step> folders), or 'hf:PATH' (a Hugging Face "
+      'checkpoint folder)',
+    )
+  return kind, path
 
 
 def validate_mesh(config: config_dict.ConfigDict) -> None:

@@ -4,6 +4,7 @@ streamed text, and `generate` over `generate_tokens`."""
 from __future__ import annotations
 
 from mllm.checks import InputError
+from mllm.config import load_config
 from mllm.data.tokenizers import BPETokenizer, ByteTokenizer
 from mllm.generation.decode import generate_tokens
 from mllm.paths import existing_dir
@@ -11,7 +12,6 @@ from mllm.train.checkpoint import Checkpointer, StateMismatch
 from mllm.train.resume import as_config, saved_config
 from mllm.train.sharding import make_mesh
 from mllm.train.state import setup
-from mllm.validation import validate
 
 
 def load_run(workdir: str, like):
@@ -31,8 +31,7 @@ def load_run(workdir: str, like):
         'has no checkpoint to generate from; allowed: the workdir of a training run',
       )
     saved = saved_config(workdir, ckpt, step)
-    config = as_config(saved, like) if saved is not None else like
-    validate(config)
+    config = load_config(as_config(saved, like)) if saved is not None else like
     train_setup, _ = setup(config, make_mesh(config.mesh))
     try:
       step, params = ckpt.restore_latest(

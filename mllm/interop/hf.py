@@ -34,7 +34,6 @@ from mllm.interop.hf_config import (
 )
 from mllm.interop.hf_config_export import check_exact, family_for, hf_config
 from mllm.model import SAVED, build_model, placeholder_rest
-from mllm.validation import validate
 
 __all__ = [
   'ARCHITECTURES',
@@ -263,7 +262,8 @@ _RUN_KEYS = (
 def run_config(config, path: str, explicit: dict[str, Any] | None = None):
   """`config` with the model (and tokenizer settings) of the HF folder `path`, for a run that
   starts from its weights: its other sections stay, data.seq_len is capped at the model's context,
-  and `explicit` (dotted keys the user set, e.g. on the command line) is applied last."""
+  and `explicit` (dotted keys the user set, e.g. on the command line) is applied last. Not yet
+  validated: the caller's load_config does that once."""
   keys = {k: v for k, v in config_overrides(read_config(path)).items() if k not in _RUN_KEYS}
   keys.update(tokenizer_settings(path))
   out = config_dict.ConfigDict(config.to_dict())
@@ -272,7 +272,6 @@ def run_config(config, path: str, explicit: dict[str, Any] | None = None):
       set_path(out, key, value)
     if out.data.seq_len > out.model.max_seq_len and 'data.seq_len' not in (explicit or {}):
       out.data.seq_len = out.model.max_seq_len
-  validate(out)
   return out
 
 
