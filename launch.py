@@ -198,13 +198,13 @@ def _prompts() -> list[str]:
 def _import(config) -> None:
   """A normal workdir from a Hugging Face folder: its config (the model, the tokenizer; the rest
   from --config), tokenizer.json and the weights as checkpoint step 0, for train/eval/generate."""
-  from mllm.train import train
+  from mllm.train.loop import save_initial_state
 
   workdir = _hf_workdir()
   checkpoints = RunDir(workdir).checkpoints
   if os.path.isdir(checkpoints) and os.listdir(checkpoints):
     raise InputError('--workdir', workdir, 'already holds checkpoints; allowed: a new workdir')
-  train(config, workdir, stop_after=0, progress=False)
+  save_initial_state(config, workdir)
   print(
     f'imported {_HF.value} into {workdir} (step 0). Next: python launch.py --workdir={workdir} '
     '[--mode=eval|generate]'

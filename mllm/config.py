@@ -20,7 +20,7 @@ from typing import Any
 
 from ml_collections import config_dict
 
-from mllm.checks import ConfigError
+from mllm.checks import ConfigError, first_line
 from mllm.config_keys import field_info, flatten, leaf_paths, parse_value, set_path
 from mllm.validation import validate
 
@@ -145,12 +145,6 @@ def read_config(spec: str) -> config_dict.ConfigDict:
       'an ml_collections ConfigDict (start from configs/base.py)',
     )
   return config
-
-
-def first_line(err: BaseException, limit: int = 200) -> str:
-  """'ErrorType: the first line of its message', for one-line errors that quote a library's."""
-  text = str(err).strip().splitlines()
-  return type(err).__name__ + (f': {text[0][:limit]}' if text else '')
 
 
 def load_config(

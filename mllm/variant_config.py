@@ -197,7 +197,8 @@ def check_variant_keys(
       raise ConfigError(
         f'{prefix}.{k.name}',
         section[k.name],
-        f'read only by {prefix}.{chooser}=' + ' or '.join(repr(n) for n in names)
+        f'read only by {prefix}.{chooser}='
+        + ' or '.join(repr(n) for n in names)
         + f' (it is {section[chooser]!r}); allowed here: its default {k.default!r}',
       )
 

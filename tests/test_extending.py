@@ -79,7 +79,7 @@ def test_a_new_position_scheme_and_ffn_validate_train_and_summarise(registered):
   doubled = tiny_config('pos=scaled_sinusoidal,scaled_sinusoidal_init=2.0')
   model = mllm.build_model(doubled, rngs=nnx.Rngs(0))
   np.testing.assert_allclose(float(model.position.scale[...]), 2.0 / 16**0.5, rtol=1e-6)
-  with pytest.raises(mllm.ConfigError, match='scaled_sinusoidal_init=-1.0: the starting scale'):
+  with pytest.raises(mllm.ConfigError, match=r'scaled_sinusoidal_init=-1\.0: the starting scale'):
     tiny_config('pos=scaled_sinusoidal', model__position__scaled_sinusoidal_init=-1.0)
   tiny_config('pos=rope', model__position__scaled_sinusoidal_init=-1.0)
 

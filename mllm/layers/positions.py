@@ -13,14 +13,13 @@ embeddings are per layer, so that scheme also gives each attention layer a small
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
-
-import dataclasses
 
 from mllm.checks import ConfigError, positive
 from mllm.layers import resolved_head_dim
@@ -213,7 +212,9 @@ class RotaryPositions(PositionScheme):
     scaling: str = key('rope_scaling', 'none', 'RoPE scaling', choices=ROPE_SCALINGS)
     # Also the "pre-training context" experiments measure lengths in, with or without a scaling.
     original_max_len: int | None = key(
-      'rope_original_max_len', None, 'the trained context a scaling extends; None: max_seq_len',
+      'rope_original_max_len',
+      None,
+      'the trained context a scaling extends; None: max_seq_len',
       positive,
     )
 

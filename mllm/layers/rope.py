@@ -89,7 +89,9 @@ class YaRN(NoScaling):
 
   def frequencies(self, inv_freq, head_dim, theta, original_max_len):
     def correction_dim(n_rotations):  # the dimension whose wavelength fits n_rotations in L_orig
-      return head_dim * math.log(original_max_len / (n_rotations * 2 * math.pi)) / (2 * math.log(theta))
+      return (
+        head_dim * math.log(original_max_len / (n_rotations * 2 * math.pi)) / (2 * math.log(theta))
+      )
 
     low = max(math.floor(correction_dim(self.beta_fast)), 0)
     high = min(math.ceil(correction_dim(self.beta_slow)), head_dim - 1)

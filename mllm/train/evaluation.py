@@ -8,8 +8,7 @@ import os
 
 import jax
 
-from mllm.checks import InputError
-from mllm.config import ConfigError
+from mllm.checks import ConfigError, InputError
 from mllm.paths import RunDir, existing_dir
 from mllm.train.checkpoint import Checkpointer, StateMismatch
 from mllm.train.cluster import maybe_initialize_distributed

@@ -21,8 +21,7 @@ from typing import Any
 
 from ml_collections import config_dict
 
-from mllm.checks import InputError, input_error
-from mllm.config import ConfigError
+from mllm.checks import ConfigError, InputError, input_error
 from mllm.config_keys import flatten, set_path
 from mllm.interop.hf import HFImportError, hf_params
 from mllm.paths import RunDir

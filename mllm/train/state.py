@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -62,8 +62,16 @@ def initial_model(config):
   return build_model(config, rngs=nnx.Rngs(params=config.seed, dropout=config.seed + 1))
 
 
-def _parts(config):
-  """(abstract model, optimizer, schedule, init) of a run: what setup and abstract_state share."""
+class _RunParts(NamedTuple):
+  """What setup and abstract_state share."""
+
+  abstract_model: nnx.Module
+  tx: optax.GradientTransformation
+  schedule: Callable[[int], float]
+  init: Callable[[], TrainState]  # the train state at step 0
+
+
+def _parts(config) -> _RunParts:
   abstract_model = nnx.eval_shape(lambda: initial_model(config))
   _, abstract_params, _ = nnx.split(abstract_model, SAVED, ...)
   tx, schedule = make_optimizer(config.train, split_trained(abstract_params)[0])
@@ -72,7 +80,7 @@ def _parts(config):
     _, params, _ = nnx.split(initial_model(config), SAVED, ...)
     return initial_state(params, tx, config.seed)
 
-  return abstract_model, tx, schedule, init
+  return _RunParts(abstract_model, tx, schedule, init)
 
 
 def initial_state(params: nnx.State, tx, seed: int) -> TrainState:
@@ -87,7 +95,7 @@ def initial_state(params: nnx.State, tx, seed: int) -> TrainState:
 
 def abstract_state(config) -> TrainState:
   """The train state's structure (ShapeDtypeStructs, no shardings, nothing allocated)."""
-  return jax.eval_shape(_parts(config)[3])
+  return jax.eval_shape(_parts(config).init)
 
 
 def setup(config, mesh) -> tuple[TrainSetup, Callable[[], TrainState]]:
