@@ -150,6 +150,14 @@ def add_keys(section: config_dict.ConfigDict, registry: Mapping[str, Any]) -> No
     section[k.name] = config_dict.placeholder(k.type) if k.default is None else k.default
 
 
+def section_of(settings: type) -> config_dict.ConfigDict:
+  """A config section holding one settings class's keys at their defaults (the schema's
+  `model.moe`)."""
+  section = config_dict.ConfigDict()
+  add_keys(section, {'': settings})
+  return section
+
+
 def active_keys(variant: Any, section) -> list[Key]:
   """The keys the chosen variant reads, and those of the variants its choice keys choose."""
   out = []
@@ -172,7 +180,19 @@ def _check_type(name: str, k: Key, value: Any) -> None:
   else:
     ok = isinstance(value, k.type) and not (k.type is int and isinstance(value, bool))
   if not ok:
-    raise ConfigError(name, value, f'must be a {k.type.__name__}')
+    what = {int: 'an integer', float: 'a number', bool: 'true or false', str: 'a string'}
+    raise ConfigError(name, value, 'must be ' + what.get(k.type, k.type.__name__))
+
+
+def check_keys(section, prefix: str, keys) -> None:
+  """Each of `keys` in `section` has its declared type and passes its rule."""
+  for k in keys:
+    name, value = f'{prefix}.{k.name}', section[k.name]
+    _check_type(name, k, value)
+    if k.choices is not None:
+      one_of(name, value, k.choices, k.doc)
+    elif value is not None and k.check is not None:
+      k.check(name, value)
 
 
 def check_variant_keys(
@@ -183,13 +203,7 @@ def check_variant_keys(
   kind = section[kind_key]
   one_of(f'{prefix}.{kind_key}', kind, registry, what)
   active = active_keys(registry[kind], section)
-  for k in active:
-    name, value = f'{prefix}.{k.name}', section[k.name]
-    _check_type(name, k, value)
-    if k.choices is not None:
-      one_of(name, value, k.choices, k.doc)
-    elif value is not None and k.check is not None:
-      k.check(name, value)
+  check_keys(section, prefix, active)
   read = {k.name for k in active}
   for k in all_keys(registry).values():
     if k.choices is not None and k.name not in read and section[k.name] != k.default:

@@ -89,7 +89,7 @@ def train(config, workdir: str, *, stop_after: int | None = None, progress: bool
     _print_start(loop.bar, run, counts, device, start)
     if start >= end:  # resumed at its last step: report the losses it ended with, not NaN
       loop.loss = _last_train_loss(writer.path, start)
-    loop.run(started, state_note)
+    loop.run_steps(started, state_note)
     return loop.finish()
 
 
@@ -244,7 +244,7 @@ class _Loop:
     self.step = self.last_saved = self.start
     self.config, self.workdir, self.ckpt = self.run.config, self.run.workdir, self.run.ckpt
 
-  def run(self, started: float, state_note: str) -> None:
+  def run_steps(self, started: float, state_note: str) -> None:
     """Step until `end`, or until a stop request (SIGTERM, SIGINT), which saves the step reached.
     started: time.perf_counter() at the start of `train`; state_note: how long the state took to
     initialize or restore (both for the first step's start-up line)."""
