@@ -12,7 +12,7 @@ Face import or export maps a checkpoint's config.json onto these defaults.
 
 from ml_collections import config_dict
 
-from mllm.config import apply_choices
+from mllm.config_keys import apply_choices
 from mllm.layers.moe import MoESettings
 from mllm.layers.norms import NORMS
 from mllm.layers.positions import POSITIONS

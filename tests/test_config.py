@@ -13,8 +13,8 @@ from ml_collections import config_dict
 import mllm
 from mllm import ConfigError
 from mllm import model as model_lib
-from mllm.config import CHOICES, config_diff
-from mllm.config_keys import flatten, get_path, parse_value
+from mllm.config import config_diff
+from mllm.config_keys import CHOICES, flatten, get_path, parse_value
 from mllm.layers.ffn import FFNS
 from mllm.layers.norms import NORMS, PLACEMENTS
 from mllm.layers.positions import POSITIONS, ROPE_LAYOUTS, ROPE_SCALINGS
