@@ -29,7 +29,7 @@ from mllm.ops.attention import AttentionMask
 
 # The variables that are the model's weights: state['params'] of a run, its checkpoints, an HF
 # export. The rest (RNG streams) is rebuilt, never saved.
-SAVED = (nnx.Param, ExpertBias)
+CHECKPOINTED = (nnx.Param, ExpertBias)
 
 
 def make_ffn(cfg, moe: bool, *, rngs: nnx.Rngs) -> nnx.Module:
@@ -307,7 +307,7 @@ def build_model(config, *, rngs: nnx.Rngs) -> Transformer:
   return Transformer(model_cfg, rngs=rngs)
 
 
-def placeholder_rest(abstract_model) -> nnx.State:
+def rng_stand_ins(abstract_model) -> nnx.State:
   """Concrete stand-ins for the model's RNG streams: the step reseeds them before every use."""
   key_data_shape = jax.random.key_data(jax.random.key(0)).shape
 
@@ -316,5 +316,5 @@ def placeholder_rest(abstract_model) -> nnx.State:
       return jax.random.wrap_key_data(jnp.zeros(x.shape + key_data_shape, jnp.uint32))
     return jnp.zeros(x.shape, x.dtype)
 
-  _, _, rest = nnx.split(abstract_model, SAVED, ...)
+  _, _, rest = nnx.split(abstract_model, CHECKPOINTED, ...)
   return jax.tree.map(concrete, rest)

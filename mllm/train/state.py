@@ -23,7 +23,7 @@ from flax import nnx
 from jax.tree_util import DictKey
 
 from mllm.layers.moe import moe_layers
-from mllm.model import SAVED, Block, build_model, make_stem, make_tail, placeholder_rest
+from mllm.model import CHECKPOINTED, Block, build_model, make_stem, make_tail, rng_stand_ins
 from mllm.ops.mesh import traced_on
 from mllm.train.optimizer import make_optimizer
 from mllm.train.sharding import param_shardings, replicated
@@ -73,11 +73,11 @@ class _RunParts(NamedTuple):
 
 def _parts(config) -> _RunParts:
   abstract_model = nnx.eval_shape(lambda: initial_model(config))
-  _, abstract_params, _ = nnx.split(abstract_model, SAVED, ...)
+  _, abstract_params, _ = nnx.split(abstract_model, CHECKPOINTED, ...)
   tx, schedule = make_optimizer(config.train, split_trained(abstract_params)[0])
 
   def init() -> TrainState:
-    _, params, _ = nnx.split(initial_model(config), SAVED, ...)
+    _, params, _ = nnx.split(initial_model(config), CHECKPOINTED, ...)
     return initial_state(params, tx, config.seed)
 
   return _RunParts(abstract_model, tx, schedule, init)
@@ -104,7 +104,7 @@ def setup(config, mesh) -> tuple[TrainSetup, Callable[[], TrainState]]:
     abstract_model, tx, schedule, init = _parts(config)
   if 'expert' in mesh.shape:
     check_expert_axis(config.model, mesh.shape['expert'])  # a -1 axis is known only now
-  graphdef = nnx.split(abstract_model, SAVED, ...)[0]
+  graphdef = nnx.split(abstract_model, CHECKPOINTED, ...)[0]
   abstract = jax.eval_shape(init)
   p_shardings = param_shardings(abstract['params'], mesh)
   shardings = {
@@ -125,7 +125,7 @@ def setup(config, mesh) -> tuple[TrainSetup, Callable[[], TrainState]]:
     lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
   )
   train_setup = TrainSetup(
-    config, graphdef, placeholder_rest(abstract_model), tx, schedule, mesh, abstract, shardings
+    config, graphdef, rng_stand_ins(abstract_model), tx, schedule, mesh, abstract, shardings
   )
   if config.model.scan_layers:  # one scanned layer: the whole-model program compiles quickly
     return train_setup, jax.jit(init, out_shardings=shardings)
@@ -140,8 +140,8 @@ def _leaves_by_path(tree, prefix: tuple = ()) -> dict:
 def _saved(built) -> nnx.State | dict[str, nnx.State]:
   """The saved variables of a module, or of a {name: module or None} dict of them."""
   if isinstance(built, dict):
-    return {name: nnx.state(m, SAVED) for name, m in built.items() if m is not None}
-  return nnx.state(built, SAVED)
+    return {name: nnx.state(m, CHECKPOINTED) for name, m in built.items() if m is not None}
+  return nnx.state(built, CHECKPOINTED)
 
 
 def layered_init(
