@@ -11,7 +11,7 @@ from mllm.paths import existing_dir
 from mllm.train.checkpoint import Checkpointer, StateMismatch
 from mllm.train.resume import as_config, saved_config
 from mllm.train.sharding import make_mesh
-from mllm.train.state import setup
+from mllm.train.state import model_setup
 
 
 def load_run(workdir: str, like):
@@ -32,10 +32,10 @@ def load_run(workdir: str, like):
       )
     saved = saved_config(workdir, ckpt, step)
     config = load_config(as_config(saved, like)) if saved is not None else like
-    train_setup, _ = setup(config, make_mesh(config.mesh))
+    model_parts = model_setup(config, make_mesh(config.mesh))
     try:
       step, params = ckpt.restore_latest(
-        train_setup.abstract_state['params'], params_only=True, set_aside=False
+        model_parts.abstract_params, params_only=True, set_aside=False
       )
     except StateMismatch as err:
       raise InputError(
@@ -59,7 +59,7 @@ def load_run(workdir: str, like):
         f'its tokenizer.json cannot be read '
         f'({type(err).__name__}); allowed: the workdir of a training run',
       ) from None
-  model = train_setup.merge(params)
+  model = model_parts.merge(params)
   model.eval()
   return model, tokenizer, step, config
 

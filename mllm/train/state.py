@@ -40,21 +40,30 @@ def split_trained(params: nnx.State) -> tuple[nnx.State, nnx.State]:
 
 
 @dataclasses.dataclass
-class TrainSetup:
-  """What the step functions close over: the model's structure and its optimizer."""
+class ModelSetup:
+  """The model's structure and its parameters' shardings on a mesh: what evaluation and
+  generation need to restore parameters and run the model (no optimizer)."""
 
   config: Any
   graphdef: nnx.GraphDef
   rest: nnx.State  # non-parameter state (RNG streams); not trained, not checkpointed
-  tx: optax.GradientTransformation
-  schedule: optax.Schedule
   mesh: jax.sharding.Mesh
-  abstract_state: TrainState  # ShapeDtypeStructs carrying their shardings (Orbax restores onto it)
-  shardings: TrainState
+  abstract_params: nnx.State  # ShapeDtypeStructs carrying their shardings (Orbax restores onto it)
+  param_shardings: nnx.State
 
   def merge(self, params: nnx.State) -> nnx.Module:
     # Fresh Variables for the RNG streams in the caller's trace, so reseeding them is allowed.
     return nnx.merge(self.graphdef, params, jax.tree.map(lambda x: x, self.rest))
+
+
+@dataclasses.dataclass
+class TrainSetup(ModelSetup):
+  """What the step functions close over: the model's structure and its optimizer."""
+
+  tx: optax.GradientTransformation = None
+  schedule: optax.Schedule = None
+  abstract_state: TrainState = None  # as abstract_params, for the whole train state
+  shardings: TrainState = None
 
 
 def initial_model(config):
@@ -98,6 +107,20 @@ def abstract_state(config) -> TrainState:
   return jax.eval_shape(_parts(config).init)
 
 
+def model_setup(config, mesh) -> ModelSetup:
+  """The model's structure and parameter shardings on `mesh`, built without an optimizer."""
+  with traced_on(mesh):  # choices made at construction (MoE dispatch) are for the mesh's devices
+    abstract_model = nnx.eval_shape(lambda: initial_model(config))
+  if 'expert' in mesh.shape:
+    check_expert_axis(config.model, mesh.shape['expert'])  # a -1 axis is known only now
+  graphdef, params, _ = nnx.split(abstract_model, CHECKPOINTED, ...)
+  shardings = param_shardings(params, mesh)
+  abstract = jax.tree.map(
+    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), params, shardings
+  )
+  return ModelSetup(config, graphdef, rng_stand_ins(abstract_model), mesh, abstract, shardings)
+
+
 def setup(config, mesh) -> tuple[TrainSetup, Callable[[], TrainState]]:
   """Structure, optimizer and shardings of a run; returns it with a jitted initializer."""
   with traced_on(mesh):  # choices made at construction (MoE dispatch) are for the mesh's devices
@@ -125,7 +148,16 @@ def setup(config, mesh) -> tuple[TrainSetup, Callable[[], TrainState]]:
     lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
   )
   train_setup = TrainSetup(
-    config, graphdef, rng_stand_ins(abstract_model), tx, schedule, mesh, abstract, shardings
+    config=config,
+    graphdef=graphdef,
+    rest=rng_stand_ins(abstract_model),
+    mesh=mesh,
+    abstract_params=abstract['params'],
+    param_shardings=p_shardings,
+    tx=tx,
+    schedule=schedule,
+    abstract_state=abstract,
+    shardings=shardings,
   )
   if config.model.scan_layers:  # one scanned layer: the whole-model program compiles quickly
     return train_setup, jax.jit(init, out_shardings=shardings)
