@@ -20,7 +20,8 @@ CONFIG ?= configs/rope_swiglu.py
 ARGS ?=
 # -n 2: two pytest workers (pytest-xdist), one per core of the CI machine; loadgroup keeps the
 # tests of one xdist_group (the training runs sharing a module fixture) on one worker.
-PYTEST_ARGS ?= -n 2 --dist loadgroup
+# --durations=20: every run ends with its 20 slowest tests, what to shorten next (under 7 min).
+PYTEST_ARGS ?= -n 2 --dist loadgroup --durations=20
 
 .PHONY: python install train summary lint format test test-slow test-gpu test-tpu ablate clean
 

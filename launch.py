@@ -27,7 +27,7 @@ from mllm.checks import ConfigError, InputError
 from mllm.config import load_config, read_config
 from mllm.config_keys import field_info, get_path, parse_value, set_path
 from mllm.paths import RunDir
-from mllm.validation import validate
+from mllm.validation import init_source
 
 DEFAULT_CONFIG = 'configs/rope_swiglu.py'
 BASE_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'base.py')
@@ -85,7 +85,7 @@ _SEED = flags.DEFINE_integer('seed', 0, '--mode=generate: sampling seed.')
 def _summary(config) -> None:
   from mllm.summary import summarize
 
-  base = load_config(BASE_CONFIG) if os.path.isfile(BASE_CONFIG) else None
+  base = read_config(BASE_CONFIG) if os.path.isfile(BASE_CONFIG) else None
   summarize(config, base, spec=_config_spec())
 
 
@@ -198,13 +198,13 @@ def _prompts() -> list[str]:
 def _import(config) -> None:
   """A normal workdir from a Hugging Face folder: its config (the model, the tokenizer; the rest
   from --config), tokenizer.json and the weights as checkpoint step 0, for train/eval/generate."""
-  from mllm.train import train
+  from mllm.train.loop import save_initial_state
 
   workdir = _hf_workdir()
   checkpoints = RunDir(workdir).checkpoints
   if os.path.isdir(checkpoints) and os.listdir(checkpoints):
     raise InputError('--workdir', workdir, 'already holds checkpoints; allowed: a new workdir')
-  train(config, workdir, stop_after=0, progress=False)
+  save_initial_state(config, workdir)
   print(
     f'imported {_HF.value} into {workdir} (step 0). Next: python launch.py --workdir={workdir} '
     '[--mode=eval|generate]'
@@ -270,7 +270,8 @@ def _read_config():
 
 def build_config(overrides: list[str]):
   """The run's config: --config's file (or the workdir's), the `--config.KEY=VALUE` overrides
-  parsed by the config's schema, validated, then locked; a problem raises one InputError line.
+  parsed by the config's schema, then validated once and locked (`load_config`); a problem raises
+  one InputError line.
 
   With --mode=import or train.init_from='hf:PATH' (and a config not read from the workdir), the
   model and tokenizer settings come from the Hugging Face folder; the overrides still win.
@@ -285,12 +286,10 @@ def build_config(overrides: list[str]):
     explicit[key] = get_path(config, key)
   if _MODE.value == 'import' and _HF.value:
     config.train.init_from = 'hf:' + os.path.abspath(_HF.value)
-  validate(config)
-  init_from = config.train.init_from or ''
-  if init_from.startswith('hf:') and not from_workdir:
-    config = _from_hf(config, init_from[len('hf:') :], explicit)
-  config.lock()
-  return config
+  kind, path = init_source(config.train.init_from)
+  if kind == 'hf' and not from_workdir:
+    config = _from_hf(config, path, explicit)
+  return load_config(config)
 
 
 def _from_hf(config, path: str, explicit: dict):

@@ -25,7 +25,7 @@ def main(argv=None) -> int:
     )
     return 2
   from mllm import compile_cache
-  from mllm.config import ConfigError
+  from mllm.checks import ConfigError
 
   compile_cache.enable()  # every seed of a variant compiles the same shapes (--jobs=1 runs here)
   try:

@@ -74,9 +74,8 @@ def loss_at_lengths(config, workdir: str, factors) -> dict:
 
   from ml_collections import config_dict
 
-  from mllm.config_keys import set_path
+  from mllm.config import load_config
   from mllm.train import evaluate
-  from mllm.validation import validate
 
   length = base_length(config)
   out = {}
@@ -84,15 +83,15 @@ def loss_at_lengths(config, workdir: str, factors) -> dict:
     if config.model.position.kind == 'learned' and k * length > config.model.max_seq_len:
       out[f'loss_at_{k}L'] = math.nan
       continue
-    longer = config_dict.ConfigDict(config.to_dict())
-    for path, value in {
-      'data.seq_len': k * length,
-      'model.max_seq_len': k * length,
-      'data.batch_size': max(1, EVAL_TOKENS // (k * length)),
-      'train.eval_batches': 1,
-    }.items():
-      set_path(longer, path, value)
-    validate(longer)
+    longer = load_config(
+      config_dict.ConfigDict(config.to_dict()),
+      {
+        'data.seq_len': k * length,
+        'model.max_seq_len': k * length,
+        'data.batch_size': max(1, EVAL_TOKENS // (k * length)),
+        'train.eval_batches': 1,
+      },
+    )
     out[f'loss_at_{k}L'] = evaluate(longer, workdir)['loss']
   return out
 

@@ -62,3 +62,9 @@ def integer(key: str, value: Any, minimum: int = 1, optional: bool = False) -> N
 def number(key: str, value: Any, low: float, high: float, what: str) -> None:
   if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
     raise ConfigError(key, value, f'{what}; allowed: {low} <= value <= {high}')
+
+
+def first_line(err: BaseException, limit: int = 200) -> str:
+  """'ErrorType: the first line of its message', for one-line errors that quote a library's."""
+  text = str(err).strip().splitlines()
+  return type(err).__name__ + (f': {text[0][:limit]}' if text else '')

@@ -1,6 +1,10 @@
 """Config loading: a config file (`configs/*.py`, with `:choices`), overrides by dotted key, then
 validation (mllm/validation.py).
 
+`load_config` is the one way a run's config is made (launch.py, a Hugging Face import, a restart
+from a workdir's config.json, the experiments): it validates once and locks the result, and
+`build_model` trusts a config it made that nobody has changed since (`is_validated`).
+
 Every invalid value or combination raises a `ConfigError` whose message is one line naming the key,
 the bad value and what is allowed, before anything is built or compiled.
 """
@@ -10,64 +14,19 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
 from ml_collections import config_dict
 
-from mllm.checks import ConfigError
-from mllm.config_keys import field_info, flatten, leaf_paths, parse_value, set_path
+from mllm.checks import ConfigError, first_line
+from mllm.config_keys import (
+  flatten,
+  join_choices,  # noqa: F401 - configs/*.py (and users' own configs) import it from here
+  set_path,
+)
 from mllm.validation import validate
-
-# Short names accepted in `--config=configs/base.py:pos=alibi,ffn=geglu,...`. Any dotted path
-# (`model.n_layers=4`) and any leaf name that is unique in the config (`n_kv_heads=2`) work too.
-CHOICES = {
-  'pos': 'model.position.kind',
-  'ffn': 'model.ffn.kind',
-  'norm': 'model.norm.kind',
-  'placement': 'model.norm.placement',
-  'attn': 'model.attention.impl',
-  'window': 'model.attention.sliding_window',
-  'rope_scaling': 'model.position.rope_scaling',
-}
-
-
-def resolve_choice_key(config: config_dict.ConfigDict, key: str, value: Any = None) -> str:
-  """A choice key → the dotted path it sets (alias, dotted path, or unique leaf name)."""
-  if key in CHOICES:
-    return CHOICES[key]
-  paths = list(leaf_paths(config))
-  if key in paths:
-    return key
-  matches = [p for p in paths if p.rsplit('.', 1)[-1] == key]
-  if len(matches) == 1:
-    return matches[0]
-  if len(matches) > 1:
-    raise ConfigError(key, value, 'ambiguous choice key; use one of ' + ', '.join(matches))
-  raise ConfigError(
-    key,
-    value,
-    'unknown choice key; allowed: '
-    + ', '.join(CHOICES)
-    + ', a dotted path such as model.n_layers, or a unique leaf name',
-  )
-
-
-def join_choices(*args: str | None) -> str:
-  """Join comma-separated choice strings; later ones win (named configs put the user's last)."""
-  return ','.join(a for a in args if a)
-
-
-def apply_choices(config: config_dict.ConfigDict, arg: str | None) -> config_dict.ConfigDict:
-  """Apply `--config=path:arg` choices such as 'pos=alibi,ffn=geglu,n_layers=2'."""
-  for item in filter(None, (s.strip() for s in (arg or '').split(','))):
-    key, sep, text = item.partition('=')
-    if not sep:
-      raise ConfigError('config arg', item, 'expected key=value pairs, e.g. pos=alibi,ffn=geglu')
-    path = resolve_choice_key(config, key.strip(), parse_value(text))
-    set_path(config, path, parse_value(text, *field_info(config, path)))
-  return config
-
 
 # --------------------------------------------------------------------------------------------
 # Loading.
@@ -142,23 +101,31 @@ def read_config(spec: str) -> config_dict.ConfigDict:
   return config
 
 
-def first_line(err: BaseException, limit: int = 200) -> str:
-  """'ErrorType: the first line of its message', for one-line errors that quote a library's."""
-  text = str(err).strip().splitlines()
-  return type(err).__name__ + (f': {text[0][:limit]}' if text else '')
-
-
-def load_config(spec: str, overrides: Mapping[str, Any] | None = None) -> config_dict.ConfigDict:
-  """What `--config=` takes (a path, optionally `:arg`) → a validated, locked ConfigDict.
-
-  overrides: {'model.n_layers': 2, ...}, applied after `get_config(arg)`.
-  """
-  config = read_config(spec)
+def load_config(
+  source: str | config_dict.ConfigDict, overrides: Mapping[str, Any] | None = None
+) -> config_dict.ConfigDict:
+  """A config file spec (a path, optionally `:arg`) or an assembled ConfigDict (a workdir's saved
+  config, a Hugging Face import's), then `overrides` ({'model.n_layers': 2, ...}) → validated
+  once, locked, and remembered as validated (`is_validated`)."""
+  config = read_config(source) if isinstance(source, str) else source
   for key, value in (overrides or {}).items():
     set_path(config, key, value)
   validate(config)
   config.lock()
+  for part in (config, config.model):
+    _VALIDATED[id(part)] = (weakref.ref(part), part.to_json(sort_keys=True))
   return config
+
+
+# id(config) → (the config, its contents when load_config validated it). A locked ConfigDict still
+# takes new values for its keys, so a config counts as validated only while its contents match.
+_VALIDATED: dict[int, tuple[weakref.ref, str]] = {}
+
+
+def is_validated(config: config_dict.ConfigDict) -> bool:
+  """`config` (a full config or its model section) came from load_config, unchanged since."""
+  ref, contents = _VALIDATED.get(id(config), (None, None))
+  return ref is not None and ref() is config and config.to_json(sort_keys=True) == contents
 
 
 def config_diff(

@@ -1,4 +1,5 @@
-"""Dotted keys of an ml_collections config: read, write and parse `model.ffn.kind=swiglu`."""
+"""Dotted keys of an ml_collections config: read, write and parse `model.ffn.kind=swiglu`, and the
+choice strings of `--config=configs/base.py:pos=alibi,ffn=geglu`."""
 
 from __future__ import annotations
 
@@ -101,3 +102,53 @@ def parse_value(
     return ast.literal_eval(text.strip())
   except Exception:  # literal_eval raises ValueError, SyntaxError, TypeError, MemoryError, ...
     return text.strip()
+
+
+# Short names accepted in `--config=configs/base.py:pos=alibi,ffn=geglu,...`. Any dotted path
+# (`model.n_layers=4`) and any leaf name that is unique in the config (`n_kv_heads=2`) work too.
+CHOICES = {
+  'pos': 'model.position.kind',
+  'ffn': 'model.ffn.kind',
+  'norm': 'model.norm.kind',
+  'placement': 'model.norm.placement',
+  'attn': 'model.attention.impl',
+  'window': 'model.attention.sliding_window',
+  'rope_scaling': 'model.position.rope_scaling',
+}
+
+
+def resolve_choice_key(config: config_dict.ConfigDict, key: str, value: Any = None) -> str:
+  """A choice key → the dotted path it sets (alias, dotted path, or unique leaf name)."""
+  if key in CHOICES:
+    return CHOICES[key]
+  paths = list(leaf_paths(config))
+  if key in paths:
+    return key
+  matches = [p for p in paths if p.rsplit('.', 1)[-1] == key]
+  if len(matches) == 1:
+    return matches[0]
+  if len(matches) > 1:
+    raise ConfigError(key, value, 'ambiguous choice key; use one of ' + ', '.join(matches))
+  raise ConfigError(
+    key,
+    value,
+    'unknown choice key; allowed: '
+    + ', '.join(CHOICES)
+    + ', a dotted path such as model.n_layers, or a unique leaf name',
+  )
+
+
+def join_choices(*args: str | None) -> str:
+  """Join comma-separated choice strings; later ones win (named configs put the user's last)."""
+  return ','.join(a for a in args if a)
+
+
+def apply_choices(config: config_dict.ConfigDict, arg: str | None) -> config_dict.ConfigDict:
+  """Apply `--config=path:arg` choices such as 'pos=alibi,ffn=geglu,n_layers=2'."""
+  for item in filter(None, (s.strip() for s in (arg or '').split(','))):
+    key, sep, text = item.partition('=')
+    if not sep:
+      raise ConfigError('config arg', item, 'expected key=value pairs, e.g. pos=alibi,ffn=geglu')
+    path = resolve_choice_key(config, key.strip(), parse_value(text))
+    set_path(config, path, parse_value(text, *field_info(config, path)))
+  return config

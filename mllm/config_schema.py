@@ -12,7 +12,11 @@ Face import or export maps a checkpoint's config.json onto these defaults.
 
 from ml_collections import config_dict
 
-from mllm.config import apply_choices
+from mllm.config_keys import apply_choices
+from mllm.layers.moe import MoESettings
+from mllm.layers.norms import NORMS
+from mllm.layers.positions import POSITIONS
+from mllm.variant_config import add_keys, section_of
 
 placeholder = config_dict.placeholder
 
@@ -64,18 +68,11 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
 
   position = model.position = config_dict.ConfigDict()
   position.kind = 'rope'  # none | learned | sinusoidal | shaw | t5 | rope | alibi
-  position.rope_theta = 10000.0
-  position.rope_layout = 'half'  # half (HF/Qwen) | interleaved (paper/Meta)
-  position.rope_scaling = 'none'  # none | linear (PI) | ntk | yarn | llama3
-  position.rope_scaling_factor = 1.0
-  position.rope_original_max_len = placeholder(int)  # None: max_seq_len
-  position.yarn_beta_fast = 32.0
-  position.yarn_beta_slow = 1.0
-  position.llama3_low_freq_factor = 1.0
-  position.llama3_high_freq_factor = 4.0
-  position.t5_num_buckets = 32
-  position.t5_max_distance = 128
-  position.shaw_max_distance = 16  # clipping distance k
+  # Each scheme's own keys, declared with it (its Settings in mllm/layers/positions.py, RoPE's
+  # scalings in rope.py): rope_theta, rope_layout, rope_scaling (none | linear (PI) | ntk | yarn |
+  # llama3), rope_scaling_factor, rope_original_max_len, yarn_beta_fast / _slow,
+  # llama3_low / high_freq_factor, t5_num_buckets, t5_max_distance, shaw_max_distance.
+  add_keys(position, POSITIONS)
 
   ffn = model.ffn = config_dict.ConfigDict()
   ffn.kind = (
@@ -86,32 +83,12 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   ffn.multiple_of = 8
   ffn.use_bias = False
 
-  # Mixture of Experts, used when ffn.kind = 'moe' (mllm/layers/moe.py). ffn.d_ff, match_params and
-  # multiple_of size the experts and the dense layers as they size a dense FFN.
-  moe = model.moe = config_dict.ConfigDict()
-  moe.num_experts = 8
-  moe.top_k = 2  # 1: Switch; 2: GShard, Mixtral
-  moe.expert_kind = 'swiglu'  # the experts' FFN, and the dense layers' in a mixed stack
-  moe.expert_d_ff = placeholder(int)  # None: the dense FFN's hidden size; smaller: fine-grained
-  moe.num_shared_experts = 0  # always-on experts beside the routed ones (DeepSeekMoE)
-  moe.shared_d_ff = placeholder(int)  # None: expert_d_ff
-  moe.every = 1  # layer i is MoE when (i + 1) % every == 0 and i >= first_dense_layers
-  moe.first_dense_layers = 0
-  moe.router = 'softmax'  # softmax | sigmoid (DeepSeek-V3; gates normalised over the top k)
-  moe.renormalize = True  # gates renormalised over the chosen k (Mixtral)
-  moe.dispatch = 'auto'  # capacity | dropless (ragged_dot) | auto: capacity on CPU, else dropless
-  moe.capacity_factor = 1.25  # capacity = ceil(tokens / experts * top_k * capacity_factor)
-  moe.grouped_matmul = (
-    'ragged_dot'  # dropless kernel: ragged_dot | megablox (Pallas gmm, TPU) | tiled
-  )
-  moe.balance_coef = 0.01  # Switch load-balancing loss, α
-  moe.balance_convention = 'switch'  # switch: 1 at uniform routing for every k | hf: k
-  moe.z_loss_coef = 0.001  # router z-loss (ST-MoE)
-  moe.noise = 'none'  # none | mixture: (1 - α)·p + α·ε | noisy_topk (Shazeer 2017); training only
-  moe.noise_alpha = 0.1
-  moe.expert_bias = False  # DeepSeek-V3 aux-loss-free balancing: a selection bias, no gradient
-  moe.bias_update_rate = 0.001  # γ in b ← b + γ·sign(mean load − load), after each step
-  moe.force_uniform_routing = False  # balanced assignment whatever the router says (benchmarks)
+  # Mixture of Experts, read when ffn.kind = 'moe': its keys and their docs are MoESettings
+  # (mllm/layers/moe.py): num_experts, top_k, expert_kind, expert_d_ff, num_shared_experts,
+  # shared_d_ff, every, first_dense_layers, router, renormalize, dispatch, capacity_factor,
+  # grouped_matmul, balance_coef, balance_convention, z_loss_coef, noise, noise_alpha,
+  # expert_bias, bias_update_rate, force_uniform_routing.
+  model.moe = section_of(MoESettings)
 
   norm = model.norm = config_dict.ConfigDict()
   norm.kind = 'rmsnorm'  # layernorm | rmsnorm | partial_rmsnorm | none
@@ -119,8 +96,8 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   norm.eps = 1e-6
   norm.fp32 = True  # statistics in float32 (the notebook's qwen3_compatible)
   norm.use_bias = placeholder(bool)  # None: layernorm True, rmsnorm False (its optional shift)
-  norm.partial_p = 0.0625  # partial_rmsnorm: fraction of features in the RMS (paper: 6.25%)
   norm.final_norm = True
+  add_keys(norm, NORMS)  # each norm's own keys (mllm/layers/norms.py): partial_rmsnorm's partial_p
 
   data = config.data = config_dict.ConfigDict()
   data.source = 'stdlib'  # stdlib (this Python's standard library) | text | jsonl | parquet | hf

@@ -29,7 +29,7 @@ from mllm.ops.attention import AttentionMask
 
 # The variables that are the model's weights: state['params'] of a run, its checkpoints, an HF
 # export. The rest (RNG streams) is rebuilt, never saved.
-SAVED = (nnx.Param, ExpertBias)
+CHECKPOINTED = (nnx.Param, ExpertBias)
 
 
 def make_ffn(cfg, moe: bool, *, rngs: nnx.Rngs) -> nnx.Module:
@@ -295,16 +295,19 @@ def _scan_blocks(x_BTD, blocks: Block, context, mask, remat: str, cached=None):
 
 
 def build_model(config, *, rngs: nnx.Rngs) -> Transformer:
-  """Validate `config` (the full config or its `model` part) and build the transformer it names."""
+  """Build the transformer `config` (the full config or its `model` part) names; validate it
+  first unless load_config made it (and it is unchanged since)."""
+  from mllm.config import is_validated
   from mllm.validation import check_backend, validate_model
 
   model_cfg = config.model if 'model' in config else config
-  validate_model(model_cfg)
+  if not is_validated(model_cfg):
+    validate_model(model_cfg)
   check_backend(model_cfg, data=config.get('data') if 'model' in config else None)
   return Transformer(model_cfg, rngs=rngs)
 
 
-def placeholder_rest(abstract_model) -> nnx.State:
+def rng_stand_ins(abstract_model) -> nnx.State:
   """Concrete stand-ins for the model's RNG streams: the step reseeds them before every use."""
   key_data_shape = jax.random.key_data(jax.random.key(0)).shape
 
@@ -313,5 +316,5 @@ def placeholder_rest(abstract_model) -> nnx.State:
       return jax.random.wrap_key_data(jnp.zeros(x.shape + key_data_shape, jnp.uint32))
     return jnp.zeros(x.shape, x.dtype)
 
-  _, _, rest = nnx.split(abstract_model, SAVED, ...)
+  _, _, rest = nnx.split(abstract_model, CHECKPOINTED, ...)
   return jax.tree.map(concrete, rest)

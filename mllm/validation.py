@@ -10,7 +10,7 @@ import math
 from ml_collections import config_dict
 
 from mllm.checks import ConfigError, integer, number, one_of, positive, rate
-from mllm.config_keys import flatten, get_path
+from mllm.config_keys import field_info, flatten, get_path, leaf_paths
 from mllm.layers.ffn import FFNS
 from mllm.layers.init import INIT_SCHEMES
 from mllm.layers.moe import check_moe_config
@@ -42,35 +42,17 @@ def _divisors(n: int) -> str:
   return ', '.join(str(d) for d in range(1, n + 1) if n % d == 0)
 
 
-# Model keys that may be None (meaning "derive it"); every other model key must be set.
-OPTIONAL_KEYS = (
-  'head_dim',
-  'attention.sliding_window',
-  'attention.softmax_scale',
-  'attention.block_q',
-  'attention.block_k',
-  'position.rope_original_max_len',
-  'ffn.d_ff',
-  'norm.use_bias',
-  'moe.expert_d_ff',
-  'moe.shared_d_ff',
-)
-BOOL_KEYS = (
-  'tie_embeddings',
-  'depth_scaled_init',
-  'scan_layers',
-  'attention.qk_norm',
-  'attention.use_bias',
-  'attention.qkv_bias',
-  'ffn.match_params',
-  'ffn.use_bias',
-  'norm.fp32',
-  'norm.final_norm',
-  'norm.use_bias',
-  'moe.renormalize',
-  'moe.expert_bias',
-  'moe.force_uniform_routing',
-)
+def _schema_model_keys() -> tuple[list[str], list[str]]:
+  """The model keys the schema declares optional (a placeholder: None means "derive it") and
+  those it declares boolean, read from the schema itself (config_schema.py and the variants' own
+  keys it adds), not restated here."""
+  from mllm.config_schema import get_config  # deferred: the schema imports this module's callers
+
+  model = get_config().model
+  paths = list(leaf_paths(model))
+  optional = [path for path in paths if field_info(model, path)[2]]
+  booleans = [path for path in paths if field_info(model, path)[1] is bool]
+  return optional, booleans
 
 
 def _check_model_scalars(m: config_dict.ConfigDict, p: str) -> None:
@@ -79,16 +61,17 @@ def _check_model_scalars(m: config_dict.ConfigDict, p: str) -> None:
     value = m[key]
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
       raise ConfigError(f'{p}.{key}', value, 'must be a positive integer')
+  optional, booleans = _schema_model_keys()
   for path, value in flatten(m).items():
-    if value is None and path not in OPTIONAL_KEYS:
+    if value is None and path not in optional:
       raise ConfigError(
         f'{p}.{path}',
         value,
-        'must be set; None is allowed only for ' + ', '.join(f'{p}.{k}' for k in OPTIONAL_KEYS),
+        'must be set; None is allowed only for ' + ', '.join(f'{p}.{k}' for k in optional),
       )
-  for path in BOOL_KEYS:
+  for path in booleans:
     value = get_path(m, path)
-    if not isinstance(value, bool) and not (value is None and path in OPTIONAL_KEYS):
+    if not isinstance(value, bool) and not (value is None and path in optional):
       raise ConfigError(f'{p}.{path}', value, 'must be true or false')
   integer(f'{p}.head_dim', m.head_dim, optional=True)
   one_of(f'{p}.init', m.init, INIT_SCHEMES, 'initialisation scheme')
@@ -324,17 +307,24 @@ def validate_train(config: config_dict.ConfigDict) -> None:
   integer('train.checkpoint_every', t.checkpoint_every)
   integer('train.max_to_keep', t.max_to_keep)
   positive('train.peak_flops', t.peak_flops, optional=True)
-  if t.init_from is not None:
-    kind, sep, path = t.init_from.partition(':') if isinstance(t.init_from, str) else ('', '', '')
-    if kind not in INIT_SOURCES or not sep or not path.strip():
-      raise ConfigError(
-        'train.init_from',
-        t.init_from,
-        'start a fresh run from the parameters of '
-        "another run; allowed: None, 'workdir:PATH' (a training workdir, or "
-        "one of its checkpoints/<step> folders), or 'hf:PATH' (a Hugging Face "
-        'checkpoint folder)',
-      )
+  init_source(t.init_from)
+
+
+def init_source(init_from) -> tuple[str | None, str | None]:
+  """train.init_from → (kind, path): (None, None), ('workdir', PATH) or ('hf', PATH)."""
+  if init_from is None:
+    return None, None
+  kind, sep, path = init_from.partition(':') if isinstance(init_from, str) else ('', '', '')
+  if kind not in INIT_SOURCES or not sep or not path.strip():
+    raise ConfigError(
+      'train.init_from',
+      init_from,
+      'start a fresh run from the parameters of '
+      "another run; allowed: None, 'workdir:PATH' (a training workdir, or "
+      "one of its checkpoints/<step> folders), or 'hf:PATH' (a Hugging Face "
+      'checkpoint folder)',
+    )
+  return kind, path
 
 
 def validate_mesh(config: config_dict.ConfigDict) -> None:

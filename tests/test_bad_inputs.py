@@ -61,7 +61,11 @@ CASES = [
   ),
   ('beta_fast-inf', '--config.model.position.yarn_beta_fast=inf', 'yarn_beta_fast=inf'),
   ('beta_slow-nan', '--config.model.position.yarn_beta_slow=nan', 'yarn_beta_slow=nan'),
-  ('beta_order', '--config.model.position.yarn_beta_slow=64.0', 'yarn_beta_slow=64.0'),
+  (
+    'beta_order',
+    '--config=configs/base.py:rope_scaling=yarn,rope_scaling_factor=2.0,yarn_beta_slow=64.0',
+    'yarn_beta_slow=64.0',
+  ),
   (
     'llama3_low-nan',
     '--config.model.position.llama3_low_freq_factor=nan',
@@ -74,13 +78,18 @@ CASES = [
   ),
   (
     'llama3_order',
-    '--config.model.position.llama3_low_freq_factor=8.0',
+    '--config=configs/base.py:rope_scaling=llama3,rope_scaling_factor=2.0,'
+    'llama3_low_freq_factor=8.0',
     'llama3_low_freq_factor=8.0',
   ),
   ('norm_eps-nan', '--config.model.norm.eps=nan', 'model.norm.eps=nan'),
   ('norm_eps-zero', '--config.model.norm.eps=0.0', 'model.norm.eps=0.0'),
   ('partial_p-inf', '--config.model.norm.partial_p=inf', 'model.norm.partial_p=inf'),
-  ('partial_p-big', '--config.model.norm.partial_p=1.5', 'model.norm.partial_p=1.5'),
+  (
+    'partial_p-big',
+    '--config=configs/base.py:norm=partial_rmsnorm,partial_p=1.5',
+    'model.norm.partial_p=1.5',
+  ),
   ('val_fraction-nan', '--config.data.val_fraction=nan', 'data.val_fraction=nan'),
   ('val_fraction-big', '--config.data.val_fraction=0.9', 'data.val_fraction=0.9'),
   ('lr-nan', '--config.train.learning_rate=nan', 'train.learning_rate=nan'),

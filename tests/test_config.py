@@ -13,8 +13,8 @@ from ml_collections import config_dict
 import mllm
 from mllm import ConfigError
 from mllm import model as model_lib
-from mllm.config import CHOICES, config_diff
-from mllm.config_keys import flatten, get_path, parse_value
+from mllm.config import config_diff
+from mllm.config_keys import CHOICES, flatten, get_path, parse_value
 from mllm.layers.ffn import FFNS
 from mllm.layers.norms import NORMS, PLACEMENTS
 from mllm.layers.positions import POSITIONS, ROPE_LAYOUTS, ROPE_SCALINGS
@@ -415,7 +415,7 @@ def test_rope_scaling_needs_rope():
     err,
     'model.position.rope_scaling',
     'linear',
-    ["model.position.kind='rope'", "'alibi'", "allowed here: 'none'"],
+    ["model.position.kind='rope'", "'alibi'", "allowed here: its default 'none'"],
   )
 
 
@@ -425,11 +425,26 @@ def test_rope_scaling_factor_below_one(factor):
   check_error(err, 'model.position.rope_scaling_factor', factor, ['>= 1'])
 
 
-def test_rope_scaling_factor_is_checked_even_when_scaling_is_off():
-  # Every numeric key is range-checked whether or not the current switches use it, so a sweep
-  # that toggles rope_scaling never carries an invalid factor along unnoticed.
-  err = raises_config_error(load, 'base', 'rope_scaling_factor=0.5')
-  check_error(err, 'model.position.rope_scaling_factor', 0.5, ['>= 1'])
+def test_a_choice_only_other_variants_read_must_stay_at_its_default():
+  # The scaling it asks for would silently not run.
+  err = raises_config_error(load, 'base', 'pos=alibi,rope_scaling=yarn,rope_scaling_factor=2.0')
+  check_error(
+    err, 'model.position.rope_scaling', 'yarn', ["kind='rope'", "allowed here: its default 'none'"]
+  )
+
+
+@pytest.mark.parametrize(
+  'arg',
+  [
+    'pos=alibi,rope_theta=5e5',  # a named config's RoPE base, ablated to ALiBi
+    'pos=rope,t5_num_buckets=1',  # unused, so not range-checked
+    'rope_scaling_factor=0.5',
+    'rope_scaling=linear,rope_scaling_factor=2.0,yarn_beta_slow=40.0',
+    'norm=rmsnorm,partial_p=1.5',
+  ],
+)
+def test_keys_of_variants_not_chosen_are_left_alone(arg):
+  load('base', arg)
 
 
 def test_rope_scaling_factor_one_is_accepted():

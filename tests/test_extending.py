@@ -1,9 +1,10 @@
-"""Adding a variant touches no library file: a position scheme and an FFN defined and registered
-here are validated, trained and summarised like the built-in ones (docs/extending.md walks through
-the same example)."""
+"""Adding a variant touches no library file: a position scheme with a parameter of its own and an
+FFN, defined and registered here, are configured, validated, trained and summarised like the
+built-in ones (docs/extending.md walks through the same example)."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import jax
@@ -19,14 +20,25 @@ from mllm.layers.ffn import FFNS, MLP
 from mllm.layers.positions import POSITIONS, PositionScheme, sinusoidal_embedding
 from mllm.summary import layer_table
 from mllm.train.step import benchmark_step
+from mllm.variant_config import key, settings_of
+
+
+def _positive(name, value):
+  if not value > 0:
+    raise mllm.ConfigError(name, value, 'the starting scale must be > 0')
 
 
 class ScaledSinusoidal(PositionScheme):
-  """Sinusoids times one learned scalar, started at 1/√d_model, added to the embedding."""
+  """Sinusoids times one learned scalar, started at init/√d_model, added to the embedding."""
+
+  @dataclasses.dataclass(frozen=True)
+  class Settings:  # its own config key: model.position.scaled_sinusoidal_init
+    init: float = key('scaled_sinusoidal_init', 1.0, 'the scale starts at init/√d_model', _positive)
 
   def __init__(self, cfg, *, rngs):
     del rngs
-    self.scale = nnx.Param(jnp.full((), cfg.d_model**-0.5, cfg.param_dtype))
+    init = settings_of(self, cfg.position).init
+    self.scale = nnx.Param(jnp.full((), init * cfg.d_model**-0.5, cfg.param_dtype))
 
   def embed(self, x_BTD, positions_BT):
     waves = sinusoidal_embedding(positions_BT, x_BTD.shape[-1])
@@ -60,6 +72,16 @@ def test_a_new_position_scheme_and_ffn_validate_train_and_summarise(registered):
     tiny_config('pos=scaled_sinusoidal', model__d_model=18, model__n_heads=2, model__n_kv_heads=1)
   with pytest.raises(mllm.ConfigError, match=r'unknown FFN; allowed: .*relu2'):
     tiny_config('ffn=relu3')
+
+  # Its key, in the schema since it registered: set by its unique leaf name or its dotted path,
+  # range-checked by its rule where the scheme is chosen, left alone where it is not.
+  assert config.model.position.scaled_sinusoidal_init == 1.0
+  doubled = tiny_config('pos=scaled_sinusoidal,scaled_sinusoidal_init=2.0')
+  model = mllm.build_model(doubled, rngs=nnx.Rngs(0))
+  np.testing.assert_allclose(float(model.position.scale[...]), 2.0 / 16**0.5, rtol=1e-6)
+  with pytest.raises(mllm.ConfigError, match=r'scaled_sinusoidal_init=-1\.0: the starting scale'):
+    tiny_config('pos=scaled_sinusoidal', model__position__scaled_sinusoidal_init=-1.0)
+  tiny_config('pos=rope', model__position__scaled_sinusoidal_init=-1.0)
 
   step, state, batch = benchmark_step(config)
   before = float(state['params']['position']['scale'][...])  # the step donates `state`

@@ -123,3 +123,20 @@ def test_launch_generate_without_a_checkpoint(tmp_path):
   assert proc.returncode == 2
   assert proc.stderr.strip().splitlines()[-1].startswith('error: --workdir=')
   assert 'has no checkpoint to generate from' in proc.stderr
+
+
+def test_restoring_parameters_builds_no_optimizer(run, monkeypatch):
+  """Evaluation and generation restore parameters through the model's structure alone."""
+  import math
+
+  from mllm.train import evaluate, optimizer, state
+
+  def refuse(*args, **kwargs):
+    raise AssertionError('an optimizer was built to restore parameters')
+
+  monkeypatch.setattr(optimizer, 'make_optimizer', refuse)
+  monkeypatch.setattr(state, 'make_optimizer', refuse)
+  config, workdir = run
+  model, _, step, _ = load_run(workdir, config)
+  assert step == config.train.steps and model is not None
+  assert math.isfinite(evaluate(config, workdir)['loss'])

@@ -312,7 +312,7 @@ def test_hf_to_mllm_to_hf_is_bitwise_the_same(family, imported, tmp_path):
 
   with safe_open(str(tmp_path / 'model.safetensors'), 'np') as f:
     assert f.metadata() == {'format': 'pt'}
-  exported = hf.read_config(str(tmp_path))
+  exported = hf.read_hf_config(str(tmp_path))
   assert hf.config_overrides(exported) == hf.config_overrides(original)
 
 
@@ -331,7 +331,7 @@ def test_a_bfloat16_checkpoint_round_trips_bitwise_in_bfloat16(tmp_path, importe
   for name in before:
     assert after[name].dtype == ml_dtypes.bfloat16
     assert before[name].tobytes() == after[name].tobytes()
-  assert hf.read_config(str(tmp_path / 'out'))['dtype'] == 'bfloat16'
+  assert hf.read_hf_config(str(tmp_path / 'out'))['dtype'] == 'bfloat16'
 
 
 def randomized(config, seed=0):
@@ -418,7 +418,7 @@ def test_mllm_to_hf_to_mllm_gives_the_same_logits(name, tiny, tmp_path):
   import mllm  # the top-level names
 
   assert mllm.to_hf(config, model, str(tmp_path)) == family
-  assert hf.read_config(str(tmp_path))['architectures'] == [hf.ARCHITECTURES[family]]
+  assert hf.read_hf_config(str(tmp_path))['architectures'] == [hf.ARCHITECTURES[family]]
   _, back = mllm.from_hf(str(tmp_path), {'model.scan_layers': config.model.scan_layers})
   ids = np.random.default_rng(0).integers(0, config.model.vocab_size, (2, 16))
   np.testing.assert_allclose(logits_of(back, ids), logits_of(model, ids), atol=1e-6, rtol=0)
@@ -577,7 +577,7 @@ def test_import_generate_train_and_export_through_launch(corpus, tmp_path):
 
   result = run_launch('--mode=export', f'--workdir={workdir}', f'--hf={out}')
   assert result.returncode == 0, result.stderr
-  exported = hf.read_config(out)
+  exported = hf.read_hf_config(out)
   assert exported['rope_parameters']['rope_type'] == 'yarn'
   assert exported['eos_token_id'] == tokenizer.eos_id
   assert os.path.isfile(os.path.join(out, 'tokenizer.json'))

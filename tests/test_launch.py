@@ -53,7 +53,10 @@ def test_summary_mode_prints_tables_counts_and_a_timed_forward():
     (['--config.model.n_kv_heads=3'], 'model.n_kv_heads=3: must divide model.n_heads=8'),
     (['--config=configs/base.py:pos=rop'], "model.position.kind='rop': unknown position"),
     (['--config=configs/base.py:bogus=1'], 'bogus=1: unknown choice key'),
-    (['--config=configs/base.py:pos=alibi,rope_scaling=linear'], 'RoPE scaling needs'),
+    (
+      ['--config=configs/base.py:pos=alibi,rope_scaling=linear'],
+      "read only by model.position.kind='rope'",
+    ),
     (['--config=configs/nope.py'], 'no such config file'),
     (['--mode=trian'], "--mode='trian': unknown mode; allowed: train, eval, summary"),
     (['--no_such_flag=1'], "Unknown command line flag 'no_such_flag'"),
@@ -133,3 +136,38 @@ def test_import_mllm_is_lazy_and_every_top_level_name_resolves():
   assert mllm.validation is importlib.import_module('mllm.validation')
   with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
     mllm.no_such_name  # noqa: B018 (the attribute access is the test)
+
+
+# Counts every validation of a model section (validate() runs validate_model once; build_model
+# runs it for a config load_config did not make), then runs launch.py as __main__.
+_COUNTING_LAUNCH = r'''
+import atexit, runpy, sys
+import mllm.validation as validation
+calls = []
+real = validation.validate_model
+validation.validate_model = lambda *a, **k: (calls.append(1), real(*a, **k))[1]
+atexit.register(lambda: print('validations:', len(calls)))
+sys.argv = ['launch.py', *sys.argv[1:]]
+runpy.run_path('launch.py', run_name='__main__')
+'''
+
+
+def test_a_training_launch_validates_its_config_once(corpus, tmp_path):
+  import subprocess
+  import sys
+
+  from conftest import ROOT, run_overrides
+
+  overrides = run_overrides(
+    corpus, str(tmp_path / 'cache'), **{'train.steps': 2, 'train.warmup_steps': 1}
+  )
+  args = [f'--config.{key}={value}' for key, value in overrides.items()]
+  result = subprocess.run(
+    [sys.executable, '-c', _COUNTING_LAUNCH, f'--workdir={tmp_path / "run"}', *args],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert result.returncode == 0, result.stderr
+  assert 'validations: 1' in result.stdout, result.stdout[-2000:]

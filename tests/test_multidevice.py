@@ -131,7 +131,7 @@ from mllm.train.sharding import make_mesh
 from mllm.train.state import setup
 assert jax.device_count() == 4, jax.devices()
 path = PATH
-config = mllm.load_config(hf.base_config_path(), {**hf.config_overrides(hf.read_config(path)),
+config = mllm.load_config(hf.base_config_path(), {**hf.config_overrides(hf.read_hf_config(path)),
                                                   'mesh.data': 1, 'mesh.expert': 2, 'mesh.tensor': 2})
 model, _ = setup(config, make_mesh(config.mesh))
 abstract = model.abstract_state['params']

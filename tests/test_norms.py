@@ -147,7 +147,7 @@ def test_partial_rmsnorm_uses_only_first_features():
 def test_bfloat16_input_with_fp32_stats(cls):
   rng = np.random.default_rng(5)
   d = 32
-  norm = cls(d, fp32=True, partial_p=0.5)
+  norm = cls(d, fp32=True, **({'partial_p': 0.5} if cls is PartialRMSNorm else {}))
   norm.scale[...] = jnp.asarray(rng.normal(size=d) + 1.0, jnp.float32)
   x_bf16 = jnp.asarray(rng.normal(size=(2, 5, d)) * 4.0, jnp.bfloat16)
   out = norm(x_bf16)
@@ -166,8 +166,9 @@ def test_use_bias_adds_shift():
   x = jnp.asarray(rng.normal(size=(3, d)), jnp.float32)
   shift = rng.normal(size=d)
   for cls in (RMSNorm, LayerNorm, PartialRMSNorm):
-    with_bias = cls(d, use_bias=True, partial_p=0.5)
-    without = cls(d, use_bias=False, partial_p=0.5)
+    own = {'partial_p': 0.5} if cls is PartialRMSNorm else {}
+    with_bias = cls(d, use_bias=True, **own)
+    without = cls(d, use_bias=False, **own)
     assert without.bias is None
     with_bias.bias[...] = jnp.asarray(shift, jnp.float32)
     np.testing.assert_allclose(
@@ -187,7 +188,11 @@ def test_identity_norm():
 def test_make_norm_builds_each_kind(kind):
   cfg = mllm.load_config(
     'configs/base.py',
-    {'model.norm.kind': kind, 'model.norm.eps': 0.25, 'model.norm.partial_p': 0.5},
+    {
+      'model.norm.kind': kind,
+      'model.norm.eps': 0.25,
+      **({'model.norm.partial_p': 0.5} if kind == 'partial_rmsnorm' else {}),
+    },
   )
   norm_cfg = cfg.model.norm
   d = 8

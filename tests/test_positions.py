@@ -225,7 +225,8 @@ def test_yarn_inverse_frequencies(d, theta, s, L):
   inv, attn = rope_inverse_frequencies(
     d,
     theta,
-    {'kind': 'yarn', 'factor': s, 'original_max_len': L, 'beta_fast': 32.0, 'beta_slow': 1.0},
+    {'kind': 'yarn', 'factor': s, 'beta_fast': 32.0, 'beta_slow': 1.0},
+    original_max_len=L,
   )
   ref, mscale, low, high = _np_yarn(d, theta, s, L)
   np.testing.assert_allclose(inv, ref, rtol=1e-12)
@@ -245,8 +246,8 @@ def test_yarn_inverse_frequencies(d, theta, s, L):
 
 def test_yarn_attention_factor_scales_cos_sin():
   s = 4.0
-  scaling = {'kind': 'yarn', 'factor': s, 'original_max_len': 64}
-  cos, sin = rope_angles(jnp.arange(10)[None], 16, 10000.0, scaling)
+  scaling = {'kind': 'yarn', 'factor': s}
+  cos, sin = rope_angles(jnp.arange(10)[None], 16, 10000.0, scaling, original_max_len=64)
   chex.assert_shape(cos, (1, 10, 8))
   np.testing.assert_allclose(
     np.asarray(cos) ** 2 + np.asarray(sin) ** 2, (0.1 * math.log(s) + 1.0) ** 2, rtol=1e-5
@@ -278,10 +279,10 @@ def test_llama3_inverse_frequencies():
     {
       'kind': 'llama3',
       'factor': factor,
-      'original_max_len': L,
       'low_freq_factor': low,
       'high_freq_factor': high,
     },
+    original_max_len=L,
   )
   ref = _np_llama3(d, theta, factor, L, low, high)
   np.testing.assert_allclose(inv, ref, rtol=1e-12)

@@ -15,7 +15,7 @@ import dataclasses
 
 import grain
 
-from mllm.config import ConfigError
+from mllm.checks import ConfigError
 from mllm.data import corpus as corpus_lib
 from mllm.data import pipeline
 from mllm.data.corpus import Corpus, cache_root

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 import tqdm
 
-from mllm.config import ConfigError
+from mllm.checks import ConfigError
 from mllm.data.sources import Source, is_val
 from mllm.data.tokenizers import EOS, PAD, BPETokenizer, ByteTokenizer, Tokenizer
 from mllm.paths import RunDir

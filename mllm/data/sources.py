@@ -17,7 +17,7 @@ import sysconfig
 from collections.abc import Iterator
 from typing import Any
 
-from mllm.config import ConfigError, first_line
+from mllm.checks import ConfigError, first_line
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,14 +4,14 @@ streamed text, and `generate` over `generate_tokens`."""
 from __future__ import annotations
 
 from mllm.checks import InputError
+from mllm.config import load_config
 from mllm.data.tokenizers import BPETokenizer, ByteTokenizer
 from mllm.generation.decode import generate_tokens
 from mllm.paths import existing_dir
 from mllm.train.checkpoint import Checkpointer, StateMismatch
 from mllm.train.resume import as_config, saved_config
 from mllm.train.sharding import make_mesh
-from mllm.train.state import setup
-from mllm.validation import validate
+from mllm.train.state import model_setup
 
 
 def load_run(workdir: str, like):
@@ -31,12 +31,11 @@ def load_run(workdir: str, like):
         'has no checkpoint to generate from; allowed: the workdir of a training run',
       )
     saved = saved_config(workdir, ckpt, step)
-    config = as_config(saved, like) if saved is not None else like
-    validate(config)
-    train_setup, _ = setup(config, make_mesh(config.mesh))
+    config = load_config(as_config(saved, like)) if saved is not None else like
+    model_parts = model_setup(config, make_mesh(config.mesh))
     try:
       step, params = ckpt.restore_latest(
-        train_setup.abstract_state['params'], params_only=True, set_aside=False
+        model_parts.abstract_params, params_only=True, set_aside=False
       )
     except StateMismatch as err:
       raise InputError(
@@ -60,7 +59,7 @@ def load_run(workdir: str, like):
         f'its tokenizer.json cannot be read '
         f'({type(err).__name__}); allowed: the workdir of a training run',
       ) from None
-  model = train_setup.merge(params)
+  model = model_parts.merge(params)
   model.eval()
   return model, tokenizer, step, config
 

@@ -33,8 +33,7 @@ from mllm.interop.hf_config import (
   family_of,
 )
 from mllm.interop.hf_config_export import check_exact, family_for, hf_config
-from mllm.model import SAVED, build_model, placeholder_rest
-from mllm.validation import validate
+from mllm.model import CHECKPOINTED, build_model, rng_stand_ins
 
 __all__ = [
   'ARCHITECTURES',
@@ -43,7 +42,7 @@ __all__ = [
   'HFImportError',
   'from_hf',
   'hf_params',
-  'read_config',
+  'read_hf_config',
   'run_config',
   'to_hf',
   'tokenizer_settings',
@@ -56,7 +55,7 @@ _BUFFERS = ('.attn.bias', '.attn.masked_bias', 'rotary_emb.inv_freq')
 # --- Reading a folder ---------------------------------------------------------------------------
 
 
-def read_config(path: str) -> dict:
+def read_hf_config(path: str) -> dict:
   file = os.path.join(path, 'config.json')
   if not os.path.isfile(file):
     raise HFImportError(
@@ -116,7 +115,7 @@ def tokenizer_settings(path: str) -> dict[str, Any]:
     for key in ('eos_token', 'pad_token'):
       value = tok_config.get(key)
       names[key] = value.get('content') if isinstance(value, dict) else value
-  hf = read_config(path)
+  hf = read_hf_config(path)
   for key in ('eos_token', 'pad_token'):
     token_id = hf.get(f'{key}_id')
     if isinstance(token_id, list):
@@ -146,7 +145,7 @@ def hf_params(path: str, config, abstract_params: nnx.State) -> nnx.State:
   """The checkpoint's weights as `abstract_params` (nnx.Param state, ShapeDtypeStructs) describes
   them: mapped, checked, cast to each parameter's dtype and, where the abstract carries a sharding,
   placed straight onto it (each device gets its slice; the host holds one tensor at a time)."""
-  hf = read_config(path)
+  hf = read_hf_config(path)
   family = family_of(hf)
   c = config.model
   take = Checkpoint(path)
@@ -240,12 +239,12 @@ def _place(value: np.ndarray, like) -> jax.Array:
 def from_hf(path: str, overrides: dict[str, Any] | None = None):
   """(config, model) of the HF checkpoint in folder `path`, in float32. `overrides` (dotted mllm
   keys) apply on top, for toggles that keep the weights' shapes (e.g. an attention impl)."""
-  keys = config_overrides(read_config(path))
+  keys = config_overrides(read_hf_config(path))
   keys.update(overrides or {})
   config = load_config(base_config_path(), keys)
   abstract = nnx.eval_shape(lambda: build_model(config.model, rngs=nnx.Rngs(0)))
-  graphdef, params, _ = nnx.split(abstract, SAVED, ...)
-  return config, nnx.merge(graphdef, hf_params(path, config, params), placeholder_rest(abstract))
+  graphdef, params, _ = nnx.split(abstract, CHECKPOINTED, ...)
+  return config, nnx.merge(graphdef, hf_params(path, config, params), rng_stand_ins(abstract))
 
 
 # Keys of config_overrides that set how the imported model runs, not what it is: a run's own
@@ -263,8 +262,9 @@ _RUN_KEYS = (
 def run_config(config, path: str, explicit: dict[str, Any] | None = None):
   """`config` with the model (and tokenizer settings) of the HF folder `path`, for a run that
   starts from its weights: its other sections stay, data.seq_len is capped at the model's context,
-  and `explicit` (dotted keys the user set, e.g. on the command line) is applied last."""
-  keys = {k: v for k, v in config_overrides(read_config(path)).items() if k not in _RUN_KEYS}
+  and `explicit` (dotted keys the user set, e.g. on the command line) is applied last. Not yet
+  validated: the caller's load_config does that once."""
+  keys = {k: v for k, v in config_overrides(read_hf_config(path)).items() if k not in _RUN_KEYS}
   keys.update(tokenizer_settings(path))
   out = config_dict.ConfigDict(config.to_dict())
   with out.ignore_type():
@@ -272,7 +272,6 @@ def run_config(config, path: str, explicit: dict[str, Any] | None = None):
       set_path(out, key, value)
     if out.data.seq_len > out.model.max_seq_len and 'data.seq_len' not in (explicit or {}):
       out.data.seq_len = out.model.max_seq_len
-  validate(out)
   return out
 
 

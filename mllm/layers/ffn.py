@@ -101,14 +101,16 @@ def _ffn(x, w_gate, w_up, w_down, activation):
   return _ffn_fwd(x, w_gate, w_up, w_down, activation)[0]
 
 
-def _ffn_hidden(pre_gate, pre_up, activation):
+def ffn_hidden(pre_gate, pre_up, activation):
+  """The hidden layer from its pre-activations: act(x W_up), or act(x W_gate) ⊙ x W_up when
+  gated (Shazeer 2020, eq. 5-6). The dense FFN and the MoE experts share it."""
   return activation(pre_up) if pre_gate is None else activation(pre_gate) * pre_up
 
 
 def _ffn_fwd(x, w_gate, w_up, w_down, activation):
   pre_gate = None if w_gate is None else x @ w_gate
   pre_up = x @ w_up
-  y = _ffn_hidden(pre_gate, pre_up, activation) @ w_down
+  y = ffn_hidden(pre_gate, pre_up, activation) @ w_down
   return y, (x, w_gate, w_up, w_down, pre_gate, pre_up)
 
 
@@ -116,7 +118,7 @@ def _ffn_bwd(activation, residuals, dy):
   x, w_gate, w_up, w_down, pre_gate, pre_up = residuals
   d_model, d_ff = w_up.shape
   hidden, hidden_vjp = jax.vjp(
-    functools.partial(_ffn_hidden, activation=activation), pre_gate, pre_up
+    functools.partial(ffn_hidden, activation=activation), pre_gate, pre_up
   )
   dy = dy.astype(hidden.dtype)
   d_hidden = dy @ w_down.T

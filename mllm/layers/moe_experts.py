@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mllm.layers.ffn import FFNS
+from mllm.layers.ffn import FFNS, ffn_hidden
 from mllm.ops import mesh as on_mesh
 
 DISPATCHES = ('capacity', 'dropless')
@@ -56,15 +56,12 @@ class Experts(nnx.Module):
     cast = lambda w: None if w is None else w[...].astype(dtype)  # noqa: E731
     return cast(self.gate), cast(self.up), cast(self.down)
 
-  def _hidden(self, pre_gate, pre_up):
-    return self.activation(pre_up) if pre_gate is None else self.activation(pre_gate) * pre_up
-
   def grouped(self, x_ECD: jax.Array) -> jax.Array:
     """Expert e applied to its own rows x_ECD[e] (the capacity buffer)."""
     gate, up, down = self._weights(self.dtype or x_ECD.dtype)
     x_ECD = x_ECD.astype(up.dtype)
     pre_gate = None if gate is None else jnp.einsum('ecd,edf->ecf', x_ECD, gate)
-    hidden = self._hidden(pre_gate, jnp.einsum('ecd,edf->ecf', x_ECD, up))
+    hidden = ffn_hidden(pre_gate, jnp.einsum('ecd,edf->ecf', x_ECD, up), self.activation)
     return jnp.einsum('ecf,efd->ecd', hidden, down)
 
   def ragged(
@@ -75,7 +72,7 @@ class Experts(nnx.Module):
     x_SD = x_SD.astype(up.dtype)
     matmul = lambda x, w: grouped_matmul(x, w, group_sizes_E, impl)  # noqa: E731
     pre_gate = None if gate is None else matmul(x_SD, gate)
-    hidden = self._hidden(pre_gate, matmul(x_SD, up))
+    hidden = ffn_hidden(pre_gate, matmul(x_SD, up), self.activation)
     return matmul(hidden, down)
 
 

@@ -1,11 +1,13 @@
 """Every normalization (`model.norm.kind`): layernorm, rmsnorm, partial_rmsnorm, none.
 
-All share one constructor signature, `(dim, *, eps, use_bias, fp32, partial_p, param_dtype, rngs)`, so
-the model builds whichever the config names from the `NORMS` registry.
+All share one constructor signature, `(dim, *, eps, use_bias, fp32, param_dtype, rngs)` plus the
+fields of their own `Settings` (partial RMSNorm's p: mllm/variant_config.py), so the model builds
+whichever the config names from the `NORMS` registry.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -13,6 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mllm.checks import ConfigError, one_of, positive
+from mllm.variant_config import check_variant_keys, key, settings_of
 
 
 class _Norm(nnx.Module):
@@ -25,14 +28,12 @@ class _Norm(nnx.Module):
     eps: float = 1e-6,
     use_bias: bool = False,
     fp32: bool = True,
-    partial_p: float = 1.0,
     param_dtype=jnp.float32,
     rngs: nnx.Rngs | None = None,
   ):
     del rngs  # Deterministic init: γ = 1, β = 0.
     self.eps = eps
     self.fp32 = fp32
-    self.partial_p = partial_p
     self.scale = nnx.Param(jnp.ones((dim,), param_dtype), logical_axes=('norm',))
     self.bias = (
       nnx.Param(jnp.zeros((dim,), param_dtype), logical_axes=('norm',)) if use_bias else None
@@ -77,9 +78,26 @@ class RMSNorm(_Norm):
     return x * jax.lax.rsqrt(mean_square + self.eps)
 
 
+def _fraction(name: str, value) -> None:
+  if not 0.0 < value <= 1.0:
+    raise ConfigError(
+      name, value, 'partial RMSNorm uses the first p fraction of features; allowed: 0 < p <= 1'
+    )
+
+
 class PartialRMSNorm(_Norm):
   """pRMSNorm: the RMS is estimated from the first k = ⌈p·d⌉ features only (Zhang & Sennrich 2019,
   eq. 6); every feature is then divided by it. p = 1 is RMSNorm."""
+
+  @dataclasses.dataclass(frozen=True)
+  class Settings:
+    partial_p: float = key(
+      'partial_p', 0.0625, 'the fraction of features in the RMS (paper: 6.25%)', _fraction
+    )
+
+  def __init__(self, dim: int, *, partial_p: float = 0.0625, **kwargs):
+    super().__init__(dim, **kwargs)
+    self.partial_p = partial_p
 
   @classmethod
   def hf_math(cls, m):
@@ -117,27 +135,18 @@ PLACEMENTS = ('pre', 'post')
 
 def make_norm(norm_cfg, dim: int, *, param_dtype=jnp.float32, rngs: nnx.Rngs) -> nnx.Module:
   """The norm that `norm_cfg` (the config's `model.norm`) names, for vectors of size `dim`."""
-  kwargs = dict(
-    eps=norm_cfg.eps,
-    fp32=norm_cfg.fp32,
-    partial_p=norm_cfg.partial_p,
-    param_dtype=param_dtype,
-    rngs=rngs,
-  )
+  norm = NORMS[norm_cfg.kind]
+  kwargs = dict(eps=norm_cfg.eps, fp32=norm_cfg.fp32, param_dtype=param_dtype, rngs=rngs)
   if norm_cfg.use_bias is not None:
     kwargs['use_bias'] = norm_cfg.use_bias
-  return NORMS[norm_cfg.kind](dim, **kwargs)
+  if hasattr(norm, 'Settings'):
+    kwargs.update(dataclasses.asdict(settings_of(norm, norm_cfg)))
+  return norm(dim, **kwargs)
 
 
 def check_norm_config(m, p: str = 'model') -> None:
-  """`model.norm`: a registered kind and placement, a positive eps, and partial RMSNorm's p."""
+  """`model.norm`: a registered kind with its declared keys, a placement and a positive eps."""
   n = m.norm
-  one_of(f'{p}.norm.kind', n.kind, NORMS, 'norm')
+  check_variant_keys(n, f'{p}.norm', 'kind', NORMS, 'norm')
   one_of(f'{p}.norm.placement', n.placement, PLACEMENTS, 'norm placement')
   positive(f'{p}.norm.eps', n.eps)
-  if not (isinstance(n.partial_p, (int, float)) and 0.0 < n.partial_p <= 1.0):
-    raise ConfigError(
-      f'{p}.norm.partial_p',
-      n.partial_p,
-      'partial RMSNorm uses the first p fraction of features; allowed: 0 < p <= 1',
-    )

@@ -13,6 +13,7 @@ embeddings are per layer, so that scheme also gives each attention layer a small
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -20,13 +21,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from mllm.checks import ConfigError, one_of, positive
+from mllm.checks import ConfigError, positive
 from mllm.layers import resolved_head_dim
 from mllm.layers.init import weight_std
 from mllm.layers.rope import (
   ROPE_LAYOUTS,
   ROPE_SCALINGS,
-  RopeScaling,
   rope_angles,
   rope_hf_fields,
   rope_keys_from_hf,
@@ -34,6 +34,7 @@ from mllm.layers.rope import (
   rotate,
 )
 from mllm.ops.attention import RelativeValues, ScoreBias
+from mllm.variant_config import at_least, check_variant_keys, key, one_of_these, settings_of
 
 # ---------------------------------------------------------------------------------------------
 # ALiBi (Press et al. 2022), T5 buckets (Raffel et al. 2020), Shaw et al. (2018), sinusoids.
@@ -118,8 +119,8 @@ class PositionContext:
 
 class PositionScheme(nnx.Module):
   """Base scheme: acts nowhere (NoPE). Subclasses override what they need: the four points above,
-  `check` (their rules on the config, beyond the keys' ranges), `describe` (one line) and
-  `hf_math` (what Hugging Face export must reproduce)."""
+  `Settings` (the config keys it reads: mllm/variant_config.py), `check` (its rules across keys),
+  `describe` (one line) and `hf_math` (what Hugging Face export must reproduce)."""
 
   max_positions: int | None = None  # size of a learned table of absolute positions, if any
   learned_bias = False  # its score bias is learned: only 'xla', 'blockwise' (autodiff) run it
@@ -199,8 +200,27 @@ class RotaryPositions(PositionScheme):
   hf_fields = staticmethod(rope_hf_fields)
   hf_math = staticmethod(rope_math)
 
+  @dataclasses.dataclass(frozen=True)
+  class Settings:
+    theta: float = key('rope_theta', 10000.0, 'the base θ of θ_i = θ^(−2(i−1)/d)', positive)
+    layout: str = key(
+      'rope_layout',
+      'half',
+      'half (HF/Qwen) | interleaved (paper/Meta)',
+      one_of_these(ROPE_LAYOUTS, 'RoPE layout'),
+    )
+    scaling: str = key('rope_scaling', 'none', 'RoPE scaling', choices=ROPE_SCALINGS)
+    # Also the "pre-training context" experiments measure lengths in, with or without a scaling.
+    original_max_len: int | None = key(
+      'rope_original_max_len',
+      None,
+      'the trained context a scaling extends; None: max_seq_len',
+      positive,
+    )
+
   @classmethod
   def check(cls, m, p):
+    settings_of(ROPE_SCALINGS[m.position.rope_scaling], m.position).check(f'{p}.position')
     head_dim = resolved_head_dim(m)
     if head_dim % 2:
       derived = (
@@ -222,22 +242,17 @@ class RotaryPositions(PositionScheme):
 
   def __init__(self, cfg, *, rngs):
     del rngs
-    pos = cfg.position
+    settings = settings_of(self, cfg.position)
     self.head_dim = resolved_head_dim(cfg)
-    self.theta = pos.rope_theta
-    self.layout = pos.rope_layout
-    self.scaling = RopeScaling(
-      kind=pos.rope_scaling,
-      factor=pos.rope_scaling_factor,
-      original_max_len=pos.rope_original_max_len or cfg.max_seq_len,
-      beta_fast=pos.yarn_beta_fast,
-      beta_slow=pos.yarn_beta_slow,
-      low_freq_factor=pos.llama3_low_freq_factor,
-      high_freq_factor=pos.llama3_high_freq_factor,
-    )
+    self.theta = settings.theta
+    self.layout = settings.layout
+    self.scaling = settings_of(ROPE_SCALINGS[settings.scaling], cfg.position)
+    self.original_max_len = settings.original_max_len or cfg.max_seq_len
 
   def context(self, q_positions_BT, kv_positions_BS):
-    cos, sin = rope_angles(q_positions_BT, self.head_dim, self.theta, self.scaling)
+    cos, sin = rope_angles(
+      q_positions_BT, self.head_dim, self.theta, self.scaling, self.original_max_len
+    )
     return PositionContext(cos=cos, sin=sin, layout=self.layout)
 
 
@@ -260,14 +275,15 @@ class T5Positions(PositionScheme):
 
   learned_bias = True
 
+  @dataclasses.dataclass(frozen=True)
+  class Settings:
+    num_buckets: int = key('t5_num_buckets', 32, 'distance buckets', at_least(2))
+    max_distance: int = key('t5_max_distance', 128, 'distances beyond share the last bucket')
+
   @classmethod
   def check(cls, m, p):
     pos = m.position
-    if not isinstance(pos.t5_num_buckets, int) or pos.t5_num_buckets < 2:
-      raise ConfigError(
-        f'{p}.position.t5_num_buckets', pos.t5_num_buckets, 'must be an integer >= 2'
-      )
-    if not isinstance(pos.t5_max_distance, int) or pos.t5_max_distance <= pos.t5_num_buckets // 2:
+    if pos.t5_max_distance <= pos.t5_num_buckets // 2:
       raise ConfigError(
         f'{p}.position.t5_max_distance',
         pos.t5_max_distance,
@@ -279,8 +295,9 @@ class T5Positions(PositionScheme):
     return f't5 {m.position.t5_num_buckets} buckets ≤{m.position.t5_max_distance}'
 
   def __init__(self, cfg, *, rngs):
-    self.num_buckets = cfg.position.t5_num_buckets
-    self.max_distance = cfg.position.t5_max_distance
+    settings = settings_of(self, cfg.position)
+    self.num_buckets = settings.num_buckets
+    self.max_distance = settings.max_distance
     # HF T5's initialization under every model.init: a bias per head, not a projection.
     init = nnx.initializers.normal(cfg.d_model**-0.5)
     self.table = nnx.Param(
@@ -329,13 +346,9 @@ class ShawPositions(PositionScheme):
 
   learned_bias = True
 
-  @classmethod
-  def check(cls, m, p):
-    k = m.position.shaw_max_distance
-    if not isinstance(k, int) or k < 0:
-      raise ConfigError(
-        f'{p}.position.shaw_max_distance', k, 'the clipping distance k must be an integer >= 0'
-      )
+  @dataclasses.dataclass(frozen=True)
+  class Settings:
+    max_distance: int = key('shaw_max_distance', 16, 'the clipping distance k', at_least(0))
 
   @classmethod
   def describe(cls, m):
@@ -343,7 +356,7 @@ class ShawPositions(PositionScheme):
 
   def __init__(self, cfg, *, rngs):
     del rngs
-    self.max_distance = cfg.position.shaw_max_distance
+    self.max_distance = settings_of(self, cfg.position).max_distance
 
   def context(self, q_positions_BT, kv_positions_BS):
     return PositionContext(
@@ -373,38 +386,7 @@ POSITIONS: dict[str, type[PositionScheme]] = {
 
 
 def check_position_config(m, p: str = 'model') -> None:
-  """`model.position`: every key range-checked, used by the scheme or not (a config is valid as a
-  whole), then the scheme's own rules (`PositionScheme.check`)."""
-  pos = m.position
-  one_of(f'{p}.position.rope_layout', pos.rope_layout, ROPE_LAYOUTS, 'RoPE layout')
-  one_of(f'{p}.position.rope_scaling', pos.rope_scaling, ROPE_SCALINGS, 'RoPE scaling')
-  positive(f'{p}.position.rope_theta', pos.rope_theta)
-  if not isinstance(pos.rope_scaling_factor, (int, float)) or not pos.rope_scaling_factor >= 1.0:
-    raise ConfigError(
-      f'{p}.position.rope_scaling_factor',
-      pos.rope_scaling_factor,
-      'the context extension factor must be >= 1',
-    )
-  positive(f'{p}.position.rope_original_max_len', pos.rope_original_max_len, optional=True)
-  positive(f'{p}.position.yarn_beta_slow', pos.yarn_beta_slow)
-  if not pos.yarn_beta_slow < pos.yarn_beta_fast:
-    raise ConfigError(
-      f'{p}.position.yarn_beta_slow',
-      pos.yarn_beta_slow,
-      f'YaRN needs 0 < yarn_beta_slow < yarn_beta_fast={pos.yarn_beta_fast}',
-    )
-  positive(f'{p}.position.llama3_low_freq_factor', pos.llama3_low_freq_factor)
-  if not pos.llama3_low_freq_factor < pos.llama3_high_freq_factor:
-    raise ConfigError(
-      f'{p}.position.llama3_low_freq_factor',
-      pos.llama3_low_freq_factor,
-      'llama3 scaling needs 0 < low_freq_factor < llama3_high_freq_factor='
-      f'{pos.llama3_high_freq_factor}',
-    )
-  if pos.rope_scaling != 'none' and pos.kind != 'rope':
-    raise ConfigError(
-      f'{p}.position.rope_scaling',
-      pos.rope_scaling,
-      f"RoPE scaling needs {p}.position.kind='rope' (it is {pos.kind!r}); allowed here: 'none'",
-    )
-  POSITIONS[pos.kind].check(m, p)
+  """`model.position`: the scheme's declared keys (its `Settings`, and those of the RoPE scaling
+  it chooses), no other scheme's key moved off its default, then the scheme's own rules."""
+  check_variant_keys(m.position, f'{p}.position', 'kind', POSITIONS, 'position scheme')
+  POSITIONS[m.position.kind].check(m, p)

@@ -13,99 +13,175 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mllm.checks import ConfigError, positive
 from mllm.hf_errors import HFImportError
+from mllm.variant_config import key
 
 # ---------------------------------------------------------------------------------------------
 # RoPE (Su et al. 2021) and its context-extension scalings.
 # ---------------------------------------------------------------------------------------------
 
 ROPE_LAYOUTS = ('half', 'interleaved')
-ROPE_SCALINGS = ('none', 'linear', 'ntk', 'yarn', 'llama3')
+
+
+def _extension_factor(name: str, value) -> None:
+  if not value >= 1.0:
+    raise ConfigError(name, value, 'the context extension factor must be >= 1')
+
+
+# Keys that several scalings read, declared once.
+FACTOR = key('rope_scaling_factor', 1.0, 'the context extension factor s', _extension_factor)
+
+
+# Each scaling is its own settings: a frozen dataclass of the keys it reads (variant_config.py),
+# registered in ROPE_SCALINGS under its `model.position.rope_scaling` name. `frequencies` takes
+# RoPE's θ_i and returns the scaled ones and the factor on cos and sin (YaRN's temperature).
 
 
 @dataclasses.dataclass(frozen=True)
-class RopeScaling:
-  """How RoPE's frequencies are changed to reach a context `factor` times the trained one.
+class NoScaling:
+  """RoPE's own frequencies."""
 
-  linear: Position Interpolation (Chen et al. 2023): positions / factor.
-  ntk:    NTK-aware base change (bloc97 2023): θ' = θ·factor^(d/(d−2)).
-  yarn:   YaRN (Peng et al. 2023, eqs. 17-20): per-frequency ramp between interpolation and
-          extrapolation (beta_fast = β, beta_slow = α) and attention temperature 0.1·ln(s) + 1.
-  llama3: Llama 3.1's wavelength-banded interpolation (low/high_freq_factor, original_max_len).
-  """
+  def frequencies(self, inv_freq, head_dim: int, theta: float, original_max_len: int):
+    return inv_freq, 1.0
 
-  kind: str = 'none'
-  factor: float = 1.0
-  original_max_len: int = 2048
-  beta_fast: float = 32.0
-  beta_slow: float = 1.0
-  low_freq_factor: float = 1.0
-  high_freq_factor: float = 4.0
-
-  @classmethod
-  def of(cls, scaling: RopeScaling | Mapping[str, Any] | str | None) -> RopeScaling:
-    if scaling is None:
-      return cls()
-    if isinstance(scaling, RopeScaling):
-      return scaling
-    if isinstance(scaling, str):
-      return cls(kind=scaling)
-    return cls(**dict(scaling))
+  def check(self, prefix: str) -> None:
+    """Rules across its keys (each key's own rule is declared with it)."""
 
 
-def rope_inverse_frequencies(
-  head_dim: int, theta: float = 10000.0, scaling: RopeScaling | Mapping | str | None = None
-) -> tuple[np.ndarray, float]:
-  """θ_i = base^(−2(i−1)/d), i = 1..d/2, after `scaling`; and the factor that multiplies cos and sin
-  (YaRN's temperature, 1 otherwise). Computed in float64 NumPy: these are static."""
-  s = RopeScaling.of(scaling)
-  exponents = np.arange(0, head_dim, 2, dtype=np.float64)[: head_dim // 2] / head_dim
-  if s.kind == 'ntk':
-    theta = theta * s.factor ** (head_dim / (head_dim - 2))
-  inv_freq = 1.0 / theta**exponents
-  attention_factor = 1.0
-  if s.kind == 'linear':
-    inv_freq = inv_freq / s.factor
-  elif s.kind == 'yarn':
+@dataclasses.dataclass(frozen=True)
+class PositionInterpolation(NoScaling):
+  """PI (Chen et al. 2023, eq. 4): positions / s, i.e. every θ_i / s."""
 
-    def correction_dim(n_rotations):  # the dimension whose wavelength fits n_rotations in L_orig
-      return (
-        head_dim
-        * math.log(s.original_max_len / (n_rotations * 2 * math.pi))
-        / (2 * math.log(theta))
+  factor: float = FACTOR
+
+  def frequencies(self, inv_freq, head_dim, theta, original_max_len):
+    return inv_freq / self.factor, 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class NTKAware(NoScaling):
+  """NTK-aware base change (bloc97 2023): θ' = θ·s^(d/(d−2))."""
+
+  factor: float = FACTOR
+
+  def frequencies(self, inv_freq, head_dim, theta, original_max_len):
+    exponents = np.arange(0, head_dim, 2, dtype=np.float64)[: head_dim // 2] / head_dim
+    return 1.0 / (theta * self.factor ** (head_dim / (head_dim - 2))) ** exponents, 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class YaRN(NoScaling):
+  """YaRN (Peng et al. 2023, eqs. 17-20): a per-frequency ramp between interpolation and
+  extrapolation (beta_fast = β, beta_slow = α) and the attention temperature 0.1·ln(s) + 1."""
+
+  factor: float = FACTOR
+  beta_fast: float = key('yarn_beta_fast', 32.0, 'YaRN β: rotations above it extrapolate', positive)
+  beta_slow: float = key('yarn_beta_slow', 1.0, 'YaRN α: rotations below it interpolate', positive)
+
+  def check(self, prefix):
+    if not self.beta_slow < self.beta_fast:
+      raise ConfigError(
+        f'{prefix}.yarn_beta_slow',
+        self.beta_slow,
+        f'YaRN needs 0 < yarn_beta_slow < yarn_beta_fast={self.beta_fast}',
       )
 
-    low = max(math.floor(correction_dim(s.beta_fast)), 0)
-    high = min(math.ceil(correction_dim(s.beta_slow)), head_dim - 1)
+  def frequencies(self, inv_freq, head_dim, theta, original_max_len):
+    def correction_dim(n_rotations):  # the dimension whose wavelength fits n_rotations in L_orig
+      return (
+        head_dim * math.log(original_max_len / (n_rotations * 2 * math.pi)) / (2 * math.log(theta))
+      )
+
+    low = max(math.floor(correction_dim(self.beta_fast)), 0)
+    high = min(math.ceil(correction_dim(self.beta_slow)), head_dim - 1)
     if low == high:
       high += 0.001
     ramp = np.clip((np.arange(head_dim // 2) - low) / (high - low), 0.0, 1.0)
     extrapolate = 1.0 - ramp  # 1: keep the original frequency; 0: interpolate it by the factor
-    inv_freq = inv_freq / s.factor * (1.0 - extrapolate) + inv_freq * extrapolate
-    attention_factor = 0.1 * math.log(s.factor) + 1.0 if s.factor > 1 else 1.0
-  elif s.kind == 'llama3':
-    low_freq_wavelen = s.original_max_len / s.low_freq_factor
-    high_freq_wavelen = s.original_max_len / s.high_freq_factor
+    inv_freq = inv_freq / self.factor * (1.0 - extrapolate) + inv_freq * extrapolate
+    return inv_freq, 0.1 * math.log(self.factor) + 1.0 if self.factor > 1 else 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Llama3(NoScaling):
+  """Llama 3.1's wavelength bands: wavelengths beyond L_orig/low_freq_factor interpolate by s,
+  below L_orig/high_freq_factor stay, and a smooth blend in between."""
+
+  factor: float = FACTOR
+  low_freq_factor: float = key('llama3_low_freq_factor', 1.0, 'llama3: the low band edge', positive)
+  high_freq_factor: float = key('llama3_high_freq_factor', 4.0, 'llama3: the high band edge')
+
+  def check(self, prefix):
+    if not self.low_freq_factor < self.high_freq_factor:
+      raise ConfigError(
+        f'{prefix}.llama3_low_freq_factor',
+        self.low_freq_factor,
+        'llama3 scaling needs 0 < low_freq_factor < llama3_high_freq_factor='
+        f'{self.high_freq_factor}',
+      )
+
+  def frequencies(self, inv_freq, head_dim, theta, original_max_len):
+    low_freq_wavelen = original_max_len / self.low_freq_factor
+    high_freq_wavelen = original_max_len / self.high_freq_factor
     wavelen = 2 * math.pi / inv_freq
-    smooth = (s.original_max_len / wavelen - s.low_freq_factor) / (
-      s.high_freq_factor - s.low_freq_factor
+    smooth = (original_max_len / wavelen - self.low_freq_factor) / (
+      self.high_freq_factor - self.low_freq_factor
     )
-    scaled = np.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
+    scaled = np.where(wavelen > low_freq_wavelen, inv_freq / self.factor, inv_freq)
     medium = (wavelen <= low_freq_wavelen) & (wavelen >= high_freq_wavelen)
-    inv_freq = np.where(medium, (1 - smooth) * inv_freq / s.factor + smooth * inv_freq, scaled)
-  elif s.kind not in ('none', 'ntk'):
-    raise ValueError(f"rope scaling={s.kind!r}; allowed: {', '.join(ROPE_SCALINGS)}")
-  return inv_freq, attention_factor
+    inv_freq = np.where(medium, (1 - smooth) * inv_freq / self.factor + smooth * inv_freq, scaled)
+    return inv_freq, 1.0
+
+
+ROPE_SCALINGS: dict[str, type[NoScaling]] = {
+  'none': NoScaling,
+  'linear': PositionInterpolation,
+  'ntk': NTKAware,
+  'yarn': YaRN,
+  'llama3': Llama3,
+}
+
+
+def rope_scaling(spec: NoScaling | Mapping[str, Any] | str | None) -> NoScaling:
+  """A scaling from its name, or {'kind': name, field: value, ...} (fields by their short names),
+  or the scaling itself."""
+  if spec is None:
+    return NoScaling()
+  if isinstance(spec, NoScaling):
+    return spec
+  if isinstance(spec, str):
+    spec = {'kind': spec}
+  fields = dict(spec)
+  kind = fields.pop('kind')
+  if kind not in ROPE_SCALINGS:
+    raise ValueError(f"rope scaling={kind!r}; allowed: {', '.join(ROPE_SCALINGS)}")
+  return ROPE_SCALINGS[kind](**fields)
+
+
+def rope_inverse_frequencies(
+  head_dim: int,
+  theta: float = 10000.0,
+  scaling: NoScaling | Mapping | str | None = None,
+  original_max_len: int = 2048,
+) -> tuple[np.ndarray, float]:
+  """θ_i = base^(−2(i−1)/d), i = 1..d/2, after `scaling`; and the factor that multiplies cos and sin
+  (YaRN's temperature, 1 otherwise). `original_max_len`: the trained context the scaling extends
+  (YaRN, llama3). Computed in float64 NumPy: these are static."""
+  exponents = np.arange(0, head_dim, 2, dtype=np.float64)[: head_dim // 2] / head_dim
+  inv_freq = 1.0 / theta**exponents
+  return rope_scaling(scaling).frequencies(inv_freq, head_dim, theta, original_max_len)
 
 
 def rope_angles(
   positions: jax.Array,
   head_dim: int,
   theta: float = 10000.0,
-  scaling: RopeScaling | Mapping | str | None = None,
+  scaling: NoScaling | Mapping | str | None = None,
+  original_max_len: int = 2048,
 ) -> tuple[jax.Array, jax.Array]:
   """cos and sin of m·θ_i for positions [..., T] → two arrays [..., T, head_dim // 2]."""
-  inv_freq, attention_factor = rope_inverse_frequencies(head_dim, theta, scaling)
+  inv_freq, attention_factor = rope_inverse_frequencies(head_dim, theta, scaling, original_max_len)
   angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
   return jnp.cos(angles) * attention_factor, jnp.sin(angles) * attention_factor
 
@@ -137,12 +213,13 @@ def apply_rope(
   *,
   theta: float = 10000.0,
   layout: str = 'half',
-  scaling: RopeScaling | Mapping | str | None = None,
+  scaling: NoScaling | Mapping | str | None = None,
+  original_max_len: int = 2048,
 ) -> jax.Array:
   """Rotary position embedding of x [B, T, heads, head_dim] at positions [B, T] (or [T])."""
   if x.shape[-1] % 2:
     raise ValueError(f'RoPE needs an even head_dim, got {x.shape[-1]}')
-  cos, sin = rope_angles(jnp.asarray(positions), x.shape[-1], theta, scaling)
+  cos, sin = rope_angles(jnp.asarray(positions), x.shape[-1], theta, scaling, original_max_len)
   return rotate(x, cos, sin, layout)
 
 

@@ -38,8 +38,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from mllm.checks import InputError
-from mllm.config import first_line
+from mllm.checks import InputError, first_line
 from mllm.paths import RunDir
 
 # Orbax writes both into the tmp folder before its commit rename (AtomicRenameTemporaryPath).

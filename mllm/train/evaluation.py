@@ -8,14 +8,13 @@ import os
 
 import jax
 
-from mllm.checks import InputError
-from mllm.config import ConfigError
+from mllm.checks import ConfigError, InputError
 from mllm.paths import RunDir, existing_dir
 from mllm.train.checkpoint import Checkpointer, StateMismatch
 from mllm.train.cluster import maybe_initialize_distributed
 from mllm.train.resume import check_resumable, mismatch_error
 from mllm.train.sharding import global_batch, make_mesh
-from mllm.train.state import setup
+from mllm.train.state import model_setup
 from mllm.train.step import eval_summary, make_eval_step
 
 
@@ -47,8 +46,8 @@ def evaluate(config, workdir: str) -> dict:
       '--workdir', workdir, 'has no checkpoint to evaluate; allowed: the workdir of a training run'
     )
   mesh = make_mesh(config.mesh)
-  train_setup, _ = setup(config, mesh)
-  abstract_params = train_setup.abstract_state['params']
+  model = model_setup(config, mesh)
+  abstract_params = model.abstract_params
   ckpt = Checkpointer(workdir, read_only=True)
   try:
     check_resumable(workdir, config, ckpt, abstract_params, params_only=True)
@@ -65,7 +64,7 @@ def evaluate(config, workdir: str) -> dict:
     config, workdir, process_index=jax.process_index(), process_count=jax.process_count()
   )
   result = run_eval(
-    make_eval_step(train_setup, data.tokenizer.token_bytes),
+    make_eval_step(model, data.tokenizer.token_bytes),
     params,
     data,
     mesh,

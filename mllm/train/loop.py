@@ -64,6 +64,70 @@ def train(config, workdir: str, *, stop_after: int | None = None, progress: bool
   stop_after: leave after this global step (saving a checkpoint), as a preemption would.
   """
   started = time.perf_counter()  # the first step's start-up line counts from here
+  with _open_run(config, workdir) as run:
+    start, state, state_note = _starting_state(run)
+    end = config.train.steps if stop_after is None else min(config.train.steps, stop_after)
+    writer = _metrics_writer(workdir, config.train, start)
+    run.closing.callback(writer.close)
+    counts = count_params(config)
+    device = jax.devices()[0]
+    loop = _Loop(
+      run=run,
+      train_step=make_train_step(run.setup),
+      eval_step=make_eval_step(run.setup, run.data.tokenizer.token_bytes),
+      writer=writer,
+      speed=_Speed(
+        tokens_per_step=config.data.batch_size * config.data.seq_len,
+        flops_per_token=training_flops_per_token(config, config.data.seq_len, counts).total,
+        peak=peak_flops_per_device(device.device_kind, config.model.dtype, config.train.peak_flops),
+      ),
+      bar=Progress(end, start, log_every=config.train.log_every, enabled=progress),
+      start=start,
+      end=end,
+      state=state,
+    )
+    _print_start(loop.bar, run, counts, device, start)
+    if start >= end:  # resumed at its last step: report the losses it ended with, not NaN
+      loop.loss = _last_train_loss(writer.path, start)
+    loop.run_steps(started, state_note)
+    return loop.finish()
+
+
+def save_initial_state(config, workdir: str) -> None:
+  """Save the state a run of `config` starts from (train.init_from's parameters) as step 0 of a
+  new run in `workdir`, with its config, tokenizer and data position (launch.py --mode=import):
+  the start of `train` without its loop."""
+  with _open_run(config, workdir) as run:
+    start, state, _ = _starting_state(run)
+    assert start == 0, start  # launch.py refuses a workdir that holds checkpoints
+    run.ckpt.save(0, state, run.iterator, run.saved_config)
+    run.ckpt.wait()
+
+
+@dataclasses.dataclass
+class _Run:
+  """What a run opens before its first step: the mesh, the state's structure and initializer,
+  the checkpointer, the data and its iterator; `closing` closes them on every exit."""
+
+  config: Any
+  workdir: str
+  mesh: jax.sharding.Mesh
+  setup: Any  # mllm.train.state.TrainSetup
+  init: Callable[[], dict]  # the fresh train state (jitted, sharded)
+  ckpt: Checkpointer
+  data: Any  # mllm.data.Data
+  iterator: Any  # the training batches; saved with each checkpoint
+  saved_config: dict  # the config as saved with each checkpoint
+  closing: contextlib.ExitStack
+
+
+@contextlib.contextmanager
+def _open_run(config, workdir: str):
+  """Open what a run needs, in order: the processes, the workdir, the mesh and the state's
+  structure, the checkpointer, the tokenizer (a run from a Hugging Face folder adopts its
+  own), the data, and the config written beside the checkpoints."""
+  from mllm.data import build_data
+
   maybe_initialize_distributed()
   writable_dir('--workdir', workdir)
   mesh = make_mesh(config.mesh)
@@ -75,97 +139,54 @@ def train(config, workdir: str, *, stop_after: int | None = None, progress: bool
       workdir, max_to_keep=config.train.max_to_keep, async_save=config.train.async_checkpoint
     )
     closing.callback(ckpt.close)
-    return _train(
-      config, workdir, stop_after, progress, mesh, train_setup, init, ckpt, closing, started
+    resumes = check_resumable(workdir, config, ckpt, train_setup.abstract_state) is not None
+    if not resumes and config.train.init_from:
+      adopt_tokenizer(config, workdir)
+    data = build_data(
+      config, workdir, process_index=jax.process_index(), process_count=jax.process_count()
+    )
+    write_config(workdir, config)
+    yield _Run(
+      config=config,
+      workdir=workdir,
+      mesh=mesh,
+      setup=train_setup,
+      init=init,
+      ckpt=ckpt,
+      data=data,
+      iterator=data.train_iterator(),
+      saved_config=config_as_dict(config),
+      closing=closing,
     )
 
 
-def _restore_or_init(config, workdir, ckpt, train_setup, init, iterator) -> tuple[int, dict]:
-  """(start step, state): the latest checkpoint, else a fresh state (train.init_from's params)."""
+def _starting_state(run: _Run) -> tuple[int, dict, str]:
+  """(start step, state, how long it took): the latest checkpoint, else a fresh state
+  (train.init_from's parameters)."""
+  config = run.config
+  t0 = time.perf_counter()
   try:
-    start, state = ckpt.restore_latest(train_setup.abstract_state, iterator)
+    start, state = run.ckpt.restore_latest(run.setup.abstract_state, run.iterator)
   except StateMismatch as err:  # check_resumable ran first; this is the safety net
-    raise mismatch_error(workdir, config, ckpt, err.step, err.diff) from None
+    raise mismatch_error(run.workdir, config, run.ckpt, err.step, err.diff) from None
   if start is not None:
     if config.train.init_from:
       note(f'note: resuming this run at step {start}; train.init_from applies only to its start')
-    return start, state
-  state = init()
-  if config.train.init_from:
-    state['params'] = init_params(config, train_setup.abstract_state['params'])
-  return 0, state
+  else:
+    start, state = 0, run.init()
+    if config.train.init_from:
+      state['params'] = init_params(config, run.setup.abstract_state['params'])
+  state = jax.block_until_ready(state)
+  return start, state, f"{'restore' if start else 'init'} {time.perf_counter() - t0:.1f} s"
 
 
-def _train(
-  config, workdir, stop_after, progress, mesh, train_setup, init, ckpt, closing, started: float
-) -> dict:
-  """`train` once the mesh, the model and the checkpointer exist: the data, the steps and the
-  start state, then the loop (`closing` closes what this opens on every exit)."""
-  from mllm.data import build_data
+@dataclasses.dataclass(frozen=True)
+class _Speed:
+  """What turns a step's seconds into tokens/s and MFU."""
 
-  t = config.train
-  if check_resumable(workdir, config, ckpt, train_setup.abstract_state) is None and t.init_from:
-    adopt_tokenizer(config, workdir)
-  data = build_data(
-    config, workdir, process_index=jax.process_index(), process_count=jax.process_count()
-  )
-  write_config(workdir, config)
-  saved_config = config_as_dict(config)
-  train_step = make_train_step(train_setup)
-  eval_step = make_eval_step(train_setup, data.tokenizer.token_bytes)
-  iterator = data.train_iterator()
-  t0 = time.perf_counter()
-  start, state = jax.block_until_ready(
-    _restore_or_init(config, workdir, ckpt, train_setup, init, iterator)
-  )
-  state_s = time.perf_counter() - t0
-  end = t.steps if stop_after is None else min(t.steps, stop_after)
-  if start == end == 0:  # stop_after=0: save the initial state (launch.py --mode=import)
-    return _save_initial_state(ckpt, state, iterator, saved_config, workdir)
-  writer = _metrics_writer(workdir, t, start)
-  closing.callback(writer.close)
-
-  counts = count_params(config)
-  device = jax.devices()[0]
-  loop = _Loop(
-    config=config,
-    workdir=workdir,
-    mesh=mesh,
-    ckpt=ckpt,
-    data=data,
-    iterator=iterator,
-    saved_config=saved_config,
-    train_step=train_step,
-    eval_step=eval_step,
-    writer=writer,
-    tokens_per_step=config.data.batch_size * config.data.seq_len,
-    flops_per_token=training_flops_per_token(config, config.data.seq_len, counts).total,
-    peak=peak_flops_per_device(device.device_kind, config.model.dtype, t.peak_flops),
-    bar=Progress(end, start, log_every=t.log_every, enabled=progress),
-    start=start,
-    end=end,
-    state=state,
-    started=started,
-    state_note=f"{'restore' if start else 'init'} {state_s:.1f} s",
-  )
-  _print_start(loop.bar, config, workdir, mesh, data, counts, device, start)
-  if start >= end:  # resumed at its last step: report the losses it ended with, not NaN
-    loop.loss = _last_train_loss(writer.path, start)
-  loop.run()
-  return loop.finish()
-
-
-def _save_initial_state(ckpt, state, iterator, saved_config, workdir) -> dict:
-  """Save the state as step 0 and return the summary of a run that took no step."""
-  ckpt.save(0, state, iterator, saved_config)
-  ckpt.wait()
-  return {
-    'step': 0,
-    'train_loss': float('nan'),
-    'eval': None,
-    'interrupted': None,
-    'workdir': workdir,
-  }
+  tokens_per_step: int
+  flops_per_token: float
+  peak: float | None  # FLOP/s of one device; None where unknown (no MFU)
 
 
 def _metrics_writer(workdir, t, start: int) -> MetricsWriter:
@@ -179,8 +200,9 @@ def _metrics_writer(workdir, t, start: int) -> MetricsWriter:
   return MetricsWriter(workdir, tensorboard=t.tensorboard, resume_step=start, keep=keep)
 
 
-def _print_start(bar, config, workdir, mesh, data, counts, device, start: int) -> None:
+def _print_start(bar, run: _Run, counts, device, start: int) -> None:
   """The notes for the run (MoE training, an empty validation split) and the line it starts with."""
+  config, data, mesh = run.config, run.data, run.mesh
   moe_note = training_note(config.model.moe) if moe_layers(config.model) else None
   if moe_note:
     bar.print(f'note: {moe_note}')
@@ -190,7 +212,7 @@ def _print_start(bar, config, workdir, mesh, data, counts, device, start: int) -
       'of too few documents); no eval metrics'
     )
   bar.print(
-    f"{'resuming from step ' + str(start) if start else 'starting'} in {workdir}: "
+    f"{'resuming from step ' + str(start) if start else 'starting'} in {run.workdir}: "
     f'{counts.total:,} parameters, {jax.device_count()} × {device.device_kind}, mesh '
     + ' × '.join(f'{k}={v}' for k, v in mesh.shape.items())
   )
@@ -201,25 +223,15 @@ class _Loop:
   """The steps of one `train` call: what they use, and what they carry from one step to the next
   and into the summary."""
 
-  config: Any
-  workdir: str
-  mesh: jax.sharding.Mesh
-  ckpt: Checkpointer
-  data: Any
-  iterator: Any  # the training batches; saved with each checkpoint
-  saved_config: dict
+  run: _Run
   train_step: Callable
   eval_step: Callable
   writer: MetricsWriter
-  tokens_per_step: int
-  flops_per_token: float
-  peak: float | None  # FLOP/s of one device; None where unknown (no MFU)
+  speed: _Speed
   bar: Progress
   start: int
   end: int
   state: dict  # the train state: step, params, opt_state, rng
-  started: float  # time.perf_counter() at the start of `train`
-  state_note: str  # how long the state took to initialize or restore, for the start-up line
   step: int = dataclasses.field(init=False)
   last_saved: int = dataclasses.field(init=False)
   loss: float = float('nan')
@@ -230,13 +242,16 @@ class _Loop:
 
   def __post_init__(self):
     self.step = self.last_saved = self.start
+    self.config, self.workdir, self.ckpt = self.run.config, self.run.workdir, self.run.ckpt
 
-  def run(self) -> None:
-    """Step until `end`, or until a stop request (SIGTERM, SIGINT), which saves the step reached."""
+  def run_steps(self, started: float, state_note: str) -> None:
+    """Step until `end`, or until a stop request (SIGTERM, SIGINT), which saves the step reached.
+    started: time.perf_counter() at the start of `train`; state_note: how long the state took to
+    initialize or restore (both for the first step's start-up line)."""
     with StopRequest() as stop:
       try:
         while self.step < self.end:
-          metrics, dt = self._take_step()
+          metrics, dt = self._take_step(started, state_note)
           self._report(metrics, dt)
           self._evaluate_and_save()
           self.interrupted = stop.agreed()
@@ -246,10 +261,10 @@ class _Loop:
       finally:
         self.bar.close()
 
-  def _take_step(self) -> tuple[dict, float]:
+  def _take_step(self, started: float, state_note: str) -> tuple[dict, float]:
     """Run one training step: (its metrics, its seconds). Raises TrainingDiverged, before the new
     state can be saved, when the loss or the new parameters are not finite."""
-    batch = global_batch(next(self.iterator), self.mesh)
+    batch = global_batch(next(self.run.iterator), self.run.mesh)
     t0 = time.perf_counter()
     self.state, metrics = self.train_step(self.state, batch)
     # Reading the loss blocks on the step: it also avoids the multi-device CPU rendezvous
@@ -268,8 +283,8 @@ class _Loop:
     if self.step == self.start + 1:
       self.compile_s = dt  # the first call compiles
       self.bar.print(
-        f'first step after {time.perf_counter() - self.started:.1f} s from the start of train() '
-        f'({self.state_note}, compile + step {dt:.1f} s)'
+        f'first step after {time.perf_counter() - started:.1f} s from the start of train() '
+        f'({state_note}, compile + step {dt:.1f} s)'
       )
     else:
       self.times.append(dt)
@@ -279,8 +294,11 @@ class _Loop:
     """Show the step on the progress bar; write its train record every log_every steps and at
     the end."""
     step, loss = self.step, self.loss
-    tok_s = self.tokens_per_step / dt
-    mfu = (self.flops_per_token * tok_s / (self.peak * jax.device_count())) if self.peak else None
+    speed = self.speed
+    tok_s = speed.tokens_per_step / dt
+    mfu = (
+      (speed.flops_per_token * tok_s / (speed.peak * jax.device_count())) if speed.peak else None
+    )
     moe = jax.device_get(metrics['moe']) if 'moe' in metrics else None
     self.bar.update(step, _step_info(loss, tok_s, dt, mfu, moe))
     if step % self.config.train.log_every == 0 or step == self.end:
@@ -294,7 +312,7 @@ class _Loop:
           'tokens_per_s': tok_s,
           'step_time_s': dt,
           'mfu': mfu,
-          'tokens_seen': step * self.tokens_per_step,
+          'tokens_seen': step * speed.tokens_per_step,
           **(moe_records(moe, moe_layers(self.config.model)) if moe else {}),
         },
       )
@@ -313,14 +331,18 @@ class _Loop:
   def _evaluate(self) -> None:
     """Evaluate the current parameters and write the eval record (none if the split is empty)."""
     self.last_eval = run_eval(
-      self.eval_step, self.state['params'], self.data, self.mesh, self.config.train.eval_batches
+      self.eval_step,
+      self.state['params'],
+      self.run.data,
+      self.run.mesh,
+      self.config.train.eval_batches,
     )
     if self.last_eval:
       self.writer.write(self.step, 'eval', self.last_eval)
 
   def _save(self) -> None:
     """Save the step reached (train state and data position)."""
-    self.ckpt.save(self.step, self.state, self.iterator, self.saved_config)
+    self.ckpt.save(self.step, self.state, self.run.iterator, self.run.saved_config)
     self.last_saved = self.step
 
   def _save_for_resume(self) -> None:
@@ -350,7 +372,7 @@ class _Loop:
       'eval': self.last_eval,
       'compile_s': self.compile_s,
       'median_step_s': median,
-      'tokens_per_s': self.tokens_per_step / median if times else None,
+      'tokens_per_s': self.speed.tokens_per_step / median if times else None,
       'interrupted': self.interrupted,
       'workdir': self.workdir,
       'plot': plot,

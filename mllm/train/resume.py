@@ -21,8 +21,7 @@ from typing import Any
 
 from ml_collections import config_dict
 
-from mllm.checks import InputError, input_error
-from mllm.config import ConfigError
+from mllm.checks import ConfigError, InputError, input_error
 from mllm.config_keys import flatten, set_path
 from mllm.interop.hf import HFImportError, hf_params
 from mllm.paths import RunDir
@@ -124,7 +123,9 @@ def _normal(value):
   return list(value) if isinstance(value, tuple) else value  # JSON has no tuples
 
 
-def culprits(saved: dict, config, params_only: bool = False) -> list[tuple[str, Any, Any]]:
+def keys_that_change_the_state(
+  saved: dict, config, params_only: bool = False
+) -> list[tuple[str, Any, Any]]:
   """The changed keys that alone change the state's structure (those that cannot be applied alone,
   e.g. n_heads without n_kv_heads, are passed over)."""
   base = as_config(saved, config)
@@ -142,19 +143,19 @@ def culprits(saved: dict, config, params_only: bool = False) -> list[tuple[str, 
   return found
 
 
-def _what(diff: dict[str, list]) -> str:
+def _describe_diff(diff: dict[str, list]) -> str:
   paths = diff['only_saved'] + diff['only_expected'] + [d[0] for d in diff['different']]
   return 'parameters' if any(p[0] == 'params' for p in paths) else 'optimizer state'
 
 
 def _keys_to_blame(saved: dict, config, ckpt: Checkpointer, step: int, params_only: bool):
-  """culprits(), if the saved config describes its own checkpoint (else None: it cannot tell)."""
+  """keys_that_change_the_state(), if the saved config describes its own checkpoint (else None: it cannot tell)."""
   if state_signature(as_config(saved, config), params_only) != ckpt.saved_signature(
     step, params_only
   ):
     return None
   # A single key explains it, or only a combination of changes does: then name them all.
-  return culprits(saved, config, params_only) or changed_keys(saved, config)
+  return keys_that_change_the_state(saved, config, params_only) or changed_keys(saved, config)
 
 
 def mismatch_error(
@@ -173,7 +174,7 @@ def mismatch_error(
 
   key, value: what the line starts with when no key can be named (the workdir by default).
   """
-  what = _what(diff)
+  what = _describe_diff(diff)
   if allowed is None:
     allowed = 'allowed: the saved value to resume, or a new --workdir'
     if what == 'optimizer state':

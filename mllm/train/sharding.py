@@ -20,7 +20,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from mllm.config import ConfigError
+from mllm.checks import ConfigError
 from mllm.ops.mesh import BATCH_AXES, HEADS_AXIS
 from mllm.validation import MESH_AXES
 

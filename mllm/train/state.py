@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +23,7 @@ from flax import nnx
 from jax.tree_util import DictKey
 
 from mllm.layers.moe import moe_layers
-from mllm.model import SAVED, Block, build_model, make_stem, make_tail, placeholder_rest
+from mllm.model import CHECKPOINTED, Block, build_model, make_stem, make_tail, rng_stand_ins
 from mllm.ops.mesh import traced_on
 from mllm.train.optimizer import make_optimizer
 from mllm.train.sharding import param_shardings, replicated
@@ -40,21 +40,30 @@ def split_trained(params: nnx.State) -> tuple[nnx.State, nnx.State]:
 
 
 @dataclasses.dataclass
-class TrainSetup:
-  """What the step functions close over: the model's structure and its optimizer."""
+class ModelSetup:
+  """The model's structure and its parameters' shardings on a mesh: what evaluation and
+  generation need to restore parameters and run the model (no optimizer)."""
 
   config: Any
   graphdef: nnx.GraphDef
   rest: nnx.State  # non-parameter state (RNG streams); not trained, not checkpointed
-  tx: optax.GradientTransformation
-  schedule: optax.Schedule
   mesh: jax.sharding.Mesh
-  abstract_state: TrainState  # ShapeDtypeStructs carrying their shardings (Orbax restores onto it)
-  shardings: TrainState
+  abstract_params: nnx.State  # ShapeDtypeStructs carrying their shardings (Orbax restores onto it)
+  param_shardings: nnx.State
 
   def merge(self, params: nnx.State) -> nnx.Module:
     # Fresh Variables for the RNG streams in the caller's trace, so reseeding them is allowed.
     return nnx.merge(self.graphdef, params, jax.tree.map(lambda x: x, self.rest))
+
+
+@dataclasses.dataclass
+class TrainSetup(ModelSetup):
+  """What the step functions close over: the model's structure and its optimizer."""
+
+  tx: optax.GradientTransformation = None
+  schedule: optax.Schedule = None
+  abstract_state: TrainState = None  # as abstract_params, for the whole train state
+  shardings: TrainState = None
 
 
 def initial_model(config):
@@ -62,17 +71,25 @@ def initial_model(config):
   return build_model(config, rngs=nnx.Rngs(params=config.seed, dropout=config.seed + 1))
 
 
-def _parts(config):
-  """(abstract model, optimizer, schedule, init) of a run: what setup and abstract_state share."""
+class _RunParts(NamedTuple):
+  """What setup and abstract_state share."""
+
+  abstract_model: nnx.Module
+  tx: optax.GradientTransformation
+  schedule: Callable[[int], float]
+  init: Callable[[], TrainState]  # the train state at step 0
+
+
+def _parts(config) -> _RunParts:
   abstract_model = nnx.eval_shape(lambda: initial_model(config))
-  _, abstract_params, _ = nnx.split(abstract_model, SAVED, ...)
+  _, abstract_params, _ = nnx.split(abstract_model, CHECKPOINTED, ...)
   tx, schedule = make_optimizer(config.train, split_trained(abstract_params)[0])
 
   def init() -> TrainState:
-    _, params, _ = nnx.split(initial_model(config), SAVED, ...)
+    _, params, _ = nnx.split(initial_model(config), CHECKPOINTED, ...)
     return initial_state(params, tx, config.seed)
 
-  return abstract_model, tx, schedule, init
+  return _RunParts(abstract_model, tx, schedule, init)
 
 
 def initial_state(params: nnx.State, tx, seed: int) -> TrainState:
@@ -87,7 +104,21 @@ def initial_state(params: nnx.State, tx, seed: int) -> TrainState:
 
 def abstract_state(config) -> TrainState:
   """The train state's structure (ShapeDtypeStructs, no shardings, nothing allocated)."""
-  return jax.eval_shape(_parts(config)[3])
+  return jax.eval_shape(_parts(config).init)
+
+
+def model_setup(config, mesh) -> ModelSetup:
+  """The model's structure and parameter shardings on `mesh`, built without an optimizer."""
+  with traced_on(mesh):  # choices made at construction (MoE dispatch) are for the mesh's devices
+    abstract_model = nnx.eval_shape(lambda: initial_model(config))
+  if 'expert' in mesh.shape:
+    check_expert_axis(config.model, mesh.shape['expert'])  # a -1 axis is known only now
+  graphdef, params, _ = nnx.split(abstract_model, CHECKPOINTED, ...)
+  shardings = param_shardings(params, mesh)
+  abstract = jax.tree.map(
+    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), params, shardings
+  )
+  return ModelSetup(config, graphdef, rng_stand_ins(abstract_model), mesh, abstract, shardings)
 
 
 def setup(config, mesh) -> tuple[TrainSetup, Callable[[], TrainState]]:
@@ -96,7 +127,7 @@ def setup(config, mesh) -> tuple[TrainSetup, Callable[[], TrainState]]:
     abstract_model, tx, schedule, init = _parts(config)
   if 'expert' in mesh.shape:
     check_expert_axis(config.model, mesh.shape['expert'])  # a -1 axis is known only now
-  graphdef = nnx.split(abstract_model, SAVED, ...)[0]
+  graphdef = nnx.split(abstract_model, CHECKPOINTED, ...)[0]
   abstract = jax.eval_shape(init)
   p_shardings = param_shardings(abstract['params'], mesh)
   shardings = {
@@ -117,7 +148,16 @@ def setup(config, mesh) -> tuple[TrainSetup, Callable[[], TrainState]]:
     lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
   )
   train_setup = TrainSetup(
-    config, graphdef, placeholder_rest(abstract_model), tx, schedule, mesh, abstract, shardings
+    config=config,
+    graphdef=graphdef,
+    rest=rng_stand_ins(abstract_model),
+    mesh=mesh,
+    abstract_params=abstract['params'],
+    param_shardings=p_shardings,
+    tx=tx,
+    schedule=schedule,
+    abstract_state=abstract,
+    shardings=shardings,
   )
   if config.model.scan_layers:  # one scanned layer: the whole-model program compiles quickly
     return train_setup, jax.jit(init, out_shardings=shardings)
@@ -132,8 +172,8 @@ def _leaves_by_path(tree, prefix: tuple = ()) -> dict:
 def _saved(built) -> nnx.State | dict[str, nnx.State]:
   """The saved variables of a module, or of a {name: module or None} dict of them."""
   if isinstance(built, dict):
-    return {name: nnx.state(m, SAVED) for name, m in built.items() if m is not None}
-  return nnx.state(built, SAVED)
+    return {name: nnx.state(m, CHECKPOINTED) for name, m in built.items() if m is not None}
+  return nnx.state(built, CHECKPOINTED)
 
 
 def layered_init(

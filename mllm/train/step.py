@@ -19,10 +19,10 @@ from mllm.layers.moe import moe_layers, moe_metrics, update_expert_biases
 from mllm.layers.moe_routing import balancing_objective
 from mllm.ops.mesh import traced_on
 from mllm.train.sharding import batch_sharding, replicated
-from mllm.train.state import TrainSetup, TrainState, split_trained
+from mllm.train.state import ModelSetup, TrainSetup, TrainState, split_trained
 
 
-def _forward(train_setup: TrainSetup, params, batch, *, train: bool, dropout_key=None):
+def _forward(train_setup: ModelSetup, params, batch, *, train: bool, dropout_key=None):
   """(per-token losses × loss_mask [B, T], the MoE layers' routing statistics; {} if dense).
 
   train=True: the training computation (dropout and router noise drawn from `dropout_key` where
@@ -32,7 +32,7 @@ def _forward(train_setup: TrainSetup, params, batch, *, train: bool, dropout_key
     return _forward_on_mesh(train_setup, params, batch, train, dropout_key)
 
 
-def _forward_on_mesh(train_setup: TrainSetup, params, batch, train: bool, dropout_key):
+def _forward_on_mesh(train_setup: ModelSetup, params, batch, train: bool, dropout_key):
   net = train_setup.merge(params)
   if not train:
     net.eval()
@@ -204,7 +204,7 @@ def _zeros(shapes):
   return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
-def make_eval_step(train_setup: TrainSetup, token_bytes: np.ndarray):
+def make_eval_step(train_setup: ModelSetup, token_bytes: np.ndarray):
   """`eval(params, batch) -> {loss_sum, tokens, bytes}`: sums, so batches and hosts add up.
 
   bytes counts the UTF-8 bytes the target tokens stand for (bits per byte = nats / ln 2 / bytes).
@@ -222,7 +222,7 @@ def make_eval_step(train_setup: TrainSetup, token_bytes: np.ndarray):
 
   return jax.jit(
     evaluate,
-    in_shardings=(train_setup.shardings['params'], batch_sharding(train_setup.mesh)),
+    in_shardings=(train_setup.param_shardings, batch_sharding(train_setup.mesh)),
     out_shardings=replicated(train_setup.mesh),
   )
 
