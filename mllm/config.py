@@ -114,6 +114,7 @@ def load_config(
   config.lock()
   for part in (config, config.model):
     _VALIDATED[id(part)] = (weakref.ref(part), part.to_json(sort_keys=True))
+    weakref.finalize(part, _VALIDATED.pop, id(part), None)  # no entry outlives its config
   return config
 
 

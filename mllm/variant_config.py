@@ -70,24 +70,6 @@ def at_least(minimum: float, what: str = '') -> Check:
   return check
 
 
-def greater_than(minimum: float, what: str = '') -> Check:
-  def check(name: str, value: Any) -> None:
-    if not value > minimum:
-      raise ConfigError(name, value, f'must be > {minimum:g}' + (f' ({what})' if what else ''))
-
-  return check
-
-
-def within(low: float, high: float, what: str) -> Check:
-  """low < value <= high."""
-
-  def check(name: str, value: Any) -> None:
-    if not low < value <= high:
-      raise ConfigError(name, value, f'{what}; allowed: {low:g} < value <= {high:g}')
-
-  return check
-
-
 def one_of_these(allowed, what: str) -> Check:
   return lambda name, value: one_of(name, value, allowed, what)
 
@@ -97,12 +79,10 @@ def one_of_these(allowed, what: str) -> Check:
 # ---------------------------------------------------------------------------------------------
 
 
-def _base_type(annotation) -> tuple[type, bool]:
-  """int → (int, False); int | None → (int, True)."""
+def _base_type(annotation) -> type:
+  """int → int; int | None → int (None is allowed where the default is None)."""
   args = [a for a in typing.get_args(annotation) if a is not type(None)]
-  if args:
-    return args[0], len(args) < len(typing.get_args(annotation))
-  return annotation, False
+  return args[0] if args else annotation
 
 
 def keys_of(variant: Any) -> tuple[Key, ...]:
@@ -115,7 +95,7 @@ def keys_of(variant: Any) -> tuple[Key, ...]:
   for field in dataclasses.fields(settings):
     declared = field.metadata.get('key')
     if declared is not None:
-      out.append(dataclasses.replace(declared, type=_base_type(hints[field.name])[0]))
+      out.append(dataclasses.replace(declared, type=_base_type(hints[field.name])))
   return tuple(out)
 
 

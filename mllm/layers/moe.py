@@ -354,6 +354,10 @@ def _coefficient(name, value) -> None:
   number(name, value, 0.0, 1e3, 'a loss coefficient (0: off)')
 
 
+def _count(name, value) -> None:
+  integer(name, value, 0)
+
+
 @dataclasses.dataclass(frozen=True)
 class MoESettings:
   """`model.moe`: the keys the MoE FFN (`model.ffn.kind='moe'`) reads. `ffn.d_ff`, match_params
@@ -374,15 +378,13 @@ class MoESettings:
     'num_shared_experts',
     0,
     'always-on experts beside the routed ones (DeepSeekMoE)',
-    lambda name, value: integer(name, value, 0),
+    _count,
   )
   shared_d_ff: int | None = key('shared_d_ff', None, 'None: expert_d_ff', integer)
   every: int = key(
     'every', 1, 'layer i is MoE when (i + 1) % every == 0 and i >= first_dense_layers', integer
   )
-  first_dense_layers: int = key(
-    'first_dense_layers', 0, 'the first layers stay dense', lambda n, v: integer(n, v, 0)
-  )
+  first_dense_layers: int = key('first_dense_layers', 0, 'the first layers stay dense', _count)
   router: str = key(
     'router',
     'softmax',

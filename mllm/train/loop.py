@@ -242,7 +242,6 @@ class _Loop:
 
   def __post_init__(self):
     self.step = self.last_saved = self.start
-    self.config, self.workdir, self.ckpt = self.run.config, self.run.workdir, self.run.ckpt
 
   def run_steps(self, started: float, state_note: str) -> None:
     """Step until `end`, or until a stop request (SIGTERM, SIGINT), which saves the step reached.
@@ -276,7 +275,7 @@ class _Loop:
       what = f'loss is {loss}' if not math.isfinite(loss) else 'the update overflowed'
       raise TrainingDiverged(
         f'{what} at step {self.step}; stopped without saving that state. The latest '
-        f'checkpoint is step {self.ckpt.latest_step()}; lower train.learning_rate or raise '
+        f'checkpoint is step {self.run.ckpt.latest_step()}; lower train.learning_rate or raise '
         'train.warmup_steps',
         self.step,
       )
@@ -301,7 +300,7 @@ class _Loop:
     )
     moe = jax.device_get(metrics['moe']) if 'moe' in metrics else None
     self.bar.update(step, _step_info(loss, tok_s, dt, mfu, moe))
-    if step % self.config.train.log_every == 0 or step == self.end:
+    if step % self.run.config.train.log_every == 0 or step == self.end:
       self.writer.write(
         step,
         'train',
@@ -313,14 +312,14 @@ class _Loop:
           'step_time_s': dt,
           'mfu': mfu,
           'tokens_seen': step * speed.tokens_per_step,
-          **(moe_records(moe, moe_layers(self.config.model)) if moe else {}),
+          **(moe_records(moe, moe_layers(self.run.config.model)) if moe else {}),
         },
       )
 
   def _evaluate_and_save(self) -> None:
     """Evaluate every eval_every steps (the last step's eval comes after the loop); save every
     checkpoint_every steps and at the end."""
-    t, step = self.config.train, self.step
+    t, step = self.run.config.train, self.step
     if t.eval_every and step % t.eval_every == 0 and step < t.steps:
       self._evaluate()
       if self.last_eval:
@@ -335,14 +334,14 @@ class _Loop:
       self.state['params'],
       self.run.data,
       self.run.mesh,
-      self.config.train.eval_batches,
+      self.run.config.train.eval_batches,
     )
     if self.last_eval:
       self.writer.write(self.step, 'eval', self.last_eval)
 
   def _save(self) -> None:
     """Save the step reached (train state and data position)."""
-    self.ckpt.save(self.step, self.state, self.run.iterator, self.run.saved_config)
+    self.run.ckpt.save(self.step, self.state, self.run.iterator, self.run.saved_config)
     self.last_saved = self.step
 
   def _save_for_resume(self) -> None:
@@ -350,20 +349,20 @@ class _Loop:
     if self.last_saved != self.step:
       self._save()
     self.bar.print(
-      f'{self.interrupted}: saved step {self.step} in {self.ckpt.directory}; run again to resume'
+      f'{self.interrupted}: saved step {self.step} in {self.run.ckpt.directory}; run again to resume'
     )
 
   def finish(self) -> dict:
     """After the loop: wait for the last save, evaluate a finished run, close the metrics, plot
     the losses; print and return the summary."""
-    t, step = self.config.train, self.step
-    self.ckpt.wait()  # the last save is committed before the run reports itself done
+    t, step = self.run.config.train, self.step
+    self.run.ckpt.wait()  # the last save is committed before the run reports itself done
     if step == t.steps and not self.interrupted:
       self._evaluate()
     self.writer.close()
     plot = None
     if jax.process_index() == 0 and os.path.exists(self.writer.path):
-      plot = plot_losses(self.writer.path, RunDir(self.workdir).loss_plot)
+      plot = plot_losses(self.writer.path, RunDir(self.run.workdir).loss_plot)
     times = self.times
     median = float(np.median(times)) if times else float('nan')
     summary = {
@@ -374,7 +373,7 @@ class _Loop:
       'median_step_s': median,
       'tokens_per_s': self.speed.tokens_per_step / median if times else None,
       'interrupted': self.interrupted,
-      'workdir': self.workdir,
+      'workdir': self.run.workdir,
       'plot': plot,
       'nothing_left': self.start >= self.end,
     }

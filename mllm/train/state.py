@@ -60,10 +60,10 @@ class ModelSetup:
 class TrainSetup(ModelSetup):
   """What the step functions close over: the model's structure and its optimizer."""
 
-  tx: optax.GradientTransformation = None
-  schedule: optax.Schedule = None
-  abstract_state: TrainState = None  # as abstract_params, for the whole train state
-  shardings: TrainState = None
+  tx: optax.GradientTransformation
+  schedule: optax.Schedule
+  abstract_state: TrainState  # as abstract_params, for the whole train state
+  shardings: TrainState
 
 
 def initial_model(config):
