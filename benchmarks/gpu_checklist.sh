@@ -4,14 +4,15 @@
 # into OUT/results.tgz as each one ends, so a step that runs out of time loses only itself.
 #
 #   bash benchmarks/gpu_checklist.sh OUT_DIR [SUFFIX] [PHASES]
-#   bash benchmarks/gpu_checklist.sh /tmp/out h100 tests,suite      # e.g. a call of ~9 minutes
+#   bash benchmarks/gpu_checklist.sh /tmp/out h100 perf,tests,suite   # e.g. a call of ~9 minutes
 #
-# SUFFIX names the result files (h100, h200); PHASES is a comma list of (run in this order)
-#   tests    the default test suite on the GPU (make test-gpu)
-#   perf     the 125M training step with document masking on and off,
-#            scanned and unrolled, cuDNN's dense mask against what 'auto' picks, a profile's top
-#            ops, and the same model trained through launch.py (time to first step, MFU)
+# SUFFIX names the result files (h100, h200); PHASES is a comma list of (run in this order: the
+# timed phases first, on a quiet machine)
+#   perf     the 125M training step with document masking on and off, scanned and unrolled, each
+#            profiled (top ops) with its compiled HLO and trace kept, and the same model trained
+#            through launch.py (time to first step, MFU)
 #   kernels  the Triton and Mosaic GPU kernels' tiles (benchmarks/attention_tune.py)
+#   tests    the default test suite on the GPU (make test-gpu), beside the suite when both are named
 #   suite    a GPU suite end to end (the gpu preset, 2 variants, 1 seed, 100 steps, no lr tuning)
 #   init     start-up at 12 and 24 layers, unrolled and scanned (benchmarks/init_time.py)
 #   tables   the attention table (bf16, 16k tokens a batch, H 16, D 128), MoE layer, decoding
@@ -33,7 +34,9 @@ mkdir -p "$OUT" "$RES"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 
 stamp() { echo "=== $* ($(date -u +%H:%M:%S) UTC)"; }
-pack() { tar czf "$OUT/results.tgz" -C "$RES" . 2>/dev/null; }
+pack() {  # atomic: the tests may end beside another step
+  tar czf "$OUT/results.tgz.$BASHPID" -C "$RES" . 2>/dev/null && mv "$OUT/results.tgz.$BASHPID" "$OUT/results.tgz"
+}
 step() {  # step NAME LIMIT_S COMMAND...: run it under a limit, log it, keep the tail, pack
   local name=$1 limit=$2
   shift 2
@@ -59,31 +62,30 @@ M125="--config.model.d_model=768 --config.model.n_layers=12 --config.model.n_hea
           "optax", optax.__version__, "pytest", pytest.__version__, jax.devices())'
   git log --oneline -1 2>/dev/null || true
 
-  if has tests; then
-    # Deselected: Ray (not on the image), and the TPU kernels' tests (splash, pallas_tpu), which
-    # only interpret there as on the CPU and take minutes. -vv: the Makefile's -q and one -v
-    # cancel; one line per test keeps the failures' names when the limit cuts the run (the whole
-    # run reached 47% in 170 s on 12 workers on an H100, 2026-11-26: about 6 minutes in all).
-    # TESTS_S: this step's limit.
-    step tests ${TESTS_S:-360} make test-gpu GPU_PYTHON=$PY GPU_WORKERS=12 \
-      GPU_ARGS="-vv -p no:cacheprovider -k 'not ray and not splash and not pallas_tpu'"
-    pkill -f "pytest" 2>/dev/null; sleep 2  # workers a cut run left behind would hold the GPU
-    grep -E "(FAILED|ERROR) " "$RES/tests.log" | sed 's/^.*\(FAILED\|ERROR\) /\1 /' | sort -u | head -40
-  fi
-
   if has perf; then
     # Unrolled layers, document mask on (the default: 'auto' picks for segment ids) and off, each
     # profiled (top ops from the trace); then scanned layers, and cuDNN given the dense mask.
-    step train_step 110 $PY -m benchmarks.train_step --models=125m --only=jax --batch_size=32 \
-      --document_mask=both --scan_layers=off --profile_dir=/tmp/profile \
-      --out="$RES/train_step-$SUFFIX.md"
-    step train_step_scan 40 $PY -m benchmarks.train_step --models=125m --only=jax --batch_size=32 \
-      --document_mask=off --scan_layers=on --out="$RES/train_step_scan-$SUFFIX.md"
-    step train_step_cudnn_dense 40 $PY -m benchmarks.train_step --models=125m --only=jax \
-      --batch_size=32 --document_mask=on --impl=cudnn --out="$RES/train_step_cudnn-$SUFFIX.md"
+    # The compiled programs (--hlo_dir) and the traces come back too: the scanned and unrolled
+    # programs are compared, and a trace the reader cannot read is read again, on the CPU.
+    # (cuDNN given the dense mask, 82 ms on the H100 of 2026-11-26: DENSE=1 runs it again.)
+    step train_step ${STEP_S:-130} $PY -m benchmarks.train_step --models=125m --only=jax \
+      --batch_size=32 --document_mask=both --scan_layers=off --profile_dir=/tmp/profile \
+      --hlo_dir="$RES/hlo" --out="$RES/train_step-$SUFFIX.md"
+    step train_step_scan ${SCAN_S:-45} $PY -m benchmarks.train_step --models=125m --only=jax \
+      --batch_size=32 --document_mask=off --scan_layers=on --profile_dir=/tmp/profile \
+      --hlo_dir="$RES/hlo" --out="$RES/train_step_scan-$SUFFIX.md"
+    if [[ -n "${DENSE:-}" ]]; then
+      step train_step_cudnn_dense 40 $PY -m benchmarks.train_step --models=125m --only=jax \
+        --batch_size=32 --document_mask=on --impl=cudnn --out="$RES/train_step_cudnn-$SUFFIX.md"
+    fi
+    mkdir -p "$RES/traces"
+    for f in /tmp/profile/*/plugins/profile/*/*.xplane.pb; do
+      [[ -f "$f" ]] && cp "$f" "$RES/traces/$(basename "$(dirname "$(dirname "$(dirname "$(dirname "$f")")")")").xplane.pb"
+    done
+    pack
     # As a user runs it: launch.py, the default config family at 125M, packed documents; the
     # built-in corpus is built (BPE trained, text tokenized) on this fresh machine first.
-    step launch_125m 110 $PY launch.py --config=configs/rope_swiglu.py --workdir=/tmp/run125m \
+    step launch_125m ${LAUNCH_S:-80} $PY launch.py --config=configs/rope_swiglu.py --workdir=/tmp/run125m \
       $M125 --config.train.steps=40 --config.train.warmup_steps=4 --config.train.log_every=10 \
       --config.train.eval_every=0 --config.train.eval_batches=4 --config.train.checkpoint_every=1000
   fi
@@ -94,11 +96,30 @@ M125="--config.model.d_model=768 --config.model.n_layers=12 --config.model.n_hea
     step tune_triton 35 $PY -m benchmarks.attention_tune --seq_lens=4096 --repeats=3
   fi
 
-  if has suite; then  # the runner, checkpoints and report on a GPU; alone (a loaded GPU doubles it)
-    step suite 150 $PY -m experiments ffn --preset=gpu --seeds=1 --no-tune_lr \
-      --variants=relu,swiglu --steps=100 --out="$RES/suite"
+  if has tests; then
+    # Deselected: Ray (not on the image), and the TPU kernels' tests (splash, pallas_tpu), which
+    # only interpret there as on the CPU and take minutes. -vv: the Makefile's -q and one -v
+    # cancel; one line per test keeps the failures' names when the limit cuts the run (the whole
+    # run reached 47% in 170 s on 12 workers on an H100, 2026-11-26). With the suite phase too,
+    # the tests run beside it (their timings are not measurements; the suite's are not either).
+    # TESTS_S: this step's limit.
+    step tests ${TESTS_S:-360} make test-gpu GPU_PYTHON=$PY GPU_WORKERS=${TEST_WORKERS:-14} \
+      GPU_ARGS="-vv -p no:cacheprovider -k 'not ray and not splash and not pallas_tpu'" &
+    tests_pid=$!
+  fi
+
+  if has suite; then  # the runner, checkpoints and report on a GPU
+    step suite ${SUITE_S:-150} $PY -m experiments ffn --preset=gpu --seeds=1 --no-tune_lr \
+      --variants=relu,swiglu --steps=${SUITE_STEPS:-100} --out="$RES/suite"
     rm -rf "$RES"/suite/*/runs  # checkpoints: not needed back
     pack
+  fi
+
+  if has tests; then
+    wait "$tests_pid"
+    pkill -f "pytest" 2>/dev/null; sleep 2  # workers a cut run left behind would hold the GPU
+    grep -E "(FAILED|ERROR) " "$RES/tests.log" | sed 's/^.*\(FAILED\|ERROR\) /\1 /' | sort -u | head -40
+    grep -cE " PASSED" "$RES/tests.log" | sed 's/^/tests passed: /'
   fi
 
   if has init; then  # start-up at 12 and 24 layers (the CPU's numbers: init_time-cpu.md)

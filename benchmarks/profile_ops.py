@@ -61,19 +61,20 @@ class Table:
 
 def category(op: str, kernel: str = '') -> str:
   """The kind of an op from its HLO name and kernel name: cuDNN / Pallas (Triton, Mosaic GPU)
-  attention kernels, cuBLAS / CUTLASS / Triton GEMMs, copies, XLA's loop, reduction and Triton
+  attention kernels, cuBLAS (its Hopper kernels are 'nvjet_sm90_...') / CUTLASS / Triton GEMMs,
+  copies and concatenations, XLA's loop, reduction and Triton
   fusions. A custom call that is no GEMM counts as attention: a training step's other custom calls
   are its attention kernels."""
   text = f'{op} {kernel}'.lower()
   if any(k in text for k in ('fmha', 'sdpa', 'flash', 'attention', 'attn', 'cudnn', 'mosaic')):
     return 'attention'
-  if any(k in text for k in ('gemm', 'cublas', 'cutlass', 'xmma', 'matmul', 'dot')):
+  if any(k in text for k in ('gemm', 'cublas', 'cutlass', 'xmma', 'nvjet', 'matmul', 'dot')):
     return 'matmul'
   if 'custom-call' in op or 'custom_call' in op:
     return 'attention'
-  if any(k in text for k in ('copy', 'transpose', 'memcpy', 'memset')):
+  if any(k in text for k in ('copy', 'transpose', 'memcpy', 'memset', 'concatenate')):
     return 'copy/transpose'
-  if any(k in text for k in ('fusion', 'reduce', 'loop_', 'input_', 'triton')):
+  if any(k in text for k in ('fusion', 'reduce', 'loop_', 'input_', 'wrapped_', 'triton')):
     return 'elementwise/reduction'
   return 'other'
 
@@ -120,11 +121,15 @@ def _events(planes, keep, stats: bool) -> list[Event]:
 
 def tabulate(source: str, events: list[Event], note: str = '') -> Table:
   """Time per op over `events`: keyed by the 'hlo_op' stat (the kernel's name where there is
-  none), qualified by 'hlo_module' where the events come from several modules."""
+  none, or where the op is one of XLA's command buffers, a CUDA graph of many ops: seen on an
+  H100, 2026-11-27, every kernel of the 125M step under 'command_buffer_N'), qualified by
+  'hlo_module' where the events come from several modules."""
   modules = {e.stats.get('hlo_module') for e in events} - {None}
   per_op: dict[str, dict[str, list[float]]] = {}  # op -> kernel -> [ns, count]
   for e in events:
     op = str(e.stats.get('hlo_op') or e.name)
+    if op.startswith('command_buffer'):  # a CUDA graph of many HLO ops: its kernels name them
+      op = e.name
     if len(modules) > 1 and 'hlo_module' in e.stats:
       op = f"{e.stats['hlo_module']}/{op}"
     ns_count = per_op.setdefault(op, {}).setdefault(e.name, [0.0, 0])

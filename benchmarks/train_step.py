@@ -234,7 +234,8 @@ def setup_jax(config, which: str, mean_doc_len: float = 256) -> dict:
   compiled = step_fn.lower(state, batch).compile()
   compile_s = time.perf_counter() - start
   print(f'compiled the step in {compile_s:.1f} s', flush=True)
-  impl = attention_impl(config, compiled.as_text() or '')
+  hlo_text = compiled.as_text() or ''
+  impl = attention_impl(config, hlo_text)
   box = [state]
 
   def run() -> float:
@@ -242,7 +243,9 @@ def setup_jax(config, which: str, mean_doc_len: float = 256) -> dict:
     jax.block_until_ready((box[0], metrics))
     return metrics['loss']
 
-  return dict(run=run, params=n_params, compile_s=compile_s, source=source, impl=impl)
+  return dict(
+    run=run, params=n_params, compile_s=compile_s, source=source, impl=impl, hlo_text=hlo_text
+  )
 
 
 # What a compiled step's HLO holds when a fused attention kernel ran (custom-call targets).
@@ -402,6 +405,12 @@ def parse_args(argv=None):
   )
   parser.add_argument('--profile_steps', type=int, default=3)
   parser.add_argument(
+    '--hlo_dir',
+    default=None,
+    help="write each row's compiled step (the optimized HLO, `compiled.as_text()`) to "
+    'DIR/<row>.hlo.txt, e.g. to compare the scanned and unrolled programs',
+  )
+  parser.add_argument(
     '--traceback_every_s',
     type=float,
     default=None,
@@ -450,6 +459,12 @@ def measure(name: str, args, document_mask: bool = False, scan: bool | None = No
     row.update(params=j['params'], jax_compile_s=j['compile_s'], jax_source=j['source'])
     row['name'] += f", attn {j['impl']}"
     print(f'[{label}] attention: {j["impl"]}', flush=True)
+    if args.hlo_dir:  # the compiled program, to set two rows' programs side by side offline
+      os.makedirs(args.hlo_dir, exist_ok=True)
+      path = os.path.join(args.hlo_dir, slug(label) + '.hlo.txt')
+      with open(path, 'w') as f:
+        f.write(j['hlo_text'])
+      print(f'[{label}] compiled HLO: {path} ({len(j["hlo_text"]):,} characters)', flush=True)
   if args.only in ('both', 'torch') and document_mask:
     print(f'[{label}] torch: not run (its attention is plain causal, no document mask)')
   elif args.only in ('both', 'torch'):

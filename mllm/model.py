@@ -93,7 +93,9 @@ class Block(nnx.Module):
 
 
 class Transformer(nnx.Module):
-  """`model(tokens[B, T], positions=None, segment_ids=None) -> logits[B, T, vocab]` (float32).
+  """`model(tokens[B, T], positions=None, segment_ids=None) -> logits[B, T, vocab]` (float32;
+  with `float32_logits=False` in the compute dtype, for a loss that upcasts inside its own passes:
+  mllm/ops/cross_entropy.py).
 
   positions default to 0..T−1; pass per-document positions for packed sequences (with segment_ids,
   so no token attends across documents) or offset positions when continuing a sequence.
@@ -136,6 +138,7 @@ class Transformer(nnx.Module):
     segment_ids: jax.Array | None = None,
     return_moe_stats: bool = False,
     cache: KVCache | None = None,
+    float32_logits: bool = True,
   ):
     if positions is None:
       positions = self._default_positions(tokens_BT, cache)
@@ -156,7 +159,8 @@ class Transformer(nnx.Module):
     if self.final_norm is not None:
       x_BTD = self.final_norm(x_BTD)
     logits_BTV = self.embed.attend(x_BTD) if self.head is None else self.head(x_BTD)
-    logits_BTV = logits_BTV.astype(jnp.float32)
+    if float32_logits:
+      logits_BTV = logits_BTV.astype(jnp.float32)
     if cache is not None:
       new_cache = KVCache(k=kv[0], v=kv[1], positions=new_positions)
       return logits_BTV, new_cache

@@ -29,15 +29,16 @@ STEP = [
 ]
 
 
-def gpu_trace(steps: int = 2, step_ms: float = 10.0) -> str:
-  """An XSpace text proto: '/device:GPU:0' holding STEP `steps` times, and a busy host plane."""
-  lines = {name: [] for name, *_ in STEP}
-  names = sorted({name for _, name, *_ in STEP} | {'PjitFunction(jit(step))'})
+def gpu_trace(steps: int = 2, step_ms: float = 10.0, step_events=STEP) -> str:
+  """An XSpace text proto: '/device:GPU:0' holding `step_events` (STEP) `steps` times, and a busy
+  host plane."""
+  lines = {name: [] for name, *_ in step_events}
+  names = sorted({name for _, name, *_ in step_events} | {'PjitFunction(jit(step))'})
   event_id = {name: i + 1 for i, name in enumerate(names)}
-  ops = sorted({op for *_, op in STEP if op})
+  ops = sorted({op for *_, op in step_events if op})
   stat_id = {key: i + 1 for i, key in enumerate(['hlo_op', 'hlo_module', *ops, 'jit_step'])}
   for step in range(steps):
-    for line, name, start, ms, op in STEP:
+    for line, name, start, ms, op in step_events:
       stats = (
         f'stats {{ metadata_id: {stat_id["hlo_op"]} ref_value: {stat_id[op]} }} '
         f'stats {{ metadata_id: {stat_id["hlo_module"]} ref_value: {stat_id["jit_step"]} }}'
@@ -87,6 +88,25 @@ def test_a_gpu_trace_sums_stream_kernels_per_hlo_op():
   assert per_step['copy.2'] == pytest.approx((0.5, 1, 'copy/transpose', 'MemcpyD2D'))
   assert per_step['redzone_checker'][:3] == pytest.approx((0.25, 1, 'other'))
   assert table.busy_ns / 2 / 1e6 == pytest.approx(4.75)  # stream B's SDPA overlaps stream A
+
+
+def test_kernels_of_a_command_buffer_are_keyed_by_their_own_names():
+  """XLA runs a step's ops as CUDA graphs ('command_buffer_N' in the annotation): on an H100
+  (2026-11-27) the whole 125M step was one such op, so the kernels must name the costs."""
+  fusion = 'loop_multiply_fusion_24'
+  graph = [
+    (STREAM_A, GEMM, 0.0, 2.0, 'command_buffer_1'),
+    (STREAM_A, fusion, 2.0, 1.0, 'command_buffer_1'),
+    (STREAM_A, GEMM, 3.0, 0.5, 'command_buffer_1'),
+    (STREAM_A, SDPA, 3.5, 1.5, 'custom-call.7'),
+  ]
+  table = tabulate(*select(ProfileData.from_text_proto(gpu_trace(1, step_events=graph))))
+  got = {o.name: (o.ns / 1e6, o.count, o.category) for o in table.ops}
+  assert got == {  # an op outside any graph keeps its HLO name
+    GEMM: pytest.approx((2.5, 2, 'matmul')),
+    'custom-call.7': pytest.approx((1.5, 1, 'attention')),
+    fusion: pytest.approx((1.0, 1, 'elementwise/reduction')),
+  }
 
 
 def test_report_prints_busy_vs_wall_the_top_ops_and_five_categories():
@@ -162,6 +182,12 @@ def test_a_real_trace_of_this_backend_is_read(tmp_path):
     ('loop_transpose_fusion', 'loop_transpose_fusion', 'copy/transpose'),
     ('copy.5', 'MemcpyD2D', 'copy/transpose'),
     ('redzone_checker', 'redzone_checker', 'other'),
+    # Kernel names of the H100's 125M step (2026-11-27), keyed by themselves (command buffers).
+    ('nvjet_sm90_tst_128x160_64x5_2x1_v_bz_NNT', 'nvjet_sm90_tst_128x160_64x5_2x1_v_bz_NNT', 'matmul'),
+    ('anonymous_mosaic_gpu_kernel', 'anonymous_mosaic_gpu_kernel', 'attention'),
+    ('wrapped_convert_85', 'wrapped_convert_85', 'elementwise/reduction'),
+    ('input_concatenate_fusion_24', 'input_concatenate_fusion_24', 'copy/transpose'),
+    ('memcpy128', 'memcpy128', 'copy/transpose'),
   ],
 )
 def test_category(op, kernel, kind):

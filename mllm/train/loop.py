@@ -65,7 +65,9 @@ def train(config, workdir: str, *, stop_after: int | None = None, progress: bool
   """
   started = time.perf_counter()  # the first step's start-up line counts from here
   with _open_run(config, workdir) as run:
+    opened = f'open {time.perf_counter() - started:.1f} s with data {run.data_s:.1f} s'
     start, state, state_note = _starting_state(run)
+    state_note = f'{opened}, {state_note}'
     end = config.train.steps if stop_after is None else min(config.train.steps, stop_after)
     writer = _metrics_writer(workdir, config.train, start)
     run.closing.callback(writer.close)
@@ -119,6 +121,7 @@ class _Run:
   iterator: Any  # the training batches; saved with each checkpoint
   saved_config: dict  # the config as saved with each checkpoint
   closing: contextlib.ExitStack
+  data_s: float = 0.0  # seconds to build the data (corpus, tokenizer, token files; cached: ~0)
 
 
 @contextlib.contextmanager
@@ -142,9 +145,11 @@ def _open_run(config, workdir: str):
     resumes = check_resumable(workdir, config, ckpt, train_setup.abstract_state) is not None
     if not resumes and config.train.init_from:
       adopt_tokenizer(config, workdir)
+    t0 = time.perf_counter()
     data = build_data(
       config, workdir, process_index=jax.process_index(), process_count=jax.process_count()
     )
+    data_s = time.perf_counter() - t0
     write_config(workdir, config)
     yield _Run(
       config=config,
@@ -157,6 +162,7 @@ def _open_run(config, workdir: str):
       iterator=data.train_iterator(),
       saved_config=config_as_dict(config),
       closing=closing,
+      data_s=data_s,
     )
 
 
@@ -239,6 +245,8 @@ class _Loop:
   last_eval: dict | None = None
   interrupted: str | None = None  # the signal that stopped the job (in any of its processes)
   times: list[float] = dataclasses.field(default_factory=list)  # step times after the first
+  # The next step's batch, already on the devices, and the data position before it was read.
+  prefetched: tuple[dict, Any] | None = None
 
   def __post_init__(self):
     self.step = self.last_saved = self.start
@@ -263,9 +271,10 @@ class _Loop:
   def _take_step(self, started: float, state_note: str) -> tuple[dict, float]:
     """Run one training step: (its metrics, its seconds). Raises TrainingDiverged, before the new
     state can be saved, when the loss or the new parameters are not finite."""
-    batch = global_batch(next(self.run.iterator), self.run.mesh)
     t0 = time.perf_counter()
+    batch = self._next_batch()
     self.state, metrics = self.train_step(self.state, batch)
+    self._prefetch()  # while the devices run this step
     # Reading the loss blocks on the step: it also avoids the multi-device CPU rendezvous
     # deadlock between consecutive steps that XLA:CPU can otherwise hit.
     self.loss = loss = float(metrics['loss'])
@@ -288,6 +297,29 @@ class _Loop:
     else:
       self.times.append(dt)
     return metrics, dt
+
+  def _next_batch(self) -> dict:
+    if self.prefetched is None:
+      return global_batch(next(self.run.iterator), self.run.mesh)
+    batch, self.prefetched = self.prefetched[0], None
+    return batch
+
+  def _prefetch(self) -> None:
+    """Read and place the next step's batch while this step runs (the loop blocks on each step,
+    so else the host's reading and copying would add to every step: 79 against 72 ms on an H100
+    at 125M, 2026-11-27). Not before a save: a checkpoint holds the data position after the
+    last batch trained on. A stop request puts a prefetched batch back (`_unread`)."""
+    step = self.step + 1  # the step now running
+    if step >= self.end or step % self.run.config.train.checkpoint_every == 0:
+      return
+    position = self.run.iterator.get_state()
+    self.prefetched = (global_batch(next(self.run.iterator), self.run.mesh), position)
+
+  def _unread(self) -> None:
+    """Return the data position to before a prefetched batch, so that a save records it."""
+    if self.prefetched is not None:
+      self.run.iterator.set_state(self.prefetched[1])
+      self.prefetched = None
 
   def _report(self, metrics: dict, dt: float) -> None:
     """Show the step on the progress bar; write its train record every log_every steps and at
@@ -341,6 +373,7 @@ class _Loop:
 
   def _save(self) -> None:
     """Save the step reached (train state and data position)."""
+    self._unread()
     self.run.ckpt.save(self.step, self.state, self.run.iterator, self.run.saved_config)
     self.last_saved = self.step
 

@@ -17,6 +17,7 @@ from flax import nnx
 
 from mllm.layers.moe import moe_layers, moe_metrics, update_expert_biases
 from mllm.layers.moe_routing import balancing_objective
+from mllm.ops.cross_entropy import cross_entropy
 from mllm.ops.mesh import traced_on
 from mllm.train.sharding import batch_sharding, replicated
 from mllm.train.state import ModelSetup, TrainSetup, TrainState, split_trained
@@ -44,8 +45,9 @@ def _forward_on_mesh(train_setup: ModelSetup, params, batch, train: bool, dropou
     positions=batch['positions'] if packed else None,
     segment_ids=batch['segment_ids'] if packed else None,
     return_moe_stats=True,
+    float32_logits=False,  # the loss upcasts pass by pass (a float32 copy would cost a bf16 step)
   )
-  losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch['targets'])
+  losses = cross_entropy(logits, batch['targets'])
   return losses * batch['loss_mask'], moe_stats
 
 
