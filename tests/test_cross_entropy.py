@@ -16,7 +16,9 @@ def reference(logits, targets, weights):
   lse = (m + np.log(np.exp(z - m).sum(-1, keepdims=True)))[..., 0]
   loss = lse - np.take_along_axis(z, targets[..., None], -1)[..., 0]
   grad = np.exp(z - lse[..., None])
-  np.put_along_axis(grad, targets[..., None], np.take_along_axis(grad, targets[..., None], -1) - 1, -1)
+  np.put_along_axis(
+    grad, targets[..., None], np.take_along_axis(grad, targets[..., None], -1) - 1, -1
+  )
   return loss, grad * weights[..., None]
 
 
@@ -29,9 +31,9 @@ def test_value_and_gradient_equal_the_float64_formula(dtype, tol):
   targets = jnp.asarray(rng.integers(0, V, (B, T)), jnp.int32)
   weights = jnp.asarray(rng.uniform(0, 1, (B, T)), jnp.float32)
 
-  loss, grad = jax.jit(
-    jax.value_and_grad(lambda z: jnp.sum(cross_entropy(z, targets) * weights))
-  )(logits)
+  loss, grad = jax.jit(jax.value_and_grad(lambda z: jnp.sum(cross_entropy(z, targets) * weights)))(
+    logits
+  )
   want_loss, want_grad = reference(np.asarray(logits, np.float32), np.asarray(targets), weights)
 
   per_token = cross_entropy(logits, targets)

@@ -183,7 +183,11 @@ def test_a_real_trace_of_this_backend_is_read(tmp_path):
     ('copy.5', 'MemcpyD2D', 'copy/transpose'),
     ('redzone_checker', 'redzone_checker', 'other'),
     # Kernel names of the H100's 125M step (2026-11-27), keyed by themselves (command buffers).
-    ('nvjet_sm90_tst_128x160_64x5_2x1_v_bz_NNT', 'nvjet_sm90_tst_128x160_64x5_2x1_v_bz_NNT', 'matmul'),
+    (
+      'nvjet_sm90_tst_128x160_64x5_2x1_v_bz_NNT',
+      'nvjet_sm90_tst_128x160_64x5_2x1_v_bz_NNT',
+      'matmul',
+    ),
     ('anonymous_mosaic_gpu_kernel', 'anonymous_mosaic_gpu_kernel', 'attention'),
     ('wrapped_convert_85', 'wrapped_convert_85', 'elementwise/reduction'),
     ('input_concatenate_fusion_24', 'input_concatenate_fusion_24', 'copy/transpose'),
