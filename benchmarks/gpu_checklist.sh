@@ -103,7 +103,8 @@ M125="--config.model.d_model=768 --config.model.n_layers=12 --config.model.n_hea
     # run reached 47% in 170 s on 12 workers on an H100, 2026-11-26). With the suite phase too,
     # the tests run beside it (their timings are not measurements; the suite's are not either).
     # TESTS_S: this step's limit.
-    step tests ${TESTS_S:-360} make test-gpu GPU_PYTHON=$PY GPU_WORKERS=${TEST_WORKERS:-14} \
+    # MLLM_FAILURE_LOG: each failure's traceback written as it happens (a cut run prints none).
+    MLLM_FAILURE_LOG="$RES/failures.log" step tests ${TESTS_S:-360} make test-gpu GPU_PYTHON=$PY GPU_WORKERS=${TEST_WORKERS:-14} \
       GPU_ARGS="-vv -p no:cacheprovider -k 'not ray and not splash and not pallas_tpu'" &
     tests_pid=$!
   fi

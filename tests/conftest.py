@@ -82,6 +82,19 @@ def pytest_collection_modifyitems(config, items):
       )
 
 
+# --- MLLM_FAILURE_LOG=FILE: each failure's traceback appended as it happens (by the controller
+# under xdist). A run cut by a time limit prints no summary; on a lent GPU (2026-11-27) two cut runs
+# kept the names of 41 failures and none of their reasons.
+
+
+def pytest_runtest_logreport(report):
+  path = os.environ.get('MLLM_FAILURE_LOG')
+  if not path or not report.failed or 'PYTEST_XDIST_WORKER' in os.environ:
+    return
+  with open(path, 'a') as f:
+    f.write(f'=== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n')
+
+
 # --- Tests of one backend's behaviour: `@pytest.mark.cpu_only(reason=...)` runs where JAX's default
 # backend is the CPU and `gpu_only` where it is a GPU (a twin asserting what the other does), judged
 # by the backend the test process really has (JAX_PLATFORMS included). Marks registered in
