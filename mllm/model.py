@@ -19,7 +19,14 @@ from flax import nnx
 from mllm.layers.attention import Attention
 from mllm.layers.ffn import FFNS, hidden_dim
 from mllm.layers.init import weight_std
-from mllm.layers.kv_cache import KVCache, LayerCache, scatter, write_slots, writes_first
+from mllm.layers.kv_cache import (
+  KVCache,
+  LayerCache,
+  plan_writes,
+  scatter,
+  write_slots,
+  writes_first,
+)
 from mllm.layers.moe import MoE, moe_layers
 from mllm.layers.moe_routing import ExpertBias
 from mllm.layers.norms import make_norm
@@ -181,17 +188,18 @@ class Transformer(nnx.Module):
     return jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
 
   def _cached_context(self, positions, cache: KVCache):
-    """(position context, mask, (write slots, whether writes come first), the cache's new
+    """(position context, mask, (the cache writes, whether they come first), the cache's new
     positions) of a pass that reads and extends `cache`."""
     slots = write_slots(positions, cache.size)
+    writes = plan_writes(slots, cache.size)
     first = writes_first(positions.shape[1], self.window)
-    new_positions = scatter(cache.positions, positions, slots)
+    new_positions = scatter(cache.positions, positions, writes)
     kv_positions = new_positions if first else jnp.concatenate([cache.positions, positions], axis=1)
     context = self.position.context(positions, kv_positions)
     mask = AttentionMask(
       causal=True, window=self.window, q_positions=positions, kv_positions=kv_positions
     )
-    return context, mask, (slots, first), new_positions
+    return context, mask, (writes, first), new_positions
 
   def _blocks(self, x_BTD, context, mask, cache: KVCache | None, writes):
     """(x after every block, the MoE statistics stacked in layer order, the cache's (k, v))."""
@@ -282,13 +290,13 @@ def _scan_blocks(x_BTD, blocks: Block, context, mask, remat: str, cached=None):
 
     return body(x_BTD, blocks, context, mask)
 
-  cache, slots, first = cached
+  cache, writes, first = cached
 
   @nnx.scan(in_axes=(nnx.Carry, 0, 0, None, None), out_axes=(nnx.Carry, 0))
   def cached_body(carry, block: Block, layer, context, mask):
     x_BTD, kv = carry
     x_BTD, stats, kv = _call_block(
-      block, x_BTD, context, mask, remat, LayerCache(*kv, layer, slots, first)
+      block, x_BTD, context, mask, remat, LayerCache(*kv, layer, writes, first)
     )
     return (x_BTD, kv), stats
 

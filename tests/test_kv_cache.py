@@ -169,6 +169,45 @@ def test_cache_shapes_and_write_slots():
   np.testing.assert_array_equal(slots, [[4, 4, 4, 3, 0, 1, 2], [3, 0, 4, 4, 4, 4, 4]])
 
 
+@pytest.mark.parametrize('layer', [None, 1])
+def test_cache_writes_use_in_range_indices_and_skip_unwritten_slots(layer):
+  """`scatter` against a NumPy loop: written slots take their token, a slot of S (padding, or a
+  token a later one overwrites) is skipped, a row writing nothing is unchanged; and every index
+  it hands XLA is in range (out-of-range 'drop' is where backends disagree)."""
+  from mllm.layers.kv_cache import plan_writes, scatter
+
+  S = 5
+  rng = np.random.default_rng(0)
+  slots = np.full((4, 6), S)  # row 3 writes nothing
+  slots[0] = [S, S, 4, 0, 1, S]
+  slots[1] = [2, S, S, S, S, S]
+  slots[2] = rng.permutation(S).tolist() + [S]  # all slots, one token skipped
+  shape = (3, 4, S, 2) if layer is not None else (4, S, 2)
+  cache = rng.normal(size=shape).astype(np.float32)
+  new = rng.normal(size=(4, 6, 2)).astype(np.float32)
+
+  want = cache.copy()
+  view = want[layer] if layer is not None else want
+  for b in range(4):
+    for t in range(6):
+      if slots[b, t] < S:
+        view[b, slots[b, t]] = new[b, t]
+  writes = plan_writes(jnp.asarray(slots), S)
+  got = scatter(jnp.asarray(cache), jnp.asarray(new), writes, layer)
+  np.testing.assert_array_equal(got, want)
+
+  assert (np.asarray(writes.target) >= 0).all() and (np.asarray(writes.target) < S).all()
+  assert (np.asarray(writes.source) >= 0).all() and (np.asarray(writes.source) < 6).all()
+  assert (np.asarray(writes.row) < 4).all() and bool(writes.any)
+  nothing = plan_writes(jnp.full((2, 3), S), S)  # a pass of padding only: the cache unchanged
+  np.testing.assert_array_equal(
+    scatter(jnp.asarray(cache), jnp.asarray(new[:2, :3]), nothing, layer)[
+      (layer,) if layer is not None else ()
+    ][:2],
+    cache[(layer,) if layer is not None else ()][:2],
+  )
+
+
 @pytest.mark.parametrize(
   'extra',
   [

@@ -85,24 +85,64 @@ def write_slots(positions_BT: jax.Array, size: int) -> jax.Array:
   return jnp.where(keep, positions_BT % size, size)
 
 
-def scatter(cache: jax.Array, new_BT: jax.Array, slots_BT: jax.Array, layer=None) -> jax.Array:
-  """cache with new_BT[b, t] written at slot slots_BT[b, t] (out-of-range slots dropped): cache
-  is [B, S, ...], or [L, B, S, ...] written at `layer`."""
+@struct.dataclass
+class CacheWrites:
+  """A pass's writes into the cache as in-range indices (`plan_writes`), shared by every layer:
+  token [b, t]'s value new[row[b, t], source[b, t]] goes to slot target[b, t] of row row[b, t]."""
+
+  row: jax.Array  # [B, T]
+  target: jax.Array  # [B, T]
+  source: jax.Array  # [B, T]
+  any: jax.Array  # [] whether the pass writes anything at all
+
+
+def plan_writes(slots_BT: jax.Array, size: int) -> CacheWrites:
+  """`write_slots`' slots (`size`: not written) as in-range writes. A token that is not written
+  repeats the write of its row's last written token, or in a row that writes nothing, that of
+  the first row that writes: the same slot and value, so the order of the duplicates cannot
+  matter (a pass that writes nothing at all targets row 0's slot 0, and `scatter` writes back
+  what is there). Why not out-of-range indices with mode='drop':
+  their semantics are where XLA backends have gone wrong (the GPU's deterministic scatter,
+  jax-ml/jax#27796; TPU's drop at some widths, vllm-project/tpu-inference#3334)."""
+  B, T = slots_BT.shape
+  written_BT = slots_BT < size
+  t_BT = jnp.broadcast_to(jnp.arange(T), (B, T))
+  last_B = jnp.maximum(jnp.max(jnp.where(written_BT, t_BT, -1), axis=1), 0)
+  writes_B = written_BT.any(axis=1)
+  donor_B = jnp.where(writes_B, jnp.arange(B), jnp.argmax(writes_B))  # a row that writes
+  source_B = last_B[donor_B]
+  target_B = jnp.where(writes_B[donor_B], slots_BT[donor_B, source_B], 0)  # no row writes: slot 0
+  return CacheWrites(
+    row=jnp.where(written_BT, jnp.arange(B)[:, None], donor_B[:, None]),
+    target=jnp.where(written_BT, slots_BT, target_B[:, None]),
+    source=jnp.where(written_BT, t_BT, source_B[:, None]),
+    any=writes_B.any(),
+  )
+
+
+def scatter(cache: jax.Array, new_BT: jax.Array, writes: CacheWrites, layer=None) -> jax.Array:
+  """cache with new_BT's tokens written as `writes` plans (in-range indices only; a pass that
+  writes nothing leaves it as it is): cache is [B, S, ...], or [L, B, S, ...] written at `layer`."""
   lead = () if layer is None else (layer,)
-  rows = jnp.arange(cache.shape[len(lead)])[:, None]
-  return cache.at[(*lead, rows, slots_BT)].set(new_BT.astype(cache.dtype), mode='drop')
+  values_BT = new_BT[writes.row, writes.source].astype(cache.dtype)
+  # A pass that writes nothing rewrites slot 0 of row 0 as it is. The barrier keeps that read out
+  # of the scatter's fusion, which would otherwise copy the whole cache to update it (+0.5 ms a
+  # decoded token on the CPU).
+  kept = jax.lax.optimization_barrier(cache[(*lead, 0, 0)])
+  values_BT = jnp.where(writes.any, values_BT, kept)
+  return cache.at[(*lead, writes.row, writes.target)].set(values_BT, mode='promise_in_bounds')
 
 
 @struct.dataclass
 class LayerCache:
   """One layer's view during a forward pass: the whole cache, this layer's index in it, and the
-  slots the new keys go to. The layer writes into the [L, ...] arrays directly, so with the cache
+  writes of the new keys. The layer writes into the [L, ...] arrays directly, so with the cache
   donated every step updates it in place: no per-layer copy, no restacking of the layers."""
 
   k: jax.Array  # [L, B, S, K, H]
   v: jax.Array
   layer: jax.Array | int
-  slots: jax.Array  # [B, T]
+  writes: CacheWrites  # where the new keys go
   write_first: bool = struct.field(pytree_node=False, default=True)
 
   def extend(self, k_BTKH, v_BTKH):
@@ -111,8 +151,8 @@ class LayerCache:
     write_first: write, then attend to the S slots (the mask's kv_positions are the updated
     cache's). Otherwise attend to [past S slots ; new T keys], then write: needed when a chunk
     is longer than a rolling buffer, whose later keys overwrite slots its earlier queries read."""
-    k_all = scatter(self.k, k_BTKH, self.slots, self.layer)
-    v_all = scatter(self.v, v_BTKH, self.slots, self.layer)
+    k_all = scatter(self.k, k_BTKH, self.writes, self.layer)
+    v_all = scatter(self.v, v_BTKH, self.writes, self.layer)
     if self.write_first:
       return (
         k_all[self.layer].astype(k_BTKH.dtype),
