@@ -74,6 +74,11 @@ M125="--config.model.d_model=768 --config.model.n_layers=12 --config.model.n_hea
     step train_step_scan ${SCAN_S:-45} $PY -m benchmarks.train_step --models=125m --only=jax \
       --batch_size=32 --document_mask=off --scan_layers=on --profile_dir=/tmp/profile \
       --hlo_dir="$RES/hlo" --out="$RES/train_step_scan-$SUFFIX.md"
+    # Documents as long as the built-in corpus's (~4,500 tokens: nearly one causal segment a row),
+    # where launch.py's step was 77-79 ms against the benchmark's 69 (gpu-h100-2.md): is it the
+    # Mosaic GPU kernel on long segments?
+    step train_step_long_docs ${LONG_S:-45} $PY -m benchmarks.train_step --models=125m --only=jax \
+      --batch_size=32 --document_mask=on --doc_len_mean=4500 --out="$RES/train_step_long-$SUFFIX.md"
     if [[ -n "${DENSE:-}" ]]; then
       step train_step_cudnn_dense 40 $PY -m benchmarks.train_step --models=125m --only=jax \
         --batch_size=32 --document_mask=on --impl=cudnn --out="$RES/train_step_cudnn-$SUFFIX.md"

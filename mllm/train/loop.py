@@ -68,6 +68,7 @@ def train(config, workdir: str, *, stop_after: int | None = None, progress: bool
     opened = f'open {time.perf_counter() - started:.1f} s with data {run.data_s:.1f} s'
     start, state, state_note = _starting_state(run)
     state_note = f'{opened}, {state_note}'
+    ready = time.perf_counter()  # the state is ready; building the steps and writers follows
     end = config.train.steps if stop_after is None else min(config.train.steps, stop_after)
     writer = _metrics_writer(workdir, config.train, start)
     run.closing.callback(writer.close)
@@ -91,7 +92,7 @@ def train(config, workdir: str, *, stop_after: int | None = None, progress: bool
     _print_start(loop.bar, run, counts, device, start)
     if start >= end:  # resumed at its last step: report the losses it ended with, not NaN
       loop.loss = _last_train_loss(writer.path, start)
-    loop.run_steps(started, state_note)
+    loop.run_steps(started, state_note, ready)
     return loop.finish()
 
 
@@ -251,14 +252,15 @@ class _Loop:
   def __post_init__(self):
     self.step = self.last_saved = self.start
 
-  def run_steps(self, started: float, state_note: str) -> None:
+  def run_steps(self, started: float, state_note: str, ready: float) -> None:
     """Step until `end`, or until a stop request (SIGTERM, SIGINT), which saves the step reached.
     started: time.perf_counter() at the start of `train`; state_note: how long the state took to
-    initialize or restore (both for the first step's start-up line)."""
+    initialize or restore, ready: when it was ready (all three for the first step's start-up
+    line)."""
     with StopRequest() as stop:
       try:
         while self.step < self.end:
-          metrics, dt = self._take_step(started, state_note)
+          metrics, dt = self._take_step(started, state_note, ready)
           self._report(metrics, dt)
           self._evaluate_and_save()
           self.interrupted = stop.agreed()
@@ -268,7 +270,7 @@ class _Loop:
       finally:
         self.bar.close()
 
-  def _take_step(self, started: float, state_note: str) -> tuple[dict, float]:
+  def _take_step(self, started: float, state_note: str, ready: float) -> tuple[dict, float]:
     """Run one training step: (its metrics, its seconds). Raises TrainingDiverged, before the new
     state can be saved, when the loss or the new parameters are not finite."""
     t0 = time.perf_counter()
@@ -292,7 +294,7 @@ class _Loop:
       self.compile_s = dt  # the first call compiles
       self.bar.print(
         f'first step after {time.perf_counter() - started:.1f} s from the start of train() '
-        f'({state_note}, compile + step {dt:.1f} s)'
+        f'({state_note}, then {t0 - ready:.1f} s to the first step, compile + step {dt:.1f} s)'
       )
     else:
       self.times.append(dt)
