@@ -23,7 +23,7 @@ import sys
 
 from absl import app, flags, logging
 
-from mllm.checks import ConfigError, InputError
+from mllm.checks import ConfigError, InputError, RunFault
 from mllm.config import load_config, read_config
 from mllm.config_keys import field_info, get_path, parse_value, set_path
 from mllm.paths import RunDir
@@ -347,6 +347,12 @@ def main(argv: list[str]) -> None:
     MODES[_MODE.value](config)
   except InputError as err:  # a bad config, flag or path; or what only the run can check
     _fail(str(err))
+  except RunFault as err:  # the machine's: a full disk, a lost peer (what was kept, what to do)
+    print(f'error: {err}', file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    # At once, as below: Orbax's and asyncio's threads would print their own failures during the
+    # interpreter's teardown (their tracebacks are in the run log already).
+    os._exit(2 if err.fixable else 1)
   except OSError as err:  # a path the checks could not foresee (a disk filling up, a lost mount)
     where = f'{err.filename}: ' if err.filename else ''
     _fail(f'{where}{err.strerror or err}')

@@ -32,6 +32,7 @@ from mllm.train.checkpoint import (
 )
 from mllm.train.cluster import StopRequest, maybe_initialize_distributed
 from mllm.train.evaluation import run_eval
+from mllm.train.logs import route_library_output
 from mllm.train.metrics import (
   MetricsWriter,
   Progress,
@@ -139,6 +140,8 @@ def _open_run(config, workdir: str):
   # Closing the checkpoint manager and the metrics writer on every exit, errors included, keeps
   # their background threads from dying noisily at interpreter shutdown.
   with contextlib.ExitStack() as closing:
+    os.makedirs(workdir, exist_ok=True)
+    closing.callback(route_library_output(workdir))  # undone last: after the closes below
     ckpt = Checkpointer(
       workdir, max_to_keep=config.train.max_to_keep, async_save=config.train.async_checkpoint
     )

@@ -1,0 +1,47 @@
+"""Where a run's library output goes: Orbax's and JAX's loggers, tracebacks of background threads
+and exceptions Python could only ignore (at interpreter shutdown) are written to the workdir's
+run log, not the terminal. A fault then ends in the one line the entry point prints, and the
+tracebacks stay in `run.log` for debugging (issue: a full disk printed two Orbax tracebacks and a
+hundred lines of asyncio's "Event loop is closed" before its error line)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import traceback
+
+import jax
+from absl import logging as absl_logging
+
+from mllm.paths import RunDir
+
+
+def route_library_output(workdir: str):
+  """Send library logging, threads' uncaught exceptions and unraisable exceptions to the run log
+  from now on; returns a function that puts everything back."""
+  stream = open(RunDir(workdir).run_log(jax.process_index()), 'a', buffering=1)  # noqa: SIM115 (closed by the returned undo)
+  handler = absl_logging.get_absl_handler()
+  saved = (handler.python_handler.stream, threading.excepthook, sys.unraisablehook)
+  handler.python_handler.stream = stream
+  plain = [h for h in logging.getLogger().handlers if h is not handler]
+  for h in plain:
+    logging.getLogger().removeHandler(h)
+
+  def thread_hook(args):
+    stream.write(f'uncaught in thread {args.thread.name if args.thread else "?"}:\n')
+    traceback.print_exception(args.exc_type, args.exc_value, args.exc_traceback, file=stream)
+
+  def unraisable_hook(args):
+    stream.write(f'{args.err_msg or "Exception ignored"}: {args.object!r}\n')
+    traceback.print_exception(args.exc_type, args.exc_value, args.exc_traceback, file=stream)
+
+  threading.excepthook, sys.unraisablehook = thread_hook, unraisable_hook
+
+  def undo() -> None:
+    handler.python_handler.stream, threading.excepthook, sys.unraisablehook = saved
+    for h in plain:
+      logging.getLogger().addHandler(h)
+    stream.close()
+
+  return undo
