@@ -6,7 +6,7 @@ hundred lines of asyncio's "Event loop is closed" before its error line)."""
 
 from __future__ import annotations
 
-import logging
+import contextlib
 import sys
 import threading
 import traceback
@@ -17,16 +17,37 @@ from absl import logging as absl_logging
 from mllm.paths import RunDir
 
 
+class _LogFile:
+  """The run log as a stream that never raises: the disk it is on may be the one that filled up
+  (a log line that cannot be written is dropped, not turned into a second fault on stderr)."""
+
+  def __init__(self, path: str):
+    self.file = open(path, 'a', buffering=1)  # noqa: SIM115 (closed by close())
+
+  def write(self, text: str) -> int:
+    try:
+      return self.file.write(text)
+    except OSError:
+      return 0
+
+  def flush(self) -> None:
+    with contextlib.suppress(OSError):
+      self.file.flush()
+
+  def close(self) -> None:
+    with contextlib.suppress(OSError):
+      self.file.close()
+
+
 def route_library_output(workdir: str):
   """Send library logging, threads' uncaught exceptions and unraisable exceptions to the run log
   from now on; returns a function that puts everything back."""
-  stream = open(RunDir(workdir).run_log(jax.process_index()), 'a', buffering=1)  # noqa: SIM115 (closed by the returned undo)
+  stream = _LogFile(RunDir(workdir).run_log(jax.process_index()))
   handler = absl_logging.get_absl_handler()
   saved = (handler.python_handler.stream, threading.excepthook, sys.unraisablehook)
-  handler.python_handler.stream = stream
-  plain = [h for h in logging.getLogger().handlers if h is not handler]
-  for h in plain:
-    logging.getLogger().removeHandler(h)
+  handler.python_handler.stream = (
+    stream  # absl's: Orbax's logs, and the root logger's under app.run
+  )
 
   def thread_hook(args):
     stream.write(f'uncaught in thread {args.thread.name if args.thread else "?"}:\n')
@@ -40,8 +61,6 @@ def route_library_output(workdir: str):
 
   def undo() -> None:
     handler.python_handler.stream, threading.excepthook, sys.unraisablehook = saved
-    for h in plain:
-      logging.getLogger().addHandler(h)
     stream.close()
 
   return undo
