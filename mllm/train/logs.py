@@ -22,21 +22,25 @@ class _LogFile:
   (a log line that cannot be written is dropped, not turned into a second fault on stderr)."""
 
   def __init__(self, path: str):
-    self.file = open(path, 'a', buffering=1)  # noqa: SIM115 (closed by close())
+    self.path, self.file = path, None  # opened at the first line: a quiet run leaves no file
 
   def write(self, text: str) -> int:
     try:
+      if self.file is None:
+        self.file = open(self.path, 'a', buffering=1)  # noqa: SIM115 (closed by close())
       return self.file.write(text)
     except OSError:
       return 0
 
   def flush(self) -> None:
     with contextlib.suppress(OSError):
-      self.file.flush()
+      if self.file is not None:
+        self.file.flush()
 
   def close(self) -> None:
     with contextlib.suppress(OSError):
-      self.file.close()
+      if self.file is not None:
+        self.file.close()
 
 
 def route_library_output(workdir: str):
