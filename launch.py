@@ -91,12 +91,17 @@ def _summary(config) -> None:
 
 def _train(config) -> None:
   from mllm.train import TrainingDiverged, train
+  from mllm.train.peers import is_lost_peer, report_lost_peer
 
   try:
     train(config, _workdir(), stop_after=_STOP_AFTER.value)
   except TrainingDiverged as err:
     print(f'error: {err}', file=sys.stderr)
     sys.exit(1)
+  except Exception as err:
+    if is_lost_peer(err):  # another process of the job died (one line, exit 1)
+      report_lost_peer(err)
+    raise
 
 
 def _eval(config) -> None:

@@ -23,6 +23,7 @@ import numpy as np
 from mllm.accounting import count_params, training_flops_per_token
 from mllm.layers.moe import moe_layers, training_note
 from mllm.paths import RunDir, writable_dir
+from mllm.train import peers
 from mllm.train.checkpoint import (
   Checkpointer,
   StateMismatch,
@@ -142,6 +143,7 @@ def _open_run(config, workdir: str):
   with contextlib.ExitStack() as closing:
     os.makedirs(workdir, exist_ok=True)
     closing.callback(route_library_output(workdir))  # undone last: after the closes below
+    peers.watch(workdir)
     ckpt = Checkpointer(
       workdir, max_to_keep=config.train.max_to_keep, async_save=config.train.async_checkpoint
     )
