@@ -23,7 +23,7 @@ import sys
 
 from absl import app, flags, logging
 
-from mllm.checks import ConfigError, InputError
+from mllm.checks import ConfigError, InputError, RunFault
 from mllm.config import load_config, read_config
 from mllm.config_keys import field_info, get_path, parse_value, set_path
 from mllm.paths import RunDir
@@ -91,12 +91,17 @@ def _summary(config) -> None:
 
 def _train(config) -> None:
   from mllm.train import TrainingDiverged, train
+  from mllm.train.peers import is_lost_peer, report_lost_peer
 
   try:
     train(config, _workdir(), stop_after=_STOP_AFTER.value)
   except TrainingDiverged as err:
     print(f'error: {err}', file=sys.stderr)
     sys.exit(1)
+  except Exception as err:
+    if is_lost_peer(err):  # another process of the job died (one line, exit 1)
+      report_lost_peer(err)
+    raise
 
 
 def _eval(config) -> None:
@@ -347,6 +352,12 @@ def main(argv: list[str]) -> None:
     MODES[_MODE.value](config)
   except InputError as err:  # a bad config, flag or path; or what only the run can check
     _fail(str(err))
+  except RunFault as err:  # the machine's: a full disk, a lost peer (what was kept, what to do)
+    print(f'error: {err}', file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    # At once, as below: Orbax's and asyncio's threads would print their own failures during the
+    # interpreter's teardown (their tracebacks are in the run log already).
+    os._exit(2 if err.fixable else 1)
   except OSError as err:  # a path the checks could not foresee (a disk filling up, a lost mount)
     where = f'{err.filename}: ' if err.filename else ''
     _fail(f'{where}{err.strerror or err}')

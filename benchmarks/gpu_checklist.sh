@@ -79,6 +79,10 @@ M125="--config.model.d_model=768 --config.model.n_layers=12 --config.model.n_hea
     # Mosaic GPU kernel on long segments?
     step train_step_long_docs ${LONG_S:-45} $PY -m benchmarks.train_step --models=125m --only=jax \
       --batch_size=32 --document_mask=on --doc_len_mean=4500 --out="$RES/train_step_long-$SUFFIX.md"
+    if [[ -n "${LEVERS:-}" ]]; then  # MFU levers the 11-27 profile suggests (gpu-h100-2.md)
+      step train_step_batch64 ${LEVER_S:-45} $PY -m benchmarks.train_step --models=125m \
+        --only=jax --batch_size=64 --document_mask=on --out="$RES/train_step_b64-$SUFFIX.md"
+    fi
     if [[ -n "${DENSE:-}" ]]; then
       step train_step_cudnn_dense 40 $PY -m benchmarks.train_step --models=125m --only=jax \
         --batch_size=32 --document_mask=on --impl=cudnn --out="$RES/train_step_cudnn-$SUFFIX.md"

@@ -1,4 +1,4 @@
-"""InputError and ConfigError, and the small checks that config validation and every variant's own
+"""InputError and ConfigError, RunFault, and the small checks that config validation and every variant's own
 rules (mllm/layers/, mllm/ops/) share: each raises a one-line ConfigError naming the key, the value
 and what is allowed."""
 
@@ -26,6 +26,14 @@ class InputError(ValueError):
 
 class ConfigError(InputError):
   """A bad config value: `model.d_model=100: ...`."""
+
+
+class RunFault(Exception):
+  """A fault of the machine during a run (a full disk, a lost peer process): its message is one
+  line saying what failed, what was kept and what to do. `fixable`: the user can fix the cause
+  (space, permissions) and resume; entry points exit 2 then, else 1 (docs/training.md)."""
+
+  fixable: bool = False
 
 
 def input_error(key: str, value: Any, allowed: str) -> InputError:

@@ -36,3 +36,24 @@ def enable(path: str | None = None) -> str | None:
   if 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS' not in os.environ:
     jax.config.update('jax_persistent_cache_min_compile_time_secs', MIN_COMPILE_S)
   return path
+
+
+# Hits and writes of the cache in this process, from JAX's monitoring events (counted from the
+# first `counts()` call on): the first step's line says whether its compile came from disk.
+_COUNTS = {'/jax/compilation_cache/cache_hits': 0, '/jax/compilation_cache/cache_misses': 0}
+
+
+def _count(event: str, **_) -> None:
+  if event in _COUNTS:
+    _COUNTS[event] += 1
+
+
+def counts() -> tuple[int, int]:
+  """(programs read from the cache, programs compiled and written to it) so far."""
+  if not getattr(_count, 'registered', False):
+    jax.monitoring.register_event_listener(_count)
+    _count.registered = True
+  return (
+    _COUNTS['/jax/compilation_cache/cache_hits'],
+    _COUNTS['/jax/compilation_cache/cache_misses'],
+  )

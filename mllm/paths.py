@@ -47,6 +47,10 @@ class RunDir:
   def loss_plot(self) -> str:
     return self._file('loss.png')
 
+  def run_log(self, process: int = 0) -> str:
+    """Library logs and background tracebacks of process `process` (mllm/train/logs.py)."""
+    return self._file('run.log' if process == 0 else f'run.{process}.log')
+
   @property
   def tokenizer(self) -> str:
     """The BPE tokenizer the run trained (HF `tokenizers` JSON); absent for byte-level runs."""

@@ -212,6 +212,36 @@ def test_a_bfloat16_checkpoint_loads_its_values_exactly(tmp_path, imported):
   np.testing.assert_array_equal(got, want.astype(ml_dtypes.bfloat16).astype(np.float32))
 
 
+@pytest.mark.parametrize(
+  'params, missing',
+  [
+    (
+      {
+        'rope_type': 'llama3',
+        'factor': 8.0,
+        'low_freq_factor': 1.0,
+        'original_max_position_embeddings': 8192,
+      },
+      'high_freq_factor',
+    ),
+    (
+      {'rope_type': 'llama3', 'factor': 8.0, 'low_freq_factor': 1.0, 'high_freq_factor': 4.0},
+      'original_max_position_embeddings',
+    ),
+    ({'rope_type': 'linear'}, 'factor'),
+  ],
+)
+def test_a_rope_scaling_missing_a_field_is_refused_naming_it(params, missing):
+  """Each scaling reads its own fields (mllm/layers/rope.py `hf_names`); one that is missing is
+  an HFImportError naming it (it was a KeyError or TypeError)."""
+  from mllm.hf_errors import HFImportError
+  from mllm.layers.rope import rope_keys_from_hf
+
+  hf = {'rope_parameters': {'rope_theta': 5e5, **params}, 'max_position_embeddings': 4096}
+  with pytest.raises(HFImportError, match=rf'rope_parameters\.{missing}: missing for rope_type'):
+    rope_keys_from_hf(hf)
+
+
 def test_transformers_4_rope_fields_give_the_same_config(tmp_path, imported):
   """Checkpoints saved before transformers 5 spell RoPE as rope_theta + rope_scaling."""
 

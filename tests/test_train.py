@@ -82,11 +82,12 @@ def test_loss_falls_and_metrics_are_written(reference_run):
 
 def test_the_run_folder_holds_what_rundir_names_and_nothing_else(reference_run):
   """RunDir is the one place a run's file names are written: every file training leaves is one
-  of its names (a byte-level run has no tokenizer.json)."""
+  of its names (a byte-level run has no tokenizer.json; run.log only if a library logged)."""
   _, workdir, _, _ = reference_run
   run = RunDir(workdir)
   named = {run.config, run.checkpoints, run.metrics, run.tensorboard, run.loss_plot, run.tokenizer}
   present = {os.path.join(os.path.abspath(workdir), name) for name in os.listdir(workdir)}
+  present.discard(os.path.abspath(run.run_log()))
   assert present == {os.path.abspath(p) for p in named} - {os.path.abspath(run.tokenizer)}
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +15,7 @@ import numpy as np
 
 from mllm.checks import ConfigError, positive
 from mllm.hf_errors import HFImportError
-from mllm.variant_config import key
+from mllm.variant_config import key, keys_of, settings_of
 
 # ---------------------------------------------------------------------------------------------
 # RoPE (Su et al. 2021) and its context-extension scalings.
@@ -42,6 +42,23 @@ FACTOR = key('rope_scaling_factor', 1.0, 'the context extension factor s', _exte
 class NoScaling:
   """RoPE's own frequencies."""
 
+  # Its Hugging Face spelling: `rope_type` (None: transformers has no such scaling), the
+  # rope_parameters name of each settings field, and whether it reads the pretrained length
+  # (`original_max_position_embeddings`, mllm's `rope_original_max_len`).
+  hf_type: ClassVar[str | None] = 'default'
+  hf_names: ClassVar[dict[str, str]] = {}
+  reads_original_len: ClassVar[bool] = False
+
+  @classmethod
+  def hf_value(cls, params: dict, field: str, hf: dict) -> float:
+    """A field's value from `rope_parameters` (an HFImportError if it is missing)."""
+    name = cls.hf_names[field]
+    if params.get(name) is None:
+      raise HFImportError(
+        f'rope_parameters.{name}: missing for rope_type={cls.hf_type!r}; allowed: a number'
+      )
+    return float(params[name])
+
   def frequencies(self, inv_freq, head_dim: int, theta: float, original_max_len: int):
     return inv_freq, 1.0
 
@@ -53,6 +70,9 @@ class NoScaling:
 class PositionInterpolation(NoScaling):
   """PI (Chen et al. 2023, eq. 4): positions / s, i.e. every θ_i / s."""
 
+  hf_type: ClassVar[str | None] = 'linear'
+  hf_names: ClassVar[dict[str, str]] = {'factor': 'factor'}
+
   factor: float = FACTOR
 
   def frequencies(self, inv_freq, head_dim, theta, original_max_len):
@@ -62,6 +82,10 @@ class PositionInterpolation(NoScaling):
 @dataclasses.dataclass(frozen=True)
 class NTKAware(NoScaling):
   """NTK-aware base change (bloc97 2023): θ' = θ·s^(d/(d−2))."""
+
+  hf_type: ClassVar[str | None] = None  # transformers' 'dynamic' is another method
+  hf_names: ClassVar[dict[str, str]] = {'factor': 'factor'}
+  reads_original_len: ClassVar[bool] = True
 
   factor: float = FACTOR
 
@@ -75,9 +99,27 @@ class YaRN(NoScaling):
   """YaRN (Peng et al. 2023, eqs. 17-20): a per-frequency ramp between interpolation and
   extrapolation (beta_fast = β, beta_slow = α) and the attention temperature 0.1·ln(s) + 1."""
 
+  hf_type: ClassVar[str | None] = 'yarn'
+  hf_names: ClassVar[dict[str, str]] = {
+    'factor': 'factor',
+    'beta_fast': 'beta_fast',
+    'beta_slow': 'beta_slow',
+  }
+  reads_original_len: ClassVar[bool] = True
+
   factor: float = FACTOR
   beta_fast: float = key('yarn_beta_fast', 32.0, 'YaRN β: rotations above it extrapolate', positive)
   beta_slow: float = key('yarn_beta_slow', 1.0, 'YaRN α: rotations below it interpolate', positive)
+
+  @classmethod
+  def hf_value(cls, params, field, hf):
+    """transformers reads an unset or 0 beta as its default, and an unset factor as
+    max_position_embeddings / original_max_position_embeddings."""
+    if field == 'factor' and not params.get('factor'):
+      return hf['max_position_embeddings'] / params['original_max_position_embeddings']
+    if field != 'factor' and not params.get(cls.hf_names[field]):
+      return {f.name: f.default for f in dataclasses.fields(cls)}[field]
+    return super().hf_value(params, field, hf)
 
   def check(self, prefix):
     if not self.beta_slow < self.beta_fast:
@@ -107,6 +149,14 @@ class YaRN(NoScaling):
 class Llama3(NoScaling):
   """Llama 3.1's wavelength bands: wavelengths beyond L_orig/low_freq_factor interpolate by s,
   below L_orig/high_freq_factor stay, and a smooth blend in between."""
+
+  hf_type: ClassVar[str | None] = 'llama3'
+  hf_names: ClassVar[dict[str, str]] = {
+    'factor': 'factor',
+    'low_freq_factor': 'low_freq_factor',
+    'high_freq_factor': 'high_freq_factor',
+  }
+  reads_original_len: ClassVar[bool] = True
 
   factor: float = FACTOR
   low_freq_factor: float = key('llama3_low_freq_factor', 1.0, 'llama3: the low band edge', positive)
@@ -247,89 +297,86 @@ def rope_frequencies_2d(
 # ---------------------------------------------------------------------------------------------
 
 
+def _declared(scaling: type[NoScaling]) -> dict[str, str]:
+  """{settings field: its config key} of a scaling (keys of `model.position`)."""
+  names = [f.name for f in dataclasses.fields(scaling) if 'key' in f.metadata]
+  return {field: k.name for field, k in zip(names, keys_of(scaling), strict=True)}
+
+
 def rope_keys_from_hf(hf: dict) -> dict[str, Any]:
-  """Position keys from `rope_parameters` (transformers ≥ 5) or `rope_theta` + `rope_scaling`."""
+  """Position keys from `rope_parameters` (transformers ≥ 5) or `rope_theta` + `rope_scaling`:
+  the scaling whose `hf_type` is the rope_type reads its own fields."""
   params = dict(hf.get('rope_parameters') or {})
   if not params:
     params = dict(hf.get('rope_scaling') or {})
     params.setdefault('rope_theta', hf.get('rope_theta', 10000.0))
   kind = params.get('rope_type', params.get('type', 'default'))
+  by_hf = {cls.hf_type: (name, cls) for name, cls in ROPE_SCALINGS.items() if cls.hf_type}
+  if kind not in by_hf:
+    allowed = ', '.join(by_hf)
+    raise HFImportError(f'rope_type={kind!r}: not mapped to mllm yet; allowed: {allowed}')
+  name, scaling = by_hf[kind]
   out = {
     'position.kind': 'rope',
     'position.rope_layout': 'half',
     'position.rope_theta': float(params['rope_theta']),
   }
-  if kind == 'default':
+  if scaling is NoScaling:
     return out
+  if scaling is YaRN:
+    _refuse_yarn_fields(params)
   original = params.get('original_max_position_embeddings')
-  if kind == 'linear':
-    out.update(
-      {'position.rope_scaling': 'linear', 'position.rope_scaling_factor': float(params['factor'])}
-    )
-  elif kind == 'llama3':
-    out.update(
-      {
-        'position.rope_scaling': 'llama3',
-        'position.rope_scaling_factor': float(params['factor']),
-        'position.llama3_low_freq_factor': float(params['low_freq_factor']),
-        'position.llama3_high_freq_factor': float(params['high_freq_factor']),
-        'position.rope_original_max_len': int(original),
-      }
-    )
-  elif kind == 'yarn':
-    out.update(_yarn_keys_from_hf(hf, params, original))
-  else:
-    raise HFImportError(
-      f'rope_type={kind!r}: not mapped to mllm yet; allowed: default, linear, llama3, yarn'
-    )
+  if scaling.reads_original_len and original is None:
+    if scaling is not YaRN:
+      raise HFImportError(
+        f'rope_parameters.original_max_position_embeddings: missing for rope_type={kind!r}; '
+        'allowed: the length the model was pretrained at'
+      )
+    original = params['original_max_position_embeddings'] = hf['max_position_embeddings']
+  out['position.rope_scaling'] = name
+  for field, config_key in _declared(scaling).items():
+    out[f'position.{config_key}'] = float(scaling.hf_value(params, field, hf))
+  if scaling.reads_original_len:
+    out['position.rope_original_max_len'] = int(original)
   return out
 
 
-def _yarn_keys_from_hf(hf: dict, params: dict, original: int | None) -> dict[str, Any]:
+def _refuse_yarn_fields(params: dict) -> None:
+  """What mllm's YaRN does not compute: another attention factor, unrounded correction ranges."""
   for field in ('attention_factor', 'mscale', 'mscale_all_dim', 'partial_rotary_factor'):
     if params.get(field) is not None:
       raise HFImportError(
-        f'rope_parameters.{field}={params[field]!r}: mllm\'s YaRN has the '
-        'paper\'s attention factor 0.1·ln(s) + 1 only; allowed: unset'
+        f"rope_parameters.{field}={params[field]!r}: mllm's YaRN has the "
+        "paper's attention factor 0.1·ln(s) + 1 only; allowed: unset"
       )
   if params.get('truncate', True) is not True:
     raise HFImportError(
       f"rope_parameters.truncate={params['truncate']!r}: mllm's YaRN rounds "
       'the correction range (floor/ceil); allowed: true'
     )
-  factor = params.get('factor') or hf['max_position_embeddings'] / original
-  return {
-    'position.rope_scaling': 'yarn',
-    'position.rope_scaling_factor': float(factor),
-    'position.rope_original_max_len': int(original or hf['max_position_embeddings']),
-    # transformers reads 0 or null as the defaults too
-    'position.yarn_beta_fast': float(params.get('beta_fast') or 32.0),
-    'position.yarn_beta_slow': float(params.get('beta_slow') or 1.0),
-  }
+
+
+def _scaling_of(m) -> tuple[type[NoScaling], NoScaling]:
+  """The scaling class of model config `m` and its settings."""
+  cls = ROPE_SCALINGS[m.position.rope_scaling]
+  return cls, settings_of(cls, m.position)
 
 
 def rope_hf_fields(m) -> dict[str, Any]:
-  """config.json's RoPE fields for model config `m` (its `position.*`, whatever the kind)."""
+  """config.json's RoPE fields for model config `m` (its `position.*`, whatever the kind): the
+  scaling's `hf_type` and its fields by their `hf_names`."""
   p = m.position
-  params: dict[str, Any] = {'rope_type': 'default', 'rope_theta': float(p.rope_theta)}
-  if p.rope_scaling == 'linear':
-    params.update(rope_type='linear', factor=float(p.rope_scaling_factor))
-  elif p.rope_scaling == 'yarn':
-    params.update(
-      rope_type='yarn',
-      factor=float(p.rope_scaling_factor),
-      original_max_position_embeddings=int(p.rope_original_max_len or m.max_seq_len),
-      beta_fast=float(p.yarn_beta_fast),
-      beta_slow=float(p.yarn_beta_slow),
-    )
-  elif p.rope_scaling == 'llama3':
-    params.update(
-      rope_type='llama3',
-      factor=float(p.rope_scaling_factor),
-      low_freq_factor=float(p.llama3_low_freq_factor),
-      high_freq_factor=float(p.llama3_high_freq_factor),
-      original_max_position_embeddings=int(p.rope_original_max_len or m.max_seq_len),
-    )
+  cls, scaling = _scaling_of(m)
+  # A scaling transformers lacks (NTK) is written as plain RoPE; export refuses it, since the
+  # model transformers would build computes something else (interop/hf.py's math check).
+  params: dict[str, Any] = {
+    'rope_type': cls.hf_type or 'default',
+    'rope_theta': float(p.rope_theta),
+  }
+  if cls.hf_type is not None:
+    params.update({hf: float(getattr(scaling, f)) for f, hf in cls.hf_names.items()})
+    if cls.reads_original_len:
+      params['original_max_position_embeddings'] = int(p.rope_original_max_len or m.max_seq_len)
   # Both spellings: transformers ≥ 5 reads rope_parameters, earlier versions rope_theta and
   # rope_scaling.
   legacy = (
@@ -343,24 +390,14 @@ def rope_hf_fields(m) -> dict[str, Any]:
 def rope_math(m) -> dict[str, Any]:
   """RoPE's settings that change the network, resolved, for HF export's `math_of`."""
   p = m.position
+  cls, scaling = _scaling_of(m)
   out = {
     'position.rope_theta': float(p.rope_theta),
     'position.rope_layout': p.rope_layout,
     'position.rope_scaling': p.rope_scaling,
   }
-  if p.rope_scaling != 'none':
-    out['position.rope_scaling_factor'] = float(p.rope_scaling_factor)
-  if p.rope_scaling in ('ntk', 'yarn', 'llama3'):
+  for field, config_key in _declared(cls).items():
+    out[f'position.{config_key}'] = float(getattr(scaling, field))
+  if cls.reads_original_len:
     out['position.rope_original_max_len'] = p.rope_original_max_len or m.max_seq_len
-  if p.rope_scaling == 'yarn':
-    out.update(
-      {'position.yarn_beta_fast': p.yarn_beta_fast, 'position.yarn_beta_slow': p.yarn_beta_slow}
-    )
-  if p.rope_scaling == 'llama3':
-    out.update(
-      {
-        'position.llama3_low_freq_factor': p.llama3_low_freq_factor,
-        'position.llama3_high_freq_factor': p.llama3_high_freq_factor,
-      }
-    )
   return out

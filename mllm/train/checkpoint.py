@@ -24,8 +24,10 @@ How no checkpoint is ever lost:
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -38,7 +40,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from mllm.checks import InputError, first_line
+from mllm.checks import InputError, RunFault, first_line
 from mllm.paths import RunDir
 
 # Orbax writes both into the tmp folder before its commit rename (AtomicRenameTemporaryPath).
@@ -52,6 +54,62 @@ Signature = dict[tuple[str, ...], tuple[tuple[int, ...], str]]
 
 def note(message: str) -> None:
   print(message, file=sys.stdout, flush=True)
+
+
+# errno values a person fixes (space, quota, permissions, a read-only mount), by the words Orbax
+# and TensorStore quote them with.
+FIXABLE = {
+  errno.ENOSPC: 'No space left on device',
+  errno.EDQUOT: 'Disk quota exceeded',
+  errno.EACCES: 'Permission denied',
+  errno.EROFS: 'Read-only file system',
+}
+
+
+class CheckpointWriteError(RunFault):
+  """A save that failed (in Orbax's background thread or at once): which step, where, why, and
+  the newest step that is still whole. `fixable`: the cause is the machine's (disk full,
+  permissions), which the user can fix and then resume."""
+
+  def __init__(self, step: int, directory: str, cause: BaseException, last_good: int | None):
+    self.step, self.directory, self.last_good = step, directory, last_good
+    self.reason = _write_failure(cause)
+    self.fixable = any(words in self.reason for words in FIXABLE.values())
+    kept = (
+      f'the last good checkpoint is step {last_good}'
+      if last_good is not None
+      else 'no checkpoint of this run is complete yet'
+    )
+    todo = 'free space there or fix its permissions' if self.fixable else 'see the run log'
+    super().__init__(
+      f'checkpoint step {step} could not be written in {directory} ({self.reason}); its '
+      f'partial folder was removed; {kept}; {todo}, then run again to resume'
+    )
+
+
+def _read_failure(err: BaseException) -> str:
+  """Why a step could not be read, in one line: TensorStore's own reason where the chain holds
+  one ('reading params.embed.embedding.value: ZSTD_decompressStream() failed: ...'), else the
+  first line without the object reprs TensorStore appends (`<bound method ... TensorStore({...`)."""
+  for e in (err, err.__cause__, err.__context__):
+    found = e is not None and re.search(r'Error reading "([^"]+)"[^:]*: (.+?)(?:; at |$)', str(e))
+    if found:
+      return f'reading {found[1]}: {found[2]}'[:200]
+  text = first_line(err).split(' See full TensorStore details')[0]
+  return re.sub(r'<[^<>]*>?$|<[^<>]*>', '', text).strip()
+
+
+def _write_failure(err: BaseException) -> str:
+  """The cause of a failed save in a few words: the OS error where one is quoted ('No space left
+  on device'), else the exception's first line, without the file paths Orbax repeats."""
+  for e in (err, err.__cause__, err.__context__):
+    if isinstance(e, OSError) and e.errno in FIXABLE:
+      return FIXABLE[e.errno]
+  text = str(err)
+  for code, words in FIXABLE.items():
+    if words in text or f"os_error_code='{code}'" in text or f'[Errno {code}]' in text:
+      return words
+  return first_line(err)
 
 
 # --------------------------------------------------------------------------------------------
@@ -228,6 +286,8 @@ class Checkpointer:
   ):
     self.directory = RunDir(workdir).checkpoints
     self.read_only, self.log = read_only, log
+    self.in_flight: int | None = None  # the step whose save has not finished
+    self.failed: CheckpointWriteError | None = None
     if not read_only:
       tidy(self.directory, log)
       if jax.process_count() > 1:  # the others list steps only once process 0 has tidied
@@ -252,7 +312,10 @@ class Checkpointer:
     return os.path.join(self.directory, str(step))
 
   def save(self, step: int, state, iterator=None, config: dict | None = None) -> None:
+    """Start saving `step` (async: it commits in the background). Raises CheckpointWriteError
+    when this save, or the one still in flight before it, fails."""
     assert not self.read_only, 'a read-only Checkpointer never saves'
+    self.wait()  # the previous save's failure is that step's, not this one's
     if jax.process_index() == 0:
       purge_deleted(self.directory)  # steps Orbax dropped after the previous saves
     items = {'state': ocp.args.StandardSave(state)}
@@ -260,7 +323,11 @@ class Checkpointer:
       items['data'] = grain.checkpoint.CheckpointSave(iterator)
     if config is not None:
       items['config'] = ocp.args.JsonSave(config)
-    self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+    self.in_flight = step
+    try:
+      self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+    except Exception as err:  # Orbax raises many types
+      raise self._failed(err) from None
 
   # -- reading ---------------------------------------------------------------------------------
 
@@ -368,7 +435,7 @@ class Checkpointer:
       except Exception as err:  # Orbax raises many types here
         if jax.process_count() > 1:
           raise  # processes must agree on the step; do not guess on one of them
-        failures.append((step, first_line(err)))
+        failures.append((step, _read_failure(err)))
         continue
       self._report_skipped(failures, step, set_aside)
       return step, restored
@@ -398,13 +465,33 @@ class Checkpointer:
       self.manager.reload()
 
   def wait(self) -> None:
-    self.manager.wait_until_finished()
+    """Wait for the save in flight; CheckpointWriteError if it failed."""
+    try:
+      self.manager.wait_until_finished()
+    except Exception as err:
+      raise self._failed(err) from None
+    self.in_flight = None
 
   def close(self) -> None:
-    self.manager.wait_until_finished()
-    self.manager.close()
+    """Wait for the last save and close; after a failed save, only close (the error was raised)."""
+    if self.failed is None:
+      self.wait()
+    with contextlib.suppress(Exception) if self.failed else contextlib.nullcontext():
+      self.manager.close()
     if not self.read_only and jax.process_index() == 0:
       purge_deleted(self.directory)  # what the last saves dropped
+
+  def _failed(self, err: BaseException) -> CheckpointWriteError:
+    """The error for the save in flight that failed with `err`, after removing its partial
+    folder: the next start would remove it too, but a full disk needs the space now."""
+    step = self.in_flight
+    if jax.process_index() == 0:
+      for name in os.listdir(self.directory) if os.path.isdir(self.directory) else []:
+        if name.startswith(f'{step}{TMP_MARKER}'):
+          shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+    good = [s for s in committed_steps(os.path.dirname(self.directory)) if s != step]
+    self.failed = CheckpointWriteError(step, self.directory, err, max(good, default=None))
+    return self.failed
 
 
 def write_config(workdir: str, config) -> None:

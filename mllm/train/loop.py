@@ -20,9 +20,11 @@ from typing import Any
 import jax
 import numpy as np
 
+from mllm import compile_cache
 from mllm.accounting import count_params, training_flops_per_token
 from mllm.layers.moe import moe_layers, training_note
 from mllm.paths import RunDir, writable_dir
+from mllm.train import peers
 from mllm.train.checkpoint import (
   Checkpointer,
   StateMismatch,
@@ -32,6 +34,7 @@ from mllm.train.checkpoint import (
 )
 from mllm.train.cluster import StopRequest, maybe_initialize_distributed
 from mllm.train.evaluation import run_eval
+from mllm.train.logs import route_library_output
 from mllm.train.metrics import (
   MetricsWriter,
   Progress,
@@ -69,6 +72,7 @@ def train(config, workdir: str, *, stop_after: int | None = None, progress: bool
     start, state, state_note = _starting_state(run)
     state_note = f'{opened}, {state_note}'
     ready = time.perf_counter()  # the state is ready; building the steps and writers follows
+    cached_before = compile_cache.counts()
     end = config.train.steps if stop_after is None else min(config.train.steps, stop_after)
     writer = _metrics_writer(workdir, config.train, start)
     run.closing.callback(writer.close)
@@ -92,6 +96,7 @@ def train(config, workdir: str, *, stop_after: int | None = None, progress: bool
     _print_start(loop.bar, run, counts, device, start)
     if start >= end:  # resumed at its last step: report the losses it ended with, not NaN
       loop.loss = _last_train_loss(writer.path, start)
+    loop.cached_before = cached_before
     loop.run_steps(started, state_note, ready)
     return loop.finish()
 
@@ -139,6 +144,9 @@ def _open_run(config, workdir: str):
   # Closing the checkpoint manager and the metrics writer on every exit, errors included, keeps
   # their background threads from dying noisily at interpreter shutdown.
   with contextlib.ExitStack() as closing:
+    os.makedirs(workdir, exist_ok=True)
+    closing.callback(route_library_output(workdir))  # undone last: after the closes below
+    peers.watch(workdir)
     ckpt = Checkpointer(
       workdir, max_to_keep=config.train.max_to_keep, async_save=config.train.async_checkpoint
     )
@@ -248,6 +256,7 @@ class _Loop:
   times: list[float] = dataclasses.field(default_factory=list)  # step times after the first
   # The next step's batch, already on the devices, and the data position before it was read.
   prefetched: tuple[dict, Any] | None = None
+  cached_before: tuple[int, int] = (0, 0)  # compile_cache.counts() before the first step
 
   def __post_init__(self):
     self.step = self.last_saved = self.start
@@ -294,11 +303,19 @@ class _Loop:
       self.compile_s = dt  # the first call compiles
       self.bar.print(
         f'first step after {time.perf_counter() - started:.1f} s from the start of train() '
-        f'({state_note}, then {t0 - ready:.1f} s to the first step, compile + step {dt:.1f} s)'
+        f'({state_note}, then {t0 - ready:.1f} s to the first step, compile + step {dt:.1f} s'
+        f'{self._cache_note()})'
       )
     else:
       self.times.append(dt)
     return metrics, dt
+
+  def _cache_note(self) -> str:
+    """', N programs from the compilation cache, M compiled' where the cache is on."""
+    if not jax.config.jax_compilation_cache_dir:
+      return ''
+    hits, written = (now - then for now, then in zip(compile_cache.counts(), self.cached_before))
+    return f'; compilation cache: {hits} read, {written} compiled and written'
 
   def _next_batch(self) -> dict:
     if self.prefetched is None:

@@ -1,0 +1,70 @@
+"""Where a run's library output goes: Orbax's and JAX's loggers, tracebacks of background threads
+and exceptions Python could only ignore (at interpreter shutdown) are written to the workdir's
+run log, not the terminal. A fault then ends in the one line the entry point prints, and the
+tracebacks stay in `run.log` for debugging (issue: a full disk printed two Orbax tracebacks and a
+hundred lines of asyncio's "Event loop is closed" before its error line)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import traceback
+
+import jax
+from absl import logging as absl_logging
+
+from mllm.paths import RunDir
+
+
+class _LogFile:
+  """The run log as a stream that never raises: the disk it is on may be the one that filled up
+  (a log line that cannot be written is dropped, not turned into a second fault on stderr)."""
+
+  def __init__(self, path: str):
+    self.path, self.file = path, None  # opened at the first line: a quiet run leaves no file
+
+  def write(self, text: str) -> int:
+    try:
+      if self.file is None:
+        self.file = open(self.path, 'a', buffering=1)  # noqa: SIM115 (closed by close())
+      return self.file.write(text)
+    except OSError:
+      return 0
+
+  def flush(self) -> None:
+    with contextlib.suppress(OSError):
+      if self.file is not None:
+        self.file.flush()
+
+  def close(self) -> None:
+    with contextlib.suppress(OSError):
+      if self.file is not None:
+        self.file.close()
+
+
+def route_library_output(workdir: str):
+  """Send library logging, threads' uncaught exceptions and unraisable exceptions to the run log
+  from now on; returns a function that puts everything back."""
+  stream = _LogFile(RunDir(workdir).run_log(jax.process_index()))
+  handler = absl_logging.get_absl_handler()
+  saved = (handler.python_handler.stream, threading.excepthook, sys.unraisablehook)
+  handler.python_handler.stream = (
+    stream  # absl's: Orbax's logs, and the root logger's under app.run
+  )
+
+  def thread_hook(args):
+    stream.write(f'uncaught in thread {args.thread.name if args.thread else "?"}:\n')
+    traceback.print_exception(args.exc_type, args.exc_value, args.exc_traceback, file=stream)
+
+  def unraisable_hook(args):
+    stream.write(f'{args.err_msg or "Exception ignored"}: {args.object!r}\n')
+    traceback.print_exception(args.exc_type, args.exc_value, args.exc_traceback, file=stream)
+
+  threading.excepthook, sys.unraisablehook = thread_hook, unraisable_hook
+
+  def undo() -> None:
+    handler.python_handler.stream, threading.excepthook, sys.unraisablehook = saved
+    stream.close()
+
+  return undo
