@@ -12,7 +12,8 @@
 #            profiled (top ops) with its compiled HLO and trace kept, and the same model trained
 #            through launch.py (time to first step, MFU)
 #   kernels  the Triton and Mosaic GPU kernels' tiles (benchmarks/attention_tune.py)
-#   tests    the default test suite on the GPU (make test-gpu), beside the suite when both are named
+#   tests    first the tests that failed on the H100 of 11-27 (FAILED_FIRST=, empty, skips them), then
+#            the default test suite on the GPU (make test-gpu), beside the suite when both are named
 #   suite    a GPU suite end to end (the gpu preset, 2 variants, 1 seed, 100 steps, no lr tuning)
 #   init     start-up at 12 and 24 layers, unrolled and scanned (benchmarks/init_time.py)
 #   tables   the attention table (bf16, 16k tokens a batch, H 16, D 128), MoE layer, decoding
@@ -103,6 +104,19 @@ M125="--config.model.d_model=768 --config.model.n_layers=12 --config.model.n_hea
     # Mosaic GPU first: 'auto' picks it for packed documents on Hopper.
     step tune_mgpu 40 $PY -m benchmarks.attention_tune --kernel=mgpu --seq_lens=4096 --repeats=3
     step tune_triton 35 $PY -m benchmarks.attention_tune --seq_lens=4096 --repeats=3
+  fi
+
+  if has tests && [[ -n "${FAILED_FIRST:-1}" ]]; then
+    # The 40 tests that failed on the H100 of 2026-11-27 (all decode with the KV cache; reasons
+    # never came back: both runs were cut), alone and first, so their tracebacks do come back.
+    # As make test-gpu runs them (its flags), on these two files only.
+    XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_DEFAULT_MATMUL_PRECISION=highest \
+      XLA_FLAGS="--xla_gpu_deterministic_ops=true --xla_gpu_autotune_level=0" \
+      MLLM_FAILURE_LOG="$RES/failures_first.log" step failed_first ${FIRST_S:-120} \
+      $PY -m pytest -q -rfE -p no:cacheprovider -n 8 --dist loadgroup tests/test_kv_cache.py \
+      tests/test_hf_interop.py -k 'greedy or exported or cache or penalty or prefill or prompts'
+    pkill -f "pytest" 2>/dev/null; sleep 2  # workers a cut run left behind
+    head -c 6000 "$RES/failures_first.log" 2>/dev/null
   fi
 
   if has tests; then
