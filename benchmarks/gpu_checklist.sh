@@ -106,7 +106,7 @@ M125="--config.model.d_model=768 --config.model.n_layers=12 --config.model.n_hea
     step tune_triton 35 $PY -m benchmarks.attention_tune --seq_lens=4096 --repeats=3
   fi
 
-  if has tests && [[ -n "${FAILED_FIRST:-1}" ]]; then
+  if has tests && [[ -n "${FAILED_FIRST-1}" ]]; then
     # The 40 tests that failed on the H100 of 2026-11-27 (all decode with the KV cache; reasons
     # never came back: both runs were cut), alone and first, so their tracebacks do come back.
     # As make test-gpu runs them (its flags), on these two files only.
