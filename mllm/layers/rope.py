@@ -42,22 +42,20 @@ FACTOR = key('rope_scaling_factor', 1.0, 'the context extension factor s', _exte
 class NoScaling:
   """RoPE's own frequencies."""
 
-  # Its Hugging Face spelling: `rope_type` (None: transformers has no such scaling), the
-  # rope_parameters name of each settings field, and whether it reads the pretrained length
-  # (`original_max_position_embeddings`, mllm's `rope_original_max_len`).
+  # Its Hugging Face spelling: `rope_type` (None: transformers has no such scaling; each settings
+  # field is the rope_parameters field of its own name), and whether it reads the pretrained
+  # length (`original_max_position_embeddings`, mllm's `rope_original_max_len`).
   hf_type: ClassVar[str | None] = 'default'
-  hf_names: ClassVar[dict[str, str]] = {}
   reads_original_len: ClassVar[bool] = False
 
   @classmethod
   def hf_value(cls, params: dict, field: str, hf: dict) -> float:
     """A field's value from `rope_parameters` (an HFImportError if it is missing)."""
-    name = cls.hf_names[field]
-    if params.get(name) is None:
+    if params.get(field) is None:
       raise HFImportError(
-        f'rope_parameters.{name}: missing for rope_type={cls.hf_type!r}; allowed: a number'
+        f'rope_parameters.{field}: missing for rope_type={cls.hf_type!r}; allowed: a number'
       )
-    return float(params[name])
+    return float(params[field])
 
   def frequencies(self, inv_freq, head_dim: int, theta: float, original_max_len: int):
     return inv_freq, 1.0
@@ -71,7 +69,6 @@ class PositionInterpolation(NoScaling):
   """PI (Chen et al. 2023, eq. 4): positions / s, i.e. every θ_i / s."""
 
   hf_type: ClassVar[str | None] = 'linear'
-  hf_names: ClassVar[dict[str, str]] = {'factor': 'factor'}
 
   factor: float = FACTOR
 
@@ -84,7 +81,6 @@ class NTKAware(NoScaling):
   """NTK-aware base change (bloc97 2023): θ' = θ·s^(d/(d−2))."""
 
   hf_type: ClassVar[str | None] = None  # transformers' 'dynamic' is another method
-  hf_names: ClassVar[dict[str, str]] = {'factor': 'factor'}
   reads_original_len: ClassVar[bool] = True
 
   factor: float = FACTOR
@@ -100,11 +96,6 @@ class YaRN(NoScaling):
   extrapolation (beta_fast = β, beta_slow = α) and the attention temperature 0.1·ln(s) + 1."""
 
   hf_type: ClassVar[str | None] = 'yarn'
-  hf_names: ClassVar[dict[str, str]] = {
-    'factor': 'factor',
-    'beta_fast': 'beta_fast',
-    'beta_slow': 'beta_slow',
-  }
   reads_original_len: ClassVar[bool] = True
 
   factor: float = FACTOR
@@ -117,7 +108,7 @@ class YaRN(NoScaling):
     max_position_embeddings / original_max_position_embeddings."""
     if field == 'factor' and not params.get('factor'):
       return hf['max_position_embeddings'] / params['original_max_position_embeddings']
-    if field != 'factor' and not params.get(cls.hf_names[field]):
+    if field != 'factor' and not params.get(field):
       return {f.name: f.default for f in dataclasses.fields(cls)}[field]
     return super().hf_value(params, field, hf)
 
@@ -151,11 +142,6 @@ class Llama3(NoScaling):
   below L_orig/high_freq_factor stay, and a smooth blend in between."""
 
   hf_type: ClassVar[str | None] = 'llama3'
-  hf_names: ClassVar[dict[str, str]] = {
-    'factor': 'factor',
-    'low_freq_factor': 'low_freq_factor',
-    'high_freq_factor': 'high_freq_factor',
-  }
   reads_original_len: ClassVar[bool] = True
 
   factor: float = FACTOR
@@ -364,7 +350,7 @@ def _scaling_of(m) -> tuple[type[NoScaling], NoScaling]:
 
 def rope_hf_fields(m) -> dict[str, Any]:
   """config.json's RoPE fields for model config `m` (its `position.*`, whatever the kind): the
-  scaling's `hf_type` and its fields by their `hf_names`."""
+  scaling's `hf_type` and its fields."""
   p = m.position
   cls, scaling = _scaling_of(m)
   # A scaling transformers lacks (NTK) is written as plain RoPE; export refuses it, since the
@@ -374,7 +360,7 @@ def rope_hf_fields(m) -> dict[str, Any]:
     'rope_theta': float(p.rope_theta),
   }
   if cls.hf_type is not None:
-    params.update({hf: float(getattr(scaling, f)) for f, hf in cls.hf_names.items()})
+    params.update({f: float(getattr(scaling, f)) for f in _declared(cls)})
     if cls.reads_original_len:
       params['original_max_position_embeddings'] = int(p.rope_original_max_len or m.max_seq_len)
   # Both spellings: transformers ≥ 5 reads rope_parameters, earlier versions rope_theta and
