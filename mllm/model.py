@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mllm.layers.attention import Attention
-from mllm.layers.ffn import FFNS, hidden_dim
+from mllm.layers.ffn import FFNS
 from mllm.layers.init import weight_std
 from mllm.layers.kv_cache import (
   KVCache,
@@ -29,7 +29,7 @@ from mllm.layers.kv_cache import (
 )
 from mllm.layers.moe import MoE, moe_layers
 from mllm.layers.moe_routing import ExpertBias
-from mllm.layers.norms import make_norm
+from mllm.layers.norms import NORMS
 from mllm.layers.positions import POSITIONS, PositionContext
 from mllm.layers.remat import REMAT_POLICIES
 from mllm.ops.attention import AttentionMask
@@ -42,20 +42,7 @@ CHECKPOINTED = (nnx.Param, ExpertBias)
 def make_ffn(cfg, moe: bool, *, rngs: nnx.Rngs) -> nnx.Module:
   """The layer's FFN: `MoE`, or the dense FFN `ffn.kind` names (`moe.expert_kind` in the dense
   layers of an MoE model)."""
-  if moe:
-    return MoE.from_config(cfg, rngs=rngs)
-  kind = dense_ffn_kind(cfg)
-  d_ff = hidden_dim(cfg.ffn, cfg.d_model, kind)
-  return FFNS[kind](
-    cfg.d_model,
-    d_ff,
-    use_bias=cfg.ffn.use_bias,
-    init_std=weight_std(cfg, 'in', fan_in=cfg.d_model),
-    out_std=weight_std(cfg, 'out', fan_in=d_ff),
-    dtype=jnp.dtype(cfg.dtype),
-    param_dtype=jnp.dtype(cfg.param_dtype),
-    rngs=rngs,
-  )
+  return (MoE if moe else FFNS[dense_ffn_kind(cfg)]).from_config(cfg, rngs=rngs)
 
 
 def dense_ffn_kind(cfg) -> str:
@@ -68,10 +55,9 @@ class Block(nnx.Module):
   layer's updated (k, v) or None)`. Parameter names do not depend on the norm placement."""
 
   def __init__(self, cfg, *, moe: bool = False, rngs: nnx.Rngs):
-    param_dtype = jnp.dtype(cfg.param_dtype)
-    self.attention_norm = make_norm(cfg.norm, cfg.d_model, param_dtype=param_dtype, rngs=rngs)
+    self.attention_norm = NORMS[cfg.norm.kind].from_config(cfg, cfg.d_model, rngs=rngs)
     self.attention = Attention(cfg, rngs=rngs)
-    self.ffn_norm = make_norm(cfg.norm, cfg.d_model, param_dtype=param_dtype, rngs=rngs)
+    self.ffn_norm = NORMS[cfg.norm.kind].from_config(cfg, cfg.d_model, rngs=rngs)
     self.ffn = make_ffn(cfg, moe, rngs=rngs)
     self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
     self.pre_norm = cfg.norm.placement == 'pre'
@@ -243,7 +229,7 @@ def make_stem(cfg, *, rngs: nnx.Rngs) -> dict[str, nnx.Module]:
       rngs=rngs,
       embedding_metadata={'logical_axes': ('vocab', 'embed')},
     ),
-    'position': POSITIONS[cfg.position.kind](cfg, rngs=rngs),
+    'position': POSITIONS[cfg.position.kind].from_config(cfg, rngs=rngs),
     'embed_dropout': nnx.Dropout(cfg.embed_dropout, rngs=rngs),
   }
 
@@ -252,9 +238,7 @@ def make_tail(cfg, *, rngs: nnx.Rngs) -> dict[str, nnx.Module | None]:
   """The Transformer's modules after its blocks, by attribute name, built in that order."""
   param_dtype = jnp.dtype(cfg.param_dtype)
   final_norm = (
-    make_norm(cfg.norm, cfg.d_model, param_dtype=param_dtype, rngs=rngs)
-    if cfg.norm.final_norm
-    else None
+    NORMS[cfg.norm.kind].from_config(cfg, cfg.d_model, rngs=rngs) if cfg.norm.final_norm else None
   )
   head = (
     None

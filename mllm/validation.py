@@ -17,7 +17,7 @@ from mllm.layers.moe import check_moe_config
 from mllm.layers.norms import check_norm_config
 from mllm.layers.positions import POSITIONS, check_position_config
 from mllm.layers.remat import REMAT_POLICIES
-from mllm.ops.attention import ATTENTION_IMPLS
+from mllm.ops.attention import ATTENTION_IMPLS, impls_with
 
 DTYPES = ('float32', 'bfloat16')
 DEFAULT_INIT_STD = 0.02  # configs/base.py's model.init_std
@@ -149,35 +149,25 @@ def _check_attention_impl(m: config_dict.ConfigDict, p: str) -> None:
     why = impl.refuses_tile(key, value)
     if why:
       raise ConfigError(f'{p}.attention.{key}', value, why)
-  if m.position.kind == 'alibi' and not impl.alibi:
-    raise ConfigError(
-      f'{p}.attention.impl',
-      a.impl,
-      f'{a.impl} adds no bias to the scores, so no '
-      f"ALiBi ({p}.position.kind='alibi'); allowed with it: 'pallas' (ALiBi "
-      "in-kernel), 'blockwise', 'xla', 'auto'",
-    )
-  if POSITIONS[m.position.kind].learned_bias and not impl.learned_terms:
-    raise ConfigError(
-      f'{p}.attention.impl',
-      a.impl,
-      f'{p}.position.kind={m.position.kind!r} is a learned relative bias, whose '
-      f"gradient only autodiff gives; allowed with it: 'xla', 'blockwise', 'auto'",
-    )
-  if a.dropout > 0 and not impl.learned_terms:
-    raise ConfigError(
-      f'{p}.attention.impl',
-      a.impl,
-      f'the {a.impl} kernel has no attention dropout ({p}.attention.dropout='
-      f"{a.dropout}); allowed with it: 'xla', 'blockwise', 'auto'",
-    )
-  if impl.half_precision and m.dtype != 'bfloat16':
-    raise ConfigError(
-      f'{p}.attention.impl',
-      a.impl,
-      f"{impl.half_precision} runs in bfloat16/float16 but {p}.dtype={m.dtype!r}; "
-      f"set {p}.dtype='bfloat16' or use 'xla', 'blockwise', 'pallas'",
-    )
+  # The config's terms each implementation may lack (its record, AttentionImpl.lacks), and how
+  # the refusal names the setting that asks for it.
+  asks = {
+    'learned_bias': f'{p}.position.kind={m.position.kind!r} is a learned relative bias, whose '
+    'gradient only autodiff gives',
+    'dropout': f'the {a.impl} kernel has no attention dropout ({p}.attention.dropout={a.dropout})',
+    'alibi': f"{a.impl} adds no bias to the scores, so no ALiBi ({p}.position.kind='alibi')",
+    'float32': f'{impl.half_precision} runs in bfloat16/float16 but {p}.dtype={m.dtype!r}',
+  }
+  term = impl.lacks(
+    learned_bias=POSITIONS[m.position.kind].learned_bias,
+    dropout=a.dropout > 0,
+    alibi=m.position.kind == 'alibi',
+    float32=m.dtype != 'bfloat16',
+  )
+  if term:
+    allowed = ', '.join(repr(name) for name in impls_with(term))
+    fix = f"set {p}.dtype='bfloat16' or use " if term == 'float32' else 'allowed with it: '
+    raise ConfigError(f'{p}.attention.impl', a.impl, f'{asks[term]}; {fix}{allowed}')
 
 
 def check_backend(

@@ -592,19 +592,42 @@ def test_cudnn_config_refusal_off_a_gpu_uses_the_given_facts():
   mllm.validation.check_backend(config.model, 'gpu', data=config.data, gpu=facts)
 
 
-@pytest.mark.parametrize('impl', ['pallas', 'pallas_tpu', 'pallas_mgpu', 'splash', 'cudnn'])
-def test_kernels_refuse_learned_terms_at_call_time(impl):
-  q = jnp.zeros((1, 8, 2, 16))
-  with pytest.raises(ValueError, match="learned biases"):
-    attention_ops.ATTENTION_IMPLS[impl](
-      q,
-      q,
-      q,
-      mask=AttentionMask(),
-      bias=ScoreBias(dense=jnp.zeros((1, 2, 8, 8))),
-      rel_values=None,
-      scale=0.25,
-    )
+REFUSED_AT_CALL_TIME = [
+  (impl, term)
+  for impl in ('pallas', 'pallas_tpu', 'pallas_mgpu', 'splash', 'cudnn')
+  for term in ('learned_bias', 'dropout')
+] + [('splash', 'alibi'), ('cudnn', 'float32'), ('pallas_mgpu', 'float32')]
+
+
+@pytest.mark.parametrize('impl,term', REFUSED_AT_CALL_TIME)
+def test_kernels_refuse_what_their_record_lacks_at_call_time(impl, term):
+  """Calling a record with a term it lacks raises one line naming the term and the
+  implementations whose records have it; the same records answer the config check."""
+  dtype = jnp.float32 if term == 'float32' else jnp.bfloat16
+  q = jnp.zeros((1, 8, 2, 16), dtype)
+  positions = jnp.arange(8)[None]
+  terms = {
+    'learned_bias': dict(bias=ScoreBias(dense=jnp.zeros((1, 2, 8, 8)))),
+    'dropout': dict(dropout_rate=0.1, dropout_rng=jax.random.key(0)),
+    'alibi': dict(
+      bias=ScoreBias(alibi_slopes=jnp.ones(2), q_positions=positions, kv_positions=positions)
+    ),
+    'float32': {},
+  }[term]
+  call = dict(mask=AttentionMask(), bias=None, rel_values=None, scale=0.25) | terms
+  with pytest.raises(ValueError) as err:
+    attention_ops.ATTENTION_IMPLS[impl](q, q, q, **call)
+  message = str(err.value)
+  assert '\n' not in message and f'impl={impl!r}' in message
+  assert attention_ops.TERMS[term] in message
+  allowed = message.split('allowed with it: ')[1].split(', ')
+  want = {
+    'learned_bias': ['xla', 'blockwise', 'auto'],
+    'dropout': ['xla', 'blockwise', 'auto'],
+    'alibi': [n for n in attention_ops.ATTENTION_IMPLS if n != 'splash'],
+    'float32': [n for n in attention_ops.ATTENTION_IMPLS if n not in ('pallas_mgpu', 'cudnn')],
+  }[term]
+  assert allowed == want
 
 
 # ------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 import mllm
-from mllm.layers.norms import NORMS, Identity, LayerNorm, PartialRMSNorm, RMSNorm, make_norm
+from mllm.layers.norms import NORMS, Identity, LayerNorm, PartialRMSNorm, RMSNorm
 
 
 def _np_rms(x, scale, eps, bias=None, k=None):
@@ -185,7 +185,7 @@ def test_identity_norm():
 
 
 @pytest.mark.parametrize('kind', sorted(NORMS))
-def test_make_norm_builds_each_kind(kind):
+def test_from_config_builds_each_kind(kind):
   cfg = mllm.load_config(
     'configs/base.py',
     {
@@ -194,9 +194,8 @@ def test_make_norm_builds_each_kind(kind):
       **({'model.norm.partial_p': 0.5} if kind == 'partial_rmsnorm' else {}),
     },
   )
-  norm_cfg = cfg.model.norm
   d = 8
-  norm = make_norm(norm_cfg, d, param_dtype=jnp.float32, rngs=nnx.Rngs(0))
+  norm = NORMS[kind].from_config(cfg.model, d, rngs=nnx.Rngs(0))
   assert type(norm) is NORMS[kind]
   rng = np.random.default_rng(8)
   x = rng.normal(size=(2, d))
@@ -221,13 +220,13 @@ def test_make_norm_builds_each_kind(kind):
 
 @pytest.mark.parametrize('kind', ['rmsnorm', 'layernorm'])
 @pytest.mark.parametrize('use_bias', [True, False])
-def test_make_norm_use_bias_override(kind, use_bias):
+def test_from_config_use_bias_override(kind, use_bias):
   cfg = mllm.load_config(f'configs/base.py:norm={kind}', {'model.norm.use_bias': use_bias})
-  norm = make_norm(cfg.model.norm, 4, rngs=nnx.Rngs(0))
+  norm = NORMS[kind].from_config(cfg.model, 4, rngs=nnx.Rngs(0))
   assert (norm.bias is not None) == use_bias
 
 
-def test_make_norm_param_dtype():
-  cfg = mllm.load_config('configs/base.py:norm=rmsnorm')
-  norm = make_norm(cfg.model.norm, 4, param_dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+def test_from_config_param_dtype():
+  cfg = mllm.load_config('configs/base.py:norm=rmsnorm', {'model.param_dtype': 'bfloat16'})
+  norm = NORMS['rmsnorm'].from_config(cfg.model, 4, rngs=nnx.Rngs(0))
   assert norm.scale[...].dtype == jnp.bfloat16

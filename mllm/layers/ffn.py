@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mllm.layers.init import weight_std
+
 # GELU here is the exact x·Φ(x) (Hendrycks & Gimpel 2016), as in Shazeer's table; GPT-2 used tanh.
 gelu = functools.partial(jax.nn.gelu, approximate=False)
 gelu_tanh = functools.partial(jax.nn.gelu, approximate=True)  # GPT-2's "gelu_new"
@@ -66,6 +68,22 @@ class FeedForward(nnx.Module):
     )
     self.up = _linear(d_model, d_ff, ('embed', 'mlp'), std=init_std, **common)
     self.down = _linear(d_ff, d_model, ('mlp', 'embed'), std=out_std, **common)
+
+  @classmethod
+  def from_config(cls, cfg, *, rngs: nnx.Rngs) -> FeedForward:
+    """The FFN of this kind that the model config `cfg` describes: `hidden_dim` wide, initialised
+    as `model.init` says (gate and up read d_model features, down the hidden ones)."""
+    d_ff = _hidden_size(cfg.ffn, cfg.d_model, cls.gated)
+    return cls(
+      cfg.d_model,
+      d_ff,
+      use_bias=cfg.ffn.use_bias,
+      init_std=weight_std(cfg, 'in', fan_in=cfg.d_model),
+      out_std=weight_std(cfg, 'out', fan_in=d_ff),
+      dtype=jnp.dtype(cfg.dtype),
+      param_dtype=jnp.dtype(cfg.param_dtype),
+      rngs=rngs,
+    )
 
   def __call__(self, x_BTD):
     if self.up.bias is None:
@@ -206,7 +224,7 @@ class ReGLU(GatedMLP):
   activation = staticmethod(jax.nn.relu)
 
 
-FFNS: dict[str, type[nnx.Module]] = {
+FFNS: dict[str, type[FeedForward]] = {
   'relu': ReLU,
   'gelu': GELU,
   'gelu_tanh': GELUTanh,
@@ -222,8 +240,12 @@ FFNS: dict[str, type[nnx.Module]] = {
 def hidden_dim(ffn_cfg, d_model: int, kind: str | None = None) -> int:
   """The hidden size of an FFN of `kind` (default `ffn_cfg.kind`): d_ff (default 4·d_model), times
   2/3 for a gated FFN with match_params, rounded to the nearest multiple of `multiple_of`."""
+  return _hidden_size(ffn_cfg, d_model, FFNS[kind or ffn_cfg.kind].gated)
+
+
+def _hidden_size(ffn_cfg, d_model: int, gated: bool) -> int:
   d_ff = ffn_cfg.d_ff if ffn_cfg.d_ff is not None else 4 * d_model
-  if FFNS[kind or ffn_cfg.kind].gated and ffn_cfg.match_params:
+  if gated and ffn_cfg.match_params:
     m = ffn_cfg.multiple_of
     d_ff = max(m, m * round(2 * d_ff / 3 / m))
   return d_ff

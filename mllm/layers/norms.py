@@ -1,8 +1,9 @@
 """Every normalization (`model.norm.kind`): layernorm, rmsnorm, partial_rmsnorm, none.
 
-All share one constructor signature, `(dim, *, eps, use_bias, fp32, param_dtype, rngs)` plus the
-fields of their own `Settings` (partial RMSNorm's p: mllm/variant_config.py), so the model builds
-whichever the config names from the `NORMS` registry.
+The model builds whichever the config names as `NORMS[kind].from_config(cfg, dim, rngs=rngs)`, the
+constructor protocol of every layer registry (FFNS, POSITIONS, MoE alike). `from_config` hands the
+constructor `(dim, *, eps, use_bias, fp32, param_dtype, rngs)` plus the fields of the norm's own
+`Settings` (partial RMSNorm's p: mllm/variant_config.py).
 """
 
 from __future__ import annotations
@@ -18,8 +19,29 @@ from mllm.checks import ConfigError, one_of, positive
 from mllm.variant_config import check_variant_keys, key, settings_of
 
 
-class _Norm(nnx.Module):
-  """Shared parameters: a learned gain γ (`scale`) and, optionally, a learned shift β (`bias`)."""
+class Norm(nnx.Module):
+  """What every registered norm shares: how the model builds it and what HF export reads."""
+
+  @classmethod
+  def from_config(cls, cfg, dim: int, *, rngs: nnx.Rngs) -> Norm:
+    """This norm, for vectors of size `dim`, as the model config's `norm` section sets it."""
+    n = cfg.norm
+    kwargs = dict(eps=n.eps, fp32=n.fp32, param_dtype=jnp.dtype(cfg.param_dtype), rngs=rngs)
+    if n.use_bias is not None:
+      kwargs['use_bias'] = n.use_bias
+    if hasattr(cls, 'Settings'):
+      kwargs.update(dataclasses.asdict(settings_of(cls, n)))
+    return cls(dim, **kwargs)
+
+  @classmethod
+  def hf_math(cls, m) -> dict:
+    """Its settings beyond `norm.kind`, eps and bias that change the network, for HF export."""
+    return {}
+
+
+class ScaledNorm(Norm):
+  """A normalization with a learned gain γ (`scale`) and, optionally, a learned shift β (`bias`);
+  a subclass gives `normalize`."""
 
   def __init__(
     self,
@@ -39,11 +61,6 @@ class _Norm(nnx.Module):
       nnx.Param(jnp.zeros((dim,), param_dtype), logical_axes=('norm',)) if use_bias else None
     )
 
-  @classmethod
-  def hf_math(cls, m) -> dict:
-    """Its settings beyond `norm.kind`, eps and bias that change the network, for HF export."""
-    return {}
-
   def normalize(self, x: jax.Array) -> jax.Array:
     raise NotImplementedError
 
@@ -58,7 +75,7 @@ class _Norm(nnx.Module):
     return y.astype(in_dtype)
 
 
-class LayerNorm(_Norm):
+class LayerNorm(ScaledNorm):
   """y = (x − E[x]) / √(Var[x] + ε) · γ + β  (Ba et al. 2016, eq. 4; biased variance, as PyTorch)."""
 
   def __init__(self, dim: int, *, use_bias: bool = True, **kwargs):
@@ -70,7 +87,7 @@ class LayerNorm(_Norm):
     return (x - mean) * jax.lax.rsqrt(var + self.eps)
 
 
-class RMSNorm(_Norm):
+class RMSNorm(ScaledNorm):
   """y = x / √(mean(x²) + ε) · γ  (Zhang & Sennrich 2019, eq. 4; ε inside the root, as Llama/HF)."""
 
   def normalize(self, x):
@@ -85,7 +102,7 @@ def _fraction(name: str, value) -> None:
     )
 
 
-class PartialRMSNorm(_Norm):
+class PartialRMSNorm(ScaledNorm):
   """pRMSNorm: the RMS is estimated from the first k = ⌈p·d⌉ features only (Zhang & Sennrich 2019,
   eq. 6); every feature is then divided by it. p = 1 is RMSNorm."""
 
@@ -109,12 +126,8 @@ class PartialRMSNorm(_Norm):
     return x * jax.lax.rsqrt(mean_square + self.eps)
 
 
-class Identity(nnx.Module):
+class Identity(Norm):
   """No normalization (the 'Baseline' row of the RMSNorm paper)."""
-
-  @classmethod
-  def hf_math(cls, m):
-    return {}
 
   def __init__(self, dim: int, **kwargs):
     del dim, kwargs
@@ -123,7 +136,7 @@ class Identity(nnx.Module):
     return x
 
 
-NORMS: dict[str, type[nnx.Module]] = {
+NORMS: dict[str, type[Norm]] = {
   'layernorm': LayerNorm,
   'rmsnorm': RMSNorm,
   'partial_rmsnorm': PartialRMSNorm,
@@ -131,17 +144,6 @@ NORMS: dict[str, type[nnx.Module]] = {
 }
 
 PLACEMENTS = ('pre', 'post')
-
-
-def make_norm(norm_cfg, dim: int, *, param_dtype=jnp.float32, rngs: nnx.Rngs) -> nnx.Module:
-  """The norm that `norm_cfg` (the config's `model.norm`) names, for vectors of size `dim`."""
-  norm = NORMS[norm_cfg.kind]
-  kwargs = dict(eps=norm_cfg.eps, fp32=norm_cfg.fp32, param_dtype=param_dtype, rngs=rngs)
-  if norm_cfg.use_bias is not None:
-    kwargs['use_bias'] = norm_cfg.use_bias
-  if hasattr(norm, 'Settings'):
-    kwargs.update(dataclasses.asdict(settings_of(norm, norm_cfg)))
-  return norm(dim, **kwargs)
 
 
 def check_norm_config(m, p: str = 'model') -> None:

@@ -140,6 +140,11 @@ class PositionScheme(nnx.Module):
     resolved: what HF export compares after mapping its config.json back (`math_of`)."""
     return {}
 
+  @classmethod
+  def from_config(cls, cfg, *, rngs: nnx.Rngs) -> PositionScheme:
+    """This scheme as the model config `cfg` sets it (the protocol of every layer registry)."""
+    return cls(cfg, rngs=rngs)
+
   def __init__(self, cfg, *, rngs: nnx.Rngs):
     del cfg, rngs
 

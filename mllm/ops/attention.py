@@ -78,13 +78,13 @@ def choose_impl(
   (cuDNN refuses more then; 'auto' cannot tell inside a trace, so it assumes so).
   """
   backend = backend or on_mesh.backend()
-  learned = rel_values is not None or dropout or (bias is not None and bias.dense is not None)
+  learned = rel_values is not None or dropout or _dense(bias)
   alibi = bias is not None and bias.alibi_slopes is not None
   by_length = 'xla' if k_BSKH.shape[1] < BLOCKWISE_FROM else 'blockwise'
   if learned:
     return by_length
-  if backend == 'tpu':
-    return 'pallas' if alibi else 'splash'
+  if backend == 'tpu':  # splash first; mllm's TPU kernel for what splash's record lacks (ALiBi)
+    return next(n for n in ('splash', 'pallas') if ATTENTION_IMPLS[n].lacks(alibi=alibi) is None)
   if backend == 'gpu':
     gpu = runtime_gpu_facts() if gpu is None else gpu
     return choose_on_gpu(q_BTNH, k_BSKH, mask or AttentionMask(), alibi, gpu, training)
@@ -169,7 +169,8 @@ def auto_attention(q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
 
 def run_impl(impl: str, q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
   """ATTENTION_IMPLS[impl](...), a kernel impl run on each device's shard of the batch and heads
-  when the mesh in context has several devices (mllm/ops/mesh.py: XLA cannot split a kernel)."""
+  when the mesh in context has several devices (mllm/ops/mesh.py: XLA cannot split a kernel).
+  A term the implementation's record says it cannot compute is refused in one line."""
   if not ATTENTION_IMPLS[impl].per_shard:
     return ATTENTION_IMPLS[impl](q_BTNH, k_BSKH, v_BSKH, **kwargs)
   mask, bias = kwargs.pop('mask'), kwargs.pop('bias')
@@ -205,11 +206,21 @@ def run_impl(impl: str, q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
   )
 
 
+# The terms of a call an implementation may be unable to compute, as `AttentionImpl.lacks` names
+# them, and how a refusal says each.
+TERMS = {
+  'learned_bias': 'a learned score bias (T5, Shaw), whose gradient only autodiff gives',
+  'dropout': 'attention dropout',
+  'alibi': "ALiBi (it adds no bias to the scores)",
+  'float32': 'float32 inputs (it runs in bfloat16/float16 only)',
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class AttentionImpl:
-  """One implementation of `attend` and what it can run. Config validation, 'auto', `run_impl`,
-  `cached_impl` and the benchmarks read these fields; adding an implementation is adding a record.
-  Calling the record runs it."""
+  """One implementation of `attend` and what it can run: the one record of its capabilities.
+  Config validation, 'auto', `run_impl`, `cached_impl` and the benchmarks read these fields;
+  adding an implementation is adding a record. Calling the record runs it."""
 
   run: Callable[..., jax.Array]
   learned_terms: bool = False  # T5/Shaw learned biases and attention dropout (autodiff's gradients)
@@ -222,7 +233,38 @@ class AttentionImpl:
   backends: Callable[[str], str | None] | None = None  # why a JAX backend is refused
 
   def __call__(self, q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
+    """Run it, after refusing in one line a term of the call that it cannot compute."""
+    term = self.lacks(
+      learned_bias=kwargs.get('rel_values') is not None or _dense(kwargs.get('bias')),
+      dropout=kwargs.get('dropout_rate', 0.0) > 0.0 and kwargs.get('dropout_rng') is not None,
+      alibi=kwargs.get('bias') is not None and kwargs['bias'].alibi_slopes is not None,
+      float32=not is_half(q_BTNH.dtype),
+    )
+    if term:
+      name = next((n for n, impl in ATTENTION_IMPLS.items() if impl is self), repr(self.run))
+      raise ValueError(
+        f'attention impl={name!r} cannot compute {TERMS[term]}; allowed with it: '
+        + ', '.join(impls_with(term))
+      )
     return self.run(q_BTNH, k_BSKH, v_BSKH, **kwargs)
+
+  def lacks(
+    self,
+    *,
+    learned_bias: bool = False,
+    dropout: bool = False,
+    alibi: bool = False,
+    float32: bool = False,
+  ) -> str | None:
+    """The first term (a TERMS key) of a call with these terms that this implementation cannot
+    compute, or None. `float32`: the inputs are float32 (not bfloat16/float16)."""
+    needs = {
+      'learned_bias': learned_bias and not self.learned_terms,
+      'dropout': dropout and not self.learned_terms,
+      'alibi': alibi and not self.alibi,
+      'float32': float32 and self.half_precision is not None,
+    }
+    return next((term for term, missing in needs.items() if missing), None)
 
   def refuses_tile(self, key: str, value: int) -> str | None:
     """Why `model.attention.<key>=value` is refused, or None."""
@@ -231,6 +273,15 @@ class AttentionImpl:
   def refuses_backend(self, backend: str) -> str | None:
     """Why this JAX backend cannot run it, or None."""
     return self.backends(backend) if self.backends else None
+
+
+def _dense(bias: ScoreBias | None) -> bool:
+  return bias is not None and bias.dense is not None
+
+
+def impls_with(term: str) -> tuple[str, ...]:
+  """The implementations that compute a call with `term` (a TERMS key), in registry order."""
+  return tuple(name for name, impl in ATTENTION_IMPLS.items() if impl.lacks(**{term: True}) is None)
 
 
 _KERNEL = dict(per_shard=True, index_masks=True)

@@ -1,7 +1,7 @@
 """The fused kernels behind `attend`'s contract: mllm's Pallas flash attention ('pallas',
 'pallas_tpu', 'pallas_mgpu'), JAX's splash kernel ('splash', mllm/ops/splash.py) and cuDNN's
-('cudnn', through `jax.nn.dot_product_attention`). Each refuses, in one line, the terms it cannot
-compute (`refuse_biases`)."""
+('cudnn', through `jax.nn.dot_product_attention`). The terms each cannot compute are refused before
+it runs, from its record (`AttentionImpl.lacks`, mllm/ops/attention.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import jax.numpy as jnp
 
 from mllm.ops import mesh as on_mesh
 from mllm.ops import splash
-from mllm.ops.cudnn_rules import is_half
-from mllm.ops.masks import AttentionMask, RelativeValues, ScoreBias, refuse_biases
+from mllm.ops.masks import AttentionMask, RelativeValues, ScoreBias
 
 
 def pallas_kernel(impl: str, backend: str | None = None) -> str:
@@ -41,6 +40,7 @@ def pallas_attention(
   """mllm's Pallas flash-attention kernel: pallas_kernels/flash_attention_triton.py (Triton; interpreted
   on CPU), flash_attention_tpu.py (Mosaic TPU; interpreted off a TPU) or flash_attention_mgpu.py
   (Mosaic GPU; interpreted off a GPU), by `pallas_kernel`."""
+  del rel_values, dropout_rate, dropout_rng  # refused before the call (AttentionImpl.lacks)
   # Importing Pallas is deferred until a kernel runs.
   kernel = pallas_kernel(impl)
   # Interpreted off the kernel's hardware, judged by the devices the code is traced for.
@@ -51,7 +51,6 @@ def pallas_attention(
     from pallas_kernels.flash_attention_mgpu import flash_attention
   else:
     from pallas_kernels.flash_attention_triton import flash_attention
-  refuse_biases(impl, bias, rel_values, dropout_rate > 0.0 and dropout_rng is not None)
   T, S = q_BTNH.shape[1], k_BSKH.shape[1]
   alibi = bias is not None and bias.alibi_slopes is not None
   return flash_attention(
@@ -96,13 +95,13 @@ def cudnn_attention(
   which cost O(T·S) memory. `implementation='xla'` runs the same translation on any backend,
   which is how the tests check it on CPU.
   """
-  del block_q, block_k
-  refuse_biases('cudnn', bias, rel_values, dropout_rate > 0.0 and dropout_rng is not None)
-  if implementation == 'cudnn' and not is_half(q_BTNH.dtype):
-    raise ValueError(
-      f'attention impl=cudnn needs bfloat16 or float16 inputs, got {q_BTNH.dtype}; '
-      "set model.dtype='bfloat16' or use impl='blockwise'"
-    )
+  del (
+    block_q,
+    block_k,
+    rel_values,
+    dropout_rate,
+    dropout_rng,
+  )  # refused before (AttentionImpl.lacks)
   T, S = q_BTNH.shape[1], k_BSKH.shape[1]
   plain = cudnn_takes_mask(mask, T, S)
   dense_bias = _cudnn_bias(bias, q_BTNH.dtype, implementation)

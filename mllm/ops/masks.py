@@ -4,7 +4,8 @@ instead of reading an [N, T, S] tensor:
   - `AttentionMask`: causal, sliding window, segment ids (packed documents), query offset.
   - `ScoreBias`: ALiBi slopes with positions, and/or a dense learned bias (T5, Shaw's key term).
   - `RelativeValues`: Shaw's value term, Σ_j p_ij · a^V[index_ij], added to the output.
-and `refuse_biases`, a kernel's one-line refusal of the terms it cannot compute.
+Which implementation computes which of these terms is its record's business
+(`AttentionImpl.lacks` in mllm/ops/attention.py).
 """
 
 from __future__ import annotations
@@ -99,23 +100,3 @@ class RelativeValues:
 
   table: jax.Array
   index: jax.Array
-
-
-def refuse_biases(impl: str, bias, rel_values, dropout: bool, alibi: bool = False) -> None:
-  """A kernel's refusal of what it cannot compute: learned biases, dropout (and ALiBi if asked)."""
-  if rel_values is not None or (bias is not None and bias.dense is not None):
-    raise ValueError(
-      f"attention impl={impl!r} takes {'no' if alibi else 'only ALiBi as a'} score "
-      "bias; learned biases (T5, Shaw) need impl='xla' or 'blockwise', where "
-      'autodiff gives their gradients'
-    )
-  if alibi and bias is not None and bias.alibi_slopes is not None:
-    raise ValueError(
-      f"attention impl={impl!r} has no additive bias, so no ALiBi; use impl="
-      "'pallas' (ALiBi in-kernel) or 'blockwise'"
-    )
-  if dropout:
-    raise ValueError(
-      f"attention impl={impl!r} has no attention dropout; use impl='xla' or "
-      "'blockwise', or set model.attention.dropout=0"
-    )

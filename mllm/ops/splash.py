@@ -9,7 +9,7 @@ softmax scale and has no additive bias: so this adapter
 - builds the static mask once per shape (a host-side computation, cached) with the query offset
   (bottom-right by default) and masks padded keys with a segment id no query has;
 - zeroes the rows of queries that see no key: splash would return the mean of v or NaN there.
-ALiBi and learned biases go to 'pallas' / 'blockwise' (config validation says so). Off a TPU it runs
+ALiBi and learned biases go to 'pallas' / 'blockwise' (its record says it lacks them). Off a TPU it runs
 in the Pallas HLO interpreter (slow; for tests).
 """
 
@@ -23,7 +23,6 @@ import numpy as np
 from jax import lax
 
 from mllm.ops import mesh as on_mesh
-from mllm.ops.masks import refuse_biases
 from pallas_kernels.block_ranges import visible
 from pallas_kernels.common import pad_to, round_up
 
@@ -137,9 +136,7 @@ def splash_attention(
   """softmax(q kᵀ scale, masked) v through splash; the contract of mllm.ops.attention.attend."""
   from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
-  refuse_biases(
-    'splash', bias, rel_values, dropout_rate > 0.0 and dropout_rng is not None, alibi=True
-  )
+  del bias, rel_values, dropout_rate, dropout_rng  # refused before the call (AttentionImpl.lacks)
   B, T, N, _H = q_BTNH.shape
   S, _K = k_BSKH.shape[1], k_BSKH.shape[2]
   offset = mask.static_offset(T, S, 'splash')
