@@ -23,6 +23,7 @@ import sys
 
 from absl import app, flags, logging
 
+from mllm import supervisor
 from mllm.checks import ConfigError, InputError, RunFault
 from mllm.config import load_config, read_config
 from mllm.config_keys import field_info, get_path, parse_value, set_path
@@ -132,7 +133,7 @@ def _workdir() -> str:
 
 def _generate(config) -> None:
   from mllm.generation import generate, load_run
-  from mllm.train.cluster import several_processes
+  from mllm.supervisor import several_processes
 
   if several_processes(os.environ):
     raise InputError(
@@ -374,4 +375,7 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
+  if supervisor.wanted(os.environ):  # a process of a multi-process job: trains as a child
+    sys.exit(supervisor.supervise(sys.argv))
+  supervisor.report_signals()
   app.run(main, flags_parser=parse_argv)

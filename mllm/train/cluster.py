@@ -11,6 +11,7 @@ import jax
 import numpy as np
 
 from mllm.checks import InputError
+from mllm.supervisor import several_processes
 
 
 def maybe_initialize_distributed() -> None:
@@ -36,16 +37,6 @@ def maybe_initialize_distributed() -> None:
       'allowed: a whole number of seconds >= 1 (JAX\'s default: 100)',
     )
   jax.distributed.initialize(**explicit_cluster(env), heartbeat_timeout_seconds=int(timeout))
-
-
-def several_processes(env) -> bool:
-  """Whether the environment starts this process as one of several (a cluster's variables)."""
-  return bool(
-    env.get('JAX_COORDINATOR_ADDRESS')
-    or int(env.get('SLURM_NTASKS', '1')) > 1
-    or int(env.get('OMPI_COMM_WORLD_SIZE', '1')) > 1
-    or ',' in env.get('TPU_WORKER_HOSTNAMES', '')
-  )
 
 
 def explicit_cluster(env) -> dict:

@@ -8,9 +8,11 @@ JAX's runtime notices a dead process in one of two ways:
 - its coordinator misses the process's heartbeats and tells every other process's client, whose
   default answer is to abort the process from a C++ thread (exit 134, JAX's "Terminating process
   because the JAX distributed service detected fatal errors ... another task died" and a stack
-  dump). That cannot be caught here: jaxlib's `get_distributed_runtime_client` takes a
+  dump). That cannot be caught in the process: jaxlib's `get_distributed_runtime_client` takes a
   `missed_heartbeat_callback`, but calling it from Python ended in `std::bad_cast` and the same
-  abort (jaxlib 0.12.0.1, 2026-11-27), and `jax.distributed.initialize` does not expose it.
+  abort (jaxlib 0.12.0.1, 2026-11-27), and `jax.distributed.initialize` does not expose it. So
+  launch.py runs each process of a job under a supervisor (mllm/supervisor.py), which prints
+  the same line when the abort ends its child, whose stack dump went to the run log (`watch`).
 Either way the relaunch resumes from the last committed checkpoint (docs/multi-host.md).
 """
 
@@ -20,29 +22,30 @@ import os
 import re
 import sys
 
+from mllm import supervisor
+from mllm.paths import RunDir
+
 _WORKDIR: list[str] = []  # the run's workdir, once train() opened it
 
 
 def watch(workdir: str) -> None:
-  """Name the run whose last committed step the line reports."""
+  """Name the run whose last committed step the line reports; under a supervisor
+  (mllm/supervisor.py), tell it this process's place and files and send native stderr to the
+  run log, where JAX's abort would otherwise print its stack dump on the terminal."""
+  import jax
+
   _WORKDIR[:] = [workdir]
+  log = RunDir(workdir).run_log(jax.process_index())
+  supervisor.tell(process=jax.process_index(), count=jax.process_count(), workdir=workdir, log=log)
+  supervisor.native_stderr_to(log)
 
 
 def message(reason: str) -> str:
   """The one line: this process, what was lost, the last committed step, what to do."""
   import jax
 
-  from mllm.train.checkpoint import committed_steps
-
-  last = 'no checkpoint is committed yet'
-  if _WORKDIR:
-    steps = committed_steps(_WORKDIR[0])
-    if steps:
-      last = f'the last committed checkpoint in {_WORKDIR[0]} is step {steps[-1]}'
-  return (
-    f'error: process {jax.process_index()} of {jax.process_count()} lost the job ({reason}); '
-    f'{last}; run the same command in every process again to resume from it'
-  )
+  workdir = _WORKDIR[0] if _WORKDIR else None
+  return supervisor.lost_the_job(jax.process_index(), jax.process_count(), workdir, reason)
 
 
 def is_lost_peer(err: BaseException) -> bool:
