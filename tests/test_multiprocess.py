@@ -279,6 +279,7 @@ def test_a_killed_process_ends_the_others_within_the_heartbeat_timeout(corpus, t
   last = committed_steps(workdir)[-1]
   lines = [line for line in out.splitlines() if line.startswith('error:')]
   assert procs[0].returncode == 1 and len(lines) == 1 and 'Traceback' not in out, out[-3000:]
+  print(lines[0])  # which way JAX noticed (visible with -s)
   assert lines[0].startswith('error: process 0 of 2 lost the job (')
   assert any(
     how in lines[0]
