@@ -170,10 +170,8 @@ def tell(**facts) -> None:
   fd = os.environ.get(CHILD_FD)
   if fd is None:
     return
-  try:
+  with contextlib.suppress(OSError):  # the supervisor is gone, or the pipe is full
     os.write(int(fd), (json.dumps(facts) + '\n').encode())
-  except OSError:  # the supervisor is gone, or the pipe is full: nothing to tell
-    pass
 
 
 def native_stderr_to(path: str) -> None:

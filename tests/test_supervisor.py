@@ -58,7 +58,7 @@ os.write(2, b'F0000 coordination_service_agent.cc: another task died\\n*** stack
 os.abort()
 """
   proc = start(tmp_path, textwrap.dedent(body))
-  out, err = proc.communicate(timeout=60)
+  _, err = proc.communicate(timeout=60)
   assert proc.returncode == 1, err
   assert 'stack dump' not in err and 'another task died' in log.read_text()
   assert 'error-free line from Python' in err  # Python's stderr still reaches the terminal
