@@ -24,7 +24,9 @@ def start(tmp_path, child_body: str, env_extra: dict | None = None) -> subproces
   running `child_body` after `from mllm import supervisor`."""
   child = tmp_path / 'child.py'
   child.write_text('import os, signal, sys, time\nfrom mllm import supervisor\n' + child_body)
-  code = f'import sys\nfrom mllm import supervisor\nsys.exit(supervisor.supervise([{str(child)!r}]))'
+  code = (
+    f'import sys\nfrom mllm import supervisor\nsys.exit(supervisor.supervise([{str(child)!r}]))'
+  )
   env = dict(os.environ, PYTHONPATH=ROOT, **(env_extra or {}))
   return subprocess.Popen(
     [sys.executable, '-c', code],
