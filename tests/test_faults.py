@@ -124,3 +124,27 @@ def test_an_unreadable_newest_checkpoint_is_set_aside_in_one_line(corpus, tmp_pa
   assert f'resuming from step 40 in {workdir}' in again.stdout
   assert f'done at step {STEPS}' in again.stdout
   assert glob.glob(os.path.join(workdir, 'checkpoints', '60.unreadable-*'))
+
+
+def test_an_exception_python_can_only_ignore_goes_to_the_run_log_even_after_the_run(tmp_path):
+  """Orbax leaves coroutines behind a failed read, and Python finalizes them when their last
+  reference goes, often after train() returned: their tracebacks go to the run log, not stderr
+  (a resumed run printed one at exit)."""
+  code = f"""
+import sys
+from mllm.train.logs import route_library_output
+undo = route_library_output({str(tmp_path)!r})
+undo()  # the run is over
+class Leftover:
+  def __del__(self):
+    raise RuntimeError('finalized after the run')
+leftover = Leftover()
+del leftover
+print('done', file=sys.stderr)
+"""
+  proc = subprocess.run(
+    [sys.executable, '-c', code], capture_output=True, text=True, cwd=ROOT, env=cpu_env()
+  )
+  assert proc.returncode == 0 and proc.stderr == 'done\n', proc.stderr
+  log = (tmp_path / 'run.log').read_text()
+  assert 'RuntimeError: finalized after the run' in log

@@ -29,7 +29,7 @@ class _LogFile:
       if self.file is None:
         self.file = open(self.path, 'a', buffering=1)  # noqa: SIM115 (closed by close())
       return self.file.write(text)
-    except OSError:
+    except Exception:  # OSError; or, at interpreter exit, a builtin already torn down
       return 0
 
   def flush(self) -> None:
@@ -41,14 +41,19 @@ class _LogFile:
     with contextlib.suppress(OSError):
       if self.file is not None:
         self.file.close()
+    self.file = None  # a later line opens it again
 
 
 def route_library_output(workdir: str):
   """Send library logging, threads' uncaught exceptions and unraisable exceptions to the run log
-  from now on; returns a function that puts everything back."""
+  from now on; returns a function that puts logging and the thread hook back.
+
+  Unraisable exceptions keep going to this run's log after it ends, until another run routes
+  them: a failed checkpoint read leaves Orbax coroutines that Python finalizes whenever their
+  last reference goes, often at interpreter exit, and each would print a traceback on stderr."""
   stream = _LogFile(RunDir(workdir).run_log(jax.process_index()))
   handler = absl_logging.get_absl_handler()
-  saved = (handler.python_handler.stream, threading.excepthook, sys.unraisablehook)
+  saved = (handler.python_handler.stream, threading.excepthook)
   handler.python_handler.stream = (
     stream  # absl's: Orbax's logs, and the root logger's under app.run
   )
@@ -64,7 +69,7 @@ def route_library_output(workdir: str):
   threading.excepthook, sys.unraisablehook = thread_hook, unraisable_hook
 
   def undo() -> None:
-    handler.python_handler.stream, threading.excepthook, sys.unraisablehook = saved
+    handler.python_handler.stream, threading.excepthook = saved
     stream.close()
 
   return undo
