@@ -80,7 +80,7 @@ def _check_choices(num_experts: int, top_k: int, router: str, dispatch: str, noi
   if router not in ROUTERS or dispatch not in DISPATCHES or noise not in NOISES:
     raise ValueError(
       f'router {router!r} / dispatch {dispatch!r} / noise {noise!r}; allowed: '
-      f'{ROUTERS}, {DISPATCHES}, {NOISES}'
+      f'{tuple(ROUTERS)}, {DISPATCHES}, {NOISES}'
     )
 
 

@@ -8,7 +8,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-ROUTERS = ('softmax', 'sigmoid')
 NOISES = ('none', 'mixture', 'noisy_topk')
 BALANCE_CONVENTIONS = ('switch', 'hf')
 
@@ -23,15 +22,20 @@ class ExpertBias(nnx.Variable):
 # ---------------------------------------------------------------------------------------------
 
 
+# name → per-expert scores from the router's logits (`model.moe.router`): softmax over experts
+# (they sum to 1), or independent sigmoids (DeepSeek-V3, whose gates are then normalised over
+# the chosen k).
+ROUTERS = {
+  'softmax': lambda logits_TE: jax.nn.softmax(logits_TE, axis=-1),
+  'sigmoid': jax.nn.sigmoid,
+}
+
+
 def router_probs(logits_TE: jax.Array, kind: str = 'softmax') -> jax.Array:
-  """Per-expert scores in float32: softmax over experts (they sum to 1), or independent sigmoids
-  (DeepSeek-V3, whose gates are then normalised over the chosen k)."""
-  logits_TE = logits_TE.astype(jnp.float32)
-  if kind == 'softmax':
-    return jax.nn.softmax(logits_TE, axis=-1)
-  if kind == 'sigmoid':
-    return jax.nn.sigmoid(logits_TE)
-  raise ValueError(f'unknown router {kind!r}; allowed: {", ".join(ROUTERS)}')
+  """The `kind` router's per-expert scores, in float32."""
+  if kind not in ROUTERS:
+    raise ValueError(f'unknown router {kind!r}; allowed: {", ".join(ROUTERS)}')
+  return ROUTERS[kind](logits_TE.astype(jnp.float32))
 
 
 def top_k(
