@@ -14,6 +14,7 @@ from experiments.suites._longer import longer_copy
 SUITE = longer_copy(
   positions.SUITE,
   name='positions_tokens',
-  description='RoPE vs none / learned / sinusoidal over 4x the tokens, eval loss against tokens',
-  keep=('rope', 'none', 'learned', 'sinusoidal'),
+  description='RoPE vs none / learned / sinusoidal / ALiBi / Shaw / T5 over 4x the tokens, eval '
+  'loss against tokens',
+  keep=('rope', 'none', 'learned', 'sinusoidal', 'alibi', 'shaw', 't5'),
 )
