@@ -5,8 +5,11 @@ al. 2022, sinusoidal 20.05 vs rotary 20.07 ppl; Vaswani et al. 2017, Table 3 E, 
 sinusoidal): RoPE, none, learned and sinusoidal trained 4x longer (4 M tokens), evaluated every
 250 steps, so loss_vs_tokens.png shows whether the absolute schemes close the gap with training
 (a token-budget effect: RoPE hands attention relative offsets that absolute positions must learn
-to compute through q and k) or keep it. Each variant at the rate the `positions` suite tuned for
-it (lr_from); no extrapolation measure (the question is the training length)."""
+to compute through q and k) or keep it; ALiBi, Shaw and T5 beside them, for their own direction
+at 4 M tokens. Each variant at the rate the `positions` suite tuned for it (lr_from); no
+extrapolation measure (the question is the training length). All 21 runs are of one code version
+(2026-11-27): the 12 of 2026-11-25 were trained again, since the same seed under the other code
+drew other initial weights (RoPE seed 0: 2.1835 then, 2.2574 now)."""
 
 from experiments.suites import positions
 from experiments.suites._longer import longer_copy
