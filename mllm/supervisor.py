@@ -69,28 +69,23 @@ def supervise(argv: list[str]) -> int:
     received.append((signum, time.monotonic()))
 
   previous = {s: signal.signal(s, note) for s in STOPS}
-  facts, reported, forwarded, text = {}, 0, 0, b''
+  pipe = _ChildPipe(read_fd)
+  forwarded = 0
   try:
     while child.poll() is None:
       if select.select([read_fd], [], [], 0.05)[0]:
-        for byte in os.read(read_fd, 4096):
-          if byte == ord('\n'):
-            with contextlib.suppress(ValueError):
-              facts.update(json.loads(text))
-            text = b''
-          elif byte < 0x20:  # the child's C signal handler wrote a signal's number (JSON never
-            reported += byte in STOPS  # holds a raw control character)
-          else:
-            text += bytes([byte])
+        pipe.read()
       # A signal the child did not report within the grace came to this process alone.
-      waiting = received[reported + forwarded :]
+      waiting = received[pipe.signals + forwarded :]
       if waiting and time.monotonic() - waiting[0][1] > GRACE_S and child.poll() is None:
         child.send_signal(waiting[0][0])
         forwarded += 1
+    pipe.read_to_end()  # what the child wrote just before it ended
   finally:
     for s, handler in previous.items():
       signal.signal(s, handler)
     os.close(read_fd)
+  facts = pipe.facts
   code = child.returncode
   if code >= 0:
     return code
@@ -98,6 +93,37 @@ def supervise(argv: list[str]) -> int:
     return 128 - code
   print(ended_by_signal(-code, facts), file=sys.stderr, flush=True)
   return 1
+
+
+class _ChildPipe:
+  """What the child writes to its supervisor: JSON lines of facts, and single bytes (a signal's
+  number, from its C signal handler; JSON never holds a raw control character)."""
+
+  def __init__(self, fd: int):
+    self.fd, self.facts, self.signals, self._line = fd, {}, 0, b''
+    # Never blocks: a process the child forked may still hold the write end after the child ended.
+    os.set_blocking(fd, False)
+
+  def read(self) -> bytes:
+    try:
+      chunk = os.read(self.fd, 4096)
+    except BlockingIOError:
+      return b''
+    for byte in chunk:
+      if byte == ord('\n'):
+        with contextlib.suppress(ValueError):
+          self.facts.update(json.loads(self._line))
+        self._line = b''
+      elif byte < 0x20:
+        self.signals += byte in STOPS
+      else:
+        self._line += bytes([byte])
+    return chunk
+
+  def read_to_end(self) -> None:
+    """Everything the pipe holds once the child has ended."""
+    while self.read():
+      pass
 
 
 def _die_with_parent(parent: int):

@@ -149,7 +149,7 @@ def choosing_for(backend: str, gpu: GpuFacts | None = None):
 
 
 def auto_attention(q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
-  dropout = kwargs.get('dropout_rate', 0.0) > 0.0 and kwargs.get('dropout_rng') is not None
+  dropout = call_terms(q_BTNH, **kwargs)['dropout']
   backend, gpu = _CHOOSE_FOR[-1] if _CHOOSE_FOR else (None, None)
   impl = choose_impl(
     q_BTNH,
@@ -234,12 +234,7 @@ class AttentionImpl:
 
   def __call__(self, q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
     """Run it, after refusing in one line a term of the call that it cannot compute."""
-    term = self.lacks(
-      learned_bias=kwargs.get('rel_values') is not None or _dense(kwargs.get('bias')),
-      dropout=kwargs.get('dropout_rate', 0.0) > 0.0 and kwargs.get('dropout_rng') is not None,
-      alibi=kwargs.get('bias') is not None and kwargs['bias'].alibi_slopes is not None,
-      float32=not is_half(q_BTNH.dtype),
-    )
+    term = self.lacks(**call_terms(q_BTNH, **kwargs))
     if term:
       name = next((n for n, impl in ATTENTION_IMPLS.items() if impl is self), repr(self.run))
       raise ValueError(
@@ -277,6 +272,18 @@ class AttentionImpl:
 
 def _dense(bias: ScoreBias | None) -> bool:
   return bias is not None and bias.dense is not None
+
+
+def call_terms(
+  q_BTNH, *, bias=None, rel_values=None, dropout_rate=0.0, dropout_rng=None, **_
+) -> dict[str, bool]:
+  """Which TERMS a call of `attend`'s contract asks for (`AttentionImpl.lacks`'s arguments)."""
+  return {
+    'learned_bias': rel_values is not None or _dense(bias),
+    'dropout': dropout_rate > 0.0 and dropout_rng is not None,
+    'alibi': bias is not None and bias.alibi_slopes is not None,
+    'float32': not is_half(q_BTNH.dtype),
+  }
 
 
 def impls_with(term: str) -> tuple[str, ...]:

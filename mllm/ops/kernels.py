@@ -95,13 +95,8 @@ def cudnn_attention(
   which cost O(T·S) memory. `implementation='xla'` runs the same translation on any backend,
   which is how the tests check it on CPU.
   """
-  del (
-    block_q,
-    block_k,
-    rel_values,
-    dropout_rate,
-    dropout_rng,
-  )  # refused before (AttentionImpl.lacks)
+  del block_q, block_k
+  del rel_values, dropout_rate, dropout_rng  # refused before the call (AttentionImpl.lacks)
   T, S = q_BTNH.shape[1], k_BSKH.shape[1]
   plain = cudnn_takes_mask(mask, T, S)
   dense_bias = _cudnn_bias(bias, q_BTNH.dtype, implementation)
