@@ -302,14 +302,7 @@ def _borrowed_line(results: dict) -> str:
     cells = [
       f"{name} {rates[name]:.3g} -> "
       + ('not finished' if t['best_lr'] is None else f"{t['best_lr']:.3g}")
-      + ' ('
-      + ', '.join(
-        f"{p['lr']:.3g}: {stats.mean_std(p['eval_loss'])[0]:.4f}"
-        if p['eval_loss']
-        else f"{p['lr']:.3g}: -"
-        for p in sorted(t['points'], key=lambda p: p['lr'])
-      )
-      + ')'
+      + _points(t['points'])
       for name, t in tuning.items()
     ]
     line += (
@@ -464,6 +457,17 @@ def _tuning_line(suite: Suite, results: dict) -> str:
   )
 
 
+def _points(points: list[dict]) -> str:
+  """' (rate: mean eval loss, ...)' of a tuning's points, by rate; '-' where none finished."""
+  cells = [
+    f"{p['lr']:.3g}: {stats.mean_std(p['eval_loss'])[0]:.4f}"
+    if p['eval_loss']
+    else f"{p['lr']:.3g}: -"
+    for p in sorted(points, key=lambda p: p['lr'])
+  ]
+  return ' (' + ', '.join(cells) + ')'
+
+
 def _refined_line(suite: Suite, tuning: dict) -> str:
   """The variants whose rate was refined on a half-step grid, and what it chose."""
   refined = {name: t['refined'] for name, t in tuning.items() if t.get('refined')}
@@ -477,14 +481,7 @@ def _refined_line(suite: Suite, tuning: dict) -> str:
       if r['best_lr'] is None
       else f"{r['best_lr']:.3g}"
     )
-    + ' ('
-    + ', '.join(
-      f"{p['lr']:.3g}: {stats.mean_std(p['eval_loss'])[0]:.4f}"
-      if p['eval_loss']
-      else f"{p['lr']:.3g}: -"
-      for p in r['points']
-    )
-    + ')'
+    + _points(r['points'])
     for name, r in refined.items()
   ]
   return (
