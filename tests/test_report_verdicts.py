@@ -185,8 +185,9 @@ def test_the_overview_adjusts_over_every_suite_at_once(tmp_path):
   assert '- `verdicts` gap_where_none: contradicts (no diagnosis yet)' in text
 
 
-def _tokens_suite(out: str, curves: dict) -> None:
-  """A results.json for a 'longer' suite whose runs hold eval curves at steps 1..4."""
+def _tokens_suite(out: str, curves: dict, tuning: dict | None = None) -> None:
+  """A results.json for a 'longer' suite whose runs hold eval curves at steps 1..4 (and
+  `tuning`, its rates tuned again at its budget)."""
   runs = [
     {
       'variant': name,
@@ -201,7 +202,7 @@ def _tokens_suite(out: str, curves: dict) -> None:
   ]
   os.makedirs(os.path.join(out, 'longer'), exist_ok=True)
   with open(os.path.join(out, 'longer', 'results.json'), 'w') as f:
-    json.dump({'runs': runs}, f)
+    json.dump({'runs': runs, **({'tuning': tuning} if tuning else {})}, f)
 
 
 def test_a_token_budget_diagnosis_recomputes_its_sentence_from_the_runs(tmp_path):
@@ -222,6 +223,29 @@ def test_a_token_budget_diagnosis_recomputes_its_sentence_from_the_runs(tmp_path
   ruled_out = diagnosis.budget_ruled_out('longer', baseline='base')(Evidence(out), 'late')
   # The gap a quarter in (step 1: mean of +0.2, +0.3, +0.1) against the end (+0.1, +0.05, +0.5).
   assert ruled_out.supported and '+0.200 1.0 M tokens in and +0.217 at 4.0 M' in ruled_out.text
+
+
+def test_a_rate_tuned_for_fewer_tokens_is_ruled_out_only_where_the_retuned_gap_stays(tmp_path):
+  """rate_at_budget: both rows re-tuned at the longer budget, neither best at an edge, and the
+  paired gap's CI at those rates above zero; an edge or a CI reaching zero does not rule it out."""
+  out = str(tmp_path)
+  base = [[3.0, 2.8, 2.6, 2.40], [3.0, 2.8, 2.6, 2.42], [3.0, 2.8, 2.6, 2.41]]
+  behind = [[3.0, 2.9, 2.7, 2.50], [3.0, 2.9, 2.7, 2.53], [3.0, 2.9, 2.7, 2.50]]
+  tuned = {'base': {'best_lr': 4e-3, 'edge': None}, 'late': {'best_lr': 3e-3, 'edge': None}}
+  _tokens_suite(out, {'base': base, 'late': behind}, tuned)
+  check = diagnosis.rate_at_budget('longer', baseline='base')
+  finding = check(Evidence(out), 'late')
+  # Gaps +0.10, +0.11, +0.09: mean +0.100, t(2) CI +0.100 ± 4.303 · 0.01 / √3.
+  assert finding.supported
+  assert 'base best at 0.004, late at 0.003, neither at an edge' in finding.text
+  assert 'the gap is +0.100 [+0.075, +0.125] over 3 seeds' in finding.text
+  _tokens_suite(
+    out, {'base': base, 'late': behind}, {**tuned, 'late': {**tuned['late'], 'edge': 'low'}}
+  )
+  assert not check(Evidence(out), 'late').supported
+  level = [[3.0, 2.9, 2.7, 2.41], [3.0, 2.9, 2.7, 2.40], [3.0, 2.9, 2.7, 2.43]]
+  _tokens_suite(out, {'base': base, 'late': level}, tuned)
+  assert not check(Evidence(out), 'late').supported
 
 
 def test_the_committed_diagnoses_hold_on_the_committed_runs():
