@@ -285,6 +285,10 @@ def _preamble(suite: Suite, results: dict) -> list[str]:
   return lines
 
 
+# How a tuned rate at an edge of its grid is marked.
+EDGES = {'low': ' (lowest tried)', 'high': ' (highest tried)'}
+
+
 def _borrowed_line(results: dict) -> str:
   """Where an lr_from suite's rates come from, and which it tuned again at its own budget."""
   donor, rates = results['lr_from']['suite'], results['lr_from']['rates']
@@ -302,13 +306,14 @@ def _borrowed_line(results: dict) -> str:
     cells = [
       f"{name} {rates[name]:.3g} -> "
       + ('not finished' if t['best_lr'] is None else f"{t['best_lr']:.3g}")
+      + EDGES.get(t.get('edge'), '')
       + _points(t['points'])
       for name, t in tuning.items()
     ]
     line += (
       (' ' if kept else '') + f"Tuned again at this suite's budget, on seeds "
       f"{', '.join(map(str, results['tune_seeds']))} (not the table's): the rate suite "
-      f'`{donor}` chose and its neighbours a factor {grid.ratio:.3g} apart, widened past an '
+      f'`{donor}` chose and its neighbours a factor √{grid.ratio**2:g} apart, widened past an '
       f'edge where the best sat (up to {grid.max_widen} more per side), with each one\'s eval '
       'loss; the table runs at the new best: ' + '; '.join(cells) + '.'
     )
@@ -439,7 +444,7 @@ def _lr_cell(row: dict) -> str:
   lie beyond it)."""
   if row.get('lr') is None:
     return ''
-  edge = {'low': ' (lowest tried)', 'high': ' (highest tried)'}.get(row.get('lr_edge'), '')
+  edge = EDGES.get(row.get('lr_edge'), '')
   return f"{row['lr']:.3g}{edge}"
 
 
