@@ -821,6 +821,10 @@ def test_variants_and_steps_trim_a_suite_for_a_smoke_run(capsys):
   assert trimmed.variants[1] is ffn.variants[[v.name for v in ffn.variants].index('swiglu')]
   config = resolve(trimmed, trimmed.variants[0], 'gpu', 0, _steps(100))
   assert (config.train.steps, config.train.warmup_steps, config.train.eval_every) == (100, 10, 0)
+  # A row's diagnosis or re-tuning goes with it: trimming the rows it names away is no error.
+  positions = _only(load_suite('positions'), 'rope,alibi')
+  assert positions.diagnoses == {} and positions.refine_lr == ('rope',)
+  assert _only(load_suite('ffn_tokens'), 'relu,swish').retune_lr == ('relu',)
   assert main(['ffn', '--variants=relu,nope', '--steps=20', '--out=/nonexistent']) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert err == [
