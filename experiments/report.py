@@ -11,6 +11,7 @@ import os
 from experiments import plots, provenance, stats, tensorboard
 from experiments.diagnosis import Evidence
 from experiments.suite import Suite
+from experiments.tuning import BUDGET_GRID
 
 # Measurements shown as extra columns (mean over seeds) when a suite's runs have them.
 EXTRA_COLUMNS = {
@@ -277,16 +278,48 @@ def _preamble(suite: Suite, results: dict) -> list[str]:
       'ordering, not the values.',
       '',
     ]
-  if results.get('tuning'):
-    lines += [_tuning_line(suite, results), '']
   if results.get('lr_from'):
-    rates = ', '.join(f'{name} {lr:.3g}' for name, lr in results['lr_from']['rates'].items())
-    lines += [
-      f"Learning rates: each variant's tuned rate in suite `{results['lr_from']['suite']}` "
-      f'({rates}), not tuned again at this suite\'s budget.',
-      '',
-    ]
+    lines += [_borrowed_line(results), '']
+  elif results.get('tuning'):
+    lines += [_tuning_line(suite, results), '']
   return lines
+
+
+def _borrowed_line(results: dict) -> str:
+  """Where an lr_from suite's rates come from, and which it tuned again at its own budget."""
+  donor, rates = results['lr_from']['suite'], results['lr_from']['rates']
+  tuning = results.get('tuning', {})
+  kept = [name for name in rates if name not in tuning]
+  line = 'Learning rates: '
+  if kept:
+    line += (
+      f"each variant's tuned rate in suite `{donor}` ("
+      + ', '.join(f'{name} {rates[name]:.3g}' for name in kept)
+      + "), not tuned again at this suite's budget."
+    )
+  if tuning:
+    grid = BUDGET_GRID
+    cells = [
+      f"{name} {rates[name]:.3g} -> "
+      + ('not finished' if t['best_lr'] is None else f"{t['best_lr']:.3g}")
+      + ' ('
+      + ', '.join(
+        f"{p['lr']:.3g}: {stats.mean_std(p['eval_loss'])[0]:.4f}"
+        if p['eval_loss']
+        else f"{p['lr']:.3g}: -"
+        for p in sorted(t['points'], key=lambda p: p['lr'])
+      )
+      + ')'
+      for name, t in tuning.items()
+    ]
+    line += (
+      (' ' if kept else '') + f"Tuned again at this suite's budget, on seeds "
+      f"{', '.join(map(str, results['tune_seeds']))} (not the table's): the rate suite "
+      f'`{donor}` chose and its neighbours a factor {grid.ratio:.3g} apart, widened past an '
+      f'edge where the best sat (up to {grid.max_widen} more per side), with each one\'s eval '
+      'loss; the table runs at the new best: ' + '; '.join(cells) + '.'
+    )
+  return line
 
 
 def _table_row(suite: Suite, row: dict, extras: list[str]) -> str:

@@ -26,7 +26,14 @@ from experiments.engines import LocalPool, RayEngine, check_out_for_ray, parse_r
 from experiments.run import config_hash, resolve, run_dir, run_one
 from experiments.scheduler import Job, run_plan
 from experiments.suite import BenchmarkSuite, Suite, Variant
-from experiments.tuning import TUNING_SEED_BASE, choose, refine, tuning_seeds
+from experiments.tuning import (
+  BUDGET_GRID,
+  TUNING_SEED_BASE,
+  LrGrid,
+  choose,
+  refine,
+  tuning_seeds,
+)
 
 
 def _tuning_jobs(
@@ -51,14 +58,20 @@ def _tune(
   out: str,
   refine_lr: tuple[str, ...] = (),
   refine_seeds: int = 2,
+  centers: dict | None = None,
+  grid: LrGrid | None = None,
   **execute,
 ) -> dict:
   """Tune each tuned variant's learning rate on the tuning seeds, widening the grid past an edge
   where the best rate sits, then refine the `refine_lr` variants' best (experiments/tuning.py):
-  {variant: {'center', 'points', 'best_lr', 'edge', 'complete'[, 'refined']}}."""
-  grid = suite.lr_grid
+  {variant: {'center', 'points', 'best_lr', 'edge', 'complete'[, 'refined']}}. `centers`
+  {variant: rate}: tune only these variants, each around its given rate (default: every tuned
+  variant around its configured rate); `grid`: instead of the suite's."""
+  grid = grid or suite.lr_grid
   tuned = [v for v in suite.variants if v.tune and not v.starts_from]
-  centers = {v.name: resolve(suite, v, preset, 0, extra).train.learning_rate for v in tuned}
+  if centers is None:
+    centers = {v.name: resolve(suite, v, preset, 0, extra).train.learning_rate for v in tuned}
+  tuned = [v for v in tuned if v.name in centers]
   steps = {v.name: grid.steps() for v in tuned}
   seeds = tuning_seeds(tune_seeds)
 
@@ -308,8 +321,9 @@ def _run_suite(
 ) -> dict:
   """Tune the learning rates if asked, then run the table's runs at them; run_suite's results."""
   run = execute['run']
-  tuning = (
-    _tune(
+  tuning = {}
+  if tune_lr and not suite.lr_from:
+    tuning = _tune(
       suite,
       preset=preset,
       extra=extra,
@@ -318,9 +332,17 @@ def _run_suite(
       **refine,
       **{**execute, 'remeasure': False},
     )
-    if tune_lr and not suite.lr_from
-    else {}
-  )
+  elif tune_lr and suite.retune_lr:  # the borrowed rates of these rows, tuned at this budget
+    tuning = _tune(
+      suite,
+      preset=preset,
+      extra=extra,
+      tune_seeds=tune_seeds,
+      out=out,
+      centers={name: borrowed[name] for name in suite.retune_lr},
+      grid=BUDGET_GRID,
+      **{**execute, 'remeasure': False},
+    )
   plan, blocked = _table_plan(suite, preset, out, extra, order, borrowed, tuning)
   finished, failed, pending = run_plan(plan, out=out, desc=f'suite {suite.name}', **execute)
   for job in blocked:  # its learning-rate tuning has not finished (or every run of it failed)
@@ -336,11 +358,7 @@ def _run_suite(
     'runs': [finished[k] for k in keys if k in finished],
     'failed': [failed[k] for k in keys if k in failed],
     'pending': pending,
-    **(
-      {'tuning': tuning, 'tune_seeds': tuning_seeds(tune_seeds)}
-      if tune_lr and not suite.lr_from
-      else {}
-    ),
+    **({'tuning': tuning, 'tune_seeds': tuning_seeds(tune_seeds)} if tuning else {}),
     **({'lr_from': {'suite': suite.lr_from, 'rates': borrowed}} if borrowed else {}),
     **({'reused_other_code': True} if execute['reuse_other_code'] else {}),
   }
@@ -387,10 +405,8 @@ def _tuned_lr(suite: Suite, variant: Variant, borrowed: dict | None, tuning: dic
   by_name = {v.name: v for v in suite.variants}
   while variant.starts_from:
     variant = by_name[variant.starts_from]
-  if borrowed is not None:
-    return {'train.learning_rate': borrowed[variant.name]}
   if variant.name not in tuning:
-    return {}
+    return {} if borrowed is None else {'train.learning_rate': borrowed[variant.name]}
   best = tuning[variant.name]['best_lr']
   return None if best is None else {'train.learning_rate': best}
 

@@ -69,6 +69,9 @@ class Suite:
   # Variants whose tuned rate is refined on a half-step grid over two tuning seeds (as
   # --refine_lr does), where a verdict turned on the factor-2 grid's resolution.
   refine_lr: tuple[str, ...] = ()
+  # (With lr_from) variants whose borrowed rate is tuned again at this suite's budget, on
+  # experiments/tuning.py's BUDGET_GRID centred on it; the table runs at that best.
+  retune_lr: tuple[str, ...] = ()
 
   def __post_init__(self):
     names = [v.name for v in self.variants]
@@ -95,6 +98,13 @@ class Suite:
           f'suite {self.name!r}: variant {v.name!r} has trains=False but no '
           'starts_from; allowed: a starts_from variant to take the parameters of'
         )
+
+    tuned = [v.name for v in self.variants if v.tune and not v.starts_from]
+    if self.retune_lr and (not self.lr_from or set(self.retune_lr) - set(tuned)):
+      raise ValueError(
+        f'suite {self.name!r}: retune_lr={self.retune_lr}; allowed: with lr_from, variants it '
+        f'takes a tuned rate for ({", ".join(tuned) or "none"})'
+      )
 
     from experiments.diagnosis import Diagnosis
 

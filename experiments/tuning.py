@@ -12,6 +12,10 @@ best rate sits at an edge of the grid, the grid grows one point past that edge (
 A refinement (`--refine_lr=VARIANT,...`) then halves the grid's step around a named variant's best
 (rates best / √ratio, best, best · √ratio) on more tuning seeds (`--refine_seeds`), for the rows
 whose verdict hangs on the rate's resolution; the table runs at the refined best.
+
+A suite that trains another suite's rows longer (`lr_from`) takes their tuned rates; its
+`retune_lr` rows are tuned again at its own budget on BUDGET_GRID, centred on the borrowed rate,
+since the best rate of a run need not stay where it was at a quarter of its tokens.
 """
 
 from __future__ import annotations
@@ -44,6 +48,10 @@ class LrGrid:
     """center · ratio^k, rounded to 12 significant digits, so that the same rate reached by two
     routes (3e-3 · √2² and 6e-3) is one config, one run."""
     return float(f'{center * self.ratio**k:.12g}')
+
+
+# Around a rate borrowed from a shorter run: √2 apart, widened past an edge twice (a factor 2).
+BUDGET_GRID = LrGrid(points=3, ratio=math.sqrt(2), max_widen=2)
 
 
 def refine(losses: dict[float, list[float]]) -> float | None:

@@ -17,7 +17,7 @@ from experiments import provenance, report
 from experiments.runner import resolve, run_suite
 from experiments.suite import Suite, Variant
 from experiments.suites._presets import PRESETS
-from experiments.tuning import TUNING_SEED_BASE, LrGrid, choose, tuning_seeds
+from experiments.tuning import BUDGET_GRID, TUNING_SEED_BASE, LrGrid, choose, tuning_seeds
 
 
 def test_the_default_grid_has_five_log_spaced_rates_spanning_over_10x():
@@ -408,6 +408,72 @@ def test_a_suite_can_take_its_rates_from_another_suites_tuning(tmp_path):
     tune_lr=False,
   )
   assert {lr for _, _, lr in calls} == {center}
+
+
+def test_a_longer_suite_tunes_its_retune_lr_rows_again_around_the_borrowed_rate(tmp_path):
+  """retune_lr: those rows of an lr_from suite are tuned again at its own budget on BUDGET_GRID
+  (√2 apart, centred on the donor's rate, widened past an edge) on tuning seeds; the table runs
+  them at the new best and the others at the donor's rate; results.md says which is which."""
+  donor = Suite(
+    'donor',
+    'x',
+    'configs/base.py',
+    (Variant('base'), Variant('relu', 'ffn=relu')),
+    PRESETS,
+    lr_grid=LrGrid(points=3, ratio=2.0, max_widen=2),
+  )
+  with pytest.raises(ValueError, match=r"retune_lr=\('relu',\); allowed: with lr_from"):
+    dataclasses.replace(donor, retune_lr=('relu',))
+  borrower = Suite(
+    'borrower',
+    'x',
+    'configs/base.py',
+    donor.variants,
+    {'tiny': {**PRESETS['tiny'], 'train.steps': 12}},
+    lr_from='donor',
+    retune_lr=('relu',),
+  )
+  center = resolve(donor, donor.variants[0], 'tiny', 0).train.learning_rate
+  grid = donor.lr_grid
+  tuned = run_suite(
+    donor,
+    preset='tiny',
+    seeds=1,
+    out=str(tmp_path),
+    progress=False,
+    run=_fake_run({'base': center, 'relu': center}, 1.0, []),
+    tune_lr=True,
+  )
+  report.write(donor, tuned, str(tmp_path))
+  borrowed = grid.lr(center, 0)
+  # At 12 steps relu's best sits two √2 steps above the donor's: the grid widens up to it, and
+  # one step past it to see it is not an edge.
+  longer_best = BUDGET_GRID.lr(borrowed, 2)
+  calls = []
+  out = run_suite(
+    borrower,
+    preset='tiny',
+    seeds=2,
+    out=str(tmp_path),
+    progress=False,
+    run=_fake_run({'base': borrowed, 'relu': longer_best}, 1.0, calls),
+    tune_lr=True,
+  )
+  tuning_calls = sorted((v, lr) for v, seed, lr in calls if seed >= TUNING_SEED_BASE)
+  assert tuning_calls == sorted(('relu', BUDGET_GRID.lr(borrowed, k)) for k in (-1, 0, 1, 2, 3))
+  assert out['tuning']['relu']['best_lr'] == pytest.approx(longer_best)
+  assert out['tuning']['relu']['edge'] is None and 'base' not in out['tuning']
+  table = {(v, s): lr for v, s, lr in calls if s < TUNING_SEED_BASE}
+  assert table == {
+    ('base', 0): borrowed,
+    ('base', 1): borrowed,
+    ('relu', 0): pytest.approx(longer_best),
+    ('relu', 1): pytest.approx(longer_best),
+  }
+  text = report.markdown(borrower, out, report.summarize(borrower, out))
+  assert f"tuned rate in suite `donor` (base {borrowed:.3g}), not tuned again" in text
+  assert f"Tuned again at this suite's budget, on seeds {TUNING_SEED_BASE}" in text
+  assert f'relu {borrowed:.3g} -> {longer_best:.3g} (' in text
 
 
 def test_runs_evaluated_during_training_draw_loss_against_tokens(tmp_path, corpus):
