@@ -1,0 +1,29 @@
+"""Diagnosis of the gated FFNs' gap to ReLU at 4 M tokens (`ffn_tokens`): at matched parameters a
+gated FFN has 2/3 of ReLU's hidden units (344 against 512 at d_model 128, where Shazeer 2020's
+gated FFNs keep 2,048). Here GLU and SwiGLU keep ReLU's 512 (`model.ffn.match_params=False`, 1.5x
+the FFN's parameters) over the same 4 M tokens, each at the rate `ffn_tokens` tuned for it at that
+budget (lr_from): if they then reach ReLU, the narrower hidden layer is what costs the gated rows
+at this width; if they stay behind at more parameters, it is not."""
+
+import dataclasses
+
+from experiments.suite import Suite
+from experiments.suites import ffn_tokens
+
+SUITE = Suite(
+  name='ffn_width',
+  description="ReLU vs GLU / SwiGLU at ReLU's hidden width (512; the gated rows 1.5x the FFN "
+  'parameters) over 4 M tokens, eval loss against tokens',
+  base=ffn_tokens.SUITE.base,
+  variants=tuple(
+    v
+    if v.name == 'relu'
+    else dataclasses.replace(v, overrides={**v.overrides, 'model.ffn.match_params': False})
+    for v in ffn_tokens.SUITE.variants
+    if v.name in ('relu', 'glu', 'swiglu')
+  ),
+  presets=ffn_tokens.SUITE.presets,
+  lr_from='ffn_tokens',
+  diagnoses_of='ffn',
+  paper_source=ffn_tokens.SUITE.paper_source,
+)
