@@ -89,7 +89,14 @@ def _only(suite, variants: str | None):
     raise ValueError(
       f'--variants={variants}: no {unknown[0]!r} in {suite.name!r}; allowed: {", ".join(names)}'
     )
-  return dataclasses.replace(suite, variants=tuple(v for v in suite.variants if v.name in wanted))
+  # The rows' own annotations (diagnoses, rates to refine or tune again) go with the rows.
+  return dataclasses.replace(
+    suite,
+    variants=tuple(v for v in suite.variants if v.name in wanted),
+    diagnoses={k: d for k, d in suite.diagnoses.items() if k in wanted},
+    refine_lr=tuple(n for n in suite.refine_lr if n in wanted),
+    retune_lr=tuple(n for n in suite.retune_lr if n in wanted),
+  )
 
 
 def _steps(steps: int) -> dict:

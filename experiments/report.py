@@ -285,6 +285,10 @@ def _preamble(suite: Suite, results: dict) -> list[str]:
   return lines
 
 
+# How a tuned rate at an edge of its grid is marked.
+EDGES = {'low': ' (lowest tried)', 'high': ' (highest tried)'}
+
+
 def _borrowed_line(results: dict) -> str:
   """Where an lr_from suite's rates come from, and which it tuned again at its own budget."""
   donor, rates = results['lr_from']['suite'], results['lr_from']['rates']
@@ -302,20 +306,14 @@ def _borrowed_line(results: dict) -> str:
     cells = [
       f"{name} {rates[name]:.3g} -> "
       + ('not finished' if t['best_lr'] is None else f"{t['best_lr']:.3g}")
-      + ' ('
-      + ', '.join(
-        f"{p['lr']:.3g}: {stats.mean_std(p['eval_loss'])[0]:.4f}"
-        if p['eval_loss']
-        else f"{p['lr']:.3g}: -"
-        for p in sorted(t['points'], key=lambda p: p['lr'])
-      )
-      + ')'
+      + EDGES.get(t.get('edge'), '')
+      + _points(t['points'])
       for name, t in tuning.items()
     ]
     line += (
       (' ' if kept else '') + f"Tuned again at this suite's budget, on seeds "
       f"{', '.join(map(str, results['tune_seeds']))} (not the table's): the rate suite "
-      f'`{donor}` chose and its neighbours a factor {grid.ratio:.3g} apart, widened past an '
+      f'`{donor}` chose and its neighbours a factor √{grid.ratio**2:g} apart, widened past an '
       f'edge where the best sat (up to {grid.max_widen} more per side), with each one\'s eval '
       'loss; the table runs at the new best: ' + '; '.join(cells) + '.'
     )
@@ -446,7 +444,7 @@ def _lr_cell(row: dict) -> str:
   lie beyond it)."""
   if row.get('lr') is None:
     return ''
-  edge = {'low': ' (lowest tried)', 'high': ' (highest tried)'}.get(row.get('lr_edge'), '')
+  edge = EDGES.get(row.get('lr_edge'), '')
   return f"{row['lr']:.3g}{edge}"
 
 
@@ -464,6 +462,17 @@ def _tuning_line(suite: Suite, results: dict) -> str:
   )
 
 
+def _points(points: list[dict]) -> str:
+  """' (rate: mean eval loss, ...)' of a tuning's points, by rate; '-' where none finished."""
+  cells = [
+    f"{p['lr']:.3g}: {stats.mean_std(p['eval_loss'])[0]:.4f}"
+    if p['eval_loss']
+    else f"{p['lr']:.3g}: -"
+    for p in sorted(points, key=lambda p: p['lr'])
+  ]
+  return ' (' + ', '.join(cells) + ')'
+
+
 def _refined_line(suite: Suite, tuning: dict) -> str:
   """The variants whose rate was refined on a half-step grid, and what it chose."""
   refined = {name: t['refined'] for name, t in tuning.items() if t.get('refined')}
@@ -477,14 +486,7 @@ def _refined_line(suite: Suite, tuning: dict) -> str:
       if r['best_lr'] is None
       else f"{r['best_lr']:.3g}"
     )
-    + ' ('
-    + ', '.join(
-      f"{p['lr']:.3g}: {stats.mean_std(p['eval_loss'])[0]:.4f}"
-      if p['eval_loss']
-      else f"{p['lr']:.3g}: -"
-      for p in r['points']
-    )
-    + ')'
+    + _points(r['points'])
     for name, r in refined.items()
   ]
   return (
