@@ -18,7 +18,10 @@ SUITE = Suite(
   variants=tuple(
     v
     if v.name == 'relu'
-    else dataclasses.replace(v, overrides={**v.overrides, 'model.ffn.match_params': False})
+    # More parameters than the paper's rows: no paper column.
+    else dataclasses.replace(
+      v, overrides={**v.overrides, 'model.ffn.match_params': False}, paper={}
+    )
     for v in ffn_tokens.SUITE.variants
     if v.name in ('relu', 'glu', 'swiglu')
   ),
