@@ -108,6 +108,8 @@ def collect(out: str) -> tuple[list[dict], list[dict]]:
           'of': suite.diagnoses_of,
           'rows': [v.name for v in suite.variants],
           'seeds': results.get('seeds'),
+          'finished': len(results['runs']),
+          'planned': sum(len(results.get(k, [])) for k in ('runs', 'failed', 'pending')),
         }
       )
     else:
@@ -175,7 +177,12 @@ def markdown(tallies: list[dict], diagnoses: list[dict] = ()) -> str:
       '',
     ] + [
       f"- [`{d['suite']}`]({d['suite']}/results.md) re-measures `{d['of']}`'s "
-      f"{', '.join(d['rows'])} ({d['seeds']} seeds)"
+      f"{', '.join(d['rows'])} ({d['seeds']} seeds"
+      + (
+        f"; in progress: {d['finished']} of {d['planned']} runs finished)"
+        if d.get('finished', 0) < d.get('planned', 0)
+        else ')'
+      )
       for d in diagnoses
     ]
   versions = [t['suite'] for t in tallies if t['code_versions'] > 1]

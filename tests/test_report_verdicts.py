@@ -177,11 +177,14 @@ def test_the_overview_adjusts_over_every_suite_at_once(tmp_path):
   assert sum(tally['counts'].values()) == sum(by_table['counts'].values()) == 8
   assert tally['table_counts'] == by_table['counts']
   diag = [
-    {'suite': 'verdicts_tokens', 'of': 'verdicts', 'rows': ['base', 'worse_here'], 'seeds': 3}
+    {'suite': 'verdicts_tokens', 'of': 'verdicts', 'rows': ['base', 'worse_here'], 'seeds': 3},
+    {'suite': 'half_done', 'of': 'verdicts', 'rows': ['base'], 'seeds': 3}
+    | {'finished': 1, 'planned': 3},
   ]
   text = overview.markdown([tally], diag)
   assert f"Holm over all {len(tests)} tests" in text
   assert '- [`verdicts_tokens`](verdicts_tokens/results.md) re-measures `verdicts`' in text
+  assert "re-measures `verdicts`'s base (3 seeds; in progress: 1 of 3 runs finished)" in text
   assert '- `verdicts` gap_where_none: contradicts (no diagnosis yet)' in text
 
 
