@@ -212,20 +212,36 @@ def rate_at_budget(suite: str, baseline: str) -> Callable[[Evidence, str], Findi
   def finds(evidence: Evidence, variant: str) -> Finding:
     ours, base = evidence.tuning(suite, variant), evidence.tuning(suite, baseline)
     inside = ours.get('edge') is None and base.get('edge') is None
-    runs, base_runs = evidence.runs(suite, variant), evidence.runs(suite, baseline)
-    seeds = sorted(set(runs) & set(base_runs))
-    if len(seeds) < 2:
-      raise MissingRuns(f'suite {suite!r}: fewer than 2 paired seeds of {variant!r}')
-    test = stats.paired_test(
-      [runs[s]['eval_loss'] for s in seeds], [base_runs[s]['eval_loss'] for s in seeds]
-    )
+    test, gap = _final_gap(evidence, suite, variant, baseline)
     return Finding(
       inside and test.ci_low > 0,
       f"a rate tuned for fewer tokens (tuned again in {suite}: {baseline} best at "
       f"{base['best_lr']:.3g}, {variant} at {ours['best_lr']:.3g}, "
       + ('neither at an edge' if inside else 'one at an edge of its grid')
-      + f'; at those rates the gap is {test.mean:+.3f} [{test.ci_low:+.3f}, {test.ci_high:+.3f}] '
-      f'over {len(seeds)} seeds)',
+      + f'; at those rates the gap is {gap})',
     )
 
   return finds
+
+
+def still_behind(suite: str, baseline: str, cause: str) -> Callable[[Evidence, str], Finding]:
+  """Ruled out, `cause`: in `suite`, which removes it (e.g. the gated FFNs at ReLU's hidden
+  width), the variant stays behind the baseline (the paired CI above zero)."""
+
+  def finds(evidence: Evidence, variant: str) -> Finding:
+    test, gap = _final_gap(evidence, suite, variant, baseline)
+    return Finding(test.ci_low > 0, f'{cause} ({suite}: without it the gap is {gap})')
+
+  return finds
+
+
+def _final_gap(evidence: Evidence, suite: str, variant: str, baseline: str):
+  """The paired test of variant − baseline eval loss in `suite`, and '+m [lo, hi] over n seeds'."""
+  runs, base_runs = evidence.runs(suite, variant), evidence.runs(suite, baseline)
+  seeds = sorted(set(runs) & set(base_runs))
+  if len(seeds) < 2:
+    raise MissingRuns(f'suite {suite!r}: fewer than 2 paired seeds of {variant!r}')
+  test = stats.paired_test(
+    [runs[s]['eval_loss'] for s in seeds], [base_runs[s]['eval_loss'] for s in seeds]
+  )
+  return test, f'{test.mean:+.3f} [{test.ci_low:+.3f}, {test.ci_high:+.3f}] over {len(seeds)} seeds'

@@ -230,7 +230,7 @@ def lr_sensitivity(suite, results: dict, path: str) -> str | None:
   ax.set(
     xlabel='peak learning rate',
     ylabel='eval loss (tuning seeds)',
-    title=f'suite {suite.name}: learning-rate sensitivity (x: diverged; filled: chosen; '
+    title=f'suite {suite.name}: learning-rate sensitivity\n(x: diverged; filled: chosen; '
     'squares: refined)',
   )
   return _finish(fig, ax, path)
