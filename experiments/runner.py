@@ -322,7 +322,13 @@ def _run_suite(
   """Tune the learning rates if asked, then run the table's runs at them; run_suite's results."""
   run = execute['run']
   tuning = {}
-  if tune_lr and not suite.lr_from:
+  if tune_lr and (suite.retune_lr or not suite.lr_from):
+    # An lr_from suite tunes only its retune_lr rows, around the borrowed rates, at its budget.
+    again = (
+      {'centers': {n: borrowed[n] for n in suite.retune_lr}, 'grid': BUDGET_GRID}
+      if suite.lr_from
+      else {}
+    )
     tuning = _tune(
       suite,
       preset=preset,
@@ -330,17 +336,7 @@ def _run_suite(
       tune_seeds=tune_seeds,
       out=out,
       **refine,
-      **{**execute, 'remeasure': False},
-    )
-  elif tune_lr and suite.retune_lr:  # the borrowed rates of these rows, tuned at this budget
-    tuning = _tune(
-      suite,
-      preset=preset,
-      extra=extra,
-      tune_seeds=tune_seeds,
-      out=out,
-      centers={name: borrowed[name] for name in suite.retune_lr},
-      grid=BUDGET_GRID,
+      **again,
       **{**execute, 'remeasure': False},
     )
   plan, blocked = _table_plan(suite, preset, out, extra, order, borrowed, tuning)

@@ -339,25 +339,30 @@ def test_another_suites_ledger_does_not_stand_in_for_a_run_this_suite_measures(t
   assert 'copied_from' not in again['runs'][0]
 
 
+# A suite that tunes, and a longer copy of its rows that takes its rates (lr_from).
+_DONOR = Suite(
+  'donor',
+  'x',
+  'configs/base.py',
+  (Variant('base'), Variant('relu', 'ffn=relu')),
+  PRESETS,
+  lr_grid=LrGrid(points=3, ratio=2.0, max_widen=2),
+)
+_BORROWER = Suite(
+  'borrower',
+  'x',
+  'configs/base.py',
+  _DONOR.variants,
+  {'tiny': {**PRESETS['tiny'], 'train.steps': 12}},
+  lr_from='donor',
+)
+
+
 def test_a_suite_can_take_its_rates_from_another_suites_tuning(tmp_path):
   """lr_from: a longer copy of some rows runs each at the rate its donor suite tuned (no grid of
   its own); before the donor has tuned, the suite refuses in one line naming what is missing."""
-  donor = Suite(
-    'donor',
-    'x',
-    'configs/base.py',
-    (Variant('base'), Variant('relu', 'ffn=relu')),
-    PRESETS,
-    lr_grid=LrGrid(points=3, ratio=2.0, max_widen=2),
-  )
-  borrower = Suite(
-    'borrower',
-    'x',
-    'configs/base.py',
-    (Variant('base'), Variant('relu', 'ffn=relu')),
-    {'tiny': {**PRESETS['tiny'], 'train.steps': 12}},
-    lr_from='donor',
-  )
+  donor = _DONOR
+  borrower = _BORROWER
   with pytest.raises(
     ValueError,
     match=r"suite 'borrower' takes its learning rates from suite "
@@ -414,25 +419,10 @@ def test_a_longer_suite_tunes_its_retune_lr_rows_again_around_the_borrowed_rate(
   """retune_lr: those rows of an lr_from suite are tuned again at its own budget on BUDGET_GRID
   (√2 apart, centred on the donor's rate, widened past an edge) on tuning seeds; the table runs
   them at the new best and the others at the donor's rate; results.md says which is which."""
-  donor = Suite(
-    'donor',
-    'x',
-    'configs/base.py',
-    (Variant('base'), Variant('relu', 'ffn=relu')),
-    PRESETS,
-    lr_grid=LrGrid(points=3, ratio=2.0, max_widen=2),
-  )
+  donor = _DONOR
   with pytest.raises(ValueError, match=r"retune_lr=\('relu',\); allowed: with lr_from"):
     dataclasses.replace(donor, retune_lr=('relu',))
-  borrower = Suite(
-    'borrower',
-    'x',
-    'configs/base.py',
-    donor.variants,
-    {'tiny': {**PRESETS['tiny'], 'train.steps': 12}},
-    lr_from='donor',
-    retune_lr=('relu',),
-  )
+  borrower = dataclasses.replace(_BORROWER, retune_lr=('relu',))
   center = resolve(donor, donor.variants[0], 'tiny', 0).train.learning_rate
   grid = donor.lr_grid
   tuned = run_suite(
