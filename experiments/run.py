@@ -228,6 +228,25 @@ def same_run_elsewhere(out: str, seed: int, digest: str, workdir: str) -> str | 
   return None
 
 
+def same_run_in_progress(
+  out: str, seed: int, digest: str, workdir: str, fresh_s: float
+) -> str | None:
+  """An unfinished run of another suite (or variant) with this exact config and seed whose folder
+  changed in the last `fresh_s` seconds: another process is training it now (a run writes its
+  metrics every few seconds; a killed one goes stale)."""
+  now = time.time()
+  for other in sorted(glob.glob(os.path.join(out, '*', 'runs', f'*-s{seed}-{digest}'))):
+    if os.path.abspath(other) == os.path.abspath(workdir) or os.path.exists(
+      os.path.join(other, RESULT)
+    ):
+      continue
+    with os.scandir(other) as entries:
+      newest = max((e.stat().st_mtime for e in entries), default=0.0)
+    if now - newest < fresh_s:
+      return other
+  return None
+
+
 def adopt(source: str, config, workdir: str, measure=None) -> dict:
   """Copy a finished identical run into `workdir` instead of training it again; run only this
   suite's measure on it."""

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import threading
+import time
 import traceback
 
 from tqdm import tqdm
@@ -22,11 +23,17 @@ from experiments.run import (
   adopt,
   read_result,
   same_run_elsewhere,
+  same_run_in_progress,
   write_result,
 )
 from experiments.run_files import ERRORS_LOG, RESULT, WORKER_LOG
 from experiments.suite import Variant
 from mllm.paths import RunDir
+
+# An unfinished run whose folder changed within FRESH_S seconds is being trained by another
+# process; a process waiting only for such runs looks again every POLL_S seconds.
+FRESH_S = 300.0
+POLL_S = 10.0
 
 
 @contextlib.contextmanager
@@ -197,9 +204,11 @@ class _Runs:
     self.accept = accept
     self.finished, self.failed, self.bar = finished, {}, bar
     self.running = {}  # the engine's handle -> (job, payload, attempt)
+    self.waiting = set()  # keys of jobs found training in another process
 
   def work_through(self, todo: list[Job]) -> None:
-    """Start each job of `todo` once its parent has finished, as slots allow, until all ended."""
+    """Start each job of `todo` once its parent has finished, as slots allow, until all ended; a
+    job another process is training now waits for it (and is then copied), others go first."""
     while todo or self.running:
       for job in [job for job in todo if self.ready(job) is None]:
         todo.remove(job)
@@ -208,14 +217,31 @@ class _Runs:
           errors=[f'its starts_from run {job.variant.starts_from} seed {job.seed} did not finish'],
         )
       startable = [job for job in todo if self.ready(job)]
-      if startable and (self.engine is None or len(self.running) < self.engine.slots):
-        job = startable[0]
+      free = [job for job in startable if not self.training_elsewhere(job)]
+      if free and (self.engine is None or len(self.running) < self.engine.slots):
+        job = free[0]
         todo.remove(job)
         self.launch(job)
         continue
-      if not self.running:
+      if self.running:
+        self.collect()
+      elif startable:  # each one is training in another process: wait for the first to end
+        time.sleep(POLL_S)
+      else:
         break
-      self.collect()
+
+  def training_elsewhere(self, job: Job) -> bool:
+    """Another process trains this exact run now (said once per job)."""
+    if job.parent is not None or os.path.isdir(RunDir(job.workdir).checkpoints):
+      return False  # as in adopted(): such a run is never copied
+    other = same_run_in_progress(self.out, job.seed, job.hash, job.workdir, FRESH_S)
+    if other is not None and job.key not in self.waiting:
+      self.waiting.add(job.key)
+      self.bar.write(
+        f'run {job.variant.name} seed {job.seed}: the same config and seed is training in '
+        f'{other}; the other runs go first, then it is copied from there when it finishes'
+      )
+    return other is not None
 
   def ready(self, job: Job) -> bool | None:
     """True: it can start; None: it never can (its parent failed); False: not yet."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 
 import pytest
 from test_lr_tuning import SUITE, _fake_run
@@ -124,3 +126,63 @@ def test_the_cli_refuses_runs_of_other_code_in_one_line(tmp_path, capsys, monkey
   err = capsys.readouterr().err.strip().splitlines()
   assert code == 2 and len(err) == 1 and err[0].startswith('error: 3 finished runs here')
   assert '--reuse_other_code' in err[0] and 'Traceback' not in err[0]
+
+
+def _in_progress_elsewhere(out: str, age_s: float) -> str:
+  """Suite 'other''s unfinished folder of the run that suite 'copy' (below) plans for seed 0, last
+  written `age_s` seconds ago, as another process training it leaves it."""
+  from experiments.run import config_hash, run_dir
+  from experiments.suite import Suite, Variant
+  from experiments.suites._presets import PRESETS
+
+  other = Suite('other', 'x', 'configs/base.py', (Variant('base'),), PRESETS)
+  config = resolve(other, other.variants[0], 'tiny', 0)
+  workdir = run_dir(out, other, other.variants[0], config)
+  assert workdir.endswith(f'-s0-{config_hash(config)}')
+  os.makedirs(workdir)
+  with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
+    f.write(json.dumps({'split': 'train', 'step': 10, 'loss': 3.0}) + '\n')
+  os.utime(os.path.join(workdir, 'metrics.jsonl'), (time.time() - age_s,) * 2)
+  return workdir
+
+
+def test_a_run_another_process_is_training_is_waited_for_and_copied(tmp_path, monkeypatch):
+  """Two suites that share a run, run at once: the second trains its other runs first, then copies
+  the shared one when the first finishes it; a folder nobody has written to lately is no one's."""
+  from experiments import scheduler
+  from experiments.suite import Suite, Variant
+  from experiments.suites._presets import PRESETS
+
+  monkeypatch.setattr(scheduler, 'POLL_S', 0.05)
+  copy = Suite('copy', 'x', 'configs/base.py', (Variant('base'),), PRESETS)
+  center = resolve(copy, copy.variants[0], 'tiny', 0).train.learning_rate
+  out = str(tmp_path / 'live')
+  other = _in_progress_elsewhere(out, age_s=1.0)
+  calls, events = [], []
+  train = _fake_run({'base': center}, 1, calls)
+
+  def the_other_process_finishes():
+    deadline = time.time() + 10
+    while not calls and time.time() < deadline:  # until 'copy' has trained its seed 1
+      time.sleep(0.02)
+    os.makedirs(os.path.join(other, 'checkpoints'))
+    train(resolve(copy, copy.variants[0], 'tiny', 0), other, False, None)
+    events.append('the other process finished seed 0')
+
+  def run(config, workdir, progress, measure, parent=None):
+    events.append(f'trained seed {config.seed} here')
+    return train(config, workdir, progress, measure, parent)
+
+  finisher = threading.Thread(target=the_other_process_finishes)
+  finisher.start()
+  results = run_suite(copy, preset='tiny', seeds=2, out=out, progress=False, run=run)
+  finisher.join()
+  by_seed = {r['seed']: r for r in results['runs']}
+  assert events == ['trained seed 1 here', 'the other process finished seed 0']
+  assert by_seed[0]['copied_from'] == other and 'copied_from' not in by_seed[1]
+
+  stale = str(tmp_path / 'stale')  # its process died long ago: trained here
+  _in_progress_elsewhere(stale, age_s=scheduler.FRESH_S + 60)
+  calls.clear()
+  results = run_suite(copy, preset='tiny', seeds=1, out=stale, progress=False, run=train)
+  assert [c[1] for c in calls] == [0] and 'copied_from' not in results['runs'][0]
