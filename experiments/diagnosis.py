@@ -224,17 +224,6 @@ def rate_at_budget(suite: str, baseline: str) -> Callable[[Evidence, str], Findi
   return finds
 
 
-def still_behind(suite: str, baseline: str, cause: str) -> Callable[[Evidence, str], Finding]:
-  """Ruled out, `cause`: in `suite`, which removes it (e.g. the gated FFNs at ReLU's hidden
-  width), the variant stays behind the baseline (the paired CI above zero)."""
-
-  def finds(evidence: Evidence, variant: str) -> Finding:
-    test, gap = _final_gap(evidence, suite, variant, baseline)
-    return Finding(test.ci_low > 0, f'{cause} ({suite}: without it the gap is {gap})')
-
-  return finds
-
-
 def _final_gap(evidence: Evidence, suite: str, variant: str, baseline: str):
   """The paired test of variant − baseline eval loss in `suite`, and '+m [lo, hi] over n seeds'."""
   runs, base_runs = evidence.runs(suite, variant), evidence.runs(suite, baseline)

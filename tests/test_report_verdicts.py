@@ -249,15 +249,6 @@ def test_a_rate_tuned_for_fewer_tokens_is_ruled_out_only_where_the_retuned_gap_s
   level = [[3.0, 2.9, 2.7, 2.41], [3.0, 2.9, 2.7, 2.40], [3.0, 2.9, 2.7, 2.43]]
   _tokens_suite(out, {'base': base, 'late': level}, tuned)
   assert not check(Evidence(out), 'late').supported
-  # still_behind: the same paired interval, for a cause its suite removes.
-  width = diagnosis.still_behind('longer', baseline='base', cause='the hidden width')
-  _tokens_suite(out, {'base': base, 'late': behind})
-  wide = width(Evidence(out), 'late')
-  assert wide.supported and wide.text == (
-    'the hidden width (longer: without it the gap is +0.100 [+0.075, +0.125] over 3 seeds)'
-  )
-  _tokens_suite(out, {'base': base, 'late': level})
-  assert not width(Evidence(out), 'late').supported
 
 
 def test_the_committed_diagnoses_hold_on_the_committed_runs():
