@@ -8,7 +8,7 @@ import json
 import math
 import os
 
-from experiments import plots, provenance, stats, tensorboard
+from experiments import plots, provenance, reproduce, stats, tensorboard
 from experiments.diagnosis import Evidence
 from experiments.suite import Suite
 from experiments.tuning import BUDGET_GRID
@@ -436,6 +436,14 @@ def _provenance_lines(results: dict) -> list[str]:
   ]
   if results.get('reused_other_code'):
     lines[0] += ' This table was continued with --reuse_other_code.'
+  # The latest check of each pair of this table's versions (python -m experiments.reproduce).
+  checked = {
+    (tuple(c['from_key']), tuple(c['under_key'])): c
+    for c in results.get('reproduced', [])
+    if tuple(c['from_key']) in groups and tuple(c['under_key']) in groups
+  }
+  if mixed and checked:
+    lines[0] += ' Checked: ' + ' '.join(reproduce.sentence(c) for c in checked.values())
   return lines + ['']
 
 
@@ -501,6 +509,8 @@ def write(suite: Suite, results: dict, out: str) -> str:
   markdown's path."""
   folder = os.path.join(out, suite.name)
   os.makedirs(folder, exist_ok=True)
+  checks = reproduce.read(folder)
+  results = {**results, 'reproduced': checks} if checks else results
   rows = summarize(suite, results, evidence=Evidence(out, (suite.name, results)))
   with open(os.path.join(folder, 'results.json'), 'w') as f:
     json.dump(results, f, indent=1)

@@ -196,6 +196,43 @@ def test_an_identical_finished_run_is_copied_not_trained(finished):
   assert os.path.isdir(os.path.join(by['same', 1]['workdir'], 'checkpoints'))
 
 
+def test_a_run_of_other_code_is_trained_again_for_its_first_steps_and_compared(finished, tmp_path):
+  """experiments.reproduce: relu's runs relabelled as another code version; its seed-0 run
+  trained again here logs the same losses (this is the same code), and a recorded curve that
+  differs at one step is caught there; the report's provenance line states the check."""
+  from experiments import provenance, reproduce
+
+  _, extra, results = finished
+  other = {**provenance.current(), 'code': '000000000000'}
+  runs = [{**r, 'provenance': other} if r['variant'] == 'relu' else r for r in results['runs']]
+  relabelled = {**results, 'runs': runs}
+  (same,) = reproduce.check(SUITE, relabelled, str(tmp_path), steps=4, extra=extra)
+  assert same['run'] == 'relu seed 0' and same['steps'] == [1, 2, 3, 4]
+  assert same['same'] and same['max_abs_diff'] <= 1e-5
+  changed = [dict(r) for r in runs]
+  changed[2] = {**changed[2], 'curve': dict(changed[2]['curve'])}
+  assert (changed[2]['variant'], changed[2]['seed']) == ('relu', 0)
+  changed[2]['curve']['loss'] = [
+    x + 0.05 * (s == 3) for s, x in zip(changed[2]['curve']['step'], changed[2]['curve']['loss'])
+  ]
+  (differs,) = reproduce.check(
+    SUITE, {**relabelled, 'runs': changed}, str(tmp_path), steps=4, extra=extra
+  )
+  assert not differs['same'] and differs['at_step'] == 3
+  assert abs(differs['max_abs_diff'] - 0.05) < 1e-4
+  checks = reproduce.read(str(tmp_path / 'demo'))
+  assert len(checks) == 2
+  text = report.markdown(
+    SUITE, {**relabelled, 'reproduced': checks[:1]}, report.summarize(SUITE, relabelled)
+  )
+  assert 'Provenance (MIXED' in text and 'Checked: relu seed 0 of code 000000000000' in text
+  assert 'logs the same train loss at steps 1-4' in text
+  text = report.markdown(
+    SUITE, {**relabelled, 'reproduced': checks}, report.summarize(SUITE, relabelled)
+  )
+  assert 'logs a different train loss (by 0.0500 at step 3)' in text  # the latest check counts
+
+
 def test_finished_runs_are_skipped_and_a_changed_config_is_a_new_run(finished):
   out, extra, results = finished
   calls = []
@@ -833,3 +870,16 @@ def test_variants_and_steps_trim_a_suite_for_a_smoke_run(capsys):
   ]
   assert main(['ffn', '--steps=1', '--out=/nonexistent']) == 2
   assert capsys.readouterr().err.strip() == 'error: --steps=1; allowed: an integer >= 2'
+
+
+def test_the_reproduce_cli_refuses_in_one_line(tmp_path, capsys):
+  from experiments import reproduce
+
+  for argv, says in (
+    (['no_such_suite', f'--out={tmp_path}'], "suite 'no_such_suite' does not exist; allowed: "),
+    (['ffn', f'--out={tmp_path}'], "suite 'ffn' has no results ("),
+    (['ffn', '--steps=0'], '--steps=0; allowed: a positive integer'),
+  ):
+    assert reproduce.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith('error: ') and says in err[0], err
