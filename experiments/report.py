@@ -436,11 +436,12 @@ def _provenance_lines(results: dict) -> list[str]:
   ]
   if results.get('reused_other_code'):
     lines[0] += ' This table was continued with --reuse_other_code.'
-  # The latest check of each pair of this table's versions (python -m experiments.reproduce).
+  # The latest check of each of this table's versions against the code that checked it
+  # (python -m experiments.reproduce); that code need not have runs in the table.
   checked = {
     (tuple(c['from_key']), tuple(c['under_key'])): c
     for c in results.get('reproduced', [])
-    if tuple(c['from_key']) in groups and tuple(c['under_key']) in groups
+    if tuple(c['from_key']) in groups
   }
   if mixed and checked:
     lines[0] += ' Checked: ' + ' '.join(reproduce.sentence(c) for c in checked.values())
