@@ -436,13 +436,13 @@ def _provenance_lines(results: dict) -> list[str]:
   ]
   if results.get('reused_other_code'):
     lines[0] += ' This table was continued with --reuse_other_code.'
-  # The latest check of each of this table's versions against the code that checked it
-  # (python -m experiments.reproduce); that code need not have runs in the table.
+  # The latest check of each pair of versions (experiments/reproduce.py).
   checked = {
-    (tuple(c['from_key']), tuple(c['under_key'])): c
+    frozenset((tuple(c['from_key']), tuple(c['under_key']))): c
     for c in results.get('reproduced', [])
-    if tuple(c['from_key']) in groups
   }
+  if mixed and results.get('versions_pair'):
+    lines[0] += ' ' + reproduce.pairing_sentence(results['versions_pair'])
   if mixed and checked:
     lines[0] += ' Checked: ' + ' '.join(reproduce.sentence(c) for c in checked.values())
   return lines + ['']
@@ -510,8 +510,12 @@ def write(suite: Suite, results: dict, out: str) -> str:
   markdown's path."""
   folder = os.path.join(out, suite.name)
   os.makedirs(folder, exist_ok=True)
-  checks = reproduce.read(folder)
-  results = {**results, 'reproduced': checks} if checks else results
+  # Whether the table's code versions pair (experiments/reproduce.py), from every check.
+  checks = reproduce.read_all(out) + reproduce.recorded(out)
+  pairing = reproduce.pairing(results['runs'], checks)
+  checks = reproduce.relevant(results['runs'], checks)
+  results = {**results, **({'reproduced': checks} if checks else {})}
+  results = {**results, **({'versions_pair': pairing} if pairing else {})}
   rows = summarize(suite, results, evidence=Evidence(out, (suite.name, results)))
   with open(os.path.join(folder, 'results.json'), 'w') as f:
     json.dump(results, f, indent=1)

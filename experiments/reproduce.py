@@ -10,6 +10,8 @@ check is appended to <out>/<suite>/reproduced.jsonl; the report's provenance lin
 from __future__ import annotations
 
 import argparse
+import glob
+import itertools
 import json
 import os
 import sys
@@ -17,6 +19,7 @@ import tempfile
 
 from experiments import provenance
 from experiments.run import config_hash, resolve, train_curve
+from experiments.scheduler import LEDGER
 from experiments.suite import Suite, load_suite
 from mllm.paths import RunDir
 
@@ -83,6 +86,120 @@ def check(suite: Suite, results: dict, out: str, steps: int, extra: dict | None 
   return checks
 
 
+def recorded(out: str) -> list[dict]:
+  """Versions compared without training: each config and seed that the suites' ledgers under
+  `out` hold from two code versions, their first three logged train losses compared (check's
+  record fields, and 'suites': where each of the two ran)."""
+  versions = {}  # (hash, seed) -> {version key: (suite, ledger entry)}
+  for path in sorted(glob.glob(os.path.join(out, '*', LEDGER))):
+    with open(path) as f:
+      for line in f:
+        entry = json.loads(line) if line.strip() else {}
+        if entry.get('result', {}).get('curve'):
+          key = provenance.key(entry['result'].get('provenance'))
+          suite = os.path.basename(os.path.dirname(path))
+          versions.setdefault((entry['hash'], entry['seed']), {}).setdefault(key, (suite, entry))
+  found = []
+  for (_, seed), by_key in versions.items():
+    for (key_a, (suite_a, a)), (key_b, (suite_b, b)) in itertools.combinations(by_key.items(), 2):
+      losses_b = dict(zip(b['result']['curve']['step'], b['result']['curve']['loss']))
+      curve_a = a['result']['curve']
+      diffs = {
+        s: abs(x - losses_b[s]) for s, x in zip(curve_a['step'], curve_a['loss']) if s in losses_b
+      }
+      diffs = {s: diffs[s] for s in sorted(diffs)[:3]}
+      if diffs:
+        worst = max(diffs, key=diffs.get)
+        found.append(
+          {
+            'run': f"{a['run'].rsplit(f'-s{seed}-', 1)[0]} seed {seed}",
+            'from': a['result'].get('provenance'),
+            'from_key': list(key_a),
+            'under': b['result'].get('provenance'),
+            'under_key': list(key_b),
+            'suites': [suite_a, suite_b],
+            'steps': sorted(diffs),
+            'max_abs_diff': diffs[worst],
+            'at_step': worst,
+            'same': diffs[worst] <= TOLERANCE,
+          }
+        )
+  return found
+
+
+def pairing(runs: list[dict], checks: list[dict]) -> dict | None:
+  """How a mixed table's code versions pair, from every check in the project (`checks`):
+  versions linked by checks that found the same losses form a group (the link may pass through
+  versions outside the table); {'groups': [[label, ...], ...] (the table's versions, one list
+  per group), 'differ': whether every two groups are known to draw differently}; None for a
+  table of one version."""
+  keys = list(provenance.by_version(runs))
+  if len(keys) < 2:
+    return None
+  parent = {}
+
+  def root(key):
+    while parent.get(key, key) != key:
+      key = parent[key]
+    return key
+
+  for c in checks:
+    if c.get('same'):
+      parent[root(tuple(c['from_key']))] = root(tuple(c['under_key']))
+  labels = {
+    provenance.key(r.get('provenance')): provenance.label(r.get('provenance')) for r in runs
+  }
+  groups = {}
+  for key in keys:
+    groups.setdefault(root(key), []).append(key)
+  apart = {
+    frozenset((root(tuple(c['from_key'])), root(tuple(c['under_key']))))
+    for c in checks
+    if c.get('same') is False
+  }
+  differ = all(frozenset(pair) in apart for pair in itertools.combinations(groups, 2))
+  return {
+    'groups': [[labels[k] for k in members] for members in groups.values()],
+    'differ': differ,
+  }
+
+
+def pairing_sentence(found: dict) -> str:
+  """`pairing`'s finding, as the report's provenance line states it."""
+  if len(found['groups']) == 1:
+    return (
+      f"Its {len(found['groups'][0])} code versions pair: runs of one config and seed log the same "
+      'first train losses under each (python -m experiments.reproduce; the evidence follows).'
+    )
+  named = '; '.join('[' + ', '.join(g) + ']' for g in found['groups'])
+  across = (
+    'and draw differently across them, so rows across the groups are not paired draws'
+    if found['differ']
+    else 'and are not all checked across them'
+  )
+  return f'Its code versions pair within each of these groups {across}: {named}.'
+
+
+def relevant(runs: list[dict], checks: list[dict]) -> list[dict]:
+  """The checks that speak to a table of `runs`: one trained again from one of its versions
+  (under any code), or a recorded comparison of two of its versions."""
+  keys = {tuple(k) for k in provenance.by_version(runs)}
+  return [
+    c
+    for c in checks
+    if tuple(c['from_key']) in keys and ('suites' not in c or tuple(c['under_key']) in keys)
+  ]
+
+
+def read_all(out: str) -> list[dict]:
+  """The checks recorded in every suite's folder under `out`."""
+  return [
+    c
+    for path in sorted(glob.glob(os.path.join(out, '*', CHECKS)))
+    for c in read(os.path.dirname(path))
+  ]
+
+
 def read(folder: str) -> list[dict]:
   """The checks recorded in a suite's folder (none if it has no CHECKS file)."""
   path = os.path.join(folder, CHECKS)
@@ -95,9 +212,20 @@ def read(folder: str) -> list[dict]:
 def sentence(record: dict) -> str:
   """One check, as the report's provenance line states it."""
   older, newer = provenance.label(record['from']), provenance.label(record['under'])
+  steps = f"steps {record['steps'][0]}-{record['steps'][-1]}" if record.get('steps') else ''
+  if 'suites' in record:
+    both = (
+      f"{record['run']} ran under {older} (in {record['suites'][0]}) and under {newer} (in "
+      f"{record['suites'][1]})"
+    )
+    if record['same']:
+      return f'{both} with the same train loss at {steps}: those versions pair.'
+    return (
+      f"{both} with different train losses (by {record['max_abs_diff']:.4f} at step "
+      f"{record['at_step']}): those versions draw differently."
+    )
   if 'error' in record:
     return f"{record['run']} of {older} could not be checked under {newer}: {record['error']}."
-  steps = f"steps {record['steps'][0]}-{record['steps'][-1]}"
   if record['same']:
     return (
       f"{record['run']} of {older}, trained again under {newer}, logs the same train loss at "
@@ -107,7 +235,7 @@ def sentence(record: dict) -> str:
   return (
     f"{record['run']} of {older}, trained again under {newer}, logs a different train loss "
     f"(by {record['max_abs_diff']:.4f} at step {record['at_step']}): the two versions draw "
-    'differently, so rows across them are not paired.'
+    'differently.'
   )
 
 

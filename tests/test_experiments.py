@@ -883,3 +883,72 @@ def test_the_reproduce_cli_refuses_in_one_line(tmp_path, capsys):
     assert reproduce.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith('error: ') and says in err[0], err
+
+
+def test_two_versions_that_ran_the_same_config_and_seed_are_compared_from_their_records(tmp_path):
+  """reproduce.recorded: no training; a config and seed that two suites' ledgers hold from two
+  code versions compares their first three logged losses, and a table holding both versions
+  states the comparison."""
+  from experiments import provenance, reproduce
+
+  old = {'ledger_commit': '83cf9458 (2026-11-26 01:25 UTC)'}
+  new = {**provenance.current(), 'code': 'aaaaaaaaaaaa'}
+  newer = {**provenance.current(), 'code': 'bbbbbbbbbbbb'}
+
+  def ledger(suite, entries):
+    os.makedirs(tmp_path / suite)
+    with open(tmp_path / suite / 'finished.jsonl', 'w') as f:
+      for run, seed, record, losses in entries:
+        result = {'provenance': record, 'curve': {'step': [10, 20, 30, 40], 'loss': losses}}
+        f.write(json.dumps({'hash': run[-12:], 'seed': seed, 'run': run, 'result': result}) + '\n')
+
+  ledger('a', [('moe-top2-s0-0123456789ab', 0, old, [5.0, 4.0, 3.0, 2.0])])
+  ledger('b', [('dense-s0-0123456789ab', 0, new, [5.0, 4.0, 3.0, 9.0])])  # differs after step 30
+  ledger('c', [('dense-s0-0123456789ab', 0, newer, [5.0, 4.2, 3.0, 2.0])])
+  found = {(c['suites'][0], c['suites'][1]): c for c in reproduce.recorded(str(tmp_path))}
+  assert set(found) == {('a', 'b'), ('a', 'c'), ('b', 'c')}
+  assert found['a', 'b']['same'] and found['a', 'b']['steps'] == [10, 20, 30]
+  assert found['a', 'b']['run'] == 'moe-top2 seed 0'
+  assert not found['a', 'c']['same'] and found['a', 'c']['at_step'] == 20
+  assert abs(found['a', 'c']['max_abs_diff'] - 0.2) < 1e-9
+  table = [
+    {'variant': 'x', 'seed': 0, 'provenance': old},
+    {'variant': 'y', 'seed': 0, 'provenance': new},
+  ]
+  kept = reproduce.relevant(table, list(found.values()))
+  assert [(c['suites'][0], c['suites'][1]) for c in kept] == [('a', 'b')]
+  assert reproduce.sentence(kept[0]) == (
+    'moe-top2 seed 0 ran under not recorded (finished by commit 83cf9458 (2026-11-26 01:25 UTC)) '
+    f'(in a) and under {provenance.label(new)} (in b) with the same train loss at steps 10-30: '
+    'those versions pair.'
+  )
+
+
+def test_a_tables_code_versions_are_grouped_by_the_checks_that_link_them():
+  """reproduce.pairing: versions linked by same-loss checks form one group, through a version
+  outside the table too; groups are said to differ only where a check found them apart."""
+  from experiments import provenance, reproduce
+
+  def version(code):
+    return {**provenance.current(), 'code': code}
+
+  a, b, c, outside = (version(x * 12) for x in 'abcd')
+  runs = [{'provenance': v} for v in (a, a, b, c)]
+
+  def link(x, y, same):
+    return {'from_key': list(provenance.key(x)), 'under_key': list(provenance.key(y)), 'same': same}
+
+  found = reproduce.pairing(runs, [link(a, outside, True), link(b, outside, True)])
+  groups = [[label.split(' ')[1] for label in g] for g in found['groups']]
+  assert groups == [['a' * 12, 'b' * 12], ['c' * 12]] and not found['differ']
+  assert 'are not all checked across them' in reproduce.pairing_sentence(found)
+  found = reproduce.pairing(
+    runs, [link(a, outside, True), link(b, outside, True), link(c, outside, False)]
+  )
+  assert found['differ'] and 'rows across the groups are not paired' in (
+    reproduce.pairing_sentence(found)
+  )
+  found = reproduce.pairing(runs, [link(a, b, True), link(c, b, True)])
+  assert len(found['groups']) == 1
+  assert reproduce.pairing_sentence(found).startswith('Its 3 code versions pair')
+  assert reproduce.pairing(runs[:2], []) is None  # one version: nothing to say
