@@ -65,25 +65,30 @@ def check(suite: Suite, results: dict, out: str, steps: int, extra: dict | None 
       with tempfile.TemporaryDirectory() as workdir:
         train(config, workdir, stop_after=steps, progress=False)
         again = train_curve(RunDir(workdir).metrics)
-      recorded = dict(zip(run['curve']['step'], run['curve']['loss']))
-      diffs = {
-        s: abs(x - recorded[s]) for s, x in zip(again['step'], again['loss']) if s in recorded
-      }
-      if not diffs:
-        record['error'] = f'no logged step in the first {steps} to compare'
-      else:
-        worst = max(diffs, key=diffs.get)
-        record.update(
-          steps=sorted(diffs),
-          max_abs_diff=diffs[worst],
-          at_step=worst,
-          same=diffs[worst] <= TOLERANCE,
-        )
+      compared = _compare(again, run['curve'])
+      record.update(compared or {'error': f'no logged step in the first {steps} to compare'})
     checks.append(record)
   os.makedirs(os.path.join(out, suite.name), exist_ok=True)
   with open(os.path.join(out, suite.name, CHECKS), 'a') as f:
     f.writelines(json.dumps(c) + '\n' for c in checks)
   return checks
+
+
+def _compare(curve: dict, reference: dict, first: int | None = None) -> dict | None:
+  """Two train-loss curves ({'step', 'loss'}) at the steps both logged (the `first` of them):
+  {'steps', 'max_abs_diff', 'at_step', 'same'}; None if they share no step."""
+  losses = dict(zip(reference['step'], reference['loss']))
+  diffs = {s: abs(x - losses[s]) for s, x in zip(curve['step'], curve['loss']) if s in losses}
+  diffs = {s: diffs[s] for s in sorted(diffs)[:first]}
+  if not diffs:
+    return None
+  worst = max(diffs, key=diffs.get)
+  return {
+    'steps': sorted(diffs),
+    'max_abs_diff': diffs[worst],
+    'at_step': worst,
+    'same': diffs[worst] <= TOLERANCE,
+  }
 
 
 def recorded(out: str) -> list[dict]:
@@ -102,14 +107,8 @@ def recorded(out: str) -> list[dict]:
   found = []
   for (_, seed), by_key in versions.items():
     for (key_a, (suite_a, a)), (key_b, (suite_b, b)) in itertools.combinations(by_key.items(), 2):
-      losses_b = dict(zip(b['result']['curve']['step'], b['result']['curve']['loss']))
-      curve_a = a['result']['curve']
-      diffs = {
-        s: abs(x - losses_b[s]) for s, x in zip(curve_a['step'], curve_a['loss']) if s in losses_b
-      }
-      diffs = {s: diffs[s] for s in sorted(diffs)[:3]}
-      if diffs:
-        worst = max(diffs, key=diffs.get)
+      compared = _compare(a['result']['curve'], b['result']['curve'], first=3)
+      if compared:
         found.append(
           {
             'run': f"{a['run'].rsplit(f'-s{seed}-', 1)[0]} seed {seed}",
@@ -118,10 +117,7 @@ def recorded(out: str) -> list[dict]:
             'under': b['result'].get('provenance'),
             'under_key': list(key_b),
             'suites': [suite_a, suite_b],
-            'steps': sorted(diffs),
-            'max_abs_diff': diffs[worst],
-            'at_step': worst,
-            'same': diffs[worst] <= TOLERANCE,
+            **compared,
           }
         )
   return found
