@@ -229,16 +229,14 @@ def same_run_elsewhere(out: str, seed: int, digest: str, workdir: str) -> str | 
 
 
 def same_run_in_progress(
-  out: str, seed: int, digest: str, workdir: str, fresh_s: float
+  out: str, seed: int, digest: str, planned: set[str], fresh_s: float
 ) -> str | None:
-  """An unfinished run of another suite (or variant) with this exact config and seed whose folder
-  changed in the last `fresh_s` seconds: another process is training it now (a run writes its
-  metrics every few seconds; a killed one goes stale)."""
+  """An unfinished run of this exact config and seed outside `planned` (this plan's own run
+  folders, absolute) whose folder changed in the last `fresh_s` seconds: another process is
+  training it now (a run writes its metrics every few seconds; a killed one goes stale)."""
   now = time.time()
   for other in sorted(glob.glob(os.path.join(out, '*', 'runs', f'*-s{seed}-{digest}'))):
-    if os.path.abspath(other) == os.path.abspath(workdir) or os.path.exists(
-      os.path.join(other, RESULT)
-    ):
+    if os.path.abspath(other) in planned or os.path.exists(os.path.join(other, RESULT)):
       continue
     with os.scandir(other) as entries:
       newest = max((e.stat().st_mtime for e in entries), default=0.0)

@@ -205,10 +205,12 @@ class _Runs:
     self.finished, self.failed, self.bar = finished, {}, bar
     self.running = {}  # the engine's handle -> (job, payload, attempt)
     self.waiting = set()  # keys of jobs found training in another process
+    self.planned = set()  # this plan's run folders: never "another process"
 
   def work_through(self, todo: list[Job]) -> None:
     """Start each job of `todo` once its parent has finished, as slots allow, until all ended; a
     job another process is training now waits for it (and is then copied), others go first."""
+    self.planned = {os.path.abspath(job.workdir) for job in todo}
     while todo or self.running:
       for job in [job for job in todo if self.ready(job) is None]:
         todo.remove(job)
@@ -234,7 +236,7 @@ class _Runs:
     """Another process trains this exact run now (said once per job)."""
     if job.parent is not None or os.path.isdir(RunDir(job.workdir).checkpoints):
       return False  # as in adopted(): such a run is never copied
-    other = same_run_in_progress(self.out, job.seed, job.hash, job.workdir, FRESH_S)
+    other = same_run_in_progress(self.out, job.seed, job.hash, self.planned, FRESH_S)
     if other is not None and job.key not in self.waiting:
       self.waiting.add(job.key)
       self.bar.write(

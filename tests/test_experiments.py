@@ -193,6 +193,8 @@ def test_an_identical_finished_run_is_copied_not_trained(finished):
   by = {(r['variant'], r['seed']): r for r in results['runs']}
   assert by['same', 1]['copied_from'] == by['base', 1]['workdir']
   assert 'copied_from' not in by['same', 0] and 'copied_from' not in by['relu', 1]
+  # same's killed seed-0 run belongs to this plan: base's seed 0 did not wait for it.
+  assert 'copied_from' not in by['base', 0]
   assert os.path.isdir(os.path.join(by['same', 1]['workdir'], 'checkpoints'))
 
 
