@@ -180,8 +180,9 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument(
     '--reuse_other_code',
     action='store_true',
-    help='keep finished runs whose code, jax/flax/optax or device differ from this checkout\'s '
-    '(results.md lists the runs of each); without it such runs stop the suite before it starts',
+    help='keep this suite\'s finished runs whose code, jax/flax/optax or device differ from this '
+    'checkout\'s (results.md lists the runs of each); without it such runs stop the suite before '
+    'it starts. Another suite\'s such run is never copied: it is trained again',
   )
   parser.add_argument(
     '--remeasure',

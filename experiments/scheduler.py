@@ -109,11 +109,13 @@ def run_plan(
   identical finished run elsewhere under `out` is copied; a failed run is retried once; a
   starts_from run waits for its parent, whose record `finished` may already hold. engine: where
   the runs execute (experiments/engines.py); None: one at a time in this process.
-  reuse_other_code: keep (and copy) finished runs whose provenance differs from this process's;
-  without it, another suite's such run is not copied and this plan's own raise ValueError."""
+  reuse_other_code: keep this plan's own finished runs whose provenance differs from this
+  process's (without it they raise ValueError); another suite's such run is never copied."""
   finished = dict(finished or {})
   accept = _acceptable(run, engine, reuse_other_code)
-  _restore_from_ledgers(plan, out, accept)
+  # Another suite's run stands in only where it is this code's, --reuse_other_code or not.
+  elsewhere = _acceptable(run, engine, reuse_other_code=False)
+  _restore_from_ledgers(plan, out, elsewhere)
   todo, pending = _read_back(plan, finished, run, remeasure)
   _refuse_other_code(plan, finished, accept)
   bar = tqdm(
@@ -125,7 +127,7 @@ def run_plan(
     position=0,
   )
   runs = _Runs(
-    out=out, run=run, engine=engine, progress=progress, finished=finished, bar=bar, accept=accept
+    out=out, run=run, engine=engine, progress=progress, finished=finished, bar=bar, accept=elsewhere
   )
   try:
     with _sigterm_as_interrupt():

@@ -112,6 +112,20 @@ def test_another_suites_run_of_other_code_is_trained_again_not_copied(tmp_path):
   )
   assert len(calls) == 1 and 'copied_from' not in again['runs'][0]
   assert provenance.same_computation(again['runs'][0]['provenance'], provenance.current())
+  # --reuse_other_code keeps a suite's own runs of other code, never another suite's.
+  _other_code(out, 'copy')
+  calls.clear()
+  third = Suite('third', 'x', 'configs/base.py', (Variant('base'),), PRESETS)
+  reused = run_suite(
+    third,
+    preset='tiny',
+    seeds=1,
+    out=out,
+    progress=False,
+    run=_fake_run({'base': center}, 1, calls),
+    reuse_other_code=True,
+  )
+  assert len(calls) == 1 and 'copied_from' not in reused['runs'][0]
 
 
 def test_the_cli_refuses_runs_of_other_code_in_one_line(tmp_path, capsys, monkeypatch):
