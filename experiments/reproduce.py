@@ -19,7 +19,7 @@ import tempfile
 
 from experiments import provenance
 from experiments.run import config_hash, resolve, train_curve
-from experiments.scheduler import LEDGER
+from experiments.scheduler import read_ledgers
 from experiments.suite import Suite, load_suite
 from mllm.paths import RunDir
 
@@ -96,14 +96,12 @@ def recorded(out: str) -> list[dict]:
   `out` hold from two code versions, their first three logged train losses compared (check's
   record fields, and 'suites': where each of the two ran)."""
   versions = {}  # (hash, seed) -> {version key: (suite, ledger entry)}
-  for path in sorted(glob.glob(os.path.join(out, '*', LEDGER))):
-    with open(path) as f:
-      for line in f:
-        entry = json.loads(line) if line.strip() else {}
-        if entry.get('result', {}).get('curve'):
-          key = provenance.key(entry['result'].get('provenance'))
-          suite = os.path.basename(os.path.dirname(path))
-          versions.setdefault((entry['hash'], entry['seed']), {}).setdefault(key, (suite, entry))
+  for digest, entries in read_ledgers(out).items():
+    for entry in entries:
+      if entry['result'].get('curve'):
+        key = provenance.key(entry['result'].get('provenance'))
+        suite = os.path.basename(entry['suite_folder'])
+        versions.setdefault((digest, entry['seed']), {}).setdefault(key, (suite, entry))
   found = []
   for (_, seed), by_key in versions.items():
     for (key_a, (suite_a, a)), (key_b, (suite_b, b)) in itertools.combinations(by_key.items(), 2):

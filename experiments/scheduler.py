@@ -221,9 +221,10 @@ class _Runs:
           errors=[f'its starts_from run {job.variant.starts_from} seed {job.seed} did not finish'],
         )
       startable = [job for job in todo if self.ready(job)]
-      free = [job for job in startable if not self.training_elsewhere(job)]
-      if free and (self.engine is None or len(self.running) < self.engine.slots):
-        job = free[0]
+      slot = self.engine is None or len(self.running) < self.engine.slots
+      # Looked for only when a run could start: each look lists the other suites' folders.
+      job = next((j for j in startable if not self.training_elsewhere(j)), None) if slot else None
+      if job is not None:
         todo.remove(job)
         self.launch(job)
         continue
@@ -354,7 +355,7 @@ def _append_ledger(job: Job, result: dict) -> None:
     )
 
 
-def _read_ledgers(out: str) -> dict:
+def read_ledgers(out: str) -> dict:
   """{hash: [entry, ...]} of every suite's ledger under `out`, each with its suite folder."""
   entries = {}
   for path in sorted(glob.glob(os.path.join(out, '*', LEDGER))):
@@ -374,7 +375,7 @@ def _restore_from_ledgers(plan: list[Job], out: str, accept) -> None:
   record wins (its latest); another suite's stands in only for a job without a measure, since
   that suite did not measure it (such a run is copied with its checkpoint and measured, or
   trained again), and only where `accept` takes its result (the same code)."""
-  ledger = _read_ledgers(out)
+  ledger = read_ledgers(out)
 
   def record(job) -> dict | None:
     entries = ledger.get(job.hash, [])
