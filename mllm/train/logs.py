@@ -7,6 +7,8 @@ hundred lines of asyncio's "Event loop is closed" before its error line)."""
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import sys
 import threading
 import traceback
@@ -44,13 +46,44 @@ class _LogFile:
     self.file = None  # a later line opens it again
 
 
+def _from_orbax(record: logging.LogRecord) -> bool:
+  """Whether an asyncio report is about one of Orbax's tasks (named in the message, or a frame of
+  the exception's traceback inside Orbax)."""
+  where = f'{os.sep}orbax{os.sep}'
+  if where in record.getMessage():
+    return True
+  exc = record.exc_info[2] if record.exc_info else None
+  return exc is not None and any(where in f.filename for f in traceback.extract_tb(exc))
+
+
+class _OrbaxLeftovers(logging.Filter):
+  """On asyncio's logger: its reports of Orbax's tasks ('Task exception was never retrieved', the
+  sibling reads of a failed checkpoint read, finalized whenever their last reference goes: often
+  at interpreter exit, after the run put logging back) go to the latest run's log, not stderr."""
+
+  def __init__(self):
+    super().__init__()
+    self.stream = None
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if self.stream is None or not _from_orbax(record):
+      return True
+    self.stream.write(logging.Formatter().format(record) + '\n')
+    return False
+
+
+_LEFTOVERS = _OrbaxLeftovers()
+logging.getLogger('asyncio').addFilter(_LEFTOVERS)
+
+
 def route_library_output(workdir: str):
   """Send library logging, threads' uncaught exceptions and unraisable exceptions to the run log
   from now on; returns a function that puts logging and the thread hook back.
 
-  Unraisable exceptions keep going to this run's log after it ends, until another run routes
-  them: a failed checkpoint read leaves Orbax coroutines that Python finalizes whenever their
-  last reference goes, often at interpreter exit, and each would print a traceback on stderr."""
+  Unraisable exceptions and asyncio's reports of Orbax's tasks keep going to this run's log after
+  it ends, until another run routes them: a failed checkpoint read leaves Orbax coroutines that
+  Python finalizes whenever their last reference goes, often at interpreter exit, and each would
+  print a traceback on stderr."""
   stream = _LogFile(RunDir(workdir).run_log(jax.process_index()))
   handler = absl_logging.get_absl_handler()
   saved = (handler.python_handler.stream, threading.excepthook)
@@ -67,6 +100,7 @@ def route_library_output(workdir: str):
     traceback.print_exception(args.exc_type, args.exc_value, args.exc_traceback, file=stream)
 
   threading.excepthook, sys.unraisablehook = thread_hook, unraisable_hook
+  _LEFTOVERS.stream = stream
 
   def undo() -> None:
     handler.python_handler.stream, threading.excepthook = saved
