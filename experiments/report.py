@@ -438,7 +438,7 @@ def _provenance_lines(results: dict) -> list[str]:
     lines[0] += ' This table was continued with --reuse_other_code.'
   # The latest check of each pair of versions (experiments/reproduce.py).
   checked = {
-    frozenset((tuple(c['from_key']), tuple(c['under_key']))): c
+    frozenset((provenance.key(c['from']), provenance.key(c['under']))): c
     for c in results.get('reproduced', [])
   }
   if mixed and results.get('versions_pair'):

@@ -5,6 +5,13 @@ suite's results other than this process's, its first run is trained again here f
 `steps` steps (same config and seed: the same initial weights and batches if the two versions
 compute the same thing) and its logged train losses are compared with the recorded ones. Each
 check is appended to <out>/<suite>/reproduced.jsonl; the report's provenance line states it.
+
+--code_of=COMMIT trains them under that commit's code instead (a git worktree of it, its own
+experiments/ resolving the config, this process's packages): versions that both reproduce under
+one commit's code pair with each other, which links older versions that today's code draws
+differently from. Run under another environment (another venv's python), it checks whether a
+version is that environment's: the runs recorded before provenance was kept reproduce under
+Python 3.11 and jax 0.10.2 (the Makefile's choice then), not under Python 3.13 and jax 0.12.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import glob
 import itertools
 import json
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -28,10 +36,20 @@ CHECKS = 'reproduced.jsonl'
 TOLERANCE = 1e-3
 
 
-def check(suite: Suite, results: dict, out: str, steps: int, extra: dict | None = None) -> list:
+def check(
+  suite: Suite,
+  results: dict,
+  out: str,
+  steps: int,
+  extra: dict | None = None,
+  code_of: str | None = None,
+) -> list:
   """Train each older code version's first run of `results` again for `steps` steps under this
-  code: one record per version ({'run', 'from', 'under', 'steps', 'max_abs_diff', 'same'} or,
-  where the run's config no longer resolves to its hash, 'error'), appended to CHECKS."""
+  code (or under commit `code_of`'s: every version's): one record per version ({'run', 'from',
+  'under', 'steps', 'max_abs_diff', 'same'} or, where the run's config no longer resolves to its
+  hash, 'error'), appended to CHECKS."""
+  if code_of is not None:
+    return _check_at_commit(suite, results, out, steps, extra, code_of)
   from mllm.train import train
 
   here = provenance.current()
@@ -40,11 +58,7 @@ def check(suite: Suite, results: dict, out: str, steps: int, extra: dict | None 
   for key, records in provenance.by_version(results['runs']).items():
     if key == provenance.key(here):
       continue
-    run = next(
-      r
-      for r in results['runs']
-      if provenance.key(r.get('provenance')) == key and not variants[r['variant']].starts_from
-    )
+    run = _first_run(suite, results, key)
     config = resolve(
       suite,
       variants[run['variant']],
@@ -55,9 +69,7 @@ def check(suite: Suite, results: dict, out: str, steps: int, extra: dict | None 
     record = {
       'run': f"{run['variant']} seed {run['seed']}",
       'from': records[0],
-      'from_key': list(key),
       'under': here,
-      'under_key': list(provenance.key(here)),
     }
     if config_hash(config) != run['hash']:
       record['error'] = f"its config no longer resolves to hash {run['hash']}"
@@ -68,15 +80,122 @@ def check(suite: Suite, results: dict, out: str, steps: int, extra: dict | None 
       compared = _compare(again, run['curve'])
       record.update(compared or {'error': f'no logged step in the first {steps} to compare'})
     checks.append(record)
+  return _append(out, suite, checks)
+
+
+def _append(out: str, suite: Suite, checks: list) -> list:
   os.makedirs(os.path.join(out, suite.name), exist_ok=True)
   with open(os.path.join(out, suite.name, CHECKS), 'a') as f:
     f.writelines(json.dumps(c) + '\n' for c in checks)
   return checks
 
 
+def _first_run(suite: Suite, results: dict, key: tuple) -> dict:
+  """The first table run (not a starts_from child) of the code version `key`."""
+  children = {v.name for v in suite.variants if v.starts_from}
+  return next(
+    r
+    for r in results['runs']
+    if provenance.key(r.get('provenance')) == key and r['variant'] not in children
+  )
+
+
+# Run in a worktree of an older commit, with its own experiments/ and mllm/ first on sys.path:
+# resolves the run's config as that code did, checks its hash, trains `steps` steps, prints the
+# logged train losses. Written for every experiments/ layout since suites kept ledgers.
+_AT_COMMIT = r"""
+import json, os, sys, tempfile
+job = json.loads(sys.argv[1])
+import mllm
+assert os.path.abspath(mllm.__file__).startswith(os.getcwd()), mllm.__file__
+try:
+  from experiments.run import config_hash, resolve
+except ImportError:
+  from experiments.runner import config_hash, resolve
+from experiments.suite import load_suite
+from mllm.train import train
+suite = load_suite(job['suite'])
+variant = next(v for v in suite.variants if v.name == job['variant'])
+config = resolve(suite, variant, job['preset'], job['seed'], job['extra'])
+if config_hash(config) != job['hash']:
+  print('RESULT' + json.dumps({'error': f"its config resolves to hash {config_hash(config)} there"}))
+  sys.exit(0)
+with tempfile.TemporaryDirectory() as workdir:
+  train(config, workdir, stop_after=job['steps'], progress=False)
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+train_rows = [r for r in rows if r.get('split') == 'train']
+curve = {'step': [r['step'] for r in train_rows], 'loss': [r['loss'] for r in train_rows]}
+print('RESULT' + json.dumps({'curve': curve}))
+"""
+
+
+def _check_at_commit(
+  suite: Suite, results: dict, out: str, steps: int, extra: dict | None, commit: str
+) -> list:
+  """check() under commit `commit`'s code: every version's first run, in a worktree of it."""
+  sha = provenance._git('rev-parse', '--verify', '--short=12', f'{commit}^{{commit}}')
+  if not sha:
+    raise ValueError(f'--code_of={commit}: not a commit of this repository')
+  checks = []
+  with tempfile.TemporaryDirectory() as parent:
+    root = os.path.join(parent, sha)
+    subprocess.run(
+      ['git', '-C', provenance.ROOT, 'worktree', 'add', '--detach', root, sha],
+      check=True,
+      capture_output=True,
+    )
+    try:
+      under = {**provenance.current(), 'code': provenance.code_digest(root), 'commit': sha}
+      under['dirty'] = False
+      for key, records in provenance.by_version(results['runs']).items():
+        run = _first_run(suite, results, key)
+        job = {
+          'suite': suite.name,
+          'variant': run['variant'],
+          'preset': results['preset'],
+          'seed': run['seed'],
+          'hash': run['hash'],
+          'steps': steps,
+          'extra': {**(extra or {}), 'train.learning_rate': run['learning_rate']},
+        }
+        done = subprocess.run(
+          [sys.executable, '-c', _AT_COMMIT, json.dumps(job)],
+          cwd=root,
+          env={**os.environ, 'PYTHONPATH': root},
+          capture_output=True,
+          text=True,
+        )
+        found = [line[6:] for line in done.stdout.splitlines() if line.startswith('RESULT')]
+        record = {
+          'run': f"{run['variant']} seed {run['seed']}",
+          'from': records[0],
+          'under': under,
+        }
+        if not found:
+          tail = (done.stderr.strip().splitlines() or ['no output'])[-1]
+          record['error'] = f'it failed under that code ({tail})'
+        else:
+          trained = json.loads(found[0])
+          compared = 'curve' in trained and _compare(trained['curve'], run['curve'])
+          if 'error' in trained:
+            record['error'] = trained['error']
+          else:
+            record.update(compared or {'error': f'no logged step in the first {steps} to compare'})
+        checks.append(record)
+    finally:
+      subprocess.run(
+        ['git', '-C', provenance.ROOT, 'worktree', 'remove', '--force', root], capture_output=True
+      )
+  return _append(out, suite, checks)
+
+
 def _compare(curve: dict, reference: dict, first: int | None = None) -> dict | None:
   """Two train-loss curves ({'step', 'loss'}) at the steps both logged (the `first` of them):
-  {'steps', 'max_abs_diff', 'at_step', 'same'}; None if they share no step."""
+  {'steps', 'max_abs_diff', 'at_step', 'same', 'same_draw'}; None if they share no step.
+  same_draw: the first shared step agrees (the same initial weights and batches: another draw
+  differs there by 0.1-0.3) even where later steps drift apart (numerics that differ a little,
+  amplified by training), so the versions' rows still pair as draws."""
   losses = dict(zip(reference['step'], reference['loss']))
   diffs = {s: abs(x - losses[s]) for s, x in zip(curve['step'], curve['loss']) if s in losses}
   diffs = {s: diffs[s] for s in sorted(diffs)[:first]}
@@ -88,6 +207,7 @@ def _compare(curve: dict, reference: dict, first: int | None = None) -> dict | N
     'max_abs_diff': diffs[worst],
     'at_step': worst,
     'same': diffs[worst] <= TOLERANCE,
+    'same_draw': diffs[min(diffs)] <= TOLERANCE,
   }
 
 
@@ -104,21 +224,25 @@ def recorded(out: str) -> list[dict]:
         versions.setdefault((digest, entry['seed']), {}).setdefault(key, (suite, entry))
   found = []
   for (_, seed), by_key in versions.items():
-    for (key_a, (suite_a, a)), (key_b, (suite_b, b)) in itertools.combinations(by_key.items(), 2):
+    for (suite_a, a), (suite_b, b) in itertools.combinations(by_key.values(), 2):
       compared = _compare(a['result']['curve'], b['result']['curve'], first=3)
       if compared:
         found.append(
           {
             'run': f"{a['run'].rsplit(f'-s{seed}-', 1)[0]} seed {seed}",
             'from': a['result'].get('provenance'),
-            'from_key': list(key_a),
             'under': b['result'].get('provenance'),
-            'under_key': list(key_b),
             'suites': [suite_a, suite_b],
             **compared,
           }
         )
   return found
+
+
+def _same_draw(check: dict) -> bool | None:
+  """Whether a check found the same draw (None: it could not compare). Records written before
+  'same_draw' was kept count only as 'same'."""
+  return check.get('same_draw', check.get('same'))
 
 
 def pairing(runs: list[dict], checks: list[dict]) -> dict | None:
@@ -138,8 +262,8 @@ def pairing(runs: list[dict], checks: list[dict]) -> dict | None:
     return key
 
   for c in checks:
-    if c.get('same'):
-      parent[root(tuple(c['from_key']))] = root(tuple(c['under_key']))
+    if _same_draw(c):
+      parent[root(provenance.key(c['from']))] = root(provenance.key(c['under']))
   labels = {
     provenance.key(r.get('provenance')): provenance.label(r.get('provenance')) for r in runs
   }
@@ -147,9 +271,9 @@ def pairing(runs: list[dict], checks: list[dict]) -> dict | None:
   for key in keys:
     groups.setdefault(root(key), []).append(key)
   apart = {
-    frozenset((root(tuple(c['from_key'])), root(tuple(c['under_key']))))
+    frozenset((root(provenance.key(c['from'])), root(provenance.key(c['under']))))
     for c in checks
-    if c.get('same') is False
+    if _same_draw(c) is False
   }
   differ = all(frozenset(pair) in apart for pair in itertools.combinations(groups, 2))
   return {
@@ -181,7 +305,8 @@ def relevant(runs: list[dict], checks: list[dict]) -> list[dict]:
   return [
     c
     for c in checks
-    if tuple(c['from_key']) in keys and ('suites' not in c or tuple(c['under_key']) in keys)
+    if provenance.key(c['from']) in keys
+    and ('suites' not in c or provenance.key(c['under']) in keys)
   ]
 
 
@@ -214,6 +339,11 @@ def sentence(record: dict) -> str:
     )
     if record['same']:
       return f'{both} with the same train loss at {steps}: those versions pair.'
+    if _same_draw(record):
+      return (
+        f"{both} with the same train loss at step {record['steps'][0]} and a drift of "
+        f"{record['max_abs_diff']:.4f} by step {record['at_step']}: those versions pair as draws."
+      )
     return (
       f"{both} with different train losses (by {record['max_abs_diff']:.4f} at step "
       f"{record['at_step']}): those versions draw differently."
@@ -225,6 +355,13 @@ def sentence(record: dict) -> str:
       f"{record['run']} of {older}, trained again under {newer}, logs the same train loss at "
       f"{steps} (largest difference {record['max_abs_diff']:.5f}): the same initial weights and "
       'batches, so its runs pair with that version\'s.'
+    )
+  if _same_draw(record):
+    return (
+      f"{record['run']} of {older}, trained again under {newer}, logs the same train loss at "
+      f"step {record['steps'][0]} and drifts by {record['max_abs_diff']:.4f} by step "
+      f"{record['at_step']}: the same initial weights and batches computed with slightly "
+      "different numerics, so its runs pair with that version's as draws."
     )
   return (
     f"{record['run']} of {older}, trained again under {newer}, logs a different train loss "
@@ -238,6 +375,7 @@ def main(argv=None) -> int:
   parser.add_argument('suite')
   parser.add_argument('--steps', type=int, default=30)
   parser.add_argument('--out', default='experiments/results')
+  parser.add_argument('--code_of', help="train under this commit's code (a git worktree of it)")
   args = parser.parse_args(argv)
   try:
     if args.steps < 1:
@@ -251,7 +389,11 @@ def main(argv=None) -> int:
   except ValueError as err:
     print(f'error: {err}', file=sys.stderr)
     return 2
-  checks = check(suite, results, args.out, args.steps)
+  try:
+    checks = check(suite, results, args.out, args.steps, code_of=args.code_of)
+  except ValueError as err:
+    print(f'error: {err}', file=sys.stderr)
+    return 2
   for record in checks:
     print(sentence(record))
   if not checks:

@@ -201,7 +201,8 @@ def test_an_identical_finished_run_is_copied_not_trained(finished):
 def test_a_run_of_other_code_is_trained_again_for_its_first_steps_and_compared(finished, tmp_path):
   """experiments.reproduce: relu's runs relabelled as another code version; its seed-0 run
   trained again here logs the same losses (this is the same code), and a recorded curve that
-  differs at one step is caught there; the report's provenance line states the check."""
+  drifts from step 3 is caught there (the same draw: step 1 agrees), one that differs from its
+  first step is another draw; the report's provenance line states the check."""
   from experiments import provenance, reproduce
 
   _, extra, results = finished
@@ -215,13 +216,20 @@ def test_a_run_of_other_code_is_trained_again_for_its_first_steps_and_compared(f
   changed[2] = {**changed[2], 'curve': dict(changed[2]['curve'])}
   assert (changed[2]['variant'], changed[2]['seed']) == ('relu', 0)
   changed[2]['curve']['loss'] = [
-    x + 0.05 * (s == 3) for s, x in zip(changed[2]['curve']['step'], changed[2]['curve']['loss'])
+    x + 0.05 * (s >= 3) for s, x in zip(changed[2]['curve']['step'], changed[2]['curve']['loss'])
   ]
   (differs,) = reproduce.check(
     SUITE, {**relabelled, 'runs': changed}, str(tmp_path), steps=4, extra=extra
   )
-  assert not differs['same'] and differs['at_step'] == 3
+  assert not differs['same'] and differs['same_draw'] and differs['at_step'] == 3
   assert abs(differs['max_abs_diff'] - 0.05) < 1e-4
+  other_draw = reproduce._compare(
+    {'step': [1, 2], 'loss': [3.0, 2.9]}, {'step': [1, 2], 'loss': [3.2, 2.9]}
+  )
+  assert not other_draw['same'] and not other_draw['same_draw'] and other_draw['at_step'] == 1
+  assert 'the two versions draw differently' in reproduce.sentence(
+    {**differs, **other_draw, 'max_abs_diff': 0.2}
+  )
   checks = reproduce.read(str(tmp_path / 'demo'))
   assert len(checks) == 2
   text = report.markdown(
@@ -232,7 +240,37 @@ def test_a_run_of_other_code_is_trained_again_for_its_first_steps_and_compared(f
   text = report.markdown(
     SUITE, {**relabelled, 'reproduced': checks}, report.summarize(SUITE, relabelled)
   )
-  assert 'logs a different train loss (by 0.0500 at step 3)' in text  # the latest check counts
+  assert 'logs the same train loss at step 1 and drifts by 0.0500 by step 3' in text  # the latest
+
+
+def test_a_run_is_trained_again_under_a_commits_code_in_a_worktree(tmp_path, corpus):
+  """experiments.reproduce --code_of: noise's run, relabelled as an older version, trained again
+  under HEAD's code in a git worktree (its own experiments/ resolves the config) logs the same
+  losses; the record names that commit's code, and the worktree is gone afterwards."""
+  from experiments import provenance, reproduce
+
+  def worktrees():
+    listed = subprocess.run(['git', 'worktree', 'list'], capture_output=True, text=True, cwd=ROOT)
+    return listed.stdout
+
+  before = worktrees()
+  noise = load_suite('noise')
+  extra = data_overrides(corpus, str(tmp_path / 'cache'))
+  results = run_suite(noise, preset='tiny', seeds=1, out=str(tmp_path), extra=extra, progress=False)
+  older = {'ledger_commit': '0123abcd (2026-11-25 00:00 UTC)'}
+  relabelled = {**results, 'runs': [{**r, 'provenance': older} for r in results['runs']]}
+  (record,) = reproduce.check(
+    noise, relabelled, str(tmp_path), steps=3, extra=extra, code_of='HEAD'
+  )
+  assert record['same'] and record['steps'] == [1, 2, 3], record
+  head = subprocess.run(['git', 'rev-parse', '--short=12', 'HEAD'], capture_output=True, text=True)
+  assert record['under']['commit'] == head.stdout.strip()
+  assert record['from'] == older
+  if not provenance.current()['dirty']:  # a clean checkout (CI's): HEAD's code is this code
+    assert record['under']['code'] == provenance.current()['code']
+  assert worktrees() == before
+  with pytest.raises(ValueError, match=r'^--code_of=nonesuch: not a commit of this repository'):
+    reproduce.check(noise, relabelled, str(tmp_path), steps=3, code_of='nonesuch')
 
 
 def test_finished_runs_are_skipped_and_a_changed_config_is_a_new_run(finished):
@@ -938,7 +976,7 @@ def test_a_tables_code_versions_are_grouped_by_the_checks_that_link_them():
   runs = [{'provenance': v} for v in (a, a, b, c)]
 
   def link(x, y, same):
-    return {'from_key': list(provenance.key(x)), 'under_key': list(provenance.key(y)), 'same': same}
+    return {'from': x, 'under': y, 'same': same}
 
   found = reproduce.pairing(runs, [link(a, outside, True), link(b, outside, True)])
   groups = [[label.split(' ')[1] for label in g] for g in found['groups']]
@@ -950,7 +988,8 @@ def test_a_tables_code_versions_are_grouped_by_the_checks_that_link_them():
   assert found['differ'] and 'rows across the groups are not paired' in (
     reproduce.pairing_sentence(found)
   )
-  found = reproduce.pairing(runs, [link(a, b, True), link(c, b, True)])
+  drift = {**link(c, b, False), 'same_draw': True}  # the same draw, numerics drifting later
+  found = reproduce.pairing(runs, [link(a, b, True), drift])
   assert len(found['groups']) == 1
   assert reproduce.pairing_sentence(found).startswith('Its 3 code versions pair')
   assert reproduce.pairing(runs[:2], []) is None  # one version: nothing to say
