@@ -87,6 +87,8 @@ def tally(suite: Suite, results: dict, family: report.Family | None = None, out=
       if 'test' in r and own[r['variant']] != r['verdict']
     ],
     'code_versions': len(provenance.by_version(results['runs'])),
+    # Checked by experiments.reproduce to draw the same (one group): the rows pair as draws.
+    'versions_pair': len((results.get('versions_pair') or {}).get('groups', [[], []])) == 1,
   }
 
 
@@ -158,7 +160,8 @@ def markdown(tallies: list[dict], diagnoses: list[dict] = ()) -> str:
     '|---|---|---:|---:|---:|' + '---:|' * len(COLUMNS),
   ]
   for t in tallies:
-    versions = str(t['code_versions']) + (' (mixed)' if t['code_versions'] > 1 else '')
+    mixed = ' (checked: they pair)' if t['versions_pair'] else ' (mixed)'
+    versions = str(t['code_versions']) + (mixed if t['code_versions'] > 1 else '')
     lines.append(
       f"| [`{t['suite']}`]({t['suite']}/results.md) | {t['protocol']} | {t['seeds']} "
       f"| {t['rows']} | {versions} | " + ' | '.join(str(t['counts'][c]) for c in COLUMNS) + ' |'
@@ -186,6 +189,7 @@ def markdown(tallies: list[dict], diagnoses: list[dict] = ()) -> str:
       for d in diagnoses
     ]
   versions = [t['suite'] for t in tallies if t['code_versions'] > 1]
+  paired = [t['suite'] for t in tallies if t['code_versions'] > 1 and t['versions_pair']]
   lines += [
     '',
     'Provenance: '
@@ -195,6 +199,12 @@ def markdown(tallies: list[dict], diagnoses: list[dict] = ()) -> str:
       'provenance was recorded count as one version per commit that added them.'
       if versions
       else 'every suite\'s runs come from one code version each (each results.md names it).'
+    )
+    + (
+      f" Checked by `python -m experiments.reproduce` to draw the same initial weights and "
+      f"batches, so their rows pair: {', '.join(f'`{v}`' for v in paired)}."
+      if paired
+      else ''
     ),
   ]
   return '\n'.join(lines) + '\n'

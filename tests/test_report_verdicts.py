@@ -186,6 +186,15 @@ def test_the_overview_adjusts_over_every_suite_at_once(tmp_path):
   assert '- [`verdicts_tokens`](verdicts_tokens/results.md) re-measures `verdicts`' in text
   assert "re-measures `verdicts`'s base (3 seeds; in progress: 1 of 3 runs finished)" in text
   assert '- `verdicts` gap_where_none: contradicts (no diagnosis yet)' in text
+  # Runs of two code versions: 'mixed' until experiments.reproduce found they draw the same.
+  older = {'ledger_commit': '0123abcd'}
+  mixed = {**results(), 'runs': [{**r, 'provenance': older} for r in results()['runs'][:3]]}
+  mixed['runs'] += results()['runs'][3:]
+  tally = overview.tally(SUITE, mixed, None, out)
+  assert '| 2 (mixed) |' in overview.markdown([tally], [])
+  paired = {**mixed, 'versions_pair': {'groups': [['a', 'b']], 'differ': False}}
+  text = overview.markdown([overview.tally(SUITE, paired, None, out)], [])
+  assert '| 2 (checked: they pair) |' in text and 'so their rows pair: `verdicts`.' in text
 
 
 def _tokens_suite(out: str, curves: dict, tuning: dict | None = None) -> None:
