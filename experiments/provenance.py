@@ -57,7 +57,8 @@ def code_digest(root: str = ROOT, sources: tuple[str, ...] = SOURCES) -> str:
   return digest.hexdigest()[:12]
 
 
-def _git(*args: str) -> str | None:
+def git(*args: str) -> str | None:
+  """`git -C ROOT ARGS`'s output, stripped; None where git or the repository is missing."""
   try:
     out = subprocess.run(
       ['git', '-C', ROOT, *args], capture_output=True, text=True, timeout=10, check=True
@@ -70,8 +71,8 @@ def _git(*args: str) -> str | None:
 @functools.cache
 def _static() -> dict:
   """What does not change while a process lives: the code, the packages, the commit."""
-  commit = _git('rev-parse', '--short=12', 'HEAD')
-  dirty = _git('status', '--porcelain', '--', *SOURCES)
+  commit = git('rev-parse', '--short=12', 'HEAD')
+  dirty = git('status', '--porcelain', '--', *SOURCES)
   record = {
     'code': code_digest(),
     'commit': commit,

@@ -134,7 +134,7 @@ def _check_at_commit(
   suite: Suite, results: dict, out: str, steps: int, extra: dict | None, commit: str
 ) -> list:
   """check() under commit `commit`'s code: every version's first run, in a worktree of it."""
-  sha = provenance._git('rev-parse', '--verify', '--short=12', f'{commit}^{{commit}}')
+  sha = provenance.git('rev-parse', '--verify', '--short=12', f'{commit}^{{commit}}')
   if not sha:
     raise ValueError(f'--code_of={commit}: not a commit of this repository')
   checks = []
