@@ -140,11 +140,14 @@ def _check_at_commit(
   checks = []
   with tempfile.TemporaryDirectory() as parent:
     root = os.path.join(parent, sha)
-    subprocess.run(
+    added = subprocess.run(
       ['git', '-C', provenance.ROOT, 'worktree', 'add', '--detach', root, sha],
-      check=True,
       capture_output=True,
+      text=True,
     )
+    if added.returncode != 0:
+      why = (added.stderr.strip().splitlines() or ['no output'])[-1]
+      raise ValueError(f'--code_of={commit}: git could not check it out ({why})')
     try:
       under = {**provenance.current(), 'code': provenance.code_digest(root), 'commit': sha}
       under['dirty'] = False
