@@ -445,7 +445,29 @@ def _provenance_lines(results: dict) -> list[str]:
     lines[0] += ' ' + reproduce.pairing_sentence(results['versions_pair'])
   if mixed and checked:
     lines[0] += ' Checked: ' + ' '.join(reproduce.sentence(c) for c in checked.values())
+  other = results.get('tuned_elsewhere')
+  if other:
+    lines[0] += (
+      ' The learning rates were tuned on runs of other versions, not checked to draw as the '
+      "table's do: " + '; '.join(f"{o['runs']} tuning runs: {o['label']}" for o in other) + '.'
+    )
   return lines + ['']
+
+
+def tuned_elsewhere(results: dict, checks: list[dict]) -> list[dict]:
+  """The tuning and refining runs of versions that neither are one of the table's runs' nor are
+  linked to one by `checks` (experiments/reproduce.py): [{'runs', 'label'}], by version."""
+  root = reproduce.linker(checks)
+  table = {root(k) for k in provenance.by_version(results['runs'])}
+  found = {}
+  for tuned in (results.get('tuning') or {}).values():
+    points = tuned.get('points', []) + (tuned.get('refined') or {}).get('points', [])
+    for point in points:
+      for record in point.get('provenance', []):
+        if root(provenance.key(record)) not in table:
+          entry = found.setdefault(provenance.key(record), {'runs': 0})
+          entry.update(runs=entry['runs'] + 1, label=provenance.label(record))
+  return list(found.values())
 
 
 def _lr_cell(row: dict) -> str:
@@ -513,8 +535,10 @@ def write(suite: Suite, results: dict, out: str) -> str:
   # Whether the table's code versions pair (experiments/reproduce.py), from every check.
   checks = reproduce.read_all(out) + reproduce.recorded(out)
   pairing = reproduce.pairing(results['runs'], checks)
+  elsewhere = tuned_elsewhere(results, checks)
   checks = reproduce.relevant(results['runs'], checks)
   results = {**results, **({'reproduced': checks} if checks else {})}
+  results = {**results, **({'tuned_elsewhere': elsewhere} if elsewhere else {})}
   results = {**results, **({'versions_pair': pairing} if pairing else {})}
   rows = summarize(suite, results, evidence=Evidence(out, (suite.name, results)))
   with open(os.path.join(folder, 'results.json'), 'w') as f:

@@ -248,15 +248,9 @@ def _same_draw(check: dict) -> bool | None:
   return check.get('same_draw', check.get('same'))
 
 
-def pairing(runs: list[dict], checks: list[dict]) -> dict | None:
-  """How a mixed table's code versions pair, from every check in the project (`checks`):
-  versions linked by checks that found the same losses form a group (the link may pass through
-  versions outside the table); {'groups': [[label, ...], ...] (the table's versions, one list
-  per group), 'differ': whether every two groups are known to draw differently}; None for a
-  table of one version."""
-  keys = list(provenance.by_version(runs))
-  if len(keys) < 2:
-    return None
+def linker(checks: list[dict]):
+  """key -> the representative of the versions that `checks` found to draw the same as it (two
+  versions are linked when their representatives are equal)."""
   parent = {}
 
   def root(key):
@@ -267,6 +261,19 @@ def pairing(runs: list[dict], checks: list[dict]) -> dict | None:
   for c in checks:
     if _same_draw(c):
       parent[root(provenance.key(c['from']))] = root(provenance.key(c['under']))
+  return root
+
+
+def pairing(runs: list[dict], checks: list[dict]) -> dict | None:
+  """How a mixed table's code versions pair, from every check in the project (`checks`):
+  versions linked by checks that found the same losses form a group (the link may pass through
+  versions outside the table); {'groups': [[label, ...], ...] (the table's versions, one list
+  per group), 'differ': whether every two groups are known to draw differently}; None for a
+  table of one version."""
+  keys = list(provenance.by_version(runs))
+  if len(keys) < 2:
+    return None
+  root = linker(checks)
   labels = {
     provenance.key(r.get('provenance')): provenance.label(r.get('provenance')) for r in runs
   }

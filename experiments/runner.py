@@ -102,6 +102,7 @@ def _tune(
             'diverged_at_step': [r.get('diverged_at_step') for r in done],
             'wall_s': [r.get('wall_s') for r in done if not r.get('copied_from')],
             'failed': sum((v.name, s, k) in failed for s in seeds),
+            'provenance': [r.get('provenance') for r in done],
           }
         )
       choice = choose(losses, grid) if complete else None
@@ -164,6 +165,7 @@ def _refine(
         'eval_loss': [r['eval_loss'] for r in done],
         'wall_s': [r.get('wall_s') for r in done if not r.get('copied_from')],
         'failed': sum(k in failed for k in keys),
+        'provenance': [r.get('provenance') for r in done],
       }
     )
     if len(done) == len(seeds):

@@ -369,6 +369,15 @@ def read_ledgers(out: str) -> dict:
   return entries
 
 
+def _recorded_otherwise(local: dict, recorded: dict) -> bool:
+  """Whether a run folder's result differs from its suite's ledger record of the same run (another
+  loss or another provenance): the folder is then a stale copy (e.g. of a run its ledger dropped
+  and another checkout trained again), and the committed record wins, as in a fresh clone."""
+  return local.get('eval_loss') != recorded.get('eval_loss') or provenance.key(
+    local.get('provenance')
+  ) != provenance.key(recorded.get('provenance'))
+
+
 def _restore_from_ledgers(plan: list[Job], out: str, accept) -> None:
   """Give every unfinished job of `plan` that a ledger records its result.json back (without
   checkpoints), unless a child of it still has to run and needs its parameters. Its own suite's
@@ -386,6 +395,17 @@ def _restore_from_ledgers(plan: list[Job], out: str, accept) -> None:
     others = [e for e in entries if accept(e['result'])]
     return others[-1] if others and job.measure is None else None
 
+  for job in plan:  # a folder's result that its own suite's ledger records otherwise is stale
+    entry = record(job)
+    own = entry is not None and os.path.join(entry['suite_folder'], 'runs', entry['run'])
+    if (
+      own
+      and os.path.abspath(own) == os.path.abspath(job.workdir)
+      and os.path.exists(os.path.join(job.workdir, RESULT))
+    ):
+      local = read_result(job.workdir)
+      if _recorded_otherwise(local, entry['result']):
+        write_result(job.workdir, dict(entry['result']))
   found = {
     job.key: record(job) for job in plan if not os.path.exists(os.path.join(job.workdir, RESULT))
   }

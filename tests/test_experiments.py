@@ -993,3 +993,21 @@ def test_a_tables_code_versions_are_grouped_by_the_checks_that_link_them():
   assert len(found['groups']) == 1
   assert reproduce.pairing_sentence(found).startswith('Its 3 code versions pair')
   assert reproduce.pairing(runs[:2], []) is None  # one version: nothing to say
+
+
+def test_rates_tuned_on_runs_of_another_version_are_named():
+  """report.tuned_elsewhere: tuning runs whose version is neither the table's nor linked to it by
+  a same-draw check are counted by version, and the provenance line names them."""
+  from experiments import provenance
+
+  a, b, c = ({**provenance.current(), 'code': x * 12} for x in 'abc')
+  point = {'lr': 1e-3, 'seeds': [1000, 1001, 1002], 'eval_loss': [3.0] * 3, 'provenance': [a, b, c]}
+  results = {
+    'runs': [{'variant': 'base', 'seed': 0, 'provenance': a}],
+    'tuning': {'base': {'points': [point], 'refined': {'points': [{**point, 'provenance': [b]}]}}},
+  }
+  linked = [{'from': c, 'under': a, 'same': True}]
+  assert report.tuned_elsewhere(results, linked) == [{'runs': 2, 'label': provenance.label(b)}]
+  assert report.tuned_elsewhere(results, linked + [{'from': b, 'under': c, 'same': True}]) == []
+  lines = report._provenance_lines({**results, 'tuned_elsewhere': [{'runs': 2, 'label': 'X'}]})
+  assert lines[0].endswith("not checked to draw as the table's do: 2 tuning runs: X.")

@@ -129,6 +129,28 @@ def test_another_suites_run_of_other_code_is_trained_again_not_copied(tmp_path):
   assert len(calls) == 1 and 'copied_from' not in reused['runs'][0]
 
 
+def test_a_run_folder_its_ledger_records_otherwise_is_stale_and_the_ledger_wins(tmp_path):
+  """A checkout whose run folder still holds an older result of a run (its ledger line was
+  replaced, the run trained again elsewhere) reports the ledger's record, as a fresh clone does,
+  and the folder's result.json is rewritten to it."""
+  from experiments.run import read_result, write_result
+  from experiments.suite import Suite, Variant
+  from experiments.suites._presets import PRESETS
+
+  out = str(tmp_path)
+  plain = Suite('plain', 'x', 'configs/base.py', (Variant('base'),), PRESETS)
+  center = resolve(plain, plain.variants[0], 'tiny', 0).train.learning_rate
+  done = run_suite(
+    plain, preset='tiny', seeds=2, out=out, progress=False, run=_fake_run({'base': center}, 1, [])
+  )
+  stale = done['runs'][0]['workdir']
+  recorded = read_result(stale)['eval_loss']
+  write_result(stale, {**read_result(stale), 'eval_loss': recorded + 1.0, 'provenance': None})
+  again = run_suite(plain, preset='tiny', seeds=2, out=out, progress=False, run=None)
+  assert [r['eval_loss'] for r in again['runs']] == [r['eval_loss'] for r in done['runs']]
+  assert read_result(stale)['eval_loss'] == recorded
+
+
 def test_the_cli_refuses_runs_of_other_code_in_one_line(tmp_path, capsys, monkeypatch):
   out = str(tmp_path)
   center = resolve(SUITE, SUITE.variants[0], 'tiny', 0).train.learning_rate
