@@ -59,6 +59,8 @@ def check(
     if key == provenance.key(here):
       continue
     run = _first_run(suite, results, key)
+    if run is None:  # only starts_from children, or runs from before curves were kept
+      continue
     config = resolve(
       suite,
       variants[run['variant']],
@@ -90,13 +92,19 @@ def _append(out: str, suite: Suite, checks: list) -> list:
   return checks
 
 
-def _first_run(suite: Suite, results: dict, key: tuple) -> dict:
-  """The first table run (not a starts_from child) of the code version `key`."""
+def _first_run(suite: Suite, results: dict, key: tuple) -> dict | None:
+  """The first table run (not a starts_from child) of the code version `key` that logged a train
+  curve; None if it has none."""
   children = {v.name for v in suite.variants if v.starts_from}
   return next(
-    r
-    for r in results['runs']
-    if provenance.key(r.get('provenance')) == key and r['variant'] not in children
+    (
+      r
+      for r in results['runs']
+      if provenance.key(r.get('provenance')) == key
+      and r['variant'] not in children
+      and r.get('curve')
+    ),
+    None,
   )
 
 
@@ -153,6 +161,8 @@ def _check_at_commit(
       under['dirty'] = False
       for key, records in provenance.by_version(results['runs']).items():
         run = _first_run(suite, results, key)
+        if run is None:
+          continue
         job = {
           'suite': suite.name,
           'variant': run['variant'],
@@ -165,7 +175,8 @@ def _check_at_commit(
         done = subprocess.run(
           [sys.executable, '-c', _AT_COMMIT, json.dumps(job)],
           cwd=root,
-          env={**os.environ, 'PYTHONPATH': root},
+          # This process holds the device too (provenance.current()): no preallocation on a GPU.
+          env={**os.environ, 'PYTHONPATH': root, 'XLA_PYTHON_CLIENT_PREALLOCATE': 'false'},
           capture_output=True,
           text=True,
         )
@@ -190,6 +201,7 @@ def _check_at_commit(
       subprocess.run(
         ['git', '-C', provenance.ROOT, 'worktree', 'remove', '--force', root], capture_output=True
       )
+      subprocess.run(['git', '-C', provenance.ROOT, 'worktree', 'prune'], capture_output=True)
   return _append(out, suite, checks)
 
 

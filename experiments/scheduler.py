@@ -369,13 +369,35 @@ def read_ledgers(out: str) -> dict:
   return entries
 
 
-def _recorded_otherwise(local: dict, recorded: dict) -> bool:
-  """Whether a run folder's result differs from its suite's ledger record of the same run (another
-  loss or another provenance): the folder is then a stale copy (e.g. of a run its ledger dropped
-  and another checkout trained again), and the committed record wins, as in a fresh clone."""
-  return local.get('eval_loss') != recorded.get('eval_loss') or provenance.key(
-    local.get('provenance')
-  ) != provenance.key(recorded.get('provenance'))
+def _stale(job: Job, entries: list[dict]) -> bool:
+  """Whether `job`'s folder holds a result its own suite's ledger does not record: it matches none
+  of the ledger's entries for that run (loss and provenance) and is older than the ledger, which
+  changed since (another checkout's runs merged in after this folder's run was dropped from it).
+  A result newer than the ledger is a run that finished and is about to be recorded."""
+  mine = [
+    e['result'] for e in entries if os.path.abspath(_folder(e)) == os.path.abspath(job.workdir)
+  ]
+  path = os.path.join(job.workdir, RESULT)
+  if not mine or not os.path.exists(path):
+    return False
+  ledger = os.path.join(os.path.dirname(os.path.dirname(job.workdir)), LEDGER)
+  if os.path.getmtime(path) >= os.path.getmtime(ledger):
+    return False
+  local = read_result(job.workdir)
+  return not any(_same_record(local, r) for r in mine)
+
+
+def _same_record(a: dict, b: dict) -> bool:
+  """The same eval loss (NaN equals NaN) and, where both recorded one, the same computation (a
+  ledger line may carry only the commit that added it where the folder's result has nothing)."""
+  ours, theirs = a.get('provenance') or {}, b.get('provenance') or {}
+  return json.dumps(a.get('eval_loss')) == json.dumps(b.get('eval_loss')) and (
+    not ours.get('code') or not theirs.get('code') or provenance.key(ours) == provenance.key(theirs)
+  )
+
+
+def _folder(entry: dict) -> str:
+  return os.path.join(entry['suite_folder'], 'runs', entry['run'])
 
 
 def _restore_from_ledgers(plan: list[Job], out: str, accept) -> None:
@@ -395,17 +417,9 @@ def _restore_from_ledgers(plan: list[Job], out: str, accept) -> None:
     others = [e for e in entries if accept(e['result'])]
     return others[-1] if others and job.measure is None else None
 
-  for job in plan:  # a folder's result that its own suite's ledger records otherwise is stale
-    entry = record(job)
-    own = entry is not None and os.path.join(entry['suite_folder'], 'runs', entry['run'])
-    if (
-      own
-      and os.path.abspath(own) == os.path.abspath(job.workdir)
-      and os.path.exists(os.path.join(job.workdir, RESULT))
-    ):
-      local = read_result(job.workdir)
-      if _recorded_otherwise(local, entry['result']):
-        write_result(job.workdir, dict(entry['result']))
+  for job in plan:  # a stale folder is set aside; its ledger record stands in, as in a clone
+    if _stale(job, ledger.get(job.hash, [])):
+      os.rename(job.workdir, f'{job.workdir}.stale-{int(time.time())}')
   found = {
     job.key: record(job) for job in plan if not os.path.exists(os.path.join(job.workdir, RESULT))
   }

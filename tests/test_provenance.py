@@ -132,7 +132,8 @@ def test_another_suites_run_of_other_code_is_trained_again_not_copied(tmp_path):
 def test_a_run_folder_its_ledger_records_otherwise_is_stale_and_the_ledger_wins(tmp_path):
   """A checkout whose run folder still holds an older result of a run (its ledger line was
   replaced, the run trained again elsewhere) reports the ledger's record, as a fresh clone does,
-  and the folder's result.json is rewritten to it."""
+  and the stale folder is set aside; a result newer than the ledger (a run that finished and is
+  about to be recorded) is left alone."""
   from experiments.run import read_result, write_result
   from experiments.suite import Suite, Variant
   from experiments.suites._presets import PRESETS
@@ -143,12 +144,17 @@ def test_a_run_folder_its_ledger_records_otherwise_is_stale_and_the_ledger_wins(
   done = run_suite(
     plain, preset='tiny', seeds=2, out=out, progress=False, run=_fake_run({'base': center}, 1, [])
   )
-  stale = done['runs'][0]['workdir']
+  stale, fresh = (r['workdir'] for r in done['runs'])
   recorded = read_result(stale)['eval_loss']
-  write_result(stale, {**read_result(stale), 'eval_loss': recorded + 1.0, 'provenance': None})
+  write_result(stale, {**read_result(stale), 'eval_loss': recorded + 1.0})
+  before = time.time() - 3600  # written before the ledger last changed
+  os.utime(os.path.join(stale, 'result.json'), (before, before))
+  write_result(fresh, {**read_result(fresh), 'eval_loss': 9.0})  # newer than the ledger
   again = run_suite(plain, preset='tiny', seeds=2, out=out, progress=False, run=None)
-  assert [r['eval_loss'] for r in again['runs']] == [r['eval_loss'] for r in done['runs']]
+  assert [r['eval_loss'] for r in again['runs']] == [recorded, 9.0]
   assert read_result(stale)['eval_loss'] == recorded
+  aside = [n for n in os.listdir(os.path.dirname(stale)) if '.stale-' in n]
+  assert len(aside) == 1 and aside[0].startswith(os.path.basename(stale))
 
 
 def test_the_cli_refuses_runs_of_other_code_in_one_line(tmp_path, capsys, monkeypatch):

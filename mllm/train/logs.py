@@ -52,8 +52,8 @@ def _from_orbax(record: logging.LogRecord) -> bool:
   where = f'{os.sep}orbax{os.sep}'
   if where in record.getMessage():
     return True
-  exc = record.exc_info[2] if record.exc_info else None
-  return exc is not None and any(where in f.filename for f in traceback.extract_tb(exc))
+  exc = record.exc_info[2] if record.exc_info else None  # frames' file names, no source read
+  return exc is not None and any(where in f.f_code.co_filename for f, _ in traceback.walk_tb(exc))
 
 
 class _OrbaxLeftovers(logging.Filter):
@@ -66,9 +66,13 @@ class _OrbaxLeftovers(logging.Filter):
     self.stream = None
 
   def filter(self, record: logging.LogRecord) -> bool:
-    if self.stream is None or not _from_orbax(record):
+    try:  # a filter's exception would reach the code that logged (often at interpreter exit)
+      if self.stream is None or not _from_orbax(record):
+        return True
+      text = logging.Formatter().format(record) + '\n'
+    except Exception:
       return True
-    self.stream.write(logging.Formatter().format(record) + '\n')
+    self.stream.write(text)  # dropped if it cannot be written, as every run-log line (_LogFile)
     return False
 
 
