@@ -88,7 +88,7 @@ def tally(suite: Suite, results: dict, family: report.Family | None = None, out=
     ],
     'code_versions': len(provenance.by_version(results['runs'])),
     # Checked by experiments.reproduce to draw the same (one group): the rows pair as draws.
-    'versions_pair': len((results.get('versions_pair') or {}).get('groups', [[], []])) == 1,
+    'versions_pair': len((results.get('versions_pair') or {}).get('groups', ())) == 1,
   }
 
 

@@ -17,6 +17,7 @@ Python 3.11 and jax 0.10.2 (the Makefile's choice then), not under Python 3.13 a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import itertools
 import json
@@ -46,43 +47,53 @@ def check(
 ) -> list:
   """Train each older code version's first run of `results` again for `steps` steps under this
   code (or under commit `code_of`'s: every version's): one record per version ({'run', 'from',
-  'under', 'steps', 'max_abs_diff', 'same'} or, where the run's config no longer resolves to its
-  hash, 'error'), appended to CHECKS."""
-  if code_of is not None:
-    return _check_at_commit(suite, results, out, steps, extra, code_of)
-  from mllm.train import train
+  'under', 'steps', 'max_abs_diff', 'same', 'same_draw'} or, where the run's config no longer
+  resolves to its hash or the training failed, 'error'), appended to CHECKS."""
+  extra = extra or {}
+  if code_of is None:
+    here = provenance.current()
+    trainer = _trainer_here(suite, results['preset'], extra, steps)
+    return _check(suite, results, out, steps, here, trainer, skip=provenance.key(here))
+  with _worktree(code_of) as root:
+    code, sha = provenance.code_digest(root), os.path.basename(root)
+    under = {**provenance.current(), 'code': code, 'commit': sha, 'dirty': False}
+    trainer = _trainer_at(root, suite.name, results['preset'], extra, steps)
+    return _check(suite, results, out, steps, under, trainer, skip=None)
 
-  here = provenance.current()
-  variants = {v.name: v for v in suite.variants}
+
+def _check(suite: Suite, results: dict, out: str, steps: int, under: dict, trainer, skip) -> list:
+  """check()'s loop: each version's (but `skip`'s) first run trained again by `trainer` (run ->
+  (curve, None) or (None, why not)) and compared with its recorded curve."""
   checks = []
   for key, records in provenance.by_version(results['runs']).items():
-    if key == provenance.key(here):
+    run = None if key == skip else _first_run(suite, results, key)
+    if run is None:  # this code's own, only starts_from children, or from before curves were kept
       continue
-    run = _first_run(suite, results, key)
-    if run is None:  # only starts_from children, or runs from before curves were kept
-      continue
-    config = resolve(
-      suite,
-      variants[run['variant']],
-      results['preset'],
-      run['seed'],
-      {**(extra or {}), 'train.learning_rate': run['learning_rate']},
-    )
-    record = {
-      'run': f"{run['variant']} seed {run['seed']}",
-      'from': records[0],
-      'under': here,
-    }
-    if config_hash(config) != run['hash']:
-      record['error'] = f"its config no longer resolves to hash {run['hash']}"
-    else:
-      with tempfile.TemporaryDirectory() as workdir:
-        train(config, workdir, stop_after=steps, progress=False)
-        again = train_curve(RunDir(workdir).metrics)
-      compared = _compare(again, run['curve'])
-      record.update(compared or {'error': f'no logged step in the first {steps} to compare'})
+    record = {'run': f"{run['variant']} seed {run['seed']}", 'from': records[0], 'under': under}
+    curve, error = trainer(run)
+    compared = curve is not None and _compare(curve, run['curve'])
+    missing = {'error': f'no logged step in the first {steps} to compare'}
+    record.update({'error': error} if error else compared or missing)
     checks.append(record)
   return _append(out, suite, checks)
+
+
+def _trainer_here(suite: Suite, preset: str, extra: dict, steps: int):
+  """Trains a run again in this process, under this code."""
+  from mllm.train import train
+
+  variants = {v.name: v for v in suite.variants}
+
+  def trainer(run: dict):
+    lr = {'train.learning_rate': run['learning_rate']}
+    config = resolve(suite, variants[run['variant']], preset, run['seed'], {**extra, **lr})
+    if config_hash(config) != run['hash']:
+      return None, f"its config no longer resolves to hash {run['hash']}"
+    with tempfile.TemporaryDirectory() as workdir:
+      train(config, workdir, stop_after=steps, progress=False)
+      return train_curve(RunDir(workdir).metrics), None
+
+  return trainer
 
 
 def _append(out: str, suite: Suite, checks: list) -> list:
@@ -138,14 +149,12 @@ print('RESULT' + json.dumps({'curve': curve}))
 """
 
 
-def _check_at_commit(
-  suite: Suite, results: dict, out: str, steps: int, extra: dict | None, commit: str
-) -> list:
-  """check() under commit `commit`'s code: every version's first run, in a worktree of it."""
+@contextlib.contextmanager
+def _worktree(commit: str):
+  """A git worktree of `commit` in a temporary folder named by its 12-digit sha; removed after."""
   sha = provenance.git('rev-parse', '--verify', '--short=12', f'{commit}^{{commit}}')
   if not sha:
     raise ValueError(f'--code_of={commit}: not a commit of this repository')
-  checks = []
   with tempfile.TemporaryDirectory() as parent:
     root = os.path.join(parent, sha)
     added = subprocess.run(
@@ -157,52 +166,43 @@ def _check_at_commit(
       why = (added.stderr.strip().splitlines() or ['no output'])[-1]
       raise ValueError(f'--code_of={commit}: git could not check it out ({why})')
     try:
-      under = {**provenance.current(), 'code': provenance.code_digest(root), 'commit': sha}
-      under['dirty'] = False
-      for key, records in provenance.by_version(results['runs']).items():
-        run = _first_run(suite, results, key)
-        if run is None:
-          continue
-        job = {
-          'suite': suite.name,
-          'variant': run['variant'],
-          'preset': results['preset'],
-          'seed': run['seed'],
-          'hash': run['hash'],
-          'steps': steps,
-          'extra': {**(extra or {}), 'train.learning_rate': run['learning_rate']},
-        }
-        done = subprocess.run(
-          [sys.executable, '-c', _AT_COMMIT, json.dumps(job)],
-          cwd=root,
-          # This process holds the device too (provenance.current()): no preallocation on a GPU.
-          env={**os.environ, 'PYTHONPATH': root, 'XLA_PYTHON_CLIENT_PREALLOCATE': 'false'},
-          capture_output=True,
-          text=True,
-        )
-        found = [line[6:] for line in done.stdout.splitlines() if line.startswith('RESULT')]
-        record = {
-          'run': f"{run['variant']} seed {run['seed']}",
-          'from': records[0],
-          'under': under,
-        }
-        if not found:
-          tail = (done.stderr.strip().splitlines() or ['no output'])[-1]
-          record['error'] = f'it failed under that code ({tail})'
-        else:
-          trained = json.loads(found[0])
-          compared = 'curve' in trained and _compare(trained['curve'], run['curve'])
-          if 'error' in trained:
-            record['error'] = trained['error']
-          else:
-            record.update(compared or {'error': f'no logged step in the first {steps} to compare'})
-        checks.append(record)
+      yield root
     finally:
       subprocess.run(
         ['git', '-C', provenance.ROOT, 'worktree', 'remove', '--force', root], capture_output=True
       )
       subprocess.run(['git', '-C', provenance.ROOT, 'worktree', 'prune'], capture_output=True)
-  return _append(out, suite, checks)
+
+
+def _trainer_at(root: str, suite: str, preset: str, extra: dict, steps: int):
+  """Trains a run again in a subprocess under the code of the worktree `root` (_AT_COMMIT)."""
+
+  def trainer(run: dict):
+    job = {
+      'suite': suite,
+      'variant': run['variant'],
+      'preset': preset,
+      'seed': run['seed'],
+      'hash': run['hash'],
+      'steps': steps,
+      'extra': {**extra, 'train.learning_rate': run['learning_rate']},
+    }
+    done = subprocess.run(
+      [sys.executable, '-c', _AT_COMMIT, json.dumps(job)],
+      cwd=root,
+      # This process holds the device too (provenance.current()): no preallocation on a GPU.
+      env={**os.environ, 'PYTHONPATH': root, 'XLA_PYTHON_CLIENT_PREALLOCATE': 'false'},
+      capture_output=True,
+      text=True,
+    )
+    found = [line[6:] for line in done.stdout.splitlines() if line.startswith('RESULT')]
+    if not found:
+      tail = (done.stderr.strip().splitlines() or ['no output'])[-1]
+      return None, f'it failed under that code ({tail})'
+    trained = json.loads(found[0])
+    return trained.get('curve'), trained.get('error')
+
+  return trainer
 
 
 def _compare(curve: dict, reference: dict, first: int | None = None) -> dict | None:

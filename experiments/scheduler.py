@@ -435,6 +435,6 @@ def _restore_from_ledgers(plan: list[Job], out: str, accept) -> None:
     if os.path.abspath(entry['suite_folder']) != os.path.abspath(
       os.path.dirname(os.path.dirname(job.workdir))
     ):
-      result['copied_from'] = os.path.join(entry['suite_folder'], 'runs', entry['run'])
+      result['copied_from'] = _folder(entry)
     os.makedirs(job.workdir, exist_ok=True)
     write_result(job.workdir, result)
