@@ -13,8 +13,11 @@ tiles of both passes; `default_blocks` can then take each pass's best. `--kernel
 Mosaic GPU kernel (pallas_kernels/flash_attention_mgpu.py) instead: its query tile is fixed at 64
 rows a warpgroup, so the knobs are block_k (--mgpu_blocks) and the slots of its copy rings
 (--mgpu_steps); --warps / --stages do not apply to it. A configuration the
-compiler refuses (shared memory, registers) is listed as n/a. On a CPU the kernel only
-interprets: use tiny sizes (--seq_lens=128 --tokens_per_batch=128 --blocks=32,64) to smoke-test.
+compiler refuses (shared memory, registers) is listed as n/a. On a GPU cuDNN's flash attention
+(`jax.nn.dot_product_attention(implementation='cudnn')`) is timed first at the same shape and every
+row also prints its share of cuDNN (the issue's targets are shares). On a CPU the kernel only
+interprets (and cuDNN is skipped): use tiny sizes (--seq_lens=128 --tokens_per_batch=128
+--blocks=32,64) to smoke-test.
 """
 
 from __future__ import annotations
@@ -58,12 +61,44 @@ def settings(args) -> list[tuple]:
   return list(itertools.product(blocks, blocks, ints(args.warps), ints(args.stages)))
 
 
+def passes(attn, q, k, v, d_out, fwd_flops):
+  """(name, jitted function, its arguments, FLOPs) of the forward and forward+backward."""
+
+  def loss(q, k, v, d):
+    return jnp.sum(attn(q, k, v).astype(jnp.float32) * d)
+
+  return (
+    ('fwd', jax.jit(attn), (q, k, v), fwd_flops),
+    ('fwdbwd', jax.jit(jax.grad(loss, argnums=(0, 1, 2))), (q, k, v, d_out), 3.5 * fwd_flops),
+  )
+
+
+def cudnn_reference(q, k, v, d_out, fwd_flops, args) -> dict:
+  """cuDNN's milliseconds for each pass at this shape ({} off a GPU)."""
+  if jax.default_backend() != 'gpu':
+    return {}
+  attn = functools.partial(
+    jax.nn.dot_product_attention,
+    scale=args.head_dim**-0.5,
+    is_causal=args.causal,
+    implementation='cudnn',
+  )
+  ref = {}
+  for name, fn, fn_args, flops in passes(attn, q, k, v, d_out, fwd_flops):
+    ref[name] = timed(fn, fn_args, args.repeats) * 1e3
+    print(
+      f'N={q.shape[1]} cudnn {name}: {ref[name]:.2f} ms ({flops / ref[name] / 1e9:.0f} TFLOP/s)'
+    )
+  return ref
+
+
 def sweep(n: int, args) -> list[dict]:
   batch = max(1, args.tokens_per_batch // n)
   keys = jax.random.split(jax.random.key(n), 4)
   shape = (batch, n, args.heads, args.head_dim)
   q, k, v, d_out = (jax.random.normal(key, shape, jnp.bfloat16) for key in keys)
   fwd_flops = 4 * batch * args.heads * n * n * args.head_dim / (2 if args.causal else 1)
+  ref = cudnn_reference(q, k, v, d_out, fwd_flops, args)
   rows = []
   for bq, bk, warps, stages in settings(args):
     common = dict(scale=args.head_dim**-0.5, causal=args.causal, block_k=bk)
@@ -78,14 +113,8 @@ def sweep(n: int, args) -> list[dict]:
         **common,
       )
 
-    def loss(q, k, v, d, attn=attn):
-      return jnp.sum(attn(q, k, v).astype(jnp.float32) * d)
-
     row = dict(N=n, batch=batch, block_q=bq, block_k=bk, warps=warps, stages=stages)
-    for name, fn, fn_args, flops in (
-      ('fwd', jax.jit(attn), (q, k, v), fwd_flops),
-      ('fwdbwd', jax.jit(jax.grad(loss, argnums=(0, 1, 2))), (q, k, v, d_out), 3.5 * fwd_flops),
-    ):
+    for name, fn, fn_args, flops in passes(attn, q, k, v, d_out, fwd_flops):
       try:
         seconds = timed(fn, fn_args, args.repeats)
       except Exception as e:  # refused by the compiler: too much shared memory, say
@@ -94,18 +123,24 @@ def sweep(n: int, args) -> list[dict]:
         continue
       row[name] = seconds * 1e3
       row[f'{name}_tflops'] = flops / seconds / 1e12
+      if name in ref:
+        row[f'{name}_of_cudnn'] = ref[name] / row[name]
     rows.append(row)
     print(
       f"N={n} B={batch} block_q={bq} block_k={bk} warps={warps} stages={stages}: "
-      + ', '.join(
-        f"{p} {row[p]:.2f} ms ({row[p + '_tflops']:.0f} TFLOP/s)"
-        if row[p]
-        else f"{p} n/a ({row[p + '_error']})"
-        for p in ('fwd', 'fwdbwd')
-      ),
+      + ', '.join(describe(row, p) for p in ('fwd', 'fwdbwd')),
       flush=True,
     )
   return rows
+
+
+def describe(row: dict, name: str) -> str:
+  """'fwd 1.23 ms (300 TFLOP/s, 0.72 of cuDNN)', or the compiler's refusal."""
+  if not row[name]:
+    return f"{name} n/a ({row[name + '_error']})"
+  share = row.get(f'{name}_of_cudnn')
+  share = f', {share:.2f} of cuDNN' if share else ''
+  return f"{name} {row[name]:.2f} ms ({row[name + '_tflops']:.0f} TFLOP/s{share})"
 
 
 def main(argv=None) -> None:
@@ -141,8 +176,7 @@ def main(argv=None) -> None:
         best = min(ok, key=lambda r: r[name])
         print(
           f"best {name} at N={n}: block_q={best['block_q']} block_k={best['block_k']} "
-          f"warps={best['warps']} stages={best['stages']}: {best[name]:.2f} ms, "
-          f"{best[name + '_tflops']:.0f} TFLOP/s"
+          f"warps={best['warps']} stages={best['stages']}: {describe(best, name)}"
         )
 
 

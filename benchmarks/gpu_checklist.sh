@@ -12,8 +12,11 @@
 #            profiled (top ops) with its compiled HLO and trace kept, and the same model trained
 #            through launch.py (time to first step, MFU)
 #   kernels  the Triton and Mosaic GPU kernels' tiles (benchmarks/attention_tune.py)
+#   levers   the 125M step at batch 64 and on documents as long as the corpus's (no profile)
 #   tests    first the tests that failed on the H100 of 11-27 (FAILED_FIRST=, empty, skips them), then
-#            the default test suite on the GPU (make test-gpu), beside the suite when both are named
+#            the default test suite on the GPU (make test-gpu), beside the suite when both are named.
+#            On a warm machine where an earlier call's run was cut, it resumes: the tests that
+#            earlier run reported (its log kept as tests-N.log) are deselected.
 #   suite    a GPU suite end to end (the gpu preset, 2 variants, 1 seed, 100 steps, no lr tuning)
 #   init     start-up at 12 and 24 layers, unrolled and scanned (benchmarks/init_time.py)
 #   tables   the attention table (bf16, 16k tokens a batch, H 16, D 128), MoE layer, decoding
@@ -75,15 +78,6 @@ M125="--config.model.d_model=768 --config.model.n_layers=12 --config.model.n_hea
     step train_step_scan ${SCAN_S:-45} $PY -m benchmarks.train_step --models=125m --only=jax \
       --batch_size=32 --document_mask=off --scan_layers=on --profile_dir=/tmp/profile \
       --hlo_dir="$RES/hlo" --out="$RES/train_step_scan-$SUFFIX.md"
-    # Documents as long as the built-in corpus's (~4,500 tokens: nearly one causal segment a row),
-    # where launch.py's step was 77-79 ms against the benchmark's 69 (gpu-h100-2.md): is it the
-    # Mosaic GPU kernel on long segments?
-    step train_step_long_docs ${LONG_S:-45} $PY -m benchmarks.train_step --models=125m --only=jax \
-      --batch_size=32 --document_mask=on --doc_len_mean=4500 --out="$RES/train_step_long-$SUFFIX.md"
-    if [[ -n "${LEVERS:-}" ]]; then  # MFU levers the 11-27 profile suggests (gpu-h100-2.md)
-      step train_step_batch64 ${LEVER_S:-45} $PY -m benchmarks.train_step --models=125m \
-        --only=jax --batch_size=64 --document_mask=on --out="$RES/train_step_b64-$SUFFIX.md"
-    fi
     if [[ -n "${DENSE:-}" ]]; then
       step train_step_cudnn_dense 40 $PY -m benchmarks.train_step --models=125m --only=jax \
         --batch_size=32 --document_mask=on --impl=cudnn --out="$RES/train_step_cudnn-$SUFFIX.md"
@@ -102,8 +96,11 @@ M125="--config.model.d_model=768 --config.model.n_layers=12 --config.model.n_hea
 
   if has kernels; then
     # Mosaic GPU first: 'auto' picks it for packed documents on Hopper.
-    step tune_mgpu 40 $PY -m benchmarks.attention_tune --kernel=mgpu --seq_lens=4096 --repeats=3
-    step tune_triton 35 $PY -m benchmarks.attention_tune --seq_lens=4096 --repeats=3
+    # cuDNN is timed first at the same shape; each row prints its share of it.
+    step tune_mgpu ${TUNE_MGPU_S:-40} $PY -m benchmarks.attention_tune --kernel=mgpu \
+      --seq_lens=${TUNE_N:-4096} --repeats=3
+    step tune_triton ${TUNE_TRITON_S:-35} $PY -m benchmarks.attention_tune \
+      --seq_lens=${TUNE_N:-4096} --repeats=3
   fi
 
   if has tests && [[ -n "${FAILED_FIRST-1}" ]]; then
@@ -127,7 +124,18 @@ M125="--config.model.d_model=768 --config.model.n_layers=12 --config.model.n_hea
     # the tests run beside it (their timings are not measurements; the suite's are not either).
     # TESTS_S: this step's limit.
     # MLLM_FAILURE_LOG: each failure's traceback written as it happens (a cut run prints none).
-    MLLM_FAILURE_LOG="$RES/failures.log" step tests ${TESTS_S:-360} make test-gpu GPU_PYTHON=$PY GPU_WORKERS=${TEST_WORKERS:-14} \
+    # Resuming a cut run on a warm machine: the tests its log reported are deselected
+    # (MLLM_DESELECT, tests/conftest.py).
+    : > "$RES/done.ids"
+    if [[ -f "$RES/tests.log" ]]; then
+      n=1; while [[ -f "$RES/tests-$n.log" ]]; do n=$((n + 1)); done
+      mv "$RES/tests.log" "$RES/tests-$n.log"
+      cat "$RES"/tests-*.log | grep -oE "(PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) tests/[^ ]+" \
+        | cut -d' ' -f2 | sort -u > "$RES/done.ids"
+      echo "tests: resuming; $(wc -l < "$RES/done.ids") tests earlier runs reported are deselected"
+    fi
+    MLLM_DESELECT="$RES/done.ids" MLLM_FAILURE_LOG="$RES/failures.log" step tests ${TESTS_S:-360} \
+      make test-gpu GPU_PYTHON=$PY GPU_WORKERS=${TEST_WORKERS:-14} \
       GPU_ARGS="-vv -p no:cacheprovider -k 'not ray and not splash and not pallas_tpu'" &
     tests_pid=$!
   fi
@@ -144,6 +152,17 @@ M125="--config.model.d_model=768 --config.model.n_layers=12 --config.model.n_hea
     pkill -f "pytest" 2>/dev/null; sleep 2  # workers a cut run left behind would hold the GPU
     grep -E "(FAILED|ERROR) " "$RES/tests.log" | sed 's/^.*\(FAILED\|ERROR\) /\1 /' | sort -u | head -40
     grep -cE " PASSED" "$RES/tests.log" | sed 's/^/tests passed: /'
+    head -c 6000 "$RES/failures.log" 2>/dev/null
+  fi
+
+  if has levers; then  # MFU levers the 11-27 profile suggests (gpu-h100-2.md), quiet machine
+    # Documents as long as the built-in corpus's (~4,500 tokens: nearly one causal segment a row),
+    # where launch.py's step was 77-79 ms against the benchmark's 69: the Mosaic GPU kernel on
+    # long segments?
+    step train_step_batch64 ${LEVER_S:-50} $PY -m benchmarks.train_step --models=125m \
+      --only=jax --batch_size=64 --document_mask=on --out="$RES/train_step_b64-$SUFFIX.md"
+    step train_step_long_docs ${LONG_S:-45} $PY -m benchmarks.train_step --models=125m --only=jax \
+      --batch_size=32 --document_mask=on --doc_len_mean=4500 --out="$RES/train_step_long-$SUFFIX.md"
   fi
 
   if has init; then  # start-up at 12 and 24 layers (the CPU's numbers: init_time-cpu.md)

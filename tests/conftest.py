@@ -71,7 +71,8 @@ STEPS = 40
 def pytest_collection_modifyitems(config, items):
   """Under `--dist loadgroup`, a test marked xdist_group must carry its group in its id (the
   scheduler keeps a group on one worker by that suffix); a pytest that drops it would silently
-  build every shared training fixture once per worker."""
+  build every shared training fixture once per worker. Then MLLM_DESELECT's tests are dropped."""
+  _deselect_listed(config, items)
   if not config.getoption('loadgroup', default=False):  # set on xdist's workers only
     return
   for item in items:
@@ -80,6 +81,30 @@ def pytest_collection_modifyitems(config, items):
         f'pytest-xdist did not tag {item.nodeid} with its xdist_group (pytest {pytest.__version__}'
         "): --dist loadgroup would not group tests; pyproject.toml's pytest range says why"
       )
+
+
+# --- MLLM_DESELECT=FILE: the test ids it lists (whitespace-separated, as pytest -v reports them,
+# xdist's @group suffix or not) are deselected: a run cut by a time limit on a lent GPU resumes
+# with the tests it did not reach (benchmarks/gpu_checklist.sh).
+
+
+def _deselect_listed(config, items):
+  path = os.environ.get('MLLM_DESELECT')
+  if not path:
+    return
+  with open(path) as f:
+    listed = set(f.read().split())
+  listed |= {i.rsplit('@', 1)[0] for i in listed}
+
+  def base(item):
+    group = item.get_closest_marker('xdist_group')
+    suffix = f'@{group.args[0] if group.args else group.kwargs.get("name")}' if group else ''
+    return item.nodeid.removesuffix(suffix) if suffix else item.nodeid
+
+  drop = [item for item in items if item.nodeid in listed or base(item) in listed]
+  if drop:
+    config.hook.pytest_deselected(items=drop)
+    items[:] = [item for item in items if item.nodeid not in listed and base(item) not in listed]
 
 
 # --- MLLM_FAILURE_LOG=FILE: each failure's traceback appended as it happens (by the controller
