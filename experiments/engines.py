@@ -28,10 +28,11 @@ from experiments.run_files import JOB, WORKER_LOG
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _pythonpath() -> str:
-  """PYTHONPATH with the project first, so a worker process imports this checkout."""
+def pythonpath(first: str = ROOT) -> str:
+  """PYTHONPATH with a checkout (this one by default) first, so a child process imports it; the
+  rest kept (packages installed with --target reach the child too)."""
   return os.pathsep.join(
-    [ROOT] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]
+    [first] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]
   )
 
 
@@ -75,7 +76,7 @@ class LocalPool:
     write_job(job, workdir)
     slot = min(set(range(self.slots)) - set(self._running.values()))
     log = open(os.path.join(workdir, WORKER_LOG), 'a')  # noqa: SIM115 (the worker's, closed on exit)
-    env = {**os.environ, 'PYTHONPATH': _pythonpath()}
+    env = {**os.environ, 'PYTHONPATH': pythonpath()}
     cpus = self._cpus[slot]
     if cpus:  # the worker pins itself before JAX starts (a preexec_fn is unsafe in threaded code)
       env['MLLM_WORKER_CPUS'] = ','.join(map(str, sorted(cpus)))
@@ -194,7 +195,7 @@ def init_ray(address: str | None = None) -> None:
     os.environ.setdefault('RAY_worker_niceness', '0')
   with warnings.catch_warnings():  # JAX warns of any fork; Ray's is a fork-exec
     warnings.filterwarnings('ignore', message='os.fork', category=RuntimeWarning)
-    ray.init(**kwargs, log_to_driver=False, runtime_env={'env_vars': {'PYTHONPATH': _pythonpath()}})
+    ray.init(**kwargs, log_to_driver=False, runtime_env={'env_vars': {'PYTHONPATH': pythonpath()}})
 
 
 class RayEngine:

@@ -27,6 +27,7 @@ import sys
 import tempfile
 
 from experiments import provenance
+from experiments.engines import pythonpath
 from experiments.run import config_hash, resolve, train_curve
 from experiments.scheduler import read_ledgers
 from experiments.suite import Suite, load_suite
@@ -191,7 +192,7 @@ def _trainer_at(root: str, suite: str, preset: str, extra: dict, steps: int):
       [sys.executable, '-c', _AT_COMMIT, json.dumps(job)],
       cwd=root,
       # This process holds the device too (provenance.current()): no preallocation on a GPU.
-      env={**os.environ, 'PYTHONPATH': root, 'XLA_PYTHON_CLIENT_PREALLOCATE': 'false'},
+      env={**os.environ, 'PYTHONPATH': pythonpath(root), 'XLA_PYTHON_CLIENT_PREALLOCATE': 'false'},
       capture_output=True,
       text=True,
     )

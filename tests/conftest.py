@@ -33,6 +33,9 @@ if 'jax' in sys.modules:  # imported before this file (a plugin): set it on the 
   )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A child process's PYTHONPATH: this checkout first, then whatever reaches this process (packages
+# installed with --target, as on a lent GPU, where a bare ROOT lost them).
+CHILD_PYTHONPATH = os.pathsep.join(filter(None, [ROOT, os.environ.get('PYTHONPATH')]))
 BASE = os.path.join(ROOT, 'configs', 'base.py')
 
 TINY = {

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from conftest import ROOT
+from conftest import CHILD_PYTHONPATH, ROOT
 
 PROGRAM = '''
 import json, sys
@@ -32,7 +32,9 @@ def run(env):
 def test_a_second_process_hits_the_cache_and_computes_the_same(tmp_path):
   env = {k: v for k, v in os.environ.items() if not k.startswith('JAX_COMPILATION_CACHE')}
   env.update(
-    MLLM_CACHE_DIR=str(tmp_path), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0', PYTHONPATH=ROOT
+    MLLM_CACHE_DIR=str(tmp_path),
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+    PYTHONPATH=CHILD_PYTHONPATH,
   )
   first, second = run(env), run(env)
   assert first['dir'] == second['dir'] == str(tmp_path / 'jax')
@@ -42,8 +44,14 @@ def test_a_second_process_hits_the_cache_and_computes_the_same(tmp_path):
 
 
 def test_the_users_folder_wins_and_zero_turns_it_off(tmp_path):
-  env = {**os.environ, 'PYTHONPATH': ROOT, 'JAX_COMPILATION_CACHE_DIR': str(tmp_path / 'mine')}
+  env = {
+    **os.environ,
+    'PYTHONPATH': CHILD_PYTHONPATH,
+    'JAX_COMPILATION_CACHE_DIR': str(tmp_path / 'mine'),
+  }
   assert run(env)['dir'] == str(tmp_path / 'mine')
   env = {k: v for k, v in os.environ.items() if not k.startswith('JAX_COMPILATION_CACHE')}
-  env.update(PYTHONPATH=ROOT, MLLM_COMPILATION_CACHE='0', MLLM_CACHE_DIR=str(tmp_path / 'c'))
+  env.update(
+    PYTHONPATH=CHILD_PYTHONPATH, MLLM_COMPILATION_CACHE='0', MLLM_CACHE_DIR=str(tmp_path / 'c')
+  )
   assert run(env)['dir'] is None and not os.path.exists(tmp_path / 'c' / 'jax')

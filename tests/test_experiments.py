@@ -243,6 +243,19 @@ def test_a_run_of_other_code_is_trained_again_for_its_first_steps_and_compared(f
   assert 'logs the same train loss at step 1 and drifts by 0.0500 by step 3' in text  # the latest
 
 
+def test_a_child_process_keeps_the_pythonpath_behind_the_checkout(monkeypatch):
+  """Runs trained in a child (a worker, a commit's worktree) import the checkout first and still
+  find packages installed outside site-packages: on a lent GPU (2026-11-27) grain came through
+  PYTHONPATH, and a worktree's child given PYTHONPATH=<worktree> alone could not import it."""
+  from experiments.engines import ROOT, pythonpath
+
+  monkeypatch.setenv('PYTHONPATH', os.pathsep.join(['/opt/site', '', '/opt/more']))
+  assert pythonpath() == os.pathsep.join([ROOT, '/opt/site', '/opt/more'])
+  assert pythonpath('/w/tree') == os.pathsep.join(['/w/tree', '/opt/site', '/opt/more'])
+  monkeypatch.delenv('PYTHONPATH')
+  assert pythonpath('/w/tree') == '/w/tree'
+
+
 def test_a_run_is_trained_again_under_a_commits_code_in_a_worktree(tmp_path, corpus):
   """experiments.reproduce --code_of: noise's run, relabelled as an older version, trained again
   under HEAD's code in a git worktree (its own experiments/ resolves the config) logs the same
@@ -262,6 +275,7 @@ def test_a_run_is_trained_again_under_a_commits_code_in_a_worktree(tmp_path, cor
   (record,) = reproduce.check(
     noise, relabelled, str(tmp_path), steps=3, extra=extra, code_of='HEAD'
   )
+  assert 'error' not in record, record  # the child's failure, named (a GPU run's: a lost package)
   assert record['same'] and record['steps'] == [1, 2, 3], record
   head = subprocess.run(['git', 'rev-parse', '--short=12', 'HEAD'], capture_output=True, text=True)
   assert record['under']['commit'] == head.stdout.strip()

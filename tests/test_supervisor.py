@@ -12,7 +12,7 @@ import textwrap
 import time
 
 import pytest
-from conftest import ROOT
+from conftest import CHILD_PYTHONPATH
 
 from mllm import supervisor
 
@@ -27,7 +27,7 @@ def start(tmp_path, child_body: str, env_extra: dict | None = None) -> subproces
   code = (
     f'import sys\nfrom mllm import supervisor\nsys.exit(supervisor.supervise([{str(child)!r}]))'
   )
-  env = dict(os.environ, PYTHONPATH=ROOT, **(env_extra or {}))
+  env = dict(os.environ, PYTHONPATH=CHILD_PYTHONPATH, **(env_extra or {}))
   return subprocess.Popen(
     [sys.executable, '-c', code],
     cwd=tmp_path,
