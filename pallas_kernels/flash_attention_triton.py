@@ -56,7 +56,8 @@ def _pad_head_dim(h: int) -> int:
 
 
 def default_blocks(head_dim: int, backend: str) -> BlockSizes:
-  """Block sizes (powers of two) for a head_dim on 'gpu' or 'cpu' (interpret mode)."""
+  """Block sizes (powers of two) for a head_dim on 'hopper' (an H100/H200: 227 KiB of shared
+  memory a block), another 'gpu' (an A100's 163 KiB) or 'cpu' (interpret mode)."""
   if backend == 'cpu':
     # The interpreter pays per loop iteration, not per flop: fewer, larger tiles are faster.
     return BlockSizes(128, 128, 128, 128)
@@ -64,22 +65,49 @@ def default_blocks(head_dim: int, backend: str) -> BlockSizes:
   Hp = _pad_head_dim(head_dim)
   if Hp >= 256:  # not tuned on hardware
     return BlockSizes(64, 64, 32, 32)
-  if Hp > 64:
-    # Tuned on an H100 (benchmarks/results/gpu-h100.md, D 128, N 4096, causal, bf16): 64-row
-    # tiles in both passes with 4 warps and 2 stages ran forward+backward at 248 TFLOP/s, twice
-    # the 128/64 split with 8 warps before; the forward alone about as fast (180 TFLOP/s).
+  if Hp > 64 and backend == 'hopper':
+    # Tuned on an H100 (benchmarks/results/gpu-h100-3.md, D 128, N 4096, causal, bf16): the
+    # forward alone ran best on 128 x 128 tiles with 8 warps and 3 stages (1.14 ms, 0.57 of
+    # cuDNN, against 1.58 on 64 x 64), the backward on 64 x 64 with 4 warps and 2 stages (128-row
+    # tiles in 3 stages exceed its shared memory; in 2, forward+backward took 4.5 ms, not 3.9).
+    return BlockSizes(128, 128, 64, 64)
+  if Hp > 64:  # 64 x 64 in both passes: gpu-h100.md's tuning, which fits an A100's memory
     return BlockSizes(64, 64, 64, 64)
   return BlockSizes(128, 128, 64, 64)  # head_dim <= 64: not tuned on hardware
 
 
-DEFAULT_BLOCKS = {'gpu': default_blocks(128, 'gpu'), 'cpu': default_blocks(128, 'cpu')}
+class Launch(NamedTuple):
+  """Triton's warps and software-pipeline stages of the forward and of the backward kernels."""
+
+  num_warps: int
+  num_stages: int
+  num_warps_bwd: int
+  num_stages_bwd: int
+
+
+def default_launch(head_dim: int, backend: str) -> Launch:
+  """Warps and stages for a head_dim, tuned with default_blocks() (gpu-h100.md, gpu-h100-3.md)."""
+  Hp = _pad_head_dim(head_dim)
+  if Hp > 128:  # not tuned on hardware
+    return Launch(8, 2, 8, 2)
+  if Hp > 64 and backend == 'hopper':
+    return Launch(8, 3, 4, 2)
+  return Launch(4, 2, 4, 2)
+
+
+def gpu_kind() -> str:
+  """'hopper' where JAX's first device has compute capability 9.x, else 'gpu'."""
+  capability = getattr(jax.devices()[0], 'compute_capability', None)
+  return 'hopper' if isinstance(capability, str) and capability.startswith('9.') else 'gpu'
+
+
+DEFAULT_BLOCKS = {kind: default_blocks(128, kind) for kind in ('hopper', 'gpu', 'cpu')}
 
 
 @dataclasses.dataclass(frozen=True)
 class _Cfg(MaskRule):
   blocks: BlockSizes
-  num_warps: int
-  num_stages: int
+  launch: Launch
 
   def ranges(self, bwd: bool):
     bq, bk = self.blocks[2:] if bwd else self.blocks[:2]
@@ -318,7 +346,8 @@ def _side_specs(ex, q_spec, kv_spec):
   ]
 
 
-def _call(kernel, cfg, grid, in_specs, out_specs, out_shape, args, name):
+def _call(kernel, cfg, grid, in_specs, out_specs, out_shape, args, name, bwd=False):
+  warps, stages = cfg.launch[2:] if bwd else cfg.launch[:2]
   return pl.pallas_call(
     functools.partial(kernel, cfg=cfg),
     grid=grid,
@@ -328,7 +357,7 @@ def _call(kernel, cfg, grid, in_specs, out_specs, out_shape, args, name):
     interpret=cfg.interpret,
     name=name,
     # A Triton dataclass also selects the Triton (not Mosaic GPU) lowering.
-    compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+    compiler_params=plgpu.CompilerParams(num_warps=warps, num_stages=stages),
   )(*args)
 
 
@@ -389,6 +418,7 @@ def _backward(cfg, q_BTNH, k_BSKH, v_BSKH, ex, o_BTNH, lse_BNT, do_BTNH):
     [jax.ShapeDtypeStruct(k_BSKH.shape, k_BSKH.dtype)] * 2,
     args,
     'flash_attention_dkv',
+    bwd=True,
   )
 
   q_tile, kv_all, row_tile, side = _per_q_block_specs(ex, bq, Sp, Hp, G)
@@ -401,6 +431,7 @@ def _backward(cfg, q_BTNH, k_BSKH, v_BSKH, ex, o_BTNH, lse_BNT, do_BTNH):
     jax.ShapeDtypeStruct(q_BTNH.shape, q_BTNH.dtype),
     args,
     'flash_attention_dq',
+    bwd=True,
   )
   return dq_BTNH, dk_BSKH, dv_BSKH
 
@@ -418,7 +449,7 @@ def _block(requested, default, length):
 def _tiling(block_q, block_k, T: int, S: int, H: int, interpret: bool):
   """(blocks, Tp, Sp, Hp): the tiles of both passes (the requested ones, else default_blocks())
   and the lengths and head dim they pad to."""
-  default = default_blocks(H, 'cpu' if interpret else 'gpu')
+  default = default_blocks(H, 'cpu' if interpret else gpu_kind())
   blocks = BlockSizes(
     _block(block_q, default.block_q, T),
     _block(block_k, default.block_k, S),
@@ -499,8 +530,14 @@ def flash_attention(
     kv_len=S,
     groups=N // K,
     blocks=blocks,
-    num_warps=num_warps or (4 if Hp <= 128 else 8),  # 4 at Hp 128: tuned (default_blocks)
-    num_stages=num_stages or 2,
+    launch=Launch(
+      *(
+        given or default
+        for given, default in zip(
+          (num_warps, num_stages) * 2, default_launch(H, 'cpu' if interpret else gpu_kind())
+        )
+      )
+    ),
     interpret=bool(interpret),
     segments=q_segment_ids is not None,
     alibi=alibi_slopes is not None,

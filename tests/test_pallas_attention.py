@@ -357,10 +357,12 @@ def test_bounds_traced_match_python():
 
 
 def test_default_blocks_and_validation():
-  assert fa.default_blocks(64, "gpu")[:2] == (128, 128)
-  assert fa.default_blocks(128, "gpu") == (64, 64, 64, 64)  # tuned on an H100
-  assert fa.default_blocks(256, 'gpu')[:2] == (64, 64)
-  assert all(b & (b - 1) == 0 for bs in fa.DEFAULT_BLOCKS.values() for b in bs)
+  for kind in ('hopper', 'gpu', 'cpu'):
+    for head_dim in (16, 64, 80, 128, 256):
+      blocks = fa.default_blocks(head_dim, kind)
+      assert all(b >= 16 and b & (b - 1) == 0 for b in blocks)
+      # The padded length is a multiple of both passes' tiles: the larger a multiple of the other.
+      assert max(blocks[0], blocks[2]) % min(blocks[0], blocks[2]) == 0
   q = jnp.zeros((1, 8, 2, 16))
   with pytest.raises(ValueError, match='powers of two'):
     fa.flash_attention(q, q, q, scale=1.0, block_q=24)
@@ -370,6 +372,33 @@ def test_default_blocks_and_validation():
     fa.flash_attention(q, q[:, :, :1, :8], q[:, :, :1, :8], scale=1.0)
   with pytest.raises(ValueError, match='both'):
     fa.flash_attention(q, q, q, scale=1.0, q_segment_ids=jnp.zeros((1, 8), jnp.int32))
+
+
+@pytest.mark.parametrize('p', [case('packed-causal-h80', G=2, H=80, segments='packed')])
+def test_forward_and_backward_tiles_may_differ(p, monkeypatch):
+  """Default tiles larger in the forward than in the backward (as on Hopper at head_dim 128,
+  scaled down for the interpreter): queries pad to the larger, and output and gradients still
+  match float64."""
+  monkeypatch.setattr(fa, 'default_blocks', lambda *_: fa.BlockSizes(32, 32, 16, 16))
+  check_against_reference({**p, 'blocks': (None, None)}, seed=7)
+
+
+@pytest.mark.parametrize('kind,tiles,warps', [('hopper', (2, 4), (8, 4)), ('gpu', (4, 4), (4, 4))])
+def test_each_pass_lowers_with_its_own_tiles_and_warps(kind, tiles, warps, monkeypatch):
+  """At head_dim 128 a Hopper GPU's forward runs 128-row tiles with 8 warps and its two backward
+  kernels 64-row tiles with 4 (tuned, gpu-h100-3.md); other GPUs 64 and 4 in both (an A100's
+  shared memory). Read from the lowered kernels: the grid's query blocks of T 256, num_warps."""
+  import re
+
+  monkeypatch.setattr(fa, 'gpu_kind', lambda: kind)
+  q = jax.ShapeDtypeStruct((1, 256, 4, 128), jnp.bfloat16)
+  attn = functools.partial(fa.flash_attention, scale=0.125, causal=True, interpret=False)
+  hlo = lower_fwd_bwd_for_h100(attn, q, q, q, q).as_text()
+  calls = re.findall(r'__gpu\$xla\.gpu\.triton\(.*?grid_z = (\d+) .*?num_warps = (\d+)', hlo)
+  assert len(calls) == 3  # forward, dK/dV, dQ: in that order
+  (fwd_grid, fwd_warps), _, (dq_grid, dq_warps) = [(int(g), int(w)) for g, w in calls]
+  assert (fwd_grid, dq_grid) == tiles and (fwd_warps, dq_warps) == warps
+  assert int(calls[1][1]) == warps[1]
 
 
 def lower_fwd_bwd_for_h100(attn, q, k, v, d_out, **extras):
