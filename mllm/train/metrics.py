@@ -48,9 +48,9 @@ def peak_flops_per_device(
 def summary_writer():
   """tensorboardX's SummaryWriter class, imported without torch where torch is not loaded yet.
 
-  tensorboardX imports torch whenever it is installed (writer.py: to accept torch tensors), which
-  cost a run 3.8-4.1 s of its start-up on a GPU image with torch (H100, 2026-11-27); mllm logs
-  Python floats. A None entry in sys.modules makes that `import torch` fail, as if absent."""
+  tensorboardX imports torch whenever it is installed (writer.py: to accept torch tensors): the
+  likely cause of the 3.8-4.1 s between the state and the first step on a GPU image with torch
+  2.11 (H100, 2026-11-27; not yet re-measured there). mllm logs Python floats. A None entry in sys.modules makes that `import torch` fail, as if absent."""
   if 'tensorboardX' in sys.modules or 'torch' in sys.modules:
     from tensorboardX import SummaryWriter
 
