@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import statistics
 
 import pytest
 
@@ -275,3 +276,27 @@ def test_the_committed_diagnoses_hold_on_the_committed_runs():
       assert finding.supported, f'{name} {variant}: {finding.text}'
       found += 1
   assert found >= 3
+
+
+def test_a_row_whose_seeds_spread_apart_is_named_with_each_seed():
+  """A seed that stalls (norms' Post-LN with warm-up: 5.35 on one seed, 2.9 on the others) makes
+  a row's mean and CI describe the spread: the notes name the row and each seed's difference,
+  and only that row (the table's median spread of paired differences is the yardstick)."""
+  stalled = [b + d for b, d in zip(BASE, (0.02, 2.40, 0.03))]
+  suite = dataclasses.replace(SUITE, variants=(*SUITE.variants, Variant('stalled', expect='worse')))
+  res = results()
+  res['runs'] += [
+    {**res['runs'][0], 'variant': 'stalled', 'seed': seed, 'eval_loss': loss}
+    for seed, loss in enumerate(stalled)
+  ]
+  rows = report.summarize(suite, res)
+  typical = statistics.median(r['test'].std for r in rows if 'test' in r)
+  line = report.spread_line(rows)
+  spread = next(r for r in rows if r['variant'] == 'stalled')['test'].std
+  assert line.startswith(
+    f"Seeds apart: stalled's differences to base spread {spread / typical:.0f}x"
+  )
+  assert '(seed 0: +0.020, seed 1: +2.400, seed 2: +0.030)' in line
+  assert 'noisy' not in line and line.count("'s differences") == 1
+  assert line in report.markdown(suite, res, rows)
+  assert report.spread_line(report.summarize(SUITE, results())) == ''
