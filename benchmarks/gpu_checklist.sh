@@ -78,6 +78,13 @@ M125="--config.model.d_model=768 --config.model.n_layers=12 --config.model.n_hea
     step train_step_scan ${SCAN_S:-45} $PY -m benchmarks.train_step --models=125m --only=jax \
       --batch_size=32 --document_mask=off --scan_layers=on --profile_dir=/tmp/profile \
       --hlo_dir="$RES/hlo" --out="$RES/train_step_scan-$SUFFIX.md"
+    # Scanned layers k at a time (model.scan_unroll): fewer loop-carried copies, fusions across
+    # the k layers of an iteration; the 21% scan gap (gpu-h100-2.md) at unroll 2, 3 and 4.
+    for k in ${SCAN_UNROLLS:-2 3 4}; do
+      step train_step_scan_unroll$k ${SCAN_S:-45} $PY -m benchmarks.train_step --models=125m \
+        --only=jax --batch_size=32 --document_mask=off --scan_layers=on --scan_unroll=$k \
+        --out="$RES/train_step_scan_unroll$k-$SUFFIX.md"
+    done
     if [[ -n "${DENSE:-}" ]]; then
       step train_step_cudnn_dense 40 $PY -m benchmarks.train_step --models=125m --only=jax \
         --batch_size=32 --document_mask=on --impl=cudnn --out="$RES/train_step_cudnn-$SUFFIX.md"

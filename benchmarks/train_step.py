@@ -99,6 +99,7 @@ def load(
   scan_layers: bool | None = None,
   remat: str | None = None,
   impl: str | None = None,
+  scan_unroll: int = 1,
 ):
   overrides = dict(MODELS[name][0])
   if batch_size:
@@ -108,6 +109,8 @@ def load(
     overrides['model.scan_layers'] = scan_layers
   if remat is not None:
     overrides['model.remat'] = remat
+  if scan_unroll != 1:
+    overrides['model.scan_unroll'] = scan_unroll
   if impl is not None:
     overrides['model.attention.impl'] = impl
   overrides['train.warmup_steps'] = 0  # a constant learning rate: every timed step does the same
@@ -385,6 +388,12 @@ def parse_args(argv=None):
     help="model.scan_layers (nnx.scan over layers); default: the config's (off)",
   )
   parser.add_argument(
+    '--scan_unroll',
+    type=int,
+    default=1,
+    help='model.scan_unroll: scanned layers per loop iteration (with --scan_layers=on)',
+  )
+  parser.add_argument(
     '--remat', choices=['none', 'full', 'dots'], default=None, help="model.remat; default: config's"
   )
   parser.add_argument(
@@ -432,6 +441,8 @@ def row_label(name: str, config, scan: bool | None, remat: str | None) -> str:
   label = f"{name}, doc mask {'on' if config.data.document_mask else 'off'}"
   if scan is not None:
     label += f", scan {'on' if scan else 'off'}"
+  if scan and config.model.scan_unroll != 1:
+    label += f' (unroll {config.model.scan_unroll})'
   if remat is not None:
     label += f', remat {remat}'
   return label
@@ -439,7 +450,15 @@ def row_label(name: str, config, scan: bool | None, remat: str | None) -> str:
 
 def measure(name: str, args, document_mask: bool = False, scan: bool | None = None) -> dict:
   """The table row of one model: both sides set up, their steps timed interleaved and printed."""
-  config = load(name, args.batch_size, document_mask, scan, args.remat, args.impl)
+  config = load(
+    name,
+    args.batch_size,
+    document_mask,
+    scan,
+    args.remat,
+    args.impl,
+    scan_unroll=args.scan_unroll if scan else 1,
+  )
   label = row_label(name, config, scan, args.remat)
   print(f'--- {label}', flush=True)
   steps = args.steps or (2 if args.quick else 5 if name == '25m' else 10)

@@ -51,6 +51,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   model.param_dtype = 'float32'
   model.dtype = 'float32'  # compute dtype: float32 | bfloat16
   model.scan_layers = False  # nnx.scan over layers: faster compiles, same results
+  model.scan_unroll = 1  # with scan_layers: layers per loop iteration (XLA fuses across them)
   model.remat = 'none'  # none | full (recompute each layer in the backward) | dots (keep matmuls)
 
   attention = model.attention = config_dict.ConfigDict()

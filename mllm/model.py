@@ -103,6 +103,7 @@ class Transformer(nnx.Module):
     for name, part in make_stem(cfg, rngs=rngs).items():
       setattr(self, name, part)
     self.scan_layers = cfg.scan_layers
+    self.scan_unroll = cfg.scan_unroll
     self.moe_layers = tuple(moe_layers(cfg))
     if cfg.scan_layers:
       # One Block whose parameters carry a leading 'layers' axis; __call__ scans over it, so XLA
@@ -197,6 +198,7 @@ class Transformer(nnx.Module):
         mask,
         self.remat,
         None if cache is None else (cache, *writes),
+        unroll=self.scan_unroll,
       )
     per_layer = []
     kv = None if cache is None else (cache.k, cache.v)
@@ -263,12 +265,14 @@ def _call_block(block: Block, x_BTD, context, mask, remat: str, cache=None):
   return nnx.remat(lambda b, x: b(x, context, mask), policy=REMAT_POLICIES[remat])(block, x_BTD)
 
 
-def _scan_blocks(x_BTD, blocks: Block, context, mask, remat: str, cached=None):
+def _scan_blocks(x_BTD, blocks: Block, context, mask, remat: str, cached=None, unroll: int = 1):
   """(x, stats stacked over the layers, the updated cache's (k, v) or None). With a cache, the
-  (k, v) of all layers ride in the carry and each layer writes its slots in place."""
+  (k, v) of all layers ride in the carry and each layer writes its slots in place. `unroll`
+  layers run in each loop iteration (jax.lax.scan's unroll): fewer loop-carried copies, and
+  XLA fuses across the layers of one iteration."""
   if cached is None:
 
-    @nnx.scan(in_axes=(nnx.Carry, 0, None, None), out_axes=(nnx.Carry, 0, 0))
+    @nnx.scan(in_axes=(nnx.Carry, 0, None, None), out_axes=(nnx.Carry, 0, 0), unroll=unroll)
     def body(x_BTD, block: Block, context, mask):
       return _call_block(block, x_BTD, context, mask, remat)
 
@@ -276,7 +280,7 @@ def _scan_blocks(x_BTD, blocks: Block, context, mask, remat: str, cached=None):
 
   cache, writes, first = cached
 
-  @nnx.scan(in_axes=(nnx.Carry, 0, 0, None, None), out_axes=(nnx.Carry, 0))
+  @nnx.scan(in_axes=(nnx.Carry, 0, 0, None, None), out_axes=(nnx.Carry, 0), unroll=unroll)
   def cached_body(carry, block: Block, layer, context, mask):
     x_BTD, kv = carry
     x_BTD, stats, kv = _call_block(

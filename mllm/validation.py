@@ -87,6 +87,15 @@ def _check_model_scalars(m: config_dict.ConfigDict, p: str) -> None:
   one_of(f'{p}.dtype', m.dtype, DTYPES, 'compute dtype')
   one_of(f'{p}.param_dtype', m.param_dtype, DTYPES, 'parameter dtype')
   one_of(f'{p}.remat', m.remat, REMAT_POLICIES, 'remat policy')
+  integer(f'{p}.scan_unroll', m.scan_unroll)
+  if m.scan_unroll > m.n_layers:
+    raise ConfigError(f'{p}.scan_unroll', m.scan_unroll, f'allowed: 1 to {p}.n_layers={m.n_layers}')
+  if m.scan_unroll != 1 and not m.scan_layers:
+    raise ConfigError(
+      f'{p}.scan_unroll',
+      m.scan_unroll,
+      f'unrolls scanned layers; set {p}.scan_layers=True to use it, else leave it at 1',
+    )
   rate(f'{p}.dropout', m.dropout)
   rate(f'{p}.embed_dropout', m.embed_dropout)
 

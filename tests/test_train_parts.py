@@ -9,12 +9,14 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import ROOT, tiny_config
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+import mllm
 from mllm.config import ConfigError
 from mllm.train.metrics import peak_flops_per_device
 from mllm.train.optimizer import learning_rate_schedule, weight_decay_mask
@@ -115,6 +117,9 @@ def test_peak_flops_table():
     ('data.source', "'csv'", "data.source='csv': unknown data source"),
     ('mesh.tensor', '0', 'mesh.tensor=0: a mesh axis size is a positive integer'),
     ('model.remat', "'some'", "model.remat='some': unknown remat policy"),
+    ('model.scan_unroll', '2', 'model.scan_unroll=2: unrolls scanned layers; set model.scan_la'),
+    ('model.scan_unroll', '9', 'model.scan_unroll=9: allowed: 1 to model.n_layers=4'),
+    ('model.scan_unroll', '0', 'model.scan_unroll=0'),
   ],
 )
 def test_training_config_errors(key, value, text):
@@ -180,6 +185,38 @@ def test_remat_recomputes_the_same_gradients(remat, scan):
   np.testing.assert_allclose(losses, ref_losses, rtol=1e-6)
   for a, b in zip(jax.tree.leaves(state['params']), jax.tree.leaves(ref['params'])):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize('unroll', [2, 3])
+def test_scanned_layers_unrolled_k_at_a_time_compute_the_same_steps(unroll):
+  """model.scan_unroll runs k layers per loop iteration (2 of 3: a remainder iteration; 3: one
+  iteration): the same losses and parameters as one layer per iteration, and the traced model's
+  scan really carries the unroll."""
+  ref_losses, ref = _two_steps(model__scan_layers=True, model__n_layers=3)
+  losses, state = _two_steps(model__scan_layers=True, model__n_layers=3, model__scan_unroll=unroll)
+  np.testing.assert_allclose(losses, ref_losses, rtol=1e-6)
+  for a, b in zip(jax.tree.leaves(state['params']), jax.tree.leaves(ref['params'])):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+  model = mllm.build_model(
+    tiny_config(model__scan_layers=True, model__n_layers=3, model__scan_unroll=unroll),
+    rngs=nnx.Rngs(0),
+  )
+  graphdef, weights = nnx.split(model)
+  jaxpr = jax.make_jaxpr(lambda w, t: nnx.merge(graphdef, w)(t))(
+    weights, jnp.zeros((1, 8), jnp.int32)
+  )
+  assert [e.params['unroll'] for e in _eqns(jaxpr.jaxpr) if e.primitive.name == 'scan'] == [unroll]
+
+
+def _eqns(jaxpr):
+  """Every equation of a jaxpr, nested ones (pjit, scan bodies) included."""
+  for eqn in jaxpr.eqns:
+    yield eqn
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (list, tuple)) else [param]:
+        inner = getattr(sub, 'jaxpr', None)
+        if inner is not None:
+          yield from _eqns(getattr(inner, 'jaxpr', inner))
 
 
 def test_bfloat16_compute_keeps_float32_parameters_and_optimizer_state():

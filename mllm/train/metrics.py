@@ -50,7 +50,8 @@ def summary_writer():
 
   tensorboardX imports torch whenever it is installed (writer.py: to accept torch tensors): the
   likely cause of the 3.8-4.1 s between the state and the first step on a GPU image with torch
-  2.11 (H100, 2026-11-27; not yet re-measured there). mllm logs Python floats. A None entry in sys.modules makes that `import torch` fail, as if absent."""
+  2.11 (H100, 2026-11-27; not yet re-measured there). mllm logs Python floats. A None entry in
+  sys.modules makes that `import torch` fail, as if torch were absent."""
   if 'tensorboardX' in sys.modules or 'torch' in sys.modules:
     from tensorboardX import SummaryWriter
 
