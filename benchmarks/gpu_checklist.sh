@@ -172,6 +172,9 @@ M125="--config.model.d_model=768 --config.model.n_layers=12 --config.model.n_hea
       --heads=16 --head_dim=128 --causal=both --impls=xla,blockwise,pallas,pallas_mgpu,cudnn \
       --repeats=5 --time_budget_s=2 --out="$RES/attention-$SUFFIX.md"
     step moe 50 $PY -m benchmarks.moe --out_dir="$RES"
+    # MoE at 125M (the checklist's item 6): a whole step, capacity against dropless dispatch.
+    step train_step_moe ${MOE_S:-90} $PY -m benchmarks.train_step --models=125m_moe --only=jax \
+      --batch_size=16 --document_mask=on --moe_dispatch=both --out="$RES/train_step_moe-$SUFFIX.md"
     step decode 55 $PY -m benchmarks.decode --only_125m --out="$RES/decode-$SUFFIX.md"
   fi
   stamp done

@@ -77,6 +77,25 @@ MODELS = {
     },
     'd 768, 12 layers, 12 heads (MHA), vocab 50304, seq 1024, bf16 compute',
   ),
+  # The same shape with a Mixtral-style MoE FFN in every layer (8 experts of the dense FFN's
+  # size, top-2): the dispatch's cost in a whole step (--moe_dispatch).
+  '125m_moe': (
+    {
+      'model.d_model': 768,
+      'model.n_layers': 12,
+      'model.n_heads': 12,
+      'model.n_kv_heads': 12,
+      'model.vocab_size': 50304,
+      'model.max_seq_len': 1024,
+      'data.seq_len': 1024,
+      'data.batch_size': 32,
+      'model.dtype': 'bfloat16',
+      'model.ffn.kind': 'moe',
+      'model.moe.num_experts': 8,
+      'model.moe.top_k': 2,
+    },
+    'the 125m shape with 8 experts top-2 in every layer (MoE)',
+  ),
   'quick': (
     {
       'model.d_model': 64,
@@ -100,6 +119,7 @@ def load(
   remat: str | None = None,
   impl: str | None = None,
   scan_unroll: int = 1,
+  moe_dispatch: str | None = None,
 ):
   overrides = dict(MODELS[name][0])
   if batch_size:
@@ -111,6 +131,8 @@ def load(
     overrides['model.remat'] = remat
   if scan_unroll != 1:
     overrides['model.scan_unroll'] = scan_unroll
+  if moe_dispatch and overrides.get('model.ffn.kind') == 'moe':
+    overrides['model.moe.dispatch'] = moe_dispatch
   if impl is not None:
     overrides['model.attention.impl'] = impl
   overrides['train.warmup_steps'] = 0  # a constant learning rate: every timed step does the same
@@ -388,6 +410,12 @@ def parse_args(argv=None):
     help="model.scan_layers (nnx.scan over layers); default: the config's (off)",
   )
   parser.add_argument(
+    '--moe_dispatch',
+    choices=['auto', 'capacity', 'dropless', 'both'],
+    default=None,
+    help="model.moe.dispatch of the MoE models (125m_moe); 'both': capacity and dropless rows",
+  )
+  parser.add_argument(
     '--scan_unroll',
     type=int,
     default=1,
@@ -443,12 +471,20 @@ def row_label(name: str, config, scan: bool | None, remat: str | None) -> str:
     label += f", scan {'on' if scan else 'off'}"
   if scan and config.model.scan_unroll != 1:
     label += f' (unroll {config.model.scan_unroll})'
+  if config.model.ffn.kind == 'moe':
+    label += f', dispatch {config.model.moe.dispatch}'
   if remat is not None:
     label += f', remat {remat}'
   return label
 
 
-def measure(name: str, args, document_mask: bool = False, scan: bool | None = None) -> dict:
+def measure(
+  name: str,
+  args,
+  document_mask: bool = False,
+  scan: bool | None = None,
+  moe_dispatch: str | None = None,
+) -> dict:
   """The table row of one model: both sides set up, their steps timed interleaved and printed."""
   config = load(
     name,
@@ -458,6 +494,7 @@ def measure(name: str, args, document_mask: bool = False, scan: bool | None = No
     args.remat,
     args.impl,
     scan_unroll=args.scan_unroll if scan else 1,
+    moe_dispatch=moe_dispatch,
   )
   label = row_label(name, config, scan, args.remat)
   print(f'--- {label}', flush=True)
@@ -546,11 +583,13 @@ def main() -> None:
   for key, value in env.items():
     print(f'{key}: {value}')
   docs = variants(args.document_mask, 'both' if args.only == 'jax' else 'off')
+  dispatches = ['capacity', 'dropless'] if args.moe_dispatch == 'both' else [args.moe_dispatch]
   rows = [
-    measure(name, args, doc, scan)
+    measure(name, args, doc, scan, dispatch)
     for name in names
     for doc in docs
     for scan in variants(args.scan_layers)
+    for dispatch in (dispatches if MODELS[name][0].get('model.ffn.kind') == 'moe' else [None])
   ]
   print_table(rows, env, args.out)
 
