@@ -3,7 +3,8 @@ gated FFN has 2/3 of ReLU's hidden units (344 against 512 at d_model 128, where 
 gated FFNs keep 2,048). Here GLU and SwiGLU keep ReLU's 512 (`model.ffn.match_params=False`, 1.5x
 the FFN's parameters) over the same 4 M tokens, each at the rate `ffn_tokens` tuned for it at that
 budget (lr_from): if they then reach ReLU, the narrower hidden layer is what costs the gated rows
-at this width; if they stay behind at more parameters, it is not."""
+at this width; if they stay behind at more parameters, it is not. Bilinear (`ffn`'s one
+unexplained contradiction) joined GLU and SwiGLU on 2026-11-27."""
 
 import dataclasses
 
@@ -12,8 +13,8 @@ from experiments.suites import ffn_tokens
 
 SUITE = Suite(
   name='ffn_width',
-  description="ReLU vs GLU / SwiGLU at ReLU's hidden width (512; the gated rows 1.5x the FFN "
-  'parameters) over 4 M tokens, eval loss against tokens',
+  description="ReLU vs GLU / SwiGLU / Bilinear at ReLU's hidden width (512; the gated rows 1.5x "
+  'the FFN parameters) over 4 M tokens, eval loss against tokens',
   base=ffn_tokens.SUITE.base,
   variants=tuple(
     v
@@ -23,7 +24,7 @@ SUITE = Suite(
       v, overrides={**v.overrides, 'model.ffn.match_params': False}, paper={}
     )
     for v in ffn_tokens.SUITE.variants
-    if v.name in ('relu', 'glu', 'swiglu')
+    if v.name in ('relu', 'glu', 'swiglu', 'bilinear')
   ),
   presets=ffn_tokens.SUITE.presets,
   lr_from='ffn_tokens',
