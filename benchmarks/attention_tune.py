@@ -13,11 +13,13 @@ tiles of both passes; `default_blocks` can then take each pass's best. `--kernel
 Mosaic GPU kernel (pallas_kernels/flash_attention_mgpu.py) instead: its query tile is fixed at 64
 rows a warpgroup, so the knobs are block_k (--mgpu_blocks) and the slots of its copy rings
 (--mgpu_steps); --warps / --stages do not apply to it. A configuration the
-compiler refuses (shared memory, registers) is listed as n/a. On a GPU cuDNN's flash attention
-(`jax.nn.dot_product_attention(implementation='cudnn')`) is timed first at the same shape and every
-row also prints its share of cuDNN (the issue's targets are shares). On a CPU the kernel only
-interprets (and cuDNN is skipped): use tiny sizes (--seq_lens=128 --tokens_per_batch=128
---blocks=32,64) to smoke-test.
+compiler refuses (shared memory, registers) is listed as n/a. `--kernel=jax_mgpu` sweeps JAX's
+own Mosaic GPU flash attention (jax.experimental.pallas.ops.gpu.attention_mgpu: block_kv x
+max_concurrent_steps, its backward on 64-row tiles), a reference for what Mosaic GPU reaches.
+On a GPU, cuDNN's flash attention (`jax.nn.dot_product_attention(implementation='cudnn')`) is
+timed first at the same shape and every row also prints its share of cuDNN (the issue's targets
+are shares). On a CPU the kernels only interpret (cuDNN skipped, JAX's kernel refused): use tiny
+sizes (--seq_lens=128 --tokens_per_batch=128 --blocks=32,64) to smoke-test.
 """
 
 from __future__ import annotations
@@ -52,13 +54,35 @@ def settings(args) -> list[tuple]:
   def ints(spec: str) -> list[int]:
     return [int(x) for x in spec.split(',')]
 
-  if args.kernel == 'mgpu':
+  if args.kernel in ('mgpu', 'jax_mgpu'):
     return [
       (flash_attention_mgpu.TILE, bk, None, steps)
       for bk, steps in itertools.product(ints(args.mgpu_blocks), ints(args.mgpu_steps))
     ]
   blocks = ints(args.blocks)
   return list(itertools.product(blocks, blocks, ints(args.warps), ints(args.stages)))
+
+
+def jax_reference_kernel(block_q: int, block_kv: int, steps: int, causal: bool):
+  """JAX's Mosaic GPU attention at one tiling (its backward on 64 x 64 tiles); it applies no
+  softmax scale, which changes no timing."""
+
+  def attn(q, k, v):  # built when traced: a refusal (another jax's fields) is that row's n/a
+    from jax.experimental.pallas.ops.gpu import attention_mgpu
+
+    config = attention_mgpu.TuningConfig(
+      block_q=block_q,
+      block_kv=block_kv,
+      max_concurrent_steps=steps,
+      causal=causal,
+      block_q_dkv=64,
+      block_kv_dkv=64,
+      block_q_dq=64,
+      block_kv_dq=64,
+    )
+    return attention_mgpu.attention(q, k, v, config=config)
+
+  return attn
 
 
 def passes(attn, q, k, v, d_out, fwd_flops):
@@ -104,6 +128,8 @@ def sweep(n: int, args) -> list[dict]:
     common = dict(scale=args.head_dim**-0.5, causal=args.causal, block_k=bk)
     if args.kernel == 'mgpu':  # warps: fixed by the kernel; stages: its rings' slots
       attn = functools.partial(flash_attention_mgpu.flash_attention, steps=stages, **common)
+    elif args.kernel == 'jax_mgpu':
+      attn = jax_reference_kernel(bq, bk, stages, args.causal)
     else:
       attn = functools.partial(
         flash_attention_triton.flash_attention,
@@ -119,7 +145,9 @@ def sweep(n: int, args) -> list[dict]:
         seconds = timed(fn, fn_args, args.repeats)
       except Exception as e:  # refused by the compiler: too much shared memory, say
         row[name] = None
-        row[f'{name}_error'] = f'{type(e).__name__}: {str(e).strip().splitlines()[0][:120]}'
+        row[f'{name}_error'] = (
+          f'{type(e).__name__}: {(str(e).strip().splitlines() or [""])[0][:120]}'
+        )
         continue
       row[name] = seconds * 1e3
       row[f'{name}_tflops'] = flops / seconds / 1e12
@@ -157,12 +185,17 @@ def main(argv=None) -> None:
   p.add_argument('--blocks', default='64,128', help='values tried for block_q and block_k')
   p.add_argument('--warps', default='4,8')
   p.add_argument('--stages', default='2,3')
-  p.add_argument('--kernel', choices=['triton', 'mgpu'], default='triton')
+  p.add_argument('--kernel', choices=['triton', 'mgpu', 'jax_mgpu'], default='triton')
   p.add_argument('--mgpu_blocks', default='64,128,192,256', help='--kernel=mgpu: block_k values')
   p.add_argument('--mgpu_steps', default='2,3', help='--kernel=mgpu: ring slots')
   p.add_argument('--repeats', type=int, default=5)
   args = p.parse_args(argv)
   args.causal = args.causal == 'true'
+  if args.kernel == 'jax_mgpu' and jax.default_backend() != 'gpu':
+    p.error(
+      f"--kernel=jax_mgpu needs a GPU (JAX's kernel has no interpreter; this backend is "
+      f"{jax.default_backend()!r}); allowed here: --kernel=triton or mgpu"
+    )
   print(
     f'{args.kernel} kernel; {jax.devices()[0].device_kind}, jax {jax.__version__}; '
     f'H {args.heads}, D {args.head_dim}, '

@@ -112,6 +112,10 @@ M125="--config.model.d_model=768 --config.model.n_layers=12 --config.model.n_hea
       --seq_lens=${TUNE_N:-4096} --repeats=3
     step tune_triton ${TUNE_TRITON_S:-35} $PY -m benchmarks.attention_tune \
       --seq_lens=${TUNE_N:-4096} --repeats=3
+    # JAX's own Mosaic GPU attention at the same shape: what Mosaic GPU reaches (ours: forward
+    # 0.75 of cuDNN, gpu-h100-3.md).
+    step tune_jax_mgpu ${TUNE_JAX_S:-45} $PY -m benchmarks.attention_tune --kernel=jax_mgpu \
+      --seq_lens=${TUNE_N:-4096} --mgpu_blocks=64,128 --mgpu_steps=2,3 --repeats=3
   fi
 
   if has tests; then
