@@ -14,7 +14,8 @@
 #   kernels  the Triton and Mosaic GPU kernels' tiles (benchmarks/attention_tune.py)
 #   levers   the 125M step at batch 64 and on documents as long as the corpus's (no profile)
 #   tests    the default test suite on the GPU (make test-gpu), beside the suite when both are named
-#            (the whole suite took 344 s on 15 workers on an H100, 2026-11-27).
+#            (the whole suite took 344 s on 15 workers on an H100, 2026-11-27); TESTS_K='expr'
+#            narrows it (pytest -k), e.g. TESTS_K='abort_after or worktree'.
 #            On a warm machine where an earlier call's run was cut, it resumes: the tests that
 #            earlier run reported (its log kept as tests-N.log) are deselected.
 #   suite    a GPU suite end to end (the gpu preset, 2 variants, 1 seed, 100 steps, no lr tuning)
@@ -138,7 +139,7 @@ M125="--config.model.d_model=768 --config.model.n_layers=12 --config.model.n_hea
     fi
     MLLM_DESELECT="$RES/done.ids" MLLM_FAILURE_LOG="$RES/failures.log" step tests ${TESTS_S:-360} \
       make test-gpu GPU_PYTHON=$PY GPU_WORKERS=${TEST_WORKERS:-14} \
-      GPU_ARGS="-vv -p no:cacheprovider -k 'not ray and not splash and not pallas_tpu'" &
+      GPU_ARGS="-vv -p no:cacheprovider -k 'not ray and not splash and not pallas_tpu ${TESTS_K:+and ($TESTS_K)}'" &
     tests_pid=$!
   fi
 
