@@ -224,6 +224,20 @@ def rate_at_budget(suite: str, baseline: str) -> Callable[[Evidence, str], Findi
   return finds
 
 
+def width_ruled_out(suite: str, baseline: str) -> Callable[[Evidence, str], Finding]:
+  """Ruled out, a narrower hidden layer: in `suite` the variant keeps the baseline's hidden
+  width (at more parameters) and still stays behind it (the paired CI above zero)."""
+
+  def finds(evidence: Evidence, variant: str) -> Finding:
+    test, gap = _final_gap(evidence, suite, variant, baseline)
+    return Finding(
+      test.ci_low > 0,
+      f"a narrower hidden layer (in {suite} at {baseline}'s hidden width the gap is {gap})",
+    )
+
+  return finds
+
+
 def _final_gap(evidence: Evidence, suite: str, variant: str, baseline: str):
   """The paired test of variant − baseline eval loss in `suite`, and '+m [lo, hi] over n seeds'."""
   runs, base_runs = evidence.runs(suite, variant), evidence.runs(suite, baseline)

@@ -300,3 +300,22 @@ def test_a_row_whose_seeds_spread_apart_is_named_with_each_seed():
   assert 'noisy' not in line and line.count("'s differences") == 1
   assert line in report.markdown(suite, res, rows)
   assert report.spread_line(report.summarize(SUITE, results())) == ''
+
+
+def test_a_narrower_hidden_layer_is_ruled_out_only_where_the_wide_row_stays_behind(tmp_path):
+  """width_ruled_out: at the baseline's width the paired gap's CI stays above zero; a gap whose
+  CI reaches zero there does not rule the width out."""
+  out = str(tmp_path)
+  base = [[3.0, 2.8, 2.6, 2.40], [3.0, 2.8, 2.6, 2.42], [3.0, 2.8, 2.6, 2.41]]
+  behind = [[3.0, 2.9, 2.7, 2.50], [3.0, 2.9, 2.7, 2.53], [3.0, 2.9, 2.7, 2.50]]
+  _tokens_suite(out, {'base': base, 'late': behind})
+  check = diagnosis.width_ruled_out('longer', baseline='base')
+  finding = check(Evidence(out), 'late')
+  assert finding.supported
+  assert finding.text == (
+    "a narrower hidden layer (in longer at base's hidden width the gap is +0.100 "
+    '[+0.075, +0.125] over 3 seeds)'
+  )
+  level = [[3.0, 2.9, 2.7, 2.41], [3.0, 2.9, 2.7, 2.40], [3.0, 2.9, 2.7, 2.43]]
+  _tokens_suite(out, {'base': base, 'late': level})
+  assert not check(Evidence(out), 'late').supported
