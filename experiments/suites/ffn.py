@@ -28,13 +28,13 @@ _DIAGNOSES = {
     diagnosis.rates_tuned('ffn', baseline='relu'),
     diagnosis.budget_ruled_out('ffn_tokens', baseline='relu'),
     diagnosis.rate_at_budget('ffn_tokens', baseline='relu'),
-    not_ruled_out="the gated rows' narrower hidden layer (344 units against ReLU's 512; "
-    '`ffn_width` has no Bilinear row, and there SwiGLU stays behind at 512), the scale (d_model '
-    '128, 4 layers; Shazeer trains d_model 768, 12 layers, for 65,536 steps), the initialisation '
-    "of the product xW·xV (each factor at 1/√fan_in) and the corpus (Python's standard library "
-    'source, not C4)',
+    diagnosis.width_ruled_out('ffn_width', baseline='relu'),
+    not_ruled_out="the scale (d_model 128, 4 layers; Shazeer trains d_model 768, 12 layers, for "
+    '65,536 steps), the initialisation of the product xW·xV (each factor at 1/√fan_in) and the '
+    "corpus (Python's standard library source, not C4)",
     rests_on='ffn: tuning of ReLU and Bilinear; ffn_tokens: Bilinear − ReLU eval loss per seed '
-    'along 4 M tokens, both rates tuned again there',
+    "along 4 M tokens, both rates tuned again there; ffn_width: Bilinear at ReLU's 512 hidden "
+    'units, per seed',
   ),
 }
 
