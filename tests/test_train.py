@@ -372,3 +372,25 @@ print('ok')
   assert marker.exists()  # imported once: by the program's own `import torch`, at the end
   scalars = read_tensorboard_scalars(str(tmp_path / 'run' / 'tensorboard'))
   assert scalars['train/loss'] == [(1, 2.5)]
+
+
+def test_the_first_step_line_splits_the_start_up(reference_run, tmp_path, capsys):
+  """The first step's line says where start-up went: opening the run (the devices, the data),
+  the state, building the steps, compiling; the parts fit inside their totals (each rounded to
+  0.1 s)."""
+  import re
+
+  config, _, _, _ = reference_run
+  capsys.readouterr()
+  train(config, str(tmp_path / 'w'), progress=True, stop_after=2)
+  captured = capsys.readouterr()
+  line = re.search(
+    r'first step after ([\d.]+) s from the start of train\(\) \(open ([\d.]+) s with devices '
+    r'([\d.]+) s and data ([\d.]+) s, init ([\d.]+) s, then ([\d.]+) s to the first step, '
+    r'compile \+ step ([\d.]+) s',
+    captured.out + captured.err,
+  )
+  assert line, captured.out + captured.err
+  total, opened, devices, data, init, then, compiled = map(float, line.groups())
+  assert devices + data <= opened + 0.15
+  assert opened + init + then + compiled <= total + 0.25

@@ -68,7 +68,10 @@ def train(config, workdir: str, *, stop_after: int | None = None, progress: bool
   """
   started = time.perf_counter()  # the first step's start-up line counts from here
   with _open_run(config, workdir) as run:
-    opened = f'open {time.perf_counter() - started:.1f} s with data {run.data_s:.1f} s'
+    opened = (
+      f'open {time.perf_counter() - started:.1f} s with devices {run.devices_s:.1f} s and data '
+      f'{run.data_s:.1f} s'
+    )
     start, state, state_note = _starting_state(run)
     state_note = f'{opened}, {state_note}'
     ready = time.perf_counter()  # the state is ready; building the steps and writers follows
@@ -128,6 +131,7 @@ class _Run:
   saved_config: dict  # the config as saved with each checkpoint
   closing: contextlib.ExitStack
   data_s: float = 0.0  # seconds to build the data (corpus, tokenizer, token files; cached: ~0)
+  devices_s: float = 0.0  # seconds to the mesh: the backend's start (~0 on a CPU)
 
 
 @contextlib.contextmanager
@@ -139,7 +143,9 @@ def _open_run(config, workdir: str):
 
   maybe_initialize_distributed()
   writable_dir('--workdir', workdir)
-  mesh = make_mesh(config.mesh)
+  t0 = time.perf_counter()
+  mesh = make_mesh(config.mesh)  # the first device query starts the backend (seconds on a GPU)
+  devices_s = time.perf_counter() - t0
   train_setup, init = setup(config, mesh)
   # Closing the checkpoint manager and the metrics writer on every exit, errors included, keeps
   # their background threads from dying noisily at interpreter shutdown.
@@ -172,6 +178,7 @@ def _open_run(config, workdir: str):
       saved_config=config_as_dict(config),
       closing=closing,
       data_s=data_s,
+      devices_s=devices_s,
     )
 
 
