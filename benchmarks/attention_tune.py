@@ -9,7 +9,7 @@ every (block_q, block_k, num_warps, num_stages) the forward and the forward+back
 `pallas_kernels.flash_attention_triton` are compiled and timed (median of --repeats after a warm-up),
 and the best configuration of each pass is printed with its TFLOP/s (FlashAttention's convention:
 forward 4·B·H·N²·D, halved when causal; forward+backward 3.5× that). block_q / block_k set the
-tiles of both passes; `default_blocks` can then take each pass's best. `--kernel=mgpu` sweeps the
+tiles of both passes; `default_tiling` can then take each pass's best. `--kernel=mgpu` sweeps the
 Mosaic GPU kernel (pallas_kernels/flash_attention_mgpu.py) instead: its query tile is fixed at 64
 rows a warpgroup, so the knobs are block_k (--mgpu_blocks) and the slots of its copy rings
 (--mgpu_steps); --warps / --stages do not apply to it. A configuration the

@@ -55,27 +55,6 @@ def _pad_head_dim(h: int) -> int:
   return max(16, pl.next_power_of_2(h))  # tl.dot wants every dimension >= 16
 
 
-def default_blocks(head_dim: int, backend: str) -> BlockSizes:
-  """Block sizes (powers of two) for a head_dim on 'hopper' (an H100/H200: 227 KiB of shared
-  memory a block), another 'gpu' (an A100's 163 KiB) or 'cpu' (interpret mode)."""
-  if backend == 'cpu':
-    # The interpreter pays per loop iteration, not per flop: fewer, larger tiles are faster.
-    return BlockSizes(128, 128, 128, 128)
-  # The backward kernels hold four tiles plus two f32 accumulators, hence smaller blocks.
-  Hp = _pad_head_dim(head_dim)
-  if Hp >= 256:  # not tuned on hardware
-    return BlockSizes(64, 64, 32, 32)
-  if Hp > 64 and backend == 'hopper':
-    # Tuned on an H100 (benchmarks/results/gpu-h100-3.md, D 128, N 4096, causal, bf16): the
-    # forward alone ran best on 128 x 128 tiles with 8 warps and 3 stages (1.14 ms, 0.57 of
-    # cuDNN, against 1.58 on 64 x 64), the backward on 64 x 64 with 4 warps and 2 stages (128-row
-    # tiles in 3 stages exceed its shared memory; in 2, forward+backward took 4.5 ms, not 3.9).
-    return BlockSizes(128, 128, 64, 64)
-  if Hp > 64:  # 64 x 64 in both passes: gpu-h100.md's tuning, which fits an A100's memory
-    return BlockSizes(64, 64, 64, 64)
-  return BlockSizes(128, 128, 64, 64)  # head_dim <= 64: not tuned on hardware
-
-
 class Launch(NamedTuple):
   """Triton's warps and software-pipeline stages of the forward and of the backward kernels."""
 
@@ -85,14 +64,26 @@ class Launch(NamedTuple):
   num_stages_bwd: int
 
 
-def default_launch(head_dim: int, backend: str) -> Launch:
-  """Warps and stages for a head_dim, tuned with default_blocks() (gpu-h100.md, gpu-h100-3.md)."""
+def default_tiling(head_dim: int, backend: str) -> tuple[BlockSizes, Launch]:
+  """Block sizes (powers of two) and launch settings for a head_dim on 'hopper' (an H100/H200:
+  227 KiB of shared memory a block), another 'gpu' (an A100's 163 KiB) or 'cpu' (interpret
+  mode, which ignores warps and stages)."""
+  if backend == 'cpu':
+    # The interpreter pays per loop iteration, not per flop: fewer, larger tiles are faster.
+    return BlockSizes(128, 128, 128, 128), Launch(4, 2, 4, 2)
+  # The backward kernels hold four tiles plus two f32 accumulators, hence smaller blocks.
   Hp = _pad_head_dim(head_dim)
-  if Hp > 128:  # not tuned on hardware
-    return Launch(8, 2, 8, 2)
+  if Hp >= 256:  # not tuned on hardware
+    return BlockSizes(64, 64, 32, 32), Launch(8, 2, 8, 2)
   if Hp > 64 and backend == 'hopper':
-    return Launch(8, 3, 4, 2)
-  return Launch(4, 2, 4, 2)
+    # Tuned on an H100 (benchmarks/results/gpu-h100-3.md, D 128, N 4096, causal, bf16): the
+    # forward alone ran best on 128 x 128 tiles with 8 warps and 3 stages (1.14 ms, 0.57 of
+    # cuDNN, against 1.58 on 64 x 64), the backward on 64 x 64 with 4 warps and 2 stages (128-row
+    # tiles in 3 stages exceed its shared memory; in 2, forward+backward took 4.5 ms, not 3.9).
+    return BlockSizes(128, 128, 64, 64), Launch(8, 3, 4, 2)
+  if Hp > 64:  # 64 x 64 in both passes: gpu-h100.md's tuning, which fits an A100's memory
+    return BlockSizes(64, 64, 64, 64), Launch(4, 2, 4, 2)
+  return BlockSizes(128, 128, 64, 64), Launch(4, 2, 4, 2)  # head_dim <= 64: not tuned
 
 
 def gpu_kind() -> str:
@@ -101,7 +92,7 @@ def gpu_kind() -> str:
   return 'hopper' if isinstance(capability, str) and capability.startswith('9.') else 'gpu'
 
 
-DEFAULT_BLOCKS = {kind: default_blocks(128, kind) for kind in ('hopper', 'gpu', 'cpu')}
+DEFAULT_BLOCKS = {kind: default_tiling(128, kind)[0] for kind in ('hopper', 'gpu', 'cpu')}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -446,10 +437,9 @@ def _block(requested, default, length):
   return min(b, max(16, pl.next_power_of_2(length)))
 
 
-def _tiling(block_q, block_k, T: int, S: int, H: int, interpret: bool):
-  """(blocks, Tp, Sp, Hp): the tiles of both passes (the requested ones, else default_blocks())
-  and the lengths and head dim they pad to."""
-  default = default_blocks(H, 'cpu' if interpret else gpu_kind())
+def _tiling(block_q, block_k, T: int, S: int, H: int, default: BlockSizes):
+  """(blocks, Tp, Sp, Hp): the tiles of both passes (the requested ones, else `default`) and the
+  lengths and head dim they pad to."""
   blocks = BlockSizes(
     _block(block_q, default.block_q, T),
     _block(block_k, default.block_k, S),
@@ -512,7 +502,7 @@ def flash_attention(
   (causal or j - i < window))) and equal segment ids, where i = q_offset + t (default S - T).
   ALiBi adds alibi_slopes[n] * (kv_positions[b, j] - q_positions[b, t]); positions default to
   i and j. A query with no allowed key returns 0. block_q/block_k (powers of two, >= 16) set the
-  tiles of both passes; by default default_blocks() picks them.
+  tiles of both passes; by default default_tiling() picks them.
   """
   B, T, N, H = q_BTNH.shape
   _, S, K, _ = k_BSKH.shape
@@ -520,7 +510,8 @@ def flash_attention(
   if interpret is None:
     interpret = jax.default_backend() == 'cpu'
   q_offset = S - T if q_offset is None else int(q_offset)
-  blocks, Tp, Sp, Hp = _tiling(block_q, block_k, T, S, H, interpret)
+  default_blocks, default_launch = default_tiling(H, 'cpu' if interpret else gpu_kind())
+  blocks, Tp, Sp, Hp = _tiling(block_q, block_k, T, S, H, default_blocks)
   cfg = _Cfg(
     scale=float(scale),
     causal=bool(causal),
@@ -531,12 +522,7 @@ def flash_attention(
     groups=N // K,
     blocks=blocks,
     launch=Launch(
-      *(
-        given or default
-        for given, default in zip(
-          (num_warps, num_stages) * 2, default_launch(H, 'cpu' if interpret else gpu_kind())
-        )
-      )
+      *(given or default for given, default in zip((num_warps, num_stages) * 2, default_launch))
     ),
     interpret=bool(interpret),
     segments=q_segment_ids is not None,

@@ -359,7 +359,7 @@ def test_bounds_traced_match_python():
 def test_default_blocks_and_validation():
   for kind in ('hopper', 'gpu', 'cpu'):
     for head_dim in (16, 64, 80, 128, 256):
-      blocks = fa.default_blocks(head_dim, kind)
+      blocks, _ = fa.default_tiling(head_dim, kind)
       assert all(b >= 16 and b & (b - 1) == 0 for b in blocks)
       # The padded length is a multiple of both passes' tiles: the larger a multiple of the other.
       assert max(blocks[0], blocks[2]) % min(blocks[0], blocks[2]) == 0
@@ -379,7 +379,9 @@ def test_forward_and_backward_tiles_may_differ(p, monkeypatch):
   """Default tiles larger in the forward than in the backward (as on Hopper at head_dim 128,
   scaled down for the interpreter): queries pad to the larger, and output and gradients still
   match float64."""
-  monkeypatch.setattr(fa, 'default_blocks', lambda *_: fa.BlockSizes(32, 32, 16, 16))
+  monkeypatch.setattr(
+    fa, 'default_tiling', lambda *_: (fa.BlockSizes(32, 32, 16, 16), fa.Launch(4, 2, 4, 2))
+  )
   check_against_reference({**p, 'blocks': (None, None)}, seed=7)
 
 

@@ -185,7 +185,7 @@ def mgpu_tiles(key: str, value: int) -> str | None:
 
 def triton_head_dim(head_dim: int) -> str | None:
   """Why the Triton kernel is not run at this head dim: it pads to a power of two, and its tiles
-  (pallas_kernels/flash_attention_triton.py default_blocks) are sized up to 256."""
+  (pallas_kernels/flash_attention_triton.py default_tiling) are sized up to 256."""
   if head_dim > 256:
     return f'the Triton kernel pads head_dim to a power of two up to 256, got {head_dim}'
   return None
