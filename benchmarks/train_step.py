@@ -54,6 +54,20 @@ from mllm.train.metrics import peak_flops_per_device
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# For a GPU's MFU: GPT-2 small's shape, Llama-style (RoPE, SwiGLU, RMSNorm), MHA, vocab
+# 50304 (GPT-2's 50257 rounded up to a multiple of 64), bf16 compute on fp32 master weights.
+GPT2_SMALL = {
+  'model.d_model': 768,
+  'model.n_layers': 12,
+  'model.n_heads': 12,
+  'model.n_kv_heads': 12,
+  'model.vocab_size': 50304,
+  'model.max_seq_len': 1024,
+  'data.seq_len': 1024,
+  'data.batch_size': 32,
+  'model.dtype': 'bfloat16',
+}
+
 # name -> (overrides of configs/rope_swiglu.py, description)
 MODELS = {
   'default': ({}, 'configs/rope_swiglu.py as is: d 256, 4 layers, 8 heads / 2 KV, vocab 512'),
@@ -61,39 +75,14 @@ MODELS = {
     {'model.d_model': 512, 'model.n_layers': 8, 'model.vocab_size': 8192},
     'd 512, 8 layers, 8 heads / 2 KV, vocab 8192',
   ),
-  # For a GPU's MFU: GPT-2 small's shape, Llama-style (RoPE, SwiGLU, RMSNorm), MHA, vocab
-  # 50304 (GPT-2's 50257 rounded up to a multiple of 64), bf16 compute on fp32 master weights.
   '125m': (
-    {
-      'model.d_model': 768,
-      'model.n_layers': 12,
-      'model.n_heads': 12,
-      'model.n_kv_heads': 12,
-      'model.vocab_size': 50304,
-      'model.max_seq_len': 1024,
-      'data.seq_len': 1024,
-      'data.batch_size': 32,
-      'model.dtype': 'bfloat16',
-    },
+    GPT2_SMALL,
     'd 768, 12 layers, 12 heads (MHA), vocab 50304, seq 1024, bf16 compute',
   ),
   # The same shape with a Mixtral-style MoE FFN in every layer (8 experts of the dense FFN's
   # size, top-2): the dispatch's cost in a whole step (--moe_dispatch).
   '125m_moe': (
-    {
-      'model.d_model': 768,
-      'model.n_layers': 12,
-      'model.n_heads': 12,
-      'model.n_kv_heads': 12,
-      'model.vocab_size': 50304,
-      'model.max_seq_len': 1024,
-      'data.seq_len': 1024,
-      'data.batch_size': 32,
-      'model.dtype': 'bfloat16',
-      'model.ffn.kind': 'moe',
-      'model.moe.num_experts': 8,
-      'model.moe.top_k': 2,
-    },
+    {**GPT2_SMALL, 'model.ffn.kind': 'moe', 'model.moe.num_experts': 8, 'model.moe.top_k': 2},
     'the 125m shape with 8 experts top-2 in every layer (MoE)',
   ),
   'quick': (
@@ -109,6 +98,10 @@ MODELS = {
     'smoke test: d 64, 2 layers, seq 64, batch 2',
   ),
 }
+
+
+def is_moe(name: str) -> bool:
+  return MODELS[name][0].get('model.ffn.kind') == 'moe'
 
 
 def load(
@@ -131,7 +124,7 @@ def load(
     overrides['model.remat'] = remat
   if scan_unroll != 1:
     overrides['model.scan_unroll'] = scan_unroll
-  if moe_dispatch and overrides.get('model.ffn.kind') == 'moe':
+  if moe_dispatch and is_moe(name):
     overrides['model.moe.dispatch'] = moe_dispatch
   if impl is not None:
     overrides['model.attention.impl'] = impl
@@ -589,7 +582,7 @@ def main() -> None:
     for name in names
     for doc in docs
     for scan in variants(args.scan_layers)
-    for dispatch in (dispatches if MODELS[name][0].get('model.ffn.kind') == 'moe' else [None])
+    for dispatch in (dispatches if is_moe(name) else [None])
   ]
   print_table(rows, env, args.out)
 
