@@ -9,6 +9,8 @@ import tempfile
 
 import pytest
 
+from experiments.engines import pythonpath
+
 # The training tests compile the same step in several runs and subprocesses (each train() call
 # builds new jitted closures); JAX's persistent compilation cache, keyed by the HLO, lets every
 # compile after the first be a disk read. Subprocesses inherit it through the environment.
@@ -35,7 +37,7 @@ if 'jax' in sys.modules:  # imported before this file (a plugin): set it on the 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A child process's PYTHONPATH: this checkout first, then whatever reaches this process (packages
 # installed with --target, as on a lent GPU, where a bare ROOT lost them).
-CHILD_PYTHONPATH = os.pathsep.join(filter(None, [ROOT, os.environ.get('PYTHONPATH')]))
+CHILD_PYTHONPATH = pythonpath(ROOT)
 BASE = os.path.join(ROOT, 'configs', 'base.py')
 
 TINY = {
@@ -95,19 +97,19 @@ def _deselect_listed(config, items):
   path = os.environ.get('MLLM_DESELECT')
   if not path:
     return
+
+  def without_group(nodeid: str) -> str:  # xdist's '@group' suffix, not an '@' in a parameter
+    head, at, tail = nodeid.rpartition('@')
+    return head if at and ']' not in tail else nodeid
+
   with open(path) as f:
-    listed = set(f.read().split())
-  listed |= {i.rsplit('@', 1)[0] for i in listed}
-
-  def base(item):
-    group = item.get_closest_marker('xdist_group')
-    suffix = f'@{group.args[0] if group.args else group.kwargs.get("name")}' if group else ''
-    return item.nodeid.removesuffix(suffix) if suffix else item.nodeid
-
-  drop = [item for item in items if item.nodeid in listed or base(item) in listed]
+    listed = {without_group(nodeid) for nodeid in f.read().split()}
+  keep, drop = [], []
+  for item in items:
+    (drop if without_group(item.nodeid) in listed else keep).append(item)
   if drop:
     config.hook.pytest_deselected(items=drop)
-    items[:] = [item for item in items if item.nodeid not in listed and base(item) not in listed]
+    items[:] = keep
 
 
 # --- MLLM_FAILURE_LOG=FILE: each failure's traceback appended as it happens (by the controller
