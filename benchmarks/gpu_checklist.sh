@@ -159,11 +159,11 @@ M125="--config.model.d_model=768 --config.model.n_layers=12 --config.model.n_hea
   fi
 
   if has levers; then  # MFU levers the 11-27 profile suggests (gpu-h100-2.md), quiet machine
+    step train_step_batch64 ${LEVER_S:-50} $PY -m benchmarks.train_step --models=125m \
+      --only=jax --batch_size=64 --document_mask=on --out="$RES/train_step_b64-$SUFFIX.md"
     # Documents as long as the built-in corpus's (~4,500 tokens: nearly one causal segment a row),
     # where launch.py's step was 77-79 ms against the benchmark's 69: the Mosaic GPU kernel on
     # long segments?
-    step train_step_batch64 ${LEVER_S:-50} $PY -m benchmarks.train_step --models=125m \
-      --only=jax --batch_size=64 --document_mask=on --out="$RES/train_step_b64-$SUFFIX.md"
     step train_step_long_docs ${LONG_S:-45} $PY -m benchmarks.train_step --models=125m --only=jax \
       --batch_size=32 --document_mask=on --doc_len_mean=4500 --out="$RES/train_step_long-$SUFFIX.md"
   fi
