@@ -17,7 +17,15 @@ import time
 import jax
 import numpy as np
 import pytest
-from conftest import ROOT, STEPS, load_state, make_config, read_tensorboard_scalars, run_overrides
+from conftest import (
+  CHILD_PYTHONPATH,
+  ROOT,
+  STEPS,
+  load_state,
+  make_config,
+  read_tensorboard_scalars,
+  run_overrides,
+)
 
 from mllm.checks import InputError
 from mllm.config import ConfigError
@@ -364,7 +372,7 @@ assert 'torch' not in sys.modules, 'torch stayed loaded'
 import torch  # the user's own import is untouched
 print('ok')
 """
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / 'site'), ROOT]))
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / 'site'), CHILD_PYTHONPATH]))
   done = subprocess.run(
     [sys.executable, '-c', program], env=env, capture_output=True, text=True, timeout=120
   )
