@@ -72,11 +72,15 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
+# The tests compile ~2,000 tiny programs that then run for milliseconds: LLVM's optimisation of
+# the CPU code is most of each compile and buys them nothing (-23% wall time on 2 cores, measured
+# 2026-11-27, docs/testing.md). Children inherit it; the caller's XLA_FLAGS come after and win.
+TEST_XLA_FLAGS ?= --xla_backend_optimization_level=0
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS) tests
+	XLA_FLAGS="$(TEST_XLA_FLAGS) $$XLA_FLAGS" $(VENV)/bin/python -m pytest -q $(PYTEST_ARGS) tests
 
 test-slow: $(STAMP)
-	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS) -m slow tests
+	XLA_FLAGS="$(TEST_XLA_FLAGS) $$XLA_FLAGS" $(VENV)/bin/python -m pytest -q $(PYTEST_ARGS) -m slow tests
 
 # The default suite on a GPU (jax[cuda] installed: `pip install -e '.[dev,cuda]'`). GPU_PYTHON=python3
 # uses that Python as it is (no venv bootstrap: the offline GPU image); pytest-xdist and

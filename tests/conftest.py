@@ -40,6 +40,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD_PYTHONPATH = pythonpath(ROOT)
 BASE = os.path.join(ROOT, 'configs', 'base.py')
 
+
+def cpu_devices_env(devices: int) -> dict:
+  """This process's environment for a child on `devices` CPU devices: its XLA flags kept (the
+  Makefile's optimisation level: a child compiled otherwise rounds otherwise, and a comparison
+  with this process's numbers fails at the 1e-5 level), the host's device count replaced."""
+  flags = [
+    f
+    for f in os.environ.get('XLA_FLAGS', '').split()
+    if not f.startswith('--xla_force_host_platform_device_count')
+  ]
+  flags.append(f'--xla_force_host_platform_device_count={devices}')
+  return dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS=' '.join(flags))
+
+
 TINY = {
   'model.vocab_size': 32,
   'model.d_model': 16,

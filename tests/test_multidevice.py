@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 
-from conftest import ROOT
+from conftest import ROOT, cpu_devices_env
 
 SCRIPT = r'''
 import json, sys
@@ -62,7 +62,7 @@ ADAM_EPS = 1e-3
 
 
 def run(meshes: list[dict], scan: bool = False, choices: str = '', **overrides) -> dict:
-  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='--xla_force_host_platform_device_count=8')
+  env = cpu_devices_env(8)
   code = (
     SCRIPT.replace('ROOT', repr(os.path.join(ROOT, 'tests')))
     .replace('SCAN', str(scan))
@@ -153,7 +153,7 @@ print('SHARDED', sharded)
 def test_hf_weights_load_straight_onto_the_meshs_shardings():
   """Qwen3-MoE on an (expert 2, tensor 2) mesh: every imported tensor has the sharding the train
   state wants, each device holding its slice, with the unsharded import's values."""
-  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='--xla_force_host_platform_device_count=4')
+  env = cpu_devices_env(4)
   path = os.path.join(ROOT, 'tests', 'fixtures', 'hf', 'qwen3-moe')
   proc = subprocess.run(
     [sys.executable, '-c', HF_SCRIPT.replace('PATH', repr(path))],
@@ -210,7 +210,7 @@ def test_generation_on_a_mesh_traces_for_it_and_matches_one_device():
   `auto` chooses for those devices): on a (data 2, tensor 2) mesh the prefill chunk runs
   blockwise (a kernel's index-only masks cannot follow cache positions), the decode step xla,
   both traced under the 4-device mesh, and the tokens are the 1-device ones."""
-  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='--xla_force_host_platform_device_count=4')
+  env = cpu_devices_env(4)
   code = GENERATE_SCRIPT.replace('ROOT', repr(os.path.join(ROOT, 'tests')))
   proc = subprocess.run(
     [sys.executable, '-c', code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600

@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT, load_state, write_corpus
+from conftest import ROOT, cpu_devices_env, load_state, write_corpus
 
 from mllm.train.metrics import read_metrics
 
@@ -65,7 +65,7 @@ def launch(args: list[str], processes: int, devices: int) -> subprocess.Complete
       *args,
     ]
   else:
-    env['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={devices}'
+    env = cpu_devices_env(devices)
     command = [sys.executable, 'launch.py', *args]
   proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
