@@ -389,6 +389,22 @@ def test_report_table_and_verdicts(finished):
   assert read_tensorboard_scalars(board) == {}  # the root holds only the layout
 
 
+def test_named_rates_tuned_rows_are_named_configs_table_runs():
+  """named_rates compares each config's tuned rate with its shipped one; its tuned rows (and the
+  baseline) must resolve to the configs named_configs trains at those rates, so the scheduler
+  copies those runs instead of training them twice; its shipped rows differ only in the rate."""
+  named, rates = load_suite('named_configs'), load_suite('named_rates')
+  by_name = {v.name: v for v in named.variants}
+  for variant in rates.variants:
+    config, lr = variant.name.rsplit('-lr', 1)
+    mine = resolve(rates, variant, 'cpu', 0)
+    theirs = resolve(named, by_name[config], 'cpu', 0, {'train.learning_rate': float(lr)})
+    assert mine.train.learning_rate == float(lr)
+    assert config_hash(mine) == config_hash(theirs), variant.name
+    # A tuned row is compared with the same config shipped, a shipped row with the baseline.
+    assert variant.versus in ('', f'{config}-lr0.003'), variant.name
+
+
 def test_suites_load_and_resolve_every_preset():
   assert {'noise', 'ffn'} <= set(available())
   for name in available():
