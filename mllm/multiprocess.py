@@ -42,14 +42,18 @@ def process_env(
     JAX_PROCESS_ID=str(process_id),
   )
   if devices:
-    flags = [
-      f
-      for f in env.get('XLA_FLAGS', '').split()
-      if not f.startswith('--xla_force_host_platform_device_count')
-    ]
-    env['XLA_FLAGS'] = ' '.join(flags + [f'--xla_force_host_platform_device_count={devices}'])
+    env['XLA_FLAGS'] = with_host_devices(env.get('XLA_FLAGS', ''), devices)
     env.setdefault('JAX_PLATFORMS', 'cpu')
   return env
+
+
+def with_host_devices(xla_flags: str, devices: int) -> str:
+  """`xla_flags` with the host's CPU device count set to `devices` (any earlier count dropped,
+  every other flag kept: a child compiled with other flags rounds otherwise)."""
+  flags = [
+    f for f in xla_flags.split() if not f.startswith('--xla_force_host_platform_device_count')
+  ]
+  return ' '.join(flags + [f'--xla_force_host_platform_device_count={devices}'])
 
 
 def _relay(stream, prefix: str, out) -> None:

@@ -10,6 +10,7 @@ import tempfile
 import pytest
 
 from experiments.engines import pythonpath
+from mllm.multiprocess import with_host_devices
 
 # The training tests compile the same step in several runs and subprocesses (each train() call
 # builds new jitted closures); JAX's persistent compilation cache, keyed by the HLO, lets every
@@ -45,13 +46,8 @@ def cpu_devices_env(devices: int) -> dict:
   """This process's environment for a child on `devices` CPU devices: its XLA flags kept (the
   Makefile's optimisation level: a child compiled otherwise rounds otherwise, and a comparison
   with this process's numbers fails at the 1e-5 level), the host's device count replaced."""
-  flags = [
-    f
-    for f in os.environ.get('XLA_FLAGS', '').split()
-    if not f.startswith('--xla_force_host_platform_device_count')
-  ]
-  flags.append(f'--xla_force_host_platform_device_count={devices}')
-  return dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS=' '.join(flags))
+  flags = with_host_devices(os.environ.get('XLA_FLAGS', ''), devices)
+  return dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS=flags)
 
 
 TINY = {
