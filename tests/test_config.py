@@ -94,6 +94,7 @@ EXPECTED = {
     'model.attention.use_bias': True,
     'model.norm.eps': 1e-5,
     'model.n_kv_heads': 8,
+    'train.learning_rate': 1.5e-3,
   },
   'mistral_like': {
     'model.position.kind': 'rope',
@@ -110,6 +111,7 @@ EXPECTED = {
     'model.ffn.kind': 'gelu',
     'model.norm.kind': 'layernorm',
     'model.norm.placement': 'pre',
+    'train.learning_rate': 1.5e-3,
   },
   'qwen3_like': {
     'model.position.kind': 'rope',
@@ -131,6 +133,7 @@ EXPECTED = {
     'model.n_kv_heads': 2,
     'model.attention.sliding_window': 64,
     'model.norm.eps': 1e-5,
+    'train.learning_rate': 1.5e-3,
   },
 }
 
@@ -252,6 +255,7 @@ def test_later_choices_win():
     ('rope_swiglu', 'ffn=geglu', 'model.ffn.kind', 'geglu'),
     ('gpt2', 'pos=rope', 'model.position.kind', 'rope'),
     ('gpt2', 'model.ffn.use_bias=false', 'model.ffn.use_bias', False),
+    ('gpt2', 'train.learning_rate=6e-3', 'train.learning_rate', 6e-3),
     ('mistral_like', 'window=128', 'model.attention.sliding_window', 128),
     ('alibi_gelu', 'norm=rmsnorm', 'model.norm.kind', 'rmsnorm'),
     ('qwen3_like', 'qk_norm=false', 'model.attention.qk_norm', False),
@@ -795,6 +799,7 @@ def test_config_diff_gpt2_vs_base():
     'model.ffn.use_bias': (False, True),
     'model.attention.use_bias': (False, True),
     'model.norm.eps': (1e-6, 1e-5),
+    'train.learning_rate': (3e-3, 1.5e-3),
   }
 
 

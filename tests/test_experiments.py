@@ -405,6 +405,23 @@ def test_named_rates_tuned_rows_are_named_configs_table_runs():
     assert variant.versus in ('', f'{config}-lr0.003'), variant.name
 
 
+def test_every_named_config_ships_the_rate_named_configs_tuned_for_it():
+  """The committed named_configs tuning (its grid centred on base's rate for every config, so a
+  config's shipped rate does not move the runs) chose each config's best rate; `python launch.py
+  --config=configs/NAME.py` trains at it. A re-run that moves a best rate fails here until the
+  config follows (or a named_rates-style check says why not)."""
+  import mllm
+
+  named = load_suite('named_configs')
+  with open(os.path.join(ROOT, 'experiments', 'results', 'named_configs', 'results.json')) as f:
+    tuning = json.load(f)['tuning']
+  for variant in named.variants:
+    assert resolve(named, variant, 'cpu', 0).train.learning_rate == 3e-3, variant.name
+    shipped = mllm.load_config(os.path.join(ROOT, 'configs', f'{variant.name}.py'))
+    assert tuning[variant.name]['center'] == 3e-3
+    assert shipped.train.learning_rate == tuning[variant.name]['best_lr'], variant.name
+
+
 def test_suites_load_and_resolve_every_preset():
   assert {'noise', 'ffn'} <= set(available())
   for name in available():
