@@ -13,8 +13,9 @@ mean over seeds), so those three configs ship 1.5e-3 since; the rows keep their 
 from configs import alibi_gelu, gpt2, mixtral_like, rope_swiglu
 from experiments.suite import Suite, Variant
 from experiments.suites._presets import GPU, TINY
+from experiments.suites.named_configs import CENTER
 
-SHIPPED = 3e-3  # configs/base.py's train.learning_rate, every named config's until 2026-11-28
+SHIPPED = CENTER  # configs/base.py's rate (3e-3): every named config's until 2026-11-28
 TUNED = {gpt2: 1.5e-3, alibi_gelu: 1.5e-3, mixtral_like: 1.5e-3}  # named_configs' best, seed 1000
 
 
