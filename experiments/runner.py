@@ -60,13 +60,17 @@ def _tune(
   refine_seeds: int = 2,
   centers: dict | None = None,
   grid: LrGrid | None = None,
+  table=None,
   **execute,
 ) -> dict:
   """Tune each tuned variant's learning rate on the tuning seeds, widening the grid past an edge
   where the best rate sits, then refine the `refine_lr` variants' best (experiments/tuning.py):
   {variant: {'center', 'points', 'best_lr', 'edge', 'complete'[, 'refined']}}. `centers`
   {variant: rate}: tune only these variants, each around its given rate (default: every tuned
-  variant around its configured rate); `grid`: instead of the suite's."""
+  variant around its configured rate); `grid`: instead of the suite's. table(rates, waiting):
+  the table's runs that can start once the variants of `rates` {variant: lr} have settled and
+  while those `waiting` still tune; queued as each settles (training), so the slots that one
+  variant's last tuning runs leave free train another's table."""
   grid = grid or suite.lr_grid
   tuned = [v for v in suite.variants if v.tune and not v.starts_from]
   if centers is None:
@@ -74,6 +78,7 @@ def _tune(
   tuned = [v for v in tuned if v.name in centers]
   steps = {v.name: grid.steps() for v in tuned}
   seeds = tuning_seeds(tune_seeds)
+  training = execute['run'] is not None
 
   def point(v: Variant, k: int) -> list[Job]:
     lr = grid.lr(centers[v.name], k)
@@ -81,32 +86,72 @@ def _tune(
 
   def widens(v: Variant, k: int) -> bool:
     """Training: always; a report of what finished (run=None): where that point finished."""
-    return execute['run'] is not None or not run_plan(point(v, k), out=out, desc='', **execute)[2]
+    return training or not run_plan(point(v, k), out=out, desc='', **execute)[2]
+
+  def measured(v: Variant, finished: dict, failed: dict):
+    """(v's choice, None until each of its points has ended; its points as results.json has
+    them; whether each has ended)."""
+    losses, points, complete = {}, [], True
+    for k in sorted(steps[v.name]):
+      done = [finished[v.name, s, k] for s in seeds if (v.name, s, k) in finished]
+      complete &= all((v.name, s, k) in finished or (v.name, s, k) in failed for s in seeds)
+      if done:
+        losses[k] = [r['eval_loss'] for r in done]
+      points.append(
+        {
+          'lr': grid.lr(centers[v.name], k),
+          'seeds': [r['seed'] for r in done],
+          'eval_loss': [r['eval_loss'] for r in done],
+          'diverged_at_step': [r.get('diverged_at_step') for r in done],
+          'wall_s': [r.get('wall_s') for r in done if not r.get('copied_from')],
+          'failed': sum((v.name, s, k) in failed for s in seeds),
+          'provenance': [r.get('provenance') for r in done],
+        }
+      )
+    return (choose(losses, grid) if complete else None), points, complete
+
+  queued, asked = set(), None  # the table's jobs queued; the rates it was last asked with
+
+  def more(finished: dict, failed: dict) -> tuple[list[Job], list[Job]]:
+    """run_plan's `more`: a variant's next point once its points have ended (first), the table
+    runs of each variant whose rate has settled (last; a refined rate settles later)."""
+    nonlocal asked
+    first, rates = [], {}
+    for v in tuned:
+      choice, _, _ = measured(v, finished, failed)
+      if choice is None:
+        continue
+      if choice.widen is not None and choice.widen not in steps[v.name]:
+        steps[v.name] = steps[v.name] + [choice.widen]
+        first += point(v, choice.widen)
+      elif choice.widen is None and choice.best is not None and v.name not in refine_lr:
+        rates[v.name] = grid.lr(centers[v.name], choice.best)
+    last = []
+    if table is not None and rates != asked:  # a variant settles once: its points stop there
+      asked = rates
+      jobs = table(rates, {v.name for v in tuned} - set(rates))
+      last = [job for job in jobs if job.key not in queued]
+      queued.update(job.key for job in last)
+    return first, last
 
   while True:
     plan = [job for v in tuned for k in steps[v.name] for job in point(v, k)]
-    finished, failed, _ = run_plan(plan, out=out, desc=f'suite {suite.name}: lr tuning', **execute)
+    finished, failed, _ = run_plan(
+      plan,
+      out=out,
+      desc=f'suite {suite.name}: lr tuning',
+      **execute,
+      more=more if training else None,
+    )
     summary, grew = {}, False
     for v in tuned:
-      losses, points, complete = {}, [], True
-      for k in sorted(steps[v.name]):
-        done = [finished[v.name, s, k] for s in seeds if (v.name, s, k) in finished]
-        complete &= all((v.name, s, k) in finished or (v.name, s, k) in failed for s in seeds)
-        if done:
-          losses[k] = [r['eval_loss'] for r in done]
-        points.append(
-          {
-            'lr': grid.lr(centers[v.name], k),
-            'seeds': [r['seed'] for r in done],
-            'eval_loss': [r['eval_loss'] for r in done],
-            'diverged_at_step': [r.get('diverged_at_step') for r in done],
-            'wall_s': [r.get('wall_s') for r in done if not r.get('copied_from')],
-            'failed': sum((v.name, s, k) in failed for s in seeds),
-            'provenance': [r.get('provenance') for r in done],
-          }
-        )
-      choice = choose(losses, grid) if complete else None
-      if choice is not None and choice.widen is not None and widens(v, choice.widen):
+      choice, points, complete = measured(v, finished, failed)
+      if (
+        choice is not None
+        and choice.widen is not None
+        and choice.widen not in steps[v.name]
+        and widens(v, choice.widen)
+      ):
         steps[v.name] = steps[v.name] + [choice.widen]
         grew = True
       summary[v.name] = {
@@ -331,6 +376,13 @@ def _run_suite(
       if suite.lr_from
       else {}
     )
+
+    def table(rates: dict, waiting: set) -> list[Job]:
+      """The table's jobs of every variant whose rate is known now."""
+      known = [(v, seed) for v, seed in order if _root(suite, v).name not in waiting]
+      tuned = {name: {'best_lr': lr} for name, lr in rates.items()}
+      return _table_plan(suite, preset, out, extra, known, borrowed, tuned)[0]
+
     tuning = _tune(
       suite,
       preset=preset,
@@ -339,6 +391,7 @@ def _run_suite(
       out=out,
       **refine,
       **again,
+      table=table,
       **{**execute, 'remeasure': False},
     )
   plan, blocked = _table_plan(suite, preset, out, extra, order, borrowed, tuning)
@@ -400,13 +453,20 @@ def _table_plan(
 def _tuned_lr(suite: Suite, variant: Variant, borrowed: dict | None, tuning: dict) -> dict | None:
   """The learning-rate override of `variant`: its root variant's tuned rate; {} untuned;
   None while that tuning has no answer."""
-  by_name = {v.name: v for v in suite.variants}
-  while variant.starts_from:
-    variant = by_name[variant.starts_from]
+  variant = _root(suite, variant)
   if variant.name not in tuning:
     return {} if borrowed is None else {'train.learning_rate': borrowed[variant.name]}
   best = tuning[variant.name]['best_lr']
   return None if best is None else {'train.learning_rate': best}
+
+
+def _root(suite: Suite, variant: Variant) -> Variant:
+  """The variant whose learning rate `variant` runs at: itself, or its starts_from chain's
+  first."""
+  by_name = {v.name: v for v in suite.variants}
+  while variant.starts_from:
+    variant = by_name[variant.starts_from]
+  return variant
 
 
 def _borrowed_rates(suite: Suite, out: str) -> dict:

@@ -103,6 +103,7 @@ def run_plan(
   desc: str,
   finished: dict | None = None,
   reuse_other_code: bool = False,
+  more=None,
 ) -> tuple[dict, dict, list]:
   """Run what has not finished of `plan`: (finished {key: record + result}, failed {key: record +
   errors}, pending [records] (run=None)). Finished runs are read back (remeasured if asked); an
@@ -110,29 +111,42 @@ def run_plan(
   starts_from run waits for its parent, whose record `finished` may already hold. engine: where
   the runs execute (experiments/engines.py); None: one at a time in this process.
   reuse_other_code: keep this plan's own finished runs whose provenance differs from this
-  process's (without it they raise ValueError); another suite's such run is never copied."""
+  process's (without it they raise ValueError); another suite's such run is never copied.
+  more(finished, failed) -> (first, last): jobs the plan needs given what has ended, to run
+  before and after the rest (a variant's next tuning point, the table runs of a settled rate);
+  asked at the start and whenever a job ends, until it has none. Each job it names is new."""
   finished = dict(finished or {})
   accept = _acceptable(run, engine, reuse_other_code)
   # Another suite's run stands in only where it is this code's, --reuse_other_code or not.
   elsewhere = _acceptable(run, engine, reuse_other_code=False)
-  _restore_from_ledgers(plan, out, elsewhere)
-  todo, pending = _read_back(plan, finished, run, remeasure)
-  _refuse_other_code(plan, finished, accept)
+  pending = []
+
+  def admit(jobs: list[Job]) -> list[Job]:
+    """Read back the finished jobs of `jobs` (restored from a ledger, if one has them); the
+    others: those to run (none where nothing runs: pending)."""
+    _restore_from_ledgers(jobs, out, elsewhere)
+    todo, waiting = _read_back(jobs, finished, run, remeasure)
+    _refuse_other_code(jobs, finished, accept)
+    pending.extend(waiting)
+    return todo
+
+  todo = admit(plan)
   bar = tqdm(
     total=len(plan),
     initial=len(plan) - len(todo),
     desc=desc,
     unit='run',
-    disable=not progress or not todo,
+    disable=not progress or not (todo or more),
     position=0,
   )
   runs = _Runs(
     out=out, run=run, engine=engine, progress=progress, finished=finished, bar=bar, accept=elsewhere
   )
+  runs.more, runs.admit = more, admit
   try:
     with _sigterm_as_interrupt():
       runs.work_through(todo)
-  except KeyboardInterrupt:
+  except BaseException:  # Ctrl-C, SIGTERM, or a refused run among `more`'s
     if runs.running:  # the runs save a checkpoint: the next call resumes them
       engine.stop()
     raise
@@ -208,12 +222,16 @@ class _Runs:
     self.running = {}  # the engine's handle -> (job, payload, attempt)
     self.waiting = set()  # keys of jobs found training in another process
     self.planned = set()  # this plan's run folders: never "another process"
+    self.more, self.admit = None, None  # run_plan's `more`, and its reading back of new jobs
 
   def work_through(self, todo: list[Job]) -> None:
     """Start each job of `todo` once its parent has finished, as slots allow, until all ended; a
     job another process is training now waits for it (and is then copied), others go first."""
     self.planned = {os.path.abspath(job.workdir) for job in todo}
-    while todo or self.running:
+    while True:
+      self.take_more(todo)
+      if not todo and not self.running:
+        break
       for job in [job for job in todo if self.ready(job) is None]:
         todo.remove(job)
         self.done(
@@ -234,6 +252,19 @@ class _Runs:
         time.sleep(POLL_S)
       else:
         break
+
+  def take_more(self, todo: list[Job]) -> None:
+    """Add what `more` needs now to `todo` (its first jobs at the front), until it needs none."""
+    while self.more is not None:
+      first, last = self.more(self.finished, self.failed)
+      if not first and not last:
+        return
+      first, last, asked = self.admit(first), self.admit(last), len(first) + len(last)
+      self.planned |= {os.path.abspath(job.workdir) for job in first + last}
+      self.bar.total += asked
+      self.bar.update(asked - len(first) - len(last))  # those read back: finished already
+      todo[:0] = first
+      todo.extend(last)
 
   def training_elsewhere(self, job: Job) -> bool:
     """Another process trains this exact run now (said once per job)."""

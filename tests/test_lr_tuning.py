@@ -535,3 +535,61 @@ def test_a_suites_own_refine_lr_is_refined_without_the_flag(tmp_path):
   assert again['tuning']['base']['best_lr'] == pytest.approx(center * 2**0.5)
   only_relu = dataclasses.replace(declared, variants=(SUITE.variants[1],))
   assert 'refined' not in run_suite(only_relu, run=None, **common)['tuning']['relu']
+
+
+class _TwoSlots:
+  """An engine of two slots in this process: a run is trained when it is submitted and reported
+  ended at the next wait, oldest first, so two runs are always 'running' at once as with
+  --jobs=2. `started` lists (variant, seed, workdir) in the order the runner submitted them."""
+
+  slots = 2
+
+  def __init__(self, run):
+    self._run, self._ended, self.started = run, [], []
+
+  def submit(self, payload: dict, workdir: str) -> str:
+    config = payload['config']
+    self.started.append((os.path.basename(workdir).split('-')[0], config.seed, workdir))
+    self._run(config, workdir, progress=False, measure=None, parent=payload.get('parent'))
+    self._ended.append(workdir)
+    return workdir
+
+  def wait(self, timeout_s: float) -> list[tuple[str, bool]]:
+    return [(self._ended.pop(0), True)] if self._ended else []
+
+  def stop(self) -> None:
+    self._ended.clear()
+
+
+def test_a_settled_variants_table_runs_fill_the_slots_while_another_still_tunes(
+  tmp_path, monkeypatch
+):
+  """base settles on its first grid; relu widens twice. base's table runs (and its child's,
+  after their parents) start while relu's widening runs are still to come, instead of a slot
+  idling at the end of each tuning round; the table is the one the rounds one after the other
+  gave: the same runs at the same rates."""
+  import experiments.runner as runner
+
+  center = resolve(SUITE, SUITE.variants[0], 'tiny', 0).train.learning_rate
+  grid = SUITE.lr_grid
+  optimum = {'base': grid.lr(center, 1), 'relu': grid.lr(center, 4), 'child': 1.0}
+  kwargs = dict(preset='tiny', seeds=2, progress=False, tune_lr=True, tune_seeds=1)
+  serial = run_suite(SUITE, out=str(tmp_path / 'serial'), run=_fake_run(optimum, 1.0, []), **kwargs)
+  engine = _TwoSlots(_fake_run(optimum, 1.0, []))
+  monkeypatch.setattr(runner, '_engine', lambda *a: engine)
+  both = run_suite(SUITE, out=str(tmp_path / 'two'), run=_fake_run(optimum, 1.0, []), **kwargs)
+  order = [(v, seed) for v, seed, _ in engine.started]
+  relu_tuning = [i for i, (v, seed) in enumerate(order) if v == 'relu' and seed >= 1000]
+  assert len(relu_tuning) == 5 + 2  # the grid, then two widenings
+  assert order.index(('base', 0)) < relu_tuning[-1]
+  assert order.index(('child', 0)) < relu_tuning[-1]
+  workdirs = [w for _, _, w in engine.started]
+  assert len(workdirs) == len(set(workdirs)) == 5 + 7 + 3 * 2  # each run once
+  for a, b in zip(serial['runs'], both['runs']):
+    assert (a['variant'], a['seed'], a['learning_rate'], a['eval_loss']) == (
+      b['variant'],
+      b['seed'],
+      b['learning_rate'],
+      b['eval_loss'],
+    )
+  assert json.dumps(serial['tuning']) == json.dumps(both['tuning'])
