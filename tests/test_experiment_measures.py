@@ -48,11 +48,17 @@ def test_ffn_grad_norms_are_the_slope_along_each_layers_gradient(placement, scan
   assert len(norms) == 3 and all(n > 0 for n in norms)
   graphdef, params, rest = nnx.split(net, nnx.Param, ...)
 
+  @jax.jit  # one program for the 12 evaluations below (op by op, each was a dispatch storm)
   def loss(params):
     logits = nnx.merge(graphdef, params, jax.tree.map(lambda x: x, rest))(batch['inputs'])
     return optax.softmax_cross_entropy_with_integer_labels(logits, batch['targets']).mean()
 
-  grads = jax.grad(loss)(params)
+  grads = jax.jit(jax.grad(loss))(params)
+
+  @jax.jit
+  def loss_moved(t, unit):  # the loss at params + t · unit
+    return loss(jax.tree.map(lambda p, d: p + t * d, params, unit))
+
   for layer in range(3):
 
     def only_layer(path, g, layer=layer):
@@ -70,8 +76,10 @@ def test_ffn_grad_norms_are_the_slope_along_each_layers_gradient(placement, scan
     # 'fan_in': curvature; with h = 0.01, 5% under some XLA thread counts: rounding, CI 2026-11-24).
     h = 2e-2
 
+    unit = jax.tree.map(lambda d: d / size, direction)  # noqa: B023 (runs within this iteration)
+
     def moved(t):
-      return float(loss(jax.tree.map(lambda p, d: p + t * d / size, params, direction)))  # noqa: B023 (runs within this iteration)
+      return float(loss_moved(t, unit))  # noqa: B023 (runs within this iteration)
 
     slope = (8 * (moved(h) - moved(-h)) - (moved(2 * h) - moved(-2 * h))) / (12 * h)
     np.testing.assert_allclose(norms[layer], size, rtol=1e-5)
