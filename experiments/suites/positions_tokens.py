@@ -9,7 +9,8 @@ to compute through q and k) or keep it; ALiBi, Shaw and T5 beside them, for thei
 at 4 M tokens. Each variant at the rate the `positions` suite tuned for it (lr_from), except RoPE,
 learned and sinusoidal, whose rates are tuned again at 4 M tokens (retune_lr): learned and
 sinusoidal still trail RoPE there, and a rate tuned at a quarter of the budget (a factor-2 grid,
-all three at its 6e-3) is the first suspect. No extrapolation measure (the question is the
+all three at its 6e-3) is the first suspect (2026-11-28: ruled out; RoPE and sinusoidal move
+to 4.24e-3, learned stays, and both gaps widen). No extrapolation measure (the question is the
 training length). The 21 table runs at `positions`' rates are of one code version (2026-11-27):
 the 12 of 2026-11-25 were trained again, since the same seed under the other code drew other
 initial weights (RoPE seed 0: 2.1835 then, 2.2574 now)."""
