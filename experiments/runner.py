@@ -139,7 +139,7 @@ def _tune(
     finished, failed, _ = run_plan(
       plan,
       out=out,
-      desc=f'suite {suite.name}: lr tuning',
+      desc=f'suite {suite.name}: lr tuning' + (', then the table' if table and training else ''),
       **execute,
       more=more if training else None,
     )
