@@ -16,6 +16,7 @@ import shutil
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from mllm.generation import generate_tokens
 from mllm.interop import hf
@@ -38,8 +39,13 @@ def reference(family):
   return np.load(os.path.join(FIXTURES, family, 'reference.npz'))
 
 
+@nnx.jit  # one compiled forward per model structure (op by op, each call compiled ~60 kernels)
+def _forward(model, ids):
+  return model(ids)
+
+
 def logits_of(model, ids):
-  out = model(jnp.asarray(ids))
+  out = _forward(model, jnp.asarray(ids))
   return np.asarray(out[0] if isinstance(out, tuple) else out)
 
 
