@@ -259,7 +259,8 @@ class _Runs:
       first, last = self.more(self.finished, self.failed)
       if not first and not last:
         return
-      first, last, asked = self.admit(first), self.admit(last), len(first) + len(last)
+      asked = len(first) + len(last)
+      first, last = self.admit(first), self.admit(last)  # those still to run
       self.planned |= {os.path.abspath(job.workdir) for job in first + last}
       self.bar.total += asked
       self.bar.update(asked - len(first) - len(last))  # those read back: finished already
