@@ -5,8 +5,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -131,28 +129,19 @@ def test_training_config_errors(key, value, text):
   assert text in str(info.value) and '\n' not in str(info.value)
 
 
-def test_launch_train_with_a_missing_data_path_is_one_line_exit_2(tmp_path):
-  env = dict(os.environ, JAX_PLATFORMS='cpu')
+def test_a_missing_data_path_is_refused_before_the_backend_starts(tmp_path, monkeypatch):
+  """The one-line error (launch's exit 2 is test_bad_inputs' 'data-missing') comes before the
+  mesh, whose first device query starts the backend: seconds on a GPU."""
+  from mllm.train import loop
+
+  def no_mesh(*args, **kwargs):
+    raise AssertionError('the mesh was built before data.path was checked')
+
+  monkeypatch.setattr(loop, 'make_mesh', no_mesh)
   missing = tmp_path / 'nope'
-  result = subprocess.run(
-    [
-      sys.executable,
-      'launch.py',
-      '--config=configs/base.py',
-      f'--workdir={tmp_path / "run"}',
-      '--config.data.source=text',
-      f'--config.data.path={missing}',
-      f'--config.data.cache_dir={tmp_path}',
-    ],
-    cwd=ROOT,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
-  assert result.returncode == 2, result.stderr
-  lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
-  assert len(lines) == 1 and lines[0].startswith('error: data.path=') and str(missing) in lines[0]
+  config = tiny_config(data__source='text', data__path=str(missing))
+  with pytest.raises(ConfigError, match=rf"^data\.path='{missing}': no such file or folder"):
+    loop.train(config, str(tmp_path / 'run'), progress=False)
 
 
 def _two_steps(**overrides):

@@ -359,6 +359,14 @@ def stdlib_root() -> str:
   return sysconfig.get_paths()['stdlib']
 
 
+def check_path(data_config) -> None:
+  """Refuse a missing data.path of a local source at once, before the backend starts (a
+  Hugging Face dataset's name is checked when it loads)."""
+  d = data_config
+  if d.source not in ('stdlib', 'hf') and not os.path.exists(os.path.expanduser(d.path)):
+    raise _missing(d.path)
+
+
 def make_source(data_config) -> Source:
   """The Source that `config.data` describes; ConfigError if its path is missing or wrong."""
   d = data_config

@@ -140,9 +140,11 @@ def _open_run(config, workdir: str):
   structure, the checkpointer, the tokenizer (a run from a Hugging Face folder adopts its
   own), the data, and the config written beside the checkpoints."""
   from mllm.data import build_data
+  from mllm.data.sources import check_path
 
   maybe_initialize_distributed()
   writable_dir('--workdir', workdir)
+  check_path(config.data)
   t0 = time.perf_counter()
   mesh = make_mesh(config.mesh)  # the first device query starts the backend (seconds on a GPU)
   devices_s = time.perf_counter() - t0
