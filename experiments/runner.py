@@ -97,17 +97,8 @@ def _tune(
       complete &= all((v.name, s, k) in finished or (v.name, s, k) in failed for s in seeds)
       if done:
         losses[k] = [r['eval_loss'] for r in done]
-      points.append(
-        {
-          'lr': grid.lr(centers[v.name], k),
-          'seeds': [r['seed'] for r in done],
-          'eval_loss': [r['eval_loss'] for r in done],
-          'diverged_at_step': [r.get('diverged_at_step') for r in done],
-          'wall_s': [r.get('wall_s') for r in done if not r.get('copied_from')],
-          'failed': sum((v.name, s, k) in failed for s in seeds),
-          'provenance': [r.get('provenance') for r in done],
-        }
-      )
+      failures = sum((v.name, s, k) in failed for s in seeds)
+      points.append(_grid_point(grid.lr(centers[v.name], k), done, failures))
     return (choose(losses, grid) if complete else None), points, complete
 
   queued, asked = set(), None  # the table's jobs queued; the rates it was last asked with
@@ -182,6 +173,19 @@ def _tune(
   return summary
 
 
+def _grid_point(lr: float, done: list[dict], failures: int) -> dict:
+  """One tried rate as results.json records it, from the results of its finished runs."""
+  return {
+    'lr': lr,
+    'seeds': [r['seed'] for r in done],
+    'eval_loss': [r['eval_loss'] for r in done],
+    'diverged_at_step': [r.get('diverged_at_step') for r in done],
+    'wall_s': [r.get('wall_s') for r in done if not r.get('copied_from')],
+    'failed': failures,
+    'provenance': [r.get('provenance') for r in done],
+  }
+
+
 def _refine(
   suite: Suite, v: Variant, best: float, seeds: list[int], preset, extra, out, execute
 ) -> dict:
@@ -203,16 +207,7 @@ def _refine(
   for lr in rates:
     keys = [job.key for job in plan if job.key[2] == ('refine', lr)]
     done = [finished[k] for k in keys if k in finished]
-    points.append(
-      {
-        'lr': lr,
-        'seeds': [r['seed'] for r in done],
-        'eval_loss': [r['eval_loss'] for r in done],
-        'wall_s': [r.get('wall_s') for r in done if not r.get('copied_from')],
-        'failed': sum(k in failed for k in keys),
-        'provenance': [r.get('provenance') for r in done],
-      }
-    )
+    points.append(_grid_point(lr, done, sum(k in failed for k in keys)))
     if len(done) == len(seeds):
       losses[lr] = [r['eval_loss'] for r in done]
   complete = len(losses) == len(rates)
