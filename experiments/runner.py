@@ -62,10 +62,11 @@ def _tune(
   grid: LrGrid | None = None,
   table=None,
   **execute,
-) -> dict:
+) -> tuple[dict, dict]:
   """Tune each tuned variant's learning rate on the tuning seeds, widening the grid past an edge
   where the best rate sits, then refine the `refine_lr` variants' best (experiments/tuning.py):
-  {variant: {'center', 'points', 'best_lr', 'edge', 'complete'[, 'refined']}}. `centers`
+  ({variant: {'center', 'points', 'best_lr', 'edge', 'complete'[, 'refined']}}, {key: record}
+  of the table runs queued here that failed, each after its retry). `centers`
   {variant: rate}: tune only these variants, each around its given rate (default: every tuned
   variant around its configured rate); `grid`: instead of the suite's. table(rates, waiting):
   the table's runs that can start once the variants of `rates` {variant: lr} have settled and
@@ -102,6 +103,7 @@ def _tune(
     return (choose(losses, grid) if complete else None), points, complete
 
   queued, asked = set(), None  # the table's jobs queued; the rates it was last asked with
+  table_failed = {}
 
   def more(finished: dict, failed: dict) -> tuple[list[Job], list[Job]]:
     """run_plan's `more`: a variant's next point once its points have ended (first), the table
@@ -134,6 +136,7 @@ def _tune(
       **execute,
       more=more if training else None,
     )
+    table_failed.update({key: record for key, record in failed.items() if key in queued})
     summary, grew = {}, False
     for v in tuned:
       choice, points, complete = measured(v, finished, failed)
@@ -170,7 +173,7 @@ def _tune(
       )
       if summary[v.name]['refined']['best_lr'] is not None:
         summary[v.name]['best_lr'] = summary[v.name]['refined']['best_lr']
-  return summary
+  return summary, table_failed
 
 
 def _grid_point(lr: float, done: list[dict], failures: int) -> dict:
@@ -363,7 +366,7 @@ def _run_suite(
 ) -> dict:
   """Tune the learning rates if asked, then run the table's runs at them; run_suite's results."""
   run = execute['run']
-  tuning = {}
+  tuning, table_failed = {}, {}
   if tune_lr and (suite.retune_lr or not suite.lr_from):
     # An lr_from suite tunes only its retune_lr rows, around the borrowed rates, at its budget.
     again = (
@@ -378,7 +381,7 @@ def _run_suite(
       tuned = {name: {'best_lr': lr} for name, lr in rates.items()}
       return _table_plan(suite, preset, out, extra, known, borrowed, tuned)[0]
 
-    tuning = _tune(
+    tuning, table_failed = _tune(
       suite,
       preset=preset,
       extra=extra,
@@ -390,7 +393,9 @@ def _run_suite(
       **{**execute, 'remeasure': False},
     )
   plan, blocked = _table_plan(suite, preset, out, extra, order, borrowed, tuning)
-  finished, failed, pending = run_plan(plan, out=out, desc=f'suite {suite.name}', **execute)
+  finished, failed, pending = run_plan(
+    plan, out=out, desc=f'suite {suite.name}', **execute, failed=table_failed
+  )
   for job in blocked:  # its learning-rate tuning has not finished (or every run of it failed)
     if run is None:
       pending.append(job.record())

@@ -104,6 +104,7 @@ def run_plan(
   finished: dict | None = None,
   reuse_other_code: bool = False,
   more=None,
+  failed: dict | None = None,
 ) -> tuple[dict, dict, list]:
   """Run what has not finished of `plan`: (finished {key: record + result}, failed {key: record +
   errors}, pending [records] (run=None)). Finished runs are read back (remeasured if asked); an
@@ -114,7 +115,9 @@ def run_plan(
   process's (without it they raise ValueError); another suite's such run is never copied.
   more(finished, failed) -> (first, last): jobs the plan needs given what has ended, to run
   before and after the rest (a variant's next tuning point, the table runs of a settled rate);
-  asked at the start and whenever a job ends, until it has none. Each job it names is new."""
+  asked at the start and whenever a job ends, until it has none. Each job it names is new.
+  failed: {key: record + errors} of jobs of `plan` that failed (twice) earlier in this process,
+  e.g. table runs queued by an earlier call's `more`: reported failed, not tried again."""
   finished = dict(finished or {})
   accept = _acceptable(run, engine, reuse_other_code)
   # Another suite's run stands in only where it is this code's, --reuse_other_code or not.
@@ -130,7 +133,8 @@ def run_plan(
     pending.extend(waiting)
     return todo
 
-  todo = admit(plan)
+  failed_before = {job.key: failed[job.key] for job in plan if job.key in (failed or {})}
+  todo = [job for job in admit(plan) if job.key not in failed_before]
   bar = tqdm(
     total=len(plan),
     initial=len(plan) - len(todo),
@@ -143,6 +147,7 @@ def run_plan(
     out=out, run=run, engine=engine, progress=progress, finished=finished, bar=bar, accept=elsewhere
   )
   runs.more, runs.admit = more, admit
+  runs.failed.update(failed_before)
   try:
     with _sigterm_as_interrupt():
       runs.work_through(todo)

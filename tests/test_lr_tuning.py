@@ -544,18 +544,21 @@ class _TwoSlots:
 
   slots = 2
 
-  def __init__(self, run):
-    self._run, self._ended, self.started = run, [], []
+  def __init__(self, run, fails=lambda variant, seed: False):
+    self._run, self._ended, self.started, self._fails = run, [], [], fails
 
   def submit(self, payload: dict, workdir: str) -> str:
     config = payload['config']
-    self.started.append((os.path.basename(workdir).split('-')[0], config.seed, workdir))
-    self._run(config, workdir, progress=False, measure=None, parent=payload.get('parent'))
-    self._ended.append(workdir)
+    variant = os.path.basename(workdir).split('-')[0]
+    self.started.append((variant, config.seed, workdir))
+    ok = not self._fails(variant, config.seed)
+    if ok:
+      self._run(config, workdir, progress=False, measure=None, parent=payload.get('parent'))
+    self._ended.append((workdir, ok))
     return workdir
 
   def wait(self, timeout_s: float) -> list[tuple[str, bool]]:
-    return [(self._ended.pop(0), True)] if self._ended else []
+    return [self._ended.pop(0)] if self._ended else []
 
   def stop(self) -> None:
     self._ended.clear()
@@ -593,3 +596,33 @@ def test_a_settled_variants_table_runs_fill_the_slots_while_another_still_tunes(
       b['eval_loss'],
     )
   assert json.dumps(serial['tuning']) == json.dumps(both['tuning'])
+
+
+def test_a_table_run_that_failed_while_another_variant_tuned_is_not_tried_again(
+  tmp_path, monkeypatch
+):
+  """base's seed-0 table run starts (pipelined) while relu still tunes and fails both its
+  attempts there; the table's own pass reports it failed instead of trying it twice more."""
+  import experiments.runner as runner
+
+  center = resolve(SUITE, SUITE.variants[0], 'tiny', 0).train.learning_rate
+  grid = SUITE.lr_grid
+  optimum = {'base': grid.lr(center, 1), 'relu': grid.lr(center, 4), 'child': 1.0}
+  engine = _TwoSlots(_fake_run(optimum, 1.0, []), fails=lambda v, seed: (v, seed) == ('base', 0))
+  monkeypatch.setattr(runner, '_engine', lambda *a: engine)
+  out = run_suite(
+    SUITE,
+    out=str(tmp_path),
+    run=_fake_run(optimum, 1.0, []),
+    preset='tiny',
+    seeds=2,
+    progress=False,
+    tune_lr=True,
+    tune_seeds=1,
+  )
+  order = [(v, seed) for v, seed, _ in engine.started]
+  relu_tuning = [i for i, (v, seed) in enumerate(order) if v == 'relu' and seed >= 1000]
+  assert order.index(('base', 0)) < relu_tuning[-1]  # it failed during the tuning
+  assert order.count(('base', 0)) == 2  # the run and its one retry
+  assert [(r['variant'], r['seed']) for r in out['failed']] == [('base', 0), ('child', 0)]
+  assert ('base', 1) in [(r['variant'], r['seed']) for r in out['runs']]
