@@ -683,6 +683,17 @@ def _model_logits_and_grads(choices, impl, tokens, segments, **overrides):
   return run(params)
 
 
+def _model_inputs():
+  tokens = jax.random.randint(jax.random.key(0), (2, 40), 0, 32)
+  segments = jnp.asarray(np.repeat([[0, 1, 2, 3], [0, 0, 1, 1]], 10, axis=1))
+  return tokens, segments
+
+
+@functools.cache  # several impls are checked against the same 'xla' model
+def _xla_model_logits_and_grads(choices, overrides):
+  return _model_logits_and_grads(choices, 'xla', *_model_inputs(), **dict(overrides))
+
+
 @pytest.mark.parametrize(
   'impl,choices,overrides',
   [
@@ -692,10 +703,9 @@ def _model_logits_and_grads(choices, impl, tokens, segments, **overrides):
   ],
 )
 def test_whole_model_matches_xla(impl, choices, overrides):
-  tokens = jax.random.randint(jax.random.key(0), (2, 40), 0, 32)
-  segments = jnp.asarray(np.repeat([[0, 1, 2, 3], [0, 0, 1, 1]], 10, axis=1))
+  tokens, segments = _model_inputs()
   grads, logits = _model_logits_and_grads(choices, impl, tokens, segments, **overrides)
-  ref_grads, ref_logits = _model_logits_and_grads(choices, 'xla', tokens, segments, **overrides)
+  ref_grads, ref_logits = _xla_model_logits_and_grads(choices, tuple(sorted(overrides.items())))
   assert relative_error(logits, ref_logits) < 1e-5
   flat, ref_flat = jax.tree.leaves(grads), jax.tree.leaves(ref_grads)
   assert len(flat) == len(ref_flat)
