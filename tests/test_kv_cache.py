@@ -288,10 +288,14 @@ def test_repetition_penalty_equals_the_formula_on_full_forward_logits():
   model.eval()
   prompts = [[3, 3, 7, 1], [5, 9]]
   got = generate_tokens(model, prompts, max_new_tokens=STEPS, repetition_penalty=1.8)
+  width = max(map(len, prompts)) + STEPS
   for b, prompt in enumerate(prompts):
     seq = list(prompt)
     for _ in range(STEPS):
-      logits = np.asarray(full(jnp.asarray([seq], jnp.int32)))[0, -1].astype(np.float64)
+      # Padded to one width (one compiled program): causal, so the padding after position
+      # len(seq) - 1 does not reach its logits.
+      padded = jnp.asarray([seq + [0] * (width - len(seq))], jnp.int32)
+      logits = np.asarray(full(padded))[0, len(seq) - 1].astype(np.float64)
       seen = sorted(set(seq))
       logits[seen] = np.where(logits[seen] > 0, logits[seen] / 1.8, logits[seen] * 1.8)
       seq.append(int(np.argmax(logits)))
