@@ -22,6 +22,7 @@ import os
 # processes and load one version each.
 import mllm.generation
 import mllm.train  # noqa: F401 (this and the line above: for the reason above)
+from experiments import provenance
 from experiments.engines import LocalPool, RayEngine, check_out_for_ray, parse_resources
 from experiments.run import config_hash, resolve, run_dir, run_one
 from experiments.scheduler import Job, run_plan
@@ -502,12 +503,22 @@ def run_benchmark(suite: BenchmarkSuite, preset: str, out: str) -> str:
   importlib.import_module(suite.module).main(
     [*suite.presets[preset], f'--out={path}', f"--plot={os.path.join(folder, 'results.png')}"]
   )
+  # The benchmark's numbers come from this process's code and packages, as a training run's do:
+  # the same record, in results.json and on results.md's provenance line.
+  record = provenance.current()
+  json_path = os.path.join(folder, 'results.json')
+  if os.path.exists(json_path):
+    with open(json_path) as f:
+      rows = json.load(f)
+    with open(json_path, 'w') as f:
+      json.dump({**rows, 'provenance': record}, f, indent=1)
   with open(path) as f:
     table = f.read()
   with open(path, 'w') as f:
     f.write(
       f'# Suite `{suite.name}`: {suite.description}\n\nPreset `{preset}`: `python -m '
       f"{suite.module} {' '.join(suite.presets[preset])}`.\n\n"
+      f'Provenance: {provenance.label(record)}.\n\n'
       + (f'Paper: {suite.paper_source}.\n\n' if suite.paper_source else '')
       + ('#' + table if table.startswith('# ') else table)
       + '\n![results.png](results.png)\n'

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, read_tensorboard_scalars
 
-from experiments import report
+from experiments import provenance, report
 from experiments.runner import config_hash, resolve, run_dir, run_one, run_suite
 from experiments.suite import BenchmarkSuite, Suite, Variant, available, load_suite
 from experiments.suites._presets import PRESETS
@@ -794,7 +794,11 @@ def test_flash_suite_writes_the_benchmark_table_beside_the_papers_numbers(tmp_pa
   assert proc.returncode == 0, proc.stderr[-2000:]
   text = Path(tmp_path / 'flash' / 'results.md').read_text()
   assert text.startswith('# Suite `flash`') and '41.7 vs 7.3 ms' in text
-  rows = json.loads(Path(tmp_path / 'flash' / 'results.json').read_text())['rows']
+  results = json.loads(Path(tmp_path / 'flash' / 'results.json').read_text())
+  # The code that timed it, as every training run records it (digested here independently).
+  assert results['provenance']['code'] == provenance.code_digest()
+  assert f"Provenance: code {results['provenance']['code']}" in text
+  rows = results['rows']
   assert {(r['impl'], r['N']) for r in rows} == {
     (i, n) for i in ('xla', 'blockwise') for n in (64, 128)
   }
