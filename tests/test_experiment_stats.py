@@ -48,8 +48,13 @@ def test_paired_test_on_the_sleep_data():
 
 
 def test_holm_by_hand_and_verdicts():
-  # sorted 0.005·4 = 0.02, 0.01·3 = 0.03, 0.03·2 = 0.06, 0.04·1 = 0.04 → kept monotone: 0.06.
-  assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+  # The worked example of Wikipedia's Holm-Bonferroni article (four hypotheses at α 0.05: H4 and
+  # H1 rejected, H2 and H3 not); R's p.adjust(c(.01, .04, .03, .005), 'holm') gives the adjusted
+  # p-values. By hand: sorted 0.005·4 = 0.02, 0.01·3 = 0.03, 0.03·2 = 0.06, 0.04·1 = 0.04 → kept
+  # monotone: 0.06.
+  adjusted = stats.holm([0.01, 0.04, 0.03, 0.005])
+  assert adjusted == pytest.approx([0.03, 0.06, 0.06, 0.02])
+  assert [p < 0.05 for p in adjusted] == [True, False, False, True]
   assert stats.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
   lower = stats.paired_test([1.0, 1.1, 0.9, 1.0], [2.0, 2.05, 2.0, 1.9])
   assert stats.verdict(lower, 0.001) == 'better'
