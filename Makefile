@@ -54,14 +54,15 @@ train: $(STAMP)
 summary: $(STAMP)
 	$(VENV)/bin/python launch.py --config=$(CONFIG) --mode=summary $(ARGS)
 
-# make ablate SUITE=ffn [PRESET=cpu] [SEEDS=3] [JOBS=1]: one ablation suite (python -m
-# experiments); JOBS=2 runs two at once (the cpu preset's timings assume it on 2 cores).
+# make ablate SUITE=ffn [PRESET=cpu] [SEEDS=N] [JOBS=1]: one ablation suite (python -m
+# experiments); SEEDS defaults to the suite's own (3; 5 for noise and ffn); JOBS=2 runs two at
+# once (the cpu preset's timings assume it on 2 cores).
 SUITE ?= noise
 PRESET ?= cpu
-SEEDS ?= 3
+SEEDS ?=
 JOBS ?= 1
 ablate: $(STAMP)
-	$(VENV)/bin/python -m experiments $(SUITE) --preset=$(PRESET) --seeds=$(SEEDS) --jobs=$(JOBS) $(ARGS)
+	$(VENV)/bin/python -m experiments $(SUITE) --preset=$(PRESET) $(if $(SEEDS),--seeds=$(SEEDS)) --jobs=$(JOBS) $(ARGS)
 
 # ruff's checks and its formatter (configured in pyproject.toml); `make format` applies both fixes.
 lint: $(STAMP)

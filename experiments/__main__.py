@@ -29,7 +29,7 @@ def main(argv=None) -> int:
 
   compile_cache.enable()  # every seed of a variant compiles the same shapes (--jobs=1 runs here)
   try:
-    if args.seeds < 1:
+    if args.seeds is not None and args.seeds < 1:
       raise ValueError(f'--seeds={args.seeds}; allowed: a positive integer')
     suite = load_suite(args.suite)
     if isinstance(suite, BenchmarkSuite):
@@ -49,7 +49,7 @@ def main(argv=None) -> int:
       suite,
       preset=args.preset,
       extra=None if args.steps is None else _steps(args.steps),
-      seeds=args.seeds,
+      seeds=suite.seeds if args.seeds is None else args.seeds,
       out=args.out,
       run=None if args.report_only else run_one,
       jobs=args.jobs,
@@ -111,7 +111,9 @@ def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog='python -m experiments', description=__doc__)
   parser.add_argument('suite', help='one of: ' + ', '.join(available()))
   parser.add_argument('--preset', default='cpu', choices=PRESETS)
-  parser.add_argument('--seeds', type=int, default=3)
+  parser.add_argument(
+    '--seeds', type=int, default=None, help="table seeds 0..N-1 (default: the suite's own, 3 or 5)"
+  )
   parser.add_argument('--out', default='experiments/results')
   parser.add_argument(
     '--jobs',

@@ -51,6 +51,9 @@ class Suite:
   variants: tuple[Variant, ...]
   presets: dict  # preset -> dotted overrides applied to every variant
   metric: str = 'eval_loss'  # the compared metric; lower is better
+  # Table seeds 0 .. seeds-1 unless --seeds says otherwise: a suite whose power needs more (the
+  # noise floor, ffn) says so here, so that a plain re-run does not report fewer.
+  seeds: int = 3
   paper_source: str = ''  # where the paper's numbers come from
   extra_metrics: str | None = None  # a name in experiments/measures.py, run after each run
   lr_grid: LrGrid = dataclasses.field(

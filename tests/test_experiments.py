@@ -963,6 +963,23 @@ def test_variants_and_steps_trim_a_suite_for_a_smoke_run(capsys):
   assert capsys.readouterr().err.strip() == 'error: --steps=1; allowed: an integer >= 2'
 
 
+def test_a_suite_runs_its_own_seed_count_unless_told(monkeypatch, tmp_path):
+  """`noise` and `ffn` declare 5 table seeds: a plain re-run must not report 3 of them; --seeds
+  still overrides, and the other suites keep 3."""
+  import experiments.__main__ as cli
+
+  asked = []
+
+  def fake_run_suite(suite, **kw):
+    asked.append((suite.name, kw['seeds']))
+    raise KeyboardInterrupt  # stop before the report: only the seed count is under test
+
+  monkeypatch.setattr(cli, 'run_suite', fake_run_suite)
+  for argv in (['noise'], ['ffn'], ['norms'], ['noise', '--seeds=2']):
+    assert cli.main([*argv, f'--out={tmp_path}']) == 130
+  assert asked == [('noise', 5), ('ffn', 5), ('norms', 3), ('noise', 2)]
+
+
 def test_the_reproduce_cli_refuses_in_one_line(tmp_path, capsys):
   from experiments import reproduce
 

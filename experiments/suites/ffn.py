@@ -58,6 +58,7 @@ SUITE = Suite(
   ),
   refine_lr=('relu', 'glu'),
   presets=PRESETS,
+  seeds=5,
   diagnoses=_DIAGNOSES,
   paper_source='Shazeer 2020, Table 1 (C4 log-perplexity, 65k steps)',
 )

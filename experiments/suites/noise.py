@@ -10,4 +10,5 @@ SUITE = Suite(
   base='configs/rope_swiglu.py',
   variants=(Variant('default'),),
   presets=PRESETS,
+  seeds=5,
 )
