@@ -14,12 +14,15 @@ from mllm.multiprocess import with_host_devices
 
 # The training tests compile the same step in several runs and subprocesses (each train() call
 # builds new jitted closures); JAX's persistent compilation cache, keyed by the HLO, lets every
-# compile after the first be a disk read. Subprocesses inherit it through the environment.
+# compile after the first be a disk read. Subprocesses inherit it through the environment. Every
+# program is cached, however fast it compiled: a tiny model's forward compiles in ~0.3 s and many
+# tests build the same one (a threshold of 0.5 s cost 5% of the model, train-parts, resume and
+# KV-cache tests' time, serial, cold cache, 2026-11-28).
 os.environ.setdefault(
   'JAX_COMPILATION_CACHE_DIR',
   os.path.join(tempfile.gettempdir(), f'mllm-tests-jax-cache-{os.getuid()}'),
 )
-os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.5')
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 
 # XLA sizes its CPU thread pool by $NPROC, else one thread per core, when JAX starts. JAX's Mosaic
 # GPU interpreter holds one pool thread per warpgroup waiting on a barrier, plus the launch: on a

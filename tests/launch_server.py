@@ -1,4 +1,5 @@
-"""`python launch.py ARGS` as a forked child of one warm process, for tests that run it many times.
+"""`python launch.py ARGS` (or `python -m MODULE ARGS`) as a forked child of one warm process, for
+tests that run it many times.
 
 Python's start and the imports of JAX and Flax are ~1.4 s of each launch.py run that stops at a bad
 flag; test_bad_inputs.py runs 140+. The server imports them once, single-threaded, then forks a
@@ -34,6 +35,7 @@ os.chdir(ROOT)
 import absl.app, absl.flags, jax, flax.nnx  # what every launch.py run imports first
 import mllm.checks, mllm.config, mllm.config_keys, mllm.paths, mllm.validation
 import mllm.train  # Orbax and Grain: ~0.5 s of every run that reaches the data or a checkpoint
+import experiments.runner  # `python -m experiments`: matplotlib, the generation API, the scheduler
 assert threading.active_count() == 1, threading.enumerate()  # fork() keeps only this thread
 # Out of the collector's reach: a child's exit otherwise collects (and so copies, page by page)
 # this whole heap, 0.65 s of each request; 0.19 s with it (what gc.freeze is for).
@@ -52,8 +54,12 @@ while line := sys.stdin.readline():
       os.dup2(fd, target)
     os.environ.clear()
     os.environ.update(request['env'])
-    sys.argv = ['launch.py', *request['args']]
-    runpy.run_path('launch.py', run_name='__main__')
+    if request['module']:  # what `python -m MODULE` does: sys.argv[0] becomes its __main__'s path
+      sys.argv = ['-m', *request['args']]
+      runpy.run_module(request['module'], run_name='__main__', alter_sys=True)
+    else:
+      sys.argv = ['launch.py', *request['args']]
+      runpy.run_path('launch.py', run_name='__main__')
     sys.exit(0)  # what falling off the end of a script does
   _, status = os.waitpid(pid, 0)
   print(json.dumps(os.waitstatus_to_exitcode(status)), flush=True)
@@ -74,10 +80,11 @@ class Result:
   stderr: str
 
 
-def run_fresh(args: list[str], env: dict, timeout: float = 300) -> Result:
-  """`python launch.py ARGS` in a new interpreter, what LaunchServer.run stands for."""
+def run_fresh(args: list[str], env: dict, timeout: float = 300, module: str = '') -> Result:
+  """`python launch.py ARGS` (`python -m MODULE ARGS` with a module) in a new interpreter, what
+  LaunchServer.run stands for."""
   proc = subprocess.run(
-    [sys.executable, 'launch.py', *args],
+    [sys.executable, *(['-m', module] if module else ['launch.py']), *args],
     cwd=ROOT,
     env=env,
     capture_output=True,
@@ -103,13 +110,16 @@ class LaunchServer:
     assert ready == 'READY\n', ready
     self._dir = tempfile.mkdtemp(prefix='launch-server-')
 
-  def run(self, args: list[str], env_extra: dict | None = None, timeout: float = 300) -> Result:
-    """launch.py with `args` and the environment plus `env_extra`, as subprocess.run gives it."""
+  def run(
+    self, args: list[str], env_extra: dict | None = None, timeout: float = 300, module: str = ''
+  ) -> Result:
+    """launch.py (or `-m module`) with `args` and the environment plus `env_extra`, as
+    subprocess.run gives it."""
     env = dict(self._env, **(env_extra or {}))
     if any(k.startswith(IMPORT_TIME_PREFIXES) for k in (env_extra or {})):
-      return run_fresh(args, env, timeout)
+      return run_fresh(args, env, timeout, module)
     out, err = os.path.join(self._dir, 'stdout'), os.path.join(self._dir, 'stderr')
-    request = {'args': args, 'env': env, 'stdout': out, 'stderr': err}
+    request = {'args': args, 'env': env, 'stdout': out, 'stderr': err, 'module': module}
     self._proc.stdin.write(json.dumps(request) + '\n')
     self._proc.stdin.flush()
     pid = int(self._proc.stdout.readline())

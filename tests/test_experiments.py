@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import launch_server
 import pytest
 from conftest import ROOT, read_tensorboard_scalars
 
@@ -448,13 +449,7 @@ def test_suites_load_and_resolve_every_preset():
 
 
 def test_cli_refuses_an_unknown_suite_in_one_line():
-  proc = subprocess.run(
-    [sys.executable, '-m', 'experiments', 'nonesuch', '--preset=tiny'],
-    cwd=ROOT,
-    capture_output=True,
-    text=True,
-    timeout=120,
-  )
+  proc = launch_server.shared().run(['nonesuch', '--preset=tiny'], module='experiments')
   assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(
     "error: suite 'nonesuch' does not exist; allowed:"
   )
@@ -475,13 +470,7 @@ def test_cli_refuses_an_unknown_suite_in_one_line():
 )
 def test_cli_refuses_bad_engine_flags_in_one_line(args, message):
   suite = 'flash' if args == ['--engine=ray'] else 'noise'
-  proc = subprocess.run(
-    [sys.executable, '-m', 'experiments', suite, '--preset=tiny', *args],
-    cwd=ROOT,
-    capture_output=True,
-    text=True,
-    timeout=120,
-  )
+  proc = launch_server.shared().run([suite, '--preset=tiny', *args], module='experiments')
   assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
   assert proc.stderr.startswith(message), proc.stderr
 
@@ -784,12 +773,8 @@ def test_norms_suite_measures_each_layers_gradient_norm(tmp_path, corpus):
 
 
 def test_flash_suite_writes_the_benchmark_table_beside_the_papers_numbers(tmp_path):
-  proc = subprocess.run(
-    [sys.executable, '-m', 'experiments', 'flash', '--preset=tiny', f'--out={tmp_path}'],
-    cwd=ROOT,
-    capture_output=True,
-    text=True,
-    timeout=600,
+  proc = launch_server.shared().run(
+    ['flash', '--preset=tiny', f'--out={tmp_path}'], module='experiments', timeout=600
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
   text = Path(tmp_path / 'flash' / 'results.md').read_text()

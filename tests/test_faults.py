@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 
+import launch_server
 import pytest
 from conftest import ROOT, run_overrides
 
@@ -91,9 +92,10 @@ def test_a_full_disk_ends_in_one_line_and_the_run_resumes_from_the_last_good_ste
 
 def test_an_unreadable_newest_checkpoint_is_set_aside_in_one_line(corpus, tmp_path):
   workdir, cache = str(tmp_path / 'run'), str(tmp_path / 'cache')
-  first = subprocess.run(
-    launch_command(corpus, cache, workdir, 60), cwd=ROOT, env=cpu_env(), capture_output=True
-  )
+  # Forked from a warm process (tests/launch_server.py): what `python launch.py` gives, less its
+  # imports; the full-disk test above runs fresh processes.
+  server = launch_server.shared()
+  first = server.run(launch_command(corpus, cache, workdir, 60)[2:])
   assert first.returncode == 0, first.stderr
   assert committed_steps(workdir)[-1] == 60
   arrays = glob.glob(
@@ -105,13 +107,7 @@ def test_an_unreadable_newest_checkpoint_is_set_aside_in_one_line(corpus, tmp_pa
     with open(path, 'wb') as f:
       f.write(os.urandom(size))
 
-  again = subprocess.run(
-    launch_command(corpus, cache, workdir, STEPS),
-    cwd=ROOT,
-    env=cpu_env(),
-    capture_output=True,
-    text=True,
-  )
+  again = server.run(launch_command(corpus, cache, workdir, STEPS)[2:])
   assert again.returncode == 0, again.stderr
   assert 'Traceback' not in again.stderr and not messages(again.stderr), again.stderr
   warnings = [line for line in again.stdout.splitlines() if line.startswith('warning:')]

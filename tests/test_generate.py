@@ -4,11 +4,10 @@ requests (each bad one a single `error:` line, exit 2)."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
+import launch_server
 import pytest
-from conftest import ROOT, make_config
+from conftest import make_config
 
 from mllm.checks import InputError
 from mllm.generation import generate, generate_tokens, load_run
@@ -50,14 +49,9 @@ def test_text_api_equals_token_generation(run):
     generate(model, tokenizer, ['def ', ''], max_new_tokens=3)
 
 
-def launch(*args) -> subprocess.CompletedProcess:
-  return subprocess.run(
-    [sys.executable, 'launch.py', '--mode=generate', *args],
-    cwd=ROOT,
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
+def launch(*args) -> launch_server.Result:
+  """`python launch.py --mode=generate ARGS` (forked from a warm process: tests/launch_server.py)."""
+  return launch_server.shared().run(['--mode=generate', *args])
 
 
 def test_launch_generate_prints_the_continuation_and_speeds(run, tmp_path):
