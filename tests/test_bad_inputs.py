@@ -438,16 +438,16 @@ def test_the_launch_server_gives_what_a_fresh_process_gives(server, tmp_path):
       fresh.stderr,
     ), args
   assert forked.returncode == 3 and forked.stdout == 'out\n'
-  # `python -m experiments` as well (argparse names the program from sys.argv[0]).
-  for args in (['nonesuch'], ['noise', '--no_such_flag']):
-    fresh = run_fresh(args, dict(os.environ, JAX_PLATFORMS='cpu'), 120, module='experiments')
-    forked = server.run(args, module='experiments')
-    assert (forked.returncode, forked.stdout, forked.stderr) == (
-      fresh.returncode,
-      fresh.stdout,
-      fresh.stderr,
-    ), args
-    assert forked.returncode == 2 and forked.stderr.startswith(('error:', 'usage:')), forked.stderr
+  # `python -m experiments` as well: argparse's usage line names the program from sys.argv[0].
+  args = ['noise', '--no_such_flag']
+  fresh = run_fresh(args, dict(os.environ, JAX_PLATFORMS='cpu'), 120, module='experiments')
+  forked = server.run(args, module='experiments')
+  assert (forked.returncode, forked.stdout, forked.stderr) == (
+    fresh.returncode,
+    fresh.stdout,
+    fresh.stderr,
+  )
+  assert forked.returncode == 2 and forked.stderr.startswith('usage: '), forked.stderr
   # Past its timeout a child is killed, and the server goes on serving.
   sleeping = tmp_path / 'sleeping.py'
   sleeping.write_text('import time\ntime.sleep(60)\n')
