@@ -13,9 +13,10 @@ import shlex
 import shutil
 import string
 
+import launch_server
 import numpy as np
 import pytest
-from launch_server import LaunchServer, run_fresh
+from launch_server import run_fresh
 
 TINY = (
   '--config.model.n_layers=1 --config.model.d_model=32 --config.model.n_heads=2 '
@@ -343,10 +344,9 @@ def paths(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def server():
-  """launch.py runs forked from one warm process (tests/launch_server.py): ~0.2 s a case, not 1.6."""
-  server = LaunchServer()
-  yield server
-  server.close()
+  """launch.py runs forked from one warm process (tests/launch_server.py): ~0.2 s a case, not 1.6;
+  the worker's shared one, which other modules' launches use too (a server starts in ~4 s)."""
+  return launch_server.shared()
 
 
 @pytest.fixture(scope='module')

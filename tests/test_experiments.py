@@ -41,6 +41,8 @@ SUITE = Suite(
 )
 
 
+# Its tests, and the Ray engine's, carry xdist_group('finished'): one worker builds it (a worker
+# building it again cost 8-11 s) and starts the local Ray once.
 @pytest.fixture(scope='module')
 def finished(corpus, tmp_path_factory):
   out = str(tmp_path_factory.mktemp('suites'))
@@ -54,6 +56,7 @@ def finished(corpus, tmp_path_factory):
   return out, extra, results
 
 
+@pytest.mark.xdist_group('finished')
 def test_every_run_finishes_and_paired_seeds_agree_exactly(finished):
   _out, _, results = finished
   assert not results['failed'] and len(results['runs']) == 6
@@ -69,6 +72,7 @@ def test_every_run_finishes_and_paired_seeds_agree_exactly(finished):
   assert steps == sorted(set(steps)) and steps[-1] == PRESETS['tiny']['train.steps']
 
 
+@pytest.mark.xdist_group('finished')
 def test_a_runs_eval_loss_is_what_evaluate_gives_on_its_checkpoint(finished):
   """run_one keeps train()'s final evaluation instead of evaluating again: it must be exactly
   what `launch.py --mode=eval` (evaluate) reads from the saved checkpoint."""
@@ -89,6 +93,7 @@ def test_a_runs_eval_loss_is_what_evaluate_gives_on_its_checkpoint(finished):
     )
 
 
+@pytest.mark.xdist_group('finished')
 def test_runs_in_worker_processes_give_the_same_numbers(finished, tmp_path):
   """jobs=2: two runs at once, each in its own process; the same losses as in this process."""
   _, extra, results = finished
@@ -108,7 +113,7 @@ def test_runs_in_worker_processes_give_the_same_numbers(finished, tmp_path):
 _TIMING = ('workdir', 'wall_s', 'tokens_per_s', 'median_step_s')
 
 
-@pytest.mark.xdist_group('ray')
+@pytest.mark.xdist_group('finished')
 def test_ray_tasks_give_the_same_results_as_this_process_and_the_pool(finished, tmp_path):
   """--engine=ray on a local Ray (2 CPUs, a task each): every run's record is the one trained in
   this process (and by jobs=2, test above), timings and paths aside."""
@@ -138,7 +143,7 @@ def test_ray_tasks_give_the_same_results_as_this_process_and_the_pool(finished, 
 # Slow (25 s): the fast run checks the Ray engine's results (above); retries after a lost worker
 # run with -m slow, as does SIGTERM through Ray (below).
 @pytest.mark.slow
-@pytest.mark.xdist_group('ray')
+@pytest.mark.xdist_group('finished')
 def test_a_killed_ray_worker_is_retried_and_its_run_resumes(corpus, tmp_path):
   """SIGKILL to the Ray worker process training a run (a node lost, the OOM killer): the runner
   submits the run again once, and it resumes from its last checkpoint to the end."""
@@ -187,6 +192,7 @@ def test_a_killed_ray_worker_is_retried_and_its_run_resumes(corpus, tmp_path):
   assert 20 <= resumed_at < 200
 
 
+@pytest.mark.xdist_group('finished')
 def test_an_identical_finished_run_is_copied_not_trained(finished):
   """'same' is 'base' under another name: its seed-1 run was copied from base's, while its
   seed-0 run, started (and killed) before, resumed instead."""
@@ -199,6 +205,7 @@ def test_an_identical_finished_run_is_copied_not_trained(finished):
   assert os.path.isdir(os.path.join(by['same', 1]['workdir'], 'checkpoints'))
 
 
+@pytest.mark.xdist_group('finished')
 def test_a_run_of_other_code_is_trained_again_for_its_first_steps_and_compared(finished, tmp_path):
   """experiments.reproduce: relu's runs relabelled as another code version; its seed-0 run
   trained again here logs the same losses (this is the same code), and a recorded curve that
@@ -288,6 +295,7 @@ def test_a_run_is_trained_again_under_a_commits_code_in_a_worktree(tmp_path, cor
     reproduce.check(noise, relabelled, str(tmp_path), steps=3, code_of='nonesuch')
 
 
+@pytest.mark.xdist_group('finished')
 def test_finished_runs_are_skipped_and_a_changed_config_is_a_new_run(finished):
   out, extra, results = finished
   calls = []
@@ -360,6 +368,7 @@ def test_a_failed_run_is_retried_once_then_reported(tmp_path, corpus):
   assert 'Failed runs' in report.markdown(one, bad, report.summarize(one, bad))
 
 
+@pytest.mark.xdist_group('finished')
 def test_report_table_and_verdicts(finished):
   out, _, results = finished
   path = report.write(SUITE, results, out)
@@ -791,6 +800,7 @@ def test_flash_suite_writes_the_benchmark_table_beside_the_papers_numbers(tmp_pa
   assert os.path.getsize(tmp_path / 'flash' / 'results.png') > 1000
 
 
+@pytest.mark.xdist_group('finished')
 def test_remeasure_runs_the_measure_again_on_finished_runs(finished, monkeypatch):
   from experiments import measures
 
@@ -849,7 +859,8 @@ def _workers_of(out: str) -> list[int]:
 
 
 @pytest.mark.parametrize(
-  'engine', ['local', pytest.param('ray', marks=[pytest.mark.xdist_group('ray'), pytest.mark.slow])]
+  'engine',
+  ['local', pytest.param('ray', marks=[pytest.mark.xdist_group('finished'), pytest.mark.slow])],
 )
 def test_sigterm_to_the_suite_stops_its_workers_and_they_save(corpus, tmp_path, engine):
   """A preempted suite (SIGTERM to its main process, jobs=2) passes the signal on: the workers

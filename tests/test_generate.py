@@ -14,6 +14,7 @@ from mllm.generation import generate, generate_tokens, load_run
 from mllm.train import train
 
 
+# Its tests carry xdist_group('generate'): one worker trains it.
 @pytest.fixture(scope='module')
 def run(corpus, tmp_path_factory):
   """A tiny byte-level model with learned positions (a 32-token table), trained 40 steps."""
@@ -28,6 +29,7 @@ def run(corpus, tmp_path_factory):
   return config, workdir
 
 
+@pytest.mark.xdist_group('generate')
 def test_text_api_equals_token_generation(run):
   config, workdir = run
   model, tokenizer, step, saved = load_run(workdir, config)
@@ -54,6 +56,7 @@ def launch(*args) -> launch_server.Result:
   return launch_server.shared().run(['--mode=generate', *args])
 
 
+@pytest.mark.xdist_group('generate')
 def test_launch_generate_prints_the_continuation_and_speeds(run, tmp_path):
   _, workdir = run
   prompts = tmp_path / 'prompts.txt'
@@ -80,6 +83,7 @@ def test_launch_generate_prints_the_continuation_and_speeds(run, tmp_path):
   assert again.stdout == proc.stdout  # seeded
 
 
+@pytest.mark.xdist_group('generate')
 def test_launch_streams_one_prompt_as_the_api_generates_it(run):
   config, workdir = run
   model, tokenizer, _, _ = load_run(workdir, config)
@@ -92,6 +96,7 @@ def test_launch_streams_one_prompt_as_the_api_generates_it(run):
   assert 'compile' in proc.stderr and 'Traceback' not in proc.stderr
 
 
+@pytest.mark.xdist_group('generate')
 @pytest.mark.parametrize(
   'args, expected',
   [
@@ -119,6 +124,7 @@ def test_launch_generate_without_a_checkpoint(tmp_path):
   assert 'has no checkpoint to generate from' in proc.stderr
 
 
+@pytest.mark.xdist_group('generate')
 def test_restoring_parameters_builds_no_optimizer(run, monkeypatch):
   """Evaluation and generation restore parameters through the model's structure alone."""
   import math
