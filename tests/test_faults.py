@@ -22,10 +22,15 @@ from mllm.train.checkpoint import committed_steps
 STEPS, EVERY = 100, 20
 
 
-def launch_command(corpus: str, cache: str, workdir: str, steps: int) -> list[str]:
+def launch_args(corpus: str, cache: str, workdir: str, steps: int) -> list[str]:
+  """launch.py's arguments for a run of `steps` steps that saves every EVERY."""
   overrides = run_overrides(corpus, cache, train__steps=steps, train__checkpoint_every=EVERY)
   flags = [f'--config.{k}={v}' for k, v in overrides.items()]
-  return [sys.executable, 'launch.py', '--config=configs/base.py', f'--workdir={workdir}', *flags]
+  return ['--config=configs/base.py', f'--workdir={workdir}', *flags]
+
+
+def launch_command(corpus: str, cache: str, workdir: str, steps: int) -> list[str]:
+  return [sys.executable, 'launch.py', *launch_args(corpus, cache, workdir, steps)]
 
 
 def messages(stderr: str) -> list[str]:
@@ -95,7 +100,7 @@ def test_an_unreadable_newest_checkpoint_is_set_aside_in_one_line(corpus, tmp_pa
   # Forked from a warm process (tests/launch_server.py): what `python launch.py` gives, less its
   # imports; the full-disk test above runs fresh processes.
   server = launch_server.shared()
-  first = server.run(launch_command(corpus, cache, workdir, 60)[2:])
+  first = server.run(launch_args(corpus, cache, workdir, 60))
   assert first.returncode == 0, first.stderr
   assert committed_steps(workdir)[-1] == 60
   arrays = glob.glob(
@@ -107,7 +112,7 @@ def test_an_unreadable_newest_checkpoint_is_set_aside_in_one_line(corpus, tmp_pa
     with open(path, 'wb') as f:
       f.write(os.urandom(size))
 
-  again = server.run(launch_command(corpus, cache, workdir, STEPS)[2:])
+  again = server.run(launch_args(corpus, cache, workdir, STEPS))
   assert again.returncode == 0, again.stderr
   assert 'Traceback' not in again.stderr and not messages(again.stderr), again.stderr
   warnings = [line for line in again.stdout.splitlines() if line.startswith('warning:')]
