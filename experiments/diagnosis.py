@@ -224,18 +224,34 @@ def rate_at_budget(suite: str, baseline: str) -> Callable[[Evidence, str], Findi
   return finds
 
 
-def width_ruled_out(suite: str, baseline: str) -> Callable[[Evidence, str], Finding]:
-  """Ruled out, a narrower hidden layer: in `suite` the variant keeps the baseline's hidden
-  width (at more parameters) and still stays behind it (the paired CI above zero)."""
+def stays_behind(suite: str, baseline: str, *, cause: str, where: str, retuned: bool = False):
+  """Ruled out, `cause`: in `suite`, which removes it (`where`, e.g. "at relu's hidden width"),
+  the variant still stays behind the baseline (the paired CI above zero); with `retuned`, both
+  rows' rates were tuned again in `suite` and neither best sits at an edge of its grid."""
 
   def finds(evidence: Evidence, variant: str) -> Finding:
     test, gap = _final_gap(evidence, suite, variant, baseline)
+    inside, rates = True, ''
+    if retuned:
+      ours, base = evidence.tuning(suite, variant), evidence.tuning(suite, baseline)
+      inside = ours.get('edge') is None and base.get('edge') is None
+      rates = (
+        f"; rates tuned again there: {baseline} best at {base['best_lr']:.3g}, {variant} at "
+        f"{ours['best_lr']:.3g}, " + ('neither at an edge' if inside else 'one at an edge')
+      )
     return Finding(
-      test.ci_low > 0,
-      f"a narrower hidden layer (in {suite} at {baseline}'s hidden width the gap is {gap})",
+      inside and test.ci_low > 0, f'{cause} (in {suite} {where} the gap is {gap}{rates})'
     )
 
   return finds
+
+
+def width_ruled_out(suite: str, baseline: str) -> Callable[[Evidence, str], Finding]:
+  """Ruled out, a narrower hidden layer: in `suite` the variant keeps the baseline's hidden
+  width (at more parameters) and still stays behind it."""
+  return stays_behind(
+    suite, baseline, cause='a narrower hidden layer', where=f"at {baseline}'s hidden width"
+  )
 
 
 def _final_gap(evidence: Evidence, suite: str, variant: str, baseline: str):

@@ -319,3 +319,28 @@ def test_a_narrower_hidden_layer_is_ruled_out_only_where_the_wide_row_stays_behi
   level = [[3.0, 2.9, 2.7, 2.41], [3.0, 2.9, 2.7, 2.40], [3.0, 2.9, 2.7, 2.43]]
   _tokens_suite(out, {'base': base, 'late': level})
   assert not check(Evidence(out), 'late').supported
+
+
+def test_a_cause_removed_and_rates_tuned_again_is_ruled_out_only_off_the_grids_edges(tmp_path):
+  """stays_behind(retuned=True) (ffn_decay: no weight decay, both rates tuned again): the gap
+  that stays rules the cause out only while neither re-tuned best sits at an edge of its grid."""
+  out = str(tmp_path)
+  base = [[3.0, 2.8, 2.6, 2.40], [3.0, 2.8, 2.6, 2.42], [3.0, 2.8, 2.6, 2.41]]
+  behind = [[3.0, 2.9, 2.7, 2.50], [3.0, 2.9, 2.7, 2.53], [3.0, 2.9, 2.7, 2.50]]
+  tuned = {'base': {'best_lr': 3e-3, 'edge': None}, 'late': {'best_lr': 4e-3, 'edge': None}}
+  _tokens_suite(out, {'base': base, 'late': behind}, tuned)
+  check = diagnosis.stays_behind(
+    'longer', 'base', cause='the weight decay', where='without it', retuned=True
+  )
+  finding = check(Evidence(out), 'late')
+  assert finding.supported
+  assert finding.text == (
+    'the weight decay (in longer without it the gap is +0.100 [+0.075, +0.125] over 3 seeds; '
+    'rates tuned again there: base best at 0.003, late at 0.004, neither at an edge)'
+  )
+  _tokens_suite(
+    out, {'base': base, 'late': behind}, {**tuned, 'base': {**tuned['base'], 'edge': 'high'}}
+  )
+  assert not check(Evidence(out), 'late').supported
+  _tokens_suite(out, {'base': base, 'late': behind})  # no tuning recorded: not recomputed
+  assert not Diagnosis('longer', check).find(Evidence(out), 'late').supported
