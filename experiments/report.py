@@ -12,7 +12,6 @@ import statistics
 from experiments import plots, provenance, reproduce, stats, tensorboard
 from experiments.diagnosis import Evidence
 from experiments.suite import Suite
-from experiments.tuning import BUDGET_GRID
 
 # Measurements shown as extra columns (mean over seeds) when a suite's runs have them.
 EXTRA_COLUMNS = {
@@ -281,7 +280,7 @@ def _preamble(suite: Suite, results: dict) -> list[str]:
       '',
     ]
   if results.get('lr_from'):
-    lines += [_borrowed_line(results), '']
+    lines += [_borrowed_line(suite, results), '']
   elif results.get('tuning'):
     lines += [_tuning_line(suite, results), '']
   return lines
@@ -291,7 +290,7 @@ def _preamble(suite: Suite, results: dict) -> list[str]:
 EDGES = {'low': ' (lowest tried)', 'high': ' (highest tried)'}
 
 
-def _borrowed_line(results: dict) -> str:
+def _borrowed_line(suite: Suite, results: dict) -> str:
   """Where an lr_from suite's rates come from, and which it tuned again at its own budget."""
   donor, rates = results['lr_from']['suite'], results['lr_from']['rates']
   tuning = results.get('tuning', {})
@@ -304,7 +303,7 @@ def _borrowed_line(results: dict) -> str:
       + "), not tuned again at this suite's budget."
     )
   if tuning:
-    grid = BUDGET_GRID
+    grid = suite.retune_grid
     cells = [
       f"{name} {rates[name]:.3g} -> "
       + ('not finished' if t['best_lr'] is None else f"{t['best_lr']:.3g}")

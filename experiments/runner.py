@@ -28,7 +28,6 @@ from experiments.run import config_hash, resolve, run_dir, run_one
 from experiments.scheduler import Job, run_plan
 from experiments.suite import BenchmarkSuite, Suite, Variant
 from experiments.tuning import (
-  BUDGET_GRID,
   TUNING_SEED_BASE,
   LrGrid,
   choose,
@@ -371,7 +370,7 @@ def _run_suite(
   if tune_lr and (suite.retune_lr or not suite.lr_from):
     # An lr_from suite tunes only its retune_lr rows, around the borrowed rates, at its budget.
     again = (
-      {'centers': {n: borrowed[n] for n in suite.retune_lr}, 'grid': BUDGET_GRID}
+      {'centers': {n: borrowed[n] for n in suite.retune_lr}, 'grid': suite.retune_grid}
       if suite.lr_from
       else {}
     )

@@ -12,7 +12,7 @@ import importlib
 import pkgutil
 from collections.abc import Callable
 
-from experiments.tuning import LrGrid
+from experiments.tuning import BUDGET_GRID, LrGrid
 
 PRESETS = ('tiny', 'cpu', 'gpu')
 
@@ -73,8 +73,11 @@ class Suite:
   # --refine_lr does), where a verdict turned on the factor-2 grid's resolution.
   refine_lr: tuple[str, ...] = ()
   # (With lr_from) variants whose borrowed rate is tuned again at this suite's budget, on
-  # experiments/tuning.py's BUDGET_GRID centred on it; the table runs at that best.
+  # `retune_grid` centred on it; the table runs at that best.
   retune_lr: tuple[str, ...] = ()
+  # experiments/tuning.py's BUDGET_GRID, or a wider one where the suite moves the optimum further
+  # than a longer budget does (another width: ffn_d256).
+  retune_grid: LrGrid = BUDGET_GRID
 
   def __post_init__(self):
     names = [v.name for v in self.variants]

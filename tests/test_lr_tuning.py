@@ -464,6 +464,28 @@ def test_a_longer_suite_tunes_its_retune_lr_rows_again_around_the_borrowed_rate(
   assert f"tuned rate in suite `donor` (base {borrowed:.3g}), not tuned again" in text
   assert f"Tuned again at this suite's budget, on seeds {TUNING_SEED_BASE}" in text
   assert f'relu {borrowed:.3g} -> {longer_best:.3g} (' in text
+  # Suite.retune_grid: a grid widened at most once a side stops one step short of that best,
+  # which the table then runs at and the report marks as the highest rate tried.
+  narrow = dataclasses.replace(
+    borrower, name='narrow', retune_grid=dataclasses.replace(BUDGET_GRID, max_widen=1)
+  )
+  calls = []
+  out = run_suite(
+    narrow,
+    preset='tiny',
+    seeds=1,
+    out=str(tmp_path),
+    progress=False,
+    run=_fake_run({'base': borrowed, 'relu': longer_best}, 1.0, calls),
+    tune_lr=True,
+  )
+  # (Its runs are the first borrower's, copied: the same configs.)
+  tried = sorted(point['lr'] for point in out['tuning']['relu']['points'])
+  assert tried == pytest.approx(sorted(BUDGET_GRID.lr(borrowed, k) for k in (-1, 0, 1, 2)))
+  assert out['tuning']['relu']['edge'] == 'high'
+  text = report.markdown(narrow, out, report.summarize(narrow, out))
+  assert 'widened past an edge where the best sat (up to 1 more per side)' in text
+  assert f'relu {borrowed:.3g} -> {longer_best:.3g} (highest tried)' in text
 
 
 def test_runs_evaluated_during_training_draw_loss_against_tokens(tmp_path, corpus):
