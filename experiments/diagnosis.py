@@ -254,6 +254,37 @@ def width_ruled_out(suite: str, baseline: str) -> Callable[[Evidence, str], Find
   )
 
 
+def closes_in(suite: str, *, of: str, baseline: str, cause: str) -> Diagnosis:
+  """The gap is `cause`'s (e.g. a small width): in `suite`, which changes only that (both rates
+  tuned again there, neither at an edge of its grid), the variant is no longer behind the baseline
+  (the paired CI reaches zero) and its gap shrank from `of`'s (the per-seed gaps, paired by seed:
+  the same data order, the difference's CI above zero)."""
+
+  def finds(evidence: Evidence, variant: str) -> Finding:
+    _, before_text = _final_gap(evidence, of, variant, baseline)
+    after, after_text = _final_gap(evidence, suite, variant, baseline)
+    ours, base = evidence.tuning(suite, variant), evidence.tuning(suite, baseline)
+    inside = ours.get('edge') is None and base.get('edge') is None
+    gaps = {}
+    for name in (of, suite):
+      runs, base_runs = evidence.runs(name, variant), evidence.runs(name, baseline)
+      gaps[name] = {s: runs[s]['eval_loss'] - base_runs[s]['eval_loss'] for s in runs}
+    seeds = sorted(set(gaps[of]) & set(gaps[suite]))
+    if len(seeds) < 2:
+      raise MissingRuns(f'suites {of!r} and {suite!r} share fewer than 2 seeds of {variant!r}')
+    shrink = stats.paired_test([gaps[of][s] for s in seeds], [gaps[suite][s] for s in seeds])
+    return Finding(
+      inside and after.ci_low <= 0 < shrink.ci_low,
+      f'{cause}: the gap to {baseline} is {before_text} in {of} and {after_text} in {suite} '
+      f"(both rates tuned again there: {baseline} best at {base['best_lr']:.3g}, {variant} at "
+      f"{ours['best_lr']:.3g}, " + ('neither at an edge' if inside else 'one at an edge') + '); '
+      f'it shrinks by {shrink.mean:+.3f} [{shrink.ci_low:+.3f}, {shrink.ci_high:+.3f}] on the '
+      f'{len(seeds)} seeds both share, on {sum(gaps[of][s] > gaps[suite][s] for s in seeds)} of them',
+    )
+
+  return Diagnosis(f'{of} and {suite}: eval loss − {baseline} per seed', finds)
+
+
 def _final_gap(evidence: Evidence, suite: str, variant: str, baseline: str):
   """The paired test of variant − baseline eval loss in `suite`, and '+m [lo, hi] over n seeds'."""
   runs, base_runs = evidence.runs(suite, variant), evidence.runs(suite, baseline)

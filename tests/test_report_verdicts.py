@@ -344,3 +344,44 @@ def test_a_cause_removed_and_rates_tuned_again_is_ruled_out_only_off_the_grids_e
   assert not check(Evidence(out), 'late').supported
   _tokens_suite(out, {'base': base, 'late': behind})  # no tuning recorded: not recomputed
   assert not Diagnosis('longer', check).find(Evidence(out), 'late').supported
+
+
+def _finals(out: str, suite: str, losses: dict, tuning: dict) -> None:
+  """A results.json for `suite` holding final eval losses {variant: [per seed]} and `tuning`."""
+  runs = [
+    {'variant': name, 'seed': seed, 'eval_loss': loss}
+    for name, per_seed in losses.items()
+    for seed, loss in enumerate(per_seed)
+  ]
+  os.makedirs(os.path.join(out, suite), exist_ok=True)
+  with open(os.path.join(out, suite, 'results.json'), 'w') as f:
+    json.dump({'runs': runs, 'tuning': tuning}, f)
+
+
+def test_a_gap_that_closes_where_one_cause_changes_is_diagnosed_by_it(tmp_path):
+  """closes_in (ffn_d256: twice the width): diagnosed where the gap there is no longer
+  significant and shrank from the other suite's on the shared seeds; not where it stays, where it
+  did not shrink, or where a re-tuned rate sits at an edge of its grid."""
+  out = str(tmp_path)
+  tuned = {'base': {'best_lr': 1.5e-3, 'edge': None}, 'late': {'best_lr': 3e-3, 'edge': None}}
+  _finals(out, 'small', {'base': [3.0, 3.1, 2.9], 'late': [3.10, 3.21, 2.99]}, tuned)
+  _finals(out, 'wide', {'base': [2.7, 2.8, 2.6], 'late': [2.69, 2.81, 2.59]}, tuned)
+  diagnosed = diagnosis.closes_in('wide', of='small', baseline='base', cause='the width')
+  finding = diagnosed.find(Evidence(out), 'late')
+  # Gaps +0.10, +0.11, +0.09 in small; −0.01, +0.01, −0.01 in wide; shrinking by 0.11, 0.10, 0.10.
+  assert finding.supported and diagnosed.explains
+  assert finding.text.startswith(
+    'the width: the gap to base is +0.100 [+0.075, +0.125] over 3 seeds in small and -0.003 '
+  )
+  assert '3 seeds in wide (both rates tuned again there: base best at 0.0015, late at 0.003, ' in (
+    finding.text
+  )
+  assert 'neither at an edge); it shrinks by +0.103 [' in finding.text
+  assert finding.text.endswith('on the 3 seeds both share, on 3 of them')
+  _finals(out, 'wide', {'base': [2.7, 2.8, 2.6], 'late': [2.75, 2.86, 2.64]}, tuned)
+  assert not diagnosed.find(Evidence(out), 'late').supported  # still behind there: +0.05
+  _finals(out, 'wide', {'base': [2.7, 2.8, 2.6], 'late': [2.80, 2.81, 2.69]}, tuned)
+  assert not diagnosed.find(Evidence(out), 'late').supported  # not behind, but no clear shrink
+  at_edge = {**tuned, 'base': {'best_lr': 1.5e-3, 'edge': 'low'}}
+  _finals(out, 'wide', {'base': [2.7, 2.8, 2.6], 'late': [2.69, 2.81, 2.59]}, at_edge)
+  assert not diagnosed.find(Evidence(out), 'late').supported
