@@ -254,11 +254,18 @@ def width_ruled_out(suite: str, baseline: str) -> Callable[[Evidence, str], Find
   )
 
 
-def closes_in(suite: str, *, of: str, baseline: str, cause: str) -> Diagnosis:
+def closes_in(
+  suite: str,
+  *ruled_out: Callable[[Evidence, str], Finding],
+  of: str,
+  baseline: str,
+  cause: str,
+) -> Diagnosis:
   """The gap is `cause`'s (e.g. a small width): in `suite`, which changes only that (both rates
   tuned again there, neither at an edge of its grid), the variant is no longer behind the baseline
   (the paired CI reaches zero) and its gap shrank from `of`'s (the per-seed gaps, paired by seed:
-  the same data order, the difference's CI above zero)."""
+  the same data order, the difference's CI above zero). `ruled_out`: the checks of the causes
+  excluded before, recomputed and listed too; the diagnosis stands while every one holds."""
 
   def finds(evidence: Evidence, variant: str) -> Finding:
     _, before_text = _final_gap(evidence, of, variant, baseline)
@@ -273,13 +280,15 @@ def closes_in(suite: str, *, of: str, baseline: str, cause: str) -> Diagnosis:
     if len(seeds) < 2:
       raise MissingRuns(f'suites {of!r} and {suite!r} share fewer than 2 seeds of {variant!r}')
     shrink = stats.paired_test([gaps[of][s] for s in seeds], [gaps[suite][s] for s in seeds])
+    excluded = [check(evidence, variant) for check in ruled_out]
     return Finding(
-      inside and after.ci_low <= 0 < shrink.ci_low,
+      inside and after.ci_low <= 0 < shrink.ci_low and all(f.supported for f in excluded),
       f'{cause}: the gap to {baseline} is {before_text} in {of} and {after_text} in {suite} '
       f"(both rates tuned again there: {baseline} best at {base['best_lr']:.3g}, {variant} at "
       f"{ours['best_lr']:.3g}, " + ('neither at an edge' if inside else 'one at an edge') + '); '
       f'it shrinks by {shrink.mean:+.3f} [{shrink.ci_low:+.3f}, {shrink.ci_high:+.3f}] on the '
-      f'{len(seeds)} seeds both share, on {sum(gaps[of][s] > gaps[suite][s] for s in seeds)} of them',
+      f'{len(seeds)} seeds both share, on {sum(gaps[of][s] > gaps[suite][s] for s in seeds)} of them'
+      + (f". Ruled out first: {'; '.join(f.text for f in excluded)}" if excluded else ''),
     )
 
   return Diagnosis(f'{of} and {suite}: eval loss − {baseline} per seed', finds)

@@ -382,6 +382,21 @@ def test_a_gap_that_closes_where_one_cause_changes_is_diagnosed_by_it(tmp_path):
   assert not diagnosed.find(Evidence(out), 'late').supported  # still behind there: +0.05
   _finals(out, 'wide', {'base': [2.7, 2.8, 2.6], 'late': [2.80, 2.81, 2.69]}, tuned)
   assert not diagnosed.find(Evidence(out), 'late').supported  # not behind, but no clear shrink
+  _finals(out, 'wide', {'base': [2.7, 2.8, 2.6], 'late': [2.69, 2.81, 2.59]}, tuned)
+  # A cause ruled out first is recomputed with it and listed; once it no longer holds (small's
+  # tuned base rate now at an edge of its grid), the diagnosis falls with it.
+  with_checks = diagnosis.closes_in(
+    'wide', diagnosis.rates_tuned('small', 'base'), of='small', baseline='base', cause='the width'
+  )
+  finding = with_checks.find(Evidence(out), 'late')
+  assert finding.supported
+  assert finding.text.endswith(
+    '. Ruled out first: the learning rate (tuned per variant in small: base best at 0.0015, '
+    'late at 0.003, neither at an edge of its grid)'
+  )
   at_edge = {**tuned, 'base': {'best_lr': 1.5e-3, 'edge': 'low'}}
+  _finals(out, 'small', {'base': [3.0, 3.1, 2.9], 'late': [3.10, 3.21, 2.99]}, at_edge)
+  assert not with_checks.find(Evidence(out), 'late').supported
+  assert diagnosed.find(Evidence(out), 'late').supported  # without the check it stands
   _finals(out, 'wide', {'base': [2.7, 2.8, 2.6], 'late': [2.69, 2.81, 2.59]}, at_edge)
   assert not diagnosed.find(Evidence(out), 'late').supported

@@ -28,6 +28,13 @@ _DIAGNOSES = {
   'glu': diagnosis.token_budget('ffn_tokens', baseline='relu'),
   'bilinear': diagnosis.closes_in(
     'ffn_d256',
+    diagnosis.rates_tuned('ffn', baseline='relu'),
+    diagnosis.budget_ruled_out('ffn_tokens', baseline='relu'),
+    diagnosis.rate_at_budget('ffn_tokens', baseline='relu'),
+    diagnosis.width_ruled_out('ffn_width', baseline='relu'),
+    diagnosis.stays_behind(
+      'ffn_decay', 'relu', cause='the weight decay', where='without it', retuned=True
+    ),
     of='ffn',
     baseline='relu',
     cause="a small model's width (at d_model 256, twice it, and the same 1 M tokens; not trained "
