@@ -233,12 +233,8 @@ def stays_behind(suite: str, baseline: str, *, cause: str, where: str, retuned: 
     test, gap = _final_gap(evidence, suite, variant, baseline)
     inside, rates = True, ''
     if retuned:
-      ours, base = evidence.tuning(suite, variant), evidence.tuning(suite, baseline)
-      inside = ours.get('edge') is None and base.get('edge') is None
-      rates = (
-        f"; rates tuned again there: {baseline} best at {base['best_lr']:.3g}, {variant} at "
-        f"{ours['best_lr']:.3g}, " + ('neither at an edge' if inside else 'one at an edge')
-      )
+      inside, rates = _retuned(evidence, suite, variant, baseline)
+      rates = f'; rates tuned again there: {rates}'
     return Finding(
       inside and test.ci_low > 0, f'{cause} (in {suite} {where} the gap is {gap}{rates})'
     )
@@ -270,12 +266,8 @@ def closes_in(
   def finds(evidence: Evidence, variant: str) -> Finding:
     _, before_text = _final_gap(evidence, of, variant, baseline)
     after, after_text = _final_gap(evidence, suite, variant, baseline)
-    ours, base = evidence.tuning(suite, variant), evidence.tuning(suite, baseline)
-    inside = ours.get('edge') is None and base.get('edge') is None
-    gaps = {}
-    for name in (of, suite):
-      runs, base_runs = evidence.runs(name, variant), evidence.runs(name, baseline)
-      gaps[name] = {s: runs[s]['eval_loss'] - base_runs[s]['eval_loss'] for s in runs}
+    inside, rates = _retuned(evidence, suite, variant, baseline)
+    gaps = {name: _gaps(evidence, name, variant, baseline) for name in (of, suite)}
     seeds = sorted(set(gaps[of]) & set(gaps[suite]))
     if len(seeds) < 2:
       raise MissingRuns(f'suites {of!r} and {suite!r} share fewer than 2 seeds of {variant!r}')
@@ -284,9 +276,8 @@ def closes_in(
     return Finding(
       inside and after.ci_low <= 0 < shrink.ci_low and all(f.supported for f in excluded),
       f'{cause}: the gap to {baseline} is {before_text} in {of} and {after_text} in {suite} '
-      f"(both rates tuned again there: {baseline} best at {base['best_lr']:.3g}, {variant} at "
-      f"{ours['best_lr']:.3g}, " + ('neither at an edge' if inside else 'one at an edge') + '); '
-      f'it shrinks by {shrink.mean:+.3f} [{shrink.ci_low:+.3f}, {shrink.ci_high:+.3f}] on the '
+      f'(both rates tuned again there: {rates}); it shrinks by {shrink.mean:+.3f} '
+      f'[{shrink.ci_low:+.3f}, {shrink.ci_high:+.3f}] on the '
       f'{len(seeds)} seeds both share, on {sum(gaps[of][s] > gaps[suite][s] for s in seeds)} of them'
       + (f". Ruled out first: {'; '.join(f.text for f in excluded)}" if excluded else ''),
     )
@@ -294,13 +285,29 @@ def closes_in(
   return Diagnosis(f'{of} and {suite}: eval loss − {baseline} per seed', finds)
 
 
+def _retuned(evidence: Evidence, suite: str, variant: str, baseline: str) -> tuple[bool, str]:
+  """Whether both rows' rates, tuned again in `suite`, are inside their grids, and
+  '{baseline} best at x, {variant} at y, neither at an edge'."""
+  ours, base = evidence.tuning(suite, variant), evidence.tuning(suite, baseline)
+  inside = ours.get('edge') is None and base.get('edge') is None
+  return inside, (
+    f"{baseline} best at {base['best_lr']:.3g}, {variant} at {ours['best_lr']:.3g}, "
+    + ('neither at an edge' if inside else 'one at an edge')
+  )
+
+
+def _gaps(evidence: Evidence, suite: str, variant: str, baseline: str) -> dict[int, float]:
+  """{seed: variant − baseline final eval loss} over the seeds both rows finished in `suite`."""
+  runs, base_runs = evidence.runs(suite, variant), evidence.runs(suite, baseline)
+  return {
+    s: runs[s]['eval_loss'] - base_runs[s]['eval_loss'] for s in sorted(set(runs) & set(base_runs))
+  }
+
+
 def _final_gap(evidence: Evidence, suite: str, variant: str, baseline: str):
   """The paired test of variant − baseline eval loss in `suite`, and '+m [lo, hi] over n seeds'."""
-  runs, base_runs = evidence.runs(suite, variant), evidence.runs(suite, baseline)
-  seeds = sorted(set(runs) & set(base_runs))
-  if len(seeds) < 2:
+  gaps = _gaps(evidence, suite, variant, baseline)
+  if len(gaps) < 2:
     raise MissingRuns(f'suite {suite!r}: fewer than 2 paired seeds of {variant!r}')
-  test = stats.paired_test(
-    [runs[s]['eval_loss'] for s in seeds], [base_runs[s]['eval_loss'] for s in seeds]
-  )
-  return test, f'{test.mean:+.3f} [{test.ci_low:+.3f}, {test.ci_high:+.3f}] over {len(seeds)} seeds'
+  test = stats.paired_test(list(gaps.values()), [0.0] * len(gaps))
+  return test, f'{test.mean:+.3f} [{test.ci_low:+.3f}, {test.ci_high:+.3f}] over {len(gaps)} seeds'

@@ -378,6 +378,9 @@ def test_a_gap_that_closes_where_one_cause_changes_is_diagnosed_by_it(tmp_path):
   )
   assert 'neither at an edge); it shrinks by +0.103 [' in finding.text
   assert finding.text.endswith('on the 3 seeds both share, on 3 of them')
+  # A seed only the variant finished (its baseline run missing) is left out, not a KeyError.
+  _finals(out, 'wide', {'base': [2.7, 2.8, 2.6], 'late': [2.69, 2.81, 2.59, 2.5]}, tuned)
+  assert diagnosed.find(Evidence(out), 'late').text == finding.text
   _finals(out, 'wide', {'base': [2.7, 2.8, 2.6], 'late': [2.75, 2.86, 2.64]}, tuned)
   assert not diagnosed.find(Evidence(out), 'late').supported  # still behind there: +0.05
   _finals(out, 'wide', {'base': [2.7, 2.8, 2.6], 'late': [2.80, 2.81, 2.69]}, tuned)
