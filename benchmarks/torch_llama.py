@@ -1,6 +1,8 @@
 """A plain PyTorch Llama with the shapes and math of mllm's `configs/rope_swiglu.py` model.
 
-Only the baseline for `benchmarks/train_step.py`; PyTorch is never a dependency of mllm itself.
+The baseline of `benchmarks/train_step.py` and the independent model of
+`benchmarks/ffn_replication.py` (which also trains its ReLU FFN, with packed documents: explicit
+positions and a same-document mask); PyTorch is never a dependency of mllm itself.
 Same as the JAX model: token embedding tied to the output head, pre-LN RMSNorm (ε inside the root,
 statistics in float32), grouped-query attention with RoPE in the 'half' layout (HF Llama's
 rotate_half), SwiGLU with mllm's hidden size (`mllm.layers.ffn.hidden_dim`), a final RMSNorm,
@@ -38,7 +40,8 @@ def rope_cos_sin(seq_len: int, head_dim: int, theta: float):
 
 
 def rotate_half_layout(x, cos, sin):
-  """x [B, heads, T, H]; rotates (x_i, x_{i+H/2}) by the angles, like mllm's layout='half'."""
+  """x [B, heads, T, H]; rotates (x_i, x_{i+H/2}) by the angles ([T, H/2], or [B, 1, T, H/2] for
+  per-sequence positions), like mllm's layout='half'."""
   x1, x2 = x.chunk(2, dim=-1)
   return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
@@ -57,14 +60,20 @@ class Attention(nn.Module):
       nn.init.normal_(lin.weight, std=init_std)
     nn.init.normal_(self.out.weight, std=out_std)
 
-  def forward(self, x, cos, sin):
+  def forward(self, x, cos, sin, mask=None):
+    """mask: None (causal) or bool [B, 1, T, T], True where a query may attend."""
     B, T, _ = x.shape
     q = self.query(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
     k = self.key(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
     v = self.value(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
     q, k = rotate_half_layout(q, cos, sin), rotate_half_layout(k, cos, sin)
     o = F.scaled_dot_product_attention(
-      q, k, v, is_causal=True, enable_gqa=self.n_kv != self.n_heads
+      q,
+      k,
+      v,
+      attn_mask=mask,
+      is_causal=mask is None,
+      enable_gqa=self.n_kv != self.n_heads,
     )
     return self.out(o.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
@@ -83,6 +92,23 @@ class SwiGLU(nn.Module):
     return self.down(F.silu(self.gate(x)) * self.up(x))
 
 
+class ReLU(nn.Module):
+  """down(relu(up(x))) (Vaswani et al. 2017, eq. 2, without biases)."""
+
+  def __init__(self, d: int, d_ff: int, init_std: float, out_std: float):
+    super().__init__()
+    self.up = nn.Linear(d, d_ff, bias=False)
+    self.down = nn.Linear(d_ff, d, bias=False)
+    nn.init.normal_(self.up.weight, std=init_std)
+    nn.init.normal_(self.down.weight, std=out_std)
+
+  def forward(self, x):
+    return self.down(F.relu(self.up(x)))
+
+
+FFNS = {'swiglu': SwiGLU, 'relu': ReLU}
+
+
 class Block(nn.Module):
   def __init__(self, cfg, d_ff: int):
     super().__init__()
@@ -93,38 +119,40 @@ class Block(nn.Module):
       cfg.d_model, cfg.n_heads, cfg.n_kv_heads, head_dim, cfg.init_std, out_std
     )
     self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm.eps)
-    self.ffn = SwiGLU(cfg.d_model, d_ff, cfg.init_std, out_std)
+    self.ffn = FFNS[cfg.ffn.kind](cfg.d_model, d_ff, cfg.init_std, out_std)
 
-  def forward(self, x, cos, sin):
-    x = x + self.attention(self.attention_norm(x), cos, sin)
+  def forward(self, x, cos, sin, mask=None):
+    x = x + self.attention(self.attention_norm(x), cos, sin, mask)
     return x + self.ffn(self.ffn_norm(x))
 
 
 class TorchLlama(nn.Module):
-  """`model(tokens[B, T]) -> logits[B, T, vocab]` for an mllm model config (`config.model`)."""
+  """`model(tokens[B, T]) -> logits[B, T, vocab]` for an mllm model config (`config.model`, or
+  any object with its attributes); `d_ff` given, mllm is not imported (a venv with torch alone)."""
 
-  def __init__(self, cfg):
+  def __init__(self, cfg, d_ff: int | None = None):
     super().__init__()
-    from mllm.layers.ffn import hidden_dim
-
     checks = {
       'position.kind': (cfg.position.kind, 'rope'),
       'rope_layout': (cfg.position.rope_layout, 'half'),
       'rope_scaling': (cfg.position.rope_scaling, 'none'),
-      'ffn.kind': (cfg.ffn.kind, 'swiglu'),
+      'ffn.kind': (cfg.ffn.kind, tuple(FFNS)),
       'norm.kind': (cfg.norm.kind, 'rmsnorm'),
       'norm.placement': (cfg.norm.placement, 'pre'),
       'tie_embeddings': (cfg.tie_embeddings, True),
       'dtype': (cfg.dtype, 'float32'),
     }
     for key, (got, want) in checks.items():
-      if got != want:
+      if got not in (want if isinstance(want, tuple) else (want,)):
         raise ValueError(f'TorchLlama supports only {key}={want!r}, got {got!r}')
     self.head_dim = cfg.head_dim or cfg.d_model // cfg.n_heads
     self.theta = cfg.position.rope_theta
     self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
     nn.init.normal_(self.embed.weight, std=cfg.init_std)
-    d_ff = hidden_dim(cfg.ffn, cfg.d_model)
+    if d_ff is None:
+      from mllm.layers.ffn import hidden_dim
+
+      d_ff = hidden_dim(cfg.ffn, cfg.d_model)
     self.blocks = nn.ModuleList([Block(cfg, d_ff) for _ in range(cfg.n_layers)])
     self.final_norm = RMSNorm(cfg.d_model, cfg.norm.eps)
     self._rope = {}
@@ -134,11 +162,22 @@ class TorchLlama(nn.Module):
       self._rope[seq_len] = rope_cos_sin(seq_len, self.head_dim, self.theta)
     return self._rope[seq_len]
 
-  def forward(self, tokens):
-    cos, sin = self.rope(tokens.shape[1])
+  def forward(self, tokens, positions=None, segment_ids=None):
+    """positions, segment_ids [B, T] (packed documents, as mllm's data.document_mask): RoPE at
+    each token's position in its document, and attention within a document (causal); without
+    them one causal sequence at positions 0..T-1."""
+    T = tokens.shape[1]
+    cos, sin = self.rope(T if positions is None else int(positions.max()) + 1)
+    mask = None
+    if positions is not None:
+      cos, sin = cos[positions][:, None], sin[positions][:, None]  # [B, 1, T, H/2]
+    if segment_ids is not None:
+      causal = torch.ones(T, T, dtype=torch.bool).tril()
+      mask = (segment_ids[:, :, None] == segment_ids[:, None, :]) & causal
+      mask = mask[:, None]  # [B, 1, T, T]
     x = self.embed(tokens)
     for block in self.blocks:
-      x = block(x, cos, sin)
+      x = block(x, cos, sin, mask)
     return F.linear(self.final_norm(x), self.embed.weight)  # tied head
 
 

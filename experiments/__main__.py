@@ -1,7 +1,10 @@
 """python -m experiments SUITE [--preset=cpu|gpu|tiny] [--seeds=N] [--jobs=N] [--out=experiments/results]
 [--tune_lr | --no-tune_lr] [--tune_seeds=N] [--variants=NAME,NAME] [--steps=N] [--reuse_other_code]
 [--refine_lr=VARIANT,... [--refine_seeds=N]]
-[--engine=local|ray [--ray_address=auto|HOST:PORT] [--resources=JSON]]"""
+[--engine=local|ray [--ray_address=auto|HOST:PORT] [--resources=JSON]]
+
+python -m experiments plan SUITE [--detect 0.03] [--noise_from SUITE] [--steps N]: what a suite
+could see and the seeds and CPU hours a target needs, before anything trains (experiments/plan.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +19,11 @@ from experiments.suite import PRESETS, BenchmarkSuite, available, load_suite
 
 
 def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  if argv and argv[0] == 'plan':
+    from experiments import plan
+
+    return plan.main(argv[1:])
   args = _parser().parse_args(argv)
   if args.engine == 'local' and (args.ray_address or args.resources):
     print(

@@ -3,12 +3,12 @@
     python -m experiments.overview [--out=experiments/results]
 
 Reads each suite's results.json (whatever has finished) and recomputes its rows with
-report.summarize, adjusted over the whole project: Holm over every test of every scored suite at
-once, simultaneous CIs and detectable effects at that family's size. Each row with a literature
-expectation lands in one of report.CATEGORIES: agrees, agrees in direction but not in size, no
-difference detected, or contradicts (diagnosed, unexplained, diagnosis not supported by the runs
-now, undiagnosed). Diagnosis suites (`Suite.diagnoses_of`) are listed as the evidence they are,
-not scored again. The README's Results section opens with the totals.
+report.summarize, corrected over the whole project: Bonferroni over every test of every suite at
+once (each suite's noise pooled over its own rows), simultaneous CIs and detectable effects at
+that family's size. Each row with a literature expectation lands in one of report.CATEGORIES.
+Diagnosis suites (`Suite.diagnoses_of`) are scored like the others (a contradiction they find is
+a contradiction, counted), and also listed as the evidence they are. The README's Results
+section opens with the totals.
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ import json
 import os
 import sys
 
-from experiments import provenance, report, stats
+from experiments import provenance, report
 from experiments.diagnosis import Evidence
 from experiments.suite import Suite, available, load_suite
 
 COLUMNS = report.CATEGORIES
+RULES_OUT = "rules out the paper's effect"
 
 
 def protocol(results: dict, suite: Suite | None = None) -> str:
@@ -39,21 +40,15 @@ def _known(suite: Suite, results: dict) -> dict:
   return {**results, 'runs': [r for r in results['runs'] if r['variant'] in known]}
 
 
-def project_family(loaded: list[tuple[Suite, dict]]) -> dict[str, report.Family]:
-  """{suite: Family} adjusting every test of every suite in `loaded` together (Holm)."""
-  tests = []
-  for suite, results in loaded:
-    rows = report.measured_rows(suite, results)
-    tests += [(suite.name, r['variant'], r['test'].p) for r in rows if 'test' in r]
-  adjusted = stats.holm([p for _, _, p in tests])
-  families = {suite.name: report.Family(len(tests), {}) for suite, _ in loaded}
-  for (name, variant, _), p in zip(tests, adjusted):
-    families[name].adjusted[variant] = p
-  return families
+def project_family(loaded: list[tuple[Suite, dict]]) -> report.Family:
+  """The family of every test of every suite in `loaded` together."""
+  return report.Family(
+    sum('test' in r for suite, results in loaded for r in report.measured_rows(suite, results))
+  )
 
 
 def tally(suite: Suite, results: dict, family: report.Family | None = None, out=None) -> dict:
-  """The suite's counts per category (under `family`; default: its own table's Holm), its rows
+  """The suite's counts per category (under `family`; default: its own table's), its rows
   that are not plain agreements, how many verdicts the project-wide adjustment changed, and how
   many code versions its runs come from."""
   results = _known(suite, results)
@@ -79,6 +74,7 @@ def tally(suite: Suite, results: dict, family: report.Family | None = None, out=
     'counts': counts,
     'table_counts': table_counts,
     'tests': sum('test' in r for r in rows),
+    'noise': _noise(rows, table_rows),
     'notes': notes,
     'changed': [
       f"`{suite.name}` {r['variant']}: {own[r['variant']]} in its table, {r['verdict']} "
@@ -89,6 +85,34 @@ def tally(suite: Suite, results: dict, family: report.Family | None = None, out=
     'code_versions': len(provenance.by_version(results['runs'])),
     # Checked by experiments.reproduce to draw the same (one group): the rows pair as draws.
     'versions_pair': len((results.get('versions_pair') or {}).get('groups', ())) == 1,
+  }
+
+
+def _noise(rows: list[dict], table_rows: list[dict]) -> dict:
+  """The suite's pooled σ and df, and the smallest Δ a row could see (80% power) at the project's
+  and at the table's family: one value for the pooled rows, each own-variance row apart."""
+  tested = [r for r in rows if 'test' in r]
+  if not tested:
+    return {}
+  table = {r['variant']: r for r in table_rows}
+  pooled = [r for r in tested if r['test'].source == 'pooled']
+  pool = tested[0]['pool']
+  return {
+    'sigma': pool.sigma,
+    'df': pool.df,
+    'tokens_per_param': next(
+      (
+        r['tokens'] / r['active_params'] for r in rows if r.get('tokens') and r.get('active_params')
+      ),
+      None,
+    ),
+    'project': max((r['detectable'] for r in pooled), default=None),
+    'table': max((table[r['variant']]['detectable'] for r in pooled), default=None),
+    'own': [
+      (r['variant'], r['detectable'], table[r['variant']]['detectable'])
+      for r in tested
+      if r['test'].source == 'own'
+    ],
   }
 
 
@@ -114,22 +138,44 @@ def collect(out: str) -> tuple[list[dict], list[dict]]:
           'planned': sum(len(results.get(k, [])) for k in ('runs', 'failed', 'pending')),
         }
       )
-    else:
-      loaded.append((suite, results))
-  families = project_family(loaded)
-  return [tally(s, r, families[s.name], out) for s, r in loaded], diagnoses
+    loaded.append((suite, results))
+  family = project_family(loaded)
+  return [tally(s, r, family, out) for s, r in loaded], diagnoses
 
 
 def _sentence(totals: dict) -> str:
   contradict = sum(v for c, v in totals.items() if c.startswith('contradicts'))
   return (
     f"{totals['agrees']} agree, {totals['agrees in direction, not size']} agree in direction "
-    f"but not in size, {totals['no difference detected']} detect no difference, {contradict} "
-    f"contradict it ({totals['contradicts, diagnosed']} diagnosed, "
+    f"but not in size, {totals[RULES_OUT]} rule out the paper's effect, "
+    f"{totals['no difference detected']} detect no difference, "
+    f"{totals['cannot resolve at this power']} cannot resolve the paper's effect at their power, "
+    f"{contradict} contradict it ({totals['contradicts, diagnosed']} diagnosed, "
     f"{totals['contradicts, unexplained']} unexplained after the checks their rows recompute, "
     f"{totals['contradicts, diagnosis not supported']} with a diagnosis the runs no longer "
     f"support, {totals['contradicts, undiagnosed']} not diagnosed yet)"
   )
+
+
+def _noise_rows(tallies: list[dict]) -> list[str]:
+  """The table of each suite's pooled noise and the smallest Δ its rows could see."""
+  lines = [
+    '| suite | tokens/param | seeds | pooled σ (df) | could see: its table | could see: project '
+    '| rows with their own variance (could see: project, table) |',
+    '|---|---:|---:|---:|---:|---:|---|',
+  ]
+  for t in tallies:
+    noise = t['noise']
+    if not noise:
+      continue
+    per_param = '' if noise['tokens_per_param'] is None else f"{noise['tokens_per_param']:.2g}"
+    sigma = f"{noise['sigma']:.4f} ({noise['df']})" if noise['df'] else '—'
+    own = ', '.join(f'{v} (±{p:.3g}, ±{q:.3g})' for v, p, q in noise['own'])
+    seen = ['' if noise[k] is None else f'±{noise[k]:.3f}' for k in ('table', 'project')]
+    lines.append(
+      f"| `{t['suite']}` | {per_param} | {t['seeds']} | {sigma} | {seen[0]} | {seen[1]} | {own} |"
+    )
+  return lines
 
 
 def markdown(tallies: list[dict], diagnoses: list[dict] = ()) -> str:
@@ -140,19 +186,16 @@ def markdown(tallies: list[dict], diagnoses: list[dict] = ()) -> str:
     '# Verdicts against the literature, every suite',
     '',
     f'Of {sum(totals.values())} rows where the literature states a direction or a size (a '
-    "paper's number, or a stated expectation, against the row's reference), adjusted over the "
-    f'whole project (Holm over all {tests} tests of the scored suites at once; simultaneous CIs '
-    f'and detectable effects at that family size): {_sentence(totals)}.',
+    "paper's number, or a stated expectation, against the row's reference), corrected over the "
+    f'whole project (Bonferroni over all {tests} tests of every suite at once, each suite\'s '
+    'noise pooled over its rows; simultaneous CIs and detectable effects at that family size): '
+    f'{_sentence(totals)}.',
     '',
-    "Adjusted over each suite's own table instead, as each results.md is: "
-    f'{_sentence(per_table)}. The gap between the two is the price of asking {tests} questions '
-    'of 3 seeds each: at α 0.05 / '
-    f'{tests} a 3-seed paired test needs |t| above {stats.t_quantile(1 - 0.025 / max(tests, 1), 2):.0f}.'
-    if tests
-    else '',
+    f"Corrected over each suite's own table instead, as each results.md is: {_sentence(per_table)}.",
     '',
     "Generated by `python -m experiments.overview` from each suite's results.json; the table "
-    'counts rows adjusted over the project.',
+    'counts rows corrected over the project. Diagnosis suites are scored like the others: what '
+    'they find against the literature counts.',
     '',
     '| suite | protocol | seeds | rows | code versions | '
     + ' | '.join(c.replace('contradicts, ', 'contradicts: ') for c in COLUMNS)
@@ -166,17 +209,26 @@ def markdown(tallies: list[dict], diagnoses: list[dict] = ()) -> str:
       f"| [`{t['suite']}`]({t['suite']}/results.md) | {t['protocol']} | {t['seeds']} "
       f"| {t['rows']} | {versions} | " + ' | '.join(str(t['counts'][c]) for c in COLUMNS) + ' |'
     )
+  lines += [
+    '',
+    'What each table could see: the smallest Δ a row detects with 80% power (noncentral t) at '
+    "its table's level (0.05 / its tests) and at the project's (0.05 / "
+    f'{tests}), from the pooled σ; a row set apart from the pool (its own paired differences '
+    'spread far beyond it) is listed with its own.',
+    '',
+    *_noise_rows(tallies),
+  ]
   for category in COLUMNS[1:]:
     noted = [n for t in tallies for n in t['notes'][category]]
     if noted:
       lines += ['', f'{category[0].upper()}{category[1:]}:', ''] + [f'- {n}' for n in noted]
   changed = [c for t in tallies for c in t['changed']]
   if changed:
-    lines += ['', 'Verdicts the project-wide adjustment changes:', ''] + [f'- {c}' for c in changed]
+    lines += ['', 'Verdicts the project-wide correction changes:', ''] + [f'- {c}' for c in changed]
   if diagnoses:
     lines += [
       '',
-      'Diagnosis suites (evidence for the diagnoses above, not scored again):',
+      'Diagnosis suites (evidence for the diagnoses above, and scored in the table too):',
       '',
     ] + [
       f"- [`{d['suite']}`]({d['suite']}/results.md) re-measures `{d['of']}`'s "

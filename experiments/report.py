@@ -1,5 +1,6 @@
-"""A suite's results: results.json and results.md (means ± std, paired differences to the
-baseline with 95% CIs, Holm-adjusted p-values, verdicts, the paper's numbers, parameter counts)."""
+"""A suite's results: results.json and results.md (means ± std, each row's Δ to its reference with
+the pooled noise of the whole table and a simultaneous CI, Bonferroni-adjusted p-values, the
+smallest Δ each row could see, verdicts, the paper's numbers, parameter counts)."""
 
 from __future__ import annotations
 
@@ -29,11 +30,16 @@ EXTRA_COLUMNS = {
 
 ALPHA = 0.05  # the family-wise error rate of every table's tests
 
-# What a row with a literature expectation shows (experiments/overview.py counts these).
+# What a row with a literature expectation shows (experiments/overview.py counts these). The two
+# "can't say" categories are apart from "no difference detected": a row that rules out the
+# paper's gap has answered its question; one whose detectable effect exceeds the paper's gap
+# could not have.
 CATEGORIES = (
   'agrees',
   'agrees in direction, not size',
+  "rules out the paper's effect",
   'no difference detected',
+  'cannot resolve at this power',
   'contradicts, diagnosed',
   'contradicts, unexplained',
   'contradicts, diagnosis not supported',
@@ -43,32 +49,30 @@ CATEGORIES = (
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-  """The tests a row's verdict is adjusted over: m of them, and each row's Holm-adjusted p
-  (variant -> p). One table's by default; overview.md passes the whole project's."""
+  """The m tests a row's verdict is corrected over (Bonferroni): one table's by default;
+  overview.md passes the whole project's."""
 
   m: int
-  adjusted: dict
 
 
 def summarize(
   suite: Suite, results: dict, *, evidence: Evidence | None = None, family: Family | None = None
 ) -> list[dict]:
-  """One row per variant, in the suite's order: its statistics against its reference row (the
-  baseline, or its `versus`), the verdict adjusted over `family` (default: Holm over this
-  table's tests) with a simultaneous CI, and its judgement against the literature (diagnoses
+  """One row per variant, in the suite's order: its Δ to its reference row (the baseline, or its
+  `versus`) from the suite's pooled additive model (or the row's own variance where it is set
+  apart), the verdict and simultaneous CI at α/m over `family` (default: this table's tests),
+  the smallest Δ it could have detected, and its judgement against the literature (diagnoses
   recomputed from `evidence`; default: this suite's results alone)."""
   rows = measured_rows(suite, results)
   tested = [row for row in rows if 'test' in row]
-  if family is None:
-    family = Family(
-      len(tested),
-      dict(zip([r['variant'] for r in tested], stats.holm([r['test'].p for r in tested]))),
-    )
+  m = family.m if family is not None else len(tested)
   for row in tested:
-    row['p_holm'] = family.adjusted[row['variant']]
-    row['m'] = family.m
-    row['ci_all'] = stats.simultaneous_ci(row['test'], family.m, ALPHA)
-    row['verdict'] = stats.verdict(row['test'], row['p_holm'], alpha=ALPHA)
+    test = row['test']
+    row['m'] = m
+    row['ci_all'] = test.ci(m, ALPHA)
+    row['p_adjusted'] = test.p_adjusted(m)
+    row['detectable'] = test.detectable(m, ALPHA)
+    row['verdict'] = stats.verdict(test, m, alpha=ALPHA)
   tuning = results.get('tuning', {})
   evidence = evidence or Evidence(None, (suite.name, results))
   for row in rows:
@@ -79,7 +83,8 @@ def summarize(
 
 
 def measured_rows(suite: Suite, results: dict) -> list[dict]:
-  """Each variant's mean ± std and counts, and its paired test against its reference row."""
+  """Each variant's mean ± std and counts, and its Δ to its reference row (stats.contrasts over
+  the rows without a diverged seed: pooled, or the row's own where set apart)."""
   metric = suite.metric
   by_variant = {v.name: {} for v in suite.variants}
   for run in results['runs']:
@@ -111,20 +116,31 @@ def measured_rows(suite: Suite, results: dict) -> list[dict]:
       for key in EXTRA_COLUMNS:
         if all(key in r for r in runs.values()):
           row[key] = stats.mean_std([r[key] for r in runs.values()])[0]
-    ref_runs = by_variant[reference.name]
-    paired = sorted(
-      s
-      for s in set(runs) & set(ref_runs)
-      if math.isfinite(runs[s][metric]) and math.isfinite(ref_runs[s][metric])
-    )
     if row['diverged']:
       row['verdict'] = f"diverged in {len(row['diverged'])} of {len(runs)} seeds"
-    elif variant is not reference and len(paired) >= 2:
-      row['test'] = stats.paired_test(
-        [runs[s][metric] for s in paired], [ref_runs[s][metric] for s in paired]
-      )
-      row['seed_diffs'] = {s: runs[s][metric] - ref_runs[s][metric] for s in paired}
     rows.append(row)
+  # The pooled table: every row without a diverged seed, its finite values by seed.
+  table = {
+    row['variant']: {
+      s: r[metric] for s, r in by_variant[row['variant']].items() if math.isfinite(r[metric])
+    }
+    for row in rows
+    if not row['diverged'] and row['n']
+  }
+  pairs = [
+    (row['variant'], row['versus'])
+    for row in rows
+    if row['variant'] != row['versus'] and row['variant'] in table and row['versus'] in table
+  ]
+  found, pool = stats.contrasts(table, pairs)
+  for row in rows:
+    if row['variant'] in found:
+      row['test'] = found[row['variant']]
+      row['pool'] = pool
+      ref = table[row['versus']]
+      row['seed_diffs'] = {
+        s: v - ref[s] for s, v in sorted(table[row['variant']].items()) if s in ref
+      }
   return rows
 
 
@@ -147,13 +163,17 @@ def expected_direction(suite: Suite, variant) -> str | None:
 
 def judge(suite: Suite, row: dict, rows: list[dict], evidence: Evidence) -> tuple[str, str]:
   """(category, the "vs paper" cell) of a row against what the literature expects; ('', '')
-  where it says nothing of the row or the row has no test. The categories:
+  where it says nothing of the row or the row has no test. The categories (CATEGORIES):
   - agrees: significant, in the literature's direction (and, where the paper gives a size, the
     measured gap over the paper's, the same fraction of our reference's loss, has 1 in its
-    simultaneous CI);
+    simultaneous CI); where the literature expects no difference, a simultaneous CI inside
+    ±PAPER_SAME of the reference's loss;
   - agrees in direction, not size: significant, that direction, that ratio's CI excludes 1;
-  - no difference detected: not significant; the cell names the smallest gap the row could have
-    seen (80% power at the family's adjusted alpha), whatever the literature expects;
+  - rules out the paper's effect: not significant, and the simultaneous CI excludes the
+    paper's gap (scaled to our reference's loss);
+  - cannot resolve at this power: not significant, and the smallest gap the row could have
+    seen (80% power at the family's α/m) is larger than the paper's;
+  - no difference detected: not significant otherwise; the cell names that smallest gap;
   - contradicts: significant against the literature's direction, or a gap where it expects none,
     with its diagnosis recomputed (diagnosed, unexplained, not supported by the numbers now, or
     none yet)."""
@@ -161,17 +181,33 @@ def judge(suite: Suite, row: dict, rows: list[dict], evidence: Evidence) -> tupl
   expected, verdict, test = expected_direction(suite, variant), row.get('verdict'), row.get('test')
   if expected is None or test is None or verdict not in ('better', 'worse', 'within noise'):
     return '', ''
-  alpha = ALPHA / row['m']
+  low, high = row['ci_all']
+  seen = row['detectable']
   if verdict == 'within noise':
-    seen = stats.detectable_effect(test.std, test.n, alpha=alpha)
+    effect = paper_effect(suite, row, rows)
+    if expected == 'same':
+      bound = PAPER_SAME * abs(_reference_mean(row, rows))
+      if -bound <= low and high <= bound:
+        return 'agrees', f'agrees: no difference, the CI within ±{bound:.3f}'
+    elif effect is not None:
+      if not low <= effect <= high:
+        return (
+          "rules out the paper's effect",
+          f"rules out the paper's gap ({effect:+.3f}, outside the CI)",
+        )
+      if seen > abs(effect):
+        return (
+          'cannot resolve at this power',
+          f"cannot resolve: could see ±{seen:.3f}, the paper's gap is {effect:+.3f}",
+        )
     return 'no difference detected', f'no difference detected (could see ±{seen:.3f})'
   if verdict == expected:
     effect = paper_effect(suite, row, rows)
     if effect is None or expected == 'same':
       return 'agrees', 'agrees (direction; no size to compare)'
-    low, high = sorted(bound / effect for bound in row['ci_all'])
-    ratio = f"{test.mean / effect:.2g}x the paper's gap [{low:.2g}, {high:.2g}]"
-    if low <= 1.0 <= high:
+    ratios = sorted(bound / effect for bound in row['ci_all'])
+    ratio = f"{test.mean / effect:.2g}x the paper's gap [{ratios[0]:.2g}, {ratios[1]:.2g}]"
+    if ratios[0] <= 1.0 <= ratios[1]:
       return 'agrees', f'agrees ({ratio})'
     return 'agrees in direction, not size', f'direction, not size: {ratio}'
   diagnosis = suite.diagnoses.get(row['variant'])
@@ -186,6 +222,10 @@ def judge(suite: Suite, row: dict, rows: list[dict], evidence: Evidence) -> tupl
   if diagnosis.explains:
     return 'contradicts, diagnosed', f'contradicts: {finding.text}'
   return 'contradicts, unexplained', f'contradicts: {finding.text}'
+
+
+def _reference_mean(row: dict, rows: list[dict]) -> float:
+  return next(r for r in rows if r['variant'] == row['versus']).get('mean', 0.0)
 
 
 def _cell(key: str, row: dict) -> str:
@@ -246,8 +286,8 @@ def markdown(suite: Suite, results: dict, rows: list[dict]) -> str:
   extras = [k for k in EXTRA_COLUMNS if k != suite.metric and any(k in row for row in rows)]
   lines = _preamble(suite, results)
   lines += [
-    '| variant | params | tokens/param | lr | mean ± std | Δ vs baseline [95% CI] | '
-    'Δ [simultaneous 95% CI] | p (Holm) | verdict | paper | vs paper | train tokens/s |'
+    '| variant | params | tokens/param | lr | mean ± std | Δ [simultaneous 95% CI] | '
+    'p (Bonferroni) | could see | verdict | paper | vs paper | train tokens/s |'
     + ''.join(f' {EXTRA_COLUMNS[k][0]} |' for k in extras),
     '|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---:|' + '---:|' * len(extras),
   ]
@@ -261,15 +301,22 @@ def _preamble(suite: Suite, results: dict) -> list[str]:
     f'# Suite `{suite.name}`: {suite.description}',
     '',
     f"Preset `{results['preset']}`, {results['seeds']} paired seeds, metric "
-    f'`{suite.metric}` (lower is better). Differences are variant − '
-    f'`{suite.baseline.name}` (or the row it names) over the same seeds: mean, its own 95% CI '
-    '(paired t) and the simultaneous one that holds for all the table\'s rows at once '
-    "(Bonferroni), p-value Holm-adjusted across the rows; 'within noise' when the adjusted p >= "
-    f'{ALPHA}. The "vs paper" column: agrees (significant, the literature\'s direction, and '
-    "its size where the paper gives one: the measured gap over the paper's gap as the same "
-    'fraction of our reference row, with its simultaneous CI); direction, not size; no '
-    'difference detected (with the smallest gap the row could have seen at 80% power); '
-    'contradicts (with its diagnosis, recomputed from the runs it rests on).',
+    f'`{suite.metric}` (lower is better){_budget(results)}. Δ is variant − '
+    f'`{suite.baseline.name}` (or the row it names) over the same seeds. Its noise comes from '
+    'every row at once: a two-way additive model (rows × seeds; statsmodels OLS) whose '
+    'residual σ has (rows − 1)(seeds − 1) degrees of freedom; a row whose own paired '
+    'differences spread far beyond that σ (an F-test at level '
+    f'{stats.APART_ALPHA}) keeps its own variance instead ("own" in the notes). One '
+    "correction for tests and intervals, Bonferroni over the table's m tests: the CI holds "
+    "for all rows at once, and a row is 'better' or 'worse' exactly when it excludes zero (p "
+    f'< {ALPHA}). "Could see": the smallest Δ the row detects with 80% power at that level '
+    '(noncentral t). The "vs paper" column: agrees (significant, the literature\'s '
+    "direction, and its size where the paper gives one: the measured gap over the paper's "
+    'gap as the same fraction of our reference row, with its simultaneous CI); direction, not '
+    "size; rules out the paper's gap (no difference, and the CI excludes the paper's gap); "
+    "cannot resolve (no difference, and the paper's gap is below what the row could see); no "
+    'difference detected; contradicts (with its diagnosis, recomputed from the runs it rests '
+    'on).',
     '',
   ]
   lines += _provenance_lines(results)
@@ -321,6 +368,25 @@ def _borrowed_line(suite: Suite, results: dict) -> str:
   return line
 
 
+def _budget(results: dict) -> str:
+  """', N tokens (early training: x tokens/param)' from the runs, where they say; below
+  EARLY_TRAINING tokens per parameter a table is marked as early training."""
+  runs = [r for r in results['runs'] if r.get('tokens') and r.get('active_params')]
+  if not runs:
+    return ''
+  tokens = statistics.median(r['tokens'] for r in runs)
+  per_param = [r['tokens'] / r['active_params'] for r in runs]
+  low, high = min(per_param), max(per_param)
+  span = f'{low:.2g}' if f'{low:.2g}' == f'{high:.2g}' else f'{low:.2g}-{high:.2g}'
+  early = 'early training: ' if high < EARLY_TRAINING else ''
+  return f', {tokens / 1e6:.2g} M training tokens ({early}{span} tokens/param)'
+
+
+# Below this many training tokens per parameter a table is early training: its rankings may
+# still change (ffn: SwiGLU level with ReLU at 1.2 tokens/param, 0.16 behind at 4.8).
+EARLY_TRAINING = 4.0
+
+
 def _table_row(suite: Suite, row: dict, extras: list[str]) -> str:
   """One variant's line of the table; a variant without a finished run says why."""
   if not row['n']:
@@ -331,20 +397,21 @@ def _table_row(suite: Suite, row: dict, extras: list[str]) -> str:
     params += f" ({row['active_params']:,} active)"
   test = row.get('test')
   versus = '' if row['versus'] == suite.baseline.name else f"vs {row['versus']}: "
+  own = ' (own σ)' if test and test.source == 'own' else ''
   delta = (
-    f'{versus}{test.mean:+.4f} [{test.ci_low:+.4f}, {test.ci_high:+.4f}]'
+    f"{versus}{test.mean:+.4f} [{row['ci_all'][0]:+.4f}, {row['ci_all'][1]:+.4f}]{own}"
     if test
     else ('baseline' if row['variant'] == suite.baseline.name else '')
   )
-  joint = f"[{row['ci_all'][0]:+.4f}, {row['ci_all'][1]:+.4f}]" if test else ''
-  p = f"{row['p_holm']:.3g}" if test else ''
+  p = f"{row['p_adjusted']:.3g}" if test else ''
+  seen = f"±{row['detectable']:.3f}" if test else ''
   paper = '' if row['paper'] is None else f"{row['paper']:.3f}"
   spread = f" ± {row['std']:.4f}" if row['n'] > 1 else ' (1 seed)'
   speed = '—' if row['tokens_per_s'] is None else f"{row['tokens_per_s']:,.0f}"
   per_param = f"{row['tokens'] / row['active_params']:.2f}" if row.get('tokens') else ''
   return (
     f"| {_name(suite, row['variant'])} | {params} | {per_param} | {_lr_cell(row)} | "
-    f"{row['mean']:.4f}{spread} | {delta} | {joint} | {p} | {row.get('verdict', '')} | "
+    f"{row['mean']:.4f}{spread} | {delta} | {p} | {seen} | {row.get('verdict', '')} | "
     f"{paper} | {row['agreement']} | {speed} |" + ''.join(f' {_cell(k, row)} |' for k in extras)
   )
 
@@ -359,6 +426,9 @@ def _notes(suite: Suite, results: dict, rows: list[dict]) -> list[str]:
       f"{len(results['pending']) + len(results['runs']) + len(results['failed'])} runs "
       '(the suite resumes where it stopped).',
     ]
+  noise = pool_line(rows)
+  if noise:
+    lines += ['', noise]
   power = _power_line(suite, rows)
   if power:
     lines += ['', power]
@@ -388,14 +458,14 @@ def spread_line(rows: list[dict]) -> str:
   tested = [r for r in rows if 'test' in r]
   if len(tested) < 3:
     return ''
-  typical = statistics.median(r['test'].std for r in tested)
-  apart = [r for r in tested if typical > 0 and r['test'].std >= SPREAD_APART * typical]
+  typical = statistics.median(r['test'].diff_std for r in tested)
+  apart = [r for r in tested if typical > 0 and r['test'].diff_std >= SPREAD_APART * typical]
   if not apart:
     return ''
   return (
     'Seeds apart: '
     + '; '.join(
-      f"{r['variant']}'s differences to {r['versus']} spread {r['test'].std / typical:.0f}x the "
+      f"{r['variant']}'s differences to {r['versus']} spread {r['test'].diff_std / typical:.0f}x the "
       f"table's median ({', '.join(f'seed {s}: {d:+.3f}' for s, d in sorted(r['seed_diffs'].items()))})"
       for r in apart
     )
@@ -416,33 +486,61 @@ def paper_effect(suite: Suite, row: dict, rows: list[dict]) -> float | None:
   return (ours - base) / base * reference_row['mean']
 
 
+def pool_line(rows: list[dict]) -> str:
+  """'Noise: ...': the pooled σ, its degrees of freedom, and the rows set apart with their own."""
+  tested = [r for r in rows if 'test' in r]
+  if not tested:
+    return ''
+  pool = tested[0]['pool']
+  line = 'Noise: '
+  if pool.df:
+    line += (
+      f'pooled residual σ {pool.sigma:.4f} on {pool.df} df over {len(pool.rows)} rows (a paired '
+      f'Δ\'s σ is √2 that: {pool.sigma * math.sqrt(2):.4f})'
+    )
+  else:
+    line += 'no residual degrees of freedom to pool (each row keeps its own variance)'
+  own = [r for r in tested if r['test'].source == 'own']
+  if own:
+    line += '; own variance (set apart from the pool, or its reference is): ' + ', '.join(
+      f"{r['variant']} (paired std {r['test'].diff_std:.3f} on {r['test'].n - 1} df)" for r in own
+    )
+  return line + '.'
+
+
 def _power_line(suite: Suite, rows: list[dict]) -> str:
-  """For each row within noise where the paper reports a gap: the seeds that would resolve it."""
+  """For each row within noise where the paper reports a gap: the seeds that would resolve it at
+  the table's level and the same noise."""
   cells = []
   for row in rows:
     effect, test = paper_effect(suite, row, rows), row.get('test')
-    if effect is None or test is None or row.get('verdict') != 'within noise':
+    if effect is None or test is None or row['judgement'] in ('', "rules out the paper's effect"):
       continue
-    if abs(effect) <= PAPER_SAME * abs(rows[0].get('mean', 0.0)):
+    if row.get('verdict') != 'within noise':
+      continue
+    if abs(effect) <= PAPER_SAME * abs(_reference_mean(row, rows)):
       continue  # the paper reports no difference: nothing to resolve
-    n = stats.seeds_for_power(test.std, effect, alpha=ALPHA / row['m'])
-    cells.append(
-      f"{row['variant']} {'more than 1000' if n is None else n} "
-      f'(effect {effect:+.3f}, paired std {test.std:.3f})'
+    pool, pooled = row['pool'], test.source == 'pooled'
+    n = stats.seeds_needed(
+      effect,
+      sigma=pool.sigma if pooled else test.diff_std,
+      rows=len(pool.rows),
+      m=row['m'],
+      alpha=ALPHA,
+      pooled=pooled,
     )
+    cells.append(f"{row['variant']} {'more than 1000' if n is None else n} (effect {effect:+.3f})")
   if not cells:
     return ''
   return (
     "Power: seeds a row within noise would need to resolve the paper's gap, taken as the "
-    "same fraction of our reference row's loss (paired t-test at the table's adjusted α, "
-    f"{ALPHA} / {rows_m(rows)} tests, 80% power, the row's own paired std over its seeds): "
-    + '; '.join(cells)
-    + '.'
+    "same fraction of our reference row's loss (80% power at the table's level, "
+    f"{ALPHA} / {rows_m(rows)} tests, the noise above): " + '; '.join(cells) + '.'
   )
 
 
 def rows_m(rows: list[dict]) -> int:
-  """The number of tests the rows' verdicts are adjusted over."""
+  """The number of tests the rows' verdicts are corrected over."""
   return next((r['m'] for r in rows if 'm' in r), 0)
 
 

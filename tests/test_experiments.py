@@ -374,8 +374,10 @@ def test_report_table_and_verdicts(finished):
   path = report.write(SUITE, results, out)
   text = Path(path).read_text()
   rows = {r['variant']: r for r in report.summarize(SUITE, results)}
-  assert rows['same']['test'].mean == 0.0 and rows['same']['verdict'] == 'within noise'
-  assert rows['relu']['p_holm'] >= rows['relu']['test'].p
+  assert rows['same']['test'].mean == pytest.approx(0.0, abs=1e-12)
+  assert rows['same']['verdict'] == 'within noise'
+  m = rows['relu']['m']
+  assert rows['relu']['p_adjusted'] == pytest.approx(min(1.0, m * rows['relu']['test'].p))
   assert '| same |' in text and 'within noise' in text and '| base |' in text
   saved = json.loads(Path(os.path.join(out, 'demo', 'results.json')).read_text())
   assert len(saved['runs']) == 6

@@ -1,0 +1,177 @@
+"""Plan a suite before it trains: per row, the smallest Δ it could see at its current seeds, the
+seeds it needs to see a target Δ, and what those runs cost on this machine.
+
+    python -m experiments plan SUITE [--detect 0.03] [--noise_from SUITE] [--steps N] [--out DIR]
+
+The noise is the pooled σ of a finished suite's table (its own results.json, or `--noise_from`'s:
+e.g. plan `ffn` at 4 M tokens with `ffn_tokens`'s noise and `--steps 2000`); a row that suite
+set apart keeps its own paired std. Power is the noncentral t's at α 0.05 over the planned
+table's tests (stats.seeds_needed). Run time is the mean wall time of the runs measured (the
+planned suite's own where it has them, else the noise suite's), scaled by steps; tuning runs
+are counted as the suite's results recorded them, scaled the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+
+from experiments import report, stats
+from experiments.suite import Suite, load_suite
+
+
+def _results(out: str, name: str) -> dict | None:
+  path = os.path.join(out, name, 'results.json')
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def _seconds_per_step(results: dict | None) -> float | None:
+  timed = [
+    r['wall_s'] / r['steps']
+    for r in (results or {}).get('runs', [])
+    if r.get('wall_s') and r.get('steps')
+  ]
+  return statistics.mean(timed) if timed else None
+
+
+def plan(suite: Suite, *, detect: float, out: str, noise_from: str = '', steps: int | None = None):
+  """{'rows': [...], 'sigma', 'df', 'm', 'steps', 'hours', ...}: the plan's numbers."""
+  own = _results(out, suite.name)
+  source = noise_from or suite.name
+  noisy = own if source == suite.name else _results(out, source)
+  if noisy is None:
+    raise ValueError(
+      f'suite {source!r} has no results.json under {out}; allowed: a finished suite '
+      '(--noise_from names one whose noise stands in)'
+    )
+  noise_suite = load_suite(source)
+  measured = {r['variant']: r for r in report.measured_rows(noise_suite, noisy)}
+  tested = [r for r in measured.values() if 'test' in r]
+  if not tested:
+    raise ValueError(f'suite {source!r} has no paired rows to measure noise from')
+  pool = tested[0]['pool']
+  names = [v.name for v in suite.variants]
+  m = sum(1 for v in suite.variants if v is not suite.reference(v))
+  run_steps = [r['steps'] for r in (own or noisy)['runs'] if r.get('steps')]
+  steps = steps or (int(statistics.median(run_steps)) if run_steps else None)
+  per_step = _seconds_per_step(own) or _seconds_per_step(noisy)
+  seeds_now = (own or {}).get('seeds') or suite.seeds
+  rows = []
+  for name in names:
+    variant = next(v for v in suite.variants if v.name == name)
+    if variant is suite.reference(variant):
+      rows.append({'variant': name, 'reference': True})
+      continue
+    row = measured.get(name, {})
+    pooled = row.get('test') is None or row['test'].source == 'pooled'
+    sigma = pool.sigma if pooled else row['test'].diff_std
+    if pooled:
+      se, df = sigma * math.sqrt(2.0 / seeds_now), (len(names) - 1) * (seeds_now - 1)
+    else:
+      se, df = sigma / math.sqrt(seeds_now), seeds_now - 1
+    rows.append(
+      {
+        'variant': name,
+        'noise': 'pooled' if pooled else 'own',
+        'sigma': sigma,
+        'seen_now': stats.detectable_effect(se, df, alpha=report.ALPHA / max(m, 1)),
+        'seeds': stats.seeds_needed(
+          detect, sigma=sigma, rows=len(names), m=max(m, 1), alpha=report.ALPHA, pooled=pooled
+        ),
+      }
+    )
+  need = max((r['seeds'] or math.inf for r in rows if 'seeds' in r), default=seeds_now)
+  tuning = sum(
+    len(p['seeds']) for t in ((own or {}).get('tuning') or {}).values() for p in t['points']
+  )
+  run_hours = None
+  if per_step and steps and math.isfinite(need):
+    run_hours = per_step * steps * (len(names) * need + tuning) / 3600
+  return {
+    'suite': suite.name,
+    'source': source,
+    'sigma': pool.sigma,
+    'df': pool.df,
+    'm': m,
+    'steps': steps,
+    'seeds_now': seeds_now,
+    'need': need,
+    'tuning_runs': tuning,
+    'run_hours': run_hours,
+    'rows': rows,
+  }
+
+
+def text(p: dict, detect: float) -> str:
+  lines = [
+    f"Plan for `{p['suite']}`: {len(p['rows'])} rows, {p['m']} tests at α 0.05 / {p['m']}, "
+    f"{p['steps']} steps a run; noise from `{p['source']}` (pooled σ {p['sigma']:.4f} on "
+    f"{p['df']} df). Target: a Δ of {detect:g} at 80% power.",
+    '',
+    f"| row | noise | σ | could see at {p['seeds_now']} seeds | seeds to see {detect:g} |",
+    '|---|---|---:|---:|---:|',
+  ]
+  for row in p['rows']:
+    if row.get('reference'):
+      lines.append(f"| {row['variant']} | (reference) | | | |")
+      continue
+    seeds = 'more than 1000' if row['seeds'] is None else str(row['seeds'])
+    lines.append(
+      f"| {row['variant']} | {row['noise']} | {row['sigma']:.4f} | ±{row['seen_now']:.3f} | {seeds} |"
+    )
+  lines.append('')
+  if p['run_hours'] is None:
+    lines.append(
+      'Cost: unknown (no timed runs to scale from, or no seed count reaches the target).'
+    )
+  else:
+    lines.append(
+      f"Cost at {p['need']} seeds: {len(p['rows']) * p['need']} table runs"
+      + (f" and {p['tuning_runs']} tuning runs" if p['tuning_runs'] else '')
+      + f", {p['run_hours']:.1f} CPU run-hours on this machine (about {p['run_hours'] / 2:.1f} "
+      'hours with --jobs=2); runs already finished at the same settings count against it.'
+    )
+  return '\n'.join(lines) + '\n'
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(
+    prog='python -m experiments plan',
+    description=__doc__,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
+  parser.add_argument('suite')
+  parser.add_argument('--detect', type=float, default=0.03, help='the Δ to detect, in nats')
+  parser.add_argument('--noise_from', default='', help='a finished suite whose noise stands in')
+  parser.add_argument('--steps', type=int, default=None, help='steps a run (default: as run)')
+  parser.add_argument('--out', default='experiments/results')
+  args = parser.parse_args(argv)
+  try:
+    if not args.detect > 0:
+      raise ValueError(f'--detect={args.detect}; allowed: a positive number of nats')
+    if args.steps is not None and args.steps < 1:
+      raise ValueError(f'--steps={args.steps}; allowed: a positive integer')
+    suite = load_suite(args.suite)
+    if not isinstance(suite, Suite):
+      raise ValueError(f'suite {args.suite!r} is a benchmark suite; allowed: a training suite')
+    if args.noise_from:
+      load_suite(args.noise_from)
+    found = plan(
+      suite, detect=args.detect, out=args.out, noise_from=args.noise_from, steps=args.steps
+    )
+  except ValueError as err:
+    print(f'error: {err}', file=sys.stderr)
+    return 2
+  print(text(found, args.detect), end='')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
