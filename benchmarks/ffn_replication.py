@@ -117,6 +117,21 @@ def export(variant: str, seed: int, out: str, results: str = 'experiments/result
     logits.astype(jnp.float32), jnp.asarray(first['targets'])
   )
   mask = jnp.asarray(first['loss_mask'], jnp.float32)
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+  def init_loss(params):
+    net = nnx.merge(graphdef, params, rest)
+    logits = net(
+      jnp.asarray(first['inputs']),
+      positions=jnp.asarray(first['positions']),
+      segment_ids=jnp.asarray(first['segment_ids']),
+    )
+    ce = optax.softmax_cross_entropy_with_integer_labels(
+      logits.astype(jnp.float32), jnp.asarray(first['targets'])
+    )
+    return (ce * mask).sum() / mask.sum()
+
+  np.savez(os.path.join(folder, 'grads_init.npz'), **_torch_params(jax.grad(init_loss)(params)))
   schedule = learning_rate_schedule(t)
   meta = {
     'suite': SUITE,
@@ -129,6 +144,7 @@ def export(variant: str, seed: int, out: str, results: str = 'experiments/result
       k: t[k] for k in ('steps', 'weight_decay', 'b1', 'b2', 'eps', 'grad_clip', 'eval_every')
     },
     'learning_rates': [float(schedule(k)) for k in range(t.steps)],
+    'tokens_per_step': config.data.batch_size * config.data.seq_len,
     'decay_embeddings': t.decay_embeddings,
     'decay_norms_and_biases': t.decay_norms_and_biases,
     'mllm': {
@@ -143,6 +159,35 @@ def export(variant: str, seed: int, out: str, results: str = 'experiments/result
   with open(os.path.join(folder, 'meta.json'), 'w') as f:
     json.dump(meta, f)
   return folder
+
+
+def gradcheck(folder: str) -> dict[str, float]:
+  """{parameter: max |torch − mllm| / max |mllm|} of the loss's gradient at the initial weights
+  on the first batch: mllm's (jax.grad through its layers, the FFN's hand-written backward
+  included) against PyTorch's autograd."""
+  import torch
+  import torch.nn.functional as F
+
+  from benchmarks.torch_llama import TorchLlama
+
+  with open(os.path.join(folder, 'meta.json')) as f:
+    meta = json.load(f)
+  model = TorchLlama(_Namespace(meta['model']), d_ff=meta['d_ff'])
+  params = dict(np.load(os.path.join(folder, 'params.npz')))
+  model.load_state_dict({k: torch.from_numpy(v) for k, v in params.items()})
+  arrays = np.load(os.path.join(folder, 'train.npz'))
+  batch = {k: torch.from_numpy(arrays[k][0].astype(np.int64)) for k in BATCH_KEYS}
+  mask = batch['loss_mask'].float().reshape(-1)
+  logits = model(batch['inputs'], batch['positions'], batch['segment_ids'])
+  ce = F.cross_entropy(
+    logits.reshape(-1, logits.shape[-1]), batch['targets'].reshape(-1), reduction='none'
+  )
+  ((ce * mask).sum() / mask.sum()).backward()
+  reference = dict(np.load(os.path.join(folder, 'grads_init.npz')))
+  return {
+    name: float(np.abs(p.grad.numpy() - reference[name]).max() / np.abs(reference[name]).max())
+    for name, p in model.named_parameters()
+  }
 
 
 class _Namespace:
@@ -177,8 +222,12 @@ def _ffn_stats(model, batch) -> dict:
   return {**norms, 'hidden_rms': float(np.mean(hidden))}
 
 
-def train(folder: str, weight_decay: float | None = None, threads: int = 0) -> dict:
-  """Train the exported run in PyTorch; write <folder>/torch[-wdX].json and return it."""
+def train(
+  folder: str, weight_decay: float | None = None, threads: int = 0, own_init: bool = False
+) -> dict:
+  """Train the exported run in PyTorch; write <folder>/torch[-wdX][-own_init].json and return it.
+  own_init: torch_llama's own initialisation (N(0, init_std), the output projections scaled by
+  depth; torch.manual_seed(seed)) instead of mllm's initial weights."""
   import torch
   import torch.nn.functional as F
 
@@ -191,12 +240,14 @@ def train(folder: str, weight_decay: float | None = None, threads: int = 0) -> d
   t = meta['train']
   wd = t['weight_decay'] if weight_decay is None else weight_decay
   cfg = _Namespace(meta['model'])
+  torch.manual_seed(meta['seed'])
   model = TorchLlama(cfg, d_ff=meta['d_ff'])
   params = dict(np.load(os.path.join(folder, 'params.npz')))
   state = model.state_dict()
   if set(params) != set(state):
     raise ValueError(f'exported {sorted(set(params) ^ set(state))} do not match the model')
-  model.load_state_dict({k: torch.from_numpy(v) for k, v in params.items()})
+  if not own_init:
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in params.items()})
   decay, no_decay = [], []
   for name, p in model.named_parameters():
     embedding = name.startswith('embed')
@@ -267,6 +318,7 @@ def train(folder: str, weight_decay: float | None = None, threads: int = 0) -> d
     'variant': meta['variant'],
     'seed': meta['seed'],
     'weight_decay': wd,
+    'init': 'torch' if own_init else 'mllm',
     'losses': losses,
     'evals': evals,
     'eval_loss': evals[-1]['eval_loss'],
@@ -274,67 +326,183 @@ def train(folder: str, weight_decay: float | None = None, threads: int = 0) -> d
     'torch': torch.__version__,
     'threads': torch.get_num_threads(),
   }
-  name = 'torch.json' if weight_decay is None else f'torch-wd{wd:g}.json'
+  name = (
+    'torch' + ('' if weight_decay is None else f'-wd{wd:g}') + ('-own_init' if own_init else '')
+  )
+  name += '.json'
   with open(os.path.join(folder, name), 'w') as f:
     json.dump(result, f)
   return result
 
 
-def report(out: str) -> str:
-  """The markdown table of every exported run that trained: the first steps against mllm's, the
-  final eval losses and the SwiGLU − ReLU gap per seed, in both implementations."""
-  from experiments import stats
+# Where the replication's runs are written as evidence a diagnosis can recompute from
+# (experiments/diagnosis.py reads <results>/<name>/results.json): one folder per condition.
+CONDITIONS = {
+  ('mllm', 0.1): 'ffn_replication',
+  ('mllm', 0.0): 'ffn_replication_wd0',
+  ('torch', 0.1): 'ffn_replication_own_init',
+}
 
-  runs = {}
+
+def _load(out: str) -> list[tuple[dict, dict]]:
+  """(meta, torch run) of every exported folder's finished runs."""
+  found = []
   for name in sorted(os.listdir(out)):
     folder = os.path.join(out, name)
-    meta_path = os.path.join(folder, 'meta.json')
-    if not os.path.exists(meta_path):
+    if not os.path.exists(os.path.join(folder, 'meta.json')):
       continue
-    with open(meta_path) as f:
+    with open(os.path.join(folder, 'meta.json')) as f:
       meta = json.load(f)
     for file in sorted(os.listdir(folder)):
       if file.startswith('torch') and file.endswith('.json'):
         with open(os.path.join(folder, file)) as f:
-          runs[(meta['variant'], meta['seed'], file)] = (meta, json.load(f))
+          run = json.load(f)
+        run.setdefault('init', 'mllm')
+        found.append((meta, run))
+  return found
+
+
+def write_evidence(out: str, results: str = 'experiments/results') -> dict[str, int]:
+  """Each condition's runs as <results>/<CONDITIONS name>/results.json ({'runs': [...]}: variant,
+  seed, eval_loss, eval_curve), which diagnoses read as they read a suite's; {name: runs}."""
+  by_name = {}
+  for meta, run in _load(out):
+    name = CONDITIONS.get((run['init'], round(run['weight_decay'], 6)))
+    if name is None:
+      continue
+    by_name.setdefault(name, []).append(
+      {
+        'variant': meta['variant'],
+        'seed': meta['seed'],
+        'eval_loss': run['eval_loss'],
+        'eval_curve': {
+          'step': [e['step'] for e in run['evals'][1:]],
+          'loss': [e['eval_loss'] for e in run['evals'][1:]],
+        },
+        'ffn_stats': run['evals'],
+        'tokens': int(meta.get('tokens_per_step', 2048) * len(run['losses'])),
+        'steps': len(run['losses']),
+        'weight_decay': run['weight_decay'],
+        'init': run['init'],
+        'replicates': f"{meta['suite']} {meta['variant']} seed {meta['seed']} ({meta['hash']})",
+        'provenance': {'torch': run['torch'], 'threads': run['threads']},
+        'wall_s': run['wall_s'],
+      }
+    )
+  for name, runs in by_name.items():
+    os.makedirs(os.path.join(results, name), exist_ok=True)
+    with open(os.path.join(results, name, 'results.json'), 'w') as f:
+      json.dump({'suite': name, 'runs': runs}, f, indent=1)
+  return {name: len(runs) for name, runs in by_name.items()}
+
+
+def report(out: str) -> str:
+  """The markdown tables of every exported run that trained: the first steps against mllm's, the
+  final eval losses, the SwiGLU − ReLU gap per seed in both implementations and conditions, and
+  the FFN's weight norms and hidden RMS over training."""
+  from experiments import stats
+
+  loaded = _load(out)
   lines = [
-    '| variant | seed | weight decay | init loss: mllm / torch | train loss at step 10, 20, 30: '
-    'mllm / torch | eval loss: mllm / torch |',
-    '|---|---:|---:|---:|---|---:|',
+    '| variant | seed | init | weight decay | init loss: mllm / torch | train loss at step 10, '
+    '20, 30: mllm / torch | largest train-loss difference, steps 10-100 / 10-2000 | eval loss: '
+    'mllm / torch |',
+    '|---|---:|---|---:|---:|---|---:|---:|',
   ]
   finals = {}
-  for (variant, seed, _file), (meta, run) in sorted(runs.items()):
+  for meta, run in sorted(
+    loaded, key=lambda x: (x[1]['init'], -x[1]['weight_decay'], x[0]['variant'], x[0]['seed'])
+  ):
+    same = run['weight_decay'] == meta['train']['weight_decay'] and run['init'] == 'mllm'
     curve = meta['mllm']['curve'] or {'step': [], 'loss': []}
-    early = [
-      f'{loss:.4f} / {run["losses"][step - 1]:.4f}'
+    early = (
+      '; '.join(
+        f'{loss:.4f} / {run["losses"][step - 1]:.4f}'
+        for step, loss in zip(curve['step'], curve['loss'])
+        if step in (10, 20, 30)
+      )
+      if same
+      else ''
+    )
+    init_loss = f"{meta['mllm']['init_loss']:.5f} / {run['losses'][0]:.5f}" if same else ''
+    apart = [
+      (step, abs(loss - run['losses'][step - 1]))
       for step, loss in zip(curve['step'], curve['loss'])
-      if step in (10, 20, 30)
     ]
-    same = run['weight_decay'] == meta['train']['weight_decay']
+    drift = (
+      f"{max(d for st, d in apart if st <= 100):.1e} / {max(d for _, d in apart):.2f}"
+      if same and apart
+      else ''
+    )
     mllm_eval = f"{meta['mllm']['eval_loss']:.4f}" if same else '-'
     lines.append(
-      f"| {variant} | {seed} | {run['weight_decay']:g} | {meta['mllm']['init_loss']:.5f} / "
-      f"{run['losses'][0]:.5f} | {'; '.join(early)} | {mllm_eval} / {run['eval_loss']:.4f} |"
+      f"| {meta['variant']} | {meta['seed']} | {run['init']} | {run['weight_decay']:g} | "
+      f"{init_loss} | {early} | {drift} | {mllm_eval} / {run['eval_loss']:.4f} |"
     )
-    finals.setdefault(run['weight_decay'], {}).setdefault(variant, {})[seed] = (
+    key = (run['init'], run['weight_decay'])
+    finals.setdefault(key, {}).setdefault(meta['variant'], {})[meta['seed']] = (
       meta['mllm']['eval_loss'] if same else math.nan,
       run['eval_loss'],
     )
-  lines += ['', '| weight decay | implementation | SwiGLU − ReLU per seed | mean [95% CI] |']
-  lines += ['|---:|---|---|---:|']
-  for wd, by_variant in sorted(finals.items()):
+  checked = []
+  for name in sorted(os.listdir(out)):
+    path = os.path.join(out, name, 'gradcheck.json')
+    if os.path.exists(path):
+      with open(path) as f:
+        errors = json.load(f)
+      worst = max(errors, key=errors.get)
+      checked.append(f'{name} {errors[worst]:.1e} ({worst})')
+  if checked:
+    lines += [
+      '',
+      'The loss gradient at the initial weights on the first batch (`gradcheck`), mllm (jax.grad '
+      "through its layers, the FFN's hand-written backward included) against PyTorch autograd, "
+      'largest difference relative to the parameter gradient\'s largest entry: '
+      + '; '.join(checked)
+      + '.',
+    ]
+  lines += [
+    '',
+    '| init | weight decay | implementation | SwiGLU − ReLU per seed | mean [95% CI] |',
+    '|---|---:|---|---|---:|',
+  ]
+  for (init, wd), by_variant in sorted(finals.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
     if not {'relu', 'swiglu'} <= set(by_variant):
       continue
     seeds = sorted(set(by_variant['relu']) & set(by_variant['swiglu']))
     for k, label in ((0, 'mllm'), (1, 'PyTorch')):
       gaps = [by_variant['swiglu'][s][k] - by_variant['relu'][s][k] for s in seeds]
-      if not all(math.isfinite(g) for g in gaps):
+      if not gaps or not all(math.isfinite(g) for g in gaps):
         continue
       cell = '-'
       if len(gaps) >= 2:
         test = stats.paired_test(gaps, [0.0] * len(gaps))
         cell = f'{test.mean:+.4f} [{test.ci_low:+.4f}, {test.ci_high:+.4f}]'
-      lines.append(f"| {wd:g} | {label} | {', '.join(f'{g:+.4f}' for g in gaps)} | {cell} |")
+      lines.append(
+        f"| {init} | {wd:g} | {label} | {', '.join(f'{g:+.4f}' for g in gaps)} | {cell} |"
+      )
+  lines += [
+    '',
+    'FFN weight norms (Frobenius, mean over layers) and the hidden activation RMS (the input of '
+    '`down`, first eval batch), mean over seeds, at 0, 1, 2 and 4 M tokens:',
+    '',
+    '| variant | init | weight decay | up norm | gate norm | down norm | hidden RMS |',
+    '|---|---|---:|---|---|---|---|',
+  ]
+  grouped = {}
+  for meta, run in loaded:
+    grouped.setdefault((meta['variant'], run['init'], run['weight_decay']), []).append(run)
+  for (variant, init, wd), runs in sorted(
+    grouped.items(), key=lambda kv: (kv[0][1], -kv[0][2], kv[0][0])
+  ):
+    cells = []
+    for key in ('up_norm', 'gate_norm', 'down_norm', 'hidden_rms'):
+      at = []
+      for step in (0, 500, 1000, 2000):
+        values = [e[key] for r in runs for e in r['evals'] if e['step'] == step and key in e]
+        at.append(f'{np.mean(values):.2f}' if values else '')
+      cells.append(' → '.join(at) if any(at) else '')
+    lines.append(f"| {variant} | {init} | {wd:g} | " + ' | '.join(cells) + ' |')
   return '\n'.join(lines) + '\n'
 
 
@@ -353,16 +521,28 @@ def main(argv=None) -> int:
   tr.add_argument('folder')
   tr.add_argument('--weight_decay', type=float, default=None)
   tr.add_argument('--threads', type=int, default=0)
+  tr.add_argument('--own_init', action='store_true', help="torch_llama's initialisation")
+  gc = sub.add_parser('gradcheck')
+  gc.add_argument('folder')
   rp = sub.add_parser('report')
   rp.add_argument('out')
+  rp.add_argument('--evidence', default='', help='also write the runs under this results folder')
   args = parser.parse_args(argv)
   try:
     if args.command == 'export':
       print(export(args.variant, args.seed, args.out))
+    elif args.command == 'gradcheck':
+      errors = gradcheck(args.folder)
+      worst = max(errors, key=errors.get)
+      with open(os.path.join(args.folder, 'gradcheck.json'), 'w') as f:
+        json.dump(errors, f)
+      print(f'largest relative gradient difference: {errors[worst]:.2e} ({worst})')
     elif args.command == 'train':
-      result = train(args.folder, args.weight_decay, args.threads)
+      result = train(args.folder, args.weight_decay, args.threads, args.own_init)
       print(f"eval loss {result['eval_loss']:.4f} after {result['wall_s']:.0f} s")
     else:
+      if args.evidence:
+        write_evidence(args.out, args.evidence)
       print(report(args.out), end='')
   except (ValueError, FileNotFoundError, StopIteration) as err:
     print(f'error: {err}', file=sys.stderr)

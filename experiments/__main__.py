@@ -63,7 +63,7 @@ def main(argv=None) -> int:
       jobs=args.jobs,
       remeasure=args.remeasure,
       tune_lr=args.tune_lr,
-      tune_seeds=args.tune_seeds,
+      tune_seeds=suite.tune_seeds if args.tune_seeds is None else args.tune_seeds,
       engine=args.engine,
       ray_address=args.ray_address,
       resources=args.resources,
@@ -158,7 +158,10 @@ def _parser() -> argparse.ArgumentParser:
     "variant's best; --no-tune_lr: every variant at its configured rate",
   )
   parser.add_argument(
-    '--tune_seeds', type=int, default=1, help='seeds per learning-rate grid point (1000, 1001, ...)'
+    '--tune_seeds',
+    type=int,
+    default=None,
+    help="seeds per learning-rate grid point (1000, 1001, ...; default: the suite's own, 1 or 2)",
   )
   parser.add_argument(
     '--variants',

@@ -1,6 +1,6 @@
 """Every suite's verdicts against the literature in one table: experiments/results/overview.md.
 
-    python -m experiments.overview [--out=experiments/results]
+    python -m experiments.overview [--out=experiments/results] [--reports]
 
 Reads each suite's results.json (whatever has finished) and recomputes its rows with
 report.summarize, corrected over the whole project: Bonferroni over every test of every suite at
@@ -262,6 +262,18 @@ def markdown(tallies: list[dict], diagnoses: list[dict] = ()) -> str:
   return '\n'.join(lines) + '\n'
 
 
+def rewrite_reports(out: str) -> list[str]:
+  """Every training suite's results.md (and plots) written again from its results.json."""
+  written = []
+  for name in available():
+    suite = load_suite(name)
+    path = os.path.join(out, name, 'results.json')
+    if isinstance(suite, Suite) and os.path.exists(path):
+      with open(path) as f:
+        written.append(report.write(suite, _known(suite, json.load(f)), out))
+  return written
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(
     prog='python -m experiments.overview',
@@ -269,7 +281,15 @@ def main(argv=None) -> int:
     formatter_class=argparse.RawDescriptionHelpFormatter,
   )
   parser.add_argument('--out', default='experiments/results')
+  parser.add_argument(
+    '--reports',
+    action='store_true',
+    help="first rewrite every suite's results.md from its results.json (after a change to the "
+    'statistics or a diagnosis; trains nothing)',
+  )
   args = parser.parse_args(argv)
+  if args.reports:
+    rewrite_reports(args.out)
   text = markdown(*collect(args.out))
   with open(os.path.join(args.out, 'overview.md'), 'w') as f:
     f.write(text)

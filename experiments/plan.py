@@ -8,7 +8,8 @@ e.g. plan `ffn` at 4 M tokens with `ffn_tokens`'s noise and `--steps 2000`); a r
 set apart keeps its own paired std. Power is the noncentral t's at α 0.05 over the planned
 table's tests (stats.seeds_needed). Run time is the mean wall time of the runs measured (the
 planned suite's own where it has them, else the noise suite's), scaled by steps; tuning runs
-are counted as the suite's results recorded them, scaled the same way.
+are counted as the suite's results recorded them (a suite not run yet: each tuned row's grid on
+its tuning seeds, a floor), scaled the same way.
 """
 
 from __future__ import annotations
@@ -39,6 +40,15 @@ def _seconds_per_step(results: dict | None) -> float | None:
     if r.get('wall_s') and r.get('steps')
   ]
   return statistics.mean(timed) if timed else None
+
+
+def _tuning_runs(suite: Suite) -> int:
+  """The fewest tuning runs a suite not run yet needs: each tuned row's grid on its tuning seeds
+  (a grid widens past an edge, so this is a floor)."""
+  tuned = [v for v in suite.variants if v.tune and not v.starts_from]
+  if suite.lr_from:
+    return len(suite.retune_lr) * suite.retune_grid.points * suite.tune_seeds
+  return len(tuned) * suite.lr_grid.points * suite.tune_seeds
 
 
 def plan(suite: Suite, *, detect: float, out: str, noise_from: str = '', steps: int | None = None):
@@ -90,7 +100,7 @@ def plan(suite: Suite, *, detect: float, out: str, noise_from: str = '', steps: 
   need = max((r['seeds'] or math.inf for r in rows if 'seeds' in r), default=seeds_now)
   tuning = sum(
     len(p['seeds']) for t in ((own or {}).get('tuning') or {}).values() for p in t['points']
-  )
+  ) or _tuning_runs(suite)
   run_hours = None
   if per_step and steps and math.isfinite(need):
     run_hours = per_step * steps * (len(names) * need + tuning) / 3600

@@ -54,6 +54,8 @@ class Suite:
   # Table seeds 0 .. seeds-1 unless --seeds says otherwise: a suite whose power needs more (the
   # noise floor, ffn) says so here, so that a plain re-run does not report fewer.
   seeds: int = 3
+  # Tuning seeds per grid point unless --tune_seeds says otherwise (a headline table tunes on 2).
+  tune_seeds: int = 1
   paper_source: str = ''  # where the paper's numbers come from
   extra_metrics: str | None = None  # a name in experiments/measures.py, run after each run
   lr_grid: LrGrid = dataclasses.field(
@@ -81,6 +83,8 @@ class Suite:
 
   def __post_init__(self):
     names = [v.name for v in self.variants]
+    if self.tune_seeds < 1:
+      raise ValueError(f'suite {self.name!r}: tune_seeds={self.tune_seeds}; allowed: >= 1')
     if len(set(names)) != len(names):
       raise ValueError(f'suite {self.name!r}: variant names repeat: {names}')
     for i, v in enumerate(self.variants):

@@ -11,7 +11,8 @@ def longer_copy(
   donor: Suite, *, name: str, description: str, keep: tuple[str, ...], **fields
 ) -> Suite:
   """The `keep` rows of `donor` (in its order) over LONGER's budget, at `donor`'s tuned rates;
-  `fields`: any other Suite field (e.g. extra_metrics)."""
+  `fields`: any other Suite field (e.g. extra_metrics; diagnoses_of='' makes a scored table of
+  its own rather than a diagnosis suite)."""
   return Suite(
     name=name,
     description=description,
@@ -21,7 +22,6 @@ def longer_copy(
       preset: {**overrides, **LONGER.get(preset, {})} for preset, overrides in donor.presets.items()
     },
     lr_from=donor.name,
-    diagnoses_of=donor.name,
     paper_source=donor.paper_source,
-    **fields,
+    **{'diagnoses_of': donor.name, **fields},
   )

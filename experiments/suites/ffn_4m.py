@@ -1,0 +1,24 @@
+"""The headline FFN table at 4 M tokens (4.8 tokens per parameter, out of early training): every
+row of `ffn` (Shazeer 2020, Table 1, at matched parameters, and MoE top-2) over 2,000 steps,
+evaluated every 250, each row's rate tuned again at this budget around the one `ffn` chose
+(a √2 grid, widened past an edge up to twice a side) on 2 tuning seeds, then 10 paired seeds:
+`python -m experiments plan ffn --noise_from ffn_tokens --steps 2000` says 10 seeds resolve
+0.03 nats at the table's level with `ffn_tokens`' noise (σ 0.0177); 5 would see ±0.043. With at
+least 54 tuning runs that is about 40 CPU run-hours on 2 cores (20 hours with --jobs=2): it runs
+over several sessions, resuming.
+Runs of `ffn_tokens` with the same config (rows, seed and rate) are copied, not trained again."""
+
+from experiments.suites import ffn
+from experiments.suites._longer import longer_copy
+
+SUITE = longer_copy(
+  ffn.SUITE,
+  name='ffn_4m',
+  description='the FFN variants at matched parameters over 4 M tokens (the headline table)',
+  keep=tuple(v.name for v in ffn.SUITE.variants),
+  retune_lr=tuple(v.name for v in ffn.SUITE.variants),
+  diagnoses_of='',
+  seeds=10,
+  tune_seeds=2,
+  diagnoses={k: ffn.SUITE.diagnoses[k] for k in ('swish', 'glu', 'bilinear')},
+)

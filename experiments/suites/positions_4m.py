@@ -1,0 +1,22 @@
+"""The headline positions table at 4 M tokens (5.4 tokens per parameter): every scheme of
+`positions` over 2,000 steps, evaluated every 250, each rate tuned again at this budget around the
+one `positions` chose (a √2 grid, widened up to twice a side) on 2 tuning seeds, then 14 paired
+seeds (`python -m experiments plan positions --noise_from positions_tokens --steps 2000`: 14
+seeds resolve 0.03 nats with `positions_tokens`' noise, σ 0.0221). No extrapolation measure: the
+question is the training length (`positions` keeps it). About 31 CPU run-hours on 2 cores; it
+runs over several sessions, resuming; `positions_tokens`' runs of the same config are copied."""
+
+from experiments.suites import positions
+from experiments.suites._longer import longer_copy
+
+SUITE = longer_copy(
+  positions.SUITE,
+  name='positions_4m',
+  description='position schemes at the training context over 4 M tokens (the headline table)',
+  keep=tuple(v.name for v in positions.SUITE.variants),
+  retune_lr=tuple(v.name for v in positions.SUITE.variants),
+  diagnoses_of='',
+  seeds=14,
+  tune_seeds=2,
+  diagnoses=dict(positions.SUITE.diagnoses),
+)
