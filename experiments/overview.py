@@ -169,6 +169,8 @@ def _noise_rows(tallies: list[dict]) -> list[str]:
     if not noise:
       continue
     per_param = '' if noise['tokens_per_param'] is None else f"{noise['tokens_per_param']:.2g}"
+    if noise['tokens_per_param'] is not None and noise['tokens_per_param'] < report.EARLY_TRAINING:
+      per_param += ' (early training)'
     sigma = f"{noise['sigma']:.4f} ({noise['df']})" if noise['df'] else '—'
     own = ', '.join(f'{v} (±{p:.3g}, ±{q:.3g})' for v, p, q in noise['own'])
     seen = ['' if noise[k] is None else f'±{noise[k]:.3f}' for k in ('table', 'project')]
@@ -211,7 +213,9 @@ def markdown(tallies: list[dict], diagnoses: list[dict] = ()) -> str:
     )
   lines += [
     '',
-    'What each table could see: the smallest Δ a row detects with 80% power (noncentral t) at '
+    'What each table could see (tables under '
+    f'{report.EARLY_TRAINING:g} tokens per parameter are early training, where rankings still '
+    'move): the smallest Δ a row detects with 80% power (noncentral t) at '
     "its table's level (0.05 / its tests) and at the project's (0.05 / "
     f'{tests}), from the pooled σ; a row set apart from the pool (its own paired differences '
     'spread far beyond it) is listed with its own.',

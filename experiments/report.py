@@ -79,6 +79,9 @@ def summarize(
     if row['variant'] in tuning:
       row['lr_edge'] = tuning[row['variant']]['edge']
     row['judgement'], row['agreement'] = judge(suite, row, rows, evidence)
+    if row['variant'] in suite.notes:
+      noted = suite.notes[row['variant']]
+      row['note'] = f"{noted.rests_on}: {noted.find(evidence, row['variant']).text}"
   return rows
 
 
@@ -429,6 +432,9 @@ def _notes(suite: Suite, results: dict, rows: list[dict]) -> list[str]:
   noise = pool_line(rows)
   if noise:
     lines += ['', noise]
+  for row in rows:
+    if row.get('note'):
+      lines += ['', f"{row['variant']}, elsewhere ({row['note']})."]
   power = _power_line(suite, rows)
   if power:
     lines += ['', power]

@@ -67,6 +67,10 @@ class Suite:
   # variant -> why its result departs from the paper (experiments/diagnosis.py): the runs it
   # rests on and the comparison the report recomputes from them.
   diagnoses: dict = dataclasses.field(default_factory=dict)
+  # variant -> a Diagnosis whose finding results.md prints under the table whatever the row's
+  # verdict: what another suite found of this row (e.g. the row's contradiction at 4x the tokens,
+  # where this table sees none), recomputed on every report.
+  notes: dict = dataclasses.field(default_factory=dict)
   # A diagnosis suite: the suite whose rows it re-measures (e.g. 4x the tokens). Its rows are
   # listed as evidence for that suite's diagnoses in overview.md, not scored against the
   # literature a second time.
@@ -118,7 +122,7 @@ class Suite:
 
     from experiments.diagnosis import Diagnosis
 
-    for name, diagnosis in self.diagnoses.items():
+    for name, diagnosis in {**self.diagnoses, **self.notes}.items():
       if name not in names or not isinstance(diagnosis, Diagnosis):
         raise ValueError(
           f'suite {self.name!r}: diagnoses[{name!r}] = {diagnosis!r:.60}; allowed: a '

@@ -501,3 +501,17 @@ def test_the_plan_sees_what_the_report_sees_and_names_the_seeds_for_a_target(cap
   assert capsys.readouterr().err == 'error: --detect=0.0; allowed: a positive number of nats\n'
   assert main(['plan', 'ffn', '--noise_from', 'nope']) == 2
   assert "suite 'nope' does not exist; allowed: " in capsys.readouterr().err
+
+
+def test_a_note_recomputes_what_another_suite_found_of_a_row():
+  """Suite.notes: a row's finding elsewhere (e.g. its contradiction at 4x the tokens) is printed
+  under the table whatever the row's verdict, recomputed from the runs; a note on a row the
+  suite lacks is refused."""
+  suite = dataclasses.replace(SUITE, notes={'level': _says(True, explains=False)})
+  rows = report.summarize(suite, results())
+  gap = sum(w - b for w, b in zip(LOSSES['level'], BASE)) / 3  # _says: the row's own mean gap
+  text = report.markdown(suite, results(), rows)
+  assert f'\nlevel, elsewhere (verdicts: worse_here − base: the gap is {gap:+.2f}).\n' in text
+  assert next(r for r in rows if r['variant'] == 'level')['judgement'] == 'no difference detected'
+  with pytest.raises(ValueError, match=r"diagnoses\['nope'\]"):
+    dataclasses.replace(SUITE, notes={'nope': _says(True)})

@@ -13,13 +13,14 @@ def longer_copy(
   """The `keep` rows of `donor` (in its order) over LONGER's budget, at `donor`'s tuned rates;
   `fields`: any other Suite field (e.g. extra_metrics; diagnoses_of='' makes a scored table of
   its own rather than a diagnosis suite)."""
+  presets = fields.pop('presets', donor.presets)
   return Suite(
     name=name,
     description=description,
     base=donor.base,
     variants=tuple(v for v in donor.variants if v.name in keep),
     presets={
-      preset: {**overrides, **LONGER.get(preset, {})} for preset, overrides in donor.presets.items()
+      preset: {**overrides, **LONGER.get(preset, {})} for preset, overrides in presets.items()
     },
     lr_from=donor.name,
     paper_source=donor.paper_source,

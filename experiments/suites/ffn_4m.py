@@ -6,10 +6,14 @@ evaluated every 250, each row's rate tuned again at this budget around the one `
 0.03 nats at the table's level with `ffn_tokens`' noise (σ 0.0177); 5 would see ±0.043. With at
 least 54 tuning runs that is about 40 CPU run-hours on 2 cores (20 hours with --jobs=2): it runs
 over several sessions, resuming.
-Runs of `ffn_tokens` with the same config (rows, seed and rate) are copied, not trained again."""
+Every evaluation reads the whole validation split (about 1,400 windows of 128 tokens, not the first
+512: `train.eval_batches` 0), so no run of `ffn_tokens` is reused (their evaluation read 512)."""
 
 from experiments.suites import ffn
 from experiments.suites._longer import longer_copy
+
+# The whole validation split, at every evaluation.
+WHOLE_SPLIT = {'train.eval_batches': 0}
 
 SUITE = longer_copy(
   ffn.SUITE,
@@ -20,5 +24,9 @@ SUITE = longer_copy(
   diagnoses_of='',
   seeds=10,
   tune_seeds=2,
-  diagnoses={k: ffn.SUITE.diagnoses[k] for k in ('swish', 'glu', 'bilinear')},
+  presets={preset: {**overrides, **WHOLE_SPLIT} for preset, overrides in ffn.SUITE.presets.items()},
+  diagnoses={
+    **{k: ffn.SUITE.diagnoses[k] for k in ('swish', 'glu', 'bilinear')},
+    'swiglu': ffn.SWIGLU_AT_4M,
+  },
 )

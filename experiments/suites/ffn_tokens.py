@@ -19,6 +19,9 @@ SUITE = longer_copy(
   keep=('relu', 'swish', 'glu', 'bilinear', 'swiglu'),
   retune_lr=('relu', 'glu', 'bilinear', 'swiglu'),
   # Scored here too: Swish's and GLU's gaps are still closing over the last half of these runs
-  # (ffn's diagnosis); Bilinear carries ffn's unexplained record; SwiGLU's gap has none yet.
-  diagnoses={k: ffn.SUITE.diagnoses[k] for k in ('swish', 'glu', 'bilinear')},
+  # (ffn's diagnosis); Bilinear carries ffn's unexplained record, SwiGLU its own.
+  diagnoses={
+    **{k: ffn.SUITE.diagnoses[k] for k in ('swish', 'glu', 'bilinear')},
+    'swiglu': ffn.SWIGLU_AT_4M,
+  },
 )

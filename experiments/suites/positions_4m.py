@@ -4,10 +4,14 @@ one `positions` chose (a √2 grid, widened up to twice a side) on 2 tuning seed
 seeds (`python -m experiments plan positions --noise_from positions_tokens --steps 2000`: 14
 seeds resolve 0.03 nats with `positions_tokens`' noise, σ 0.0221). No extrapolation measure: the
 question is the training length (`positions` keeps it). About 31 CPU run-hours on 2 cores; it
-runs over several sessions, resuming; `positions_tokens`' runs of the same config are copied."""
+runs over several sessions, resuming. Every evaluation reads the whole validation split
+(`train.eval_batches` 0), so no run of `positions_tokens` (512 windows) is reused."""
 
 from experiments.suites import positions
 from experiments.suites._longer import longer_copy
+
+# The whole validation split, at every evaluation.
+WHOLE_SPLIT = {'train.eval_batches': 0}
 
 SUITE = longer_copy(
   positions.SUITE,
@@ -18,5 +22,8 @@ SUITE = longer_copy(
   diagnoses_of='',
   seeds=14,
   tune_seeds=2,
+  presets={
+    preset: {**overrides, **WHOLE_SPLIT} for preset, overrides in positions.SUITE.presets.items()
+  },
   diagnoses=dict(positions.SUITE.diagnoses),
 )
