@@ -70,8 +70,19 @@ SWIGLU_AT_4M = diagnosis.unexplained(
     where='(PyTorch) without it, at the rates tuned with it',
   ),
   not_ruled_out='the scale (d_model 128, 4 layers), the corpus (Python source), the fan_in '
-  'initialisation at rates tuned for it',
+  'initialisation (ffn_tokens_init tests it with rates tuned for the fixed init)',
   rests_on='ffn_tokens, ffn_width and the PyTorch replication: swiglu − relu eval loss per seed',
+  leads=(
+    diagnosis.Diagnosis(
+      'ffn_replication_own_init: swiglu − relu eval loss per seed',
+      diagnosis.stays_behind(
+        'ffn_replication_own_init',
+        'relu',
+        cause='the initialisation',
+        where="(PyTorch from its own N(0, 0.02) init, at the rates tuned for fan_in's)",
+      ),
+    ),
+  ),
 )
 
 SUITE = Suite(
