@@ -64,6 +64,7 @@ def export(variant: str, seed: int, out: str, results: str = 'experiments/result
   """Write <out>/<variant>-s<seed>/: meta.json, params.npz, train.npz, eval.npz."""
   import jax
   import jax.numpy as jnp
+  import optax
   from flax import nnx
 
   from experiments.run import config_hash, resolve
@@ -105,33 +106,22 @@ def export(variant: str, seed: int, out: str, results: str = 'experiments/result
   )
   model = initial_model(config)
   np.savez(os.path.join(folder, 'params.npz'), **_torch_params(nnx.state(model, nnx.Param)))
-  first = batches[0]
-  logits = model(
-    jnp.asarray(first['inputs']),
-    positions=jnp.asarray(first['positions']),
-    segment_ids=jnp.asarray(first['segment_ids']),
-  )
-  import optax
-
-  losses = optax.softmax_cross_entropy_with_integer_labels(
-    logits.astype(jnp.float32), jnp.asarray(first['targets'])
-  )
-  mask = jnp.asarray(first['loss_mask'], jnp.float32)
+  first = {k: jnp.asarray(v) for k, v in batches[0].items()}
+  mask = first['loss_mask'].astype(jnp.float32)
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
   def init_loss(params):
-    net = nnx.merge(graphdef, params, rest)
-    logits = net(
-      jnp.asarray(first['inputs']),
-      positions=jnp.asarray(first['positions']),
-      segment_ids=jnp.asarray(first['segment_ids']),
+    """The masked mean cross-entropy of the first batch: the loss mllm's first step takes."""
+    logits = nnx.merge(graphdef, params, rest)(
+      first['inputs'], positions=first['positions'], segment_ids=first['segment_ids']
     )
     ce = optax.softmax_cross_entropy_with_integer_labels(
-      logits.astype(jnp.float32), jnp.asarray(first['targets'])
+      logits.astype(jnp.float32), first['targets']
     )
     return (ce * mask).sum() / mask.sum()
 
-  np.savez(os.path.join(folder, 'grads_init.npz'), **_torch_params(jax.grad(init_loss)(params)))
+  loss, grads = jax.value_and_grad(init_loss)(params)
+  np.savez(os.path.join(folder, 'grads_init.npz'), **_torch_params(grads))
   schedule = learning_rate_schedule(t)
   meta = {
     'suite': SUITE,
@@ -148,7 +138,7 @@ def export(variant: str, seed: int, out: str, results: str = 'experiments/result
     'decay_embeddings': t.decay_embeddings,
     'decay_norms_and_biases': t.decay_norms_and_biases,
     'mllm': {
-      'init_loss': float((losses * mask).sum() / mask.sum()),
+      'init_loss': float(loss),
       'curve': record.get('curve'),
       'eval_curve': record.get('eval_curve'),
       'eval_loss': record['eval_loss'],
