@@ -151,35 +151,6 @@ def export(variant: str, seed: int, out: str, results: str = 'experiments/result
   return folder
 
 
-def gradcheck(folder: str) -> dict[str, float]:
-  """{parameter: max |torch − mllm| / max |mllm|} of the loss's gradient at the initial weights
-  on the first batch: mllm's (jax.grad through its layers, the FFN's hand-written backward
-  included) against PyTorch's autograd."""
-  import torch
-  import torch.nn.functional as F
-
-  from benchmarks.torch_llama import TorchLlama
-
-  with open(os.path.join(folder, 'meta.json')) as f:
-    meta = json.load(f)
-  model = TorchLlama(_Namespace(meta['model']), d_ff=meta['d_ff'])
-  params = dict(np.load(os.path.join(folder, 'params.npz')))
-  model.load_state_dict({k: torch.from_numpy(v) for k, v in params.items()})
-  arrays = np.load(os.path.join(folder, 'train.npz'))
-  batch = {k: torch.from_numpy(arrays[k][0].astype(np.int64)) for k in BATCH_KEYS}
-  mask = batch['loss_mask'].float().reshape(-1)
-  logits = model(batch['inputs'], batch['positions'], batch['segment_ids'])
-  ce = F.cross_entropy(
-    logits.reshape(-1, logits.shape[-1]), batch['targets'].reshape(-1), reduction='none'
-  )
-  ((ce * mask).sum() / mask.sum()).backward()
-  reference = dict(np.load(os.path.join(folder, 'grads_init.npz')))
-  return {
-    name: float(np.abs(p.grad.numpy() - reference[name]).max() / np.abs(reference[name]).max())
-    for name, p in model.named_parameters()
-  }
-
-
 class _Namespace:
   """Attribute access over the exported config dict (what TorchLlama reads)."""
 
@@ -188,11 +159,66 @@ class _Namespace:
       setattr(self, k, _Namespace(v) if isinstance(v, dict) else v)
 
 
+def _model(folder: str, own_init: bool = False):
+  """(meta, the exported run's TorchLlama): mllm's initial weights, or with own_init
+  torch_llama's own initialisation drawn after torch.manual_seed(seed)."""
+  import torch
+
+  from benchmarks.torch_llama import TorchLlama
+
+  with open(os.path.join(folder, 'meta.json')) as f:
+    meta = json.load(f)
+  torch.manual_seed(meta['seed'])
+  model = TorchLlama(_Namespace(meta['model']), d_ff=meta['d_ff'])
+  params = dict(np.load(os.path.join(folder, 'params.npz')))
+  state = model.state_dict()
+  if set(params) != set(state):
+    raise ValueError(f'exported {sorted(set(params) ^ set(state))} do not match the model')
+  if not own_init:
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in params.items()})
+  return meta, model
+
+
+def _batches(folder: str, split: str) -> dict:
+  """The exported batches of `split` ('train' or 'eval') as tensors [batches, B, T]."""
+  import torch
+
+  arrays = np.load(os.path.join(folder, f'{split}.npz'))
+  batches = {k: torch.from_numpy(arrays[k].astype(np.int64)) for k in BATCH_KEYS}
+  batches['loss_mask'] = batches['loss_mask'].float()
+  return batches
+
+
+def _loss_sum(model, batches: dict, i: int):
+  """(Σ cross-entropy · loss_mask, Σ loss_mask) of batch i, as mllm's step sums them."""
+  import torch.nn.functional as F
+
+  logits = model(batches['inputs'][i], batches['positions'][i], batches['segment_ids'][i])
+  ce = F.cross_entropy(
+    logits.reshape(-1, logits.shape[-1]), batches['targets'][i].reshape(-1), reduction='none'
+  )
+  mask = batches['loss_mask'][i].reshape(-1)
+  return (ce * mask).sum(), mask.sum()
+
+
+def gradcheck(folder: str) -> dict[str, float]:
+  """{parameter: max |torch − mllm| / max |mllm|} of the loss's gradient at the initial weights
+  on the first batch: mllm's (jax.grad through its layers, the FFN's hand-written backward
+  included) against PyTorch's autograd."""
+  _, model = _model(folder)
+  loss_sum, n = _loss_sum(model, _batches(folder, 'train'), 0)
+  (loss_sum / n).backward()
+  reference = dict(np.load(os.path.join(folder, 'grads_init.npz')))
+  return {
+    name: float(np.abs(p.grad.numpy() - reference[name]).max() / np.abs(reference[name]).max())
+    for name, p in model.named_parameters()
+  }
+
+
 def _ffn_stats(model, batch) -> dict:
   """Mean over layers of each FFN matrix's Frobenius norm, and the RMS of the FFN's hidden
   activation (the input of `down`) on `batch`."""
   import torch
-  import torch.nn.functional as F
 
   norms, hidden = {}, []
 
@@ -202,13 +228,12 @@ def _ffn_stats(model, batch) -> dict:
   hooks = [block.ffn.down.register_forward_hook(record) for block in model.blocks]
   with torch.no_grad():
     model(*batch)
-  for hook in hooks:
-    hook.remove()
-  for name in ('gate', 'up', 'down'):
-    mats = [getattr(b.ffn, name).weight for b in model.blocks if hasattr(b.ffn, name)]
-    if mats:
-      norms[f'{name}_norm'] = float(np.mean([float(torch.linalg.norm(m)) for m in mats]))
-  del F
+    for hook in hooks:
+      hook.remove()
+    for name in ('gate', 'up', 'down'):
+      mats = [getattr(b.ffn, name).weight for b in model.blocks if hasattr(b.ffn, name)]
+      if mats:
+        norms[f'{name}_norm'] = float(np.mean([float(torch.linalg.norm(m)) for m in mats]))
   return {**norms, 'hidden_rms': float(np.mean(hidden))}
 
 
@@ -219,25 +244,12 @@ def train(
   own_init: torch_llama's own initialisation (N(0, init_std), the output projections scaled by
   depth; torch.manual_seed(seed)) instead of mllm's initial weights."""
   import torch
-  import torch.nn.functional as F
-
-  from benchmarks.torch_llama import TorchLlama
 
   if threads:
     torch.set_num_threads(threads)
-  with open(os.path.join(folder, 'meta.json')) as f:
-    meta = json.load(f)
+  meta, model = _model(folder, own_init)
   t = meta['train']
   wd = t['weight_decay'] if weight_decay is None else weight_decay
-  cfg = _Namespace(meta['model'])
-  torch.manual_seed(meta['seed'])
-  model = TorchLlama(cfg, d_ff=meta['d_ff'])
-  params = dict(np.load(os.path.join(folder, 'params.npz')))
-  state = model.state_dict()
-  if set(params) != set(state):
-    raise ValueError(f'exported {sorted(set(params) ^ set(state))} do not match the model')
-  if not own_init:
-    model.load_state_dict({k: torch.from_numpy(v) for k, v in params.items()})
   decay, no_decay = [], []
   for name, p in model.named_parameters():
     embedding = name.startswith('embed')
@@ -252,26 +264,13 @@ def train(
     betas=(t['b1'], t['b2']),
     eps=t['eps'],
   )
-  arrays = np.load(os.path.join(folder, 'train.npz'))
-  train_batches = {k: torch.from_numpy(arrays[k].astype(np.int64)) for k in BATCH_KEYS}
-  train_batches['loss_mask'] = train_batches['loss_mask'].float()
-  arrays = np.load(os.path.join(folder, 'eval.npz'))
-  eval_batches = {k: torch.from_numpy(arrays[k].astype(np.int64)) for k in BATCH_KEYS}
-  eval_batches['loss_mask'] = eval_batches['loss_mask'].float()
-
-  def loss_of(batch, i):
-    logits = model(batch['inputs'][i], batch['positions'][i], batch['segment_ids'][i])
-    ce = F.cross_entropy(
-      logits.reshape(-1, logits.shape[-1]), batch['targets'][i].reshape(-1), reduction='none'
-    )
-    mask = batch['loss_mask'][i].reshape(-1)
-    return (ce * mask).sum(), mask.sum()
+  train_batches, eval_batches = _batches(folder, 'train'), _batches(folder, 'eval')
 
   def evaluate() -> float:
     total, tokens = 0.0, 0.0
     with torch.no_grad():
       for i in range(eval_batches['inputs'].shape[0]):
-        loss_sum, n = loss_of(eval_batches, i)
+        loss_sum, n = _loss_sum(model, eval_batches, i)
         total, tokens = total + float(loss_sum), tokens + float(n)
     return total / max(tokens, 1.0)
 
@@ -282,7 +281,7 @@ def train(
   losses, evals = [], [stats_now(0)]
   start = time.time()
   for i in range(t['steps']):
-    loss_sum, n = loss_of(train_batches, i)
+    loss_sum, n = _loss_sum(model, train_batches, i)
     loss = loss_sum / torch.clamp(n, min=1.0)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()

@@ -116,21 +116,28 @@ def _noise(rows: list[dict], table_rows: list[dict]) -> dict:
   }
 
 
-def collect(out: str) -> tuple[list[dict], list[dict]]:
-  """(the scored suites' tallies under the project-wide family, the diagnosis suites: what each
-  re-measures)."""
-  loaded, diagnoses = [], []
+def finished(out: str) -> list[tuple[Suite, dict]]:
+  """(suite, its results.json without runs of variants it no longer has) of every training suite
+  that has one under `out`."""
+  found = []
   for name in available():
     suite = load_suite(name)
     path = os.path.join(out, name, 'results.json')
-    if not isinstance(suite, Suite) or not os.path.exists(path):
-      continue
-    with open(path) as f:
-      results = _known(suite, json.load(f))
+    if isinstance(suite, Suite) and os.path.exists(path):
+      with open(path) as f:
+        found.append((suite, _known(suite, json.load(f))))
+  return found
+
+
+def collect(out: str) -> tuple[list[dict], list[dict]]:
+  """(the scored suites' tallies under the project-wide family, the diagnosis suites: what each
+  re-measures)."""
+  loaded, diagnoses = finished(out), []
+  for suite, results in loaded:
     if suite.diagnoses_of:
       diagnoses.append(
         {
-          'suite': name,
+          'suite': suite.name,
           'of': suite.diagnoses_of,
           'rows': [v.name for v in suite.variants],
           'seeds': results.get('seeds'),
@@ -138,7 +145,6 @@ def collect(out: str) -> tuple[list[dict], list[dict]]:
           'planned': sum(len(results.get(k, [])) for k in ('runs', 'failed', 'pending')),
         }
       )
-    loaded.append((suite, results))
   family = project_family(loaded)
   return [tally(s, r, family, out) for s, r in loaded], diagnoses
 
@@ -268,14 +274,7 @@ def markdown(tallies: list[dict], diagnoses: list[dict] = ()) -> str:
 
 def rewrite_reports(out: str) -> list[str]:
   """Every training suite's results.md (and plots) written again from its results.json."""
-  written = []
-  for name in available():
-    suite = load_suite(name)
-    path = os.path.join(out, name, 'results.json')
-    if isinstance(suite, Suite) and os.path.exists(path):
-      with open(path) as f:
-        written.append(report.write(suite, _known(suite, json.load(f)), out))
-  return written
+  return [report.write(suite, results, out) for suite, results in finished(out)]
 
 
 def main(argv=None) -> int:

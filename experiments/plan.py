@@ -45,9 +45,9 @@ def _seconds_per_step(results: dict | None) -> float | None:
 def _tuning_runs(suite: Suite) -> int:
   """The fewest tuning runs a suite not run yet needs: each tuned row's grid on its tuning seeds
   (a grid widens past an edge, so this is a floor)."""
-  tuned = [v for v in suite.variants if v.tune and not v.starts_from]
   if suite.lr_from:
     return len(suite.retune_lr) * suite.retune_grid.points * suite.tune_seeds
+  tuned = [v for v in suite.variants if v.tune and not v.starts_from]
   return len(tuned) * suite.lr_grid.points * suite.tune_seeds
 
 
@@ -74,18 +74,15 @@ def plan(suite: Suite, *, detect: float, out: str, noise_from: str = '', steps: 
   per_step = _seconds_per_step(own) or _seconds_per_step(noisy)
   seeds_now = (own or {}).get('seeds') or suite.seeds
   rows = []
-  for name in names:
-    variant = next(v for v in suite.variants if v.name == name)
+  for variant in suite.variants:
+    name = variant.name
     if variant is suite.reference(variant):
       rows.append({'variant': name, 'reference': True})
       continue
     row = measured.get(name, {})
     pooled = row.get('test') is None or row['test'].source == 'pooled'
     sigma = pool.sigma if pooled else row['test'].diff_std
-    if pooled:
-      se, df = sigma * math.sqrt(2.0 / seeds_now), (len(names) - 1) * (seeds_now - 1)
-    else:
-      se, df = sigma / math.sqrt(seeds_now), seeds_now - 1
+    se, df = stats.planned_se(sigma, seeds_now, rows=len(names), pooled=pooled)
     rows.append(
       {
         'variant': name,

@@ -514,15 +514,17 @@ def pool_line(rows: list[dict]) -> str:
   return line + '.'
 
 
+# The judgements of a row within noise that has not answered the paper: more seeds would.
+UNRESOLVED = ('no difference detected', 'cannot resolve at this power')
+
+
 def _power_line(suite: Suite, rows: list[dict]) -> str:
   """For each row within noise where the paper reports a gap: the seeds that would resolve it at
   the table's level and the same noise."""
   cells = []
   for row in rows:
     effect, test = paper_effect(suite, row, rows), row.get('test')
-    if effect is None or test is None or row['judgement'] in ('', "rules out the paper's effect"):
-      continue
-    if row.get('verdict') != 'within noise':
+    if effect is None or row['judgement'] not in UNRESOLVED:
       continue
     if abs(effect) <= PAPER_SAME * abs(_reference_mean(row, rows)):
       continue  # the paper reports no difference: nothing to resolve

@@ -288,18 +288,23 @@ def seeds_needed(
   max_n: int = 1000,
 ) -> int | None:
   """The fewest paired seeds n at which a row's Δ of `effect` is detected with `power` at level
-  alpha/m: pooled over `rows` rows (se σ·√(2/n), (rows − 1)(n − 1) df), or from the row's own
-  differences of std `sigma` (se σ/√n, n − 1 df). None past max_n."""
+  alpha/m, with the standard error `planned_se` gives. None past max_n."""
   if effect == 0.0:
     return None
   for n in range(2, max_n + 1):
-    if pooled:
-      se, df = sigma * math.sqrt(2.0 / n), (rows - 1) * (n - 1)
-    else:
-      se, df = sigma / math.sqrt(n), n - 1
+    se, df = planned_se(sigma, n, rows=rows, pooled=pooled)
     if power_of(effect, se, df, alpha=alpha / m) >= power:
       return n
   return None
+
+
+def planned_se(sigma: float, n: int, *, rows: int, pooled: bool = True) -> tuple[float, float]:
+  """(standard error, df) of a row's Δ over n complete seeds: pooled over `rows` rows with
+  residual σ, σ·√(2/n) on (rows − 1)(n − 1) df; or from the row's own paired differences of std
+  σ, σ/√n on n − 1 df."""
+  if pooled:
+    return sigma * math.sqrt(2.0 / n), (rows - 1) * (n - 1)
+  return sigma / math.sqrt(n), n - 1
 
 
 def late_slope(steps: Sequence[float], gaps: Mapping[int, Sequence[float]]) -> PairedTest:

@@ -8,21 +8,51 @@ LONGER = {'cpu': {'train.steps': 2000, 'train.eval_every': 250}, 'tiny': {'train
 
 
 def longer_copy(
-  donor: Suite, *, name: str, description: str, keep: tuple[str, ...], **fields
+  donor: Suite,
+  *,
+  name: str,
+  description: str,
+  keep: tuple[str, ...],
+  overrides: dict | None = None,
+  **fields,
 ) -> Suite:
   """The `keep` rows of `donor` (in its order) over LONGER's budget, at `donor`'s tuned rates;
-  `fields`: any other Suite field (e.g. extra_metrics; diagnoses_of='' makes a scored table of
-  its own rather than a diagnosis suite)."""
-  presets = fields.pop('presets', donor.presets)
+  `overrides`: dotted overrides added to every preset (e.g. another init); `fields`: any other
+  Suite field (e.g. extra_metrics; diagnoses_of='' makes a scored table of its own rather than a
+  diagnosis suite)."""
   return Suite(
     name=name,
     description=description,
     base=donor.base,
     variants=tuple(v for v in donor.variants if v.name in keep),
     presets={
-      preset: {**overrides, **LONGER.get(preset, {})} for preset, overrides in presets.items()
+      preset: {**own, **LONGER.get(preset, {}), **(overrides or {})}
+      for preset, own in donor.presets.items()
     },
     lr_from=donor.name,
     paper_source=donor.paper_source,
     **{'diagnoses_of': donor.name, **fields},
+  )
+
+
+# Every evaluation of a headline table reads the whole validation split, not its first batches.
+WHOLE_SPLIT = {'train.eval_batches': 0}
+
+
+def headline_copy(donor: Suite, *, name: str, description: str, seeds: int, **fields) -> Suite:
+  """Every row of `donor` over LONGER's budget as a scored table of its own: each rate tuned
+  again at this budget (BUDGET_GRID around `donor`'s) on 2 tuning seeds, `seeds` paired seeds,
+  every evaluation over the whole validation split; `fields`: any other Suite field."""
+  every = tuple(v.name for v in donor.variants)
+  return longer_copy(
+    donor,
+    name=name,
+    description=description,
+    keep=every,
+    overrides=WHOLE_SPLIT,
+    retune_lr=every,
+    diagnoses_of='',
+    seeds=seeds,
+    tune_seeds=2,
+    **fields,
   )

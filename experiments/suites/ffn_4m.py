@@ -10,21 +10,13 @@ Every evaluation reads the whole validation split (about 1,400 windows of 128 to
 512: `train.eval_batches` 0), so no run of `ffn_tokens` is reused (their evaluation read 512)."""
 
 from experiments.suites import ffn
-from experiments.suites._longer import longer_copy
+from experiments.suites._longer import headline_copy
 
-# The whole validation split, at every evaluation.
-WHOLE_SPLIT = {'train.eval_batches': 0}
-
-SUITE = longer_copy(
+SUITE = headline_copy(
   ffn.SUITE,
   name='ffn_4m',
   description='the FFN variants at matched parameters over 4 M tokens (the headline table)',
-  keep=tuple(v.name for v in ffn.SUITE.variants),
-  retune_lr=tuple(v.name for v in ffn.SUITE.variants),
-  diagnoses_of='',
   seeds=10,
-  tune_seeds=2,
-  presets={preset: {**overrides, **WHOLE_SPLIT} for preset, overrides in ffn.SUITE.presets.items()},
   diagnoses={
     **{k: ffn.SUITE.diagnoses[k] for k in ('swish', 'glu', 'bilinear')},
     'swiglu': ffn.SWIGLU_AT_4M,

@@ -9,14 +9,12 @@ if it returns, the lead was the rate's."""
 from experiments.suites import ffn_tokens
 from experiments.suites._longer import longer_copy
 
-FIXED = {'model.init': 'fixed'}
-
 SUITE = longer_copy(
   ffn_tokens.SUITE,
   name='ffn_tokens_init',
   description='ReLU vs SwiGLU over 4 M tokens under the fixed N(0, 0.02) init, rates tuned again',
   keep=('relu', 'swiglu'),
   retune_lr=('relu', 'swiglu'),
-  presets={p: {**o, **FIXED} for p, o in ffn_tokens.SUITE.presets.items()},
+  overrides={'model.init': 'fixed'},
   diagnoses_of='ffn',
 )

@@ -8,22 +8,12 @@ runs over several sessions, resuming. Every evaluation reads the whole validatio
 (`train.eval_batches` 0), so no run of `positions_tokens` (512 windows) is reused."""
 
 from experiments.suites import positions
-from experiments.suites._longer import longer_copy
+from experiments.suites._longer import headline_copy
 
-# The whole validation split, at every evaluation.
-WHOLE_SPLIT = {'train.eval_batches': 0}
-
-SUITE = longer_copy(
+SUITE = headline_copy(
   positions.SUITE,
   name='positions_4m',
   description='position schemes at the training context over 4 M tokens (the headline table)',
-  keep=tuple(v.name for v in positions.SUITE.variants),
-  retune_lr=tuple(v.name for v in positions.SUITE.variants),
-  diagnoses_of='',
   seeds=14,
-  tune_seeds=2,
-  presets={
-    preset: {**overrides, **WHOLE_SPLIT} for preset, overrides in positions.SUITE.presets.items()
-  },
   diagnoses=dict(positions.SUITE.diagnoses),
 )
