@@ -40,12 +40,27 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/python -m pip install --quiet -e '.[dev,cluster]'
 	touch $(STAMP)
 
+# data.source='kjv' (the King James Bible, mllm/data/bible.py) reads Debian's bible-kjv-text,
+# unpacked here into the venv, once per venv: `apt-get download` needs no root, only Debian's
+# package lists (`apt-get update` fills them, as root). Without apt this says so and goes on;
+# the source then reads /usr/lib/bible.data or data.path.
+KJV_STAMP := $(VENV)/.kjv-stamp
+$(KJV_STAMP): $(STAMP)
+	@mkdir -p $(VENV)/share/bible-kjv-text
+	@cd $(VENV)/share && rm -f bible-kjv-text_*.deb && \
+	  { apt-get download -qq bible-kjv-text 2>/dev/null || \
+	    { apt-get update -qq >/dev/null 2>&1 && apt-get download -qq bible-kjv-text; }; } && \
+	  dpkg-deb -x bible-kjv-text_*.deb bible-kjv-text && rm -f bible-kjv-text_*.deb && \
+	  echo "mllm: the King James Bible (bible-kjv-text) unpacked into $(VENV)/share" || \
+	  echo "mllm: no bible-kjv-text (needs Debian's apt-get); data.source='kjv' will read /usr/lib/bible.data or data.path"
+	touch $@
+
 python:
 	@$(PYTHON) -c 'import sys; print("Python", sys.version.split()[0], sys.executable)'
 
-install: $(STAMP)
+install: $(STAMP) $(KJV_STAMP)
 
-train: $(STAMP)
+train: $(STAMP) $(KJV_STAMP)
 	$(VENV)/bin/python launch.py --config=$(CONFIG) $(ARGS)
 	@echo "--- a sample from the trained model (python launch.py --mode=generate ...):"
 	$(VENV)/bin/python launch.py --config=$(CONFIG) --mode=generate --prompt='def ' \
@@ -61,7 +76,7 @@ SUITE ?= noise
 PRESET ?= cpu
 SEEDS ?=
 JOBS ?= 1
-ablate: $(STAMP)
+ablate: $(STAMP) $(KJV_STAMP)
 	$(VENV)/bin/python -m experiments $(SUITE) --preset=$(PRESET) $(if $(SEEDS),--seeds=$(SEEDS)) --jobs=$(JOBS) $(ARGS)
 
 # ruff's checks and its formatter (configured in pyproject.toml); `make format` applies both fixes.
@@ -77,10 +92,10 @@ format: $(STAMP)
 # the CPU code is most of each compile and buys them nothing (pytest -16% on 2 cores from an empty
 # cache, mean of 2 runs before and 3 after, 2026-11-27, docs/testing.md). Children inherit it; the caller's XLA_FLAGS come after and win.
 TEST_XLA_FLAGS ?= --xla_backend_optimization_level=0
-test: $(STAMP)
+test: $(STAMP) $(KJV_STAMP)
 	XLA_FLAGS="$(TEST_XLA_FLAGS) $$XLA_FLAGS" $(VENV)/bin/python -m pytest -q $(PYTEST_ARGS) tests
 
-test-slow: $(STAMP)
+test-slow: $(STAMP) $(KJV_STAMP)
 	XLA_FLAGS="$(TEST_XLA_FLAGS) $$XLA_FLAGS" $(VENV)/bin/python -m pytest -q $(PYTEST_ARGS) -m slow tests
 
 # The default suite on a GPU (jax[cuda] installed: `pip install -e '.[dev,cuda]'`). GPU_PYTHON=python3

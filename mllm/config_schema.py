@@ -101,7 +101,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   add_keys(norm, NORMS)  # each norm's own keys (mllm/layers/norms.py): partial_rmsnorm's partial_p
 
   data = config.data = config_dict.ConfigDict()
-  data.source = 'stdlib'  # stdlib (this Python's standard library) | text | jsonl | parquet | hf
+  data.source = 'stdlib'  # stdlib (this Python's library) | kjv (King James Bible) | text | jsonl | parquet | hf
   data.path = placeholder(str)  # text/jsonl/parquet: a file or folder; hf: a dataset name or folder
   data.text_field = 'text'  # jsonl / parquet / hf: the column holding the text
   data.hf_config = placeholder(str)  # hf: the dataset's config name, if it has several

@@ -21,7 +21,7 @@ from mllm.ops.attention import ATTENTION_IMPLS, impls_with
 
 DTYPES = ('float32', 'bfloat16')
 DEFAULT_INIT_STD = 0.02  # configs/base.py's model.init_std
-DATA_SOURCES = ('stdlib', 'text', 'jsonl', 'parquet', 'hf')
+DATA_SOURCES = ('stdlib', 'kjv', 'text', 'jsonl', 'parquet', 'hf')
 TOKENIZERS = ('bpe', 'byte')
 SCHEDULES = ('cosine', 'linear', 'constant', 'inverse_sqrt')
 MESH_AXES = ('data', 'fsdp', 'expert', 'tensor')
@@ -239,7 +239,7 @@ def _check_cudnn_runs(m, p: str, data, gpu) -> None:
 def validate_data(config: config_dict.ConfigDict) -> None:
   d = config.data
   one_of('data.source', d.source, DATA_SOURCES, 'data source')
-  if d.source != 'stdlib' and not d.path:
+  if d.source not in ('stdlib', 'kjv') and not d.path:  # the built-in corpora find their files
     raise ConfigError(
       'data.path',
       d.path,

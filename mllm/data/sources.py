@@ -1,4 +1,5 @@
-"""Document sources: the stdlib corpus, text / jsonl / parquet files, Hugging Face datasets.
+"""Document sources: the stdlib corpus, text / jsonl / parquet files, Hugging Face datasets
+(and the King James Bible, mllm/data/bible.py).
 
 A source yields `Document(key, text)`; `key` names the document stably (a relative path, or a
 file and row index) and decides its train/val split by a hash, so the split never depends on the
@@ -363,8 +364,10 @@ def check_path(data_config) -> None:
   """Refuse a missing data.path of a local source at once, before the backend starts (a
   Hugging Face dataset's name is checked when it loads)."""
   d = data_config
-  if d.source not in ('stdlib', 'hf') and not os.path.exists(os.path.expanduser(d.path)):
+  if d.source not in ('stdlib', 'hf', 'kjv') and not os.path.exists(os.path.expanduser(d.path)):
     raise _missing(d.path)
+  if d.source == 'kjv':
+    make_source(data_config)  # finds the file or says where it looked
 
 
 def make_source(data_config) -> Source:
@@ -377,6 +380,10 @@ def make_source(data_config) -> Source:
     )
   if d.source == 'hf':
     return HFSource(d.path, d.hf_config, d.hf_split, d.text_field)
+  if d.source == 'kjv':
+    from mllm.data.bible import KJVSource  # it subclasses Source: imported here, not at the top
+
+    return KJVSource(d.path)
   path = os.path.abspath(os.path.expanduser(d.path))
   suffixes = {'text': ('.txt',), 'jsonl': ('.jsonl',), 'parquet': ('.parquet',)}[d.source]
   if os.path.isfile(path):
