@@ -39,17 +39,26 @@ def longer_copy(
 WHOLE_SPLIT = {'train.eval_batches': 0}
 
 
-def headline_copy(donor: Suite, *, name: str, description: str, seeds: int, **fields) -> Suite:
+def headline_copy(
+  donor: Suite,
+  *,
+  name: str,
+  description: str,
+  seeds: int,
+  overrides: dict | None = None,
+  **fields,
+) -> Suite:
   """Every row of `donor` over LONGER's budget as a scored table of its own: each rate tuned
   again at this budget (BUDGET_GRID around `donor`'s) on 2 tuning seeds, `seeds` paired seeds,
-  every evaluation over the whole validation split; `fields`: any other Suite field."""
+  every evaluation over the whole validation split; `overrides`: more dotted overrides for every
+  preset (another corpus); `fields`: any other Suite field."""
   every = tuple(v.name for v in donor.variants)
   return longer_copy(
     donor,
     name=name,
     description=description,
     keep=every,
-    overrides=WHOLE_SPLIT,
+    overrides={**WHOLE_SPLIT, **(overrides or {})},
     retune_lr=every,
     diagnoses_of='',
     seeds=seeds,
