@@ -85,6 +85,27 @@ MODELS = {
     {**GPT2_SMALL, 'model.ffn.kind': 'moe', 'model.moe.num_experts': 8, 'model.moe.top_k': 2},
     'the 125m shape with 8 experts top-2 in every layer (MoE)',
   ),
+  # The suites' cpu preset (experiments/suites/_presets.py) on rope_swiglu: what every CPU table
+  # trains, 2,048 tokens a step.
+  'cpu_preset': (
+    {
+      'model.d_model': 128,
+      'model.max_seq_len': 128,
+      'data.seq_len': 128,
+      'data.batch_size': 16,
+    },
+    'the suites cpu preset: d 128, 4 layers, 8 heads / 2 KV, vocab 512, 16 x 128 tokens',
+  ),
+  'cpu_preset_bf16': (
+    {
+      'model.d_model': 128,
+      'model.max_seq_len': 128,
+      'data.seq_len': 128,
+      'data.batch_size': 16,
+      'model.dtype': 'bfloat16',
+    },
+    'the cpu preset with bfloat16 compute (float32 parameters and optimizer state)',
+  ),
   'quick': (
     {
       'model.d_model': 64,
