@@ -132,7 +132,8 @@ def finished(out: str) -> list[tuple[Suite, dict]]:
 def collect(out: str) -> tuple[list[dict], list[dict]]:
   """(the scored suites' tallies under the project-wide family, the diagnosis suites: what each
   re-measures)."""
-  loaded, diagnoses = finished(out), []
+  loaded = [(s, r) for s, r in finished(out) if not s.checks_method_of]
+  diagnoses = []
   for suite, results in loaded:
     if suite.diagnoses_of:
       diagnoses.append(

@@ -75,6 +75,10 @@ class Suite:
   # listed as evidence for that suite's diagnoses in overview.md, not scored against the
   # literature a second time.
   diagnoses_of: str = ''
+  # A method check: the suite whose rows it repeats under another method (bfloat16 compute), run
+  # for run, to show the method leaves that suite's answers alone (python -m
+  # experiments.precision); it tests no paper, so overview.md leaves it out of its tallies.
+  checks_method_of: str = ''
   # Variants whose tuned rate is refined on a half-step grid over two tuning seeds (as
   # --refine_lr does), where a verdict turned on the factor-2 grid's resolution.
   refine_lr: tuple[str, ...] = ()
