@@ -13,7 +13,7 @@ import launch_server
 import pytest
 from conftest import ROOT, read_tensorboard_scalars
 
-from experiments import provenance, report
+from experiments import provenance, report, report_notes, verdicts
 from experiments.runner import config_hash, resolve, run_dir, run_one, run_suite
 from experiments.suite import BenchmarkSuite, Suite, Variant, available, load_suite
 from experiments.suites._presets import PRESETS
@@ -241,12 +241,12 @@ def test_a_run_of_other_code_is_trained_again_for_its_first_steps_and_compared(f
   checks = reproduce.read(str(tmp_path / 'demo'))
   assert len(checks) == 2
   text = report.markdown(
-    SUITE, {**relabelled, 'reproduced': checks[:1]}, report.summarize(SUITE, relabelled)
+    SUITE, {**relabelled, 'reproduced': checks[:1]}, verdicts.summarize(SUITE, relabelled)
   )
   assert 'Provenance (MIXED' in text and 'Checked: relu seed 0 of code 000000000000' in text
   assert 'logs the same train loss at steps 1-4' in text
   text = report.markdown(
-    SUITE, {**relabelled, 'reproduced': checks}, report.summarize(SUITE, relabelled)
+    SUITE, {**relabelled, 'reproduced': checks}, verdicts.summarize(SUITE, relabelled)
   )
   assert 'logs the same train loss at step 1 and drifts by 0.0500 by step 3' in text  # the latest
 
@@ -313,7 +313,7 @@ def test_finished_runs_are_skipped_and_a_changed_config_is_a_new_run(finished):
   )  # --report_only: the 6 finished runs, seed 2's three pending
   assert len(partial['runs']) == 6 and [p['seed'] for p in partial['pending']] == [2, 2, 2]
   assert 'Not run yet: 3 of 9 runs' in report.markdown(
-    SUITE, partial, report.summarize(SUITE, partial)
+    SUITE, partial, verdicts.summarize(SUITE, partial)
   )
   assert calls == [] and [r['eval_loss'] for r in again['runs']] == [
     r['eval_loss'] for r in results['runs']
@@ -323,7 +323,7 @@ def test_finished_runs_are_skipped_and_a_changed_config_is_a_new_run(finished):
   assert [r.get('wall_s') for r in again['runs']] == [r.get('wall_s') for r in results['runs']]
   assert all((r.get('wall_s', 0) > 0) != ('copied_from' in r) for r in again['runs'])
   own = [r['wall_s'] for r in again['runs'] if 'copied_from' not in r]
-  spent = report.cost(again)
+  spent = report_notes.cost(again)
   assert (spent['trained'], spent['evaluated'], spent['untimed'], spent['copied']) == (
     len(own),
     0,
@@ -332,7 +332,7 @@ def test_finished_runs_are_skipped_and_a_changed_config_is_a_new_run(finished):
   )
   assert spent['run_minutes'] == pytest.approx(sum(own) / 60)
   assert f"Cost: {len(own)} runs trained and 0 only evaluated by this suite" in report.markdown(
-    SUITE, again, report.summarize(SUITE, again)
+    SUITE, again, verdicts.summarize(SUITE, again)
   )
   a = resolve(SUITE, SUITE.variants[0], 'tiny', 0, extra)
   b = resolve(SUITE, SUITE.variants[0], 'tiny', 0, {**extra, 'train.learning_rate': 1e-3})
@@ -365,7 +365,7 @@ def test_a_failed_run_is_retried_once_then_reported(tmp_path, corpus):
   assert (
     not bad['runs'] and [f['errors'] for f in bad['failed']] == [['RuntimeError: always'] * 2] * 2
   )
-  assert 'Failed runs' in report.markdown(one, bad, report.summarize(one, bad))
+  assert 'Failed runs' in report.markdown(one, bad, verdicts.summarize(one, bad))
 
 
 @pytest.mark.xdist_group('finished')
@@ -373,7 +373,7 @@ def test_report_table_and_verdicts(finished):
   out, _, results = finished
   path = report.write(SUITE, results, out)
   text = Path(path).read_text()
-  rows = {r['variant']: r for r in report.summarize(SUITE, results)}
+  rows = {r['variant']: r for r in verdicts.summarize(SUITE, results)}
   assert rows['same']['test'].mean == pytest.approx(0.0, abs=1e-12)
   assert rows['same']['verdict'] == 'within noise'
   m = rows['relu']['m']
@@ -508,7 +508,7 @@ def test_attention_heads_variants_match_parameters_and_measure_decoding(tmp_path
   m = resolve(mqa, mqa.variants[0], 'tiny', 0).model
   assert run['kv_bytes_per_token'] == 2 * m.n_layers * 1 * (m.d_model // m.n_heads) * 4
   assert run['decode_tok_s'] > 0
-  assert 'KV bytes/token' in report.markdown(mqa, out, report.summarize(mqa, out))
+  assert 'KV bytes/token' in report.markdown(mqa, out, verdicts.summarize(mqa, out))
 
 
 def test_positions_suite_evaluates_past_the_training_context(tmp_path, corpus):
@@ -535,7 +535,7 @@ def test_positions_suite_evaluates_past_the_training_context(tmp_path, corpus):
   assert all(math.isfinite(runs['rope'][f'loss_at_{k}L']) for k in (2, 4, 8, 16))
   assert runs['rope']['loss_at_16L'] != runs['rope']['loss_at_2L']
   assert all(math.isnan(runs['learned'][f'loss_at_{k}L']) for k in (2, 4, 8, 16))
-  text = report.markdown(two, out, report.summarize(two, out))
+  text = report.markdown(two, out, verdicts.summarize(two, out))
   assert 'loss at 16L' in text
   assert 'n/a' in text
 
@@ -571,11 +571,11 @@ def test_starts_from_variants_evaluate_or_fine_tune_their_parents_parameters(tmp
   assert saved['train']['init_from'] == f"workdir:{runs['parent']['workdir']}"
   own = runs['tuned']['flops_per_token'] * runs['tuned']['tokens']
   assert runs['tuned']['train_flops'] == own + runs['parent']['train_flops']
-  text = report.markdown(suite, out, report.summarize(suite, out))
+  text = report.markdown(suite, out, verdicts.summarize(suite, out))
   assert (
     '| same-math (evaluated from parent) |' in text and '| tuned (fine-tuned from parent) |' in text
   )
-  spent = report.cost(out)  # the evaluated-only child's time counts too
+  spent = report_notes.cost(out)  # the evaluated-only child's time counts too
   assert (spent['trained'], spent['evaluated']) == (2, 1)
   assert spent['run_minutes'] == pytest.approx(sum(r['wall_s'] for r in out['runs']) / 60)
   # A changed parent changes every child's directory; an unchanged one keeps them.
@@ -729,11 +729,11 @@ def test_a_diverged_run_is_a_result_and_its_row_says_so(tmp_path, corpus):
   ]
   runs.insert(4, {**result, 'variant': 'hot', 'seed': 1, 'tokens_per_s': None})
   results = {'preset': 'tiny', 'seeds': 3, 'runs': runs, 'failed': [], 'pending': []}
-  rows = {r['variant']: r for r in report.summarize(two, results)}
+  rows = {r['variant']: r for r in verdicts.summarize(two, results)}
   assert rows['hot']['n'] == 2 and rows['hot']['mean'] == 3.5 and 'test' not in rows['hot']
   assert rows['hot']['verdict'] == 'diverged in 1 of 3 seeds'
   assert '| diverged in 1 of 3 seeds |' in report.markdown(
-    two, results, report.summarize(two, results)
+    two, results, verdicts.summarize(two, results)
   )
 
 
@@ -1062,7 +1062,7 @@ def test_a_tables_code_versions_are_grouped_by_the_checks_that_link_them():
 
 
 def test_rates_tuned_on_runs_of_another_version_are_named():
-  """report.tuned_elsewhere: tuning runs whose version is neither the table's nor linked to it by
+  """report_notes.tuned_elsewhere: tuning runs whose version is neither the table's nor linked to it by
   a same-draw check are counted by version, and the provenance line names them."""
   from experiments import provenance
 
@@ -1073,7 +1073,11 @@ def test_rates_tuned_on_runs_of_another_version_are_named():
     'tuning': {'base': {'points': [point], 'refined': {'points': [{**point, 'provenance': [b]}]}}},
   }
   linked = [{'from': c, 'under': a, 'same': True}]
-  assert report.tuned_elsewhere(results, linked) == [{'runs': 2, 'label': provenance.label(b)}]
-  assert report.tuned_elsewhere(results, linked + [{'from': b, 'under': c, 'same': True}]) == []
-  lines = report._provenance_lines({**results, 'tuned_elsewhere': [{'runs': 2, 'label': 'X'}]})
+  assert report_notes.tuned_elsewhere(results, linked) == [
+    {'runs': 2, 'label': provenance.label(b)}
+  ]
+  assert (
+    report_notes.tuned_elsewhere(results, linked + [{'from': b, 'under': c, 'same': True}]) == []
+  )
+  lines = report_notes.provenance_lines({**results, 'tuned_elsewhere': [{'runs': 2, 'label': 'X'}]})
   assert lines[0].endswith("not checked to draw as the table's do: 2 tuning runs: X.")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from test_experiments import data_overrides
 
-from experiments import provenance, report
+from experiments import provenance, report, verdicts
 from experiments.runner import resolve, run_suite
 from experiments.suite import Suite, Variant
 from experiments.suites._presets import PRESETS
@@ -132,7 +132,7 @@ def test_each_variant_is_tuned_on_its_own_seeds_then_runs_the_table_at_its_best(
     assert lrs['base', seed] == pytest.approx(tuning['base']['best_lr'])
     assert lrs['relu', seed] == pytest.approx(tuning['relu']['best_lr'])
     assert lrs['child', seed] == pytest.approx(tuning['base']['best_lr'])
-  rows = {r['variant']: r for r in report.summarize(SUITE, out)}
+  rows = {r['variant']: r for r in verdicts.summarize(SUITE, out)}
   assert rows['relu']['lr'] == pytest.approx(relu['best_lr'])
   text = report.markdown(SUITE, out, list(rows.values()))
   assert '| lr |' in text and 'tokens/param' in text and 'tuned first on seeds 1000, 1001' in text
@@ -174,7 +174,7 @@ def test_a_best_rate_still_at_the_edge_after_widening_is_flagged(tmp_path):
   base = out['tuning']['base']
   assert len(base['points']) == 6 and base['edge'] == 'low'
   assert base['best_lr'] == pytest.approx(center / 8)
-  rows = report.summarize(low, out)
+  rows = verdicts.summarize(low, out)
   assert '(lowest tried)' in report.markdown(low, out, rows)
 
 
@@ -399,7 +399,7 @@ def test_a_suite_can_take_its_rates_from_another_suites_tuning(tmp_path):
     assert rates['base', seed] == pytest.approx(grid.lr(center, -1))
     assert rates['relu', seed] == pytest.approx(grid.lr(center, 1))
   assert 'tuning' not in out and out['lr_from']['suite'] == 'donor'
-  text = report.markdown(borrower, out, report.summarize(borrower, out))
+  text = report.markdown(borrower, out, verdicts.summarize(borrower, out))
   assert "tuned rate in suite `donor`" in text
   # --no-tune_lr: every variant at its configured rate, donor or not.
   calls.clear()
@@ -460,7 +460,7 @@ def test_a_longer_suite_tunes_its_retune_lr_rows_again_around_the_borrowed_rate(
     ('relu', 0): pytest.approx(longer_best),
     ('relu', 1): pytest.approx(longer_best),
   }
-  text = report.markdown(borrower, out, report.summarize(borrower, out))
+  text = report.markdown(borrower, out, verdicts.summarize(borrower, out))
   assert f"tuned rate in suite `donor` (base {borrowed:.3g}), not tuned again" in text
   assert f"Tuned again at this suite's budget, on seeds {TUNING_SEED_BASE}" in text
   assert f'relu {borrowed:.3g} -> {longer_best:.3g} (' in text
@@ -483,7 +483,7 @@ def test_a_longer_suite_tunes_its_retune_lr_rows_again_around_the_borrowed_rate(
   tried = sorted(point['lr'] for point in out['tuning']['relu']['points'])
   assert tried == pytest.approx(sorted(BUDGET_GRID.lr(borrowed, k) for k in (-1, 0, 1, 2)))
   assert out['tuning']['relu']['edge'] == 'high'
-  text = report.markdown(narrow, out, report.summarize(narrow, out))
+  text = report.markdown(narrow, out, verdicts.summarize(narrow, out))
   assert 'widened past an edge where the best sat (up to 1 more per side)' in text
   assert f'relu {borrowed:.3g} -> {longer_best:.3g} (highest tried)' in text
 
@@ -535,7 +535,7 @@ def test_a_refinement_halves_the_grid_step_around_a_named_variants_best(tmp_path
   assert sum(c[0] == 'base' and c[1] >= TUNING_SEED_BASE for c in calls) == 5 + 5
   table = {(v, s): lr for v, s, lr in calls if s < TUNING_SEED_BASE}
   assert table['base', 0] == table['child', 0] == pytest.approx(center * 2**0.5)
-  text = report.markdown(SUITE, out, report.summarize(SUITE, out))
+  text = report.markdown(SUITE, out, verdicts.summarize(SUITE, out))
   assert 'Refined after tuning, on seeds 1000, 1001' in text
   assert f'base {center:.3g} -> {center * 2**0.5:.3g}' in text
   with pytest.raises(ValueError, match=r'--refine_lr=child .*allowed: variants this suite tunes'):

@@ -12,7 +12,7 @@ import pytest
 from test_lr_tuning import SUITE, _fake_run
 
 from experiments import __main__ as cli
-from experiments import provenance, report
+from experiments import provenance, report, verdicts
 from experiments.runner import resolve, run_suite
 from experiments.scheduler import LEDGER
 
@@ -85,13 +85,13 @@ def test_runs_of_other_code_stop_the_suite_unless_reused_and_the_report_says_so(
     reuse_other_code=True,
   )
   assert calls == [] and kept['reused_other_code'] and len(kept['runs']) == 3
-  text = report.markdown(SUITE, kept, report.summarize(SUITE, kept))
+  text = report.markdown(SUITE, kept, verdicts.summarize(SUITE, kept))
   assert 'Provenance: 3 runs: code 000000000000' in text
   assert 'continued with --reuse_other_code' in text
   # A report reads whatever finished, and names each code version it mixes.
   fresh = provenance.current()
   mixed = {**kept, 'runs': [*kept['runs'][:2], {**kept['runs'][2], 'provenance': fresh}]}
-  text = report.markdown(SUITE, mixed, report.summarize(SUITE, mixed))
+  text = report.markdown(SUITE, mixed, verdicts.summarize(SUITE, mixed))
   assert 'Provenance (MIXED' in text and f"1 runs: code {fresh['code']}" in text
 
 
