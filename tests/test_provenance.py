@@ -13,8 +13,8 @@ from test_lr_tuning import SUITE, _fake_run
 
 from experiments import __main__ as cli
 from experiments import provenance, report, verdicts
+from experiments.ledger import LEDGER
 from experiments.runner import resolve, run_suite
-from experiments.scheduler import LEDGER
 
 
 def _package(root, body: str) -> str:
