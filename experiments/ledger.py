@@ -8,14 +8,10 @@ import glob
 import json
 import os
 import time
-import typing
 
 from experiments import provenance
-from experiments.run import read_result, write_result
+from experiments.run import Job, read_result, write_result
 from experiments.run_files import RESULT
-
-if typing.TYPE_CHECKING:  # the scheduler imports this module
-  from experiments.scheduler import Job
 
 # Each suite folder keeps a ledger of its finished runs, <out>/<suite>/finished.jsonl (committed
 # with the results): a fresh clone, without the run directories, resumes a suite where it

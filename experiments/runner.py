@@ -24,8 +24,8 @@ import mllm.generation
 import mllm.train  # noqa: F401 (this and the line above: for the reason above)
 from experiments import provenance, tune_runs
 from experiments.engines import LocalPool, RayEngine, check_out_for_ray, parse_resources
-from experiments.run import config_hash, resolve, run_dir, run_one
-from experiments.scheduler import Job, run_plan
+from experiments.run import Job, config_hash, resolve, run_dir, run_one
+from experiments.scheduler import run_plan
 from experiments.suite import BenchmarkSuite, Suite, Variant
 from experiments.tuning import (
   TUNING_SEED_BASE,

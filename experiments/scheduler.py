@@ -6,7 +6,6 @@ run recorded in its suite's ledger (experiments/ledger.py).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import signal
 import threading
@@ -18,6 +17,7 @@ from tqdm import tqdm
 from experiments import ledger, provenance
 from experiments.measures import MEASURES
 from experiments.run import (
+  Job,
   adopt,
   read_result,
   same_run_elsewhere,
@@ -25,7 +25,6 @@ from experiments.run import (
   write_result,
 )
 from experiments.run_files import ERRORS_LOG, RESULT, WORKER_LOG
-from experiments.suite import Variant
 from mllm.paths import RunDir
 
 # An unfinished run whose folder changed within FRESH_S seconds is being trained by another
@@ -65,29 +64,6 @@ def _last_error(workdir: str) -> str:
     if 'Error' in line.split(':')[0] or line.split(':')[0].endswith('Exception')
   ]
   return (errors or lines or ['the worker exited without output'])[-1]
-
-
-@dataclasses.dataclass
-class Job:
-  """One run to execute: a table run (key (variant, seed)) or a tuning run (key (variant, seed,
-  k), k the learning-rate grid's exponent)."""
-
-  key: tuple
-  variant: Variant
-  seed: int
-  config: object
-  workdir: str
-  hash: str
-  parent: tuple | None = None  # the key of the run a starts_from variant begins from
-  measure: str | None = None  # a name in MEASURES
-
-  def record(self) -> dict:
-    return {
-      'variant': self.variant.name,
-      'seed': self.seed,
-      'workdir': self.workdir,
-      'hash': self.hash,
-    }
 
 
 def run_plan(

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 
-from experiments.run import config_hash, resolve
-from experiments.scheduler import Job, run_plan
+from experiments.run import Job, config_hash, resolve
+from experiments.scheduler import run_plan
 from experiments.suite import Suite, Variant
 from experiments.tuning import LrGrid, choose, refine, tuning_seeds
 

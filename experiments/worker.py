@@ -27,7 +27,7 @@ def main(workdir: str) -> int:
     job = pickle.load(f)
   measure = MEASURES[job['measure']] if job['measure'] else None
   # Which attempt this is, for whoever reads worker.log after a retry (a node lost, a kill).
-  from mllm.train.checkpoint import committed_steps
+  from mllm.paths import committed_steps
 
   saved = committed_steps(workdir)
   print(

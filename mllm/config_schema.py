@@ -13,7 +13,7 @@ Face import or export maps a checkpoint's config.json onto these defaults.
 from ml_collections import config_dict
 
 from mllm.config_keys import apply_choices
-from mllm.layers.moe import MoESettings
+from mllm.layers.moe_settings import MoESettings
 from mllm.layers.norms import NORMS
 from mllm.layers.positions import POSITIONS
 from mllm.variant_config import add_keys, section_of
@@ -85,7 +85,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   ffn.use_bias = False
 
   # Mixture of Experts, read when ffn.kind = 'moe': its keys and their docs are MoESettings
-  # (mllm/layers/moe.py): num_experts, top_k, expert_kind, expert_d_ff, num_shared_experts,
+  # (mllm/layers/moe_settings.py): num_experts, top_k, expert_kind, expert_d_ff, num_shared_experts,
   # shared_d_ff, every, first_dense_layers, router, renormalize, dispatch, capacity_factor,
   # grouped_matmul, balance_coef, balance_convention, z_loss_coef, noise, noise_alpha,
   # expert_bias, bias_update_rate, force_uniform_routing.
