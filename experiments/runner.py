@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -33,32 +34,18 @@ from experiments.tuning import (
 )
 
 
-def run_suite(
-  suite: Suite,
-  *,
-  preset: str,
-  seeds: int,
-  out: str,
-  extra: dict | None = None,
-  progress: bool = True,
-  run=run_one,
-  jobs: int = 1,
-  remeasure: bool = False,
-  tune_lr: bool = False,
-  tune_seeds: int = 1,
-  engine: str = 'local',
-  ray_address: str | None = None,
-  resources: str | None = None,
-  reuse_other_code: bool = False,
-  refine_lr: tuple[str, ...] = (),
-  refine_seeds: int = 2,
-) -> dict:
-  """{'runs': [...], 'failed': [...], 'pending': [...], 'tuning': {...}} for every (variant,
-  seed), finished ones read back. run=None runs nothing: a report of what has finished so far.
+@dataclasses.dataclass(frozen=True)
+class SuiteRun:
+  """How to run a suite (`python -m experiments`'s flags): which preset and table seeds, where,
+  whether and how to tune the learning rates first, and on what.
 
   tune_lr: first tune every variant's learning rate (experiments/tuning.py) on `tune_seeds`
   tuning seeds (1000, 1001, ...), then run the table's seeds 0..seeds-1 at each variant's best
   rate (a starts_from variant at its parent's).
+  refine_lr: after tuning, refine these variants' best rate on a half-step grid over
+  `refine_seeds` tuning seeds (experiments/tuning.py); the table runs at the refined rate. The
+  suite's own `refine_lr` rows are refined too, so a report regenerated without the flag shows
+  the same table.
   remeasure: run the suite's measure again on every finished run (e.g. decode speed, on a quiet
   machine) and update its result.json.
   jobs > 1 runs that many runs at once, each in its own process (`experiments.worker`); a
@@ -70,11 +57,32 @@ def run_suite(
   reuse_other_code: keep finished runs (this suite's, or identical ones of others) whose
   provenance (experiments/provenance.py) differs from this checkout's; without it a suite with
   such runs stops with ValueError before running anything, and other suites' are not copied.
-  refine_lr: after tuning, refine these variants' best rate on a half-step grid over
-  `refine_seeds` tuning seeds (experiments/tuning.py); the table runs at the refined rate. The
-  suite's own `refine_lr` rows are refined too, so a report regenerated without the flag shows
-  the same table.
   """
+
+  preset: str
+  seeds: int
+  out: str
+  extra: dict = dataclasses.field(default_factory=dict)  # dotted overrides for every run
+  tune_lr: bool = False
+  tune_seeds: int = 1
+  refine_lr: tuple[str, ...] = ()
+  refine_seeds: int = 2
+  jobs: int = 1
+  engine: str = 'local'
+  ray_address: str | None = None
+  resources: str | None = None
+  remeasure: bool = False
+  reuse_other_code: bool = False
+  progress: bool = True
+
+
+def run_suite(suite: Suite, how: SuiteRun, run=run_one) -> dict:
+  """{'runs': [...], 'failed': [...], 'pending': [...], 'tuning': {...}} for every (variant,
+  seed) of `suite` run as `how` says, finished ones read back. run=None runs nothing: a report of
+  what has finished so far."""
+  preset, seeds, out, jobs, engine = how.preset, how.seeds, how.out, how.jobs, how.engine
+  tune_lr, tune_seeds, refine_lr = how.tune_lr, how.tune_seeds, how.refine_lr
+  resources = how.resources
   _check_engine(jobs, engine, run)
   if engine == 'ray':
     check_out_for_ray(out)
@@ -83,13 +91,13 @@ def run_suite(
   if tune_lr:  # (a subset of the variants, --variants, keeps those it holds)
     held = [v.name for v in suite.variants if v.name in suite.refine_lr]
     refine_lr = tuple(dict.fromkeys([*held, *refine_lr]))
-  _check_refine(suite, refine_lr, refine_seeds, tune_lr)
-  extra = dict(extra or {})
+  _check_refine(suite, refine_lr, how.refine_seeds, tune_lr)
+  extra = dict(how.extra or {})
   order = [(variant, seed) for seed in range(seeds) for variant in suite.variants]
   for variant, seed in order:  # every config checked before anything runs
     resolve(suite, variant, preset, seed, extra)
   borrowed = _borrowed_rates(suite, out) if tune_lr and suite.lr_from else None
-  where = _engine(run, engine, jobs, resources, ray_address)
+  where = _engine(run, engine, jobs, resources, how.ray_address)
   try:
     return _run_suite(
       suite,
@@ -100,14 +108,14 @@ def run_suite(
       order=order,
       tune_lr=tune_lr,
       tune_seeds=tune_seeds,
-      refine=dict(refine_lr=tuple(refine_lr), refine_seeds=refine_seeds),
+      refine=dict(refine_lr=tuple(refine_lr), refine_seeds=how.refine_seeds),
       borrowed=borrowed,
       execute=dict(
         run=run,
         engine=where,
-        progress=progress,
-        remeasure=remeasure,
-        reuse_other_code=reuse_other_code,
+        progress=how.progress,
+        remeasure=how.remeasure,
+        reuse_other_code=how.reuse_other_code,
       ),
     )
   finally:
