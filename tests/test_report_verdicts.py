@@ -13,6 +13,7 @@ import statistics
 
 import numpy as np
 import pytest
+from conftest import hand_made_results
 from scipy import stats as sps
 
 from experiments import diagnosis, overview, report, report_notes, stats, verdicts
@@ -74,29 +75,7 @@ LOSSES = {  # three paired seeds each; tight differences are ±0.01 around their
 
 
 def results():
-  runs = [
-    {
-      'variant': name,
-      'seed': seed,
-      'eval_loss': loss,
-      'params': 100,
-      'active_params': 100,
-      'tokens': 1000,
-      'tokens_per_s': 1.0,
-      'learning_rate': 1e-3,
-      'train_flops': 1.0,
-    }
-    for name, losses in LOSSES.items()
-    for seed, loss in enumerate(losses)
-  ]
-  return {
-    'suite': 'verdicts',
-    'preset': 'tiny',
-    'seeds': 3,
-    'runs': runs,
-    'failed': [],
-    'pending': [],
-  }
+  return hand_made_results(LOSSES, suite='verdicts', preset='tiny', seeds=3)
 
 
 def _rows(suite=SUITE, family=None):
