@@ -108,10 +108,18 @@ class MoESettings:
 
 
 def check_moe_config(m, p: str = 'model') -> None:
-  """model.moe, read only with ffn.kind='moe' (left alone otherwise, as every variant's keys):
-  each key by its declared rule (`MoESettings`), then the rules across keys."""
+  """model.moe, read only with ffn.kind='moe' (otherwise every key at its default, as every
+  variant's keys): each key by its declared rule (`MoESettings`), then the rules across keys."""
   moe, q = m.moe, f'{p}.moe'
   if m.ffn.kind != 'moe':
+    for k in keys_of(MoESettings):
+      if moe[k.name] != k.default:
+        raise ConfigError(
+          f'{q}.{k.name}',
+          moe[k.name],
+          f"read only by {p}.ffn.kind='moe' (it is {m.ffn.kind!r}), so it would do nothing; "
+          f'allowed here: its default {k.default!r}',
+        )
     return
   check_keys(moe, q, keys_of(MoESettings))
   if not 1 <= moe.top_k <= moe.num_experts:
