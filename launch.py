@@ -26,7 +26,8 @@ from absl import app, flags, logging
 from mllm import supervisor
 from mllm.checks import ConfigError, InputError, RunFault
 from mllm.config import load_config, read_config
-from mllm.config_keys import field_info, get_path, parse_value, set_path
+from mllm.config_keys import field_info, get_path, parse_value
+from mllm.config_schema import set_key
 from mllm.paths import RunDir
 from mllm.validation import init_source
 
@@ -288,7 +289,7 @@ def build_config(overrides: list[str]):
     key, sep, value = arg[len('--config.') :].partition('=')
     if not sep:
       raise InputError(f'--config.{key}', None, 'expected --config.key=value')
-    set_path(config, key, parse_value(value, *field_info(config, key)))
+    set_key(config, key, parse_value(value, *field_info(config, key)))
     explicit[key] = get_path(config, key)
   if _MODE.value == 'import' and _HF.value:
     config.train.init_from = 'hf:' + os.path.abspath(_HF.value)

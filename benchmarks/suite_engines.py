@@ -87,7 +87,7 @@ def main(argv=None) -> None:
   import ray
 
   from experiments.engines import init_ray
-  from experiments.runner import run_suite
+  from experiments.runner import SuiteRun, run_suite
   from mllm import compile_cache
 
   compile_cache.enable()
@@ -99,13 +99,15 @@ def main(argv=None) -> None:
     start = time.perf_counter()
     results = run_suite(
       suite,
-      preset='tiny',
-      seeds=args.runs,
-      out=out,
-      extra=extra,
-      progress=False,
-      jobs=args.jobs,
-      engine=engine,
+      SuiteRun(
+        preset='tiny',
+        seeds=args.runs,
+        out=out,
+        extra=extra,
+        progress=False,
+        jobs=args.jobs,
+        engine=engine,
+      ),
     )
     wall = time.perf_counter() - start
     assert not results['failed'] and len(results['runs']) == args.runs, results['failed']

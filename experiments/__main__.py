@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from experiments import report
-from experiments.runner import run_benchmark, run_one, run_suite
+from experiments.runner import SuiteRun, run_benchmark, run_one, run_suite
 from experiments.suite import PRESETS, BenchmarkSuite, available, load_suite
 
 
@@ -55,21 +55,23 @@ def main(argv=None) -> int:
     suite = _only(suite, args.variants)
     results = run_suite(
       suite,
-      preset=args.preset,
-      extra=None if args.steps is None else _steps(args.steps),
-      seeds=suite.seeds if args.seeds is None else args.seeds,
-      out=args.out,
+      SuiteRun(
+        preset=args.preset,
+        extra=None if args.steps is None else _steps(args.steps),
+        seeds=suite.seeds if args.seeds is None else args.seeds,
+        out=args.out,
+        jobs=args.jobs,
+        remeasure=args.remeasure,
+        tune_lr=args.tune_lr,
+        tune_seeds=suite.tune_seeds if args.tune_seeds is None else args.tune_seeds,
+        engine=args.engine,
+        ray_address=args.ray_address,
+        resources=args.resources,
+        reuse_other_code=args.reuse_other_code,
+        refine_lr=tuple(args.refine_lr.split(',')) if args.refine_lr else (),
+        refine_seeds=args.refine_seeds,
+      ),
       run=None if args.report_only else run_one,
-      jobs=args.jobs,
-      remeasure=args.remeasure,
-      tune_lr=args.tune_lr,
-      tune_seeds=suite.tune_seeds if args.tune_seeds is None else args.tune_seeds,
-      engine=args.engine,
-      ray_address=args.ray_address,
-      resources=args.resources,
-      reuse_other_code=args.reuse_other_code,
-      refine_lr=tuple(args.refine_lr.split(',')) if args.refine_lr else (),
-      refine_seeds=args.refine_seeds,
     )
   except (ValueError, ConfigError) as err:
     print(f'error: {err}', file=sys.stderr)

@@ -3,9 +3,9 @@
     python -m experiments.overview [--out=experiments/results] [--reports]
 
 Reads each suite's results.json (whatever has finished) and recomputes its rows with
-report.summarize, corrected over the whole project: Bonferroni over every test of every suite at
+verdicts.summarize, corrected over the whole project: Bonferroni over every test of every suite at
 once (each suite's noise pooled over its own rows), simultaneous CIs and detectable effects at
-that family's size. Each row with a literature expectation lands in one of report.CATEGORIES.
+that family's size. Each row with a literature expectation lands in one of verdicts.CATEGORIES.
 Diagnosis suites (`Suite.diagnoses_of`) are scored like the others (a contradiction they find is
 a contradiction, counted), and also listed as the evidence they are. The README's Results
 section opens with the totals.
@@ -18,11 +18,11 @@ import json
 import os
 import sys
 
-from experiments import provenance, report
+from experiments import provenance, report, report_notes, verdicts
 from experiments.diagnosis import Evidence
 from experiments.suite import Suite, available, load_suite
 
-COLUMNS = report.CATEGORIES
+COLUMNS = verdicts.CATEGORIES
 RULES_OUT = "rules out the paper's effect"
 
 
@@ -40,21 +40,21 @@ def _known(suite: Suite, results: dict) -> dict:
   return {**results, 'runs': [r for r in results['runs'] if r['variant'] in known]}
 
 
-def project_family(loaded: list[tuple[Suite, dict]]) -> report.Family:
+def project_family(loaded: list[tuple[Suite, dict]]) -> verdicts.Family:
   """The family of every test of every suite in `loaded` together."""
-  return report.Family(
-    sum('test' in r for suite, results in loaded for r in report.measured_rows(suite, results))
+  return verdicts.Family(
+    sum('test' in r for suite, results in loaded for r in verdicts.measured_rows(suite, results))
   )
 
 
-def tally(suite: Suite, results: dict, family: report.Family | None = None, out=None) -> dict:
+def tally(suite: Suite, results: dict, family: verdicts.Family | None = None, out=None) -> dict:
   """The suite's counts per category (under `family`; default: its own table's), its rows
   that are not plain agreements, how many verdicts the project-wide adjustment changed, and how
   many code versions its runs come from."""
   results = _known(suite, results)
   evidence = Evidence(out, (suite.name, results))
-  rows = report.summarize(suite, results, evidence=evidence, family=family)
-  table_rows = report.summarize(suite, results, evidence=evidence)
+  rows = verdicts.summarize(suite, results, evidence=evidence, family=family)
+  table_rows = verdicts.summarize(suite, results, evidence=evidence)
   own = {r['variant']: r.get('verdict') for r in table_rows}
   table_counts = dict.fromkeys(COLUMNS, 0)
   for row in table_rows:
@@ -176,7 +176,10 @@ def _noise_rows(tallies: list[dict]) -> list[str]:
     if not noise:
       continue
     per_param = '' if noise['tokens_per_param'] is None else f"{noise['tokens_per_param']:.2g}"
-    if noise['tokens_per_param'] is not None and noise['tokens_per_param'] < report.EARLY_TRAINING:
+    if (
+      noise['tokens_per_param'] is not None
+      and noise['tokens_per_param'] < report_notes.EARLY_TRAINING
+    ):
       per_param += ' (early training)'
     sigma = f"{noise['sigma']:.4f} ({noise['df']})" if noise['df'] else '—'
     own = ', '.join(f'{v} (±{p:.3g}, ±{q:.3g})' for v, p, q in noise['own'])
@@ -221,7 +224,7 @@ def markdown(tallies: list[dict], diagnoses: list[dict] = ()) -> str:
   lines += [
     '',
     'What each table could see (tables under '
-    f'{report.EARLY_TRAINING:g} tokens per parameter are early training, where rankings still '
+    f'{report_notes.EARLY_TRAINING:g} tokens per parameter are early training, where rankings still '
     'move): the smallest Δ a row detects with 80% power (noncentral t) at '
     "its table's level (0.05 / its tests) and at the project's (0.05 / "
     f'{tests}), from the pooled σ; a row set apart from the pool (its own paired differences '

@@ -21,7 +21,7 @@ import os
 import statistics
 import sys
 
-from experiments import report, stats
+from experiments import stats, verdicts
 from experiments.suite import Suite, load_suite
 
 
@@ -62,7 +62,7 @@ def plan(suite: Suite, *, detect: float, out: str, noise_from: str = '', steps: 
       '(--noise_from names one whose noise stands in)'
     )
   noise_suite = load_suite(source)
-  measured = {r['variant']: r for r in report.measured_rows(noise_suite, noisy)}
+  measured = {r['variant']: r for r in verdicts.measured_rows(noise_suite, noisy)}
   tested = [r for r in measured.values() if 'test' in r]
   if not tested:
     raise ValueError(f'suite {source!r} has no paired rows to measure noise from')
@@ -88,9 +88,9 @@ def plan(suite: Suite, *, detect: float, out: str, noise_from: str = '', steps: 
         'variant': name,
         'noise': 'pooled' if pooled else 'own',
         'sigma': sigma,
-        'seen_now': stats.detectable_effect(se, df, alpha=report.ALPHA / max(m, 1)),
+        'seen_now': stats.detectable_effect(se, df, alpha=verdicts.ALPHA / max(m, 1)),
         'seeds': stats.seeds_needed(
-          detect, sigma=sigma, rows=len(names), m=max(m, 1), alpha=report.ALPHA, pooled=pooled
+          detect, sigma=sigma, rows=len(names), m=max(m, 1), alpha=verdicts.ALPHA, pooled=pooled
         ),
       }
     )

@@ -17,7 +17,7 @@ import json
 import os
 import sys
 
-from experiments import report, stats
+from experiments import stats, verdicts
 from experiments.overview import _known
 from experiments.suite import Suite, load_suite
 
@@ -50,8 +50,8 @@ def compare_results(base: Suite, base_results: dict, check: Suite, check_results
     for run in check_results['runs']
     if (key := (run['variant'], run['seed'])) in base_runs
   }
-  base_rows = {r['variant']: r for r in report.summarize(base, base_results)}
-  check_rows = {r['variant']: r for r in report.summarize(check, check_results)}
+  base_rows = {r['variant']: r for r in verdicts.summarize(base, base_results)}
+  check_rows = {r['variant']: r for r in verdicts.summarize(check, check_results)}
   tested = [v for v in check_rows if 'seed_diffs' in check_rows[v] and 'seed_diffs' in base_rows[v]]
   rows = []
   for variant in check_rows:

@@ -26,10 +26,9 @@ import subprocess
 import sys
 import tempfile
 
-from experiments import provenance
+from experiments import ledger, provenance
 from experiments.engines import pythonpath
 from experiments.run import config_hash, resolve, train_curve
-from experiments.scheduler import read_ledgers
 from experiments.suite import Suite, load_suite
 from mllm.paths import RunDir
 
@@ -232,7 +231,7 @@ def recorded(out: str) -> list[dict]:
   `out` hold from two code versions, their first three logged train losses compared (check's
   record fields, and 'suites': where each of the two ran)."""
   versions = {}  # (hash, seed) -> {version key: (suite, ledger entry)}
-  for digest, entries in read_ledgers(out).items():
+  for digest, entries in ledger.read_all(out).items():
     for entry in entries:
       if entry['result'].get('curve'):
         key = provenance.key(entry['result'].get('provenance'))

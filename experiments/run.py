@@ -5,6 +5,7 @@ A finished run of another suite with the same config is copied (`adopt`), not tr
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import hashlib
 import json
@@ -18,6 +19,29 @@ from experiments import provenance
 from experiments.run_files import ERRORS_LOG, RESULT, WORKER_LOG
 from experiments.suite import Suite, Variant
 from mllm.paths import RunDir
+
+
+@dataclasses.dataclass
+class Job:
+  """One run to execute: a table run (key (variant, seed)) or a tuning run (key (variant, seed,
+  k), k the learning-rate grid's exponent)."""
+
+  key: tuple
+  variant: Variant
+  seed: int
+  config: object
+  workdir: str
+  hash: str
+  parent: tuple | None = None  # the key of the run a starts_from variant begins from
+  measure: str | None = None  # a name in MEASURES
+
+  def record(self) -> dict:
+    return {
+      'variant': self.variant.name,
+      'seed': self.seed,
+      'workdir': self.workdir,
+      'hash': self.hash,
+    }
 
 
 def resolve(suite: Suite, variant: Variant, preset: str, seed: int, extra: dict | None = None):

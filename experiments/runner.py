@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -22,233 +23,29 @@ import os
 # processes and load one version each.
 import mllm.generation
 import mllm.train  # noqa: F401 (this and the line above: for the reason above)
-from experiments import provenance
+from experiments import provenance, tune_runs
 from experiments.engines import LocalPool, RayEngine, check_out_for_ray, parse_resources
-from experiments.run import config_hash, resolve, run_dir, run_one
-from experiments.scheduler import Job, run_plan
+from experiments.run import Job, config_hash, resolve, run_dir, run_one
+from experiments.scheduler import run_plan
 from experiments.suite import BenchmarkSuite, Suite, Variant
 from experiments.tuning import (
   TUNING_SEED_BASE,
-  LrGrid,
-  choose,
-  refine,
   tuning_seeds,
 )
 
 
-def _tuning_jobs(
-  suite: Suite, v: Variant, lr: float, seeds: list[int], key, *, preset: str, extra: dict, out: str
-) -> list[Job]:
-  """The runs of `v` at rate `lr` on `seeds`, keyed (variant, seed, key)."""
-  jobs = []
-  for seed in seeds:
-    config = resolve(suite, v, preset, seed, {**extra, 'train.learning_rate': lr})
-    digest = config_hash(config)
-    workdir = os.path.join(out, suite.name, 'runs', f'{v.name}-lr{lr:.3g}-s{seed}-{digest}')
-    jobs.append(Job((v.name, seed, key), v, seed, config, workdir, digest))
-  return jobs
-
-
-def _tune(
-  suite: Suite,
-  *,
-  preset: str,
-  extra: dict,
-  tune_seeds: int,
-  out: str,
-  refine_lr: tuple[str, ...] = (),
-  refine_seeds: int = 2,
-  centers: dict | None = None,
-  grid: LrGrid | None = None,
-  table=None,
-  **execute,
-) -> tuple[dict, dict]:
-  """Tune each tuned variant's learning rate on the tuning seeds, widening the grid past an edge
-  where the best rate sits, then refine the `refine_lr` variants' best (experiments/tuning.py):
-  ({variant: {'center', 'points', 'best_lr', 'edge', 'complete'[, 'refined']}}, {key: record}
-  of the table runs queued here that failed, each after its retry). `centers`
-  {variant: rate}: tune only these variants, each around its given rate (default: every tuned
-  variant around its configured rate); `grid`: instead of the suite's. table(rates, waiting):
-  the table's runs that can start once the variants of `rates` {variant: lr} have settled and
-  while those `waiting` still tune; queued as each settles (training), so the slots that one
-  variant's last tuning runs leave free train another's table."""
-  grid = grid or suite.lr_grid
-  tuned = [v for v in suite.variants if v.tune and not v.starts_from]
-  if centers is None:
-    centers = {v.name: resolve(suite, v, preset, 0, extra).train.learning_rate for v in tuned}
-  tuned = [v for v in tuned if v.name in centers]
-  steps = {v.name: grid.steps() for v in tuned}
-  seeds = tuning_seeds(tune_seeds)
-  training = execute['run'] is not None
-
-  def point(v: Variant, k: int) -> list[Job]:
-    lr = grid.lr(centers[v.name], k)
-    return _tuning_jobs(suite, v, lr, seeds, k, preset=preset, extra=extra, out=out)
-
-  def widens(v: Variant, k: int) -> bool:
-    """Training: always; a report of what finished (run=None): where that point finished."""
-    return training or not run_plan(point(v, k), out=out, desc='', **execute)[2]
-
-  def measured(v: Variant, finished: dict, failed: dict):
-    """(v's choice, None until each of its points has ended; its points as results.json has
-    them; whether each has ended)."""
-    losses, points, complete = {}, [], True
-    for k in sorted(steps[v.name]):
-      done = [finished[v.name, s, k] for s in seeds if (v.name, s, k) in finished]
-      complete &= all((v.name, s, k) in finished or (v.name, s, k) in failed for s in seeds)
-      if done:
-        losses[k] = [r['eval_loss'] for r in done]
-      failures = sum((v.name, s, k) in failed for s in seeds)
-      points.append(_grid_point(grid.lr(centers[v.name], k), done, failures))
-    return (choose(losses, grid) if complete else None), points, complete
-
-  queued, asked = set(), None  # the table's jobs queued; the rates it was last asked with
-  table_failed = {}
-
-  def more(finished: dict, failed: dict) -> tuple[list[Job], list[Job]]:
-    """run_plan's `more`: a variant's next point once its points have ended (first), the table
-    runs of each variant whose rate has settled (last; a refined rate settles later)."""
-    nonlocal asked
-    first, rates = [], {}
-    for v in tuned:
-      choice, _, _ = measured(v, finished, failed)
-      if choice is None:
-        continue
-      if choice.widen is not None and choice.widen not in steps[v.name]:
-        steps[v.name] = steps[v.name] + [choice.widen]
-        first += point(v, choice.widen)
-      elif choice.widen is None and choice.best is not None and v.name not in refine_lr:
-        rates[v.name] = grid.lr(centers[v.name], choice.best)
-    last = []
-    if table is not None and rates != asked:  # a variant settles once: its points stop there
-      asked = rates
-      jobs = table(rates, {v.name for v in tuned} - set(rates))
-      last = [job for job in jobs if job.key not in queued]
-      queued.update(job.key for job in last)
-    return first, last
-
-  while True:
-    plan = [job for v in tuned for k in steps[v.name] for job in point(v, k)]
-    finished, failed, _ = run_plan(
-      plan,
-      out=out,
-      desc=f'suite {suite.name}: lr tuning' + (', then the table' if table and training else ''),
-      **execute,
-      more=more if training else None,
-    )
-    table_failed.update({key: record for key, record in failed.items() if key in queued})
-    summary, grew = {}, False
-    for v in tuned:
-      choice, points, complete = measured(v, finished, failed)
-      if (
-        choice is not None
-        and choice.widen is not None
-        and choice.widen not in steps[v.name]
-        and widens(v, choice.widen)
-      ):
-        steps[v.name] = steps[v.name] + [choice.widen]
-        grew = True
-      summary[v.name] = {
-        'center': centers[v.name],
-        'points': points,
-        'complete': complete,
-        'best_lr': None
-        if choice is None or choice.best is None
-        else grid.lr(centers[v.name], choice.best),
-        'edge': None if choice is None else choice.edge,
-      }
-    if not grew:
-      break
-  for v in tuned:
-    if v.name in refine_lr and summary[v.name]['best_lr'] is not None:
-      summary[v.name]['refined'] = _refine(
-        suite,
-        v,
-        summary[v.name]['best_lr'],
-        tuning_seeds(refine_seeds),
-        preset,
-        extra,
-        out,
-        execute,
-      )
-      if summary[v.name]['refined']['best_lr'] is not None:
-        summary[v.name]['best_lr'] = summary[v.name]['refined']['best_lr']
-  return summary, table_failed
-
-
-def _grid_point(lr: float, done: list[dict], failures: int) -> dict:
-  """One tried rate as results.json records it, from the results of its finished runs."""
-  return {
-    'lr': lr,
-    'seeds': [r['seed'] for r in done],
-    'eval_loss': [r['eval_loss'] for r in done],
-    'diverged_at_step': [r.get('diverged_at_step') for r in done],
-    'wall_s': [r.get('wall_s') for r in done if not r.get('copied_from')],
-    'failed': failures,
-    'provenance': [r.get('provenance') for r in done],
-  }
-
-
-def _refine(
-  suite: Suite, v: Variant, best: float, seeds: list[int], preset, extra, out, execute
-) -> dict:
-  """Rates best / √ratio, best, best · √ratio on `seeds`: {'coarse_best_lr', 'points',
-  'best_lr' (None until every run finished), 'seeds'}."""
-  grid = suite.lr_grid
-  rates = [grid.lr(best, k) for k in (-0.5, 0, 0.5)]
-  plan = [
-    job
-    for lr in rates
-    for job in _tuning_jobs(
-      suite, v, lr, seeds, ('refine', lr), preset=preset, extra=extra, out=out
-    )
-  ]
-  finished, failed, pending = run_plan(
-    plan, out=out, desc=f'suite {suite.name}: refining {v.name}\'s rate', **execute
-  )
-  points, losses = [], {}
-  for lr in rates:
-    keys = [job.key for job in plan if job.key[2] == ('refine', lr)]
-    done = [finished[k] for k in keys if k in finished]
-    points.append(_grid_point(lr, done, sum(k in failed for k in keys)))
-    if len(done) == len(seeds):
-      losses[lr] = [r['eval_loss'] for r in done]
-  complete = len(losses) == len(rates)
-  return {
-    'coarse_best_lr': best,
-    'seeds': seeds,
-    'points': points,
-    'best_lr': refine(losses) if complete else None,
-    'pending': len(pending),
-  }
-
-
-def run_suite(
-  suite: Suite,
-  *,
-  preset: str,
-  seeds: int,
-  out: str,
-  extra: dict | None = None,
-  progress: bool = True,
-  run=run_one,
-  jobs: int = 1,
-  remeasure: bool = False,
-  tune_lr: bool = False,
-  tune_seeds: int = 1,
-  engine: str = 'local',
-  ray_address: str | None = None,
-  resources: str | None = None,
-  reuse_other_code: bool = False,
-  refine_lr: tuple[str, ...] = (),
-  refine_seeds: int = 2,
-) -> dict:
-  """{'runs': [...], 'failed': [...], 'pending': [...], 'tuning': {...}} for every (variant,
-  seed), finished ones read back. run=None runs nothing: a report of what has finished so far.
+@dataclasses.dataclass(frozen=True)
+class SuiteRun:
+  """How to run a suite (`python -m experiments`'s flags): which preset and table seeds, where,
+  whether and how to tune the learning rates first, and on what.
 
   tune_lr: first tune every variant's learning rate (experiments/tuning.py) on `tune_seeds`
   tuning seeds (1000, 1001, ...), then run the table's seeds 0..seeds-1 at each variant's best
   rate (a starts_from variant at its parent's).
+  refine_lr: after tuning, refine these variants' best rate on a half-step grid over
+  `refine_seeds` tuning seeds (experiments/tuning.py); the table runs at the refined rate. The
+  suite's own `refine_lr` rows are refined too, so a report regenerated without the flag shows
+  the same table.
   remeasure: run the suite's measure again on every finished run (e.g. decode speed, on a quiet
   machine) and update its result.json.
   jobs > 1 runs that many runs at once, each in its own process (`experiments.worker`); a
@@ -260,11 +57,32 @@ def run_suite(
   reuse_other_code: keep finished runs (this suite's, or identical ones of others) whose
   provenance (experiments/provenance.py) differs from this checkout's; without it a suite with
   such runs stops with ValueError before running anything, and other suites' are not copied.
-  refine_lr: after tuning, refine these variants' best rate on a half-step grid over
-  `refine_seeds` tuning seeds (experiments/tuning.py); the table runs at the refined rate. The
-  suite's own `refine_lr` rows are refined too, so a report regenerated without the flag shows
-  the same table.
   """
+
+  preset: str
+  seeds: int
+  out: str
+  extra: dict = dataclasses.field(default_factory=dict)  # dotted overrides for every run
+  tune_lr: bool = False
+  tune_seeds: int = 1
+  refine_lr: tuple[str, ...] = ()
+  refine_seeds: int = 2
+  jobs: int = 1
+  engine: str = 'local'
+  ray_address: str | None = None
+  resources: str | None = None
+  remeasure: bool = False
+  reuse_other_code: bool = False
+  progress: bool = True
+
+
+def run_suite(suite: Suite, how: SuiteRun, run=run_one) -> dict:
+  """{'runs': [...], 'failed': [...], 'pending': [...], 'tuning': {...}} for every (variant,
+  seed) of `suite` run as `how` says, finished ones read back. run=None runs nothing: a report of
+  what has finished so far."""
+  preset, seeds, out, jobs, engine = how.preset, how.seeds, how.out, how.jobs, how.engine
+  tune_lr, tune_seeds, refine_lr = how.tune_lr, how.tune_seeds, how.refine_lr
+  resources = how.resources
   _check_engine(jobs, engine, run)
   if engine == 'ray':
     check_out_for_ray(out)
@@ -273,13 +91,13 @@ def run_suite(
   if tune_lr:  # (a subset of the variants, --variants, keeps those it holds)
     held = [v.name for v in suite.variants if v.name in suite.refine_lr]
     refine_lr = tuple(dict.fromkeys([*held, *refine_lr]))
-  _check_refine(suite, refine_lr, refine_seeds, tune_lr)
-  extra = dict(extra or {})
+  _check_refine(suite, refine_lr, how.refine_seeds, tune_lr)
+  extra = dict(how.extra or {})
   order = [(variant, seed) for seed in range(seeds) for variant in suite.variants]
   for variant, seed in order:  # every config checked before anything runs
     resolve(suite, variant, preset, seed, extra)
   borrowed = _borrowed_rates(suite, out) if tune_lr and suite.lr_from else None
-  where = _engine(run, engine, jobs, resources, ray_address)
+  where = _engine(run, engine, jobs, resources, how.ray_address)
   try:
     return _run_suite(
       suite,
@@ -290,14 +108,14 @@ def run_suite(
       order=order,
       tune_lr=tune_lr,
       tune_seeds=tune_seeds,
-      refine=dict(refine_lr=tuple(refine_lr), refine_seeds=refine_seeds),
+      refine=dict(refine_lr=tuple(refine_lr), refine_seeds=how.refine_seeds),
       borrowed=borrowed,
       execute=dict(
         run=run,
         engine=where,
-        progress=progress,
-        remeasure=remeasure,
-        reuse_other_code=reuse_other_code,
+        progress=how.progress,
+        remeasure=how.remeasure,
+        reuse_other_code=how.reuse_other_code,
       ),
     )
   finally:
@@ -381,7 +199,7 @@ def _run_suite(
       tuned = {name: {'best_lr': lr} for name, lr in rates.items()}
       return _table_plan(suite, preset, out, extra, known, borrowed, tuned)[0]
 
-    tuning, table_failed = _tune(
+    tuning, table_failed = tune_runs.tune(
       suite,
       preset=preset,
       extra=extra,

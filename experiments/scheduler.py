@@ -1,14 +1,11 @@
 """Run a plan of jobs: finished runs read back, identical ones copied, the rest run here or on an
-engine (experiments/engines.py) as their parents allow, a failed run retried once; each suite's
-ledger (finished.jsonl) of finished runs, which restores them where their run directories are gone.
+engine (experiments/engines.py) as their parents allow, a failed run retried once; each finished
+run recorded in its suite's ledger (experiments/ledger.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import glob
-import json
 import os
 import signal
 import threading
@@ -17,9 +14,10 @@ import traceback
 
 from tqdm import tqdm
 
-from experiments import provenance
+from experiments import ledger, provenance
 from experiments.measures import MEASURES
 from experiments.run import (
+  Job,
   adopt,
   read_result,
   same_run_elsewhere,
@@ -27,7 +25,6 @@ from experiments.run import (
   write_result,
 )
 from experiments.run_files import ERRORS_LOG, RESULT, WORKER_LOG
-from experiments.suite import Variant
 from mllm.paths import RunDir
 
 # An unfinished run whose folder changed within FRESH_S seconds is being trained by another
@@ -69,29 +66,6 @@ def _last_error(workdir: str) -> str:
   return (errors or lines or ['the worker exited without output'])[-1]
 
 
-@dataclasses.dataclass
-class Job:
-  """One run to execute: a table run (key (variant, seed)) or a tuning run (key (variant, seed,
-  k), k the learning-rate grid's exponent)."""
-
-  key: tuple
-  variant: Variant
-  seed: int
-  config: object
-  workdir: str
-  hash: str
-  parent: tuple | None = None  # the key of the run a starts_from variant begins from
-  measure: str | None = None  # a name in MEASURES
-
-  def record(self) -> dict:
-    return {
-      'variant': self.variant.name,
-      'seed': self.seed,
-      'workdir': self.workdir,
-      'hash': self.hash,
-    }
-
-
 def run_plan(
   plan: list[Job],
   *,
@@ -127,7 +101,7 @@ def run_plan(
   def admit(jobs: list[Job]) -> list[Job]:
     """Read back the finished jobs of `jobs` (restored from a ledger, if one has them); the
     others: those to run (none where nothing runs: pending)."""
-    _restore_from_ledgers(jobs, out, elsewhere)
+    ledger.restore(jobs, out, elsewhere)
     todo, waiting = _read_back(jobs, finished, run, remeasure)
     _refuse_other_code(jobs, finished, accept)
     pending.extend(waiting)
@@ -350,7 +324,7 @@ class _Runs:
     """Record `job` as finished (in its suite's ledger too) or as failed with its errors."""
     if result is not None:
       self.finished[job.key] = {**job.record(), **result}
-      _append_ledger(job, result)
+      ledger.append(job, result)
     else:
       self.failed[job.key] = {**job.record(), 'errors': errors}
       self.bar.write(f'run {job.variant.name} seed {job.seed} failed: {errors[-1]}')
@@ -373,105 +347,3 @@ def _run_here(job: Job, run, kwargs, progress, done) -> None:
       with open(os.path.join(job.workdir, ERRORS_LOG), 'a') as f:
         f.write(traceback.format_exc() + '\n')
   done(job, errors=errors)
-
-
-# Each suite folder keeps a ledger of its finished runs, <out>/<suite>/finished.jsonl (committed
-# with the results): a fresh clone, without the run directories, resumes a suite where it
-# stopped instead of training its finished runs again.
-LEDGER = 'finished.jsonl'
-
-
-def _append_ledger(job: Job, result: dict) -> None:
-  suite_folder = os.path.dirname(os.path.dirname(job.workdir))
-  with open(os.path.join(suite_folder, LEDGER), 'a') as f:
-    f.write(
-      json.dumps(
-        {'hash': job.hash, 'seed': job.seed, 'run': os.path.basename(job.workdir), 'result': result}
-      )
-      + '\n'
-    )
-
-
-def read_ledgers(out: str) -> dict:
-  """{hash: [entry, ...]} of every suite's ledger under `out`, each with its suite folder."""
-  entries = {}
-  for path in sorted(glob.glob(os.path.join(out, '*', LEDGER))):
-    with open(path) as f:
-      for line in f:
-        if line.strip():
-          entry = json.loads(line)
-          entries.setdefault(entry['hash'], []).append(
-            {**entry, 'suite_folder': os.path.dirname(path)}
-          )
-  return entries
-
-
-def _stale(job: Job, entries: list[dict]) -> bool:
-  """Whether `job`'s folder holds a result its own suite's ledger does not record: it matches none
-  of the ledger's entries for that run (loss and provenance) and is older than the ledger, which
-  changed since (another checkout's runs merged in after this folder's run was dropped from it).
-  A result newer than the ledger is a run that finished and is about to be recorded."""
-  mine = [
-    e['result'] for e in entries if os.path.abspath(_folder(e)) == os.path.abspath(job.workdir)
-  ]
-  path = os.path.join(job.workdir, RESULT)
-  if not mine or not os.path.exists(path):
-    return False
-  ledger = os.path.join(os.path.dirname(os.path.dirname(job.workdir)), LEDGER)
-  if os.path.getmtime(path) >= os.path.getmtime(ledger):
-    return False
-  local = read_result(job.workdir)
-  return not any(_same_record(local, r) for r in mine)
-
-
-def _same_record(a: dict, b: dict) -> bool:
-  """The same eval loss (NaN equals NaN) and, where both recorded one, the same computation (a
-  ledger line may carry only the commit that added it where the folder's result has nothing)."""
-  ours, theirs = a.get('provenance') or {}, b.get('provenance') or {}
-  return json.dumps(a.get('eval_loss')) == json.dumps(b.get('eval_loss')) and (
-    not ours.get('code') or not theirs.get('code') or provenance.key(ours) == provenance.key(theirs)
-  )
-
-
-def _folder(entry: dict) -> str:
-  return os.path.join(entry['suite_folder'], 'runs', entry['run'])
-
-
-def _restore_from_ledgers(plan: list[Job], out: str, accept) -> None:
-  """Give every unfinished job of `plan` that a ledger records its result.json back (without
-  checkpoints), unless a child of it still has to run and needs its parameters. Its own suite's
-  record wins (its latest); another suite's stands in only for a job without a measure, since
-  that suite did not measure it (such a run is copied with its checkpoint and measured, or
-  trained again), and only where `accept` takes its result (the same code)."""
-  ledger = read_ledgers(out)
-
-  def record(job) -> dict | None:
-    entries = ledger.get(job.hash, [])
-    own = os.path.abspath(os.path.dirname(os.path.dirname(job.workdir)))
-    mine = [e for e in entries if os.path.abspath(e['suite_folder']) == own]
-    if mine:
-      return mine[-1]
-    others = [e for e in entries if accept(e['result'])]
-    return others[-1] if others and job.measure is None else None
-
-  for job in plan:  # a stale folder is set aside; its ledger record stands in, as in a clone
-    if _stale(job, ledger.get(job.hash, [])):
-      os.rename(job.workdir, f'{job.workdir}.stale-{int(time.time())}')
-  found = {
-    job.key: record(job) for job in plan if not os.path.exists(os.path.join(job.workdir, RESULT))
-  }
-  restorable = {key for key, entry in found.items() if entry is not None}
-  for job in plan:
-    if job.parent in restorable and job.key not in restorable and job.key in found:
-      restorable.discard(job.parent)
-  for job in plan:
-    if job.key not in restorable:
-      continue
-    entry = found[job.key]
-    result = dict(entry['result'])
-    if os.path.abspath(entry['suite_folder']) != os.path.abspath(
-      os.path.dirname(os.path.dirname(job.workdir))
-    ):
-      result['copied_from'] = _folder(entry)
-    os.makedirs(job.workdir, exist_ok=True)
-    write_result(job.workdir, result)

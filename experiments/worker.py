@@ -1,6 +1,6 @@
 """One run of a suite in a process of its own: `python -m experiments.worker WORKDIR`.
 
-`run_suite(..., jobs=N)` writes WORKDIR/job.pkl (the resolved config, the measure's name, the
+`run_suite(suite, SuiteRun(..., jobs=N))` writes WORKDIR/job.pkl (the resolved config, the measure's name, the
 parent run of a starts_from variant) and starts this; it writes WORKDIR/result.json as run_one does.
 """
 
@@ -27,7 +27,7 @@ def main(workdir: str) -> int:
     job = pickle.load(f)
   measure = MEASURES[job['measure']] if job['measure'] else None
   # Which attempt this is, for whoever reads worker.log after a retry (a node lost, a kill).
-  from mllm.train.checkpoint import committed_steps
+  from mllm.paths import committed_steps
 
   saved = committed_steps(workdir)
   print(

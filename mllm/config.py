@@ -24,8 +24,8 @@ from mllm.checks import ConfigError, first_line
 from mllm.config_keys import (
   flatten,
   join_choices,  # noqa: F401 - configs/*.py (and users' own configs) import it from here
-  set_path,
 )
+from mllm.config_schema import set_key
 from mllm.validation import validate
 
 # --------------------------------------------------------------------------------------------
@@ -109,7 +109,7 @@ def load_config(
   once, locked, and remembered as validated (`is_validated`)."""
   config = read_config(source) if isinstance(source, str) else source
   for key, value in (overrides or {}).items():
-    set_path(config, key, value)
+    set_key(config, key, value)
   validate(config)
   config.lock()
   for part in (config, config.model):

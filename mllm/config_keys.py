@@ -4,7 +4,7 @@ choice strings of `--config=configs/base.py:pos=alibi,ffn=geglu`."""
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ml_collections import config_dict
@@ -143,12 +143,20 @@ def join_choices(*args: str | None) -> str:
   return ','.join(a for a in args if a)
 
 
-def apply_choices(config: config_dict.ConfigDict, arg: str | None) -> config_dict.ConfigDict:
-  """Apply `--config=path:arg` choices such as 'pos=alibi,ffn=geglu,n_layers=2'."""
+def apply_choices(
+  config: config_dict.ConfigDict,
+  arg: str | None,
+  after_set: Callable[[config_dict.ConfigDict, str], None] | None = None,
+) -> config_dict.ConfigDict:
+  """Apply `--config=path:arg` choices such as 'pos=alibi,ffn=geglu,n_layers=2', in order;
+  `after_set(config, path)` runs after each (the schema resets the keys a newly chosen variant
+  does not read)."""
   for item in filter(None, (s.strip() for s in (arg or '').split(','))):
     key, sep, text = item.partition('=')
     if not sep:
       raise ConfigError('config arg', item, 'expected key=value pairs, e.g. pos=alibi,ffn=geglu')
     path = resolve_choice_key(config, key.strip(), parse_value(text))
     set_path(config, path, parse_value(text, *field_info(config, path)))
+    if after_set is not None:
+      after_set(config, path)
   return config

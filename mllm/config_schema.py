@@ -12,11 +12,12 @@ Face import or export maps a checkpoint's config.json onto these defaults.
 
 from ml_collections import config_dict
 
-from mllm.config_keys import apply_choices
-from mllm.layers.moe import MoESettings
+from mllm.config_keys import apply_choices, set_path
+from mllm.layers.moe_settings import MoESettings
 from mllm.layers.norms import NORMS
 from mllm.layers.positions import POSITIONS
-from mllm.variant_config import add_keys, section_of
+from mllm.layers.rope import ROPE_SCALINGS
+from mllm.variant_config import add_keys, keys_of, reset_unread, section_of
 
 placeholder = config_dict.placeholder
 
@@ -85,7 +86,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   ffn.use_bias = False
 
   # Mixture of Experts, read when ffn.kind = 'moe': its keys and their docs are MoESettings
-  # (mllm/layers/moe.py): num_experts, top_k, expert_kind, expert_d_ff, num_shared_experts,
+  # (mllm/layers/moe_settings.py): num_experts, top_k, expert_kind, expert_d_ff, num_shared_experts,
   # shared_d_ff, every, first_dense_layers, router, renormalize, dispatch, capacity_factor,
   # grouped_matmul, balance_coef, balance_convention, z_loss_coef, noise, noise_alpha,
   # expert_bias, bias_update_rate, force_uniform_routing.
@@ -151,4 +152,29 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
 
   # -1: all devices left; expert shards MoE experts (and splits the batch like data)
   config.mesh = config_dict.ConfigDict(dict(data=-1, fsdp=1, expert=1, tensor=1))
-  return apply_choices(config, arg)
+  return apply_choices(config, arg, after_set=reset_replaced)
+
+
+def reset_replaced(config: config_dict.ConfigDict, path: str) -> None:
+  """Choosing a variant ('pos=alibi', 'rope_scaling=none', 'norm=layernorm', 'ffn=swiglu') resets the keys it does not
+  read, so another variant's settings made earlier in the choices (a named config's own) do not
+  follow into the ablation: configs/qwen3_like.py:pos=alibi drops Qwen3's RoPE θ."""
+  m = config.model
+  if path == 'model.position.kind':
+    reset_unread(m.position, 'kind', POSITIONS)
+  elif path == 'model.position.rope_scaling':
+    reset_unread(m.position, 'rope_scaling', ROPE_SCALINGS)
+  elif path == 'model.norm.kind':
+    reset_unread(m.norm, 'kind', NORMS)
+  elif path == 'model.ffn.kind' and m.ffn.kind != 'moe':
+    with m.moe.unlocked():
+      for k in keys_of(MoESettings):
+        m.moe[k.name] = k.default
+
+
+def set_key(config: config_dict.ConfigDict, path: str, value) -> None:
+  """config[path] = value, then the keys of a variant it replaced reset (`reset_replaced`): how a
+  `--config.KEY=VALUE` flag, a suite's override and a Hugging Face import set a key, as a choice
+  does."""
+  set_path(config, path, value)
+  reset_replaced(config, path)

@@ -96,3 +96,26 @@ def existing_dir(key: str, path: str, what: str) -> str:
   if not os.path.isdir(path):
     raise input_error(key, path, f'is a file; allowed: {what}')
   return path
+
+
+# A checkpoint step's folder (checkpoints/<step>/), as Orbax commits it: both markers are written
+# into the tmp folder before its commit rename (AtomicRenameTemporaryPath).
+COMMIT_MARKERS = ('_CHECKPOINT_METADATA', 'commit_success.txt')
+
+
+DELETING = '.deleting'
+
+
+TMP_MARKER = '.orbax-checkpoint-tmp'
+
+
+def is_committed(path: str) -> bool:
+  return any(os.path.exists(os.path.join(path, m)) for m in COMMIT_MARKERS)
+
+
+def committed_steps(workdir: str) -> list[int]:
+  """The steps a run in `workdir` has fully saved (what a restart resumes from), read from the
+  folder names and commit markers without starting Orbax."""
+  directory = RunDir(workdir).checkpoints
+  names = os.listdir(directory) if os.path.isdir(directory) else []
+  return sorted(int(n) for n in names if n.isdigit() and is_committed(os.path.join(directory, n)))

@@ -31,6 +31,8 @@ import subprocess
 import sys
 import time
 
+from mllm.paths import committed_steps
+
 CHILD_FD = 'MLLM_SUPERVISOR_FD'  # set in the child: the pipe to its supervisor
 GRACE_S = 0.3  # how long a signal the child may have got directly waits before it is forwarded
 STOPS = (signal.SIGTERM, signal.SIGINT)
@@ -156,8 +158,6 @@ def lost_the_job(process: int | None, count: int | None, workdir: str | None, re
   who = 'this process' if process is None else f'process {process} of {count}'
   last = 'no checkpoint is committed yet'
   if workdir:
-    from mllm.train.checkpoint import committed_steps  # only now: it imports Orbax
-
     steps = committed_steps(workdir)
     if steps:
       last = f'the last committed checkpoint in {workdir} is step {steps[-1]}'

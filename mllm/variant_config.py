@@ -12,11 +12,10 @@ As in Levanter's per-variant config classes, but flattened into the variant fami
 section (`model.position.t5_num_buckets`), so the keys, `--config.KEY=VALUE`, the `pos=...` choices
 and every committed config hash stay what they were. The schema (config_schema.py) adds every
 registered variant's keys to its section; validation checks the chosen variant's keys by their
-declared rules. The keys of variants not chosen are neither checked nor refused, so a named config
-that sets `rope_theta` can still be ablated with `pos=alibi`; but a key whose values choose a
-variant of another registry (RoPE's `rope_scaling`, `choices=`) is refused off its default where
-nothing reads it, since the variant it asks for would silently not run. The chosen one's keys are
-checked too.
+declared rules and refuses, in one line naming the chosen variant's keys, a key of another
+variant set off its default: it would silently do nothing. Choosing a variant by its short choice
+(`pos=alibi`, applied in order with a named config's own) resets the keys the new variant does
+not read (`reset_unread`), so `configs/qwen3_like.py:pos=alibi` drops Qwen3's RoPE θ.
 """
 
 from __future__ import annotations
@@ -178,23 +177,37 @@ def check_keys(section, prefix: str, keys) -> None:
 def check_variant_keys(
   section, prefix: str, kind_key: str, registry: Mapping[str, Any], what: str
 ) -> None:
-  """`section[kind_key]` is a registered variant; its keys pass their rules; a choice key that
-  only other variants read is at its default."""
+  """`section[kind_key]` is a registered variant; its keys pass their rules; a key that only
+  other variants read is at its default."""
   kind = section[kind_key]
   one_of(f'{prefix}.{kind_key}', kind, registry, what)
   active = active_keys(registry[kind], section)
   check_keys(section, prefix, active)
   read = {k.name for k in active}
   for k in all_keys(registry).values():
-    if k.choices is not None and k.name not in read and section[k.name] != k.default:
+    if k.name not in read and section[k.name] != k.default:
       chooser, names = _readers(registry, k.name, kind_key)
+      reads = ', '.join(sorted(read)) or 'none of its own'
       raise ConfigError(
         f'{prefix}.{k.name}',
         section[k.name],
         f'read only by {prefix}.{chooser}='
         + ' or '.join(repr(n) for n in names)
-        + f' (it is {section[chooser]!r}); allowed here: its default {k.default!r}',
+        + f' (it is {section[chooser]!r}), so it would do nothing; allowed here: its default '
+        f'{k.default!r}; {prefix}.{kind_key}={kind!r} reads: {reads}',
       )
+
+
+def reset_unread(section, kind_key: str, registry: Mapping[str, Any]) -> None:
+  """Set every key of `registry`'s variants that the chosen one does not read to its default (an
+  unknown variant is left for validation to name)."""
+  if section[kind_key] not in registry:
+    return
+  read = {k.name for k in active_keys(registry[section[kind_key]], section)}
+  with section.unlocked():
+    for k in all_keys(registry).values():
+      if k.name not in read:
+        section[k.name] = k.default
 
 
 def _readers(registry: Mapping[str, Any], name: str, kind_key: str) -> tuple[str, list[str]]:

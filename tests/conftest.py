@@ -250,3 +250,24 @@ def read_tensorboard_scalars(directory: str) -> dict[str, list[tuple[int, float]
         if value.HasField('simple_value'):
           scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
   return scalars
+
+
+def hand_made_results(losses: dict[str, list[float]], **fields) -> dict:
+  """A suite's results.json from {variant: [eval loss of seed 0, 1, ...]}: the report's and the
+  statistics' tests, with no training."""
+  runs = [
+    {
+      'variant': name,
+      'seed': seed,
+      'eval_loss': loss,
+      'params': 100,
+      'active_params': 100,
+      'tokens': 1000,
+      'tokens_per_s': 1.0,
+      'learning_rate': 1e-3,
+      'train_flops': 1.0,
+    }
+    for name, values in losses.items()
+    for seed, loss in enumerate(values)
+  ]
+  return {'runs': runs, 'failed': [], 'pending': [], **fields}

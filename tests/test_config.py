@@ -342,7 +342,8 @@ def test_every_norm_and_placement_is_accepted(kind, placement):
 
 @pytest.mark.parametrize('scaling', list(ROPE_SCALINGS))
 def test_every_rope_scaling_is_accepted(scaling):
-  cfg = load('base', 'rope_scaling_factor=2.0', {'model.position.rope_scaling': scaling})
+  factor = {} if scaling == 'none' else {'model.position.rope_scaling_factor': 2.0}
+  cfg = load('base', overrides={'model.position.rope_scaling': scaling, **factor})
   assert cfg.model.position.rope_scaling == scaling
   if scaling != 'none':  # see test_none_named_variant_via_choice
     cfg = load('base', f'rope_scaling={scaling},rope_scaling_factor=2.0')
@@ -438,17 +439,49 @@ def test_a_choice_only_other_variants_read_must_stay_at_its_default():
 
 
 @pytest.mark.parametrize(
-  'arg',
+  'arg,key,value,reader',
   [
-    'pos=alibi,rope_theta=5e5',  # a named config's RoPE base, ablated to ALiBi
-    'pos=rope,t5_num_buckets=1',  # unused, so not range-checked
-    'rope_scaling_factor=0.5',
-    'rope_scaling=linear,rope_scaling_factor=2.0,yarn_beta_slow=40.0',
-    'norm=rmsnorm,partial_p=1.5',
+    ('pos=alibi,rope_theta=5e5', 'rope_theta', 5e5, "kind='rope'"),
+    ('pos=rope,t5_num_buckets=1', 't5_num_buckets', 1, "kind='t5'"),
+    ('pos=rope,t5_max_distance=1', 't5_max_distance', 1, "kind='t5'"),
+    ('rope_scaling_factor=0.5', 'rope_scaling_factor', 0.5, "rope_scaling='linear' or"),
+    (
+      'rope_scaling=linear,rope_scaling_factor=2.0,yarn_beta_slow=40.0',
+      'yarn_beta_slow',
+      40.0,
+      "rope_scaling='yarn'",
+    ),
   ],
 )
-def test_keys_of_variants_not_chosen_are_left_alone(arg):
-  load('base', arg)
+def test_a_key_of_a_variant_not_chosen_is_refused_naming_the_chosen_ones(arg, key, value, reader):
+  """A key another variant reads would do nothing: one line naming it, its reader, and the keys
+  the chosen variant reads."""
+  err = raises_config_error(load, 'base', arg)
+  check_error(err, f'model.position.{key}', value, [f'read only by model.position.{reader}'])
+  assert 'reads: ' in str(err)
+
+
+def test_a_norm_key_and_an_moe_key_off_their_variant_are_refused():
+  err = raises_config_error(load, 'base', 'norm=rmsnorm,partial_p=0.5')
+  check_error(err, 'model.norm.partial_p', 0.5, ["read only by model.norm.kind='partial_rmsnorm'"])
+  err = raises_config_error(load, 'base', overrides={'model.moe.num_experts': 4})
+  check_error(err, 'model.moe.num_experts', 4, ["read only by model.ffn.kind='moe'"])
+
+
+def test_choosing_a_variant_resets_the_keys_of_the_one_it_replaces():
+  """A named config's settings of one variant do not follow into an ablation of it: the choice
+  resets them (Qwen3's RoPE θ with pos=alibi; a T5 setting once pos moves on; Mixtral's experts
+  with ffn=swiglu), while keys set after the choice stay and are checked."""
+  qwen = load('qwen3_like')
+  assert qwen.model.position.rope_theta == 1e6
+  ablated = load('qwen3_like', 'pos=alibi')
+  assert ablated.model.position.kind == 'alibi'
+  assert ablated.model.position.rope_theta == load('base').model.position.rope_theta
+  assert load('base', 'pos=t5,t5_num_buckets=8,pos=rope').model.position.t5_num_buckets == 32
+  scaled = load('base', 'rope_scaling=yarn,rope_scaling_factor=4.0,rope_scaling=none')
+  assert scaled.model.position.rope_scaling_factor == 1.0
+  dense = load('mixtral_like', 'ffn=swiglu')
+  assert dense.model.moe.num_experts == load('base').model.moe.num_experts
 
 
 def test_rope_scaling_factor_one_is_accepted():
@@ -568,10 +601,6 @@ def test_t5_max_distance_must_exceed_exact_buckets(max_distance):
 
 def test_t5_max_distance_just_above_exact_buckets_is_accepted():
   assert load('base', 'pos=t5,t5_max_distance=17').model.position.t5_max_distance == 17
-
-
-def test_t5_max_distance_is_free_for_other_positions():
-  assert load('base', 'pos=rope,t5_max_distance=1').model.position.t5_max_distance == 1
 
 
 @pytest.mark.parametrize('buckets', [1, 0])

@@ -13,8 +13,8 @@ import launch_server
 import pytest
 from conftest import ROOT, read_tensorboard_scalars
 
-from experiments import provenance, report
-from experiments.runner import config_hash, resolve, run_dir, run_one, run_suite
+from experiments import provenance, report, report_notes, verdicts
+from experiments.runner import SuiteRun, config_hash, resolve, run_dir, run_one, run_suite
 from experiments.suite import BenchmarkSuite, Suite, Variant, available, load_suite
 from experiments.suites._presets import PRESETS
 
@@ -52,7 +52,7 @@ def finished(corpus, tmp_path_factory):
 
   killed = resolve(SUITE, SUITE.variants[1], 'tiny', 0, extra)
   train(killed, run_dir(out, SUITE, SUITE.variants[1], killed), stop_after=3, progress=False)
-  results = run_suite(SUITE, preset='tiny', seeds=2, out=out, extra=extra, progress=False)
+  results = run_suite(SUITE, SuiteRun(preset='tiny', seeds=2, out=out, extra=extra, progress=False))
   return out, extra, results
 
 
@@ -99,7 +99,7 @@ def test_runs_in_worker_processes_give_the_same_numbers(finished, tmp_path):
   _, extra, results = finished
   two = Suite('demo', 'x', 'configs/base.py', (SUITE.variants[0], SUITE.variants[2]), PRESETS)
   out = run_suite(
-    two, preset='tiny', seeds=1, out=str(tmp_path), extra=extra, progress=False, jobs=2
+    two, SuiteRun(preset='tiny', seeds=1, out=str(tmp_path), extra=extra, progress=False, jobs=2)
   )
   serial = {(r['variant'], r['seed']): r['eval_loss'] for r in results['runs']}
   assert not out['failed'] and [(r['variant'], r['eval_loss']) for r in out['runs']] == [
@@ -121,13 +121,9 @@ def test_ray_tasks_give_the_same_results_as_this_process_and_the_pool(finished, 
   two = Suite('demo', 'x', 'configs/base.py', (SUITE.variants[0], SUITE.variants[2]), PRESETS)
   out = run_suite(
     two,
-    preset='tiny',
-    seeds=1,
-    out=str(tmp_path),
-    extra=extra,
-    progress=False,
-    jobs=2,
-    engine='ray',
+    SuiteRun(
+      preset='tiny', seeds=1, out=str(tmp_path), extra=extra, progress=False, jobs=2, engine='ray'
+    ),
   )
   serial = {(r['variant'], r['seed']): r for r in results['runs']}
   assert not out['failed'] and len(out['runs']) == 2
@@ -178,7 +174,7 @@ def test_a_killed_ray_worker_is_retried_and_its_run_resumes(corpus, tmp_path):
   killer.start()
   try:
     results = run_suite(
-      one, preset='tiny', seeds=1, out=out, extra=extra, progress=False, engine='ray'
+      one, SuiteRun(preset='tiny', seeds=1, out=out, extra=extra, progress=False, engine='ray')
     )
   finally:
     killed.append(None)  # stops the thread if the suite raised
@@ -241,12 +237,12 @@ def test_a_run_of_other_code_is_trained_again_for_its_first_steps_and_compared(f
   checks = reproduce.read(str(tmp_path / 'demo'))
   assert len(checks) == 2
   text = report.markdown(
-    SUITE, {**relabelled, 'reproduced': checks[:1]}, report.summarize(SUITE, relabelled)
+    SUITE, {**relabelled, 'reproduced': checks[:1]}, verdicts.summarize(SUITE, relabelled)
   )
   assert 'Provenance (MIXED' in text and 'Checked: relu seed 0 of code 000000000000' in text
   assert 'logs the same train loss at steps 1-4' in text
   text = report.markdown(
-    SUITE, {**relabelled, 'reproduced': checks}, report.summarize(SUITE, relabelled)
+    SUITE, {**relabelled, 'reproduced': checks}, verdicts.summarize(SUITE, relabelled)
   )
   assert 'logs the same train loss at step 1 and drifts by 0.0500 by step 3' in text  # the latest
 
@@ -277,7 +273,9 @@ def test_a_run_is_trained_again_under_a_commits_code_in_a_worktree(tmp_path, cor
   before = worktrees()
   noise = load_suite('noise')
   extra = data_overrides(corpus, str(tmp_path / 'cache'))
-  results = run_suite(noise, preset='tiny', seeds=1, out=str(tmp_path), extra=extra, progress=False)
+  results = run_suite(
+    noise, SuiteRun(preset='tiny', seeds=1, out=str(tmp_path), extra=extra, progress=False)
+  )
   older = {'ledger_commit': '0123abcd (2026-11-25 00:00 UTC)'}
   relabelled = {**results, 'runs': [{**r, 'provenance': older} for r in results['runs']]}
   (record,) = reproduce.check(
@@ -301,19 +299,15 @@ def test_finished_runs_are_skipped_and_a_changed_config_is_a_new_run(finished):
   calls = []
   again = run_suite(
     SUITE,
-    preset='tiny',
-    seeds=2,
-    out=out,
-    extra=extra,
-    progress=False,
+    SuiteRun(preset='tiny', seeds=2, out=out, extra=extra, progress=False),
     run=lambda *a, **k: calls.append(a),
   )
   partial = run_suite(
-    SUITE, preset='tiny', seeds=3, out=out, extra=extra, progress=False, run=None
+    SUITE, SuiteRun(preset='tiny', seeds=3, out=out, extra=extra, progress=False), run=None
   )  # --report_only: the 6 finished runs, seed 2's three pending
   assert len(partial['runs']) == 6 and [p['seed'] for p in partial['pending']] == [2, 2, 2]
   assert 'Not run yet: 3 of 9 runs' in report.markdown(
-    SUITE, partial, report.summarize(SUITE, partial)
+    SUITE, partial, verdicts.summarize(SUITE, partial)
   )
   assert calls == [] and [r['eval_loss'] for r in again['runs']] == [
     r['eval_loss'] for r in results['runs']
@@ -323,7 +317,7 @@ def test_finished_runs_are_skipped_and_a_changed_config_is_a_new_run(finished):
   assert [r.get('wall_s') for r in again['runs']] == [r.get('wall_s') for r in results['runs']]
   assert all((r.get('wall_s', 0) > 0) != ('copied_from' in r) for r in again['runs'])
   own = [r['wall_s'] for r in again['runs'] if 'copied_from' not in r]
-  spent = report.cost(again)
+  spent = report_notes.cost(again)
   assert (spent['trained'], spent['evaluated'], spent['untimed'], spent['copied']) == (
     len(own),
     0,
@@ -332,7 +326,7 @@ def test_finished_runs_are_skipped_and_a_changed_config_is_a_new_run(finished):
   )
   assert spent['run_minutes'] == pytest.approx(sum(own) / 60)
   assert f"Cost: {len(own)} runs trained and 0 only evaluated by this suite" in report.markdown(
-    SUITE, again, report.summarize(SUITE, again)
+    SUITE, again, verdicts.summarize(SUITE, again)
   )
   a = resolve(SUITE, SUITE.variants[0], 'tiny', 0, extra)
   b = resolve(SUITE, SUITE.variants[0], 'tiny', 0, {**extra, 'train.learning_rate': 1e-3})
@@ -352,7 +346,7 @@ def test_a_failed_run_is_retried_once_then_reported(tmp_path, corpus):
 
   one = Suite('one', 'x', 'configs/base.py', (Variant('base'),), PRESETS)
   ok = run_suite(
-    one, preset='tiny', seeds=1, out=str(tmp_path), extra=extra, progress=False, run=flaky
+    one, SuiteRun(preset='tiny', seeds=1, out=str(tmp_path), extra=extra, progress=False), run=flaky
   )
   assert len(attempts) == 2 and len(ok['runs']) == 1 and not ok['failed']
 
@@ -360,12 +354,14 @@ def test_a_failed_run_is_retried_once_then_reported(tmp_path, corpus):
     raise RuntimeError('always')
 
   bad = run_suite(
-    one, preset='tiny', seeds=2, out=str(tmp_path / 'b'), extra=extra, progress=False, run=broken
+    one,
+    SuiteRun(preset='tiny', seeds=2, out=str(tmp_path / 'b'), extra=extra, progress=False),
+    run=broken,
   )
   assert (
     not bad['runs'] and [f['errors'] for f in bad['failed']] == [['RuntimeError: always'] * 2] * 2
   )
-  assert 'Failed runs' in report.markdown(one, bad, report.summarize(one, bad))
+  assert 'Failed runs' in report.markdown(one, bad, verdicts.summarize(one, bad))
 
 
 @pytest.mark.xdist_group('finished')
@@ -373,7 +369,7 @@ def test_report_table_and_verdicts(finished):
   out, _, results = finished
   path = report.write(SUITE, results, out)
   text = Path(path).read_text()
-  rows = {r['variant']: r for r in report.summarize(SUITE, results)}
+  rows = {r['variant']: r for r in verdicts.summarize(SUITE, results)}
   assert rows['same']['test'].mean == pytest.approx(0.0, abs=1e-12)
   assert rows['same']['verdict'] == 'within noise'
   m = rows['relu']['m']
@@ -498,17 +494,19 @@ def test_attention_heads_variants_match_parameters_and_measure_decoding(tmp_path
   mqa = Suite('mqa', 'x', suite.base, (suite.variants[-1],), suite.presets, extra_metrics='decode')
   out = run_suite(
     mqa,
-    preset='tiny',
-    seeds=1,
-    out=str(tmp_path),
-    extra=data_overrides(corpus, str(tmp_path / 'cache')),
-    progress=False,
+    SuiteRun(
+      preset='tiny',
+      seeds=1,
+      out=str(tmp_path),
+      extra=data_overrides(corpus, str(tmp_path / 'cache')),
+      progress=False,
+    ),
   )
   run = out['runs'][0]
   m = resolve(mqa, mqa.variants[0], 'tiny', 0).model
   assert run['kv_bytes_per_token'] == 2 * m.n_layers * 1 * (m.d_model // m.n_heads) * 4
   assert run['decode_tok_s'] > 0
-  assert 'KV bytes/token' in report.markdown(mqa, out, report.summarize(mqa, out))
+  assert 'KV bytes/token' in report.markdown(mqa, out, verdicts.summarize(mqa, out))
 
 
 def test_positions_suite_evaluates_past_the_training_context(tmp_path, corpus):
@@ -525,17 +523,19 @@ def test_positions_suite_evaluates_past_the_training_context(tmp_path, corpus):
   )
   out = run_suite(
     two,
-    preset='tiny',
-    seeds=1,
-    out=str(tmp_path),
-    extra=data_overrides(corpus, str(tmp_path / 'cache')),
-    progress=False,
+    SuiteRun(
+      preset='tiny',
+      seeds=1,
+      out=str(tmp_path),
+      extra=data_overrides(corpus, str(tmp_path / 'cache')),
+      progress=False,
+    ),
   )
   runs = {r['variant']: r for r in out['runs']}
   assert all(math.isfinite(runs['rope'][f'loss_at_{k}L']) for k in (2, 4, 8, 16))
   assert runs['rope']['loss_at_16L'] != runs['rope']['loss_at_2L']
   assert all(math.isnan(runs['learned'][f'loss_at_{k}L']) for k in (2, 4, 8, 16))
-  text = report.markdown(two, out, report.summarize(two, out))
+  text = report.markdown(two, out, verdicts.summarize(two, out))
   assert 'loss at 16L' in text
   assert 'n/a' in text
 
@@ -561,7 +561,9 @@ def test_starts_from_variants_evaluate_or_fine_tune_their_parents_parameters(tmp
     ),
     PRESETS,
   )
-  out = run_suite(suite, preset='tiny', seeds=1, out=str(tmp_path), extra=extra, progress=False)
+  out = run_suite(
+    suite, SuiteRun(preset='tiny', seeds=1, out=str(tmp_path), extra=extra, progress=False)
+  )
   assert not out['failed']
   runs = {r['variant']: r for r in out['runs']}
   assert runs['same-math']['eval_loss'] == runs['parent']['eval_loss']
@@ -571,16 +573,18 @@ def test_starts_from_variants_evaluate_or_fine_tune_their_parents_parameters(tmp
   assert saved['train']['init_from'] == f"workdir:{runs['parent']['workdir']}"
   own = runs['tuned']['flops_per_token'] * runs['tuned']['tokens']
   assert runs['tuned']['train_flops'] == own + runs['parent']['train_flops']
-  text = report.markdown(suite, out, report.summarize(suite, out))
+  text = report.markdown(suite, out, verdicts.summarize(suite, out))
   assert (
     '| same-math (evaluated from parent) |' in text and '| tuned (fine-tuned from parent) |' in text
   )
-  spent = report.cost(out)  # the evaluated-only child's time counts too
+  spent = report_notes.cost(out)  # the evaluated-only child's time counts too
   assert (spent['trained'], spent['evaluated']) == (2, 1)
   assert spent['run_minutes'] == pytest.approx(sum(r['wall_s'] for r in out['runs']) / 60)
   # A changed parent changes every child's directory; an unchanged one keeps them.
   again = run_suite(
-    suite, preset='tiny', seeds=1, out=str(tmp_path), extra=extra, run=None, progress=False
+    suite,
+    SuiteRun(preset='tiny', seeds=1, out=str(tmp_path), extra=extra, progress=False),
+    run=None,
   )
   assert [r['workdir'] for r in again['runs']] == [r['workdir'] for r in out['runs']]
   # A parent finished by an older runner (no token or FLOP counts) still has evaluated children.
@@ -592,7 +596,9 @@ def test_starts_from_variants_evaluate_or_fine_tune_their_parents_parameters(tmp
   }
   Path(parent_result).write_text(json.dumps(old))
   os.remove(os.path.join(runs['same-math']['workdir'], 'result.json'))
-  redone = run_suite(suite, preset='tiny', seeds=1, out=str(tmp_path), extra=extra, progress=False)
+  redone = run_suite(
+    suite, SuiteRun(preset='tiny', seeds=1, out=str(tmp_path), extra=extra, progress=False)
+  )
   assert (
     not redone['failed']
     and next(r for r in redone['runs'] if r['variant'] == 'same-math')['eval_loss']
@@ -600,12 +606,14 @@ def test_starts_from_variants_evaluate_or_fine_tune_their_parents_parameters(tmp
   )
   changed = run_suite(
     suite,
-    preset='tiny',
-    seeds=1,
-    out=str(tmp_path),
-    extra={**extra, 'train.learning_rate': 1e-3},
+    SuiteRun(
+      preset='tiny',
+      seeds=1,
+      out=str(tmp_path),
+      extra={**extra, 'train.learning_rate': 1e-3},
+      progress=False,
+    ),
     run=None,
-    progress=False,
   )
   assert len(changed['pending']) == 3 and not set(p['workdir'] for p in changed['pending']) & set(
     r['workdir'] for r in out['runs']
@@ -628,12 +636,14 @@ def test_a_child_of_a_failed_run_is_reported_not_run(tmp_path, corpus):
 
   out = run_suite(
     suite,
-    preset='tiny',
-    seeds=1,
-    out=str(tmp_path),
+    SuiteRun(
+      preset='tiny',
+      seeds=1,
+      out=str(tmp_path),
+      progress=False,
+      extra=data_overrides(corpus, str(tmp_path / 'cache')),
+    ),
     run=broken,
-    progress=False,
-    extra=data_overrides(corpus, str(tmp_path / 'cache')),
   )
   assert len(calls) == 2 and [f['variant'] for f in out['failed']] == ['parent', 'child']
   assert out['failed'][1]['errors'] == ['its starts_from run parent seed 0 did not finish']
@@ -675,11 +685,13 @@ def test_context_extension_suite_scales_for_8L_and_measures_1_to_8L(tmp_path, co
   )
   out = run_suite(
     small,
-    preset='tiny',
-    seeds=1,
-    out=str(tmp_path),
-    extra=data_overrides(corpus, str(tmp_path / 'cache')),
-    progress=False,
+    SuiteRun(
+      preset='tiny',
+      seeds=1,
+      out=str(tmp_path),
+      extra=data_overrides(corpus, str(tmp_path / 'cache')),
+      progress=False,
+    ),
   )
   runs = {r['variant']: r for r in out['runs']}
   assert not out['failed'] and set(runs) == {'rope', 'pi', 'pi-finetune'}
@@ -729,11 +741,11 @@ def test_a_diverged_run_is_a_result_and_its_row_says_so(tmp_path, corpus):
   ]
   runs.insert(4, {**result, 'variant': 'hot', 'seed': 1, 'tokens_per_s': None})
   results = {'preset': 'tiny', 'seeds': 3, 'runs': runs, 'failed': [], 'pending': []}
-  rows = {r['variant']: r for r in report.summarize(two, results)}
+  rows = {r['variant']: r for r in verdicts.summarize(two, results)}
   assert rows['hot']['n'] == 2 and rows['hot']['mean'] == 3.5 and 'test' not in rows['hot']
   assert rows['hot']['verdict'] == 'diverged in 1 of 3 seeds'
   assert '| diverged in 1 of 3 seeds |' in report.markdown(
-    two, results, report.summarize(two, results)
+    two, results, verdicts.summarize(two, results)
   )
 
 
@@ -769,11 +781,13 @@ def test_norms_suite_measures_each_layers_gradient_norm(tmp_path, corpus):
   )
   out = run_suite(
     two,
-    preset='tiny',
-    seeds=1,
-    out=str(tmp_path),
-    progress=False,
-    extra={**data_overrides(corpus, str(tmp_path / 'cache')), 'model.n_layers': 2},
+    SuiteRun(
+      preset='tiny',
+      seeds=1,
+      out=str(tmp_path),
+      progress=False,
+      extra={**data_overrides(corpus, str(tmp_path / 'cache')), 'model.n_layers': 2},
+    ),
   )
   for run in out['runs']:
     assert len(run['ffn_grad_norm_init']) == 2 and len(run['ffn_grad_norm_final']) == 2
@@ -816,7 +830,9 @@ def test_remeasure_runs_the_measure_again_on_finished_runs(finished, monkeypatch
   monkeypatch.setitem(measures.MEASURES, 'probe', probe)
   probed = Suite('demo', 'x', 'configs/base.py', SUITE.variants, PRESETS, extra_metrics='probe')
   again = run_suite(
-    probed, preset='tiny', seeds=2, out=out, extra=extra, progress=False, run=None, remeasure=True
+    probed,
+    SuiteRun(preset='tiny', seeds=2, out=out, extra=extra, progress=False, remeasure=True),
+    run=None,
   )
   assert sorted(seen) == sorted(r['workdir'] for r in again['runs']) and len(seen) == 6
   for run in again['runs']:
@@ -829,15 +845,15 @@ def test_remeasure_runs_the_measure_again_on_finished_runs(finished, monkeypatch
 KILL_SCRIPT = r'''
 import sys
 sys.path.insert(0, TESTS)
-from experiments.runner import run_suite
+from experiments.runner import SuiteRun, run_suite
 from test_experiments import SUITE, data_overrides
 extra = {**data_overrides(CORPUS, CACHE), 'train.steps': 100000, 'train.log_every': 1,
          'train.checkpoint_every': 100000, 'train.eval_every': 0}
 two = type(SUITE)('demo', 'x', 'configs/base.py', (SUITE.variants[0], SUITE.variants[2]),
                   SUITE.presets)
 try:
-  run_suite(two, preset='tiny', seeds=1, out=OUT, extra=extra, progress=False, jobs=2,
-            engine=ENGINE)
+  run_suite(two, SuiteRun(preset='tiny', seeds=1, out=OUT, extra=extra, progress=False, jobs=2,
+                          engine=ENGINE))
 except KeyboardInterrupt:
   sys.exit(130)
 '''
@@ -968,8 +984,8 @@ def test_a_suite_runs_its_own_seed_count_unless_told(monkeypatch, tmp_path):
 
   asked = []
 
-  def fake_run_suite(suite, **kw):
-    asked.append((suite.name, kw['seeds']))
+  def fake_run_suite(suite, how, **kw):
+    asked.append((suite.name, how.seeds))
     raise KeyboardInterrupt  # stop before the report: only the seed count is under test
 
   monkeypatch.setattr(cli, 'run_suite', fake_run_suite)
@@ -1062,7 +1078,7 @@ def test_a_tables_code_versions_are_grouped_by_the_checks_that_link_them():
 
 
 def test_rates_tuned_on_runs_of_another_version_are_named():
-  """report.tuned_elsewhere: tuning runs whose version is neither the table's nor linked to it by
+  """report_notes.tuned_elsewhere: tuning runs whose version is neither the table's nor linked to it by
   a same-draw check are counted by version, and the provenance line names them."""
   from experiments import provenance
 
@@ -1073,7 +1089,11 @@ def test_rates_tuned_on_runs_of_another_version_are_named():
     'tuning': {'base': {'points': [point], 'refined': {'points': [{**point, 'provenance': [b]}]}}},
   }
   linked = [{'from': c, 'under': a, 'same': True}]
-  assert report.tuned_elsewhere(results, linked) == [{'runs': 2, 'label': provenance.label(b)}]
-  assert report.tuned_elsewhere(results, linked + [{'from': b, 'under': c, 'same': True}]) == []
-  lines = report._provenance_lines({**results, 'tuned_elsewhere': [{'runs': 2, 'label': 'X'}]})
+  assert report_notes.tuned_elsewhere(results, linked) == [
+    {'runs': 2, 'label': provenance.label(b)}
+  ]
+  assert (
+    report_notes.tuned_elsewhere(results, linked + [{'from': b, 'under': c, 'same': True}]) == []
+  )
+  lines = report_notes.provenance_lines({**results, 'tuned_elsewhere': [{'runs': 2, 'label': 'X'}]})
   assert lines[0].endswith("not checked to draw as the table's do: 2 tuning runs: X.")

@@ -17,7 +17,7 @@ import launch_server
 import pytest
 from conftest import ROOT, run_overrides
 
-from mllm.train.checkpoint import committed_steps
+from mllm.paths import committed_steps
 
 STEPS, EVERY = 100, 20
 

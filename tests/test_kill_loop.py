@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from conftest import ROOT, load_state, make_config, run_overrides
 
-from mllm.train.checkpoint import COMMIT_MARKERS, DELETING
+from mllm.paths import COMMIT_MARKERS, DELETING
 from mllm.train.metrics import read_metrics
 
 pytestmark = pytest.mark.slow

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from test_experiments import data_overrides
 
-from experiments import provenance, report
-from experiments.runner import resolve, run_suite
+from experiments import provenance, report, verdicts
+from experiments.runner import SuiteRun, resolve, run_suite
 from experiments.suite import Suite, Variant
 from experiments.suites._presets import PRESETS
 from experiments.tuning import BUDGET_GRID, TUNING_SEED_BASE, LrGrid, choose, tuning_seeds
@@ -102,13 +102,8 @@ def test_each_variant_is_tuned_on_its_own_seeds_then_runs_the_table_at_its_best(
   calls = []
   out = run_suite(
     SUITE,
-    preset='tiny',
-    seeds=2,
-    out=str(tmp_path),
-    progress=False,
+    SuiteRun(preset='tiny', seeds=2, out=str(tmp_path), progress=False, tune_lr=True, tune_seeds=2),
     run=_fake_run(optimum, grid.lr(center, 3) * 1.01, calls),
-    tune_lr=True,
-    tune_seeds=2,
   )
   tuning = out['tuning']
   assert set(tuning) == {'base', 'relu'}  # a starts_from variant inherits, it is not tuned
@@ -132,7 +127,7 @@ def test_each_variant_is_tuned_on_its_own_seeds_then_runs_the_table_at_its_best(
     assert lrs['base', seed] == pytest.approx(tuning['base']['best_lr'])
     assert lrs['relu', seed] == pytest.approx(tuning['relu']['best_lr'])
     assert lrs['child', seed] == pytest.approx(tuning['base']['best_lr'])
-  rows = {r['variant']: r for r in report.summarize(SUITE, out)}
+  rows = {r['variant']: r for r in verdicts.summarize(SUITE, out)}
   assert rows['relu']['lr'] == pytest.approx(relu['best_lr'])
   text = report.markdown(SUITE, out, list(rows.values()))
   assert '| lr |' in text and 'tokens/param' in text and 'tuned first on seeds 1000, 1001' in text
@@ -140,13 +135,8 @@ def test_each_variant_is_tuned_on_its_own_seeds_then_runs_the_table_at_its_best(
   # call relu's best an edge because it stopped at the first grid.
   reread = run_suite(
     SUITE,
-    preset='tiny',
-    seeds=2,
-    out=str(tmp_path),
-    progress=False,
+    SuiteRun(preset='tiny', seeds=2, out=str(tmp_path), progress=False, tune_lr=True, tune_seeds=2),
     run=None,
-    tune_lr=True,
-    tune_seeds=2,
   )
   assert json.dumps(reread['tuning']) == json.dumps(tuning)  # NaN != NaN in ==
 
@@ -164,23 +154,19 @@ def test_a_best_rate_still_at_the_edge_after_widening_is_flagged(tmp_path):
   calls = []
   out = run_suite(
     low,
-    preset='tiny',
-    seeds=1,
-    out=str(tmp_path),
-    progress=False,
+    SuiteRun(preset='tiny', seeds=1, out=str(tmp_path), progress=False, tune_lr=True),
     run=_fake_run({'base': center / 1000}, 1.0, calls),
-    tune_lr=True,
   )
   base = out['tuning']['base']
   assert len(base['points']) == 6 and base['edge'] == 'low'
   assert base['best_lr'] == pytest.approx(center / 8)
-  rows = report.summarize(low, out)
+  rows = verdicts.summarize(low, out)
   assert '(lowest tried)' in report.markdown(low, out, rows)
 
 
 def test_seeds_that_would_reach_the_tuning_seeds_are_refused(tmp_path):
   with pytest.raises(ValueError, match='--seeds=1001; allowed with --tune_lr: at most 1000'):
-    run_suite(SUITE, preset='tiny', seeds=1001, out=str(tmp_path), run=None, tune_lr=True)
+    run_suite(SUITE, SuiteRun(preset='tiny', seeds=1001, out=str(tmp_path), tune_lr=True), run=None)
 
 
 def test_tuning_for_real_on_the_tiny_preset_writes_the_lr_plot(tmp_path, corpus):
@@ -198,7 +184,7 @@ def test_tuning_for_real_on_the_tiny_preset_writes_the_lr_plot(tmp_path, corpus)
   )
   out_dir = str(tmp_path / 'out')
   out = run_suite(
-    one, preset='tiny', seeds=1, out=out_dir, extra=extra, progress=False, tune_lr=True
+    one, SuiteRun(preset='tiny', seeds=1, out=out_dir, extra=extra, progress=False, tune_lr=True)
   )
   assert not out['failed'] and len(out['runs']) == 1
   best = out['tuning']['base']['best_lr']
@@ -213,12 +199,7 @@ def test_tuning_for_real_on_the_tiny_preset_writes_the_lr_plot(tmp_path, corpus)
   assert '![lr_sensitivity.png](lr_sensitivity.png)' in Path(path).read_text()
   again = run_suite(
     one,
-    preset='tiny',
-    seeds=1,
-    out=out_dir,
-    extra=extra,
-    progress=False,
-    tune_lr=True,
+    SuiteRun(preset='tiny', seeds=1, out=out_dir, extra=extra, progress=False, tune_lr=True),
     run=lambda *a, **k: pytest.fail('ran again'),
   )
   assert again['tuning'] == out['tuning']
@@ -248,23 +229,15 @@ def test_a_fresh_clone_resumes_from_the_ledger_without_run_directories(tmp_path)
   calls = []
   first = run_suite(
     SUITE,
-    preset='tiny',
-    seeds=1,
-    out=str(tmp_path),
-    progress=False,
+    SuiteRun(preset='tiny', seeds=1, out=str(tmp_path), progress=False, tune_lr=True),
     run=_fake_run(optimum, 1.0, calls),
-    tune_lr=True,
   )
   runs = os.path.join(str(tmp_path), 'tune', 'runs')
   shutil.rmtree(runs)
   again = run_suite(
     SUITE,
-    preset='tiny',
-    seeds=1,
-    out=str(tmp_path),
-    progress=False,
+    SuiteRun(preset='tiny', seeds=1, out=str(tmp_path), progress=False, tune_lr=True),
     run=lambda *a, **k: pytest.fail('ran again'),
-    tune_lr=True,
   )
   assert again['tuning'] == first['tuning']
   assert [r['eval_loss'] for r in again['runs']] == [r['eval_loss'] for r in first['runs']]
@@ -277,12 +250,8 @@ def test_a_fresh_clone_resumes_from_the_ledger_without_run_directories(tmp_path)
   calls.clear()
   run_suite(
     SUITE,
-    preset='tiny',
-    seeds=1,
-    out=str(tmp_path),
-    progress=False,
+    SuiteRun(preset='tiny', seeds=1, out=str(tmp_path), progress=False, tune_lr=True),
     run=_fake_run(optimum, 1.0, calls),
-    tune_lr=True,
   )
   assert [(v, s) for v, s, _ in calls] == [('base', 0), ('child', 0)]
 
@@ -299,29 +268,20 @@ def test_another_suites_ledger_does_not_stand_in_for_a_run_this_suite_measures(t
   calls = []
   run_suite(
     plain,
-    preset='tiny',
-    seeds=1,
-    out=str(tmp_path),
-    progress=False,
+    SuiteRun(preset='tiny', seeds=1, out=str(tmp_path), progress=False),
     run=_fake_run({'base': center}, 1.0, calls),
   )
   assert os.path.exists(os.path.join(str(tmp_path), 'plain', 'finished.jsonl'))
   copied = run_suite(
     Suite('copy', 'x', 'configs/base.py', (Variant('base'),), PRESETS),
-    preset='tiny',
-    seeds=1,
-    out=str(tmp_path),
-    progress=False,
+    SuiteRun(preset='tiny', seeds=1, out=str(tmp_path), progress=False),
     run=lambda *a, **k: pytest.fail('ran again'),
   )
   assert copied['runs'][0]['copied_from'].startswith(os.path.join(str(tmp_path), 'plain'))
   calls.clear()
   run_suite(
     measured,
-    preset='tiny',
-    seeds=1,
-    out=str(tmp_path),
-    progress=False,
+    SuiteRun(preset='tiny', seeds=1, out=str(tmp_path), progress=False),
     run=_fake_run({'base': center}, 1.0, calls),
   )
   assert [(v, s) for v, s, _ in calls] == [('base', 0)]
@@ -330,10 +290,7 @@ def test_another_suites_ledger_does_not_stand_in_for_a_run_this_suite_measures(t
   shutil.rmtree(os.path.join(str(tmp_path), 'measured', 'runs'))
   again = run_suite(
     measured,
-    preset='tiny',
-    seeds=1,
-    out=str(tmp_path),
-    progress=False,
+    SuiteRun(preset='tiny', seeds=1, out=str(tmp_path), progress=False),
     run=lambda *a, **k: pytest.fail('ran again'),
   )
   assert 'copied_from' not in again['runs'][0]
@@ -368,29 +325,21 @@ def test_a_suite_can_take_its_rates_from_another_suites_tuning(tmp_path):
     match=r"suite 'borrower' takes its learning rates from suite "
     r"'donor', whose tuning .* has no best rate for base, relu",
   ):
-    run_suite(borrower, preset='tiny', seeds=1, out=str(tmp_path), run=None, tune_lr=True)
+    run_suite(borrower, SuiteRun(preset='tiny', seeds=1, out=str(tmp_path), tune_lr=True), run=None)
   center = resolve(donor, donor.variants[0], 'tiny', 0).train.learning_rate
   grid = donor.lr_grid
   calls = []
   tuned = run_suite(
     donor,
-    preset='tiny',
-    seeds=1,
-    out=str(tmp_path),
-    progress=False,
+    SuiteRun(preset='tiny', seeds=1, out=str(tmp_path), progress=False, tune_lr=True),
     run=_fake_run({'base': grid.lr(center, -1), 'relu': grid.lr(center, 1)}, 1.0, calls),
-    tune_lr=True,
   )
   report.write(donor, tuned, str(tmp_path))
   calls.clear()
   out = run_suite(
     borrower,
-    preset='tiny',
-    seeds=2,
-    out=str(tmp_path),
-    progress=False,
+    SuiteRun(preset='tiny', seeds=2, out=str(tmp_path), progress=False, tune_lr=True),
     run=_fake_run({'base': 1.0, 'relu': 1.0}, 1.0, calls),
-    tune_lr=True,
   )
   assert all(seed < TUNING_SEED_BASE for _, seed, _ in calls)  # nothing tuned here
   rates = {(v, s): lr for v, s, lr in calls}
@@ -399,18 +348,14 @@ def test_a_suite_can_take_its_rates_from_another_suites_tuning(tmp_path):
     assert rates['base', seed] == pytest.approx(grid.lr(center, -1))
     assert rates['relu', seed] == pytest.approx(grid.lr(center, 1))
   assert 'tuning' not in out and out['lr_from']['suite'] == 'donor'
-  text = report.markdown(borrower, out, report.summarize(borrower, out))
+  text = report.markdown(borrower, out, verdicts.summarize(borrower, out))
   assert "tuned rate in suite `donor`" in text
   # --no-tune_lr: every variant at its configured rate, donor or not.
   calls.clear()
   run_suite(
     borrower,
-    preset='tiny',
-    seeds=1,
-    out=str(tmp_path / 'other'),
-    progress=False,
+    SuiteRun(preset='tiny', seeds=1, out=str(tmp_path / 'other'), progress=False, tune_lr=False),
     run=_fake_run({'base': 1.0, 'relu': 1.0}, 1.0, calls),
-    tune_lr=False,
   )
   assert {lr for _, _, lr in calls} == {center}
 
@@ -427,12 +372,8 @@ def test_a_longer_suite_tunes_its_retune_lr_rows_again_around_the_borrowed_rate(
   grid = donor.lr_grid
   tuned = run_suite(
     donor,
-    preset='tiny',
-    seeds=1,
-    out=str(tmp_path),
-    progress=False,
+    SuiteRun(preset='tiny', seeds=1, out=str(tmp_path), progress=False, tune_lr=True),
     run=_fake_run({'base': center, 'relu': center}, 1.0, []),
-    tune_lr=True,
   )
   report.write(donor, tuned, str(tmp_path))
   borrowed = grid.lr(center, 0)
@@ -442,12 +383,8 @@ def test_a_longer_suite_tunes_its_retune_lr_rows_again_around_the_borrowed_rate(
   calls = []
   out = run_suite(
     borrower,
-    preset='tiny',
-    seeds=2,
-    out=str(tmp_path),
-    progress=False,
+    SuiteRun(preset='tiny', seeds=2, out=str(tmp_path), progress=False, tune_lr=True),
     run=_fake_run({'base': borrowed, 'relu': longer_best}, 1.0, calls),
-    tune_lr=True,
   )
   tuning_calls = sorted((v, lr) for v, seed, lr in calls if seed >= TUNING_SEED_BASE)
   assert tuning_calls == sorted(('relu', BUDGET_GRID.lr(borrowed, k)) for k in (-1, 0, 1, 2, 3))
@@ -460,7 +397,7 @@ def test_a_longer_suite_tunes_its_retune_lr_rows_again_around_the_borrowed_rate(
     ('relu', 0): pytest.approx(longer_best),
     ('relu', 1): pytest.approx(longer_best),
   }
-  text = report.markdown(borrower, out, report.summarize(borrower, out))
+  text = report.markdown(borrower, out, verdicts.summarize(borrower, out))
   assert f"tuned rate in suite `donor` (base {borrowed:.3g}), not tuned again" in text
   assert f"Tuned again at this suite's budget, on seeds {TUNING_SEED_BASE}" in text
   assert f'relu {borrowed:.3g} -> {longer_best:.3g} (' in text
@@ -472,18 +409,14 @@ def test_a_longer_suite_tunes_its_retune_lr_rows_again_around_the_borrowed_rate(
   calls = []
   out = run_suite(
     narrow,
-    preset='tiny',
-    seeds=1,
-    out=str(tmp_path),
-    progress=False,
+    SuiteRun(preset='tiny', seeds=1, out=str(tmp_path), progress=False, tune_lr=True),
     run=_fake_run({'base': borrowed, 'relu': longer_best}, 1.0, calls),
-    tune_lr=True,
   )
   # (Its runs are the first borrower's, copied: the same configs.)
   tried = sorted(point['lr'] for point in out['tuning']['relu']['points'])
   assert tried == pytest.approx(sorted(BUDGET_GRID.lr(borrowed, k) for k in (-1, 0, 1, 2)))
   assert out['tuning']['relu']['edge'] == 'high'
-  text = report.markdown(narrow, out, report.summarize(narrow, out))
+  text = report.markdown(narrow, out, verdicts.summarize(narrow, out))
   assert 'widened past an edge where the best sat (up to 1 more per side)' in text
   assert f'relu {borrowed:.3g} -> {longer_best:.3g} (highest tried)' in text
 
@@ -493,7 +426,9 @@ def test_runs_evaluated_during_training_draw_loss_against_tokens(tmp_path, corpu
   equal to the run's eval_loss, and the report draws loss_vs_tokens.png."""
   extra = {**data_overrides(corpus, str(tmp_path / 'cache')), 'train.eval_every': 2}
   one = Suite('evals', 'x', 'configs/base.py', (Variant('base'),), PRESETS)
-  out = run_suite(one, preset='tiny', seeds=1, out=str(tmp_path), extra=extra, progress=False)
+  out = run_suite(
+    one, SuiteRun(preset='tiny', seeds=1, out=str(tmp_path), extra=extra, progress=False)
+  )
   run = out['runs'][0]
   assert run['eval_curve']['step'] == [2, 4, 6]
   assert run['eval_curve']['loss'][-1] == pytest.approx(run['eval_loss'])
@@ -513,14 +448,16 @@ def test_a_refinement_halves_the_grid_step_around_a_named_variants_best(tmp_path
   calls = []
   out = run_suite(
     SUITE,
-    preset='tiny',
-    seeds=1,
-    out=str(tmp_path),
-    progress=False,
+    SuiteRun(
+      preset='tiny',
+      seeds=1,
+      out=str(tmp_path),
+      progress=False,
+      tune_lr=True,
+      refine_lr=('base',),
+      refine_seeds=2,
+    ),
     run=_fake_run(optimum, 1.0, calls),
-    tune_lr=True,
-    refine_lr=('base',),
-    refine_seeds=2,
   )
   base = out['tuning']['base']
   assert base['refined']['coarse_best_lr'] == pytest.approx(center)
@@ -535,12 +472,14 @@ def test_a_refinement_halves_the_grid_step_around_a_named_variants_best(tmp_path
   assert sum(c[0] == 'base' and c[1] >= TUNING_SEED_BASE for c in calls) == 5 + 5
   table = {(v, s): lr for v, s, lr in calls if s < TUNING_SEED_BASE}
   assert table['base', 0] == table['child', 0] == pytest.approx(center * 2**0.5)
-  text = report.markdown(SUITE, out, report.summarize(SUITE, out))
+  text = report.markdown(SUITE, out, verdicts.summarize(SUITE, out))
   assert 'Refined after tuning, on seeds 1000, 1001' in text
   assert f'base {center:.3g} -> {center * 2**0.5:.3g}' in text
   with pytest.raises(ValueError, match=r'--refine_lr=child .*allowed: variants this suite tunes'):
     run_suite(
-      SUITE, preset='tiny', seeds=1, out=str(tmp_path), run=None, tune_lr=True, refine_lr=('child',)
+      SUITE,
+      SuiteRun(preset='tiny', seeds=1, out=str(tmp_path), tune_lr=True, refine_lr=('child',)),
+      run=None,
     )
 
 
@@ -551,12 +490,12 @@ def test_a_suites_own_refine_lr_is_refined_without_the_flag(tmp_path):
   optimum = {'base': center * 2**0.5, 'relu': center, 'child': 1.0}
   declared = dataclasses.replace(SUITE, refine_lr=('base',))
   common = dict(preset='tiny', seeds=1, out=str(tmp_path), progress=False, tune_lr=True)
-  out = run_suite(declared, run=_fake_run(optimum, 1.0, []), **common)
+  out = run_suite(declared, SuiteRun(**common), run=_fake_run(optimum, 1.0, []))
   assert out['tuning']['base']['best_lr'] == pytest.approx(center * 2**0.5)
-  again = run_suite(declared, run=None, **common)  # a report of what finished
+  again = run_suite(declared, SuiteRun(**common), run=None)  # a report of what finished
   assert again['tuning']['base']['best_lr'] == pytest.approx(center * 2**0.5)
   only_relu = dataclasses.replace(declared, variants=(SUITE.variants[1],))
-  assert 'refined' not in run_suite(only_relu, run=None, **common)['tuning']['relu']
+  assert 'refined' not in run_suite(only_relu, SuiteRun(**common), run=None)['tuning']['relu']
 
 
 class _TwoSlots:
@@ -599,10 +538,14 @@ def test_a_settled_variants_table_runs_fill_the_slots_while_another_still_tunes(
   grid = SUITE.lr_grid
   optimum = {'base': grid.lr(center, 1), 'relu': grid.lr(center, 4), 'child': 1.0}
   kwargs = dict(preset='tiny', seeds=2, progress=False, tune_lr=True, tune_seeds=1)
-  serial = run_suite(SUITE, out=str(tmp_path / 'serial'), run=_fake_run(optimum, 1.0, []), **kwargs)
+  serial = run_suite(
+    SUITE, SuiteRun(out=str(tmp_path / 'serial'), **kwargs), run=_fake_run(optimum, 1.0, [])
+  )
   engine = _TwoSlots(_fake_run(optimum, 1.0, []))
   monkeypatch.setattr(runner, '_engine', lambda *a: engine)
-  both = run_suite(SUITE, out=str(tmp_path / 'two'), run=_fake_run(optimum, 1.0, []), **kwargs)
+  both = run_suite(
+    SUITE, SuiteRun(out=str(tmp_path / 'two'), **kwargs), run=_fake_run(optimum, 1.0, [])
+  )
   order = [(v, seed) for v, seed, _ in engine.started]
   relu_tuning = [i for i, (v, seed) in enumerate(order) if v == 'relu' and seed >= 1000]
   assert len(relu_tuning) == 5 + 2  # the grid, then two widenings
@@ -634,13 +577,8 @@ def test_a_table_run_that_failed_while_another_variant_tuned_is_not_tried_again(
   monkeypatch.setattr(runner, '_engine', lambda *a: engine)
   out = run_suite(
     SUITE,
-    out=str(tmp_path),
+    SuiteRun(out=str(tmp_path), preset='tiny', seeds=2, progress=False, tune_lr=True, tune_seeds=1),
     run=_fake_run(optimum, 1.0, []),
-    preset='tiny',
-    seeds=2,
-    progress=False,
-    tune_lr=True,
-    tune_seeds=1,
   )
   order = [(v, seed) for v, seed, _ in engine.started]
   relu_tuning = [i for i, (v, seed) in enumerate(order) if v == 'relu' and seed >= 1000]

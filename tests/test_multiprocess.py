@@ -262,7 +262,7 @@ def test_a_killed_process_ends_the_others_within_the_heartbeat_timeout(corpus, t
   import signal
   import time
 
-  from mllm.train.checkpoint import committed_steps
+  from mllm.paths import committed_steps
 
   workdir = str(tmp_path / 'w')
   args = flags(corpus, str(tmp_path / 'cache'), **{'train.steps': 100_000}) + [

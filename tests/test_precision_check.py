@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from conftest import hand_made_results
 
 from experiments import precision
 from experiments.suite import Suite, Variant
@@ -30,24 +31,6 @@ GAPS = {
 }
 
 
-def _results(losses: dict[str, list[float]]) -> dict:
-  runs = [
-    {
-      'variant': name,
-      'seed': seed,
-      'eval_loss': loss,
-      'params': 100,
-      'active_params': 100,
-      'tokens': 1000,
-      'tokens_per_s': 1.0,
-      'learning_rate': 1e-3,
-    }
-    for name, values in losses.items()
-    for seed, loss in enumerate(values)
-  ]
-  return {'runs': runs, 'failed': [], 'pending': []}
-
-
 def _losses(shift=0.0, moved: dict | None = None) -> dict[str, list[float]]:
   moved = moved or {}
   return {
@@ -57,7 +40,9 @@ def _losses(shift=0.0, moved: dict | None = None) -> dict[str, list[float]]:
 
 
 def test_a_shift_common_to_every_run_passes():
-  found = precision.compare_results(BASE, _results(_losses()), CHECK, _results(_losses(0.02)))
+  found = precision.compare_results(
+    BASE, hand_made_results(_losses()), CHECK, hand_made_results(_losses(0.02))
+  )
   assert found['runs'] == 20
   assert found['shift_mean'] == pytest.approx(0.02)
   assert found['shift_std'] == pytest.approx(0.0, abs=1e-12)
@@ -75,7 +60,9 @@ def test_a_row_whose_gap_moves_is_named_and_a_changed_verdict_fails():
   # seed-dependent 0.004 at most (no verdict change, not significant).
   check = _losses(moved={'level': 0.05})
   check['ahead'] = [v + d for v, d in zip(check['ahead'], (0.004, -0.003, 0.002, -0.004, 0.001))]
-  found = precision.compare_results(BASE, _results(_losses()), CHECK, _results(check))
+  found = precision.compare_results(
+    BASE, hand_made_results(_losses()), CHECK, hand_made_results(check)
+  )
   rows = {r['variant']: r for r in found['rows']}
   assert rows['level']['moved'].mean == pytest.approx(0.05)
   assert rows['level']['check_verdict'] == 'worse' != rows['level']['base_verdict']
@@ -87,9 +74,9 @@ def test_a_row_whose_gap_moves_is_named_and_a_changed_verdict_fails():
 def test_unfinished_runs_fail_the_check():
   partial = _losses()
   partial = {name: values[:3] for name, values in partial.items()}
-  results = _results(partial)
+  results = hand_made_results(partial)
   results['pending'] = [{'variant': 'base', 'seed': 4}]
-  found = precision.compare_results(BASE, _results(_losses()), CHECK, results)
+  found = precision.compare_results(BASE, hand_made_results(_losses()), CHECK, results)
   assert found['runs'] == 12 and not found['passes']
 
 
@@ -106,7 +93,7 @@ def test_the_overview_leaves_a_method_check_out_of_its_tallies(tmp_path):
   os.makedirs(tmp_path / 'ffn_bf16')
   losses = {name: [3.0 + 0.01 * i + s for s in SEED_EFFECT] for i, name in enumerate(names)}
   with open(tmp_path / 'ffn_bf16' / 'results.json', 'w') as f:
-    json.dump(_results(losses), f)
+    json.dump(hand_made_results(losses), f)
   assert [s.name for s, _ in overview.finished(str(tmp_path))] == ['ffn_bf16']
   tallies, diagnoses = overview.collect(str(tmp_path))
   assert tallies == [] and diagnoses == []

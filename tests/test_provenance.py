@@ -12,9 +12,9 @@ import pytest
 from test_lr_tuning import SUITE, _fake_run
 
 from experiments import __main__ as cli
-from experiments import provenance, report
-from experiments.runner import resolve, run_suite
-from experiments.scheduler import LEDGER
+from experiments import provenance, report, verdicts
+from experiments.ledger import LEDGER
+from experiments.runner import SuiteRun, resolve, run_suite
 
 
 def _package(root, body: str) -> str:
@@ -70,28 +70,30 @@ def test_runs_of_other_code_stop_the_suite_unless_reused_and_the_report_says_so(
   out = str(tmp_path)
   center = resolve(SUITE, SUITE.variants[0], 'tiny', 0).train.learning_rate
   optimum = {'base': center, 'relu': center, 'child': 1.0}
-  run_suite(SUITE, preset='tiny', seeds=1, out=out, progress=False, run=_fake_run(optimum, 1, []))
+  run_suite(
+    SUITE, SuiteRun(preset='tiny', seeds=1, out=out, progress=False), run=_fake_run(optimum, 1, [])
+  )
   _other_code(out, 'tune')
   with pytest.raises(ValueError, match=r'3 finished runs here came from other code.*--reuse_other'):
-    run_suite(SUITE, preset='tiny', seeds=1, out=out, progress=False, run=_fake_run(optimum, 1, []))
+    run_suite(
+      SUITE,
+      SuiteRun(preset='tiny', seeds=1, out=out, progress=False),
+      run=_fake_run(optimum, 1, []),
+    )
   calls = []
   kept = run_suite(
     SUITE,
-    preset='tiny',
-    seeds=1,
-    out=out,
-    progress=False,
+    SuiteRun(preset='tiny', seeds=1, out=out, progress=False, reuse_other_code=True),
     run=_fake_run(optimum, 1, calls),
-    reuse_other_code=True,
   )
   assert calls == [] and kept['reused_other_code'] and len(kept['runs']) == 3
-  text = report.markdown(SUITE, kept, report.summarize(SUITE, kept))
+  text = report.markdown(SUITE, kept, verdicts.summarize(SUITE, kept))
   assert 'Provenance: 3 runs: code 000000000000' in text
   assert 'continued with --reuse_other_code' in text
   # A report reads whatever finished, and names each code version it mixes.
   fresh = provenance.current()
   mixed = {**kept, 'runs': [*kept['runs'][:2], {**kept['runs'][2], 'provenance': fresh}]}
-  text = report.markdown(SUITE, mixed, report.summarize(SUITE, mixed))
+  text = report.markdown(SUITE, mixed, verdicts.summarize(SUITE, mixed))
   assert 'Provenance (MIXED' in text and f"1 runs: code {fresh['code']}" in text
 
 
@@ -103,13 +105,17 @@ def test_another_suites_run_of_other_code_is_trained_again_not_copied(tmp_path):
   plain = Suite('plain', 'x', 'configs/base.py', (Variant('base'),), PRESETS)
   center = resolve(plain, plain.variants[0], 'tiny', 0).train.learning_rate
   run_suite(
-    plain, preset='tiny', seeds=1, out=out, progress=False, run=_fake_run({'base': center}, 1, [])
+    plain,
+    SuiteRun(preset='tiny', seeds=1, out=out, progress=False),
+    run=_fake_run({'base': center}, 1, []),
   )
   _other_code(out, 'plain')
   calls = []
   copy = Suite('copy', 'x', 'configs/base.py', (Variant('base'),), PRESETS)
   again = run_suite(
-    copy, preset='tiny', seeds=1, out=out, progress=False, run=_fake_run({'base': center}, 1, calls)
+    copy,
+    SuiteRun(preset='tiny', seeds=1, out=out, progress=False),
+    run=_fake_run({'base': center}, 1, calls),
   )
   assert len(calls) == 1 and 'copied_from' not in again['runs'][0]
   assert provenance.same_computation(again['runs'][0]['provenance'], provenance.current())
@@ -119,12 +125,8 @@ def test_another_suites_run_of_other_code_is_trained_again_not_copied(tmp_path):
   third = Suite('third', 'x', 'configs/base.py', (Variant('base'),), PRESETS)
   reused = run_suite(
     third,
-    preset='tiny',
-    seeds=1,
-    out=out,
-    progress=False,
+    SuiteRun(preset='tiny', seeds=1, out=out, progress=False, reuse_other_code=True),
     run=_fake_run({'base': center}, 1, calls),
-    reuse_other_code=True,
   )
   assert len(calls) == 1 and 'copied_from' not in reused['runs'][0]
 
@@ -142,7 +144,9 @@ def test_a_run_folder_its_ledger_records_otherwise_is_stale_and_the_ledger_wins(
   plain = Suite('plain', 'x', 'configs/base.py', (Variant('base'),), PRESETS)
   center = resolve(plain, plain.variants[0], 'tiny', 0).train.learning_rate
   done = run_suite(
-    plain, preset='tiny', seeds=2, out=out, progress=False, run=_fake_run({'base': center}, 1, [])
+    plain,
+    SuiteRun(preset='tiny', seeds=2, out=out, progress=False),
+    run=_fake_run({'base': center}, 1, []),
   )
   stale, fresh = (r['workdir'] for r in done['runs'])
   recorded = read_result(stale)['eval_loss']
@@ -150,7 +154,7 @@ def test_a_run_folder_its_ledger_records_otherwise_is_stale_and_the_ledger_wins(
   before = time.time() - 3600  # written before the ledger last changed
   os.utime(os.path.join(stale, 'result.json'), (before, before))
   write_result(fresh, {**read_result(fresh), 'eval_loss': 9.0})  # newer than the ledger
-  again = run_suite(plain, preset='tiny', seeds=2, out=out, progress=False, run=None)
+  again = run_suite(plain, SuiteRun(preset='tiny', seeds=2, out=out, progress=False), run=None)
   assert [r['eval_loss'] for r in again['runs']] == [recorded, 9.0]
   assert read_result(stale)['eval_loss'] == recorded
   aside = [n for n in os.listdir(os.path.dirname(stale)) if '.stale-' in n]
@@ -161,7 +165,9 @@ def test_the_cli_refuses_runs_of_other_code_in_one_line(tmp_path, capsys, monkey
   out = str(tmp_path)
   center = resolve(SUITE, SUITE.variants[0], 'tiny', 0).train.learning_rate
   optimum = {'base': center, 'relu': center, 'child': 1.0}
-  run_suite(SUITE, preset='tiny', seeds=1, out=out, progress=False, run=_fake_run(optimum, 1, []))
+  run_suite(
+    SUITE, SuiteRun(preset='tiny', seeds=1, out=out, progress=False), run=_fake_run(optimum, 1, [])
+  )
   _other_code(out, 'tune')
   monkeypatch.setattr(cli, 'load_suite', lambda name: SUITE)
   monkeypatch.setattr(cli, 'available', lambda: ['tune'])
@@ -218,7 +224,7 @@ def test_a_run_another_process_is_training_is_waited_for_and_copied(tmp_path, mo
 
   finisher = threading.Thread(target=the_other_process_finishes)
   finisher.start()
-  results = run_suite(copy, preset='tiny', seeds=2, out=out, progress=False, run=run)
+  results = run_suite(copy, SuiteRun(preset='tiny', seeds=2, out=out, progress=False), run=run)
   finisher.join()
   by_seed = {r['seed']: r for r in results['runs']}
   assert events == ['trained seed 1 here', 'the other process finished seed 0']
@@ -227,5 +233,5 @@ def test_a_run_another_process_is_training_is_waited_for_and_copied(tmp_path, mo
   stale = str(tmp_path / 'stale')  # its process died long ago: trained here
   _in_progress_elsewhere(stale, age_s=scheduler.FRESH_S + 60)
   calls.clear()
-  results = run_suite(copy, preset='tiny', seeds=1, out=stale, progress=False, run=train)
+  results = run_suite(copy, SuiteRun(preset='tiny', seeds=1, out=stale, progress=False), run=train)
   assert [c[1] for c in calls] == [0] and 'copied_from' not in results['runs'][0]

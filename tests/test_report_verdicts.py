@@ -13,9 +13,10 @@ import statistics
 
 import numpy as np
 import pytest
+from conftest import hand_made_results
 from scipy import stats as sps
 
-from experiments import diagnosis, overview, report, stats
+from experiments import diagnosis, overview, report, report_notes, stats, verdicts
 from experiments.diagnosis import Diagnosis, Evidence, Finding
 from experiments.suite import Suite, Variant
 from experiments.suites._presets import PRESETS
@@ -74,33 +75,11 @@ LOSSES = {  # three paired seeds each; tight differences are ±0.01 around their
 
 
 def results():
-  runs = [
-    {
-      'variant': name,
-      'seed': seed,
-      'eval_loss': loss,
-      'params': 100,
-      'active_params': 100,
-      'tokens': 1000,
-      'tokens_per_s': 1.0,
-      'learning_rate': 1e-3,
-      'train_flops': 1.0,
-    }
-    for name, losses in LOSSES.items()
-    for seed, loss in enumerate(losses)
-  ]
-  return {
-    'suite': 'verdicts',
-    'preset': 'tiny',
-    'seeds': 3,
-    'runs': runs,
-    'failed': [],
-    'pending': [],
-  }
+  return hand_made_results(LOSSES, suite='verdicts', preset='tiny', seeds=3)
 
 
 def _rows(suite=SUITE, family=None):
-  return {r['variant']: r for r in report.summarize(suite, results(), family=family)}
+  return {r['variant']: r for r in verdicts.summarize(suite, results(), family=family)}
 
 
 def test_each_row_lands_in_one_category():
@@ -132,8 +111,8 @@ def test_no_difference_agrees_where_the_ci_lies_inside_the_papers_same():
     SUITE, variants=tuple(v for v in SUITE.variants if v.name in names), diagnoses={}
   )
   res = {**results(), 'runs': [r for r in results()['runs'] if r['variant'] in names]}
-  row = next(r for r in report.summarize(suite, res) if r['variant'] == 'same_tight')
-  bound = report.PAPER_SAME * stats.mean_std(BASE)[0]
+  row = next(r for r in verdicts.summarize(suite, res) if r['variant'] == 'same_tight')
+  bound = verdicts.PAPER_SAME * stats.mean_std(BASE)[0]
   diffs = [v - b for v, b in zip(LOSSES['same_tight'], BASE)]
   own = stats.paired_test(diffs, [0.0] * 3)
   assert row['ci_all'] == pytest.approx((own.ci_low, own.ci_high))
@@ -191,11 +170,11 @@ def test_the_power_line_names_the_seeds_at_the_adjusted_alpha():
   """Rows that cannot resolve the paper's gap get the seeds that would, at the table's level and
   its own noise ('noisy' keeps its own variance: the paired formula); rows that ruled the gap
   out or whose paper reports none are not listed."""
-  rows = report.summarize(SUITE, results())
+  rows = verdicts.summarize(SUITE, results())
   by_name = {r['variant']: r for r in rows}
   m = by_name['noisy']['m']
   base_mean = stats.mean_std(BASE)[0]
-  assert report.paper_effect(SUITE, by_name['noisy'], rows) == pytest.approx(-0.01 * base_mean)
+  assert verdicts.paper_effect(SUITE, by_name['noisy'], rows) == pytest.approx(-0.01 * base_mean)
   text = report.markdown(SUITE, results(), rows)
   line = next(ln for ln in text.splitlines() if ln.startswith('Power:'))
   diffs = [v - b for v, b in zip(LOSSES['noisy'], BASE)]
@@ -219,13 +198,13 @@ def test_the_overview_corrects_over_every_suite_at_once(tmp_path):
   twin = dataclasses.replace(SUITE, name='twin')
   loaded = [(SUITE, results()), (twin, {**results(), 'suite': 'twin'})]
   family = overview.project_family(loaded)
-  tests = [r for r in report.summarize(SUITE, results()) if 'test' in r]
+  tests = [r for r in verdicts.summarize(SUITE, results()) if 'test' in r]
   assert family.m == 2 * len(tests)
   tally = overview.tally(SUITE, results(), family, out)
   by_table = overview.tally(SUITE, results(), None, out)
   assert sum(tally['counts'].values()) == sum(by_table['counts'].values()) == 10
   assert tally['table_counts'] == by_table['counts']
-  wide = {r['variant']: r for r in report.summarize(SUITE, results(), family=family)}
+  wide = {r['variant']: r for r in verdicts.summarize(SUITE, results(), family=family)}
   assert wide['level']['ci_all'] == pytest.approx(wide['level']['test'].ci(2 * len(tests)))
   assert tally['noise']['project'] == pytest.approx(wide['level']['detectable'])
   assert tally['noise']['own'][0][0] == 'noisy'
@@ -356,9 +335,9 @@ def test_a_row_whose_seeds_spread_apart_is_named_with_each_seed():
     {**res['runs'][0], 'variant': 'stalled', 'seed': seed, 'eval_loss': loss}
     for seed, loss in enumerate(stalled)
   ]
-  rows = report.summarize(suite, res)
+  rows = verdicts.summarize(suite, res)
   typical = statistics.median(r['test'].diff_std for r in rows if 'test' in r)
-  line = report.spread_line(rows)
+  line = report_notes.spread_line(rows)
   spread = next(r for r in rows if r['variant'] == 'stalled')['test'].diff_std
   assert line.startswith(
     f"Seeds apart: stalled's differences to base spread {spread / typical:.0f}x"
@@ -366,7 +345,7 @@ def test_a_row_whose_seeds_spread_apart_is_named_with_each_seed():
   assert '(seed 0: +0.020, seed 1: +2.400, seed 2: +0.030)' in line
   assert 'noisy' not in line and line.count("'s differences") == 1
   assert line in report.markdown(suite, res, rows)
-  assert report.spread_line(report.summarize(SUITE, results())) == ''
+  assert report_notes.spread_line(verdicts.summarize(SUITE, results())) == ''
 
 
 def test_a_narrower_hidden_layer_is_ruled_out_only_where_the_wide_row_stays_behind(tmp_path):
@@ -483,7 +462,7 @@ def test_the_plan_sees_what_the_report_sees_and_names_the_seeds_for_a_target(cap
   out = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'experiments', 'results')
   suite = load_suite('ffn')
   with open(os.path.join(out, 'ffn', 'results.json')) as f:
-    rows = {r['variant']: r for r in report.summarize(suite, json.load(f))}
+    rows = {r['variant']: r for r in verdicts.summarize(suite, json.load(f))}
   found = plan.plan(suite, detect=0.03, out=out)
   assert found['sigma'] == pytest.approx(rows['gelu']['pool'].sigma)
   for row in found['rows']:
@@ -508,7 +487,7 @@ def test_a_note_recomputes_what_another_suite_found_of_a_row():
   under the table whatever the row's verdict, recomputed from the runs; a note on a row the
   suite lacks is refused."""
   suite = dataclasses.replace(SUITE, notes={'level': _says(True, explains=False)})
-  rows = report.summarize(suite, results())
+  rows = verdicts.summarize(suite, results())
   gap = sum(w - b for w, b in zip(LOSSES['level'], BASE)) / 3  # _says: the row's own mean gap
   text = report.markdown(suite, results(), rows)
   assert f'\nlevel, elsewhere (verdicts: worse_here − base: the gap is {gap:+.2f}).\n' in text

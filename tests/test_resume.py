@@ -15,8 +15,9 @@ from conftest import STEPS, load_state, make_config
 
 from mllm.checks import InputError
 from mllm.config import ConfigError
+from mllm.paths import DELETING
 from mllm.train import evaluate, train
-from mllm.train.checkpoint import DELETING, Checkpointer
+from mllm.train.checkpoint import Checkpointer
 from mllm.train.metrics import read_metrics, truncate_metrics
 from mllm.train.resume import adopt_tokenizer, init_params
 from mllm.train.sharding import make_mesh

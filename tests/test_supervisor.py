@@ -144,3 +144,14 @@ def test_only_a_process_of_several_is_supervised():
   assert supervisor.wanted({'SLURM_NTASKS': '4'})
   assert not supervisor.wanted({'SLURM_NTASKS': '4', supervisor.CHILD_FD: '5'})
   assert not supervisor.wanted({'SLURM_NTASKS': '4', 'MLLM_SUPERVISE': '0'})
+
+
+def test_the_supervisor_imports_no_jax_and_nothing_of_mllm_train():
+  """It stays a small process: importing it loads neither JAX nor Orbax nor mllm.train."""
+  code = (
+    'import sys, mllm.supervisor; '
+    "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'orbax') "
+    "or m.startswith('mllm.train')))"
+  )
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == '[]'

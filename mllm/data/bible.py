@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from mllm.checks import ConfigError
-from mllm.data.sources import Document, Source
+from mllm.data.document import Document, Source
 
 MAGIC = b'EC02Compressed Data File'
 Z_MAGIC = b'\x1f\x9d'

@@ -9,7 +9,6 @@ files with sizes and modification times but reads no contents.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -19,12 +18,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from mllm.checks import ConfigError, first_line
-
-
-@dataclasses.dataclass(frozen=True)
-class Document:
-  key: str
-  text: str
+from mllm.data.bible import KJVSource
+from mllm.data.document import Document, Source
 
 
 def is_val(key: str, val_fraction: float) -> bool:
@@ -95,16 +90,6 @@ def list_files(root: str, suffixes: tuple[str, ...], skip_dirs: tuple[str, ...] 
 def _file_listing(root: str, rel_paths: list[str]) -> list[tuple[str, int, int]]:
   stats = [os.stat(os.path.join(root, p)) for p in rel_paths]
   return [(p, s.st_size, s.st_mtime_ns) for p, s in zip(rel_paths, stats)]
-
-
-class Source:
-  """Base class: `documents()` and `describe()`."""
-
-  def documents(self) -> Iterator[Document]:
-    raise NotImplementedError
-
-  def describe(self) -> dict[str, Any]:
-    raise NotImplementedError
 
 
 class FilesSource(Source):
@@ -381,8 +366,6 @@ def make_source(data_config) -> Source:
   if d.source == 'hf':
     return HFSource(d.path, d.hf_config, d.hf_split, d.text_field)
   if d.source == 'kjv':
-    from mllm.data.bible import KJVSource  # it subclasses Source: imported here, not at the top
-
     return KJVSource(d.path)
   path = os.path.abspath(os.path.expanduser(d.path))
   suffixes = {'text': ('.txt',), 'jsonl': ('.jsonl',), 'parquet': ('.parquet',)}[d.source]

@@ -8,10 +8,11 @@ from mllm.config import load_config
 from mllm.data.tokenizers import BPETokenizer, ByteTokenizer
 from mllm.generation.decode import generate_tokens
 from mllm.paths import existing_dir
-from mllm.train.checkpoint import Checkpointer, StateMismatch
+from mllm.train.checkpoint import Checkpointer
 from mllm.train.resume import as_config, saved_config
 from mllm.train.sharding import make_mesh
 from mllm.train.state import model_setup
+from mllm.train.state_signature import StateMismatch
 
 
 def load_run(workdir: str, like):

@@ -22,7 +22,7 @@ from flax import nnx
 from ml_collections import config_dict
 
 from mllm.config import load_config
-from mllm.config_keys import set_path
+from mllm.config_schema import set_key
 from mllm.interop import hf_weights
 from mllm.interop.hf_config import (
   ARCHITECTURES,
@@ -268,8 +268,10 @@ def run_config(config, path: str, explicit: dict[str, Any] | None = None):
   keys.update(tokenizer_settings(path))
   out = config_dict.ConfigDict(config.to_dict())
   with out.ignore_type():
-    for key, value in {**keys, **(explicit or {})}.items():
-      set_path(out, key, value)
+    # The folder's keys, then the user's, each after all of the folder's (a user's pos=alibi
+    # then drops the folder's RoPE θ, as a choice does).
+    for key, value in [*keys.items(), *(explicit or {}).items()]:
+      set_key(out, key, value)
     if out.data.seq_len > out.model.max_seq_len and 'data.seq_len' not in (explicit or {}):
       out.data.seq_len = out.model.max_seq_len
   return out

@@ -24,12 +24,9 @@ How no checkpoint is ever lost:
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
-import re
 import shutil
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -40,229 +37,16 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from mllm.checks import InputError, RunFault, first_line
-from mllm.paths import RunDir
-
-# Orbax writes both into the tmp folder before its commit rename (AtomicRenameTemporaryPath).
-COMMIT_MARKERS = ('_CHECKPOINT_METADATA', 'commit_success.txt')
-DELETING = '.deleting'
-TMP_MARKER = '.orbax-checkpoint-tmp'
-
-# {('params', 'blocks', '0', 'attention', 'query', 'kernel', 'value'): ((16, 4, 4), 'float32'), ...}
-Signature = dict[tuple[str, ...], tuple[tuple[int, ...], str]]
-
-
-def note(message: str) -> None:
-  print(message, file=sys.stdout, flush=True)
-
-
-# errno values a person fixes (space, quota, permissions, a read-only mount), by the words Orbax
-# and TensorStore quote them with.
-FIXABLE = {
-  errno.ENOSPC: 'No space left on device',
-  errno.EDQUOT: 'Disk quota exceeded',
-  errno.EACCES: 'Permission denied',
-  errno.EROFS: 'Read-only file system',
-}
-
-
-class CheckpointWriteError(RunFault):
-  """A save that failed (in Orbax's background thread or at once): which step, where, why, and
-  the newest step that is still whole. `fixable`: the cause is the machine's (disk full,
-  permissions), which the user can fix and then resume."""
-
-  def __init__(self, step: int, directory: str, cause: BaseException, last_good: int | None):
-    self.step, self.directory, self.last_good = step, directory, last_good
-    self.reason = _write_failure(cause)
-    self.fixable = any(words in self.reason for words in FIXABLE.values())
-    kept = (
-      f'the last good checkpoint is step {last_good}'
-      if last_good is not None
-      else 'no checkpoint of this run is complete yet'
-    )
-    todo = 'free space there or fix its permissions' if self.fixable else 'see the run log'
-    super().__init__(
-      f'checkpoint step {step} could not be written in {directory} ({self.reason}); its '
-      f'partial folder was removed; {kept}; {todo}, then run again to resume'
-    )
-
-
-def _read_failure(err: BaseException) -> str:
-  """Why a step could not be read, in one line: TensorStore's own reason where the chain holds
-  one ('reading params.embed.embedding.value: ZSTD_decompressStream() failed: ...'), else the
-  first line without the object reprs TensorStore appends (`<bound method ... TensorStore({...`)."""
-  for e in (err, err.__cause__, err.__context__):
-    found = e is not None and re.search(r'Error reading "([^"]+)"[^:]*: (.+?)(?:; at |$)', str(e))
-    if found:
-      return f'reading {found[1]}: {found[2]}'[:200]
-  text = first_line(err).split(' See full TensorStore details')[0]
-  return re.sub(r'<[^<>]*>?$|<[^<>]*>', '', text).strip()
-
-
-def _write_failure(err: BaseException) -> str:
-  """The cause of a failed save in a few words: the OS error where one is quoted ('No space left
-  on device'), else the exception's first line, without the file paths Orbax repeats."""
-  for e in (err, err.__cause__, err.__context__):
-    if isinstance(e, OSError) and e.errno in FIXABLE:
-      return FIXABLE[e.errno]
-  text = str(err)
-  for code, words in FIXABLE.items():
-    if words in text or f"os_error_code='{code}'" in text or f'[Errno {code}]' in text:
-      return words
-  return first_line(err)
-
-
-# --------------------------------------------------------------------------------------------
-# Structure of a saved state, without reading its arrays.
-# --------------------------------------------------------------------------------------------
-
-
-def _key_name(key) -> str:
-  for attr in ('key', 'name', 'idx'):
-    if hasattr(key, attr):
-      return str(getattr(key, attr))
-  return str(key)
-
-
-def signature(tree) -> Signature:
-  """Path → (shape, dtype) of every array leaf of a pytree of arrays, ShapeDtypeStructs or Orbax
-  ArrayMetadata. Paths are plain strings, so NNX Variables, optax NamedTuples and the nested
-  dicts Orbax stores them as compare equal."""
-  out = {}
-  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    if hasattr(leaf, 'shape') and hasattr(leaf, 'dtype'):
-      out[tuple(_key_name(k) for k in path)] = (tuple(leaf.shape), str(leaf.dtype))
-  return out
-
-
-def only(sig: Signature, prefix: str) -> Signature:
-  return {path: v for path, v in sig.items() if path[0] == prefix}
-
-
-def compare(saved: Signature, expected: Signature) -> dict[str, list]:
-  """{'only_saved': [path], 'only_expected': [path], 'different': [(path, saved, expected)]}; all
-  empty when the two structures agree."""
-  return {
-    'only_saved': sorted(set(saved) - set(expected)),
-    'only_expected': sorted(set(expected) - set(saved)),
-    'different': [
-      (p, saved[p], expected[p])
-      for p in sorted(set(saved) & set(expected))
-      if saved[p] != expected[p]
-    ],
-  }
-
-
-def format_path(path: tuple[str, ...]) -> str:
-  return '/'.join(path)
-
-
-class StateMismatch(Exception):
-  """A checkpoint holds a state of another structure than the config builds (a config change)."""
-
-  def __init__(self, step: int, diff: dict[str, list]):
-    self.step, self.diff = step, diff
-    super().__init__(f'checkpoint step {step} has another state structure: {describe_diff(diff)}')
-
-
-def describe_diff(diff: dict[str, list], limit: int = 3) -> str:
-  parts = []
-  for what, paths in (
-    ('saved but not in this config', diff['only_saved']),
-    ('in this config but not saved', diff['only_expected']),
-  ):
-    if paths:
-      shown = ', '.join(format_path(p) for p in paths[:limit])
-      parts.append(f'{len(paths)} entries {what} ({shown}{", ..." if len(paths) > limit else ""})')
-  if diff['different']:
-    shown = ', '.join(
-      f'{format_path(p)} {s[0]}/{s[1]} saved vs {e[0]}/{e[1]} here'
-      for p, s, e in diff['different'][:limit]
-    )
-    parts.append(
-      f"{len(diff['different'])} entries of another shape or dtype ({shown}"
-      f"{', ...' if len(diff['different']) > limit else ''})"
-    )
-  return '; '.join(parts)
-
-
-# --------------------------------------------------------------------------------------------
-# Tidying the checkpoint folder before Orbax looks at it.
-# --------------------------------------------------------------------------------------------
-
-
-def _is_committed(path: str) -> bool:
-  return any(os.path.exists(os.path.join(path, m)) for m in COMMIT_MARKERS)
-
-
-def committed_steps(workdir: str) -> list[int]:
-  """The steps a run in `workdir` has fully saved (what a restart resumes from), read from the
-  folder names and commit markers without starting Orbax."""
-  directory = RunDir(workdir).checkpoints
-  names = os.listdir(directory) if os.path.isdir(directory) else []
-  return sorted(int(n) for n in names if n.isdigit() and _is_committed(os.path.join(directory, n)))
-
-
-def purge_deleted(directory: str) -> int:
-  """Remove what `.deleting/` holds (steps Orbax dropped); the folder itself stays, since Orbax
-  may be renaming the next one into it. Returns how many entries were removed."""
-  trash = os.path.join(directory, DELETING)
-  if not os.path.isdir(trash):
-    return 0
-  names = os.listdir(trash)
-  for name in names:
-    path = os.path.join(trash, name)
-    if os.path.isdir(path) and not os.path.islink(path):
-      shutil.rmtree(path, ignore_errors=True)
-    else:
-      with contextlib.suppress(FileNotFoundError):
-        os.remove(path)
-  return len(names)
-
-
-def tidy(directory: str, log: Callable[[str], None] = note) -> None:
-  """Finish what a killed run left half-done in `directory`, saying what it did.
-
-  - entries of `.deleting/`: purged (dropped steps whose removal was interrupted);
-  - `<step>.orbax-checkpoint-tmp-*`: removed (a save that never committed);
-  - a step folder without commit marker, older than the newest committed step: an interrupted
-    deletion, finished;
-  - a step folder without commit marker, newer than every committed one: not Orbax's (a partial
-    copy); moved aside as `<step>.incomplete-<time>`, never deleted.
-  """
-  if not os.path.isdir(directory) or jax.process_index() != 0:
-    return
-  purged = purge_deleted(directory)
-  if purged:
-    log(
-      f'note: finished deleting {purged} old checkpoint(s) in {directory}/{DELETING} '
-      '(an interrupted max_to_keep cleanup)'
-    )
-  steps, bare = [], []
-  for name in sorted(os.listdir(directory)):
-    path = os.path.join(directory, name)
-    if TMP_MARKER in name and os.path.isdir(path):
-      shutil.rmtree(path, ignore_errors=True)
-      log(f'note: removed {name}, a checkpoint save that was interrupted before it committed')
-    elif name.isdigit() and os.path.isdir(path):
-      (steps if _is_committed(path) else bare).append(int(name))
-  newest = max(steps, default=None)
-  for step in sorted(bare):
-    path = os.path.join(directory, str(step))
-    if newest is not None and step < newest:
-      shutil.rmtree(path, ignore_errors=True)
-      log(
-        f'note: finished deleting checkpoint step {step}: it had lost its commit marker, so '
-        f'its deletion (max_to_keep) was interrupted; the newest step is {newest}'
-      )
-    else:
-      target = f'{path}.incomplete-{int(time.time())}'
-      os.rename(path, target)
-      log(
-        f'warning: checkpoint step {step} in {directory} has no commit marker (a partial copy, '
-        f'or a save outside Orbax); skipped it and moved it to {os.path.basename(target)}'
-      )
-
+from mllm.checks import InputError
+from mllm.paths import DELETING, TMP_MARKER, RunDir, committed_steps
+from mllm.train.checkpoint_folder import (
+  CheckpointWriteError,
+  note,
+  purge_deleted,
+  read_failure,
+  tidy,
+)
+from mllm.train.state_signature import Signature, StateMismatch, compare, only, signature
 
 # --------------------------------------------------------------------------------------------
 # The checkpointer.
@@ -435,7 +219,7 @@ class Checkpointer:
       except Exception as err:  # Orbax raises many types here
         if jax.process_count() > 1:
           raise  # processes must agree on the step; do not guess on one of them
-        failures.append((step, _read_failure(err)))
+        failures.append((step, read_failure(err)))
         continue
       self._report_skipped(failures, step, set_aside)
       return step, restored

@@ -10,11 +10,12 @@ import jax
 
 from mllm.checks import ConfigError, InputError
 from mllm.paths import RunDir, existing_dir
-from mllm.train.checkpoint import Checkpointer, StateMismatch
+from mllm.train.checkpoint import Checkpointer
 from mllm.train.cluster import maybe_initialize_distributed
 from mllm.train.resume import check_resumable, mismatch_error
 from mllm.train.sharding import global_batch, make_mesh
 from mllm.train.state import model_setup
+from mllm.train.state_signature import StateMismatch
 from mllm.train.step import eval_summary, make_eval_step
 
 

@@ -25,13 +25,8 @@ from mllm.accounting import count_params, training_flops_per_token
 from mllm.layers.moe import moe_layers, training_note
 from mllm.paths import RunDir, writable_dir
 from mllm.train import peers
-from mllm.train.checkpoint import (
-  Checkpointer,
-  StateMismatch,
-  config_as_dict,
-  note,
-  write_config,
-)
+from mllm.train.checkpoint import Checkpointer, config_as_dict, write_config
+from mllm.train.checkpoint_folder import note
 from mllm.train.cluster import StopRequest, maybe_initialize_distributed
 from mllm.train.evaluation import run_eval
 from mllm.train.logs import route_library_output
@@ -46,6 +41,7 @@ from mllm.train.metrics import (
 from mllm.train.resume import adopt_tokenizer, check_resumable, init_params, mismatch_error
 from mllm.train.sharding import global_batch, make_mesh
 from mllm.train.state import setup
+from mllm.train.state_signature import StateMismatch
 from mllm.train.step import make_eval_step, make_train_step
 
 

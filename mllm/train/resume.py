@@ -25,16 +25,10 @@ from mllm.checks import ConfigError, InputError, input_error
 from mllm.config_keys import flatten, set_path
 from mllm.interop.hf import HFImportError, hf_params
 from mllm.paths import RunDir
-from mllm.train.checkpoint import (
-  Checkpointer,
-  Signature,
-  StateMismatch,
-  describe_diff,
-  note,
-  only,
-  signature,
-)
+from mllm.train.checkpoint import Checkpointer
+from mllm.train.checkpoint_folder import note
 from mllm.train.state import abstract_state
+from mllm.train.state_signature import Signature, StateMismatch, describe_diff, only, signature
 from mllm.validation import INIT_SOURCES
 
 # The state's structure depends only on these sections (the data, mesh and seed do not change it).

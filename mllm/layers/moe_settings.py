@@ -1,0 +1,153 @@
+"""`model.moe`: the keys the MoE FFN reads (`MoESettings`, each with its default, rule and doc),
+and the rules across them (`check_moe_config`), run by validation before anything is built."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mllm.checks import ConfigError, integer, number, positive
+from mllm.layers.ffn import FFNS
+from mllm.layers.moe import moe_layers
+from mllm.layers.moe_experts import DISPATCHES, GROUPED_MATMULS
+from mllm.layers.moe_routing import BALANCE_CONVENTIONS, NOISES, ROUTERS
+from mllm.variant_config import check_keys, key, keys_of, one_of_these
+
+
+def _coefficient(name, value) -> None:
+  number(name, value, 0.0, 1e3, 'a loss coefficient (0: off)')
+
+
+def _count(name, value) -> None:
+  integer(name, value, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class MoESettings:
+  """`model.moe`: the keys the MoE FFN (`model.ffn.kind='moe'`) reads. `ffn.d_ff`, match_params
+  and multiple_of size the experts and the dense layers as they size a dense FFN."""
+
+  num_experts: int = key('num_experts', 8, 'routed experts E', integer)
+  top_k: int = key('top_k', 2, 'experts per token: 1 Switch; 2 GShard, Mixtral')
+  expert_kind: str = key(
+    'expert_kind',
+    'swiglu',
+    "the experts' FFN, and the dense layers' in a mixed stack",
+    one_of_these(FFNS, 'expert FFN'),
+  )
+  expert_d_ff: int | None = key(
+    'expert_d_ff', None, "None: the dense FFN's hidden size; smaller: fine-grained", integer
+  )
+  num_shared_experts: int = key(
+    'num_shared_experts',
+    0,
+    'always-on experts beside the routed ones (DeepSeekMoE)',
+    _count,
+  )
+  shared_d_ff: int | None = key('shared_d_ff', None, 'None: expert_d_ff', integer)
+  every: int = key(
+    'every', 1, 'layer i is MoE when (i + 1) % every == 0 and i >= first_dense_layers', integer
+  )
+  first_dense_layers: int = key('first_dense_layers', 0, 'the first layers stay dense', _count)
+  router: str = key(
+    'router',
+    'softmax',
+    'softmax | sigmoid (DeepSeek-V3; gates normalised over the top k)',
+    one_of_these(ROUTERS, 'router'),
+  )
+  renormalize: bool = key('renormalize', True, 'gates renormalised over the chosen k (Mixtral)')
+  dispatch: str = key(
+    'dispatch',
+    'auto',
+    'capacity | dropless (ragged_dot) | auto: capacity on CPU, else dropless',
+    one_of_these(('auto', *DISPATCHES), 'dispatch'),
+  )
+  capacity_factor: float = key(
+    'capacity_factor',
+    1.25,
+    'capacity = ceil(tokens / experts * top_k * capacity_factor)',
+    positive,
+  )
+  grouped_matmul: str = key(
+    'grouped_matmul',
+    'ragged_dot',
+    'dropless kernel: ragged_dot | megablox (Pallas gmm, TPU) | tiled',
+    one_of_these(GROUPED_MATMULS, 'grouped matmul'),
+  )
+  balance_coef: float = key('balance_coef', 0.01, 'Switch load-balancing loss, α', _coefficient)
+  balance_convention: str = key(
+    'balance_convention',
+    'switch',
+    'switch: 1 at uniform routing for every k | hf: k',
+    one_of_these(BALANCE_CONVENTIONS, 'balancing-loss convention'),
+  )
+  z_loss_coef: float = key('z_loss_coef', 0.001, 'router z-loss (ST-MoE)', _coefficient)
+  noise: str = key(
+    'noise',
+    'none',
+    'none | mixture: (1 - α)·p + α·ε | noisy_topk (Shazeer 2017); training only',
+    one_of_these(NOISES, 'router noise'),
+  )
+  noise_alpha: float = key(
+    'noise_alpha',
+    0.1,
+    'α of the mixture noise',
+    lambda n, v: number(n, v, 0.0, 1.0, 'the weight of the noise in the mixture'),
+  )
+  expert_bias: bool = key(
+    'expert_bias', False, 'DeepSeek-V3 aux-loss-free balancing: a selection bias, no gradient'
+  )
+  bias_update_rate: float = key(
+    'bias_update_rate',
+    0.001,
+    'γ in b ← b + γ·sign(mean load − load), after each step',
+    lambda n, v: number(n, v, 0.0, 1e3, 'the bias step γ'),
+  )
+  force_uniform_routing: bool = key(
+    'force_uniform_routing', False, 'balanced assignment whatever the router says (benchmarks)'
+  )
+
+
+def check_moe_config(m, p: str = 'model') -> None:
+  """model.moe, read only with ffn.kind='moe' (otherwise every key at its default, as every
+  variant's keys): each key by its declared rule (`MoESettings`), then the rules across keys."""
+  moe, q = m.moe, f'{p}.moe'
+  if m.ffn.kind != 'moe':
+    for k in keys_of(MoESettings):
+      if moe[k.name] != k.default:
+        raise ConfigError(
+          f'{q}.{k.name}',
+          moe[k.name],
+          f"read only by {p}.ffn.kind='moe' (it is {m.ffn.kind!r}), so it would do nothing; "
+          f'allowed here: its default {k.default!r}',
+        )
+    return
+  check_keys(moe, q, keys_of(MoESettings))
+  if not 1 <= moe.top_k <= moe.num_experts:
+    raise ConfigError(
+      f'{q}.top_k',
+      moe.top_k,
+      f'each token goes to top_k of {q}.num_experts='
+      f'{moe.num_experts} experts; allowed: 1 <= top_k <= {moe.num_experts}',
+    )
+  if m.ffn.use_bias:
+    raise ConfigError(
+      f'{p}.ffn.use_bias',
+      True,
+      "experts are bias-free (as in Switch, Mixtral "
+      f"and DeepSeek); allowed with {p}.ffn.kind='moe': false",
+    )
+  if not moe_layers(m):
+    raise ConfigError(
+      f'{q}.first_dense_layers',
+      moe.first_dense_layers,
+      f'with {q}.every={moe.every} this leaves no MoE layer among the '
+      f'{m.n_layers}; allowed: a smaller value, or a smaller {q}.every',
+    )
+  if m.scan_layers and len(moe_layers(m)) != m.n_layers:
+    raise ConfigError(
+      f'{p}.scan_layers',
+      True,
+      f'scanned layers must be alike, but {q}.every='
+      f'{moe.every} and {q}.first_dense_layers={moe.first_dense_layers} mix MoE '
+      'and dense layers; allowed: false, or every=1 and first_dense_layers=0',
+    )
