@@ -37,6 +37,10 @@ def longer_copy(
 
 # Every evaluation of a headline table reads the whole validation split, not its first batches.
 WHOLE_SPLIT = {'train.eval_batches': 0}
+# Headline tables compute in bfloat16 (float32 parameters, optimizer state and loss): 1.33x a
+# cpu-preset step on an AVX512-BF16 CPU, and `ffn_bf16` showed the `ffn` table's verdicts and
+# every row's Δ unchanged by it (experiments/results/ffn_bf16/precision.md).
+BF16 = {'model.dtype': 'bfloat16'}
 
 
 def headline_copy(
@@ -50,15 +54,15 @@ def headline_copy(
 ) -> Suite:
   """Every row of `donor` over LONGER's budget as a scored table of its own: each rate tuned
   again at this budget (BUDGET_GRID around `donor`'s) on 2 tuning seeds, `seeds` paired seeds,
-  every evaluation over the whole validation split; `overrides`: more dotted overrides for every
-  preset (another corpus); `fields`: any other Suite field."""
+  every evaluation over the whole validation split, bfloat16 compute (BF16); `overrides`: more
+  dotted overrides for every preset (another corpus); `fields`: any other Suite field."""
   every = tuple(v.name for v in donor.variants)
   return longer_copy(
     donor,
     name=name,
     description=description,
     keep=every,
-    overrides={**WHOLE_SPLIT, **(overrides or {})},
+    overrides={**WHOLE_SPLIT, **BF16, **(overrides or {})},
     retune_lr=every,
     diagnoses_of='',
     seeds=seeds,

@@ -10,8 +10,7 @@ import dataclasses
 
 from experiments.suite import Suite
 from experiments.suites import ffn
-
-BF16 = {'model.dtype': 'bfloat16'}
+from experiments.suites._longer import BF16
 
 SUITE = Suite(
   name='ffn_bf16',
