@@ -74,14 +74,19 @@ def test_a_new_position_scheme_and_ffn_validate_train_and_summarise(registered):
     tiny_config('ffn=relu3')
 
   # Its key, in the schema since it registered: set by its unique leaf name or its dotted path,
-  # range-checked by its rule where the scheme is chosen, left alone where it is not.
+  # range-checked by its rule where the scheme is chosen, refused where it is not (it would do
+  # nothing there), and reset when another scheme is chosen after it.
   assert config.model.position.scaled_sinusoidal_init == 1.0
   doubled = tiny_config('pos=scaled_sinusoidal,scaled_sinusoidal_init=2.0')
   model = mllm.build_model(doubled, rngs=nnx.Rngs(0))
   np.testing.assert_allclose(float(model.position.scale[...]), 2.0 / 16**0.5, rtol=1e-6)
   with pytest.raises(mllm.ConfigError, match=r'scaled_sinusoidal_init=-1\.0: the starting scale'):
     tiny_config('pos=scaled_sinusoidal', model__position__scaled_sinusoidal_init=-1.0)
-  tiny_config('pos=rope', model__position__scaled_sinusoidal_init=-1.0)
+  with pytest.raises(mllm.ConfigError, match=r"read only by model\.position\.kind='scaled_sinu"):
+    tiny_config('pos=rope', model__position__scaled_sinusoidal_init=2.0)
+  assert (
+    tiny_config('scaled_sinusoidal_init=2.0,pos=rope').model.position.scaled_sinusoidal_init == 1
+  )
 
   step, state, batch = benchmark_step(config)
   before = float(state['params']['position']['scale'][...])  # the step donates `state`
