@@ -30,6 +30,17 @@ def data_overrides(corpus, cache):
   }
 
 
+def one_seed(tmp_path, corpus) -> SuiteRun:
+  """A suite's tiny preset on one seed over the test corpus, in tmp_path, quietly."""
+  return SuiteRun(
+    preset='tiny',
+    seeds=1,
+    out=str(tmp_path),
+    extra=data_overrides(corpus, str(tmp_path / 'cache')),
+    progress=False,
+  )
+
+
 # 'same' is the baseline's config under another name: with paired seeds it must give exactly the
 # baseline's numbers, which is what makes the differences paired.
 SUITE = Suite(
@@ -494,13 +505,7 @@ def test_attention_heads_variants_match_parameters_and_measure_decoding(tmp_path
   mqa = Suite('mqa', 'x', suite.base, (suite.variants[-1],), suite.presets, extra_metrics='decode')
   out = run_suite(
     mqa,
-    SuiteRun(
-      preset='tiny',
-      seeds=1,
-      out=str(tmp_path),
-      extra=data_overrides(corpus, str(tmp_path / 'cache')),
-      progress=False,
-    ),
+    one_seed(tmp_path, corpus),
   )
   run = out['runs'][0]
   m = resolve(mqa, mqa.variants[0], 'tiny', 0).model
@@ -523,13 +528,7 @@ def test_positions_suite_evaluates_past_the_training_context(tmp_path, corpus):
   )
   out = run_suite(
     two,
-    SuiteRun(
-      preset='tiny',
-      seeds=1,
-      out=str(tmp_path),
-      extra=data_overrides(corpus, str(tmp_path / 'cache')),
-      progress=False,
-    ),
+    one_seed(tmp_path, corpus),
   )
   runs = {r['variant']: r for r in out['runs']}
   assert all(math.isfinite(runs['rope'][f'loss_at_{k}L']) for k in (2, 4, 8, 16))
@@ -636,13 +635,7 @@ def test_a_child_of_a_failed_run_is_reported_not_run(tmp_path, corpus):
 
   out = run_suite(
     suite,
-    SuiteRun(
-      preset='tiny',
-      seeds=1,
-      out=str(tmp_path),
-      progress=False,
-      extra=data_overrides(corpus, str(tmp_path / 'cache')),
-    ),
+    one_seed(tmp_path, corpus),
     run=broken,
   )
   assert len(calls) == 2 and [f['variant'] for f in out['failed']] == ['parent', 'child']
@@ -685,13 +678,7 @@ def test_context_extension_suite_scales_for_8L_and_measures_1_to_8L(tmp_path, co
   )
   out = run_suite(
     small,
-    SuiteRun(
-      preset='tiny',
-      seeds=1,
-      out=str(tmp_path),
-      extra=data_overrides(corpus, str(tmp_path / 'cache')),
-      progress=False,
-    ),
+    one_seed(tmp_path, corpus),
   )
   runs = {r['variant']: r for r in out['runs']}
   assert not out['failed'] and set(runs) == {'rope', 'pi', 'pi-finetune'}
