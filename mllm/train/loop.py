@@ -22,9 +22,9 @@ import numpy as np
 
 from mllm import compile_cache
 from mllm.accounting import count_params, training_flops_per_token
-from mllm.layers.moe import moe_layers, training_note
+from mllm.layers.moe import moe_layers
 from mllm.paths import RunDir, writable_dir
-from mllm.train import peers
+from mllm.train import peers, run_text
 from mllm.train.checkpoint import Checkpointer, config_as_dict, write_config
 from mllm.train.checkpoint_folder import note
 from mllm.train.cluster import StopRequest, maybe_initialize_distributed
@@ -36,7 +36,6 @@ from mllm.train.metrics import (
   moe_records,
   peak_flops_per_device,
   plot_losses,
-  read_metrics,
 )
 from mllm.train.resume import adopt_tokenizer, check_resumable, init_params, mismatch_error
 from mllm.train.sharding import global_batch, make_mesh
@@ -51,10 +50,6 @@ class TrainingDiverged(RuntimeError):
   def __init__(self, message: str, step: int):
     super().__init__(message)
     self.step = step
-
-
-def _fmt_eval(e: dict) -> str:
-  return f"val loss {e['loss']:.4f}  ppl {e['perplexity']:.2f}  bits/byte {e['bits_per_byte']:.4f}"
 
 
 def train(config, workdir: str, *, stop_after: int | None = None, progress: bool = True) -> dict:
@@ -92,9 +87,9 @@ def train(config, workdir: str, *, stop_after: int | None = None, progress: bool
       end=end,
       state=state,
     )
-    _print_start(loop.bar, run, counts, device, start)
+    run_text.print_start(loop.bar, run, counts, device, start)
     if start >= end:  # resumed at its last step: report the losses it ended with, not NaN
-      loop.loss = _last_train_loss(writer.path, start)
+      loop.loss = run_text.last_train_loss(writer.path, start)
     loop.cached_before = cached_before
     loop.run_steps(started, state_note, ready)
     return loop.finish()
@@ -220,24 +215,6 @@ def _metrics_writer(workdir, t, start: int) -> MetricsWriter:
   return MetricsWriter(workdir, tensorboard=t.tensorboard, resume_step=start, keep=keep)
 
 
-def _print_start(bar, run: _Run, counts, device, start: int) -> None:
-  """The notes for the run (MoE training, an empty validation split) and the line it starts with."""
-  config, data, mesh = run.config, run.data, run.mesh
-  moe_note = training_note(config.model.moe) if moe_layers(config.model) else None
-  if moe_note:
-    bar.print(f'note: {moe_note}')
-  if not data.stats['val']['tokens']:
-    bar.print(
-      f'note: the validation split is empty (data.val_fraction={config.data.val_fraction} '
-      'of too few documents); no eval metrics'
-    )
-  bar.print(
-    f"{'resuming from step ' + str(start) if start else 'starting'} in {run.workdir}: "
-    f'{counts.total:,} parameters, {jax.device_count()} × {device.device_kind}, mesh '
-    + ' × '.join(f'{k}={v}' for k, v in mesh.shape.items())
-  )
-
-
 @dataclasses.dataclass
 class _Loop:
   """The steps of one `train` call: what they use, and what they carry from one step to the next
@@ -355,7 +332,7 @@ class _Loop:
       (speed.flops_per_token * tok_s / (speed.peak * jax.device_count())) if speed.peak else None
     )
     moe = jax.device_get(metrics['moe']) if 'moe' in metrics else None
-    self.bar.update(step, _step_info(loss, tok_s, dt, mfu, moe))
+    self.bar.update(step, run_text.step_info(loss, tok_s, dt, mfu, moe))
     if step % self.run.config.train.log_every == 0 or step == self.end:
       self.writer.write(
         step,
@@ -379,7 +356,7 @@ class _Loop:
     if t.eval_every and step % t.eval_every == 0 and step < t.steps:
       self._evaluate()
       if self.last_eval:
-        self.bar.print(f'step {step}: {_fmt_eval(self.last_eval)}')
+        self.bar.print(f'step {step}: {run_text.fmt_eval(self.last_eval)}')
     if step % t.checkpoint_every == 0 or step == self.end:
       self._save()
 
@@ -434,53 +411,5 @@ class _Loop:
       'plot': plot,
       'nothing_left': self.start >= self.end,
     }
-    self.bar.print(_summary_line(summary))
+    self.bar.print(run_text.summary_line(summary))
     return summary
-
-
-def _step_info(loss: float, tok_s: float, dt: float, mfu: float | None, moe: dict | None) -> str:
-  """The progress bar's text for a step: loss, speed, MFU where known, MoE drop rate and load."""
-  return (
-    f'loss {loss:.4f}  {tok_s:,.0f} tok/s  {dt * 1e3:.0f} ms/step'
-    + (f'  MFU {mfu:.1%}' if mfu is not None else '')
-    + (
-      f"  drop {np.mean(moe['drop_rate']):.1%}  max/mean load "
-      f"{np.mean(moe['load_max_over_mean']):.2f}"
-      if moe
-      else ''
-    )
-  )
-
-
-def _last_train_loss(metrics_path: str, step: int) -> float:
-  """The train loss recorded at `step` (or the last before it), NaN if none was."""
-  if not os.path.exists(metrics_path):
-    return float('nan')
-  losses = [
-    r['loss']
-    for r in read_metrics(metrics_path)
-    if r['split'] == 'train' and r['step'] <= step and 'loss' in r
-  ]
-  return float(losses[-1]) if losses else float('nan')
-
-
-def _summary_line(s: dict) -> str:
-  if s.get('nothing_left'):
-    parts = [
-      f"nothing left to train: the run is at step {s['step']} already "
-      f"(train.steps or --stop_after); its last train loss {s['train_loss']:.4f}"
-    ]
-  else:
-    parts = [
-      f"{'stopped' if s['interrupted'] else 'done'} at step {s['step']}",
-      f"train loss {s['train_loss']:.4f}",
-    ]
-  if s['eval']:
-    parts.append(_fmt_eval(s['eval']))
-  if s['tokens_per_s']:
-    parts.append(
-      f"{s['tokens_per_s']:,.0f} tok/s (median step {s['median_step_s'] * 1e3:.0f} ms, "
-      f"compile {s['compile_s']:.1f} s)"
-    )
-  parts.append(f"workdir {s['workdir']}")
-  return '; '.join(parts)
