@@ -13,9 +13,6 @@ from experiments import provenance
 from experiments.run import Job, read_result, write_result
 from experiments.run_files import RESULT
 
-# Each suite folder keeps a ledger of its finished runs, <out>/<suite>/finished.jsonl (committed
-# with the results): a fresh clone, without the run directories, resumes a suite where it
-# stopped instead of training its finished runs again.
 LEDGER = 'finished.jsonl'
 
 

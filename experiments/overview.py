@@ -116,17 +116,20 @@ def _noise(rows: list[dict], table_rows: list[dict]) -> dict:
   }
 
 
+def load(out: str, name: str) -> tuple[Suite, dict] | None:
+  """(training suite `name`, its results.json under `out` without runs of variants it no longer
+  has); None for a benchmark suite or one without results."""
+  suite = load_suite(name)
+  path = os.path.join(out, name, 'results.json')
+  if not isinstance(suite, Suite) or not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return suite, _known(suite, json.load(f))
+
+
 def finished(out: str) -> list[tuple[Suite, dict]]:
-  """(suite, its results.json without runs of variants it no longer has) of every training suite
-  that has one under `out`."""
-  found = []
-  for name in available():
-    suite = load_suite(name)
-    path = os.path.join(out, name, 'results.json')
-    if isinstance(suite, Suite) and os.path.exists(path):
-      with open(path) as f:
-        found.append((suite, _known(suite, json.load(f))))
-  return found
+  """load()'s (suite, results) of every training suite that has results under `out`."""
+  return [found for name in available() if (found := load(out, name)) is not None]
 
 
 def collect(out: str) -> tuple[list[dict], list[dict]]:

@@ -13,24 +13,21 @@ passes when no verdict changes and no row's Δ moves significantly.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
-from experiments import stats, verdicts
-from experiments.overview import _known
-from experiments.suite import Suite, load_suite
+from experiments import overview, stats, verdicts
+from experiments.suite import Suite
 
 ALPHA = 0.05
 
 
 def _load(out: str, name: str) -> tuple[Suite, dict]:
-  suite = load_suite(name)
-  path = os.path.join(out, name, 'results.json')
-  if not os.path.exists(path):
+  found = overview.load(out, name)
+  if found is None:
+    path = os.path.join(out, name, 'results.json')
     raise SystemExit(f'error: {path}: no results; allowed: run `python -m experiments {name}`')
-  with open(path) as f:
-    return suite, _known(suite, json.load(f))
+  return found
 
 
 def compare(out: str, name: str) -> dict:

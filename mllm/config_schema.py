@@ -17,7 +17,7 @@ from mllm.layers.moe_settings import MoESettings
 from mllm.layers.norms import NORMS
 from mllm.layers.positions import POSITIONS
 from mllm.layers.rope import ROPE_SCALINGS
-from mllm.variant_config import add_keys, keys_of, reset_unread, section_of
+from mllm.variant_config import add_keys, keys_of, reset_keys, reset_unread, section_of
 
 placeholder = config_dict.placeholder
 
@@ -156,9 +156,10 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
 
 
 def reset_replaced(config: config_dict.ConfigDict, path: str) -> None:
-  """Choosing a variant ('pos=alibi', 'rope_scaling=none', 'norm=layernorm', 'ffn=swiglu') resets the keys it does not
-  read, so another variant's settings made earlier in the choices (a named config's own) do not
-  follow into the ablation: configs/qwen3_like.py:pos=alibi drops Qwen3's RoPE θ."""
+  """Choosing a variant ('pos=alibi', 'rope_scaling=none', 'norm=layernorm', 'ffn=swiglu')
+  resets the keys it does not read, so another variant's settings made earlier in the choices (a
+  named config's own) do not follow into the ablation: configs/qwen3_like.py:pos=alibi drops
+  Qwen3's RoPE θ."""
   m = config.model
   if path == 'model.position.kind':
     reset_unread(m.position, 'kind', POSITIONS)
@@ -167,9 +168,7 @@ def reset_replaced(config: config_dict.ConfigDict, path: str) -> None:
   elif path == 'model.norm.kind':
     reset_unread(m.norm, 'kind', NORMS)
   elif path == 'model.ffn.kind' and m.ffn.kind != 'moe':
-    with m.moe.unlocked():
-      for k in keys_of(MoESettings):
-        m.moe[k.name] = k.default
+    reset_keys(m.moe, keys_of(MoESettings))
 
 
 def set_key(config: config_dict.ConfigDict, path: str, value) -> None:

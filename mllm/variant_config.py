@@ -204,10 +204,14 @@ def reset_unread(section, kind_key: str, registry: Mapping[str, Any]) -> None:
   if section[kind_key] not in registry:
     return
   read = {k.name for k in active_keys(registry[section[kind_key]], section)}
+  reset_keys(section, [k for k in all_keys(registry).values() if k.name not in read])
+
+
+def reset_keys(section, keys) -> None:
+  """Set each of `keys` in `section` to its default."""
   with section.unlocked():
-    for k in all_keys(registry).values():
-      if k.name not in read:
-        section[k.name] = k.default
+    for k in keys:
+      section[k.name] = k.default
 
 
 def _readers(registry: Mapping[str, Any], name: str, kind_key: str) -> tuple[str, list[str]]:

@@ -3,7 +3,7 @@
 state and loss; bf16 matmuls and activations), each row at the rate `ffn` tuned for it in float32,
 on the same seeds, so every run pairs with its float32 twin. On this CPU (AMD EPYC, AVX512-BF16)
 a cpu-preset step takes 135 ms instead of 180 (benchmarks/results/train_step-cpu.md).
-`python -m experiments.precision ffn ffn_bf16` compares the two: each run's loss against its twin,
+`python -m experiments.precision ffn_bf16` compares the two: each run's loss against its twin,
 each row's Δ and verdict. Not scored against the papers (it repeats `ffn`'s rows)."""
 
 import dataclasses

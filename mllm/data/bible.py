@@ -25,6 +25,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+import unlzw3
+
 from mllm.checks import ConfigError
 from mllm.data.document import Document, Source
 
@@ -54,8 +56,6 @@ def _bad(path: str, why: str) -> ConfigError:
 
 def read_windows(path: str) -> list[bytes]:
   """The decompressed windows of a bible.data file, in order."""
-  import unlzw3
-
   with open(path, 'rb') as f:
     data = f.read()
   if not data.startswith(MAGIC) or len(data) < HEADER_AT + HEADER.size:
