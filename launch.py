@@ -6,7 +6,7 @@
     python launch.py --mode=generate --workdir=runs/rope_swiglu --prompt="def fib(n):"
     python launch.py --config=configs/base.py:pos=alibi,ffn=geglu --config.model.n_layers=2
     python launch.py --mode=import --hf=PATH --workdir=runs/llama  # a Hugging Face checkpoint
-    python launch.py --workdir=runs/llama --config.model.position.rope_scaling=yarn  # train on
+    python launch.py --workdir=runs/llama --config.model.position.rope.scaling.kind=yarn  # train on
     python launch.py --mode=export --workdir=runs/llama --hf=OUT    # back to Hugging Face
 
 Without --config, a --workdir that holds a run's config.json runs with that config.

@@ -67,7 +67,7 @@ def export(variant: str, seed: int, out: str, results: str = 'experiments/result
   import optax
   from flax import nnx
 
-  from experiments.run import config_hash, resolve
+  from experiments.run import config_hash, resolve, v1_hash
   from experiments.suite import load_suite
   from mllm.data import build_data
   from mllm.layers.ffn import hidden_dim
@@ -84,7 +84,7 @@ def export(variant: str, seed: int, out: str, results: str = 'experiments/result
     seed,
     {'train.learning_rate': record['learning_rate']},
   )
-  if config_hash(config) != record['hash']:
+  if record['hash'] not in (config_hash(config), v1_hash(config)):
     raise ValueError(
       f'{variant} seed {seed}: the resolved config hashes to {config_hash(config)}, the '
       f"committed run to {record['hash']}; allowed: the config the run trained"

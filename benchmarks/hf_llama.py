@@ -21,8 +21,8 @@ def check_llama_shaped(cfg) -> None:
   """ValueError unless `cfg` (a model config) is what this export maps one to one."""
   wanted = {
     'position.kind': 'rope',
-    'position.rope_layout': 'half',
-    'position.rope_scaling': 'none',
+    'position.rope.layout': 'half',
+    'position.rope.scaling.kind': 'none',
     'ffn.kind': 'swiglu',
     'norm.kind': 'rmsnorm',
     'norm.placement': 'pre',
@@ -53,7 +53,7 @@ def hf_config(cfg) -> LlamaConfig:
     head_dim=head_dim,
     max_position_embeddings=cfg.max_seq_len,
     rms_norm_eps=cfg.norm.eps,
-    rope_theta=cfg.position.rope_theta,
+    rope_theta=cfg.position.rope.theta,
     tie_word_embeddings=True,
     attention_bias=False,
     mlp_bias=False,

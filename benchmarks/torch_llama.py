@@ -134,8 +134,8 @@ class TorchLlama(nn.Module):
     super().__init__()
     checks = {
       'position.kind': (cfg.position.kind, 'rope'),
-      'rope_layout': (cfg.position.rope_layout, 'half'),
-      'rope_scaling': (cfg.position.rope_scaling, 'none'),
+      'position.rope.layout': (cfg.position.rope.layout, 'half'),
+      'position.rope.scaling.kind': (cfg.position.rope.scaling.kind, 'none'),
       'ffn.kind': (cfg.ffn.kind, tuple(FFNS)),
       'norm.kind': (cfg.norm.kind, 'rmsnorm'),
       'norm.placement': (cfg.norm.placement, 'pre'),
@@ -146,7 +146,7 @@ class TorchLlama(nn.Module):
       if got not in (want if isinstance(want, tuple) else (want,)):
         raise ValueError(f'TorchLlama supports only {key}={want!r}, got {got!r}')
     self.head_dim = cfg.head_dim or cfg.d_model // cfg.n_heads
-    self.theta = cfg.position.rope_theta
+    self.theta = cfg.position.rope.theta
     self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
     nn.init.normal_(self.embed.weight, std=cfg.init_std)
     if d_ff is None:

@@ -4,7 +4,8 @@
     python launch.py --config=configs/base.py --config.model.n_layers=2
 
 `arg` is a comma-separated list of choices: the short names pos, ffn, norm, placement, attn, window,
-rope_scaling; any dotted path (model.n_layers=2); or any leaf name that is unique (n_kv_heads=2).
+rope_scaling; any dotted path (model.n_layers=2); or any leaf name or tail of a path that is unique
+(n_kv_heads=2, t5.num_buckets=64).
 The keys, their defaults and what each does: mllm/config_schema.py.
 """
 

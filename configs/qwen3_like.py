@@ -5,7 +5,7 @@ from mllm.config import join_choices
 
 DEFAULTS = (
   'pos=rope,ffn=swiglu,norm=rmsnorm,placement=pre,n_kv_heads=2,'
-  'model.attention.qk_norm=true,model.position.rope_theta=1000000.0'
+  'model.attention.qk_norm=true,model.position.rope.theta=1000000.0'
 )
 
 

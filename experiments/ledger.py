@@ -12,6 +12,7 @@ import time
 from experiments import provenance
 from experiments.run import Job, read_result, write_result
 from experiments.run_files import RESULT
+from mllm.config_versions import VERSION, VERSION_KEY
 
 LEDGER = 'finished.jsonl'
 
@@ -21,7 +22,13 @@ def append(job: Job, result: dict) -> None:
   with open(os.path.join(suite_folder, LEDGER), 'a') as f:
     f.write(
       json.dumps(
-        {'hash': job.hash, 'seed': job.seed, 'run': os.path.basename(job.workdir), 'result': result}
+        {
+          'hash': job.hash,
+          VERSION_KEY: VERSION,
+          'seed': job.seed,
+          'run': os.path.basename(job.workdir),
+          'result': result,
+        }
       )
       + '\n'
     )
@@ -39,6 +46,15 @@ def read_all(out: str) -> dict:
             {**entry, 'suite_folder': os.path.dirname(path)}
           )
   return entries
+
+
+def entries_of(job: Job, ledger: dict) -> list[dict]:
+  """The ledger's lines that record `job`: by its hash under the config version each line was
+  written in (a line without one: version 1, mllm/config_versions.py)."""
+  out = []
+  for version, digest in job.identities().items():
+    out += [e for e in ledger.get(digest, []) if e.get(VERSION_KEY, 1) == version]
+  return out
 
 
 def _stale(job: Job, entries: list[dict]) -> bool:
@@ -81,7 +97,7 @@ def restore(plan: list[Job], out: str, accept) -> None:
   ledger = read_all(out)
 
   def record(job) -> dict | None:
-    entries = ledger.get(job.hash, [])
+    entries = entries_of(job, ledger)
     own = os.path.abspath(os.path.dirname(os.path.dirname(job.workdir)))
     mine = [e for e in entries if os.path.abspath(e['suite_folder']) == own]
     if mine:
@@ -90,7 +106,7 @@ def restore(plan: list[Job], out: str, accept) -> None:
     return others[-1] if others and job.measure is None else None
 
   for job in plan:  # a stale folder is set aside; its ledger record stands in, as in a clone
-    if _stale(job, ledger.get(job.hash, [])):
+    if _stale(job, entries_of(job, ledger)):
       os.rename(job.workdir, f'{job.workdir}.stale-{int(time.time())}')
   found = {
     job.key: record(job) for job in plan if not os.path.exists(os.path.join(job.workdir, RESULT))

@@ -61,8 +61,8 @@ EVAL_TOKENS = 32_768  # per length: the batch shrinks as the context grows
 
 def base_length(config) -> int:
   """The context L the lengths are multiples of: the pre-training context a RoPE scaling names
-  (position.rope_original_max_len), else the run's own data.seq_len."""
-  return config.model.position.rope_original_max_len or config.data.seq_len
+  (position.rope.original_max_len), else the run's own data.seq_len."""
+  return config.model.position.rope.original_max_len or config.data.seq_len
 
 
 def loss_at_lengths(config, workdir: str, factors) -> dict:

@@ -28,7 +28,7 @@ import tempfile
 
 from experiments import ledger, provenance
 from experiments.engines import pythonpath
-from experiments.run import config_hash, resolve, train_curve
+from experiments.run import config_hash, resolve, train_curve, v1_hash
 from experiments.suite import Suite, load_suite
 from mllm.paths import RunDir
 
@@ -87,7 +87,7 @@ def _trainer_here(suite: Suite, preset: str, extra: dict, steps: int):
   def trainer(run: dict):
     lr = {'train.learning_rate': run['learning_rate']}
     config = resolve(suite, variants[run['variant']], preset, run['seed'], {**extra, **lr})
-    if config_hash(config) != run['hash']:
+    if run['hash'] not in (config_hash(config), v1_hash(config)):
       return None, f"its config no longer resolves to hash {run['hash']}"
     with tempfile.TemporaryDirectory() as workdir:
       train(config, workdir, stop_after=steps, progress=False)
@@ -136,7 +136,7 @@ from mllm.train import train
 suite = load_suite(job['suite'])
 variant = next(v for v in suite.variants if v.name == job['variant'])
 config = resolve(suite, variant, job['preset'], job['seed'], job['extra'])
-if config_hash(config) != job['hash']:
+if config_hash(config) not in job['hashes']:  # its identity under that commit's config version
   print('RESULT' + json.dumps({'error': f"its config resolves to hash {config_hash(config)} there"}))
   sys.exit(0)
 with tempfile.TemporaryDirectory() as workdir:
@@ -183,7 +183,7 @@ def _trainer_at(root: str, suite: str, preset: str, extra: dict, steps: int):
       'variant': run['variant'],
       'preset': preset,
       'seed': run['seed'],
-      'hash': run['hash'],
+      'hashes': [run['hash'], *([run['v1']] if run.get('v1') else [])],
       'steps': steps,
       'extra': {**extra, 'train.learning_rate': run['learning_rate']},
     }

@@ -18,6 +18,7 @@ import mllm
 from experiments import provenance
 from experiments.run_files import ERRORS_LOG, RESULT, WORKER_LOG
 from experiments.suite import Suite, Variant
+from mllm.config_versions import VERSION, VERSION_KEY, as_v1
 from mllm.paths import RunDir
 
 
@@ -34,6 +35,11 @@ class Job:
   hash: str
   parent: tuple | None = None  # the key of the run a starts_from variant begins from
   measure: str | None = None  # a name in MEASURES
+  v1: str = ''  # its identity under config version 1, by which older ledger lines name it
+
+  def identities(self) -> dict[int, str]:
+    """{config version: this run's hash under it}: a ledger line of any of them is this run."""
+    return {VERSION: self.hash, **({1: self.v1} if self.v1 else {})}
 
   def record(self) -> dict:
     return {
@@ -41,6 +47,7 @@ class Job:
       'seed': self.seed,
       'workdir': self.workdir,
       'hash': self.hash,
+      **({'v1': self.v1} if self.v1 else {}),
     }
 
 
@@ -59,30 +66,53 @@ def resolve(suite: Suite, variant: Variant, preset: str, seed: int, extra: dict 
 
 
 # Keys added to configs/base.py after suites had finished runs, with the value that reproduces
-# the code before them: at that value they are left out of the hash, so those runs stay valid.
-ADDED_KEYS = {'model.embed_scale': 1.0, 'model.init': 'fixed', 'model.scan_unroll': 1}
+# the code before them: at that value version 1's identity left them out, so those runs stayed
+# valid. (Version 2's identity has every key.)
+V1_ADDED_KEYS = {'model.embed_scale': 1.0, 'model.init': 'fixed', 'model.scan_unroll': 1}
 
 
-def config_hash(config, parent: str = '') -> str:
-  """12 hex digits of the resolved config; a starts_from run adds its parent run's hash, so a
-  changed parent is a new child run too."""
-  config = config.copy_and_resolve_references()
-  with config.unlocked():
-    for path, neutral in ADDED_KEYS.items():
-      *where, key = path.split('.')
-      node = config
-      for name in where:
-        node = node[name]
-      if key in node and node[key] == neutral:
-        del node[key]
-  text = config.to_json(sort_keys=True) + (f'\nstarts from {parent}' if parent else '')
+def _digest(tree: dict, parent: str) -> str:
+  text = json.dumps(tree, sort_keys=True) + (f'\nstarts from {parent}' if parent else '')
   return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+def as_json(config) -> dict:
+  """The config as JSON data (ml_collections' own encoder: placeholders, tuples, ...)."""
+  return json.loads(config.to_json(sort_keys=True))
+
+
+def config_hash(config, parent: str = '') -> str:
+  """12 hex digits of the run's identity: its resolved config, every key explicit, with the
+  schema's version (mllm/config_versions.py); a starts_from run adds its parent run's hash, so a
+  changed parent is a new child run too."""
+  return _digest({VERSION_KEY: VERSION, **as_json(config)}, parent)
+
+
+def v1_hash(config, parent: str = '') -> str:
+  """The identity version 1 gave the same config (`parent`: the parent's version 1 hash): how the
+  runs a suite recorded before version 2 are found."""
+  tree = as_v1(as_json(config))
+  for path, neutral in V1_ADDED_KEYS.items():
+    *where, key = path.split('.')
+    node = tree
+    for name in where:
+      node = node[name]
+    if key in node and node[key] == neutral:
+      del node[key]
+  return _digest(tree, parent)
+
+
+def run_folder(runs: str, name: str, digest: str, v1: str = '') -> str:
+  """The folder of run `name` (e.g. 'relu-s0') in a suite's `runs` folder: named by its hash, or
+  by its version 1 hash where a run started before version 2 left one to resume."""
+  older = os.path.join(runs, f'{name}-{v1}')
+  return older if v1 and os.path.isdir(older) else os.path.join(runs, f'{name}-{digest}')
+
+
 def run_dir(out: str, suite: Suite, variant: Variant, config, parent: str = '') -> str:
-  return os.path.join(
-    out, suite.name, 'runs', f'{variant.name}-s{config.seed}-{config_hash(config, parent)}'
-  )
+  """A table run's folder (`parent`: a starts_from run's parent hash)."""
+  runs = os.path.join(out, suite.name, 'runs')
+  return run_folder(runs, f'{variant.name}-s{config.seed}', config_hash(config, parent))
 
 
 def run_one(

@@ -6,6 +6,7 @@ run recorded in its suite's ledger (experiments/ledger.py).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import threading
@@ -19,12 +20,14 @@ from experiments.measures import MEASURES
 from experiments.run import (
   Job,
   adopt,
+  as_json,
   read_result,
   same_run_elsewhere,
   same_run_in_progress,
   write_result,
 )
 from experiments.run_files import ERRORS_LOG, RESULT, WORKER_LOG
+from mllm.config_versions import VERSION, VERSION_KEY
 from mllm.paths import RunDir
 
 # An unfinished run whose folder changed within FRESH_S seconds is being trained by another
@@ -250,7 +253,16 @@ class _Runs:
     """Another process trains this exact run now (said once per job)."""
     if job.parent is not None or os.path.isdir(RunDir(job.workdir).checkpoints):
       return False  # as in adopted(): such a run is never copied
-    other = same_run_in_progress(self.out, job.seed, job.hash, self.planned, FRESH_S)
+    other = next(
+      filter(
+        None,
+        (
+          same_run_in_progress(self.out, job.seed, h, self.planned, FRESH_S)
+          for h in job.identities().values()
+        ),
+      ),
+      None,
+    )
     if other is not None and job.key not in self.waiting:
       self.waiting.add(job.key)
       self.bar.write(
@@ -286,14 +298,20 @@ class _Runs:
         job.config.train.init_from = f"workdir:{kwargs['parent']['workdir']}"
     os.makedirs(job.workdir, exist_ok=True)
     with open(os.path.join(job.workdir, 'run_config.json'), 'w') as f:
-      f.write(job.config.to_json(sort_keys=True, indent=1))
+      json.dump({VERSION_KEY: VERSION, **as_json(job.config)}, f, sort_keys=True, indent=1)
     return kwargs
 
   def adopted(self, job: Job) -> bool:
     """An identical finished run elsewhere under `out` is copied, not trained again."""
     if job.parent is not None or os.path.isdir(RunDir(job.workdir).checkpoints):
       return False  # a child depends on its parent's path; a started run resumes instead
-    source = same_run_elsewhere(self.out, job.seed, job.hash, job.workdir)
+    source = next(
+      filter(
+        None,
+        (same_run_elsewhere(self.out, job.seed, h, job.workdir) for h in job.identities().values()),
+      ),
+      None,
+    )
     if source is None or not self.accept(read_result(source)):
       return False
     self.bar.write(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from experiments.run import Job, config_hash, resolve
+from experiments.run import Job, config_hash, resolve, run_folder, v1_hash
 from experiments.scheduler import run_plan
 from experiments.suite import Suite, Variant
 from experiments.tuning import LrGrid, choose, refine, tuning_seeds
@@ -19,9 +19,10 @@ def tuning_jobs(
   jobs = []
   for seed in seeds:
     config = resolve(suite, v, preset, seed, {**extra, 'train.learning_rate': lr})
-    digest = config_hash(config)
-    workdir = os.path.join(out, suite.name, 'runs', f'{v.name}-lr{lr:.3g}-s{seed}-{digest}')
-    jobs.append(Job((v.name, seed, key), v, seed, config, workdir, digest))
+    digest, v1 = config_hash(config), v1_hash(config)
+    runs = os.path.join(out, suite.name, 'runs')
+    workdir = run_folder(runs, f'{v.name}-lr{lr:.3g}-s{seed}', digest, v1)
+    jobs.append(Job((v.name, seed, key), v, seed, config, workdir, digest, v1=v1))
   return jobs
 
 

@@ -105,7 +105,8 @@ def parse_value(
 
 
 # Short names accepted in `--config=configs/base.py:pos=alibi,ffn=geglu,...`. Any dotted path
-# (`model.n_layers=4`) and any leaf name that is unique in the config (`n_kv_heads=2`) work too.
+# (`model.n_layers=4`) and any leaf name or tail of a path that is unique in the config
+# (`n_kv_heads=2`, `t5.num_buckets=64`) work too.
 CHOICES = {
   'pos': 'model.position.kind',
   'ffn': 'model.ffn.kind',
@@ -113,7 +114,7 @@ CHOICES = {
   'placement': 'model.norm.placement',
   'attn': 'model.attention.impl',
   'window': 'model.attention.sliding_window',
-  'rope_scaling': 'model.position.rope_scaling',
+  'rope_scaling': 'model.position.rope.scaling.kind',
 }
 
 
@@ -124,7 +125,7 @@ def resolve_choice_key(config: config_dict.ConfigDict, key: str, value: Any = No
   paths = list(leaf_paths(config))
   if key in paths:
     return key
-  matches = [p for p in paths if p.rsplit('.', 1)[-1] == key]
+  matches = [p for p in paths if p.endswith('.' + key)]  # a leaf name, or its tail: t5.num_buckets
   if len(matches) == 1:
     return matches[0]
   if len(matches) > 1:
@@ -134,7 +135,7 @@ def resolve_choice_key(config: config_dict.ConfigDict, key: str, value: Any = No
     value,
     'unknown choice key; allowed: '
     + ', '.join(CHOICES)
-    + ', a dotted path such as model.n_layers, or a unique leaf name',
+    + ', a dotted path such as model.n_layers, or a unique leaf name or tail (t5.num_buckets)',
   )
 
 

@@ -5,19 +5,19 @@ configs/base.py re-exports this `get_config`, and every named config starts from
     python launch.py --config=configs/base.py:pos=alibi,ffn=geglu,norm=layernorm,placement=post
 
 `arg` is a comma-separated list of choices: the short names pos, ffn, norm, placement, attn, window,
-rope_scaling; any dotted path (model.n_layers=2); or any leaf name that is unique (n_kv_heads=2).
+rope_scaling; any dotted path (model.n_layers=2); or any leaf name or tail of a path that is unique
+(n_kv_heads=2, t5.num_buckets=64).
 It lives in the library (not in configs/) because the library builds configs from it too: a Hugging
 Face import or export maps a checkpoint's config.json onto these defaults.
 """
 
 from ml_collections import config_dict
 
-from mllm.config_keys import apply_choices, set_path
+from mllm.config_keys import apply_choices, get_path, set_path
 from mllm.layers.moe_settings import MoESettings
 from mllm.layers.norms import NORMS
 from mllm.layers.positions import POSITIONS
-from mllm.layers.rope import ROPE_SCALINGS
-from mllm.variant_config import add_keys, keys_of, reset_keys, reset_unread, section_of
+from mllm.variant_config import add_sections, keys_of, reset_keys, reset_unread, variant_section
 
 placeholder = config_dict.placeholder
 
@@ -70,11 +70,12 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
 
   position = model.position = config_dict.ConfigDict()
   position.kind = 'rope'  # none | learned | sinusoidal | shaw | t5 | rope | alibi
-  # Each scheme's own keys, declared with it (its Settings in mllm/layers/positions.py, RoPE's
-  # scalings in rope.py): rope_theta, rope_layout, rope_scaling (none | linear (PI) | ntk | yarn |
-  # llama3), rope_scaling_factor, rope_original_max_len, yarn_beta_fast / _slow,
-  # llama3_low / high_freq_factor, t5_num_buckets, t5_max_distance, shaw_max_distance.
-  add_keys(position, POSITIONS)
+  # Each scheme's own section, declared with it (its Settings in mllm/layers/positions.py, RoPE's
+  # scalings in rope.py): rope {theta, layout, original_max_len, scaling {kind: none | linear (PI)
+  # | ntk | yarn | llama3, linear {factor}, ntk {factor}, yarn {factor, beta_fast, beta_slow},
+  # llama3 {factor, low_freq_factor, high_freq_factor}}}, t5 {num_buckets, max_distance},
+  # shaw {max_distance}. Only the chosen scheme's section may leave its defaults.
+  add_sections(position, POSITIONS)
 
   ffn = model.ffn = config_dict.ConfigDict()
   ffn.kind = (
@@ -90,7 +91,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   # shared_d_ff, every, first_dense_layers, router, renormalize, dispatch, capacity_factor,
   # grouped_matmul, balance_coef, balance_convention, z_loss_coef, noise, noise_alpha,
   # expert_bias, bias_update_rate, force_uniform_routing.
-  model.moe = section_of(MoESettings)
+  model.moe = variant_section(MoESettings)
 
   norm = model.norm = config_dict.ConfigDict()
   norm.kind = 'rmsnorm'  # layernorm | rmsnorm | partial_rmsnorm | none
@@ -99,7 +100,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   norm.fp32 = True  # statistics in float32 (the notebook's qwen3_compatible)
   norm.use_bias = placeholder(bool)  # None: layernorm True, rmsnorm False (its optional shift)
   norm.final_norm = True
-  add_keys(norm, NORMS)  # each norm's own keys (mllm/layers/norms.py): partial_rmsnorm's partial_p
+  add_sections(norm, NORMS)  # each norm's own section (mllm/layers/norms.py): partial_rmsnorm {p}
 
   data = config.data = config_dict.ConfigDict()
   data.source = 'stdlib'  # stdlib (this Python's library) | kjv (King James Bible) | text | jsonl | parquet | hf
@@ -155,20 +156,38 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   return apply_choices(config, arg, after_set=reset_replaced)
 
 
+# The choice sections of the schema, each with its registry (nested ones, such as RoPE's scaling,
+# are reached through their variant's settings).
+FAMILIES = {'model.position': POSITIONS, 'model.norm': NORMS}
+
+
 def reset_replaced(config: config_dict.ConfigDict, path: str) -> None:
   """Choosing a variant ('pos=alibi', 'rope_scaling=none', 'norm=layernorm', 'ffn=swiglu')
-  resets the keys it does not read, so another variant's settings made earlier in the choices (a
-  named config's own) do not follow into the ablation: configs/qwen3_like.py:pos=alibi drops
-  Qwen3's RoPE θ."""
+  resets the sections of those not chosen, so another variant's settings made earlier in the
+  choices (a named config's own) do not follow into the ablation: configs/qwen3_like.py:pos=alibi
+  drops Qwen3's RoPE θ."""
   m = config.model
-  if path == 'model.position.kind':
-    reset_unread(m.position, 'kind', POSITIONS)
-  elif path == 'model.position.rope_scaling':
-    reset_unread(m.position, 'rope_scaling', ROPE_SCALINGS)
-  elif path == 'model.norm.kind':
-    reset_unread(m.norm, 'kind', NORMS)
-  elif path == 'model.ffn.kind' and m.ffn.kind != 'moe':
+  if path.endswith('.kind') and (registry := _registry_of(path[: -len('.kind')])) is not None:
+    reset_unread(get_path(config, path[: -len('.kind')]), registry)
+  if path == 'model.ffn.kind' and m.ffn.kind != 'moe':
     reset_keys(m.moe, keys_of(MoESettings))
+
+
+def _registry_of(section: str):
+  """The registry of the choice section at dotted path `section` ('model.position',
+  'model.position.rope.scaling'), or None if it is none."""
+  for family, registry in FAMILIES.items():
+    if section == family:
+      return registry
+    if section.startswith(family + '.'):
+      parts = section[len(family) + 1 :].split('.')
+      for variant, field in zip(parts[::2], parts[1::2], strict=False):
+        chooser = {k.name: k for k in keys_of(registry.get(variant))}.get(field)
+        if chooser is None or chooser.choices is None:
+          return None
+        registry = chooser.choices
+      return registry if len(parts) % 2 == 0 else None
+  return None
 
 
 def set_key(config: config_dict.ConfigDict, path: str, value) -> None:

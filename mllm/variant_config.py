@@ -1,21 +1,28 @@
-"""A variant's own config keys, declared where the variant lives.
+"""A variant's own config section, declared where the variant lives.
 
 A variant with parameters (RoPE and its scalings, T5's buckets, Shaw's clipping distance, partial
-RMSNorm's p, ...) declares them as a small frozen dataclass, its `Settings`, whose fields carry
-the config key they are read from, a default, the rule on the value and one line of docs:
+RMSNorm's p, ...) declares them as a small frozen dataclass, its `Settings`: each field is one key
+of the variant's own section, with a default, the rule on its value and one line of docs:
 
     @dataclasses.dataclass(frozen=True)
     class Settings:
-      num_buckets: int = key('t5_num_buckets', 32, 'distance buckets', at_least(2))
+      num_buckets: int = setting(32, 'distance buckets', at_least(2))
 
-As in Levanter's per-variant config classes, but flattened into the variant family's one config
-section (`model.position.t5_num_buckets`), so the keys, `--config.KEY=VALUE`, the `pos=...` choices
-and every committed config hash stay what they were. The schema (config_schema.py) adds every
-registered variant's keys to its section; validation checks the chosen variant's keys by their
-declared rules and refuses, in one line naming the chosen variant's keys, a key of another
-variant set off its default: it would silently do nothing. Choosing a variant by its short choice
-(`pos=alibi`, applied in order with a named config's own) resets the keys the new variant does
-not read (`reset_unread`), so `configs/qwen3_like.py:pos=alibi` drops Qwen3's RoPE θ.
+A family of variants is a *choice section*: `kind` names the chosen variant, and each registered
+variant with settings has a section of its own under its registry name, as in Levanter's
+per-variant config classes in a choice registry:
+
+    model.position = {kind: 't5', t5: {num_buckets: 32, max_distance: 128}, shaw: {...}, ...}
+
+A setting may itself be a choice (RoPE's `scaling`: `model.position.rope.scaling = {kind: 'yarn',
+yarn: {factor, beta_fast, beta_slow}, ...}`). Every variant's section is in the schema, so
+`--config.model.position.t5.num_buckets=64` works whatever the order of the flags; validation
+checks the chosen variant's keys by their declared rules and refuses, in one line naming the
+chosen variant's keys, another variant's key set off its default: it would silently do nothing.
+Choosing a variant (`pos=alibi`, applied in order with a named config's own) resets the sections
+of those not chosen (`reset_unread`), so `configs/qwen3_like.py:pos=alibi` drops Qwen3's RoPE θ.
+
+Code reads a variant's settings as its typed, frozen record: `settings_of(variant, section)`.
 """
 
 from __future__ import annotations
@@ -34,27 +41,28 @@ Check = Callable[[str, Any], None]  # (dotted key, value) -> None, or raise a on
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Key:
-  """One config key a variant reads."""
+  """One key of a variant's section."""
 
-  name: str  # the key in the variant family's section, e.g. 't5_num_buckets'
-  default: Any
+  name: str  # the settings field, and its key in the variant's section
+  default: Any  # for a choice: the default variant's name
   doc: str
   check: Check | None = None  # the rule on its value (the type is checked from the annotation)
-  choices: Mapping[str, Any] | None = None  # a registry: the value names one of its variants
+  choices: Mapping[str, Any] | None = None  # a registry: the key is a choice section of its own
   type: type | None = None  # filled from the settings field's annotation
 
 
-def key(
-  name: str,
-  default: Any,
-  doc: str,
-  check: Check | None = None,
-  *,
-  choices: Mapping[str, Any] | None = None,
-) -> Any:
-  """A settings field read from config key `name` (see the module docstring)."""
+def setting(default: Any, doc: str, check: Check | None = None) -> Any:
+  """A settings field: one key of the variant's section (see the module docstring)."""
+  return dataclasses.field(default=default, metadata={'key': Key('', default, doc, check)})
+
+
+def choice(registry: Mapping[str, Any], default: str, doc: str) -> Any:
+  """A settings field that chooses a variant of `registry`: in the config a choice section
+  (`kind` and the variants' sections), in the record the chosen variant's settings."""
+  chosen = registry[default]
   return dataclasses.field(
-    default=default, metadata={'key': Key(name, default, doc, check, choices)}
+    default_factory=lambda: chosen(),
+    metadata={'key': Key('', default, doc, choices=registry)},
   )
 
 
@@ -84,67 +92,80 @@ def _base_type(annotation) -> type:
   return args[0] if args else annotation
 
 
-def keys_of(variant: Any) -> tuple[Key, ...]:
-  """The keys a variant declares in its `Settings` (a variant may be a settings class itself)."""
+def _settings_class(variant: Any) -> type | None:
   settings = getattr(variant, 'Settings', variant)
-  if not dataclasses.is_dataclass(settings):
+  return settings if isinstance(settings, type) and dataclasses.is_dataclass(settings) else None
+
+
+def keys_of(variant: Any) -> tuple[Key, ...]:
+  """The keys of a variant's section (a variant may be a settings class itself)."""
+  settings = _settings_class(variant)
+  if settings is None:
     return ()
   hints = typing.get_type_hints(settings)
   out = []
   for field in dataclasses.fields(settings):
     declared = field.metadata.get('key')
     if declared is not None:
-      out.append(dataclasses.replace(declared, type=_base_type(hints[field.name])))
+      kind = str if declared.choices is not None else _base_type(hints[field.name])
+      out.append(dataclasses.replace(declared, name=field.name, type=kind))
   return tuple(out)
 
 
-def settings_of(variant: Any, section) -> Any:
-  """The variant's `Settings`, read from its family's config section (a ConfigDict or mapping)."""
-  settings = getattr(variant, 'Settings', variant)
-  values = {}
-  for field in dataclasses.fields(settings):
-    declared = field.metadata.get('key')
-    if declared is not None:
-      values[field.name] = section[declared.name]
-  return settings(**values)
+def sectioned(registry: Mapping[str, Any]) -> dict[str, Any]:
+  """The registry's variants that have a section: those whose settings declare keys."""
+  return {name: v for name, v in registry.items() if keys_of(v)}
 
 
-def all_keys(registry: Mapping[str, Any]) -> dict[str, Key]:
-  """Every key the registry's variants declare, those of nested choices included, by name. Two
-  variants may share a key (RoPE's scalings share the factor) only by declaring it alike."""
-  out: dict[str, Key] = {}
-  for variant in registry.values():
-    for k in keys_of(variant):
-      seen = out.setdefault(k.name, k)
-      if (seen.default, seen.type, seen.doc) != (k.default, k.type, k.doc):
-        raise TypeError(f'config key {k.name!r} is declared twice, differently')
-      if k.choices is not None:
-        out.update(all_keys(k.choices))
-  return out
+# ---------------------------------------------------------------------------------------------
+# The schema's sections, and the typed records read from them.
+# ---------------------------------------------------------------------------------------------
 
 
-def add_keys(section: config_dict.ConfigDict, registry: Mapping[str, Any]) -> None:
-  """Add every key the registry's variants declare to `section`, at its default (the schema)."""
-  for k in all_keys(registry).values():
-    section[k.name] = config_dict.placeholder(k.type) if k.default is None else k.default
-
-
-def section_of(settings: type) -> config_dict.ConfigDict:
-  """A config section holding one settings class's keys at their defaults (the schema's
-  `model.moe`)."""
+def variant_section(variant: Any) -> config_dict.ConfigDict:
+  """A variant's section, every key at its default."""
   section = config_dict.ConfigDict()
-  add_keys(section, {'': settings})
+  for k in keys_of(variant):
+    if k.choices is not None:
+      section[k.name] = choice_section(k.choices, k.default)
+    else:
+      section[k.name] = config_dict.placeholder(k.type) if k.default is None else k.default
   return section
 
 
-def active_keys(variant: Any, section) -> list[Key]:
-  """The keys the chosen variant reads, and those of the variants its choice keys choose."""
-  out = []
+def choice_section(registry: Mapping[str, Any], kind: str, **common: Any) -> config_dict.ConfigDict:
+  """`kind`, the keys every variant reads (`common`, e.g. norm's eps) and each variant's section."""
+  section = config_dict.ConfigDict({'kind': kind, **common})
+  add_sections(section, registry)
+  return section
+
+
+def add_sections(section: config_dict.ConfigDict, registry: Mapping[str, Any]) -> None:
+  """Add each of the registry's variants' sections to a choice section, at their defaults."""
+  for name, variant in sectioned(registry).items():
+    if name in section:
+      raise TypeError(f'variant {name!r} is named like a key of its family section')
+    section[name] = variant_section(variant)
+
+
+def settings_of(variant: Any, section) -> Any:
+  """The chosen `variant`'s settings (its typed, frozen record), read from its family's choice
+  section (`section.kind` names it); a choice setting holds the chosen variant's settings."""
+  settings = _settings_class(variant)
+  own = section.get(section['kind'], {})
+  values = {}
   for k in keys_of(variant):
-    out.append(k)
-    if k.choices is not None and section[k.name] in k.choices:
-      out.extend(active_keys(k.choices[section[k.name]], section))
-  return out
+    if k.choices is not None:
+      sub = own[k.name]
+      values[k.name] = settings_of(k.choices[sub['kind']], sub)
+    else:
+      values[k.name] = own[k.name]
+  return settings(**values)
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation and resetting.
+# ---------------------------------------------------------------------------------------------
 
 
 def _check_type(name: str, k: Key, value: Any) -> None:
@@ -164,47 +185,89 @@ def _check_type(name: str, k: Key, value: Any) -> None:
 
 
 def check_keys(section, prefix: str, keys) -> None:
-  """Each of `keys` in `section` has its declared type and passes its rule."""
+  """Each of `keys` in `section` has its declared type and passes its rule; a choice key's own
+  choice section is checked as one (`check_variant_keys`)."""
   for k in keys:
-    name, value = f'{prefix}.{k.name}', section[k.name]
-    _check_type(name, k, value)
+    name = f'{prefix}.{k.name}'
     if k.choices is not None:
-      one_of(name, value, k.choices, k.doc)
-    elif value is not None and k.check is not None:
+      check_variant_keys(section[k.name], name, k.choices, k.doc)
+      continue
+    value = section[k.name]
+    _check_type(name, k, value)
+    if value is not None and k.check is not None:
       k.check(name, value)
 
 
-def check_variant_keys(
-  section, prefix: str, kind_key: str, registry: Mapping[str, Any], what: str
-) -> None:
-  """`section[kind_key]` is a registered variant; its keys pass their rules; a key that only
-  other variants read is at its default."""
-  kind = section[kind_key]
-  one_of(f'{prefix}.{kind_key}', kind, registry, what)
-  active = active_keys(registry[kind], section)
-  check_keys(section, prefix, active)
-  read = {k.name for k in active}
-  for k in all_keys(registry).values():
-    if k.name not in read and section[k.name] != k.default:
-      chooser, names = _readers(registry, k.name, kind_key)
-      reads = ', '.join(sorted(read)) or 'none of its own'
+def _defaults(variant: Any) -> dict[str, Any]:
+  return variant_section(variant).to_dict()
+
+
+def _reads(variant: Any, section, prefix: str) -> list[str]:
+  """The dotted keys the chosen `variant` reads from its own `section`, those of the variants its
+  choice keys choose included."""
+  out = []
+  for k in keys_of(variant):
+    if k.choices is None:
+      out.append(f'{prefix}.{k.name}')
+      continue
+    sub, kind = section[k.name], section[k.name]['kind']
+    out.append(f'{prefix}.{k.name}.kind')
+    if kind in sectioned(k.choices):
+      out += _reads(k.choices[kind], sub[kind], f'{prefix}.{k.name}.{kind}')
+  return out
+
+
+def _first_change(mine: Mapping, default: Mapping, prefix: str) -> tuple[str, Any, Any] | None:
+  """(dotted key, value, default) of the first key of `mine` off its default, if any."""
+  for name, value in mine.items():
+    if isinstance(value, Mapping):
+      found = _first_change(value, default[name], f'{prefix}.{name}')
+      if found:
+        return found
+    elif value != default[name]:
+      return f'{prefix}.{name}', value, default[name]
+  return None
+
+
+def check_variant_keys(section, prefix: str, registry: Mapping[str, Any], what: str) -> None:
+  """`section.kind` is a registered variant; its section's keys pass their rules; the section
+  of every variant not chosen is at its defaults."""
+  kind = section['kind']
+  one_of(f'{prefix}.kind', kind, registry, what)
+  if kind in sectioned(registry):
+    check_keys(section[kind], f'{prefix}.{kind}', keys_of(registry[kind]))
+  for name, variant in sectioned(registry).items():
+    if name == kind:
+      continue
+    found = _first_change(section[name].to_dict(), _defaults(variant), f'{prefix}.{name}')
+    if found:
+      key, value, default = found
+      reads = (
+        ', '.join(_reads(registry[kind], section[kind], f'{prefix}.{kind}'))
+        if kind in sectioned(registry)
+        else 'no keys of its own'
+      )
       raise ConfigError(
-        f'{prefix}.{k.name}',
-        section[k.name],
-        f'read only by {prefix}.{chooser}='
-        + ' or '.join(repr(n) for n in names)
-        + f' (it is {section[chooser]!r}), so it would do nothing; allowed here: its default '
-        f'{k.default!r}; {prefix}.{kind_key}={kind!r} reads: {reads}',
+        key,
+        value,
+        f'read only by {prefix}.kind={name!r} (it is {kind!r}), so it would do nothing; allowed '
+        f'here: its default {default!r}; {prefix}.kind={kind!r} reads: {reads}',
       )
 
 
-def reset_unread(section, kind_key: str, registry: Mapping[str, Any]) -> None:
-  """Set every key of `registry`'s variants that the chosen one does not read to its default (an
-  unknown variant is left for validation to name)."""
-  if section[kind_key] not in registry:
+def reset_unread(section, registry: Mapping[str, Any]) -> None:
+  """Reset to its defaults the section of every variant not chosen, and within the chosen one's
+  section, those its own choices do not choose (an unknown variant is left for validation)."""
+  kind = section['kind']
+  if kind not in registry:
     return
-  read = {k.name for k in active_keys(registry[section[kind_key]], section)}
-  reset_keys(section, [k for k in all_keys(registry).values() if k.name not in read])
+  with section.unlocked():
+    for name, variant in sectioned(registry).items():
+      if name != kind:
+        section[name] = variant_section(variant)
+  for k in keys_of(registry[kind]):
+    if k.choices is not None:
+      reset_unread(section[kind][k.name], k.choices)
 
 
 def reset_keys(section, keys) -> None:
@@ -212,13 +275,3 @@ def reset_keys(section, keys) -> None:
   with section.unlocked():
     for k in keys:
       section[k.name] = k.default
-
-
-def _readers(registry: Mapping[str, Any], name: str, kind_key: str) -> tuple[str, list[str]]:
-  """The key that chooses the variants reading key `name`, and their names: ('kind', ['t5']),
-  or ('rope_scaling', ['yarn']) for a key of a nested choice."""
-  for variant in registry.values():
-    for k in keys_of(variant):
-      if k.choices is not None and name in all_keys(k.choices):
-        return _readers(k.choices, name, k.name)
-  return kind_key, [n for n, v in registry.items() if any(k.name == name for k in keys_of(v))]

@@ -121,7 +121,7 @@ EXPECTED = {
     'model.n_heads': 8,
     'model.n_kv_heads': 2,
     'model.attention.qk_norm': True,
-    'model.position.rope_theta': 1e6,
+    'model.position.rope.theta': 1e6,
   },
   'mixtral_like': {
     'model.position.kind': 'rope',
@@ -207,11 +207,11 @@ def test_short_choice_names_set_their_keys():
 
 
 def test_other_short_choice_names():
-  cfg = load('base', 'attn=xla,window=32,rope_scaling=linear,rope_scaling_factor=2.0')
+  cfg = load('base', 'attn=xla,window=32,rope_scaling=linear,linear.factor=2.0')
   assert cfg.model.attention.impl == 'xla'
   assert cfg.model.attention.sliding_window == 32
-  assert cfg.model.position.rope_scaling == 'linear'
-  assert cfg.model.position.rope_scaling_factor == 2.0
+  assert cfg.model.position.rope.scaling.kind == 'linear'
+  assert cfg.model.position.rope.scaling.linear.factor == 2.0
 
 
 def test_choice_aliases_point_at_real_keys():
@@ -227,10 +227,66 @@ def test_dotted_path_choice():
 
 
 def test_unique_leaf_choice():
-  cfg = load('base', 'n_kv_heads=2,rope_theta=500000.0,qk_norm=true')
+  cfg = load('base', 'n_kv_heads=2,theta=500000.0,qk_norm=true')
   assert cfg.model.n_kv_heads == 2
-  assert cfg.model.position.rope_theta == 500000.0
+  assert cfg.model.position.rope.theta == 500000.0
   assert cfg.model.attention.qk_norm is True
+
+
+@pytest.mark.parametrize(
+  'arg,path,value',
+  [
+    ('pos=t5,t5.num_buckets=8', 'model.position.t5.num_buckets', 8),
+    ('pos=t5,position.t5.num_buckets=8', 'model.position.t5.num_buckets', 8),
+    ('pos=shaw,shaw.max_distance=4', 'model.position.shaw.max_distance', 4),
+    ('rope.theta=1e6', 'model.position.rope.theta', 1e6),
+    ('rope_scaling=yarn,yarn.factor=4.0', 'model.position.rope.scaling.yarn.factor', 4.0),
+    (
+      'rope_scaling=yarn,scaling.yarn.beta_fast=16.0',
+      'model.position.rope.scaling.yarn.beta_fast',
+      16.0,
+    ),
+    ('norm=partial_rmsnorm,partial_rmsnorm.p=0.5', 'model.norm.partial_rmsnorm.p', 0.5),
+  ],
+)
+def test_unique_tail_of_a_dotted_path_choice(arg, path, value):
+  """A choice key may be any tail of a dotted path that only one path ends with."""
+  cfg = load('base', arg)
+  assert get_path(cfg, path) == value
+  changed = set(config_diff(cfg, load('base')))
+  kinds = {'model.position.kind', 'model.norm.kind', 'model.position.rope.scaling.kind'}
+  assert path in changed and changed - kinds == {path}
+
+
+@pytest.mark.parametrize(
+  'arg,key,value,paths',
+  [
+    (
+      'pos=t5,max_distance=8',
+      'max_distance',
+      8,
+      ['model.position.t5.max_distance', 'model.position.shaw.max_distance'],
+    ),
+    (
+      'rope_scaling=yarn,factor=4.0',
+      'factor',
+      4.0,
+      [f'model.position.rope.scaling.{s}.factor' for s in ROPE_SCALINGS if s != 'none'],
+    ),
+  ],
+)
+def test_ambiguous_tail_choice_lists_the_candidates(arg, key, value, paths):
+  """A tail several paths end with is refused in one line naming them all, not guessed (even where
+  only one of them is read, as T5's max_distance is with pos=t5)."""
+  err = raises_config_error(load, 'base', arg)
+  msg = check_error(err, key, value, ['ambiguous choice key; use one of '])
+  assert sorted(msg.split('use one of ')[1].split(', ')) == sorted(paths)
+
+
+def test_a_tail_must_start_at_a_dot():
+  """'um_buckets' is part of a leaf name, not a tail of a dotted path."""
+  err = raises_config_error(load, 'base', 'pos=t5,um_buckets=8')
+  check_error(err, 'um_buckets', 8, ['unknown choice key'])
 
 
 def test_none_choice_value_clears_a_placeholder():
@@ -282,8 +338,8 @@ def test_overrides_apply_after_choices():
 
 
 def test_int_override_of_float_field_is_accepted():
-  cfg = load('base', overrides={'model.position.rope_theta': 5})
-  assert cfg.model.position.rope_theta == 5.0
+  cfg = load('base', overrides={'model.position.rope.theta': 5})
+  assert cfg.model.position.rope.theta == 5.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -299,8 +355,8 @@ def test_int_override_of_float_field_is_accepted():
     ('norm=nope', 'model.norm.kind', 'nope', list(NORMS)),
     ('placement=middle', 'model.norm.placement', 'middle', list(PLACEMENTS)),
     ('attn=flash', 'model.attention.impl', 'flash', list(ATTENTION_IMPLS)),
-    ('rope_layout=diagonal', 'model.position.rope_layout', 'diagonal', list(ROPE_LAYOUTS)),
-    ('rope_scaling=magic', 'model.position.rope_scaling', 'magic', list(ROPE_SCALINGS)),
+    ('layout=diagonal', 'model.position.rope.layout', 'diagonal', list(ROPE_LAYOUTS)),
+    ('rope_scaling=magic', 'model.position.rope.scaling.kind', 'magic', list(ROPE_SCALINGS)),
     ('dtype=float16', 'model.dtype', 'float16', list(DTYPES)),
     ('param_dtype=float64', 'model.param_dtype', 'float64', list(DTYPES)),
     ('pos=', 'model.position.kind', '', list(POSITIONS)),
@@ -342,17 +398,20 @@ def test_every_norm_and_placement_is_accepted(kind, placement):
 
 @pytest.mark.parametrize('scaling', list(ROPE_SCALINGS))
 def test_every_rope_scaling_is_accepted(scaling):
-  factor = {} if scaling == 'none' else {'model.position.rope_scaling_factor': 2.0}
-  cfg = load('base', overrides={'model.position.rope_scaling': scaling, **factor})
-  assert cfg.model.position.rope_scaling == scaling
+  factor = f'model.position.rope.scaling.{scaling}.factor'
+  factors = {} if scaling == 'none' else {factor: 2.0}
+  cfg = load('base', overrides={'model.position.rope.scaling.kind': scaling, **factors})
+  assert cfg.model.position.rope.scaling.kind == scaling
   if scaling != 'none':  # see test_none_named_variant_via_choice
-    cfg = load('base', f'rope_scaling={scaling},rope_scaling_factor=2.0')
-    assert cfg.model.position.rope_scaling == scaling
+    assert get_path(cfg, factor) == 2.0
+    cfg = load('base', f'rope_scaling={scaling},{scaling}.factor=2.0')
+    assert cfg.model.position.rope.scaling.kind == scaling
+    assert get_path(cfg, factor) == 2.0
 
 
 @pytest.mark.parametrize('layout', list(ROPE_LAYOUTS))
 def test_every_rope_layout_is_accepted(layout):
-  assert load('base', f'rope_layout={layout}').model.position.rope_layout == layout
+  assert load('base', f'layout={layout}').model.position.rope.layout == layout
 
 
 @pytest.mark.parametrize('dtype', list(DTYPES))
@@ -418,7 +477,7 @@ def test_rope_scaling_needs_rope():
   err = raises_config_error(load, 'base', 'pos=alibi,rope_scaling=linear')
   check_error(
     err,
-    'model.position.rope_scaling',
+    'model.position.rope.scaling.kind',
     'linear',
     ["model.position.kind='rope'", "'alibi'", "allowed here: its default 'none'"],
   )
@@ -426,30 +485,40 @@ def test_rope_scaling_needs_rope():
 
 @pytest.mark.parametrize('factor', [0.5, 0.0, -2.0])
 def test_rope_scaling_factor_below_one(factor):
-  err = raises_config_error(load, 'base', f'rope_scaling=linear,rope_scaling_factor={factor}')
-  check_error(err, 'model.position.rope_scaling_factor', factor, ['>= 1'])
+  err = raises_config_error(load, 'base', f'rope_scaling=linear,linear.factor={factor}')
+  check_error(
+    err,
+    'model.position.rope.scaling.linear.factor',
+    factor,
+    ['the context extension factor must be >= 1'],
+  )
 
 
 def test_a_choice_only_other_variants_read_must_stay_at_its_default():
   # The scaling it asks for would silently not run.
-  err = raises_config_error(load, 'base', 'pos=alibi,rope_scaling=yarn,rope_scaling_factor=2.0')
+  err = raises_config_error(load, 'base', 'pos=alibi,rope_scaling=yarn,yarn.factor=2.0')
   check_error(
-    err, 'model.position.rope_scaling', 'yarn', ["kind='rope'", "allowed here: its default 'none'"]
+    err,
+    'model.position.rope.scaling.kind',
+    'yarn',
+    ["read only by model.position.kind='rope'", "allowed here: its default 'none'"],
   )
 
 
 @pytest.mark.parametrize(
   'arg,key,value,reader',
   [
-    ('pos=alibi,rope_theta=5e5', 'rope_theta', 5e5, "kind='rope'"),
-    ('pos=rope,t5_num_buckets=1', 't5_num_buckets', 1, "kind='t5'"),
-    ('pos=rope,t5_max_distance=1', 't5_max_distance', 1, "kind='t5'"),
-    ('rope_scaling_factor=0.5', 'rope_scaling_factor', 0.5, "rope_scaling='linear' or"),
+    ('pos=alibi,rope.theta=5e5', 'rope.theta', 5e5, "kind='rope'"),
+    ('pos=rope,t5.num_buckets=1', 't5.num_buckets', 1, "kind='t5'"),
+    ('pos=rope,t5.max_distance=1', 't5.max_distance', 1, "kind='t5'"),
+    ('pos=t5,shaw.max_distance=3', 'shaw.max_distance', 3, "kind='shaw'"),
+    ('yarn.factor=4.0', 'rope.scaling.yarn.factor', 4.0, "rope.scaling.kind='yarn'"),
+    ('yarn.factor=0.5', 'rope.scaling.yarn.factor', 0.5, "rope.scaling.kind='yarn'"),
     (
-      'rope_scaling=linear,rope_scaling_factor=2.0,yarn_beta_slow=40.0',
-      'yarn_beta_slow',
+      'rope_scaling=linear,linear.factor=2.0,yarn.beta_slow=40.0',
+      'rope.scaling.yarn.beta_slow',
       40.0,
-      "rope_scaling='yarn'",
+      "rope.scaling.kind='yarn'",
     ),
   ],
 )
@@ -461,9 +530,85 @@ def test_a_key_of_a_variant_not_chosen_is_refused_naming_the_chosen_ones(arg, ke
   assert 'reads: ' in str(err)
 
 
+ROPE_READS = [
+  'model.position.rope.theta',
+  'model.position.rope.layout',
+  'model.position.rope.scaling.kind',
+  'model.position.rope.original_max_len',
+]
+YARN_READS = [f'model.position.rope.scaling.yarn.{k}' for k in ('factor', 'beta_fast', 'beta_slow')]
+
+
+@pytest.mark.parametrize(
+  'arg,key,value,chooser,reads',
+  [
+    (
+      'pos=rope,t5.num_buckets=64',
+      'model.position.t5.num_buckets',
+      64,
+      'model.position.kind',
+      ROPE_READS,
+    ),
+    (
+      'rope_scaling=yarn,t5.num_buckets=64',
+      'model.position.t5.num_buckets',
+      64,
+      'model.position.kind',
+      ROPE_READS[:3] + YARN_READS + ROPE_READS[3:],
+    ),
+    (
+      'rope_scaling=yarn,linear.factor=2.0',
+      'model.position.rope.scaling.linear.factor',
+      2.0,
+      'model.position.rope.scaling.kind',
+      YARN_READS,
+    ),
+    (
+      'pos=t5,shaw.max_distance=3',
+      'model.position.shaw.max_distance',
+      3,
+      'model.position.kind',
+      [
+        'model.position.t5.num_buckets',
+        'model.position.t5.max_distance',
+      ],
+    ),
+  ],
+)
+def test_the_refusal_lists_only_the_chosen_variants_keys(arg, key, value, chooser, reads):
+  """After 'reads: ' the refusal names exactly the keys the chosen variant reads (a chosen RoPE
+  scaling's among them), in order, and no key of a variant not chosen."""
+  err = raises_config_error(load, 'base', arg)
+  msg = check_error(err, key, value, [f"; {chooser}='"])
+  listed = msg.split(' reads: ', 1)[1].split(', ')
+  assert listed == reads
+  for other in ('t5.', 'shaw.', 'scaling.linear.', 'scaling.ntk.', 'scaling.llama3.'):
+    if not any(other in r for r in reads):
+      assert not any(other in r for r in listed), (other, listed)
+
+
+def test_the_refusal_with_a_variant_of_no_keys_says_so():
+  err = raises_config_error(load, 'base', 'rope_scaling=none,yarn.beta_fast=8.0')
+  check_error(
+    err,
+    'model.position.rope.scaling.yarn.beta_fast',
+    8.0,
+    [
+      "read only by model.position.rope.scaling.kind='yarn' (it is 'none'), so it would do "
+      'nothing; allowed here: its default 32.0; '
+      "model.position.rope.scaling.kind='none' reads: no keys of its own"
+    ],
+  )
+
+
 def test_a_norm_key_and_an_moe_key_off_their_variant_are_refused():
-  err = raises_config_error(load, 'base', 'norm=rmsnorm,partial_p=0.5')
-  check_error(err, 'model.norm.partial_p', 0.5, ["read only by model.norm.kind='partial_rmsnorm'"])
+  err = raises_config_error(load, 'base', 'norm=rmsnorm,partial_rmsnorm.p=0.5')
+  check_error(
+    err,
+    'model.norm.partial_rmsnorm.p',
+    0.5,
+    ["read only by model.norm.kind='partial_rmsnorm'", "model.norm.kind='rmsnorm' reads: no keys"],
+  )
   err = raises_config_error(load, 'base', overrides={'model.moe.num_experts': 4})
   check_error(err, 'model.moe.num_experts', 4, ["read only by model.ffn.kind='moe'"])
 
@@ -473,45 +618,60 @@ def test_choosing_a_variant_resets_the_keys_of_the_one_it_replaces():
   resets them (Qwen3's RoPE θ with pos=alibi; a T5 setting once pos moves on; Mixtral's experts
   with ffn=swiglu), while keys set after the choice stay and are checked."""
   qwen = load('qwen3_like')
-  assert qwen.model.position.rope_theta == 1e6
+  assert qwen.model.position.rope.theta == 1e6
   ablated = load('qwen3_like', 'pos=alibi')
   assert ablated.model.position.kind == 'alibi'
-  assert ablated.model.position.rope_theta == load('base').model.position.rope_theta
-  assert load('base', 'pos=t5,t5_num_buckets=8,pos=rope').model.position.t5_num_buckets == 32
-  scaled = load('base', 'rope_scaling=yarn,rope_scaling_factor=4.0,rope_scaling=none')
-  assert scaled.model.position.rope_scaling_factor == 1.0
+  assert ablated.model.position.rope.theta == load('base').model.position.rope.theta
+  assert load('base', 'pos=t5,t5.num_buckets=8,pos=rope').model.position.t5.num_buckets == 32
+  scaled = load('base', 'rope_scaling=yarn,yarn.factor=4.0,rope_scaling=none')
+  assert scaled.model.position.rope.scaling.kind == 'none'
+  assert scaled.model.position.rope.scaling.yarn.factor == 1.0
+  # A key set after the choice stays, and is checked against the variant chosen.
+  kept = load('base', 'rope_scaling=yarn,yarn.factor=4.0')
+  assert kept.model.position.rope.scaling.yarn.factor == 4.0
+  err = raises_config_error(load, 'qwen3_like', 'pos=alibi,rope.theta=1e6')
+  check_error(err, 'model.position.rope.theta', 1e6, ["read only by model.position.kind='rope'"])
   dense = load('mixtral_like', 'ffn=swiglu')
   assert dense.model.moe.num_experts == load('base').model.moe.num_experts
 
 
 def test_rope_scaling_factor_one_is_accepted():
-  cfg = load('base', 'rope_scaling=linear,rope_scaling_factor=1.0')
-  assert cfg.model.position.rope_scaling_factor == 1.0
+  cfg = load('base', 'rope_scaling=linear,linear.factor=1.0')
+  assert cfg.model.position.rope.scaling.linear.factor == 1.0
 
 
 def test_yarn_betas_must_be_ordered():
-  err = raises_config_error(
-    load, 'base', 'rope_scaling=yarn,rope_scaling_factor=2.0,yarn_beta_slow=40.0'
+  err = raises_config_error(load, 'base', 'rope_scaling=yarn,yarn.factor=2.0,yarn.beta_slow=40.0')
+  check_error(
+    err,
+    'model.position.rope.scaling.yarn.beta_slow',
+    40.0,
+    ['YaRN needs 0 < beta_slow < beta_fast=32.0'],
   )
-  check_error(err, 'model.position.yarn_beta_slow', 40.0, ['yarn_beta_fast=32.0'])
 
 
 def test_llama3_freq_factors_must_be_ordered():
   err = raises_config_error(
-    load, 'base', 'rope_scaling=llama3,rope_scaling_factor=2.0,llama3_low_freq_factor=5.0'
+    load, 'base', 'rope_scaling=llama3,llama3.factor=2.0,llama3.low_freq_factor=5.0'
   )
-  check_error(err, 'model.position.llama3_low_freq_factor', 5.0, ['llama3_high_freq_factor=4.0'])
+  check_error(
+    err,
+    'model.position.rope.scaling.llama3.low_freq_factor',
+    5.0,
+    ['llama3 scaling needs 0 < low_freq_factor < high_freq_factor=4.0'],
+  )
 
 
 @pytest.mark.parametrize('p', [0.0, -0.1, 1.5])
 def test_partial_p_outside_unit_interval(p):
-  err = raises_config_error(load, 'base', f'norm=partial_rmsnorm,partial_p={p}')
-  check_error(err, 'model.norm.partial_p', p, ['0 < p <= 1'])
+  err = raises_config_error(load, 'base', f'norm=partial_rmsnorm,partial_rmsnorm.p={p}')
+  check_error(err, 'model.norm.partial_rmsnorm.p', p, ['0 < p <= 1'])
 
 
 @pytest.mark.parametrize('p', [1.0, 1, 0.0625, 1e-3])
 def test_partial_p_in_range_is_accepted(p):
-  assert load('base', f'norm=partial_rmsnorm,partial_p={p}').model.norm.partial_p == p
+  cfg = load('base', f'norm=partial_rmsnorm,partial_rmsnorm.p={p}')
+  assert cfg.model.norm.partial_rmsnorm.p == p
 
 
 @pytest.mark.parametrize(
@@ -550,7 +710,7 @@ def test_sizes_must_be_positive_via_choices(arg, key, value):
     ('model.init_std', 0.0),
     ('model.norm.eps', 0.0),
     ('model.attention.softmax_scale', -1.0),
-    ('model.position.rope_theta', 0.0),
+    ('model.position.rope.theta', 0.0),
   ],
 )
 def test_positive_numbers(key, value):
@@ -595,27 +755,32 @@ def test_sliding_window_must_be_positive(window):
 
 @pytest.mark.parametrize('max_distance', [16, 8, 0])
 def test_t5_max_distance_must_exceed_exact_buckets(max_distance):
-  err = raises_config_error(load, 'base', f'pos=t5,t5_max_distance={max_distance}')
-  check_error(err, 'model.position.t5_max_distance', max_distance, ['t5_num_buckets // 2 = 16'])
+  err = raises_config_error(load, 'base', f'pos=t5,t5.max_distance={max_distance}')
+  check_error(
+    err,
+    'model.position.t5.max_distance',
+    max_distance,
+    ['must exceed num_buckets // 2 = 16, where the exact buckets end'],
+  )
 
 
 def test_t5_max_distance_just_above_exact_buckets_is_accepted():
-  assert load('base', 'pos=t5,t5_max_distance=17').model.position.t5_max_distance == 17
+  assert load('base', 'pos=t5,t5.max_distance=17').model.position.t5.max_distance == 17
 
 
 @pytest.mark.parametrize('buckets', [1, 0])
 def test_t5_num_buckets_at_least_two(buckets):
-  err = raises_config_error(load, 'base', f'pos=t5,t5_num_buckets={buckets}')
-  check_error(err, 'model.position.t5_num_buckets', buckets, ['>= 2'])
+  err = raises_config_error(load, 'base', f'pos=t5,t5.num_buckets={buckets}')
+  check_error(err, 'model.position.t5.num_buckets', buckets, ['>= 2'])
 
 
 def test_shaw_max_distance_negative():
-  err = raises_config_error(load, 'base', 'pos=shaw,shaw_max_distance=-1')
-  check_error(err, 'model.position.shaw_max_distance', -1, ['>= 0'])
+  err = raises_config_error(load, 'base', 'pos=shaw,shaw.max_distance=-1')
+  check_error(err, 'model.position.shaw.max_distance', -1, ['>= 0'])
 
 
 def test_shaw_max_distance_zero_is_accepted():
-  assert load('base', 'pos=shaw,shaw_max_distance=0').model.position.shaw_max_distance == 0
+  assert load('base', 'pos=shaw,shaw.max_distance=0').model.position.shaw.max_distance == 0
 
 
 def test_sinusoidal_needs_even_d_model():
@@ -732,16 +897,22 @@ def test_seq_len_beyond_max_seq_len_ok_without_learned_positions(pos):
 
 
 @pytest.mark.parametrize(
-  'arg',
+  'arg,key',
   [
-    'pos=t5,t5_max_distance=none',
-    'rope_scaling=linear,rope_scaling_factor=none',
-    'rope_scaling=yarn,rope_scaling_factor=2.0,yarn_beta_slow=none',
-    'rope_scaling=llama3,rope_scaling_factor=2.0,llama3_high_freq_factor=none',
+    ('pos=t5,t5.max_distance=none', 'model.position.t5.max_distance'),
+    ('rope_scaling=linear,linear.factor=none', 'model.position.rope.scaling.linear.factor'),
+    (
+      'rope_scaling=yarn,yarn.factor=2.0,yarn.beta_slow=none',
+      'model.position.rope.scaling.yarn.beta_slow',
+    ),
+    (
+      'rope_scaling=llama3,llama3.factor=2.0,llama3.high_freq_factor=none',
+      'model.position.rope.scaling.llama3.high_freq_factor',
+    ),
   ],
 )
-def test_none_numeric_values_raise_config_error(arg):
-  raises_config_error(load, 'base', arg)
+def test_none_numeric_values_raise_config_error(arg, key):
+  check_error(raises_config_error(load, 'base', arg), key, None, ['must be set'])
 
 
 @pytest.mark.parametrize(
@@ -750,8 +921,8 @@ def test_none_numeric_values_raise_config_error(arg):
     ('pos=none', 'model.position.kind'),
     ('norm=none', 'model.norm.kind'),
     (
-      'rope_scaling=linear,rope_scaling_factor=2.0,rope_scaling=none',
-      'model.position.rope_scaling',
+      'rope_scaling=linear,linear.factor=2.0,rope_scaling=none',
+      'model.position.rope.scaling.kind',
     ),
   ],
 )

@@ -14,7 +14,8 @@ import pytest
 from conftest import ROOT, read_tensorboard_scalars
 
 from experiments import provenance, report, report_notes, verdicts
-from experiments.runner import SuiteRun, config_hash, resolve, run_dir, run_one, run_suite
+from experiments.run import run_dir
+from experiments.runner import SuiteRun, config_hash, resolve, run_one, run_suite
 from experiments.suite import BenchmarkSuite, Suite, Variant, available, load_suite
 from experiments.suites._presets import PRESETS
 
@@ -552,7 +553,7 @@ def test_starts_from_variants_evaluate_or_fine_tune_their_parents_parameters(tmp
       Variant('parent'),
       Variant(
         'same-math',
-        overrides={'model.position.rope_scaling': 'linear'},
+        overrides={'model.position.rope.scaling.kind': 'linear'},
         starts_from='parent',
         trains=False,
       ),
@@ -663,7 +664,8 @@ def test_context_extension_suite_scales_for_8L_and_measures_1_to_8L(tmp_path, co
   length = cfg['rope'].data.seq_len
   for name in ('pi', 'ntk', 'yarn', 'pi-finetune'):
     pos = cfg[name].model.position
-    assert pos.rope_scaling_factor == 8 and pos.rope_original_max_len == length, name
+    scaling = pos.rope.scaling[pos.rope.scaling.kind]
+    assert scaling.factor == 8 and pos.rope.original_max_len == length, name
   tuned = cfg['pi-finetune']
   assert tuned.data.seq_len == 8 * length and tuned.model.max_seq_len == 8 * length
   assert tuned.data.batch_size * tuned.data.seq_len == cfg['rope'].data.batch_size * length

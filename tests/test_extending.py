@@ -20,7 +20,7 @@ from mllm.layers.ffn import FFNS, MLP
 from mllm.layers.positions import POSITIONS, PositionScheme, sinusoidal_embedding
 from mllm.summary import layer_table
 from mllm.train.step import benchmark_step
-from mllm.variant_config import key, settings_of
+from mllm.variant_config import setting, settings_of
 
 
 def _positive(name, value):
@@ -32,8 +32,8 @@ class ScaledSinusoidal(PositionScheme):
   """Sinusoids times one learned scalar, started at init/√d_model, added to the embedding."""
 
   @dataclasses.dataclass(frozen=True)
-  class Settings:  # its own config key: model.position.scaled_sinusoidal_init
-    init: float = key('scaled_sinusoidal_init', 1.0, 'the scale starts at init/√d_model', _positive)
+  class Settings:  # its own config section: model.position.scaled_sinusoidal.init
+    init: float = setting(1.0, 'the scale starts at init/√d_model', _positive)
 
   def __init__(self, cfg, *, rngs):
     del rngs
@@ -73,19 +73,23 @@ def test_a_new_position_scheme_and_ffn_validate_train_and_summarise(registered):
   with pytest.raises(mllm.ConfigError, match=r'unknown FFN; allowed: .*relu2'):
     tiny_config('ffn=relu3')
 
-  # Its key, in the schema since it registered: set by its unique leaf name or its dotted path,
-  # range-checked by its rule where the scheme is chosen, refused where it is not (it would do
-  # nothing there), and reset when another scheme is chosen after it.
-  assert config.model.position.scaled_sinusoidal_init == 1.0
-  doubled = tiny_config('pos=scaled_sinusoidal,scaled_sinusoidal_init=2.0')
+  # Its section, in the schema since it registered: its key set by a unique tail of its dotted
+  # path, range-checked by its rule where the scheme is chosen, refused where it is not (it would
+  # do nothing there), and reset when another scheme is chosen after it.
+  assert config.model.position.scaled_sinusoidal.init == 1.0
+  doubled = tiny_config('pos=scaled_sinusoidal,scaled_sinusoidal.init=2.0')
   model = mllm.build_model(doubled, rngs=nnx.Rngs(0))
   np.testing.assert_allclose(float(model.position.scale[...]), 2.0 / 16**0.5, rtol=1e-6)
-  with pytest.raises(mllm.ConfigError, match=r'scaled_sinusoidal_init=-1\.0: the starting scale'):
-    tiny_config('pos=scaled_sinusoidal', model__position__scaled_sinusoidal_init=-1.0)
-  with pytest.raises(mllm.ConfigError, match=r"read only by model\.position\.kind='scaled_sinu"):
-    tiny_config('pos=rope', model__position__scaled_sinusoidal_init=2.0)
+  with pytest.raises(
+    mllm.ConfigError, match=r'model\.position\.scaled_sinusoidal\.init=-1\.0: the starting scale'
+  ):
+    tiny_config('pos=scaled_sinusoidal', model__position__scaled_sinusoidal__init=-1.0)
+  with pytest.raises(
+    mllm.ConfigError, match=r"init=2\.0: read only by model\.position\.kind='scaled_sinusoidal'"
+  ):
+    tiny_config('pos=rope', model__position__scaled_sinusoidal__init=2.0)
   assert (
-    tiny_config('scaled_sinusoidal_init=2.0,pos=rope').model.position.scaled_sinusoidal_init == 1
+    tiny_config('scaled_sinusoidal.init=2.0,pos=rope').model.position.scaled_sinusoidal.init == 1
   )
 
   step, state, batch = benchmark_step(config)

@@ -108,18 +108,18 @@ def test_greedy_generation_with_the_kv_cache_matches_transformers(family, import
     (
       'llama3-scaled',
       {
-        'model.position.rope_scaling': 'llama3',
-        'model.position.rope_original_max_len': 64,
-        'model.position.rope_scaling_factor': 8.0,
+        'model.position.rope.scaling.kind': 'llama3',
+        'model.position.rope.original_max_len': 64,
+        'model.position.rope.scaling.llama3.factor': 8.0,
       },
     ),
     (
       'llama-yarn',
       {
-        'model.position.rope_scaling': 'yarn',
-        'model.position.rope_scaling_factor': 4.0,
-        'model.position.rope_original_max_len': 64,
-        'model.position.yarn_beta_fast': 32.0,
+        'model.position.rope.scaling.kind': 'yarn',
+        'model.position.rope.scaling.yarn.factor': 4.0,
+        'model.position.rope.original_max_len': 64,
+        'model.position.rope.scaling.yarn.beta_fast': 32.0,
       },
     ),
     (
@@ -131,7 +131,7 @@ def test_greedy_generation_with_the_kv_cache_matches_transformers(family, import
         'model.moe.expert_d_ff': 96,
         'model.moe.renormalize': True,
         'model.moe.dispatch': 'dropless',
-        'model.position.rope_theta': 1e6,
+        'model.position.rope.theta': 1e6,
       },
     ),
     (
@@ -401,7 +401,10 @@ EXPORTABLE = {
   ),
   'llama-pi': (
     'llama',
-    {'model.position.rope_scaling': 'linear', 'model.position.rope_scaling_factor': 2.0},
+    {
+      'model.position.rope.scaling.kind': 'linear',
+      'model.position.rope.scaling.linear.factor': 2.0,
+    },
   ),
   'llama-scanned': ('llama', {'model.scan_layers': True}),
   'mistral': ('mistral', {'model.attention.sliding_window': 5}),
@@ -410,9 +413,9 @@ EXPORTABLE = {
   'llama-yarn': (
     'llama',
     {
-      'model.position.rope_scaling': 'yarn',
-      'model.position.rope_scaling_factor': 4.0,
-      'model.position.rope_original_max_len': 8,
+      'model.position.rope.scaling.kind': 'yarn',
+      'model.position.rope.scaling.yarn.factor': 4.0,
+      'model.position.rope.original_max_len': 8,
     },
   ),
   'mixtral': (
@@ -484,10 +487,10 @@ def test_a_large_export_is_written_in_shards_that_import_the_same(tmp_path, impo
     ({'model.norm.kind': 'partial_rmsnorm'}, r"model.norm.kind='partial_rmsnorm'"),
     ({'model.norm.placement': 'post'}, r"model.norm.placement='post'"),
     ({'model.ffn.kind': 'geglu'}, r"model.ffn.kind='geglu'"),
-    ({'model.position.rope_layout': 'interleaved'}, r"model.position.rope_layout='interleaved'"),
+    ({'model.position.rope.layout': 'interleaved'}, r"model.position.rope.layout='interleaved'"),
     (
-      {'model.position.rope_scaling': 'ntk', 'model.position.rope_scaling_factor': 2.0},
-      r"model.position.rope_scaling='ntk'",
+      {'model.position.rope.scaling.kind': 'ntk', 'model.position.rope.scaling.ntk.factor': 2.0},
+      r"model.position.rope.scaling.kind='ntk'",
     ),
     ({'model.embed_scale': 4.0}, r'model.embed_scale=4.0'),
     ({'model.attention.softmax_scale': 0.1}, r'model.attention.softmax_scale=0.1'),
@@ -600,13 +603,13 @@ def test_import_generate_train_and_export_through_launch(corpus, tmp_path):
   # Continue pre-training with the workdir's own config (no --config) and YaRN on top.
   result = run_launch(
     f'--workdir={workdir}',
-    '--config.model.position.rope_scaling=yarn',
-    '--config.model.position.rope_scaling_factor=2.0',
-    '--config.model.position.rope_original_max_len=128',
+    '--config.model.position.rope.scaling.kind=yarn',
+    '--config.model.position.rope.scaling.yarn.factor=2.0',
+    '--config.model.position.rope.original_max_len=128',
   )
   assert result.returncode == 0, result.stderr
   trained, _, step, config = load_run(workdir, like)
-  assert step == 2 and config.model.position.rope_scaling == 'yarn'
+  assert step == 2 and config.model.position.rope.scaling.kind == 'yarn'
 
   result = run_launch('--mode=eval', f'--workdir={workdir}')
   assert result.returncode == 0 and 'step 2 of' in result.stdout, result.stderr

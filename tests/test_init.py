@@ -41,10 +41,10 @@ CASES = {
     'pos=learned,ffn=gelu',
     dict(model__tie_embeddings=False, model__attention__use_bias=True, model__ffn__use_bias=True),
   ),
-  'shaw': ('pos=shaw', dict(model__position__shaw_max_distance=63)),
+  'shaw': ('pos=shaw', dict(model__position__shaw__max_distance=63)),
   't5_layernorm': (
     'pos=t5,norm=layernorm',
-    dict(model__position__t5_num_buckets=256, model__position__t5_max_distance=512),
+    dict(model__position__t5__num_buckets=256, model__position__t5__max_distance=512),
   ),
   'moe': (
     '',

@@ -29,7 +29,7 @@ def _tokens(seed=0, batch=B, length=T):
 COMBINATIONS = list(itertools.product(POSITIONS, FFNS, NORMS, PLACEMENTS))
 # The relative schemes' own keys, small for the tiny model; set only with the scheme that reads
 # them (another scheme refuses them).
-SMALL_RELATIVE = {'shaw': 'shaw_max_distance=2', 't5': 't5_num_buckets=8,t5_max_distance=16'}
+SMALL_RELATIVE = {'shaw': 'shaw.max_distance=2', 't5': 't5.num_buckets=8,t5.max_distance=16'}
 
 
 @pytest.mark.parametrize('pos,ffn,norm,placement', COMBINATIONS)
@@ -67,7 +67,7 @@ def _copy_kv_to_mha(gqa_model, mha_model, group):
 
 @pytest.mark.parametrize('pos', ['rope', 'alibi', 'shaw'])
 def test_gqa_equals_mha_with_repeated_kv_weights(pos):
-  choice = f'pos={pos}' + (',shaw_max_distance=3' if pos == 'shaw' else '')
+  choice = f'pos={pos}' + (',shaw.max_distance=3' if pos == 'shaw' else '')
   gqa_cfg = tiny_config(choice, model__n_heads=4, model__n_kv_heads=2)
   mha_cfg = tiny_config(choice, model__n_heads=4, model__n_kv_heads=4)
   gqa = mllm.build_model(gqa_cfg, rngs=nnx.Rngs(0))
@@ -184,8 +184,8 @@ def _param_paths(cfg):
     'model.dtype=bfloat16',
     'model.dropout=0.1',
     'window=4',
-    'model.position.rope_layout=interleaved',
-    'rope_scaling=yarn,rope_scaling_factor=2.0',
+    'model.position.rope.layout=interleaved',
+    'rope_scaling=yarn,yarn.factor=2.0',
     'pos=alibi',
     'pos=none',
     'pos=sinusoidal',

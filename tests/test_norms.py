@@ -102,7 +102,7 @@ def test_layernorm_has_bias_by_default_and_uses_biased_variance():
 def test_partial_rmsnorm_matches_numpy(use_bias):
   rng = np.random.default_rng(2)
   d, p = 16, 0.3  # k = ceil(4.8) = 5
-  norm = PartialRMSNorm(d, eps=1e-6, partial_p=p, use_bias=use_bias)
+  norm = PartialRMSNorm(d, eps=1e-6, p=p, use_bias=use_bias)
   scale, bias = _set_params(norm, rng, d)
   x = rng.normal(size=(2, 3, d))
   out = norm(jnp.asarray(x, jnp.float32))
@@ -119,7 +119,7 @@ def test_partial_rmsnorm_p1_equals_rmsnorm():
   d = 8
   x = jnp.asarray(rng.normal(size=(4, d)), jnp.float32)
   scale = jnp.asarray(rng.normal(size=d), jnp.float32)
-  partial, full = PartialRMSNorm(d, partial_p=1.0), RMSNorm(d)
+  partial, full = PartialRMSNorm(d, p=1.0), RMSNorm(d)
   partial.scale[...] = scale
   full.scale[...] = scale
   chex.assert_trees_all_close(partial(x), full(x), rtol=1e-6, atol=1e-6)
@@ -128,7 +128,7 @@ def test_partial_rmsnorm_p1_equals_rmsnorm():
 def test_partial_rmsnorm_uses_only_first_features():
   rng = np.random.default_rng(4)
   d, eps = 8, 1e-6
-  norm = PartialRMSNorm(d, eps=eps, partial_p=0.25)
+  norm = PartialRMSNorm(d, eps=eps, p=0.25)
   x = rng.normal(size=(3, d))
   out = np.asarray(norm(jnp.asarray(x, jnp.float32)), np.float64)
   rms2 = np.sqrt((x[:, :2] ** 2).mean(-1, keepdims=True) + eps)
@@ -147,7 +147,7 @@ def test_partial_rmsnorm_uses_only_first_features():
 def test_bfloat16_input_with_fp32_stats(cls):
   rng = np.random.default_rng(5)
   d = 32
-  norm = cls(d, fp32=True, **({'partial_p': 0.5} if cls is PartialRMSNorm else {}))
+  norm = cls(d, fp32=True, **({'p': 0.5} if cls is PartialRMSNorm else {}))
   norm.scale[...] = jnp.asarray(rng.normal(size=d) + 1.0, jnp.float32)
   x_bf16 = jnp.asarray(rng.normal(size=(2, 5, d)) * 4.0, jnp.bfloat16)
   out = norm(x_bf16)
@@ -166,7 +166,7 @@ def test_use_bias_adds_shift():
   x = jnp.asarray(rng.normal(size=(3, d)), jnp.float32)
   shift = rng.normal(size=d)
   for cls in (RMSNorm, LayerNorm, PartialRMSNorm):
-    own = {'partial_p': 0.5} if cls is PartialRMSNorm else {}
+    own = {'p': 0.5} if cls is PartialRMSNorm else {}
     with_bias = cls(d, use_bias=True, **own)
     without = cls(d, use_bias=False, **own)
     assert without.bias is None
@@ -191,7 +191,7 @@ def test_from_config_builds_each_kind(kind):
     {
       'model.norm.kind': kind,
       'model.norm.eps': 0.25,
-      **({'model.norm.partial_p': 0.5} if kind == 'partial_rmsnorm' else {}),
+      **({'model.norm.partial_rmsnorm.p': 0.5} if kind == 'partial_rmsnorm' else {}),
     },
   )
   d = 8
@@ -213,7 +213,7 @@ def test_from_config_builds_each_kind(kind):
     assert norm.bias is None
     ref = _np_rms(x, ones, 0.25)
   else:
-    assert norm.bias is None and norm.partial_p == 0.5
+    assert norm.bias is None and norm.p == 0.5
     ref = _np_rms(x, ones, 0.25, k=4)
   np.testing.assert_allclose(out, ref, rtol=1e-5)
 

@@ -21,11 +21,14 @@ TARGET = 8  # extend to 8 × the pre-training context
 def _pretraining_length(config) -> dict:
   """Name L (the scalings' original context), so that the lengths a variant is measured at stay
   multiples of the pre-training L when its own context grows."""
-  return {'model.position.rope_original_max_len': config.data.seq_len}
+  return {'model.position.rope.original_max_len': config.data.seq_len}
 
 
 def _scaled(kind: str) -> dict:
-  return {'model.position.rope_scaling': kind, 'model.position.rope_scaling_factor': float(TARGET)}
+  return {
+    'model.position.rope.scaling.kind': kind,
+    f'model.position.rope.scaling.{kind}.factor': float(TARGET),
+  }
 
 
 def _finetune_at_target(config) -> dict:

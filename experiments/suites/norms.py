@@ -28,7 +28,7 @@ SUITE = Suite(
     Variant(
       'partial_rmsnorm-32_features',
       'norm=partial_rmsnorm',
-      {'model.norm.partial_p': 0.25},
+      {'model.norm.partial_rmsnorm.p': 0.25},
       derived=_warmup(True),
       expect='same',
     ),

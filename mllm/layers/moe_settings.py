@@ -10,7 +10,7 @@ from mllm.layers.ffn import FFNS
 from mllm.layers.moe import moe_layers
 from mllm.layers.moe_experts import DISPATCHES, GROUPED_MATMULS
 from mllm.layers.moe_routing import BALANCE_CONVENTIONS, NOISES, ROUTERS
-from mllm.variant_config import check_keys, key, keys_of, one_of_these
+from mllm.variant_config import check_keys, keys_of, one_of_these, setting
 
 
 def _coefficient(name, value) -> None:
@@ -26,84 +26,74 @@ class MoESettings:
   """`model.moe`: the keys the MoE FFN (`model.ffn.kind='moe'`) reads. `ffn.d_ff`, match_params
   and multiple_of size the experts and the dense layers as they size a dense FFN."""
 
-  num_experts: int = key('num_experts', 8, 'routed experts E', integer)
-  top_k: int = key('top_k', 2, 'experts per token: 1 Switch; 2 GShard, Mixtral')
-  expert_kind: str = key(
-    'expert_kind',
+  num_experts: int = setting(8, 'routed experts E', integer)
+  top_k: int = setting(2, 'experts per token: 1 Switch; 2 GShard, Mixtral')
+  expert_kind: str = setting(
     'swiglu',
     "the experts' FFN, and the dense layers' in a mixed stack",
     one_of_these(FFNS, 'expert FFN'),
   )
-  expert_d_ff: int | None = key(
-    'expert_d_ff', None, "None: the dense FFN's hidden size; smaller: fine-grained", integer
+  expert_d_ff: int | None = setting(
+    None, "None: the dense FFN's hidden size; smaller: fine-grained", integer
   )
-  num_shared_experts: int = key(
-    'num_shared_experts',
+  num_shared_experts: int = setting(
     0,
     'always-on experts beside the routed ones (DeepSeekMoE)',
     _count,
   )
-  shared_d_ff: int | None = key('shared_d_ff', None, 'None: expert_d_ff', integer)
-  every: int = key(
-    'every', 1, 'layer i is MoE when (i + 1) % every == 0 and i >= first_dense_layers', integer
+  shared_d_ff: int | None = setting(None, 'None: expert_d_ff', integer)
+  every: int = setting(
+    1, 'layer i is MoE when (i + 1) % every == 0 and i >= first_dense_layers', integer
   )
-  first_dense_layers: int = key('first_dense_layers', 0, 'the first layers stay dense', _count)
-  router: str = key(
-    'router',
+  first_dense_layers: int = setting(0, 'the first layers stay dense', _count)
+  router: str = setting(
     'softmax',
     'softmax | sigmoid (DeepSeek-V3; gates normalised over the top k)',
     one_of_these(ROUTERS, 'router'),
   )
-  renormalize: bool = key('renormalize', True, 'gates renormalised over the chosen k (Mixtral)')
-  dispatch: str = key(
-    'dispatch',
+  renormalize: bool = setting(True, 'gates renormalised over the chosen k (Mixtral)')
+  dispatch: str = setting(
     'auto',
     'capacity | dropless (ragged_dot) | auto: capacity on CPU, else dropless',
     one_of_these(('auto', *DISPATCHES), 'dispatch'),
   )
-  capacity_factor: float = key(
-    'capacity_factor',
+  capacity_factor: float = setting(
     1.25,
     'capacity = ceil(tokens / experts * top_k * capacity_factor)',
     positive,
   )
-  grouped_matmul: str = key(
-    'grouped_matmul',
+  grouped_matmul: str = setting(
     'ragged_dot',
     'dropless kernel: ragged_dot | megablox (Pallas gmm, TPU) | tiled',
     one_of_these(GROUPED_MATMULS, 'grouped matmul'),
   )
-  balance_coef: float = key('balance_coef', 0.01, 'Switch load-balancing loss, α', _coefficient)
-  balance_convention: str = key(
-    'balance_convention',
+  balance_coef: float = setting(0.01, 'Switch load-balancing loss, α', _coefficient)
+  balance_convention: str = setting(
     'switch',
     'switch: 1 at uniform routing for every k | hf: k',
     one_of_these(BALANCE_CONVENTIONS, 'balancing-loss convention'),
   )
-  z_loss_coef: float = key('z_loss_coef', 0.001, 'router z-loss (ST-MoE)', _coefficient)
-  noise: str = key(
-    'noise',
+  z_loss_coef: float = setting(0.001, 'router z-loss (ST-MoE)', _coefficient)
+  noise: str = setting(
     'none',
     'none | mixture: (1 - α)·p + α·ε | noisy_topk (Shazeer 2017); training only',
     one_of_these(NOISES, 'router noise'),
   )
-  noise_alpha: float = key(
-    'noise_alpha',
+  noise_alpha: float = setting(
     0.1,
     'α of the mixture noise',
     lambda n, v: number(n, v, 0.0, 1.0, 'the weight of the noise in the mixture'),
   )
-  expert_bias: bool = key(
-    'expert_bias', False, 'DeepSeek-V3 aux-loss-free balancing: a selection bias, no gradient'
+  expert_bias: bool = setting(
+    False, 'DeepSeek-V3 aux-loss-free balancing: a selection bias, no gradient'
   )
-  bias_update_rate: float = key(
-    'bias_update_rate',
+  bias_update_rate: float = setting(
     0.001,
     'γ in b ← b + γ·sign(mean load − load), after each step',
     lambda n, v: number(n, v, 0.0, 1e3, 'the bias step γ'),
   )
-  force_uniform_routing: bool = key(
-    'force_uniform_routing', False, 'balanced assignment whatever the router says (benchmarks)'
+  force_uniform_routing: bool = setting(
+    False, 'balanced assignment whatever the router says (benchmarks)'
   )
 
 

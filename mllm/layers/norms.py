@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mllm.checks import ConfigError, one_of, positive
-from mllm.variant_config import check_variant_keys, key, settings_of
+from mllm.variant_config import check_variant_keys, setting, settings_of
 
 
 class Norm(nnx.Module):
@@ -108,20 +108,18 @@ class PartialRMSNorm(ScaledNorm):
 
   @dataclasses.dataclass(frozen=True)
   class Settings:
-    partial_p: float = key(
-      'partial_p', 0.0625, 'the fraction of features in the RMS (paper: 6.25%)', _fraction
-    )
+    p: float = setting(0.0625, 'the fraction of features in the RMS (paper: 6.25%)', _fraction)
 
-  def __init__(self, dim: int, *, partial_p: float = 0.0625, **kwargs):
+  def __init__(self, dim: int, *, p: float = 0.0625, **kwargs):
     super().__init__(dim, **kwargs)
-    self.partial_p = partial_p
+    self.p = p
 
   @classmethod
   def hf_math(cls, m):
-    return {'norm.partial_p': m.norm.partial_p}
+    return {'norm.partial_rmsnorm.p': settings_of(cls, m.norm).p}
 
   def normalize(self, x):
-    k = max(1, math.ceil(self.partial_p * x.shape[-1]))
+    k = max(1, math.ceil(self.p * x.shape[-1]))
     mean_square = jnp.mean(jnp.square(x[..., :k]), axis=-1, keepdims=True)
     return x * jax.lax.rsqrt(mean_square + self.eps)
 
@@ -149,6 +147,6 @@ PLACEMENTS = ('pre', 'post')
 def check_norm_config(m, p: str = 'model') -> None:
   """`model.norm`: a registered kind with its declared keys, a placement and a positive eps."""
   n = m.norm
-  check_variant_keys(n, f'{p}.norm', 'kind', NORMS, 'norm')
+  check_variant_keys(n, f'{p}.norm', NORMS, 'norm')
   one_of(f'{p}.norm.placement', n.placement, PLACEMENTS, 'norm placement')
   positive(f'{p}.norm.eps', n.eps)

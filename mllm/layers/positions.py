@@ -27,6 +27,7 @@ from mllm.layers.init import weight_std
 from mllm.layers.rope import (
   ROPE_LAYOUTS,
   ROPE_SCALINGS,
+  NoScaling,
   rope_angles,
   rope_hf_fields,
   rope_keys_from_hf,
@@ -34,7 +35,14 @@ from mllm.layers.rope import (
   rotate,
 )
 from mllm.ops.attention import RelativeValues, ScoreBias
-from mllm.variant_config import at_least, check_variant_keys, key, one_of_these, settings_of
+from mllm.variant_config import (
+  at_least,
+  check_variant_keys,
+  choice,
+  one_of_these,
+  setting,
+  settings_of,
+)
 
 # ---------------------------------------------------------------------------------------------
 # ALiBi (Press et al. 2022), T5 buckets (Raffel et al. 2020), Shaw et al. (2018), sinusoids.
@@ -207,17 +215,15 @@ class RotaryPositions(PositionScheme):
 
   @dataclasses.dataclass(frozen=True)
   class Settings:
-    theta: float = key('rope_theta', 10000.0, 'the base θ of θ_i = θ^(−2(i−1)/d)', positive)
-    layout: str = key(
-      'rope_layout',
+    theta: float = setting(10000.0, 'the base θ of θ_i = θ^(−2(i−1)/d)', positive)
+    layout: str = setting(
       'half',
       'half (HF/Qwen) | interleaved (paper/Meta)',
       one_of_these(ROPE_LAYOUTS, 'RoPE layout'),
     )
-    scaling: str = key('rope_scaling', 'none', 'RoPE scaling', choices=ROPE_SCALINGS)
+    scaling: NoScaling = choice(ROPE_SCALINGS, 'none', 'RoPE scaling')  # noqa: RUF009 (a field)
     # Also the "pre-training context" experiments measure lengths in, with or without a scaling.
-    original_max_len: int | None = key(
-      'rope_original_max_len',
+    original_max_len: int | None = setting(
       None,
       'the trained context a scaling extends; None: max_seq_len',
       positive,
@@ -225,7 +231,7 @@ class RotaryPositions(PositionScheme):
 
   @classmethod
   def check(cls, m, p):
-    settings_of(ROPE_SCALINGS[m.position.rope_scaling], m.position).check(f'{p}.position')
+    settings_of(cls, m.position).scaling.check(f'{p}.position.rope.scaling')
     head_dim = resolved_head_dim(m)
     if head_dim % 2:
       derived = (
@@ -239,10 +245,10 @@ class RotaryPositions(PositionScheme):
 
   @classmethod
   def describe(cls, m):
-    pos = m.position
-    text = f'rope θ={pos.rope_theta:g} {pos.rope_layout}'
-    if pos.rope_scaling != 'none':
-      text += f' {pos.rope_scaling}×{pos.rope_scaling_factor:g}'
+    rope = settings_of(cls, m.position)
+    text = f'rope θ={rope.theta:g} {rope.layout}'
+    if m.position.rope.scaling.kind != 'none':
+      text += f' {m.position.rope.scaling.kind}×{rope.scaling.factor:g}'
     return text
 
   def __init__(self, cfg, *, rngs):
@@ -251,7 +257,7 @@ class RotaryPositions(PositionScheme):
     self.head_dim = resolved_head_dim(cfg)
     self.theta = settings.theta
     self.layout = settings.layout
-    self.scaling = settings_of(ROPE_SCALINGS[settings.scaling], cfg.position)
+    self.scaling = settings.scaling
     self.original_max_len = settings.original_max_len or cfg.max_seq_len
 
   def context(self, q_positions_BT, kv_positions_BS):
@@ -282,22 +288,23 @@ class T5Positions(PositionScheme):
 
   @dataclasses.dataclass(frozen=True)
   class Settings:
-    num_buckets: int = key('t5_num_buckets', 32, 'distance buckets', at_least(2))
-    max_distance: int = key('t5_max_distance', 128, 'distances beyond share the last bucket')
+    num_buckets: int = setting(32, 'distance buckets', at_least(2))
+    max_distance: int = setting(128, 'distances beyond share the last bucket')
 
   @classmethod
   def check(cls, m, p):
-    pos = m.position
-    if pos.t5_max_distance <= pos.t5_num_buckets // 2:
+    t5 = settings_of(cls, m.position)
+    if t5.max_distance <= t5.num_buckets // 2:
       raise ConfigError(
-        f'{p}.position.t5_max_distance',
-        pos.t5_max_distance,
-        f'must exceed t5_num_buckets // 2 = {pos.t5_num_buckets // 2}, where the exact buckets end',
+        f'{p}.position.t5.max_distance',
+        t5.max_distance,
+        f'must exceed num_buckets // 2 = {t5.num_buckets // 2}, where the exact buckets end',
       )
 
   @classmethod
   def describe(cls, m):
-    return f't5 {m.position.t5_num_buckets} buckets ≤{m.position.t5_max_distance}'
+    t5 = settings_of(cls, m.position)
+    return f't5 {t5.num_buckets} buckets ≤{t5.max_distance}'
 
   def __init__(self, cfg, *, rngs):
     settings = settings_of(self, cfg.position)
@@ -353,11 +360,11 @@ class ShawPositions(PositionScheme):
 
   @dataclasses.dataclass(frozen=True)
   class Settings:
-    max_distance: int = key('shaw_max_distance', 16, 'the clipping distance k', at_least(0))
+    max_distance: int = setting(16, 'the clipping distance k', at_least(0))
 
   @classmethod
   def describe(cls, m):
-    return f'shaw k={m.position.shaw_max_distance}'
+    return f'shaw k={settings_of(cls, m.position).max_distance}'
 
   def __init__(self, cfg, *, rngs):
     del rngs
@@ -371,7 +378,7 @@ class ShawPositions(PositionScheme):
   @staticmethod
   def layer_part(cfg, *, rngs):
     return ShawTables(
-      2 * cfg.position.shaw_max_distance + 1,
+      2 * settings_of(ShawPositions, cfg.position).max_distance + 1,
       resolved_head_dim(cfg),
       init_std=weight_std(cfg, 'table'),
       param_dtype=cfg.param_dtype,
@@ -393,5 +400,5 @@ POSITIONS: dict[str, type[PositionScheme]] = {
 def check_position_config(m, p: str = 'model') -> None:
   """`model.position`: the scheme's declared keys (its `Settings`, and those of the RoPE scaling
   it chooses), no other scheme's key moved off its default, then the scheme's own rules."""
-  check_variant_keys(m.position, f'{p}.position', 'kind', POSITIONS, 'position scheme')
+  check_variant_keys(m.position, f'{p}.position', POSITIONS, 'position scheme')
   POSITIONS[m.position.kind].check(m, p)

@@ -15,7 +15,7 @@ import numpy as np
 
 from mllm.checks import ConfigError, positive
 from mllm.hf_errors import HFImportError
-from mllm.variant_config import key, keys_of, settings_of
+from mllm.variant_config import keys_of, setting, settings_of
 
 # ---------------------------------------------------------------------------------------------
 # RoPE (Su et al. 2021) and its context-extension scalings.
@@ -29,12 +29,12 @@ def _extension_factor(name: str, value) -> None:
     raise ConfigError(name, value, 'the context extension factor must be >= 1')
 
 
-# Keys that several scalings read, declared once.
-FACTOR = key('rope_scaling_factor', 1.0, 'the context extension factor s', _extension_factor)
+# The key every scaling but none reads, declared once (each scaling's section holds its own).
+FACTOR = setting(1.0, 'the context extension factor s', _extension_factor)
 
 
 # Each scaling is its own settings: a frozen dataclass of the keys it reads (variant_config.py),
-# registered in ROPE_SCALINGS under its `model.position.rope_scaling` name. `frequencies` takes
+# registered in ROPE_SCALINGS under its `model.position.rope.scaling.kind` name. `frequencies` takes
 # RoPE's θ_i and returns the scaled ones and the factor on cos and sin (YaRN's temperature).
 
 
@@ -44,7 +44,7 @@ class NoScaling:
 
   # Its Hugging Face spelling: `rope_type` (None: transformers has no such scaling; each settings
   # field is the rope_parameters field of its own name), and whether it reads the pretrained
-  # length (`original_max_position_embeddings`, mllm's `rope_original_max_len`).
+  # length (`original_max_position_embeddings`, mllm's `rope.original_max_len`).
   hf_type: ClassVar[str | None] = 'default'
   reads_original_len: ClassVar[bool] = False
 
@@ -99,8 +99,8 @@ class YaRN(NoScaling):
   reads_original_len: ClassVar[bool] = True
 
   factor: float = FACTOR
-  beta_fast: float = key('yarn_beta_fast', 32.0, 'YaRN β: rotations above it extrapolate', positive)
-  beta_slow: float = key('yarn_beta_slow', 1.0, 'YaRN α: rotations below it interpolate', positive)
+  beta_fast: float = setting(32.0, 'YaRN β: rotations above it extrapolate', positive)
+  beta_slow: float = setting(1.0, 'YaRN α: rotations below it interpolate', positive)
 
   @classmethod
   def hf_value(cls, params, field, hf):
@@ -115,9 +115,9 @@ class YaRN(NoScaling):
   def check(self, prefix):
     if not self.beta_slow < self.beta_fast:
       raise ConfigError(
-        f'{prefix}.yarn_beta_slow',
+        f'{prefix}.yarn.beta_slow',
         self.beta_slow,
-        f'YaRN needs 0 < yarn_beta_slow < yarn_beta_fast={self.beta_fast}',
+        f'YaRN needs 0 < beta_slow < beta_fast={self.beta_fast}',
       )
 
   def frequencies(self, inv_freq, head_dim, theta, original_max_len):
@@ -145,16 +145,15 @@ class Llama3(NoScaling):
   reads_original_len: ClassVar[bool] = True
 
   factor: float = FACTOR
-  low_freq_factor: float = key('llama3_low_freq_factor', 1.0, 'llama3: the low band edge', positive)
-  high_freq_factor: float = key('llama3_high_freq_factor', 4.0, 'llama3: the high band edge')
+  low_freq_factor: float = setting(1.0, 'llama3: the low band edge', positive)
+  high_freq_factor: float = setting(4.0, 'llama3: the high band edge')
 
   def check(self, prefix):
     if not self.low_freq_factor < self.high_freq_factor:
       raise ConfigError(
-        f'{prefix}.llama3_low_freq_factor',
+        f'{prefix}.llama3.low_freq_factor',
         self.low_freq_factor,
-        'llama3 scaling needs 0 < low_freq_factor < llama3_high_freq_factor='
-        f'{self.high_freq_factor}',
+        f'llama3 scaling needs 0 < low_freq_factor < high_freq_factor={self.high_freq_factor}',
       )
 
   def frequencies(self, inv_freq, head_dim, theta, original_max_len):
@@ -283,10 +282,9 @@ def rope_frequencies_2d(
 # ---------------------------------------------------------------------------------------------
 
 
-def _declared(scaling: type[NoScaling]) -> dict[str, str]:
-  """{settings field: its config key} of a scaling (keys of `model.position`)."""
-  names = [f.name for f in dataclasses.fields(scaling) if 'key' in f.metadata]
-  return {field: k.name for field, k in zip(names, keys_of(scaling), strict=True)}
+def _declared(scaling: type[NoScaling]) -> list[str]:
+  """The fields of a scaling's section (`model.position.rope.scaling.<its name>`)."""
+  return [k.name for k in keys_of(scaling)]
 
 
 def rope_keys_from_hf(hf: dict) -> dict[str, Any]:
@@ -304,8 +302,8 @@ def rope_keys_from_hf(hf: dict) -> dict[str, Any]:
   name, scaling = by_hf[kind]
   out = {
     'position.kind': 'rope',
-    'position.rope_layout': 'half',
-    'position.rope_theta': float(params['rope_theta']),
+    'position.rope.layout': 'half',
+    'position.rope.theta': float(params['rope_theta']),
   }
   if scaling is NoScaling:
     return out
@@ -319,11 +317,11 @@ def rope_keys_from_hf(hf: dict) -> dict[str, Any]:
         'allowed: the length the model was pretrained at'
       )
     original = params['original_max_position_embeddings'] = hf['max_position_embeddings']
-  out['position.rope_scaling'] = name
-  for field, config_key in _declared(scaling).items():
-    out[f'position.{config_key}'] = float(scaling.hf_value(params, field, hf))
+  out['position.rope.scaling.kind'] = name
+  for field in _declared(scaling):
+    out[f'position.rope.scaling.{name}.{field}'] = float(scaling.hf_value(params, field, hf))
   if scaling.reads_original_len:
-    out['position.rope_original_max_len'] = int(original)
+    out['position.rope.original_max_len'] = int(original)
   return out
 
 
@@ -344,25 +342,26 @@ def _refuse_yarn_fields(params: dict) -> None:
 
 def _scaling_of(m) -> tuple[type[NoScaling], NoScaling]:
   """The scaling class of model config `m` and its settings."""
-  cls = ROPE_SCALINGS[m.position.rope_scaling]
-  return cls, settings_of(cls, m.position)
+  section = m.position.rope.scaling
+  cls = ROPE_SCALINGS[section.kind]
+  return cls, settings_of(cls, section)
 
 
 def rope_hf_fields(m) -> dict[str, Any]:
-  """config.json's RoPE fields for model config `m` (its `position.*`, whatever the kind): the
+  """config.json's RoPE fields for model config `m` (its `position.rope`, whatever the kind): the
   scaling's `hf_type` and its fields."""
-  p = m.position
+  rope = m.position.rope
   cls, scaling = _scaling_of(m)
   # A scaling transformers lacks (NTK) is written as plain RoPE; export refuses it, since the
   # model transformers would build computes something else (interop/hf.py's math check).
   params: dict[str, Any] = {
     'rope_type': cls.hf_type or 'default',
-    'rope_theta': float(p.rope_theta),
+    'rope_theta': float(rope.theta),
   }
   if cls.hf_type is not None:
     params.update({f: float(getattr(scaling, f)) for f in _declared(cls)})
     if cls.reads_original_len:
-      params['original_max_position_embeddings'] = int(p.rope_original_max_len or m.max_seq_len)
+      params['original_max_position_embeddings'] = int(rope.original_max_len or m.max_seq_len)
   # Both spellings: transformers ≥ 5 reads rope_parameters, earlier versions rope_theta and
   # rope_scaling.
   legacy = (
@@ -375,15 +374,16 @@ def rope_hf_fields(m) -> dict[str, Any]:
 
 def rope_math(m) -> dict[str, Any]:
   """RoPE's settings that change the network, resolved, for HF export's `math_of`."""
-  p = m.position
+  rope = m.position.rope
   cls, scaling = _scaling_of(m)
+  kind = rope.scaling.kind
   out = {
-    'position.rope_theta': float(p.rope_theta),
-    'position.rope_layout': p.rope_layout,
-    'position.rope_scaling': p.rope_scaling,
+    'position.rope.theta': float(rope.theta),
+    'position.rope.layout': rope.layout,
+    'position.rope.scaling.kind': kind,
   }
-  for field, config_key in _declared(cls).items():
-    out[f'position.{config_key}'] = float(getattr(scaling, field))
+  for field in _declared(cls):
+    out[f'position.rope.scaling.{kind}.{field}'] = float(getattr(scaling, field))
   if cls.reads_original_len:
-    out['position.rope_original_max_len'] = p.rope_original_max_len or m.max_seq_len
+    out['position.rope.original_max_len'] = rope.original_max_len or m.max_seq_len
   return out

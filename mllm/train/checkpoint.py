@@ -38,6 +38,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from mllm.checks import InputError
+from mllm.config_versions import VERSION, VERSION_KEY, upgrade
 from mllm.paths import DELETING, TMP_MARKER, RunDir, committed_steps
 from mllm.train.checkpoint_folder import (
   CheckpointWriteError,
@@ -140,7 +141,12 @@ class Checkpointer:
       config = ocp.JsonCheckpointHandler().restore(epath.Path(path))
     except Exception:  # a damaged copy: the caller falls back
       return None
-    return config if isinstance(config, dict) else None
+    if not isinstance(config, dict):
+      return None
+    try:
+      return upgrade(config)
+    except ValueError:  # a version this code does not know: as a damaged copy
+      return None
 
   def restore(self, step: int, abstract_state, iterator=None):
     """The state at `step` on the shardings of `abstract_state`; restores `iterator` in place."""
@@ -284,9 +290,10 @@ def write_config(workdir: str, config) -> None:
     os.makedirs(workdir, exist_ok=True)
     path = RunDir(workdir).config
     with open(path + '.tmp', 'w') as f:
-      f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+      json.dump(config_as_dict(config), f, indent=2, sort_keys=True)
     os.replace(path + '.tmp', path)
 
 
 def config_as_dict(config) -> dict:
-  return json.loads(config.to_json_best_effort(sort_keys=True))
+  """The config as JSON, with the schema version it is written in (mllm/config_versions.py)."""
+  return {VERSION_KEY: VERSION, **json.loads(config.to_json_best_effort(sort_keys=True))}

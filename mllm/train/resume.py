@@ -23,6 +23,7 @@ from ml_collections import config_dict
 
 from mllm.checks import ConfigError, InputError, input_error
 from mllm.config_keys import flatten, set_path
+from mllm.config_versions import upgrade
 from mllm.interop.hf import HFImportError, hf_params
 from mllm.paths import RunDir
 from mllm.train.checkpoint import Checkpointer
@@ -62,7 +63,12 @@ def read_config_json(workdir: str) -> dict | None:
       'section); allowed: the config.json mllm wrote, or none: delete it and the '
       'config saved inside the latest checkpoint is used',
     )
-  return saved
+  try:
+    return upgrade(saved)  # written by an older mllm: in this version's shape
+  except ValueError as err:
+    raise InputError(
+      '--workdir', workdir, f'its config.json: {err} (it was written by a newer mllm)'
+    ) from None
 
 
 def saved_config(

@@ -1,0 +1,120 @@
+"""The config's schema versions: what a config written in an older one says in this one.
+
+A saved config.json and a suite's ledger line carry the version their config was written in (none
+written: version 1). Each change of the schema that moves or renames a key adds one function here,
+from the version before to its own; `upgrade` runs a saved config through them in turn. A suite's
+runs recorded under an older identity are found again by writing a config back in that version's
+shape (`as_v1`) and hashing it as that version did (experiments/run.py).
+
+Version 1 (until 2026-11-29): each variant's keys flat in its family's section, prefixed
+(`model.position.rope_theta`, `t5_num_buckets`, `rope_scaling_factor`, `model.norm.partial_p`).
+Version 2: each variant's own section (`model.position.rope.theta`, `model.position.t5.num_buckets`,
+`model.position.rope.scaling.yarn.factor`, `model.norm.partial_rmsnorm.p`).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+VERSION = 2
+VERSION_KEY = 'config_version'  # in a saved config.json, beside the config's own sections
+
+# Version 1's keys under `model.` and their version 2 places, except RoPE's scaling factor, whose
+# place depends on the scaling chosen (`model.position.rope.scaling.<kind>.factor`).
+_V1_TO_V2 = {
+  'position.rope_theta': 'position.rope.theta',
+  'position.rope_layout': 'position.rope.layout',
+  'position.rope_original_max_len': 'position.rope.original_max_len',
+  'position.rope_scaling': 'position.rope.scaling.kind',
+  'position.yarn_beta_fast': 'position.rope.scaling.yarn.beta_fast',
+  'position.yarn_beta_slow': 'position.rope.scaling.yarn.beta_slow',
+  'position.llama3_low_freq_factor': 'position.rope.scaling.llama3.low_freq_factor',
+  'position.llama3_high_freq_factor': 'position.rope.scaling.llama3.high_freq_factor',
+  'position.t5_num_buckets': 'position.t5.num_buckets',
+  'position.t5_max_distance': 'position.t5.max_distance',
+  'position.shaw_max_distance': 'position.shaw.max_distance',
+  'norm.partial_p': 'norm.partial_rmsnorm.p',
+}
+_V1_FACTOR = 'position.rope_scaling_factor'
+# Version 2's sections that version 1 held as the flat keys above.
+_V2_SECTIONS = ('position.rope', 'position.t5', 'position.shaw', 'norm.partial_rmsnorm')
+
+
+def _pop(tree: dict, path: str, default: Any = None) -> Any:
+  *parents, leaf = path.split('.')
+  for name in parents:
+    tree = tree.get(name, {})
+  return tree.pop(leaf, default)
+
+
+def _put(tree: dict, path: str, value: Any) -> None:
+  *parents, leaf = path.split('.')
+  for name in parents:
+    tree = tree.setdefault(name, {})
+  tree[leaf] = value
+
+
+def _has(tree: dict, path: str) -> bool:
+  *parents, leaf = path.split('.')
+  for name in parents:
+    tree = tree.get(name)
+    if not isinstance(tree, dict):
+      return False
+  return leaf in tree
+
+
+def v1_to_v2(config: dict) -> dict:
+  """A version 1 config (as JSON) in version 2's shape: each variant's keys in its section. A key
+  version 1 did not read (another variant's, at its default) is dropped."""
+  config = copy.deepcopy(config)
+  model = config.get('model', {})
+  kind = model.get('position', {}).get('rope_scaling', 'none')
+  factor = _pop(model, _V1_FACTOR)
+  for old, new in _V1_TO_V2.items():
+    if _has(model, old):
+      _put(model, new, _pop(model, old))
+  if factor is not None and kind != 'none':
+    _put(model, f'position.rope.scaling.{kind}.factor', factor)
+  return config
+
+
+UPGRADES = {1: v1_to_v2}  # version n → the function to version n + 1
+
+
+def version_of(saved: dict) -> int:
+  return saved.get(VERSION_KEY, 1)
+
+
+def upgrade(saved: dict) -> dict:
+  """A saved config (as JSON, with its `config_version` if written since version 2) in this
+  version's shape, without the version key."""
+  version = version_of(saved)
+  config = {k: v for k, v in saved.items() if k != VERSION_KEY}
+  if not isinstance(version, int) or not 1 <= version <= VERSION:
+    raise ValueError(f'{VERSION_KEY}={version!r}; allowed: 1 to {VERSION}')
+  for step in range(version, VERSION):
+    config = UPGRADES[step](config)
+  return config
+
+
+def as_v1(config: dict) -> dict:
+  """A config of this version (as JSON, every key present) in version 1's shape, the inverse of
+  `v1_to_v2` on what version 1 could say (a variant's keys not chosen are at their defaults in
+  both)."""
+  config = copy.deepcopy(config)
+  model = config['model']
+  scaling = model['position']['rope']['scaling']
+  factor = scaling[scaling['kind']]['factor'] if scaling['kind'] != 'none' else 1.0
+  for old, new in _V1_TO_V2.items():
+    _put(model, old, _get(model, new))
+  _put(model, _V1_FACTOR, factor)
+  for section in _V2_SECTIONS:
+    _pop(model, section)
+  return config
+
+
+def _get(tree: dict, path: str) -> Any:
+  for name in path.split('.'):
+    tree = tree[name]
+  return tree

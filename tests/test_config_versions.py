@@ -1,0 +1,165 @@
+"""The config's schema versions (mllm/config_versions.py): a saved config of version 1 reads as the
+same config in version 2, and every run a committed suite table lists is still found under the
+identity the runner computes now (its version 1 hash, by which the committed ledgers name it)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import pytest
+
+import mllm
+from experiments.run import config_hash, resolve, v1_hash
+from experiments.suite import available, load_suite
+from mllm.config import read_config
+from mllm.config_versions import VERSION, VERSION_KEY, as_v1, upgrade, v1_to_v2
+from mllm.train.resume import as_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, 'experiments', 'results')
+BASE = os.path.join(ROOT, 'configs', 'base.py')
+
+
+def _suite_configs():
+  """One config of every variant of every suite, under its cpu preset (seed 0)."""
+  for name in available():
+    suite = load_suite(name)
+    for variant in getattr(suite, 'variants', ()):
+      if 'cpu' in suite.presets:
+        yield f'{name}/{variant.name}', resolve(suite, variant, 'cpu', 0)
+
+
+def test_version_1_written_back_and_upgraded_is_the_same_config():
+  """as_v1 then v1_to_v2 (what reading an old config.json does) gives every suite's config back,
+  key for key; and the version 1 rendering has the old flat keys and none of the new sections."""
+  base = read_config(BASE)
+  seen = set()
+  for name, config in _suite_configs():
+    old = as_v1(config.to_dict())
+    position = old['model']['position']
+    assert 'rope' not in position and 't5' not in position, name
+    assert position['rope_scaling'] == config.model.position.rope.scaling.kind, name
+    again = as_config(upgrade(old), base)
+    assert again.to_dict() == config.to_dict(), name
+    seen.add((config.model.position.kind, config.model.position.rope.scaling.kind))
+  # The suites cover the schemes and scalings whose keys moved.
+  assert {('t5', 'none'), ('shaw', 'none'), ('rope', 'yarn'), ('rope', 'linear')} <= seen
+
+
+def test_an_old_saved_config_upgrades_key_by_key():
+  """A version 1 config.json (no config_version) as mllm wrote it before version 2."""
+  old = {
+    'model': {
+      'position': {
+        'kind': 'rope',
+        'rope_theta': 5e5,
+        'rope_layout': 'interleaved',
+        'rope_scaling': 'yarn',
+        'rope_scaling_factor': 4.0,
+        'rope_original_max_len': 128,
+        'yarn_beta_fast': 16.0,
+        'yarn_beta_slow': 2.0,
+        'llama3_low_freq_factor': 1.0,
+        'llama3_high_freq_factor': 4.0,
+        't5_num_buckets': 32,
+        't5_max_distance': 128,
+        'shaw_max_distance': 16,
+      },
+      'norm': {'kind': 'rmsnorm', 'partial_p': 0.0625},
+    }
+  }
+  config = mllm.load_config(as_config(upgrade(old), read_config(BASE)))
+  rope = config.model.position.rope
+  assert (rope.theta, rope.layout, rope.original_max_len) == (5e5, 'interleaved', 128)
+  assert rope.scaling.kind == 'yarn'
+  assert (rope.scaling.yarn.factor, rope.scaling.yarn.beta_fast, rope.scaling.yarn.beta_slow) == (
+    4.0,
+    16.0,
+    2.0,
+  )
+  assert rope.scaling.linear.factor == 1.0  # the factor went to the chosen scaling only
+  # Written back, version 2 says it is version 2, and reads unchanged.
+  saved = {VERSION_KEY: VERSION, **config.to_dict()}
+  assert upgrade(saved) == config.to_dict()
+  assert v1_to_v2(as_v1(config.to_dict()))['model']['position']['rope'] == {
+    'theta': 5e5,
+    'layout': 'interleaved',
+    'original_max_len': 128,
+    'scaling': {
+      'kind': 'yarn',
+      'yarn': {'factor': 4.0, 'beta_fast': 16.0, 'beta_slow': 2.0},
+      'llama3': {'low_freq_factor': 1.0, 'high_freq_factor': 4.0},  # version 1 had its keys
+    },
+  }
+
+
+def test_a_config_of_a_version_this_code_does_not_know_is_refused():
+  with pytest.raises(ValueError, match=f'config_version=3; allowed: 1 to {VERSION}'):
+    upgrade({VERSION_KEY: 3, 'model': {}})
+
+
+def test_the_identity_is_the_whole_config_with_its_version(monkeypatch):
+  """Version 2 hashes every key with the schema's version: another version, or any key changed,
+  is another run; version 1's hash of the same config differs (the runner keeps both)."""
+  import experiments.run
+
+  suite = load_suite('ffn')
+  config = resolve(suite, suite.variants[0], 'tiny', 0)
+  digest = config_hash(config)
+  assert digest != v1_hash(config)
+  assert digest != config_hash(
+    resolve(suite, suite.variants[0], 'tiny', 0, {'model.init': 'fixed'})
+  )
+  monkeypatch.setattr(experiments.run, 'VERSION', VERSION + 1)
+  assert config_hash(config) != digest
+
+
+def _table_runs():
+  for path in sorted(glob.glob(os.path.join(RESULTS, '*', 'results.json'))):
+    name = os.path.basename(os.path.dirname(path))
+    if name not in available():
+      continue
+    with open(path) as f:
+      results = json.load(f)
+    suite = load_suite(name)
+    if not hasattr(suite, 'variants') or not results.get('runs'):
+      continue
+    yield name, suite, results
+
+
+@pytest.mark.parametrize('name', [name for name, _, _ in _table_runs()])
+def test_every_committed_table_run_is_found_under_the_identity_computed_now(name):
+  """Each run a committed results.json lists resolves, under this code, to the hash it was
+  recorded with: version 1's (committed before version 2, its parent's version 1 hash in a
+  starts_from run's) or version 2's. So the committed ledgers still pair with the suites."""
+  suite, results = next((s, r) for n, s, r in _table_runs() if n == name)
+  variants = {v.name: v for v in suite.variants}
+  recorded = {(r['variant'], r['seed']): r for r in results['runs']}
+  for run in results['runs']:
+    variant = root = variants[run['variant']]
+    while root.starts_from:  # a child trains at its root's tuned rate (its own derives from it)
+      root = variants[root.starts_from]
+    rate = recorded[root.name, run['seed']]['learning_rate']
+    extra = {'train.learning_rate': rate} if root.tune else {}
+    config = resolve(suite, variant, results['preset'], run['seed'], extra)
+    parent = recorded[variant.starts_from, run['seed']]['hash'] if variant.starts_from else ''
+    found = {config_hash(config, parent), v1_hash(config, parent)}
+    assert run['hash'] in found, (name, run['variant'], run['seed'])
+
+
+def test_a_workdirs_old_config_json_is_read_in_this_version(tmp_path):
+  """launch.py --workdir without --config, generation and resuming read config.json through
+  read_config_json: a version 1 file reads as version 2; a newer version is one line."""
+  from mllm.checks import InputError
+  from mllm.train.resume import read_config_json
+
+  config = mllm.load_config(BASE + ':pos=t5,t5.num_buckets=16')
+  (tmp_path / 'config.json').write_text(json.dumps(as_v1(config.to_dict())))
+  saved = read_config_json(str(tmp_path))
+  assert saved['model']['position']['t5'] == {'num_buckets': 16, 'max_distance': 128}
+  assert mllm.load_config(as_config(saved, read_config(BASE))).to_dict() == config.to_dict()
+  (tmp_path / 'config.json').write_text(json.dumps({VERSION_KEY: VERSION + 1, 'model': {}}))
+  with pytest.raises(InputError, match=f'config_version={VERSION + 1}; allowed: 1 to {VERSION}'):
+    read_config_json(str(tmp_path))
