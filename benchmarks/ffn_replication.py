@@ -67,7 +67,7 @@ def export(variant: str, seed: int, out: str, results: str = 'experiments/result
   import optax
   from flax import nnx
 
-  from experiments.run import config_hash, resolve, v1_hash
+  from experiments.run import config_hash, older_hashes, resolve
   from experiments.suite import load_suite
   from mllm.data import build_data
   from mllm.layers.ffn import hidden_dim
@@ -84,7 +84,7 @@ def export(variant: str, seed: int, out: str, results: str = 'experiments/result
     seed,
     {'train.learning_rate': record['learning_rate']},
   )
-  if record['hash'] not in (config_hash(config), v1_hash(config)):
+  if record['hash'] not in {config_hash(config), *older_hashes(config).values()}:
     raise ValueError(
       f'{variant} seed {seed}: the resolved config hashes to {config_hash(config)}, the '
       f"committed run to {record['hash']}; allowed: the config the run trained"

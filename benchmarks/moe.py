@@ -184,11 +184,11 @@ def step_cases(experts: int, k: int, d_ff: int, repeats: int, dropless: bool):
     variants[f'moe {dispatch}'] = _step_config(
       {
         'model.ffn.kind': 'moe',
-        'model.moe.num_experts': experts,
-        'model.moe.top_k': k,
-        'model.moe.expert_d_ff': d_ff,
-        'model.moe.dispatch': dispatch,
-        'model.moe.capacity_factor': 1.25,
+        'model.ffn.moe.num_experts': experts,
+        'model.ffn.moe.top_k': k,
+        'model.ffn.moe.expert_d_ff': d_ff,
+        'model.ffn.moe.dispatch': dispatch,
+        'model.ffn.moe.capacity_factor': 1.25,
       }
     )
   setups = {name: _setup_step(config) for name, config in variants.items()}

@@ -82,7 +82,12 @@ MODELS = {
   # The same shape with a Mixtral-style MoE FFN in every layer (8 experts of the dense FFN's
   # size, top-2): the dispatch's cost in a whole step (--moe_dispatch).
   '125m_moe': (
-    {**GPT2_SMALL, 'model.ffn.kind': 'moe', 'model.moe.num_experts': 8, 'model.moe.top_k': 2},
+    {
+      **GPT2_SMALL,
+      'model.ffn.kind': 'moe',
+      'model.ffn.moe.num_experts': 8,
+      'model.ffn.moe.top_k': 2,
+    },
     'the 125m shape with 8 experts top-2 in every layer (MoE)',
   ),
   # The suites' cpu preset (experiments/suites/_presets.py) on rope_swiglu: what every CPU table
@@ -146,7 +151,7 @@ def load(
   if scan_unroll != 1:
     overrides['model.scan_unroll'] = scan_unroll
   if moe_dispatch and is_moe(name):
-    overrides['model.moe.dispatch'] = moe_dispatch
+    overrides['model.ffn.moe.dispatch'] = moe_dispatch
   if impl is not None:
     overrides['model.attention.impl'] = impl
   overrides['train.warmup_steps'] = 0  # a constant learning rate: every timed step does the same
@@ -427,7 +432,7 @@ def parse_args(argv=None):
     '--moe_dispatch',
     choices=['auto', 'capacity', 'dropless', 'both'],
     default=None,
-    help="model.moe.dispatch of the MoE models (125m_moe); 'both': capacity and dropless rows",
+    help="model.ffn.moe.dispatch of the MoE models (125m_moe); 'both': capacity and dropless rows",
   )
   parser.add_argument(
     '--scan_unroll',
@@ -486,7 +491,7 @@ def row_label(name: str, config, scan: bool | None, remat: str | None) -> str:
   if scan and config.model.scan_unroll != 1:
     label += f' (unroll {config.model.scan_unroll})'
   if config.model.ffn.kind == 'moe':
-    label += f', dispatch {config.model.moe.dispatch}'
+    label += f', dispatch {config.model.ffn.moe.dispatch}'
   if remat is not None:
     label += f', remat {remat}'
   return label

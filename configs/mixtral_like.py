@@ -9,8 +9,8 @@ from mllm.config import join_choices
 
 DEFAULTS = (
   'pos=rope,ffn=moe,norm=rmsnorm,placement=pre,n_kv_heads=2,window=64,'
-  'model.norm.eps=1e-5,model.moe.num_experts=8,model.moe.top_k=2,'
-  'model.moe.expert_kind=swiglu,model.moe.renormalize=true,model.moe.router=softmax,'
+  'model.norm.eps=1e-5,model.ffn.moe.num_experts=8,model.ffn.moe.top_k=2,'
+  'model.ffn.moe.expert.kind=swiglu,model.ffn.moe.renormalize=true,model.ffn.moe.router=softmax,'
   'train.learning_rate=1.5e-3'
 )
 

@@ -28,7 +28,7 @@ import tempfile
 
 from experiments import ledger, provenance
 from experiments.engines import pythonpath
-from experiments.run import config_hash, resolve, train_curve, v1_hash
+from experiments.run import config_hash, older_hashes, resolve, train_curve
 from experiments.suite import Suite, load_suite
 from mllm.paths import RunDir
 
@@ -87,7 +87,7 @@ def _trainer_here(suite: Suite, preset: str, extra: dict, steps: int):
   def trainer(run: dict):
     lr = {'train.learning_rate': run['learning_rate']}
     config = resolve(suite, variants[run['variant']], preset, run['seed'], {**extra, **lr})
-    if run['hash'] not in (config_hash(config), v1_hash(config)):
+    if run['hash'] not in {config_hash(config), *older_hashes(config).values()}:
       return None, f"its config no longer resolves to hash {run['hash']}"
     with tempfile.TemporaryDirectory() as workdir:
       train(config, workdir, stop_after=steps, progress=False)
@@ -183,7 +183,7 @@ def _trainer_at(root: str, suite: str, preset: str, extra: dict, steps: int):
       'variant': run['variant'],
       'preset': preset,
       'seed': run['seed'],
-      'hashes': [run['hash'], *([run['v1']] if run.get('v1') else [])],
+      'hashes': [run['hash'], *run.get('older', {}).values()],
       'steps': steps,
       'extra': {**extra, 'train.learning_rate': run['learning_rate']},
     }

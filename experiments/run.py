@@ -18,7 +18,7 @@ import mllm
 from experiments import provenance
 from experiments.run_files import ERRORS_LOG, RESULT, WORKER_LOG
 from experiments.suite import Suite, Variant
-from mllm.config_versions import VERSION, VERSION_KEY, as_v1
+from mllm.config_versions import VERSION, VERSION_KEY, written_in
 from mllm.paths import RunDir
 
 
@@ -35,11 +35,12 @@ class Job:
   hash: str
   parent: tuple | None = None  # the key of the run a starts_from variant begins from
   measure: str | None = None  # a name in MEASURES
-  v1: str = ''  # its identity under config version 1, by which older ledger lines name it
+  # {older config version: its hash then}, by which ledger lines written under it name it
+  older: dict = dataclasses.field(default_factory=dict)
 
   def identities(self) -> dict[int, str]:
     """{config version: this run's hash under it}: a ledger line of any of them is this run."""
-    return {VERSION: self.hash, **({1: self.v1} if self.v1 else {})}
+    return {VERSION: self.hash, **self.older}
 
   def record(self) -> dict:
     return {
@@ -47,7 +48,7 @@ class Job:
       'seed': self.seed,
       'workdir': self.workdir,
       'hash': self.hash,
-      **({'v1': self.v1} if self.v1 else {}),
+      **({'older': {str(v): h for v, h in self.older.items()}} if self.older else {}),
     }
 
 
@@ -88,10 +89,23 @@ def config_hash(config, parent: str = '') -> str:
   return _digest({VERSION_KEY: VERSION, **as_json(config)}, parent)
 
 
+def older_hashes(config, parents: dict[int, str] | None = None) -> dict[int, str]:
+  """{version: the identity each older config version gave the same config} (`parents`: a
+  starts_from run's parent's, by version): how the runs a suite recorded before are found."""
+  parents = parents or {}
+  tree = as_json(config)
+  out = {1: v1_hash(config, parents.get(1, ''))}
+  for version in range(2, VERSION):
+    out[version] = _digest(
+      {VERSION_KEY: version, **written_in(tree, version)}, parents.get(version, '')
+    )
+  return out
+
+
 def v1_hash(config, parent: str = '') -> str:
-  """The identity version 1 gave the same config (`parent`: the parent's version 1 hash): how the
-  runs a suite recorded before version 2 are found."""
-  tree = as_v1(as_json(config))
+  """The identity version 1 gave the same config (`parent`: the parent's version 1 hash): the
+  config in version 1's shape without the keys version 1 left out at their old value."""
+  tree = written_in(as_json(config), 1)
   for path, neutral in V1_ADDED_KEYS.items():
     *where, key = path.split('.')
     node = tree
@@ -102,11 +116,13 @@ def v1_hash(config, parent: str = '') -> str:
   return _digest(tree, parent)
 
 
-def run_folder(runs: str, name: str, digest: str, v1: str = '') -> str:
+def run_folder(runs: str, name: str, digest: str, older: dict | None = None) -> str:
   """The folder of run `name` (e.g. 'relu-s0') in a suite's `runs` folder: named by its hash, or
-  by its version 1 hash where a run started before version 2 left one to resume."""
-  older = os.path.join(runs, f'{name}-{v1}')
-  return older if v1 and os.path.isdir(older) else os.path.join(runs, f'{name}-{digest}')
+  by an older version's hash (`older`) where a run started under it left one to resume."""
+  for h in (older or {}).values():
+    if os.path.isdir(os.path.join(runs, f'{name}-{h}')):
+      return os.path.join(runs, f'{name}-{h}')
+  return os.path.join(runs, f'{name}-{digest}')
 
 
 def run_dir(out: str, suite: Suite, variant: Variant, config, parent: str = '') -> str:

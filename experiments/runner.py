@@ -25,7 +25,7 @@ import mllm.generation
 import mllm.train  # noqa: F401 (this and the line above: for the reason above)
 from experiments import provenance, tune_runs
 from experiments.engines import LocalPool, RayEngine, check_out_for_ray, parse_resources
-from experiments.run import Job, config_hash, resolve, run_folder, run_one, v1_hash
+from experiments.run import Job, config_hash, older_hashes, resolve, run_folder, run_one
 from experiments.scheduler import run_plan
 from experiments.suite import BenchmarkSuite, Suite, Variant
 from experiments.tuning import (
@@ -244,7 +244,7 @@ def _table_plan(
 ) -> tuple[list[Job], list[Job]]:
   """The table's jobs in `order`, each at its tuned rate; (those, the ones whose rate is not
   known yet)."""
-  plan, hashes, v1, blocked = [], {}, {}, []
+  plan, hashes, older, blocked = [], {}, {}, []
   for variant, seed in order:
     lr = _tuned_lr(suite, variant, borrowed, tuning)
     if lr is None:
@@ -254,7 +254,7 @@ def _table_plan(
     key = variant.name, seed
     parent = (variant.starts_from, seed) if variant.starts_from else None
     hashes[key] = config_hash(config, hashes[parent] if parent else '')
-    v1[key] = v1_hash(config, v1[parent] if parent else '')
+    older[key] = older_hashes(config, older[parent] if parent else None)
     runs = os.path.join(out, suite.name, 'runs')
     plan.append(
       Job(
@@ -262,11 +262,11 @@ def _table_plan(
         variant,
         seed,
         config,
-        run_folder(runs, f'{variant.name}-s{seed}', hashes[key], v1[key]),
+        run_folder(runs, f'{variant.name}-s{seed}', hashes[key], older[key]),
         hashes[key],
         parent,
         suite.extra_metrics,
-        v1[key],
+        older[key],
       )
     )
   return plan, blocked

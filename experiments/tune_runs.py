@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from experiments.run import Job, config_hash, resolve, run_folder, v1_hash
+from experiments.run import Job, config_hash, older_hashes, resolve, run_folder
 from experiments.scheduler import run_plan
 from experiments.suite import Suite, Variant
 from experiments.tuning import LrGrid, choose, refine, tuning_seeds
@@ -19,10 +19,10 @@ def tuning_jobs(
   jobs = []
   for seed in seeds:
     config = resolve(suite, v, preset, seed, {**extra, 'train.learning_rate': lr})
-    digest, v1 = config_hash(config), v1_hash(config)
+    digest, older = config_hash(config), older_hashes(config)
     runs = os.path.join(out, suite.name, 'runs')
-    workdir = run_folder(runs, f'{v.name}-lr{lr:.3g}-s{seed}', digest, v1)
-    jobs.append(Job((v.name, seed, key), v, seed, config, workdir, digest, v1=v1))
+    workdir = run_folder(runs, f'{v.name}-lr{lr:.3g}-s{seed}', digest, older)
+    jobs.append(Job((v.name, seed, key), v, seed, config, workdir, digest, older=older))
   return jobs
 
 

@@ -14,10 +14,11 @@ Face import or export maps a checkpoint's config.json onto these defaults.
 from ml_collections import config_dict
 
 from mllm.config_keys import apply_choices, get_path, set_path
-from mllm.layers.moe_settings import MoESettings
+from mllm.layers.ffn import FFNS
+from mllm.layers.moe import MoE  # noqa: F401 - registers FFNS['moe'] before the schema reads FFNS
 from mllm.layers.norms import NORMS
 from mllm.layers.positions import POSITIONS
-from mllm.variant_config import add_sections, keys_of, reset_keys, reset_unread, variant_section
+from mllm.variant_config import add_sections, keys_of, reset_unread
 
 placeholder = config_dict.placeholder
 
@@ -85,13 +86,13 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   ffn.match_params = True  # gated FFNs: d_ff * 2/3, so parameters match the ungated FFN
   ffn.multiple_of = 8
   ffn.use_bias = False
-
-  # Mixture of Experts, read when ffn.kind = 'moe': its keys and their docs are MoESettings
-  # (mllm/layers/moe_settings.py): num_experts, top_k, expert_kind, expert_d_ff, num_shared_experts,
-  # shared_d_ff, every, first_dense_layers, router, renormalize, dispatch, capacity_factor,
-  # grouped_matmul, balance_coef, balance_convention, z_loss_coef, noise, noise_alpha,
-  # expert_bias, bias_update_rate, force_uniform_routing.
-  model.moe = variant_section(MoESettings)
+  # Each FFN's own section (a variant's Settings, mllm/layers/ffn.py): the built-in dense ones
+  # have none; moe's (MoESettings, mllm/layers/moe_settings.py): num_experts, top_k, expert {kind,
+  # and each dense FFN's section}, expert_d_ff, num_shared_experts, shared_d_ff, every,
+  # first_dense_layers, router, renormalize, dispatch, capacity_factor, grouped_matmul,
+  # balance_coef, balance_convention, z_loss_coef, noise, noise_alpha, expert_bias,
+  # bias_update_rate, force_uniform_routing.
+  add_sections(ffn, FFNS)
 
   norm = model.norm = config_dict.ConfigDict()
   norm.kind = 'rmsnorm'  # layernorm | rmsnorm | partial_rmsnorm | none
@@ -158,7 +159,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
 
 # The choice sections of the schema, each with its registry (nested ones, such as RoPE's scaling,
 # are reached through their variant's settings).
-FAMILIES = {'model.position': POSITIONS, 'model.norm': NORMS}
+FAMILIES = {'model.position': POSITIONS, 'model.ffn': FFNS, 'model.norm': NORMS}
 
 
 def reset_replaced(config: config_dict.ConfigDict, path: str) -> None:
@@ -166,11 +167,8 @@ def reset_replaced(config: config_dict.ConfigDict, path: str) -> None:
   resets the sections of those not chosen, so another variant's settings made earlier in the
   choices (a named config's own) do not follow into the ablation: configs/qwen3_like.py:pos=alibi
   drops Qwen3's RoPE θ."""
-  m = config.model
   if path.endswith('.kind') and (registry := _registry_of(path[: -len('.kind')])) is not None:
     reset_unread(get_path(config, path[: -len('.kind')]), registry)
-  if path == 'model.ffn.kind' and m.ffn.kind != 'moe':
-    reset_keys(m.moe, keys_of(MoESettings))
 
 
 def _registry_of(section: str):

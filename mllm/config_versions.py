@@ -10,6 +10,8 @@ Version 1 (until 2026-11-29): each variant's keys flat in its family's section, 
 (`model.position.rope_theta`, `t5_num_buckets`, `rope_scaling_factor`, `model.norm.partial_p`).
 Version 2: each variant's own section (`model.position.rope.theta`, `model.position.t5.num_buckets`,
 `model.position.rope.scaling.yarn.factor`, `model.norm.partial_rmsnorm.p`).
+Version 3: MoE an FFN kind with its section `model.ffn.moe` (was `model.moe`), its experts' FFN a
+choice of their own (`model.ffn.moe.expert.kind`, was `model.moe.expert_kind`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-VERSION = 2
+VERSION = 3
 VERSION_KEY = 'config_version'  # in a saved config.json, beside the config's own sections
 
 # Version 1's keys under `model.` and their version 2 places, except RoPE's scaling factor, whose
@@ -79,7 +81,32 @@ def v1_to_v2(config: dict) -> dict:
   return config
 
 
-UPGRADES = {1: v1_to_v2}  # version n → the function to version n + 1
+def v2_to_v3(config: dict) -> dict:
+  """A version 2 config (as JSON) in version 3's shape: the MoE section under the FFN's."""
+  config = copy.deepcopy(config)
+  model = config.get('model', {})
+  if 'moe' in model:
+    moe = model.pop('moe')
+    if 'expert_kind' in moe:
+      moe['expert'] = {'kind': moe.pop('expert_kind')}
+    model.setdefault('ffn', {})['moe'] = moe
+  return config
+
+
+def v3_as_v2(config: dict) -> dict:
+  """A version 3 config (as JSON, every key present) in version 2's shape (which had no settings
+  for a dense FFN: an expert's are dropped, as are the sections of FFNs version 2 lacked)."""
+  config = copy.deepcopy(config)
+  model = config['model']
+  moe = model['ffn'].pop('moe')
+  moe['expert_kind'] = moe.pop('expert')['kind']
+  model['moe'] = moe
+  for name in [k for k, v in model['ffn'].items() if isinstance(v, dict)]:
+    del model['ffn'][name]
+  return config
+
+
+UPGRADES = {1: v1_to_v2, 2: v2_to_v3}  # version n → the function to version n + 1
 
 
 def version_of(saved: dict) -> int:
@@ -98,10 +125,22 @@ def upgrade(saved: dict) -> dict:
   return config
 
 
+def written_in(config: dict, version: int) -> dict:
+  """A config of this version (as JSON, every key present) in the shape of an older `version`:
+  how a run recorded under that version's identity is found again."""
+  for step in range(VERSION, version, -1):
+    config = DOWNGRADES[step](config)
+  return config
+
+
 def as_v1(config: dict) -> dict:
-  """A config of this version (as JSON, every key present) in version 1's shape, the inverse of
-  `v1_to_v2` on what version 1 could say (a variant's keys not chosen are at their defaults in
-  both)."""
+  """A config of this version (as JSON, every key present) in version 1's shape."""
+  return written_in(config, 1)
+
+
+def v2_as_v1(config: dict) -> dict:
+  """A version 2 config (every key present) in version 1's shape, the inverse of `v1_to_v2` on
+  what version 1 could say (a variant's keys not chosen are at their defaults in both)."""
   config = copy.deepcopy(config)
   model = config['model']
   scaling = model['position']['rope']['scaling']
@@ -118,3 +157,6 @@ def _get(tree: dict, path: str) -> Any:
   for name in path.split('.'):
     tree = tree[name]
   return tree
+
+
+DOWNGRADES = {3: v3_as_v2, 2: v2_as_v1}  # version n → the function to version n - 1

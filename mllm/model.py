@@ -3,7 +3,7 @@
     Block (Pre-LN):  x = x + Attn(Norm(x));  x = x + FFN(Norm(x))        (Xiong et al. 2020)
     Block (Post-LN): x = Norm(x + Attn(x));  x = Norm(x + FFN(x))        (Vaswani et al. 2017)
 
-The FFN is a dense one or, in the layers `model.moe` picks, a mixture of experts, whose routing
+The FFN is a dense one or, in the layers `model.ffn.moe` picks, a mixture of experts, whose routing
 statistics the model returns on request (`return_moe_stats=True`) for the training step's losses.
 
 Every variant is looked up by its config name in a registry (positions, FFNs, norms, attention
@@ -27,7 +27,7 @@ from mllm.layers.kv_cache import (
   write_slots,
   writes_first,
 )
-from mllm.layers.moe import MoE, moe_layers
+from mllm.layers.moe import moe_layers
 from mllm.layers.moe_routing import ExpertBias
 from mllm.layers.norms import NORMS
 from mllm.layers.positions import POSITIONS, PositionContext
@@ -39,15 +39,16 @@ from mllm.ops.attention import AttentionMask
 CHECKPOINTED = (nnx.Param, ExpertBias)
 
 
-def make_ffn(cfg, moe: bool, *, rngs: nnx.Rngs) -> nnx.Module:
-  """The layer's FFN: `MoE`, or the dense FFN `ffn.kind` names (`moe.expert_kind` in the dense
-  layers of an MoE model)."""
-  return (MoE if moe else FFNS[dense_ffn_kind(cfg)]).from_config(cfg, rngs=rngs)
+def make_ffn(cfg, sparse: bool, *, rngs: nnx.Rngs) -> nnx.Module:
+  """The layer's FFN: the one `ffn.kind` names in its sparse layers (an MoE's, `moe_layers`),
+  its dense layer elsewhere (an MoE model's: its experts' FFN)."""
+  ffn = FFNS[cfg.ffn.kind]
+  return ffn.from_config(cfg, rngs=rngs) if sparse else ffn.dense_layer(cfg, rngs=rngs)
 
 
 def dense_ffn_kind(cfg) -> str:
-  """The FFN kind of the dense layers: `ffn.kind`, or `moe.expert_kind` in an MoE model."""
-  return cfg.moe.expert_kind if cfg.ffn.kind == 'moe' else cfg.ffn.kind
+  """The FFN kind of the dense layers: `ffn.kind`, or an MoE model's experts' kind."""
+  return FFNS[cfg.ffn.kind].dense_kind(cfg)
 
 
 class Block(nnx.Module):

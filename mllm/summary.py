@@ -39,10 +39,10 @@ def _attention_kind(m) -> str:
 
 
 def _moe_kind(m) -> str:
-  moe = m.moe
+  moe = m.ffn.moe
   d_ff = expert_hidden_dim(m)
   text = (
-    f'moe {moe.num_experts}×{moe.expert_kind} top-{moe.top_k} d_ff={d_ff} '
+    f'moe {moe.num_experts}×{moe.expert.kind} top-{moe.top_k} d_ff={d_ff} '
     f'{resolve_dispatch(moe.dispatch)}'
   )
   if moe.num_shared_experts:
@@ -73,7 +73,7 @@ def layer_table(config, model) -> Table:
     )
   dense_kind = dense_ffn_kind(m)
   dense_ffn = f'{dense_kind} d_ff={hidden_dim(m.ffn, m.d_model, dense_kind)}'
-  moe_ffn = _moe_kind(m) if m.ffn.kind == 'moe' else ''
+  moe_ffn = _moe_kind(m) if moe_layers(m) else ''
   sparse = set(moe_layers(m))
   norm = f'{m.norm.kind} {m.norm.placement}-LN'
   if m.scan_layers:
@@ -147,7 +147,7 @@ def summarize(
     f'parameters: {counts.total:,} total = {counts.embedding:,} embedding + '
     f'{counts.non_embedding:,} non-embedding'
     + (
-      f'; {counts.active:,} active per token (top-{m.moe.top_k} of {m.moe.num_experts} experts)'
+      f'; {counts.active:,} active per token (top-{m.ffn.moe.top_k} of {m.ffn.moe.num_experts} experts)'
       if counts.active != counts.total
       else ''
     )

@@ -1,6 +1,6 @@
 """Config validation: every invalid value or combination raises a one-line `ConfigError` naming
 the key, the bad value and what is allowed, before anything is built or compiled. Generic checks
-live here; each variant's own rules live with it (`PositionScheme.check`, `check_moe_config`,
+live here; each variant's own rules live with it (`PositionScheme.check`, `MoE.check`,
 `check_norm_config`, the attention implementations' records) and are called from here."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from ml_collections import config_dict
 
 from mllm.checks import ConfigError, integer, number, one_of, positive, rate
 from mllm.config_keys import field_info, flatten, get_path, leaf_paths
-from mllm.layers.ffn import FFNS
+from mllm.layers.ffn import check_ffn_config
 from mllm.layers.init import INIT_SCHEMES
-from mllm.layers.moe_settings import check_moe_config
+from mllm.layers.moe import moe_layers  # also registers FFNS['moe'] before a config is checked
 from mllm.layers.norms import check_norm_config
 from mllm.layers.positions import POSITIONS, check_position_config
 from mllm.layers.remat import REMAT_POLICIES
@@ -132,12 +132,7 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
   _check_attention_impl(m, p)
   check_position_config(m, p)
 
-  f = m.ffn
-  # The dense FFNs (read now: a registry may have grown since import), and the MoE built of them.
-  one_of(f'{p}.ffn.kind', f.kind, (*FFNS, 'moe'), 'FFN')
-  integer(f'{p}.ffn.d_ff', f.d_ff, optional=True)
-  integer(f'{p}.ffn.multiple_of', f.multiple_of)
-  check_moe_config(m, p)
+  check_ffn_config(m, p)
 
   check_norm_config(m, p)
 
@@ -194,9 +189,9 @@ def check_backend(
   import jax  # deferred: validation itself never touches a backend
 
   backend = backend or jax.default_backend()
-  if m.ffn.kind == 'moe' and m.moe.grouped_matmul == 'megablox' and backend == 'gpu':
+  if moe_layers(m) and m.ffn.moe.grouped_matmul == 'megablox' and backend == 'gpu':
     raise ConfigError(
-      f'{p}.moe.grouped_matmul',
+      f'{p}.ffn.moe.grouped_matmul',
       'megablox',
       "megablox's gmm is a TPU kernel (off "
       "TPU it only interprets, for tests); allowed on gpu: 'ragged_dot'",
@@ -347,19 +342,19 @@ def check_expert_axis(m: config_dict.ConfigDict, size: int) -> None:
   """The expert mesh axis (its resolved size) shards the experts, so it must divide them."""
   if size == 1:
     return
-  if m.ffn.kind != 'moe':
+  if not moe_layers(m):
     raise ConfigError(
       'mesh.expert',
       size,
       f"shards the experts of an MoE model, but "
       f"model.ffn.kind={m.ffn.kind!r}; allowed: 1, or model.ffn.kind='moe'",
     )
-  if m.moe.num_experts % size:
+  experts = m.ffn.moe.num_experts
+  if experts % size:
     raise ConfigError(
       'mesh.expert',
       size,
-      f'must divide model.moe.num_experts='
-      f'{m.moe.num_experts}; allowed: {_divisors(m.moe.num_experts)}',
+      f'must divide model.ffn.moe.num_experts={experts}; allowed: {_divisors(experts)}',
     )
 
 

@@ -56,14 +56,27 @@ def setting(default: Any, doc: str, check: Check | None = None) -> Any:
   return dataclasses.field(default=default, metadata={'key': Key('', default, doc, check)})
 
 
+@dataclasses.dataclass(frozen=True)
+class Chosen:
+  """A choice setting's value in a record: the chosen variant's name and its settings (None for a
+  variant without any)."""
+
+  kind: str
+  settings: Any = None
+
+
 def choice(registry: Mapping[str, Any], default: str, doc: str) -> Any:
   """A settings field that chooses a variant of `registry`: in the config a choice section
-  (`kind` and the variants' sections), in the record the chosen variant's settings."""
-  chosen = registry[default]
+  (`kind` and the variants' sections), in the record a `Chosen`."""
   return dataclasses.field(
-    default_factory=lambda: chosen(),
+    default_factory=lambda: Chosen(default, _default_settings(registry[default])),
     metadata={'key': Key('', default, doc, choices=registry)},
   )
+
+
+def _default_settings(variant: Any) -> Any:
+  settings = _settings_class(variant)
+  return None if settings is None else settings()
 
 
 # Rules a key may name; each raises ConfigError(key, value, what is allowed).
@@ -149,15 +162,17 @@ def add_sections(section: config_dict.ConfigDict, registry: Mapping[str, Any]) -
 
 
 def settings_of(variant: Any, section) -> Any:
-  """The chosen `variant`'s settings (its typed, frozen record), read from its family's choice
-  section (`section.kind` names it); a choice setting holds the chosen variant's settings."""
+  """The chosen `variant`'s settings (its typed, frozen record; None if it declares none), read
+  from its family's choice section (`section.kind` names it); a choice setting holds a `Chosen`."""
   settings = _settings_class(variant)
+  if settings is None:
+    return None
   own = section.get(section['kind'], {})
   values = {}
   for k in keys_of(variant):
     if k.choices is not None:
       sub = own[k.name]
-      values[k.name] = settings_of(k.choices[sub['kind']], sub)
+      values[k.name] = Chosen(sub['kind'], settings_of(k.choices[sub['kind']], sub))
     else:
       values[k.name] = own[k.name]
   return settings(**values)

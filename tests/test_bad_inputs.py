@@ -164,17 +164,17 @@ CASES = [
   ('max_to_keep-zero', '--config.train.max_to_keep=0', 'train.max_to_keep=0'),
   ('mesh-zero', '--config.mesh.tensor=0', 'mesh.tensor=0'),
   ('mesh-devices', '--config.mesh.data=3', 'mesh'),
-  ('moe-top_k', '--config=configs/base.py:ffn=moe,top_k=9', 'model.moe.top_k=9: each token'),
+  ('moe-top_k', '--config=configs/base.py:ffn=moe,top_k=9', 'model.ffn.moe.top_k=9: each token'),
   (
     'moe-capacity',
-    '--config=configs/base.py:ffn=moe --config.model.moe.capacity_factor=0.0',
-    'model.moe.capacity_factor=0.0: must be a positive',
+    '--config=configs/base.py:ffn=moe --config.model.ffn.moe.capacity_factor=0.0',
+    'model.ffn.moe.capacity_factor=0.0: must be a positive',
   ),
-  ('moe-router', '--config=configs/base.py:ffn=moe,router=relu', "model.moe.router='relu'"),
+  ('moe-router', '--config=configs/base.py:ffn=moe,router=relu', "model.ffn.moe.router='relu'"),
   (
     'moe-expert-axis',
     '--config=configs/base.py:ffn=moe --config.mesh.expert=3',
-    'mesh.expert=3: must divide model.moe.num_experts=8',
+    'mesh.expert=3: must divide model.ffn.moe.num_experts=8',
   ),
   # --- registries ---
   ('pos', '--config=configs/base.py:pos=rotary', "model.position.kind='rotary'"),

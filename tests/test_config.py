@@ -126,10 +126,10 @@ EXPECTED = {
   'mixtral_like': {
     'model.position.kind': 'rope',
     'model.ffn.kind': 'moe',
-    'model.moe.num_experts': 8,
-    'model.moe.top_k': 2,
-    'model.moe.expert_kind': 'swiglu',
-    'model.moe.renormalize': True,
+    'model.ffn.moe.num_experts': 8,
+    'model.ffn.moe.top_k': 2,
+    'model.ffn.moe.expert.kind': 'swiglu',
+    'model.ffn.moe.renormalize': True,
     'model.n_kv_heads': 2,
     'model.attention.sliding_window': 64,
     'model.norm.eps': 1e-5,
@@ -609,8 +609,8 @@ def test_a_norm_key_and_an_moe_key_off_their_variant_are_refused():
     0.5,
     ["read only by model.norm.kind='partial_rmsnorm'", "model.norm.kind='rmsnorm' reads: no keys"],
   )
-  err = raises_config_error(load, 'base', overrides={'model.moe.num_experts': 4})
-  check_error(err, 'model.moe.num_experts', 4, ["read only by model.ffn.kind='moe'"])
+  err = raises_config_error(load, 'base', overrides={'model.ffn.moe.num_experts': 4})
+  check_error(err, 'model.ffn.moe.num_experts', 4, ["read only by model.ffn.kind='moe'"])
 
 
 def test_choosing_a_variant_resets_the_keys_of_the_one_it_replaces():
@@ -632,7 +632,7 @@ def test_choosing_a_variant_resets_the_keys_of_the_one_it_replaces():
   err = raises_config_error(load, 'qwen3_like', 'pos=alibi,rope.theta=1e6')
   check_error(err, 'model.position.rope.theta', 1e6, ["read only by model.position.kind='rope'"])
   dense = load('mixtral_like', 'ffn=swiglu')
-  assert dense.model.moe.num_experts == load('base').model.moe.num_experts
+  assert dense.model.ffn.moe.num_experts == load('base').model.ffn.moe.num_experts
 
 
 def test_rope_scaling_factor_one_is_accepted():

@@ -14,7 +14,7 @@ import mllm
 from experiments.run import config_hash, resolve, v1_hash
 from experiments.suite import available, load_suite
 from mllm.config import read_config
-from mllm.config_versions import VERSION, VERSION_KEY, as_v1, upgrade, v1_to_v2
+from mllm.config_versions import VERSION, VERSION_KEY, as_v1, upgrade, v1_to_v2, written_in
 from mllm.train.resume import as_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -96,8 +96,28 @@ def test_an_old_saved_config_upgrades_key_by_key():
 
 
 def test_a_config_of_a_version_this_code_does_not_know_is_refused():
-  with pytest.raises(ValueError, match=f'config_version=3; allowed: 1 to {VERSION}'):
-    upgrade({VERSION_KEY: 3, 'model': {}})
+  newer = VERSION + 1
+  with pytest.raises(ValueError, match=f'config_version={newer}; allowed: 1 to {VERSION}'):
+    upgrade({VERSION_KEY: newer, 'model': {}})
+
+
+@pytest.mark.parametrize('version', [1, 2])
+def test_an_old_moe_config_upgrades_into_the_ffns_section(version):
+  """Versions 1 and 2 kept MoE's keys in `model.moe` with `expert_kind`; version 3 in the FFN's
+  section, the experts' FFN a choice of its own."""
+  old = {
+    'model': {
+      'ffn': {'kind': 'moe', 'd_ff': None},
+      'moe': {'num_experts': 4, 'top_k': 1, 'expert_kind': 'geglu', 'every': 2},
+    },
+    **({VERSION_KEY: version} if version > 1 else {}),
+  }
+  config = mllm.load_config(as_config(upgrade(old), read_config(BASE)))
+  moe = config.model.ffn.moe
+  assert (moe.num_experts, moe.top_k, moe.expert.kind, moe.every) == (4, 1, 'geglu', 2)
+  assert 'moe' not in config.model
+  back = written_in(config.to_dict(), version)['model']
+  assert back['moe']['expert_kind'] == 'geglu' and 'moe' not in back['ffn']
 
 
 def test_the_identity_is_the_whole_config_with_its_version(monkeypatch):

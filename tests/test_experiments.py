@@ -463,7 +463,7 @@ def test_suites_load_and_resolve_every_preset():
 
   # top-2 of experts half as wide: the dense SwiGLU's FFN parameters are active (router aside).
   assert count_params(moe).active - count_params(dense).active == (
-    moe.model.n_layers * moe.model.d_model * moe.model.moe.num_experts
+    moe.model.n_layers * moe.model.d_model * moe.model.ffn.moe.num_experts
   )
 
 
@@ -917,13 +917,13 @@ def test_the_moe_suites_top1_row_gates_its_expert_by_the_router_probability():
 
   suite = load_suite('moe')
   rows = {v.name: resolve(suite, v, 'cpu', 0) for v in suite.variants}
-  assert rows['top1'].model.moe.top_k == 1 and not rows['top1'].model.moe.renormalize
-  assert training_note(rows['top1'].model.moe) is None
-  assert training_note(rows['top1-renormalized'].model.moe) is not None
+  assert rows['top1'].model.ffn.moe.top_k == 1 and not rows['top1'].model.ffn.moe.renormalize
+  assert training_note(rows['top1'].model.ffn.moe) is None
+  assert training_note(rows['top1-renormalized'].model.ffn.moe) is not None
   # The two rows differ in that one key, so the diagnosis row is the old top1 row's config and
   # its finished runs (same hash) stand.
   top1 = rows['top1']
-  top1.model.moe.renormalize = True
+  top1.model.ffn.moe.renormalize = True
   assert config_hash(top1) == config_hash(rows['top1-renormalized'])
 
 

@@ -16,7 +16,7 @@ from flax import nnx
 from rich.console import Console
 
 import mllm
-from mllm.layers.ffn import FFNS, MLP
+from mllm.layers.ffn import FFNS, MLP, GatedMLP
 from mllm.layers.positions import POSITIONS, PositionScheme, sinusoidal_embedding
 from mllm.summary import layer_table
 from mllm.train.step import benchmark_step
@@ -112,3 +112,110 @@ def test_the_new_ffn_computes_its_activation(registered):
   up, down = np.asarray(ffn.up.kernel[...]), np.asarray(ffn.down.kernel[...])
   want = np.square(np.maximum(x.astype(np.float64) @ up, 0)) @ down
   np.testing.assert_allclose(np.asarray(ffn(jnp.asarray(x))), want, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# A gated FFN with a parameter of its own, a position scheme with two, and an MoE whose experts
+# are that FFN: each defined and registered here, no library file changed.
+# ---------------------------------------------------------------------------------------------
+
+
+class SwishBetaGLU(GatedMLP):
+  """A gated FFN whose gate is Swish_β(x) = x·σ(βx) (Shazeer 2020, eq. 6, with Ramachandran et
+  al.'s β; β = 1 is SwiGLU)."""
+
+  @dataclasses.dataclass(frozen=True)
+  class Settings:  # its section: model.ffn.swish_beta_glu
+    beta: float = setting(1.0, 'β of the gate x·σ(βx)', _positive)
+
+  @staticmethod
+  def activation(x, beta=1.0):
+    return x * jax.nn.sigmoid(beta * x)
+
+
+class BasedSinusoids(PositionScheme):
+  """scale · PE(pos) with a wavelength base of its own (Vaswani et al. 2017, sec. 3.5: 10000)."""
+
+  @dataclasses.dataclass(frozen=True)
+  class Settings:  # its section: model.position.based_sinusoids
+    base: float = setting(10000.0, 'the wavelength base', _positive)
+    scale: float = setting(1.0, 'the sinusoids are multiplied by it', _positive)
+
+  def __init__(self, cfg, *, rngs):
+    del rngs
+    self.settings = settings_of(type(self), cfg.position)
+
+  def embed(self, x_BTD, positions_BT):
+    d = x_BTD.shape[-1]
+    inv_freq = 1.0 / self.settings.base ** (jnp.arange(0, d, 2) / d)
+    angles = positions_BT.astype(jnp.float32)[..., None] * inv_freq
+    waves = jnp.stack([jnp.sin(angles), jnp.cos(angles)], -1).reshape(*positions_BT.shape, d)
+    return x_BTD + (self.settings.scale * waves).astype(x_BTD.dtype)
+
+
+@pytest.fixture
+def registered_more(monkeypatch):
+  monkeypatch.setitem(FFNS, 'swish_beta_glu', SwishBetaGLU)
+  monkeypatch.setitem(POSITIONS, 'based_sinusoids', BasedSinusoids)
+
+
+def _swish_beta_glu(x, gate, up, down, beta):
+  """float64 NumPy: down((x·gate)·σ(β·x·gate) ⊙ x·up)."""
+  g = x.astype(np.float64) @ gate
+  return (g / (1 + np.exp(-beta * g)) * (x.astype(np.float64) @ up)) @ down
+
+
+def test_a_gated_ffn_with_a_parameter_of_its_own(registered_more):
+  config = tiny_config('ffn=swish_beta_glu,ffn.swish_beta_glu.beta=2.0')
+  assert config.model.ffn.swish_beta_glu.beta == 2.0
+  model = mllm.build_model(config, rngs=nnx.Rngs(0))
+  ffn = model.blocks[0].ffn
+  x = np.random.default_rng(0).standard_normal((2, 3, 16)).astype(np.float32)
+  weights = [np.asarray(w.kernel[...], np.float64) for w in (ffn.gate, ffn.up, ffn.down)]
+  want = _swish_beta_glu(x, *weights, beta=2.0)
+  np.testing.assert_allclose(np.asarray(ffn(jnp.asarray(x))), want, rtol=2e-5, atol=2e-5)
+  assert not np.allclose(want, _swish_beta_glu(x, *weights, beta=1.0), atol=1e-3)  # β matters
+  with pytest.raises(mllm.ConfigError, match=r'swish_beta_glu\.beta=-1\.0: the starting scale'):
+    tiny_config('ffn=swish_beta_glu,ffn.swish_beta_glu.beta=-1.0')
+  with pytest.raises(mllm.ConfigError, match=r"read only by model\.ffn\.kind='swish_beta_glu'"):
+    tiny_config('ffn=swiglu,ffn.swish_beta_glu.beta=2.0')
+  step, state, batch = benchmark_step(config)
+  assert np.isfinite(float(step(state, batch)[1]['loss']))
+
+
+def test_a_position_scheme_with_two_parameters(registered_more):
+  config = tiny_config('pos=based_sinusoids,based_sinusoids.base=100.0,based_sinusoids.scale=0.5')
+  model = mllm.build_model(config, rngs=nnx.Rngs(0))
+  positions = np.arange(5)[None]
+  got = np.asarray(model.position.embed(jnp.zeros((1, 5, 16)), jnp.asarray(positions)))
+  angles = positions[..., None] * (1.0 / 100.0 ** (np.arange(0, 16, 2) / 16))
+  want = 0.5 * np.stack([np.sin(angles), np.cos(angles)], -1).reshape(1, 5, 16)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  with pytest.raises(mllm.ConfigError, match=r"read only by model\.position\.kind='based_sinu"):
+    tiny_config('pos=rope,based_sinusoids.scale=2.0')
+  step, state, batch = benchmark_step(config)
+  assert np.isfinite(float(step(state, batch)[1]['loss']))
+
+
+def test_an_moe_whose_experts_are_the_new_ffn(registered_more):
+  """`model.ffn.moe.expert` chooses the experts' FFN with its own settings: each expert computes
+  Swish_β with the configured β."""
+  config = tiny_config(
+    'ffn=moe',
+    model__ffn__moe__expert__kind='swish_beta_glu',
+    model__ffn__moe__expert__swish_beta_glu__beta=3.0,
+    model__ffn__moe__num_experts=2,
+  )
+  model = mllm.build_model(config, rngs=nnx.Rngs(0))
+  experts = model.blocks[0].ffn.experts
+  x = np.random.default_rng(1).standard_normal((2, 4, 16)).astype(np.float32)  # [E, C, D]
+  got = np.asarray(experts.grouped(jnp.asarray(x)))
+  for e in range(2):
+    weights = [np.asarray(w[...][e], np.float64) for w in (experts.gate, experts.up, experts.down)]
+    np.testing.assert_allclose(
+      got[e], _swish_beta_glu(x[e], *weights, beta=3.0), rtol=2e-5, atol=2e-5
+    )
+  with pytest.raises(mllm.ConfigError, match=r"read only by model\.ffn\.moe\.expert\.kind='swish"):
+    tiny_config('ffn=moe', model__ffn__moe__expert__swish_beta_glu__beta=3.0)
+  step, state, batch = benchmark_step(config)
+  assert np.isfinite(float(step(state, batch)[1]['loss']))

@@ -27,7 +27,7 @@ CASES = {
   # expert bias is saved but not trained (in params, not in Adam's state)
   'moe_mixed': (
     MOE,
-    {'model__n_layers': 3, 'model__moe__every': 2, 'model__moe__expert_bias': True},
+    {'model__n_layers': 3, 'model__ffn__moe__every': 2, 'model__ffn__moe__expert_bias': True},
   ),
   # parameters in the stem (a position table) and the tail (an untied head)
   'learned_untied': ('pos=learned', {'model__tie_embeddings': False}),
@@ -73,7 +73,7 @@ def compiled_programs(fn) -> int:
 def test_the_number_of_init_programs_does_not_grow_with_depth():
   counts = {}
   for n_layers in (2, 4):
-    config = tiny_config(MOE, model__n_layers=n_layers, model__moe__first_dense_layers=1)
+    config = tiny_config(MOE, model__n_layers=n_layers, model__ffn__moe__first_dense_layers=1)
     _, init = setup(config, make_mesh(config.mesh))
     counts[n_layers] = compiled_programs(init)
   # stem, a dense layer, an MoE layer, tail, optimizer state: whatever the depth

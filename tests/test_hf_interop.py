@@ -126,21 +126,21 @@ def test_greedy_generation_with_the_kv_cache_matches_transformers(family, import
       'mixtral',
       {
         'model.ffn.kind': 'moe',
-        'model.moe.num_experts': 4,
-        'model.moe.top_k': 2,
-        'model.moe.expert_d_ff': 96,
-        'model.moe.renormalize': True,
-        'model.moe.dispatch': 'dropless',
+        'model.ffn.moe.num_experts': 4,
+        'model.ffn.moe.top_k': 2,
+        'model.ffn.moe.expert_d_ff': 96,
+        'model.ffn.moe.renormalize': True,
+        'model.ffn.moe.dispatch': 'dropless',
         'model.position.rope.theta': 1e6,
       },
     ),
     (
       'qwen3-moe',
       {
-        'model.moe.num_experts': 4,
-        'model.moe.expert_d_ff': 48,
+        'model.ffn.moe.num_experts': 4,
+        'model.ffn.moe.expert_d_ff': 48,
         'model.attention.qk_norm': True,
-        'model.moe.first_dense_layers': 0,
+        'model.ffn.moe.first_dense_layers': 0,
       },
     ),
     (
@@ -420,19 +420,19 @@ EXPORTABLE = {
   ),
   'mixtral': (
     'mixtral',
-    {'model.ffn.kind': 'moe', 'model.moe.num_experts': 4, 'model.moe.dispatch': 'dropless'},
+    {'model.ffn.kind': 'moe', 'model.ffn.moe.num_experts': 4, 'model.ffn.moe.dispatch': 'dropless'},
   ),
   'qwen3-moe': (
     'qwen3_moe',
     {
       'model.ffn.kind': 'moe',
-      'model.moe.num_experts': 4,
-      'model.moe.expert_d_ff': 24,
+      'model.ffn.moe.num_experts': 4,
+      'model.ffn.moe.expert_d_ff': 24,
       'model.attention.qk_norm': True,
-      'model.moe.first_dense_layers': 1,
+      'model.ffn.moe.first_dense_layers': 1,
       'model.n_layers': 3,
-      'model.moe.renormalize': False,
-      'model.moe.dispatch': 'dropless',
+      'model.ffn.moe.renormalize': False,
+      'model.ffn.moe.dispatch': 'dropless',
     },
   ),
   'gpt2': (
@@ -500,14 +500,20 @@ def test_a_large_export_is_written_in_shards_that_import_the_same(tmp_path, impo
       r'model.attention.use_bias=True: .*MistralForCausalLM',
     ),
     (
-      {'model.ffn.kind': 'moe', 'model.moe.num_shared_experts': 1},
-      r'model.moe.num_shared_experts=1: .*MixtralForCausalLM',
+      {'model.ffn.kind': 'moe', 'model.ffn.moe.num_shared_experts': 1},
+      r'model.ffn.moe.num_shared_experts=1: .*MixtralForCausalLM',
     ),
-    ({'model.ffn.kind': 'moe', 'model.moe.router': 'sigmoid'}, r"model.moe.router='sigmoid'"),
-    ({'model.ffn.kind': 'moe', 'model.moe.expert_bias': True}, r'model.moe.expert_bias=True'),
     (
-      {'model.ffn.kind': 'moe', 'model.moe.renormalize': False},
-      r'model.moe.renormalize=False: .*MixtralForCausalLM',
+      {'model.ffn.kind': 'moe', 'model.ffn.moe.router': 'sigmoid'},
+      r"model.ffn.moe.router='sigmoid'",
+    ),
+    (
+      {'model.ffn.kind': 'moe', 'model.ffn.moe.expert_bias': True},
+      r'model.ffn.moe.expert_bias=True',
+    ),
+    (
+      {'model.ffn.kind': 'moe', 'model.ffn.moe.renormalize': False},
+      r'model.ffn.moe.renormalize=False: .*MixtralForCausalLM',
     ),
     (
       {'model.position.kind': 'learned', 'model.n_kv_heads': 4},

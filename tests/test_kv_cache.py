@@ -218,7 +218,9 @@ def test_cache_writes_use_in_range_indices_and_skip_unwritten_slots(layer):
   'extra',
   [
     dict(model__scan_layers=True),  # the cache is scanned with the stacked layers
-    dict(model__ffn__kind='moe', model__moe__num_experts=4, model__moe__capacity_factor=4.0),
+    dict(
+      model__ffn__kind='moe', model__ffn__moe__num_experts=4, model__ffn__moe__capacity_factor=4.0
+    ),
     dict(model__attention__qk_norm=True, model__norm__placement='post'),
   ],
   ids=['scan', 'moe', 'qk_norm-post_ln'],

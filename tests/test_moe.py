@@ -201,11 +201,11 @@ def test_a_top1_router_gets_the_losss_gradient_only_when_its_gate_is_the_probabi
 def test_top1_with_renormalised_gates_trains_with_a_note(tiny):
   from mllm.layers.moe import training_note
 
-  top1 = tiny('ffn=moe', model__moe__top_k=1).model.moe
+  top1 = tiny('ffn=moe', model__ffn__moe__top_k=1).model.ffn.moe
   assert 'no gradient' in training_note(top1)
   top1.renormalize = False
   assert training_note(top1) is None
-  assert training_note(tiny('ffn=moe').model.moe) is None  # top-2: the gates keep their ratio
+  assert training_note(tiny('ffn=moe').model.ffn.moe) is None  # top-2: the gates keep their ratio
 
 
 def test_shared_experts_add_exactly_their_dense_output():

@@ -31,23 +31,39 @@ MOE = 'ffn=moe,num_experts=4,top_k=2'
 @pytest.mark.parametrize(
   'overrides, key, allowed',
   [
-    ({'model.moe.top_k': 5}, 'model.moe.top_k', '1 <= top_k <= 4'),
-    ({'model.moe.top_k': 0}, 'model.moe.top_k', '1 <= top_k <= 4'),
-    ({'model.moe.capacity_factor': 0.0}, 'model.moe.capacity_factor', 'positive'),
-    ({'model.moe.capacity_factor': -1.25}, 'model.moe.capacity_factor', 'positive'),
-    ({'model.moe.router': 'relu'}, 'model.moe.router', 'softmax, sigmoid'),
-    ({'model.moe.noise': 'gumbel'}, 'model.moe.noise', 'none, mixture, noisy_topk'),
-    ({'model.moe.dispatch': 'megablocks'}, 'model.moe.dispatch', 'auto, capacity, dropless'),
-    ({'model.moe.grouped_matmul': 'gmm'}, 'model.moe.grouped_matmul', 'ragged_dot, megablox'),
-    ({'model.moe.balance_convention': 'st'}, 'model.moe.balance_convention', 'switch, hf'),
-    ({'model.moe.expert_kind': 'moe'}, 'model.moe.expert_kind', 'relu, gelu'),
-    ({'model.moe.num_experts': 0}, 'model.moe.num_experts', 'positive integer'),
-    ({'model.moe.balance_coef': -0.01}, 'model.moe.balance_coef', '0.0 <= value'),
-    ({'model.moe.noise_alpha': 1.5}, 'model.moe.noise_alpha', '0.0 <= value <= 1.0'),
+    ({'model.ffn.moe.top_k': 5}, 'model.ffn.moe.top_k', '1 <= top_k <= 4'),
+    ({'model.ffn.moe.top_k': 0}, 'model.ffn.moe.top_k', '1 <= top_k <= 4'),
+    ({'model.ffn.moe.capacity_factor': 0.0}, 'model.ffn.moe.capacity_factor', 'positive'),
+    ({'model.ffn.moe.capacity_factor': -1.25}, 'model.ffn.moe.capacity_factor', 'positive'),
+    ({'model.ffn.moe.router': 'relu'}, 'model.ffn.moe.router', 'softmax, sigmoid'),
+    ({'model.ffn.moe.noise': 'gumbel'}, 'model.ffn.moe.noise', 'none, mixture, noisy_topk'),
+    (
+      {'model.ffn.moe.dispatch': 'megablocks'},
+      'model.ffn.moe.dispatch',
+      'auto, capacity, dropless',
+    ),
+    (
+      {'model.ffn.moe.grouped_matmul': 'gmm'},
+      'model.ffn.moe.grouped_matmul',
+      'ragged_dot, megablox',
+    ),
+    ({'model.ffn.moe.balance_convention': 'st'}, 'model.ffn.moe.balance_convention', 'switch, hf'),
+    ({'model.ffn.moe.expert.kind': 'moe'}, 'model.ffn.moe.expert.kind', 'relu, gelu'),
+    ({'model.ffn.moe.num_experts': 0}, 'model.ffn.moe.num_experts', 'positive integer'),
+    ({'model.ffn.moe.balance_coef': -0.01}, 'model.ffn.moe.balance_coef', '0.0 <= value'),
+    ({'model.ffn.moe.noise_alpha': 1.5}, 'model.ffn.moe.noise_alpha', '0.0 <= value <= 1.0'),
     ({'mesh.expert': 3}, 'mesh.expert', 'allowed: 1, 2, 4'),
-    ({'model.moe.first_dense_layers': 2}, 'model.moe.first_dense_layers', 'leaves no MoE layer'),
-    ({'model.moe.every': 3}, 'model.moe.first_dense_layers', 'leaves no MoE layer'),
-    ({'model.moe.every': 2, 'model.scan_layers': True}, 'model.scan_layers', 'mix MoE and dense'),
+    (
+      {'model.ffn.moe.first_dense_layers': 2},
+      'model.ffn.moe.first_dense_layers',
+      'leaves no MoE layer',
+    ),
+    ({'model.ffn.moe.every': 3}, 'model.ffn.moe.first_dense_layers', 'leaves no MoE layer'),
+    (
+      {'model.ffn.moe.every': 2, 'model.scan_layers': True},
+      'model.scan_layers',
+      'mix MoE and dense',
+    ),
     ({'model.ffn.use_bias': True}, 'model.ffn.use_bias', 'bias-free'),
   ],
 )
@@ -61,9 +77,11 @@ def test_bad_moe_configs_are_one_line_errors_naming_the_key(overrides, key, allo
 def test_megablox_is_refused_on_gpu_naming_the_key():
   from mllm.validation import check_backend
 
-  cfg = tiny_config(MOE, model__moe__grouped_matmul='megablox')
+  cfg = tiny_config(MOE, model__ffn__moe__grouped_matmul='megablox')
   check_backend(cfg.model, 'cpu')  # interpret mode, for tests
-  with pytest.raises(ConfigError, match=r"^model.moe.grouped_matmul='megablox': .*allowed on gpu"):
+  with pytest.raises(
+    ConfigError, match=r"^model.ffn.moe.grouped_matmul='megablox': .*allowed on gpu"
+  ):
     check_backend(cfg.model, 'gpu')
 
 
@@ -72,19 +90,26 @@ def test_an_expert_axis_needs_an_moe_model_and_must_divide_its_experts():
     tiny_config(mesh__expert=2)
   from mllm.validation import check_expert_axis
 
-  with pytest.raises(ConfigError, match=r'^mesh.expert=3: must divide model.moe.num_experts=4'):
+  with pytest.raises(ConfigError, match=r'^mesh.expert=3: must divide model.ffn.moe.num_experts=4'):
     check_expert_axis(tiny_config(MOE, mesh__data=1, mesh__expert=-1).model, 3)
   check_expert_axis(tiny_config(MOE).model, 4)
 
 
 def test_every_and_first_dense_layers_place_the_moe_layers():
-  cfg = tiny_config(MOE, model__n_layers=6, model__moe__every=2, model__moe__first_dense_layers=2)
+  cfg = tiny_config(
+    MOE, model__n_layers=6, model__ffn__moe__every=2, model__ffn__moe__first_dense_layers=2
+  )
   assert moe_layers(cfg.model) == [3, 5]
   model = build_model(cfg, rngs=nnx.Rngs(0))
   assert model.moe_layers == (3, 5)
   for i, block in enumerate(model.blocks):
     assert isinstance(block.ffn, MoE) == (i in (3, 5))
-  assert moe_layers(tiny_config(MOE, model__n_layers=4, model__moe__every=1).model) == [0, 1, 2, 3]
+  assert moe_layers(tiny_config(MOE, model__n_layers=4, model__ffn__moe__every=1).model) == [
+    0,
+    1,
+    2,
+    3,
+  ]
   assert moe_layers(tiny_config(model__n_layers=4).model) == []
 
 
@@ -118,7 +143,7 @@ def _at(module, path):
 
 def test_active_parameters_and_flops_count_k_of_e_experts():
   cfg = tiny_config(
-    MOE, model__ffn__d_ff=24, model__moe__num_shared_experts=1, model__moe__shared_d_ff=8
+    MOE, model__ffn__d_ff=24, model__ffn__moe__num_shared_experts=1, model__ffn__moe__shared_d_ff=8
   )
   dense = count_params(tiny_config(model__ffn__d_ff=24))
   counts = count_params(cfg)
@@ -139,7 +164,7 @@ def test_summary_names_the_moe_layers_and_the_active_parameters():
 
   from mllm.summary import summarize
 
-  cfg = tiny_config(MOE, model__n_layers=4, model__moe__every=2)
+  cfg = tiny_config(MOE, model__n_layers=4, model__ffn__moe__every=2)
   buffer = io.StringIO()
   result = summarize(cfg, console=Console(file=buffer, width=200), run_forward=False)
   text = buffer.getvalue()
@@ -166,8 +191,8 @@ def _moe_run_config(corpus, **extra):
     corpus,
     'x',
     model__ffn__kind='moe',
-    model__moe__num_experts=4,
-    model__moe__top_k=2,
+    model__ffn__moe__num_experts=4,
+    model__ffn__moe__top_k=2,
     model__dropout=0.0,
     **extra,
   )
@@ -175,7 +200,10 @@ def _moe_run_config(corpus, **extra):
 
 def test_objective_is_cross_entropy_plus_the_weighted_balancing_and_z_losses(corpus):
   config = _moe_run_config(
-    corpus, model__moe__balance_coef=0.3, model__moe__z_loss_coef=0.05, train__grad_clip=0.0
+    corpus,
+    model__ffn__moe__balance_coef=0.3,
+    model__ffn__moe__z_loss_coef=0.05,
+    train__grad_clip=0.0,
   )
   batch = synthetic_batch(config, np.random.default_rng(0))
   model, init = setup(config, make_mesh(config.mesh))
@@ -209,7 +237,9 @@ def test_the_training_step_drops_past_capacity_and_evaluation_does_not(corpus):
   """A capacity model trains at its capacity (what overflows is dropped, as Switch trains) and
   infers dropless. The step once ran its forward in inference mode whenever the config had no
   dropout or router noise, so capacity models trained dropless (and, on CPU, ~5x slower)."""
-  config = _moe_run_config(corpus, model__moe__dispatch='capacity', model__moe__capacity_factor=0.5)
+  config = _moe_run_config(
+    corpus, model__ffn__moe__dispatch='capacity', model__ffn__moe__capacity_factor=0.5
+  )
   batch = synthetic_batch(config, np.random.default_rng(0))
   _, _, [metrics] = _step_outputs(config, batch)
   assert np.all(metrics['moe']['drop_rate'] >= 0.5 - 1e-6)  # capacity 0.5 x the even share
@@ -235,9 +265,9 @@ def test_accumulated_steps_balance_over_the_global_batch(corpus):
     config = _moe_run_config(
       corpus,
       train__grad_accum_steps=accum,
-      model__moe__balance_coef=1.0,
-      model__moe__dispatch='dropless',
-      model__moe__expert_bias=True,
+      model__ffn__moe__balance_coef=1.0,
+      model__ffn__moe__dispatch='dropless',
+      model__ffn__moe__expert_bias=True,
       # Adam's first update is g/(|g| + eps): one gate weight's gradient cancels to 3e-9, and the
       # float32 sums of two micro-batches differ from one batch's by 1e-9, which at eps 1e-8 moved
       # that update by 7% of the rate (jax 0.12). At eps 1e-3 it moves by lr·δ/1e-3 (as in
@@ -268,7 +298,9 @@ def _counts(config, state, batch):
 
 
 def test_expert_bias_is_updated_by_its_rule_and_untouched_by_the_optimizer(corpus):
-  config = _moe_run_config(corpus, model__moe__expert_bias=True, model__moe__bias_update_rate=0.01)
+  config = _moe_run_config(
+    corpus, model__ffn__moe__expert_bias=True, model__ffn__moe__bias_update_rate=0.01
+  )
   batch = synthetic_batch(config, np.random.default_rng(2))
   _model, state, metrics = _step_outputs(config, batch, steps=3)  # odd: ±γ steps cannot cancel
   bias = np.stack([state['params']['blocks'][i]['ffn']['expert_bias'][...] for i in (0, 1)])
@@ -287,9 +319,9 @@ def test_moe_model_loss_falls_metrics_are_logged_and_resume_is_exact_with_noise(
   corpus, tmp_path, capsys
 ):
   extra = dict(
-    model__moe__noise='noisy_topk',
-    model__moe__expert_bias=True,
-    model__moe__every=2,
+    model__ffn__moe__noise='noisy_topk',
+    model__ffn__moe__expert_bias=True,
+    model__ffn__moe__every=2,
     model__n_layers=2,
     train__checkpoint_every=10,
   )
@@ -350,7 +382,7 @@ def _small_mixtral(**extra):
       'model.vocab_size': 128,
       'model.max_seq_len': 64,
       'data.seq_len': 64,
-      'model.moe.dispatch': 'capacity',
+      'model.ffn.moe.dispatch': 'capacity',
       **extra,
     },
   )
@@ -375,11 +407,11 @@ def test_an_exported_capacity_model_gives_the_same_logits_in_transformers_layout
   from mllm.layers.moe_experts import resolve_dispatch
 
   config = _small_mixtral()
-  assert resolve_dispatch(config.model.moe.dispatch) == 'capacity'
+  assert resolve_dispatch(config.model.ffn.moe.dispatch) == 'capacity'
   model = build_model(config, rngs=nnx.Rngs(0))
   mllm.to_hf(config, model, str(tmp_path))
   imported_config, imported = mllm.from_hf(str(tmp_path))
-  assert imported_config.model.moe.dispatch == 'dropless'
+  assert imported_config.model.ffn.moe.dispatch == 'dropless'
   tokens = np.random.default_rng(0).integers(0, 128, (2, 32))
   np.testing.assert_allclose(
     _eval_logits(model, tokens), _eval_logits(imported, tokens), atol=2e-5, rtol=0
@@ -438,8 +470,8 @@ def test_training_top1_with_renormalised_gates_says_its_router_gets_no_gradient(
     corpus,
     str(tmp_path / 'cache'),
     model__ffn__kind='moe',
-    model__moe__num_experts=4,
-    model__moe__top_k=1,
+    model__ffn__moe__num_experts=4,
+    model__ffn__moe__top_k=1,
     model__n_layers=1,
     train__steps=2,
     train__warmup_steps=0,
@@ -447,8 +479,8 @@ def test_training_top1_with_renormalised_gates_says_its_router_gets_no_gradient(
   train(config, str(tmp_path / 'run'), progress=True)
   notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith('note: ')]
   assert notes == [
-    'note: model.moe.top_k=1 with model.moe.renormalize=True makes every gate 1: '
+    'note: model.ffn.moe.top_k=1 with model.ffn.moe.renormalize=True makes every gate 1: '
     'the router gets no gradient from the loss, only from the balancing and z '
     'losses; Switch gates the top-1 expert by its probability '
-    '(model.moe.renormalize=False)'
+    '(model.ffn.moe.renormalize=False)'
   ]

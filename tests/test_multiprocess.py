@@ -338,8 +338,8 @@ def test_four_processes_with_experts_match_one_and_restore_a_two_process_run(run
   corpus, cache, dirs, _ = runs
   moe = {
     'model.ffn.kind': 'moe',
-    'model.moe.num_experts': 4,
-    'model.moe.top_k': 2,
+    'model.ffn.moe.num_experts': 4,
+    'model.ffn.moe.top_k': 2,
     'mesh.data': 1,
     'mesh.fsdp': 2,
     'mesh.expert': 2,

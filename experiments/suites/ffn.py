@@ -90,9 +90,13 @@ SUITE = Suite(
     Variant(
       'moe-top2',
       'ffn=moe',
-      {'model.moe.num_experts': 4, 'model.moe.top_k': 2, 'model.moe.expert_kind': 'swiglu'},
+      {
+        'model.ffn.moe.num_experts': 4,
+        'model.ffn.moe.top_k': 2,
+        'model.ffn.moe.expert.kind': 'swiglu',
+      },
       derived=lambda c: {
-        'model.moe.expert_d_ff': hidden_dim(c.model.ffn, c.model.d_model, 'swiglu') // 2
+        'model.ffn.moe.expert_d_ff': hidden_dim(c.model.ffn, c.model.d_model, 'swiglu') // 2
       },
     ),
   ),

@@ -5,11 +5,15 @@ bias): dense vs top-1 / top-2, the balancing loss on and off, router noise, with
 from experiments.suite import Suite, Variant
 from experiments.suites._presets import PRESETS
 
-_MOE = {'model.moe.num_experts': 8, 'model.moe.expert_kind': 'swiglu'}
+_MOE = {'model.ffn.moe.num_experts': 8, 'model.ffn.moe.expert.kind': 'swiglu'}
 
 
 def _moe(name, expect='', **extra):
-  overrides = {**_MOE, 'model.moe.top_k': 2, **{f'model.moe.{k}': v for k, v in extra.items()}}
+  overrides = {
+    **_MOE,
+    'model.ffn.moe.top_k': 2,
+    **{f'model.ffn.moe.{k}': v for k, v in extra.items()},
+  }
   return Variant(name, 'ffn=moe', overrides, expect=expect)
 
 

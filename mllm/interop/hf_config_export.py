@@ -44,7 +44,7 @@ MATH_KEYS = (
 
 def family_for(m) -> str:
   """The HF family an mllm model config is exported as (checked afterwards by `check_exact`)."""
-  if m.ffn.kind == 'moe':
+  if moe_layers(m):
     return 'qwen3_moe' if m.attention.qk_norm else 'mixtral'
   if m.position.kind == 'learned':
     return 'gpt2'
@@ -137,7 +137,7 @@ def math_of(m) -> dict[str, Any]:
     out['ffn.d_ff'] = hidden_dim(m.ffn, m.d_model, dense_ffn_kind(m))
   # Each variant names its own extra settings (RoPE's scaling, a learned table's size).
   out.update(POSITIONS[m.position.kind].hf_math(m))
-  if m.ffn.kind == 'moe':
+  if moe_layers(m):
     out.update(moe_math(m))
   return out
 
@@ -155,7 +155,9 @@ def check_exact(m, family: str, back) -> None:
   want, got = math_of(m), math_of(back)
   for key in want:
     if want[key] != got.get(key):
-      shown = 'model.moe.every / first_dense_layers' if key == 'moe.layers' else f'model.{key}'
+      shown = (
+        'model.ffn.moe.every / first_dense_layers' if key == 'ffn.moe.layers' else f'model.{key}'
+      )
       raise HFExportError(
         f'{shown}={want[key]!r}: Hugging Face\'s {ARCHITECTURES[family]} (the nearest class) '
         f'has {got.get(key)!r}; allowed: a model a transformers class computes exactly '

@@ -123,7 +123,7 @@ def _dense_ffn_links(c, p: str, m: str) -> list[Link]:
 def _moe_links(c, family: str, p: str, m: str) -> list[Link]:
   """Mixtral: block_sparse_moe.{gate, experts.E.w1 (gate), w3 (up), w2 (down)};
   Qwen3-MoE: mlp.{gate, experts.E.gate_proj, up_proj, down_proj}. The router is a Linear [E, D]."""
-  e = range(c.moe.num_experts)
+  e = range(c.ffn.moe.num_experts)
   if family == 'mixtral':
     p, names = p + 'block_sparse_moe.', {'gate': 'w1', 'up': 'w3', 'down': 'w2'}
   else:

@@ -8,13 +8,17 @@ to `multiple_of`), so both have the same parameter count, as in Shazeer's compar
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from collections.abc import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mllm.checks import integer
 from mllm.layers.init import weight_std
+from mllm.variant_config import check_variant_keys, settings_of
 
 # GELU here is the exact x·Φ(x) (Hendrycks & Gimpel 2016), as in Shazeer's table; GPT-2 used tanh.
 gelu = functools.partial(jax.nn.gelu, approximate=False)
@@ -45,10 +49,29 @@ class FeedForward(nnx.Module):
   # The names transformers gives this FFN's activation (config.json's hidden_act, which for a
   # gated FFN names the gate's, or GPT-2's activation_function); HF export writes the first.
   hf_activations: tuple[str, ...] = ()
+  # A variant may declare `Settings` (its section, `model.ffn.<name>`: mllm/variant_config.py);
+  # `activation` then takes their fields as keyword arguments.
 
   @staticmethod
   def activation(x):
     raise NotImplementedError
+
+  @classmethod
+  def activation_with(cls, settings) -> Callable:
+    """The activation with the variant's settings bound (the dense FFN and the experts use it)."""
+    if settings is None:
+      return cls.activation
+    return functools.partial(cls.activation, **dataclasses.asdict(settings))
+
+  @classmethod
+  def dense_kind(cls, m) -> str:
+    """The FFN kind of the model's dense layers: this one (an MoE names its experts')."""
+    return m.ffn.kind
+
+  @classmethod
+  def dense_layer(cls, cfg, *, rngs: nnx.Rngs) -> nnx.Module:
+    """A dense layer of the model whose `ffn.kind` this is (an MoE builds its experts' FFN)."""
+    return cls.from_config(cfg, rngs=rngs)
 
   def __init__(
     self,
@@ -60,8 +83,10 @@ class FeedForward(nnx.Module):
     out_std: float,
     dtype=None,
     param_dtype=jnp.float32,
+    settings=None,
     rngs: nnx.Rngs,
   ):
+    self.settings = settings  # the variant's frozen Settings record, or None
     common = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     self.gate = (
       _linear(d_model, d_ff, ('embed', 'mlp'), std=init_std, **common) if self.gated else None
@@ -70,9 +95,11 @@ class FeedForward(nnx.Module):
     self.down = _linear(d_ff, d_model, ('mlp', 'embed'), std=out_std, **common)
 
   @classmethod
-  def from_config(cls, cfg, *, rngs: nnx.Rngs) -> FeedForward:
+  def from_config(cls, cfg, *, section=None, rngs: nnx.Rngs) -> FeedForward:
     """The FFN of this kind that the model config `cfg` describes: `hidden_dim` wide, initialised
-    as `model.init` says (gate and up read d_model features, down the hidden ones)."""
+    as `model.init` says (gate and up read d_model features, down the hidden ones), its settings
+    read from the choice section `section` (default `cfg.ffn`; an MoE's dense layers: its
+    expert's)."""
     d_ff = _hidden_size(cfg.ffn, cfg.d_model, cls.gated)
     return cls(
       cfg.d_model,
@@ -82,10 +109,12 @@ class FeedForward(nnx.Module):
       out_std=weight_std(cfg, 'out', fan_in=d_ff),
       dtype=jnp.dtype(cfg.dtype),
       param_dtype=jnp.dtype(cfg.param_dtype),
+      settings=settings_of(cls, cfg.ffn if section is None else section),
       rngs=rngs,
     )
 
   def __call__(self, x_BTD):
+    activation = self.activation_with(self.settings)
     if self.up.bias is None:
       # Without biases: the same products through `_ffn`, whose backward XLA:CPU runs without
       # transposing the [tokens, d_ff] activations (see there).
@@ -96,11 +125,11 @@ class FeedForward(nnx.Module):
         kernel(self.gate) if self.gated else None,
         kernel(self.up),
         kernel(self.down),
-        type(self).activation,
+        activation,
       )
     if self.gated:
-      return self.down(self.activation(self.gate(x_BTD)) * self.up(x_BTD))
-    return self.down(self.activation(self.up(x_BTD)))
+      return self.down(activation(self.gate(x_BTD)) * self.up(x_BTD))
+    return self.down(activation(self.up(x_BTD)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -224,7 +253,8 @@ class ReGLU(GatedMLP):
   activation = staticmethod(jax.nn.relu)
 
 
-FFNS: dict[str, type[FeedForward]] = {
+# The FFN kinds; mllm/layers/moe.py adds 'moe' (`MoE`, whose experts are any of these).
+FFNS: dict[str, type[nnx.Module]] = {
   'relu': ReLU,
   'gelu': GELU,
   'gelu_tanh': GELUTanh,
@@ -235,6 +265,26 @@ FFNS: dict[str, type[FeedForward]] = {
   'swiglu': SwiGLU,
   'reglu': ReGLU,
 }
+
+
+class _DenseFFNs(Mapping):
+  """FFNS without the kinds built of experts (mllm/layers/moe.py registers 'moe'): what an
+  expert may be. A live view, so a variant registered later is one too."""
+
+  def _dense(self):
+    return {k: v for k, v in FFNS.items() if not getattr(v, 'holds_experts', False)}
+
+  def __getitem__(self, kind: str):
+    return self._dense()[kind]
+
+  def __iter__(self):
+    return iter(self._dense())
+
+  def __len__(self) -> int:
+    return len(self._dense())
+
+
+DENSE_FFNS = _DenseFFNs()
 
 
 def hidden_dim(ffn_cfg, d_model: int, kind: str | None = None) -> int:
@@ -249,3 +299,14 @@ def _hidden_size(ffn_cfg, d_model: int, gated: bool) -> int:
     m = ffn_cfg.multiple_of
     d_ff = max(m, m * round(2 * d_ff / 3 / m))
   return d_ff
+
+
+def check_ffn_config(m, p: str = 'model') -> None:
+  """`model.ffn`: a registered kind (read now: a registry may have grown since import) with its
+  section's keys, no other kind's key off its default, the sizes, then the kind's own rules."""
+  check_variant_keys(m.ffn, f'{p}.ffn', FFNS, 'FFN')
+  integer(f'{p}.ffn.d_ff', m.ffn.d_ff, optional=True)
+  integer(f'{p}.ffn.multiple_of', m.ffn.multiple_of)
+  check = getattr(FFNS[m.ffn.kind], 'check', None)
+  if check is not None:
+    check(m, p)

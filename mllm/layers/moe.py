@@ -24,9 +24,10 @@ training (a mixture with uniform noise, or Shazeer's noisy top-k; drawn from the
 a resumed run draws the same noise), and DeepSeek-V3's aux-loss-free bias (an `ExpertBias`
 variable that shifts the choice only; `update_expert_bias` is applied after each step).
 
-`model.ffn.kind='moe'` with the `model.moe.*` keys puts this layer in place of the FFN
-(`MoE.from_config`); experts and the model's dense layers are FFNs of `moe.expert_kind`. Its
-Hugging Face mapping (Mixtral, Qwen3-MoE) is moe_hf.py.
+`model.ffn.kind='moe'` is this layer, an FFN kind like the dense ones (registered in FFNS), with
+its own section `model.ffn.moe` (moe_settings.py); experts and the model's dense layers are FFNs
+of the kind `model.ffn.moe.expert.kind` chooses, with that FFN's own settings. Its Hugging Face
+mapping (Mixtral, Qwen3-MoE) is moe_hf.py.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mllm.layers.ffn import hidden_dim
+from mllm.layers.ffn import FFNS, hidden_dim
 from mllm.layers.init import weight_std
 from mllm.layers.moe_experts import (
   DISPATCHES,
@@ -60,7 +61,9 @@ from mllm.layers.moe_routing import (
   update_expert_bias,
   z_loss,
 )
+from mllm.layers.moe_settings import MoESettings, check_moe_config, moe_layers
 from mllm.ops import mesh as on_mesh
+from mllm.variant_config import settings_of
 
 # ---------------------------------------------------------------------------------------------
 # The layer.
@@ -103,6 +106,10 @@ class MoE(nnx.Module):
   router_entropy, drop_rate.
   """
 
+  Settings = MoESettings  # its section, model.ffn.moe
+  holds_experts = True  # not an expert itself (ffn.DENSE_FFNS)
+  hf_activations = ()
+
   def __init__(
     self,
     d_model: int,
@@ -111,6 +118,7 @@ class MoE(nnx.Module):
     top_k: int,
     expert_d_ff: int,
     ffn_kind: str = 'swiglu',
+    ffn_settings=None,
     num_shared_experts: int = 0,
     shared_d_ff: int | None = None,
     router: str = 'softmax',
@@ -147,6 +155,7 @@ class MoE(nnx.Module):
       Experts,
       d_model=d_model,
       ffn_kind=ffn_kind,
+      ffn_settings=ffn_settings,
       init_std=init_std,
       dtype=dtype,
       param_dtype=param_dtype,
@@ -165,18 +174,34 @@ class MoE(nnx.Module):
     )
 
   @classmethod
+  def check(cls, m, p: str) -> None:
+    check_moe_config(m, p)
+
+  @classmethod
+  def dense_kind(cls, m) -> str:
+    """The FFN kind of the model's dense layers (a mixed stack): the experts'."""
+    return m.ffn.moe.expert.kind
+
+  @classmethod
+  def dense_layer(cls, cfg, *, rngs: nnx.Rngs) -> nnx.Module:
+    """A dense layer of a mixed stack: the experts' FFN, with its settings."""
+    expert = cfg.ffn.moe.expert
+    return FFNS[expert.kind].from_config(cfg, section=expert, rngs=rngs)
+
+  @classmethod
   def from_config(cls, cfg, *, rngs: nnx.Rngs) -> MoE:
-    """The layer `model.moe` describes (cfg: the model config), initialised as `model.init` says:
-    the router and the experts' gate and up read d_model features, each down projection its
+    """The layer `model.ffn.moe` describes (cfg: the model config), initialised as `model.init`
+    says: the router and the experts' gate and up read d_model features, each down projection its
     expert's hidden size."""
-    moe = cfg.moe
+    moe = settings_of(cls, cfg.ffn)
     expert_d_ff = expert_hidden_dim(cfg)
     return cls(
       cfg.d_model,
       num_experts=moe.num_experts,
       top_k=moe.top_k,
       expert_d_ff=expert_d_ff,
-      ffn_kind=moe.expert_kind,
+      ffn_kind=moe.expert.kind,
+      ffn_settings=moe.expert.settings,
       num_shared_experts=moe.num_shared_experts,
       shared_d_ff=moe.shared_d_ff,
       router=moe.router,
@@ -274,7 +299,8 @@ class MoE(nnx.Module):
 
 def expert_hidden_dim(cfg) -> int:
   """Each routed expert's hidden size: `moe.expert_d_ff`, else the dense FFN's (`hidden_dim`)."""
-  return cfg.moe.expert_d_ff or hidden_dim(cfg.ffn, cfg.d_model, kind=cfg.moe.expert_kind)
+  moe = cfg.ffn.moe
+  return moe.expert_d_ff or hidden_dim(cfg.ffn, cfg.d_model, kind=moe.expert.kind)
 
 
 def uniform_assignment(n_tokens: int, k: int, num_experts: int) -> jax.Array:
@@ -294,9 +320,9 @@ def training_note(moe_cfg) -> str | None:
   reason. Allowed, not refused: a model imported with that setting computes it at inference."""
   if moe_cfg.top_k == 1 and moe_cfg.renormalize and moe_cfg.router == 'softmax':
     return (
-      'model.moe.top_k=1 with model.moe.renormalize=True makes every gate 1: the router gets '
+      'model.ffn.moe.top_k=1 with model.ffn.moe.renormalize=True makes every gate 1: the router gets '
       'no gradient from the loss, only from the balancing and z losses; Switch gates the '
-      'top-1 expert by its probability (model.moe.renormalize=False)'
+      'top-1 expert by its probability (model.ffn.moe.renormalize=False)'
     )
   return None
 
@@ -331,15 +357,13 @@ def update_expert_biases(
 
 
 # ---------------------------------------------------------------------------------------------
-# Which layers are MoE, and the rules of `model.moe` (run by config validation).
+# What the training step asks of the model's MoE layers; the registration as an FFN kind.
 # ---------------------------------------------------------------------------------------------
 
 
-def moe_layers(m) -> list[int]:
-  """The indices of the MoE layers (Qwen2-MoE's decoder_sparse_step and DeepSeek's
-  first_k_dense_replace): i >= first_dense_layers and (i + 1) % every == 0."""
-  if m.ffn.kind != 'moe':
-    return []
-  return [
-    i for i in range(m.n_layers) if i >= m.moe.first_dense_layers and (i + 1) % m.moe.every == 0
-  ]
+def draws_noise(m) -> bool:
+  """Whether the model's MoE layers draw router noise in training (the step then seeds it)."""
+  return bool(moe_layers(m)) and m.ffn.moe.noise != 'none'
+
+
+FFNS['moe'] = MoE

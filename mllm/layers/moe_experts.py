@@ -23,8 +23,8 @@ GROUPED_MATMULS = ('ragged_dot', 'megablox', 'tiled')  # the dropless path's ker
 
 
 class Experts(nnx.Module):
-  """E bias-free FFNs of the kind `ffn_kind` names (its activation and gating): gate/up
-  [E, D, F], down [E, F, D]."""
+  """E bias-free FFNs of the kind `ffn_kind` names (its activation, with its settings
+  `ffn_settings`, and gating): gate/up [E, D, F], down [E, F, D]."""
 
   def __init__(
     self,
@@ -33,6 +33,7 @@ class Experts(nnx.Module):
     d_ff: int,
     ffn_kind: str = 'swiglu',
     *,
+    ffn_settings=None,
     init_std: float,
     out_std: float,
     dtype=None,
@@ -40,7 +41,7 @@ class Experts(nnx.Module):
     rngs: nnx.Rngs,
   ):
     ffn = FFNS[ffn_kind]
-    self.activation, self.gated = ffn.activation, ffn.gated
+    self.ffn, self.ffn_settings, self.gated = ffn, ffn_settings, ffn.gated
     self.dtype = dtype
 
     def weight(shape, std, axes):
@@ -52,6 +53,9 @@ class Experts(nnx.Module):
     self.up = weight((e, d, f), init_std, ('expert', 'embed', 'mlp'))
     self.down = weight((e, f, d), out_std, ('expert', 'mlp', 'embed'))
 
+  def activation(self):
+    return self.ffn.activation_with(self.ffn_settings)
+
   def _weights(self, dtype):
     cast = lambda w: None if w is None else w[...].astype(dtype)  # noqa: E731
     return cast(self.gate), cast(self.up), cast(self.down)
@@ -61,7 +65,7 @@ class Experts(nnx.Module):
     gate, up, down = self._weights(self.dtype or x_ECD.dtype)
     x_ECD = x_ECD.astype(up.dtype)
     pre_gate = None if gate is None else jnp.einsum('ecd,edf->ecf', x_ECD, gate)
-    hidden = ffn_hidden(pre_gate, jnp.einsum('ecd,edf->ecf', x_ECD, up), self.activation)
+    hidden = ffn_hidden(pre_gate, jnp.einsum('ecd,edf->ecf', x_ECD, up), self.activation())
     return jnp.einsum('ecf,efd->ecd', hidden, down)
 
   def ragged(
@@ -72,7 +76,7 @@ class Experts(nnx.Module):
     x_SD = x_SD.astype(up.dtype)
     matmul = lambda x, w: grouped_matmul(x, w, group_sizes_E, impl)  # noqa: E731
     pre_gate = None if gate is None else matmul(x_SD, gate)
-    hidden = ffn_hidden(pre_gate, matmul(x_SD, up), self.activation)
+    hidden = ffn_hidden(pre_gate, matmul(x_SD, up), self.activation())
     return matmul(hidden, down)
 
 
@@ -95,7 +99,7 @@ def grouped_matmul(
     # gmm is an opaque kernel XLA cannot split, and the rows are sorted by expert over the whole
     # batch: splitting needs the whole dispatch under shard_map (not written yet).
     raise ValueError(
-      f"moe.grouped_matmul='megablox' runs on one device, but the mesh has "
+      f"model.ffn.moe.grouped_matmul='megablox' runs on one device, but the mesh has "
       f"{mesh.size}; use 'ragged_dot' on a mesh"
     )
   rows, d_in = x_SD.shape

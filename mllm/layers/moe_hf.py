@@ -1,5 +1,5 @@
 """The MoE layer's Hugging Face mapping (the layer is moe.py): Mixtral's and Qwen3-MoE's
-config.json expert fields ↔ `model.moe.*`, and the MoE settings HF export compares (`moe_math`)."""
+config.json expert fields ↔ `model.ffn.moe.*`, and the MoE settings HF export compares (`moe_math`)."""
 
 from __future__ import annotations
 
@@ -35,20 +35,20 @@ def moe_keys_from_hf(hf: dict, family: str) -> dict[str, Any]:
     renormalize = bool(hf.get('norm_topk_prob', True))
   return {
     'ffn.kind': 'moe',
-    'moe.num_experts': experts,
-    'moe.top_k': hf['num_experts_per_tok'],
-    'moe.expert_kind': 'swiglu',
-    'moe.expert_d_ff': expert_d_ff,
-    'moe.num_shared_experts': 0,
-    'moe.every': every,
-    'moe.first_dense_layers': first_dense,
-    'moe.router': 'softmax',
-    'moe.renormalize': renormalize,
-    'moe.noise': 'none',
-    'moe.expert_bias': False,
+    'ffn.moe.num_experts': experts,
+    'ffn.moe.top_k': hf['num_experts_per_tok'],
+    'ffn.moe.expert.kind': 'swiglu',
+    'ffn.moe.expert_d_ff': expert_d_ff,
+    'ffn.moe.num_shared_experts': 0,
+    'ffn.moe.every': every,
+    'ffn.moe.first_dense_layers': first_dense,
+    'ffn.moe.router': 'softmax',
+    'ffn.moe.renormalize': renormalize,
+    'ffn.moe.noise': 'none',
+    'ffn.moe.expert_bias': False,
     # Dropless: capacity dispatch drops tokens, transformers never does.
-    'moe.dispatch': 'dropless',
-    'moe.grouped_matmul': 'ragged_dot',
+    'ffn.moe.dispatch': 'dropless',
+    'ffn.moe.grouped_matmul': 'ragged_dot',
   }
 
 
@@ -56,34 +56,34 @@ def moe_hf_fields(m, family: str) -> dict[str, Any]:
   """The expert fields of model config `m` in `family`'s config.json (none outside MoE families)."""
   if family == 'mixtral':
     return dict(
-      num_local_experts=m.moe.num_experts,
-      num_experts_per_tok=m.moe.top_k,
+      num_local_experts=m.ffn.moe.num_experts,
+      num_experts_per_tok=m.ffn.moe.top_k,
       intermediate_size=expert_hidden_dim(m),
       router_jitter_noise=0.0,
     )
   if family == 'qwen3_moe':
     return dict(
-      num_experts=m.moe.num_experts,
-      num_experts_per_tok=m.moe.top_k,
+      num_experts=m.ffn.moe.num_experts,
+      num_experts_per_tok=m.ffn.moe.top_k,
       moe_intermediate_size=expert_hidden_dim(m),
-      decoder_sparse_step=m.moe.every,
-      mlp_only_layers=list(range(m.moe.first_dense_layers)),
-      norm_topk_prob=bool(m.moe.renormalize),
+      decoder_sparse_step=m.ffn.moe.every,
+      mlp_only_layers=list(range(m.ffn.moe.first_dense_layers)),
+      norm_topk_prob=bool(m.ffn.moe.renormalize),
     )
   return {}
 
 
 def moe_math(m) -> dict[str, Any]:
   """The MoE settings that change the network, resolved, for HF export's `math_of`."""
-  moe = m.moe
+  moe = m.ffn.moe
   return {
-    'moe.num_experts': moe.num_experts,
-    'moe.top_k': moe.top_k,
-    'moe.expert_kind': moe.expert_kind,
-    'moe.expert_d_ff': expert_hidden_dim(m),
-    'moe.num_shared_experts': moe.num_shared_experts,
-    'moe.layers': moe_layers(m),
-    'moe.router': moe.router,
-    'moe.renormalize': bool(moe.renormalize),
-    'moe.expert_bias': bool(moe.expert_bias),
+    'ffn.moe.num_experts': moe.num_experts,
+    'ffn.moe.top_k': moe.top_k,
+    'ffn.moe.expert.kind': moe.expert.kind,
+    'ffn.moe.expert_d_ff': expert_hidden_dim(m),
+    'ffn.moe.num_shared_experts': moe.num_shared_experts,
+    'ffn.moe.layers': moe_layers(m),
+    'ffn.moe.router': moe.router,
+    'ffn.moe.renormalize': bool(moe.renormalize),
+    'ffn.moe.expert_bias': bool(moe.expert_bias),
   }

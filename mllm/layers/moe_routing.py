@@ -22,7 +22,7 @@ class ExpertBias(nnx.Variable):
 # ---------------------------------------------------------------------------------------------
 
 
-# name → per-expert scores from the router's logits (`model.moe.router`): softmax over experts
+# name → per-expert scores from the router's logits (`model.ffn.moe.router`): softmax over experts
 # (they sum to 1), or independent sigmoids (DeepSeek-V3, whose gates are then normalised over
 # the chosen k).
 ROUTERS = {

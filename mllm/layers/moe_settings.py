@@ -1,16 +1,16 @@
-"""`model.moe`: the keys the MoE FFN reads (`MoESettings`, each with its default, rule and doc),
-and the rules across them (`check_moe_config`), run by validation before anything is built."""
+"""`model.ffn.moe`: the keys the MoE FFN reads (`MoESettings`, each with its default, rule and doc),
+which layers are MoE (`moe_layers`) and the rules across its keys (`check_moe_config`), run by
+validation before anything is built."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from mllm.checks import ConfigError, integer, number, positive
-from mllm.layers.ffn import FFNS
-from mllm.layers.moe import moe_layers
+from mllm.layers.ffn import DENSE_FFNS
 from mllm.layers.moe_experts import DISPATCHES, GROUPED_MATMULS
 from mllm.layers.moe_routing import BALANCE_CONVENTIONS, NOISES, ROUTERS
-from mllm.variant_config import check_keys, keys_of, one_of_these, setting
+from mllm.variant_config import Chosen, choice, one_of_these, setting
 
 
 def _coefficient(name, value) -> None:
@@ -23,15 +23,14 @@ def _count(name, value) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class MoESettings:
-  """`model.moe`: the keys the MoE FFN (`model.ffn.kind='moe'`) reads. `ffn.d_ff`, match_params
-  and multiple_of size the experts and the dense layers as they size a dense FFN."""
+  """`model.ffn.moe`: the keys the MoE FFN (`model.ffn.kind='moe'`) reads. `ffn.d_ff`,
+  match_params and multiple_of size the experts and the dense layers as they size a dense FFN;
+  `expert` chooses the experts' FFN with its own settings (`model.ffn.moe.expert.kind`)."""
 
   num_experts: int = setting(8, 'routed experts E', integer)
   top_k: int = setting(2, 'experts per token: 1 Switch; 2 GShard, Mixtral')
-  expert_kind: str = setting(
-    'swiglu',
-    "the experts' FFN, and the dense layers' in a mixed stack",
-    one_of_these(FFNS, 'expert FFN'),
+  expert: Chosen = choice(  # noqa: RUF009 (a field)
+    DENSE_FFNS, 'swiglu', "the experts' FFN, and the dense layers' in a mixed stack"
   )
   expert_d_ff: int | None = setting(
     None, "None: the dense FFN's hidden size; smaller: fine-grained", integer
@@ -97,21 +96,20 @@ class MoESettings:
   )
 
 
-def check_moe_config(m, p: str = 'model') -> None:
-  """model.moe, read only with ffn.kind='moe' (otherwise every key at its default, as every
-  variant's keys): each key by its declared rule (`MoESettings`), then the rules across keys."""
-  moe, q = m.moe, f'{p}.moe'
+def moe_layers(m) -> list[int]:
+  """The indices of the MoE layers (Qwen2-MoE's decoder_sparse_step and DeepSeek's
+  first_k_dense_replace): i >= first_dense_layers and (i + 1) % every == 0; none in a model whose
+  FFN is not an MoE."""
   if m.ffn.kind != 'moe':
-    for k in keys_of(MoESettings):
-      if moe[k.name] != k.default:
-        raise ConfigError(
-          f'{q}.{k.name}',
-          moe[k.name],
-          f"read only by {p}.ffn.kind='moe' (it is {m.ffn.kind!r}), so it would do nothing; "
-          f'allowed here: its default {k.default!r}',
-        )
-    return
-  check_keys(moe, q, keys_of(MoESettings))
+    return []
+  moe = m.ffn.moe
+  return [i for i in range(m.n_layers) if i >= moe.first_dense_layers and (i + 1) % moe.every == 0]
+
+
+def check_moe_config(m, p: str = 'model') -> None:
+  """The rules across `model.ffn.moe`'s keys (each key's own rule is declared with it, and
+  checked with the FFN's choice section)."""
+  moe, q = m.ffn.moe, f'{p}.ffn.moe'
   if not 1 <= moe.top_k <= moe.num_experts:
     raise ConfigError(
       f'{q}.top_k',

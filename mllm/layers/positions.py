@@ -27,7 +27,6 @@ from mllm.layers.init import weight_std
 from mllm.layers.rope import (
   ROPE_LAYOUTS,
   ROPE_SCALINGS,
-  NoScaling,
   rope_angles,
   rope_hf_fields,
   rope_keys_from_hf,
@@ -36,6 +35,7 @@ from mllm.layers.rope import (
 )
 from mllm.ops.attention import RelativeValues, ScoreBias
 from mllm.variant_config import (
+  Chosen,
   at_least,
   check_variant_keys,
   choice,
@@ -221,7 +221,7 @@ class RotaryPositions(PositionScheme):
       'half (HF/Qwen) | interleaved (paper/Meta)',
       one_of_these(ROPE_LAYOUTS, 'RoPE layout'),
     )
-    scaling: NoScaling = choice(ROPE_SCALINGS, 'none', 'RoPE scaling')  # noqa: RUF009 (a field)
+    scaling: Chosen = choice(ROPE_SCALINGS, 'none', 'RoPE scaling')  # noqa: RUF009 (a field)
     # Also the "pre-training context" experiments measure lengths in, with or without a scaling.
     original_max_len: int | None = setting(
       None,
@@ -231,7 +231,7 @@ class RotaryPositions(PositionScheme):
 
   @classmethod
   def check(cls, m, p):
-    settings_of(cls, m.position).scaling.check(f'{p}.position.rope.scaling')
+    settings_of(cls, m.position).scaling.settings.check(f'{p}.position.rope.scaling')
     head_dim = resolved_head_dim(m)
     if head_dim % 2:
       derived = (
@@ -247,8 +247,8 @@ class RotaryPositions(PositionScheme):
   def describe(cls, m):
     rope = settings_of(cls, m.position)
     text = f'rope θ={rope.theta:g} {rope.layout}'
-    if m.position.rope.scaling.kind != 'none':
-      text += f' {m.position.rope.scaling.kind}×{rope.scaling.factor:g}'
+    if rope.scaling.kind != 'none':
+      text += f' {rope.scaling.kind}×{rope.scaling.settings.factor:g}'
     return text
 
   def __init__(self, cfg, *, rngs):
@@ -257,7 +257,7 @@ class RotaryPositions(PositionScheme):
     self.head_dim = resolved_head_dim(cfg)
     self.theta = settings.theta
     self.layout = settings.layout
-    self.scaling = settings.scaling
+    self.scaling = settings.scaling.settings
     self.original_max_len = settings.original_max_len or cfg.max_seq_len
 
   def context(self, q_positions_BT, kv_positions_BS):

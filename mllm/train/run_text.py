@@ -19,7 +19,7 @@ def fmt_eval(e: dict) -> str:
 def print_start(bar, run, counts, device, start: int) -> None:
   """The notes for the run (MoE training, an empty validation split) and the line it starts with."""
   config, data, mesh = run.config, run.data, run.mesh
-  moe_note = training_note(config.model.moe) if moe_layers(config.model) else None
+  moe_note = training_note(config.model.ffn.moe) if moe_layers(config.model) else None
   if moe_note:
     bar.print(f'note: {moe_note}')
   if not data.stats['val']['tokens']:

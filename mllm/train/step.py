@@ -15,7 +15,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from mllm.layers.moe import moe_layers, moe_metrics, update_expert_biases
+from mllm.layers.moe import draws_noise, moe_layers, moe_metrics, update_expert_biases
 from mllm.layers.moe_routing import balancing_objective
 from mllm.ops.cross_entropy import cross_entropy
 from mllm.ops.mesh import traced_on
@@ -52,9 +52,7 @@ def _forward_on_mesh(train_setup: ModelSetup, params, batch, train: bool, dropou
 
 
 def _is_stochastic(cfg) -> bool:
-  return max(cfg.dropout, cfg.embed_dropout, cfg.attention.dropout) > 0 or (
-    cfg.ffn.kind == 'moe' and cfg.moe.noise != 'none'
-  )
+  return max(cfg.dropout, cfg.embed_dropout, cfg.attention.dropout) > 0 or draws_noise(cfg)
 
 
 def make_train_step(train_setup: TrainSetup):
@@ -98,7 +96,7 @@ class _StepParts:
     cfg = train_setup.config
     self.train_setup = train_setup
     self.accum = cfg.train.grad_accum_steps
-    self.moe = cfg.model.moe
+    self.moe = cfg.model.ffn.moe
     self.has_moe = bool(moe_layers(cfg.model))
     self.stochastic = _is_stochastic(cfg.model)
     self.grad_fn = jax.value_and_grad(self.objective, has_aux=True)
