@@ -57,6 +57,21 @@ def entries_of(job: Job, ledger: dict) -> list[dict]:
   return out
 
 
+def _copied_before(suite_folder: str) -> dict:
+  """{run hash (any version's): the folder it was copied from} of the suite's results.json."""
+  path = os.path.join(suite_folder, 'results.json')
+  if not os.path.exists(path):
+    return {}
+  with open(path) as f:
+    runs = json.load(f).get('runs', [])
+  out = {}
+  for run in runs:
+    if run.get('copied_from'):
+      for digest in (run['hash'], *run.get('older', {}).values()):
+        out[digest] = run['copied_from']
+  return out
+
+
 def _stale(job: Job, entries: list[dict]) -> bool:
   """Whether `job`'s folder holds a result its own suite's ledger does not record: it matches none
   of the ledger's entries for that run (loss and provenance) and is older than the ledger, which
@@ -95,6 +110,7 @@ def restore(plan: list[Job], out: str, accept) -> None:
   that suite did not measure it (such a run is copied with its checkpoint and measured, or
   trained again), and only where `accept` takes its result (the same code)."""
   ledger = read_all(out)
+  copied = {}  # {suite folder: {run hash: the folder its results.json says the run was copied from}}
 
   def record(job) -> dict | None:
     entries = entries_of(job, ledger)
@@ -103,7 +119,13 @@ def restore(plan: list[Job], out: str, accept) -> None:
     if mine:
       return mine[-1]
     others = [e for e in entries if accept(e['result'])]
-    return others[-1] if others and job.measure is None else None
+    if not others or job.measure is not None:
+      return None
+    # The run the table copied before (a clone has no folders to copy): the same record again.
+    before_by_hash = copied.setdefault(own, _copied_before(own))
+    before = next((before_by_hash[h] for h in job.identities().values() if h in before_by_hash), '')
+    same = [e for e in others if before and os.path.abspath(_folder(e)) == os.path.abspath(before)]
+    return (same or others)[-1]
 
   for job in plan:  # a stale folder is set aside; its ledger record stands in, as in a clone
     if _stale(job, entries_of(job, ledger)):

@@ -296,6 +296,34 @@ def test_another_suites_ledger_does_not_stand_in_for_a_run_this_suite_measures(t
   assert 'copied_from' not in again['runs'][0]
 
 
+def test_a_clone_restores_a_copied_run_from_the_suite_it_was_copied_from(tmp_path):
+  """Two suites' ledgers record the same run (config and seed) with different results; a third
+  suite copied one of them (its own ledger does not record a copy). In a clone (no run folders)
+  its table reads the same record again, the one its results.json names, not whichever ledger
+  sorts last (the `noise` table's seeds 0-2 changed that way)."""
+  import shutil
+
+  def suite(name):
+    return Suite(name, 'x', 'configs/base.py', (Variant('base'),), PRESETS)
+
+  center = resolve(suite('a'), Variant('base'), 'tiny', 0).train.learning_rate
+  spec = SuiteRun(preset='tiny', seeds=1, out=str(tmp_path), progress=False)
+  run_suite(suite('a_donor'), spec, run=_fake_run({'base': center}, 1.0, []))
+  never = lambda *a, **k: pytest.fail('ran again')  # noqa: E731
+  first = run_suite(suite('copy'), spec, run=never)['runs'][0]
+  assert os.path.basename(os.path.dirname(os.path.dirname(first['copied_from']))) == 'a_donor'
+  with open(tmp_path / 'copy' / 'results.json', 'w') as f:  # its committed table (report.write's)
+    json.dump({'runs': [first]}, f)
+  # Later, the same run trained by another suite in another checkout (another result) merged in.
+  elsewhere = dataclasses.replace(spec, out=str(tmp_path / 'elsewhere'))
+  run_suite(suite('z_donor'), elsewhere, run=_fake_run({'base': center * 10}, 1.0, []))
+  shutil.move(str(tmp_path / 'elsewhere' / 'z_donor'), str(tmp_path / 'z_donor'))
+  for name in ('a_donor', 'z_donor', 'copy'):
+    shutil.rmtree(os.path.join(str(tmp_path), name, 'runs'))
+  again = run_suite(suite('copy'), spec, run=never)['runs'][0]
+  assert (again['eval_loss'], again['copied_from']) == (first['eval_loss'], first['copied_from'])
+
+
 # A suite that tunes, and a longer copy of its rows that takes its rates (lr_from).
 _DONOR = Suite(
   'donor',
