@@ -15,7 +15,6 @@ from ml_collections import config_dict
 
 from mllm.config_keys import apply_choices, get_path, set_path
 from mllm.layers.ffn import FFNS
-from mllm.layers.moe import MoE  # noqa: F401 - registers FFNS['moe'] before the schema reads FFNS
 from mllm.layers.norms import NORMS
 from mllm.layers.positions import POSITIONS
 from mllm.variant_config import add_sections, keys_of, reset_unread

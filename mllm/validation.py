@@ -13,7 +13,7 @@ from mllm.checks import ConfigError, integer, number, one_of, positive, rate
 from mllm.config_keys import field_info, flatten, get_path, leaf_paths
 from mllm.layers.ffn import check_ffn_config
 from mllm.layers.init import INIT_SCHEMES
-from mllm.layers.moe import moe_layers  # also registers FFNS['moe'] before a config is checked
+from mllm.layers.moe import moe_layers
 from mllm.layers.norms import check_norm_config
 from mllm.layers.positions import POSITIONS, check_position_config
 from mllm.layers.remat import REMAT_POLICIES

@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 import mllm
-from mllm.layers.ffn import FFNS, hidden_dim
+from mllm.layers.ffn import DENSE_FFNS, FFNS, hidden_dim
 
 _erf = np.vectorize(math.erf)
 
@@ -34,7 +34,8 @@ GATED = ('glu', 'bilinear', 'geglu', 'swiglu', 'reglu')
 
 
 def test_registry_is_complete():
-  assert set(FFNS) == set(UNGATED) | set(GATED)
+  assert set(DENSE_FFNS) == set(UNGATED) | set(GATED)
+  assert set(FFNS) == set(DENSE_FFNS) | {'moe'}  # the MoE registers itself (mllm/layers/moe.py)
   for kind in UNGATED:
     assert not FFNS[kind].gated
   for kind in GATED:
@@ -59,7 +60,7 @@ def _randomize_biases(module, rng):
 
 
 @pytest.mark.parametrize('use_bias', [False, True])
-@pytest.mark.parametrize('kind', sorted(FFNS))
+@pytest.mark.parametrize('kind', sorted(DENSE_FFNS))
 def test_ffn_matches_numpy(kind, use_bias):
   rng = np.random.default_rng(0)
   d_model, d_ff = 8, 12
@@ -139,7 +140,7 @@ def test_ungated_param_count_and_hidden_dim(kind):
   assert _n_params(ffn) == 2 * 16 * 64 + 64 + 16
 
 
-@pytest.mark.parametrize('kind', sorted(FFNS))
+@pytest.mark.parametrize('kind', sorted(DENSE_FFNS))
 def test_hidden_dim_without_match_params(kind):
   assert hidden_dim(_ffn_cfg(kind, match_params=False), 96) == 4 * 96
   assert hidden_dim(_ffn_cfg(kind, match_params=False, d_ff=100), 96) == 100

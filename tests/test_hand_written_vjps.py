@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from mllm.layers.ffn import FFNS
+from mllm.layers.ffn import DENSE_FFNS as FFNS  # the dense ones (the MoE's: test_moe.py)
 from mllm.ops import attention as A
 from pallas_kernels.block_ranges import MASK_VALUE
 

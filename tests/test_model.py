@@ -14,7 +14,7 @@ from conftest import tiny_config
 from flax import nnx
 
 import mllm
-from mllm.layers.ffn import FFNS
+from mllm.layers.ffn import DENSE_FFNS
 from mllm.layers.norms import NORMS, PLACEMENTS
 from mllm.layers.positions import POSITIONS
 from mllm.model import build_model
@@ -26,7 +26,7 @@ def _tokens(seed=0, batch=B, length=T):
   return jax.random.randint(jax.random.key(seed), (batch, length), 0, V, dtype=jnp.int32)
 
 
-COMBINATIONS = list(itertools.product(POSITIONS, FFNS, NORMS, PLACEMENTS))
+COMBINATIONS = list(itertools.product(POSITIONS, DENSE_FFNS, NORMS, PLACEMENTS))
 # The relative schemes' own keys, small for the tiny model; set only with the scheme that reads
 # them (another scheme refuses them).
 SMALL_RELATIVE = {'shaw': 'shaw.max_distance=2', 't5': 't5.num_buckets=8,t5.max_distance=16'}

@@ -402,3 +402,72 @@ def test_the_first_step_line_splits_the_start_up(reference_run, tmp_path, capsys
   total, opened, devices, data, init, then, compiled = map(float, line.groups())
   assert devices + data <= opened + 0.15
   assert opened + init + then + compiled <= total + 0.25
+
+
+def test_a_steps_metrics_are_read_while_the_next_runs_and_a_save_waits_for_it(
+  corpus, tmp_path, monkeypatch
+):
+  """On one device the loop reads step k's metrics (and runs its hooks) once step k + 1 is
+  dispatched; a step whose hooks read the state (a checkpoint, an evaluation) is finished before
+  the next starts, and its hooks see the state. A hook given to train() runs after the built-in
+  ones, at its own interval."""
+  import mllm.train.loop as loop
+  from mllm.train.hooks import Hook
+
+  events = []
+  make_step = loop.make_train_step
+
+  def recording(setup_):
+    step = make_step(setup_)
+
+    def dispatch(state, batch):
+      out = step(state, batch)
+      events.append('D')
+      return out
+
+    return dispatch
+
+  monkeypatch.setattr(loop, 'make_train_step', recording)
+  config = make_config(
+    corpus, str(tmp_path / 'cache'), train__steps=6, train__checkpoint_every=3, train__eval_every=0
+  )
+  seen = Hook('record', lambda info: events.append((info.step, info.state is not None)))
+  train(config, str(tmp_path / 'run'), progress=False, hooks=(seen,))
+  assert events == ['D', 'D', (1, False), 'D', (2, False), (3, True)] + [
+    'D',
+    'D',
+    (4, False),
+    'D',
+    (5, False),
+    (6, True),
+  ]
+  # Its own interval: every 2nd step (and the last).
+  events.clear()
+  every2 = Hook('record', lambda info: events.append(info.step), every=2)
+  train(
+    config.copy_and_resolve_references(), str(tmp_path / 'run2'), progress=False, hooks=(every2,)
+  )
+  assert [e for e in events if e != 'D'] == [2, 4, 6]
+
+
+def test_a_divergence_read_a_step_late_saves_nothing_of_it(corpus, tmp_path):
+  """With the metrics read a step late, a non-finite step still stops the run naming that step,
+  before any save of it or after it (saves wait for their step's metrics)."""
+  config = make_config(
+    corpus,
+    str(tmp_path / 'cache'),
+    train__learning_rate=1e30,
+    train__warmup_steps=0,
+    train__grad_clip=0.0,
+    train__checkpoint_every=4,
+    train__schedule='constant',
+    model__dropout=0.0,
+  )
+  workdir = str(tmp_path / 'nan')
+  with pytest.raises(TrainingDiverged, match=r'at step (\d+)') as info:
+    train(config, workdir, progress=False)
+  ckpt = Checkpointer(workdir, max_to_keep=3, async_save=False)
+  latest = ckpt.latest_step()
+  ckpt.close()
+  assert info.value.step <= 4
+  assert latest is None or latest < info.value.step
