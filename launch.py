@@ -269,9 +269,9 @@ def _read_config():
   """--config's file; without --config, the config.json of --workdir if it holds one."""
   workdir = _WORKDIR.value
   if _CONFIG.value is None and workdir and os.path.isfile(RunDir(workdir).config):
-    from mllm.train.resume import as_config, read_config_json
+    from mllm.train.resume import run_config
 
-    return as_config(read_config_json(workdir), read_config(BASE_CONFIG)), True
+    return run_config(workdir, read_config(BASE_CONFIG)), True
   return read_config(_config_spec()), False
 
 

@@ -171,15 +171,18 @@ def test_every_committed_table_run_is_found_under_the_identity_computed_now(name
 
 def test_a_workdirs_old_config_json_is_read_in_this_version(tmp_path):
   """launch.py --workdir without --config, generation and resuming read config.json through
-  read_config_json: a version 1 file reads as version 2; a newer version is one line."""
+  run_config (read_config_json): a version 1 file reads in this version; a newer one is one
+  line."""
   from mllm.checks import InputError
-  from mllm.train.resume import read_config_json
+  from mllm.train.resume import read_config_json, run_config
 
   config = mllm.load_config(BASE + ':pos=t5,t5.num_buckets=16')
   (tmp_path / 'config.json').write_text(json.dumps(as_v1(config.to_dict())))
   saved = read_config_json(str(tmp_path))
   assert saved['model']['position']['t5'] == {'num_buckets': 16, 'max_distance': 128}
-  assert mllm.load_config(as_config(saved, read_config(BASE))).to_dict() == config.to_dict()
+  assert (
+    mllm.load_config(run_config(str(tmp_path), read_config(BASE))).to_dict() == config.to_dict()
+  )
   (tmp_path / 'config.json').write_text(json.dumps({VERSION_KEY: VERSION + 1, 'model': {}}))
   with pytest.raises(InputError, match=f'config_version={VERSION + 1}; allowed: 1 to {VERSION}'):
     read_config_json(str(tmp_path))

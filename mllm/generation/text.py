@@ -9,7 +9,7 @@ from mllm.data.tokenizers import BPETokenizer, ByteTokenizer
 from mllm.generation.decode import generate_tokens
 from mllm.paths import existing_dir
 from mllm.train.checkpoint import Checkpointer
-from mllm.train.resume import as_config, saved_config
+from mllm.train.resume import run_config
 from mllm.train.sharding import make_mesh
 from mllm.train.state import model_setup
 from mllm.train.state_signature import StateMismatch
@@ -31,8 +31,8 @@ def load_run(workdir: str, like):
         workdir,
         'has no checkpoint to generate from; allowed: the workdir of a training run',
       )
-    saved = saved_config(workdir, ckpt, step)
-    config = load_config(as_config(saved, like)) if saved is not None else like
+    saved = run_config(workdir, like, ckpt, step)
+    config = load_config(saved) if saved is not None else like
     model_parts = model_setup(config, make_mesh(config.mesh))
     try:
       step, params = ckpt.restore_latest(

@@ -84,6 +84,20 @@ def saved_config(
   return saved
 
 
+def run_config(
+  workdir: str,
+  like: config_dict.ConfigDict,
+  ckpt: Checkpointer | None = None,
+  step: int | None = None,
+  log: Callable[[str], None] = note,
+) -> config_dict.ConfigDict | None:
+  """The one way a run's saved config is read back: config.json, else (given its checkpointer)
+  the copy inside checkpoint `step`, upgraded to this version's shape (mllm/config_versions.py)
+  and laid over `like` (a full config: the keys an older run did not save); None if neither."""
+  saved = read_config_json(workdir) if ckpt is None else saved_config(workdir, ckpt, step, log)
+  return None if saved is None else as_config(saved, like)
+
+
 def _flat_json(tree: dict) -> dict[str, Any]:
   """{'model.n_layers': 4, ...} of a config read back from JSON."""
   return flatten(config_dict.ConfigDict(tree))
