@@ -4,7 +4,7 @@ sharded over the expert axis.
 
 Runs in a subprocess: the device count is fixed when JAX starts. Each step blocks on its loss,
 which avoids a deadlock of XLA:CPU's multi-device collectives when steps are queued back to
-back (mllm/train/loop.py blocks on each step's loss for the same reason).
+back (mllm/train/loop.py waits for each step on a multi-device CPU for the same reason).
 """
 
 from __future__ import annotations

@@ -132,12 +132,12 @@ def test_training_config_errors(key, value, text):
 def test_a_missing_data_path_is_refused_before_the_backend_starts(tmp_path, monkeypatch):
   """The one-line error (launch's exit 2 is test_bad_inputs' 'data-missing') comes before the
   mesh, whose first device query starts the backend: seconds on a GPU."""
-  from mllm.train import loop
+  from mllm.train import loop, opening
 
   def no_mesh(*args, **kwargs):
     raise AssertionError('the mesh was built before data.path was checked')
 
-  monkeypatch.setattr(loop, 'make_mesh', no_mesh)
+  monkeypatch.setattr(opening, 'make_mesh', no_mesh)
   missing = tmp_path / 'nope'
   config = tiny_config(data__source='text', data__path=str(missing))
   with pytest.raises(ConfigError, match=rf"^data\.path='{missing}': no such file or folder"):
