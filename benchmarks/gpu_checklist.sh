@@ -12,7 +12,8 @@
 #            profiled (top ops) with its compiled HLO and trace kept, and the same model trained
 #            through launch.py (time to first step, MFU)
 #   kernels  the Triton and Mosaic GPU kernels' tiles (benchmarks/attention_tune.py)
-#   levers   the 125M step at batch 64 and on documents as long as the corpus's (no profile)
+#   levers   the 125M step at batch 64 and on documents as long as the corpus's (no profile); the
+#            training loop's step against its bare step (benchmarks/loop_overhead.py)
 #   tests    the default test suite on the GPU (make test-gpu), beside the suite when both are named
 #            (the whole suite took 344 s on 15 workers on an H100, 2026-11-27); TESTS_K='expr'
 #            narrows it (pytest -k), e.g. TESTS_K='abort_after or worktree'.
@@ -166,6 +167,10 @@ M125="--config.model.d_model=768 --config.model.n_layers=12 --config.model.n_hea
     # long segments?
     step train_step_long_docs ${LONG_S:-45} $PY -m benchmarks.train_step --models=125m --only=jax \
       --batch_size=32 --document_mask=on --doc_len_mean=4500 --out="$RES/train_step_long-$SUFFIX.md"
+    # The loop's step against its bare jitted step at the cpu preset (a few ms a step on a GPU:
+    # where the host's work between steps shows). benchmarks/results/loop-cpu.md has the CPU's.
+    step loop_overhead ${LOOP_S:-60} $PY benchmarks/loop_overhead.py --steps=200 --repeats=3 \
+      --out="$RES/loop-$SUFFIX.md"
   fi
 
   if has init; then  # start-up at 12 and 24 layers (the CPU's numbers: init_time-cpu.md)
