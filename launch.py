@@ -55,6 +55,11 @@ _STOP_AFTER = flags.DEFINE_integer(
   'train.steps.',
   lower_bound=1,
 )
+_PROFILE = flags.DEFINE_string(
+  'profile',
+  None,
+  'Train: trace steps FIRST:LAST with jax.profiler into <workdir>/profile (TensorBoard, Perfetto).',
+)
 _HF = flags.DEFINE_string(
   'hf', None, '--mode=import: the Hugging Face folder to read; --mode=export: the folder to write.'
 )
@@ -96,7 +101,7 @@ def _train(config) -> None:
   from mllm.train.peers import is_lost_peer, report_lost_peer
 
   try:
-    train(config, _workdir(), stop_after=_STOP_AFTER.value)
+    train(config, _workdir(), stop_after=_STOP_AFTER.value, hooks=_profile_hooks())
   except TrainingDiverged as err:
     print(f'error: {err}', file=sys.stderr)
     sys.exit(1)
@@ -104,6 +109,21 @@ def _train(config) -> None:
     if is_lost_peer(err):  # another process of the job died (one line, exit 1)
       report_lost_peer(err)
     raise
+
+
+def _profile_hooks() -> tuple:
+  """--profile=FIRST:LAST as a hook of the loop (mllm/train/hooks.py); none without it."""
+  if _PROFILE.value is None:
+    return ()
+  from mllm.train.hooks import profiler
+
+  first, _, last = _PROFILE.value.partition(':')
+  try:
+    return (profiler(os.path.join(_workdir(), 'profile'), int(first), int(last or first)),)
+  except ValueError:
+    raise InputError(
+      '--profile', _PROFILE.value, 'allowed: FIRST:LAST steps with 2 <= FIRST <= LAST, e.g. 10:12'
+    ) from None
 
 
 def _eval(config) -> None:

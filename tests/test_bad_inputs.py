@@ -241,6 +241,8 @@ CASES = [
   ('stop_after-zero', '--stop_after=0', '--stop_after=0'),
   ('stop_after-neg', '--stop_after=-5', '--stop_after=-5'),
   ('stop_after-word', '--stop_after=ten', '--stop_after=ten'),
+  ('profile-first-step', '--profile=1:3', "--profile='1:3': allowed: FIRST:LAST steps"),
+  ('profile-word', '--profile=a:b', "--profile='a:b': allowed: FIRST:LAST steps"),
   ('stray-argument', 'extra', "unexpected arguments ['extra']"),
   # --- output and input paths ---
   ('workdir-is-file', '--workdir={a_file}', "--workdir='{a_file}': is a file"),

@@ -471,3 +471,19 @@ def test_a_divergence_read_a_step_late_saves_nothing_of_it(corpus, tmp_path):
   ckpt.close()
   assert info.value.step <= 4
   assert latest is None or latest < info.value.step
+
+
+def test_the_profiler_hook_traces_the_steps_it_names(corpus, tmp_path):
+  """`launch.py --profile=2:3`'s hook: a jax.profiler trace (xplane) of those steps in its folder;
+  a first step of 1 (the compile) is refused."""
+  from mllm.train.hooks import profiler
+
+  config = make_config(
+    corpus, str(tmp_path / 'cache'), train__steps=5, train__warmup_steps=1, train__eval_every=0
+  )
+  out = tmp_path / 'profile'
+  train(config, str(tmp_path / 'run'), progress=False, hooks=(profiler(str(out), 2, 3),))
+  traces = list(out.glob('plugins/profile/*/*.xplane.pb'))
+  assert len(traces) == 1 and traces[0].stat().st_size > 0
+  with pytest.raises(ValueError, match='allowed: 2 <= first <= last'):
+    profiler(str(out), 1, 3)

@@ -54,3 +54,25 @@ def run_hooks(hooks: list[Hook], info: StepInfo) -> None:
 def needs_state(hooks: list[Hook], step: int, last: bool) -> bool:
   """Whether a hook due at `step` reads the state: the loop then finishes that step first."""
   return any(h.needs_state and h.due(step, last) for h in hooks)
+
+
+def profiler(out_dir: str, first: int, last: int) -> Hook:
+  """Trace steps `first`..`last` with `jax.profiler` into `out_dir` (TensorBoard's profile plugin
+  or Perfetto read it: plugins/profile/<time>/*.xplane.pb, *.trace.json.gz). The trace starts
+  once step first - 1 is done and stops once step `last` (or the run's last step) is; with the
+  metrics read a step late it holds the step after too. first >= 2: the first step compiles."""
+  if not 2 <= first <= last:
+    raise ValueError(f'profile steps {first}:{last}; allowed: 2 <= first <= last')
+  tracing = []
+
+  def trace(info: StepInfo) -> None:
+    import jax
+
+    if not tracing and first - 1 <= info.step < last and not info.last:
+      jax.profiler.start_trace(out_dir)
+      tracing.append(info.step)
+    elif tracing and (info.step >= last or info.last):
+      jax.profiler.stop_trace()
+      tracing.clear()
+
+  return Hook('profiler', trace)
