@@ -5,8 +5,9 @@ written: version 1). Each change of the schema that moves or renames a key adds 
 from the version before to its own; `upgrade` runs a saved config through them in turn. A suite's
 runs recorded under an older identity are found again by writing a config back in that version's
 shape (`written_in`) and hashing it as that version did (experiments/run.py). So a new key is a
-new version too: its downgrade drops the key (refusing a value other than the one that computes
-what the older version did), or every committed run stops matching its config.
+new version too: its downgrade drops the key where it holds the value that computes what the older
+version did (any other value stays, so no older run matches), or every committed run stops
+matching its config.
 
 Version 1 (until 2026-11-29): each variant's keys flat in its family's section, prefixed
 (`model.position.rope_theta`, `t5_num_buckets`, `rope_scaling_factor`, `model.norm.partial_p`).
