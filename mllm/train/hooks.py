@@ -1,5 +1,6 @@
 """What the training loop does around its steps, as hooks called at named points (Levanter's
-trainer hooks): each finished step (`StepInfo`, its metrics on the host), every `every` steps and
+trainer hooks): each finished step (`StepInfo`: its loss read, its other metrics computed), every
+`every` steps and
 at the last one. The loop runs the steps; logging, evaluation, checkpoints and the divergence
 guard are hooks (mllm/train/loop.py builds them), and a caller may add its own.
 
@@ -24,7 +25,7 @@ class StepInfo:
 
   step: int  # global step count after it (1 after the first step)
   loss: float
-  metrics: dict[str, Any]  # its other metrics, on the host (grad_norm, learning_rate, moe, ...)
+  metrics: dict[str, Any]  # its metrics, computed (arrays: float() or jax.device_get reads them)
   seconds: float  # its wall time: from the previous step's end (or its own start) to its metrics
   last: bool  # the last step of this call (the run's end, or stop_after)
   state: dict | None = None  # the train state after it, for a hook that needs_state; else None
