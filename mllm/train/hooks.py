@@ -1,8 +1,7 @@
 """What the training loop does around its steps, as hooks called at named points (Levanter's
 trainer hooks): each finished step (`StepInfo`: its loss read, its other metrics computed), every
-`every` steps and
-at the last one. The loop runs the steps; logging, evaluation, checkpoints and the divergence
-guard are hooks (mllm/train/loop.py builds them), and a caller may add its own.
+`every` steps and at the last one. The loop runs the steps; logging, evaluation, checkpoints and
+the divergence guard are hooks (mllm/train/loop.py builds them), and a caller may add its own.
 
 A hook that reads the train state (`needs_state`: evaluation, checkpoints) makes the loop finish
 that step before it dispatches the next, which takes the state over (the step donates it). Any
