@@ -146,9 +146,9 @@ def variant_section(variant: Any) -> config_dict.ConfigDict:
   return section
 
 
-def choice_section(registry: Mapping[str, Any], kind: str, **common: Any) -> config_dict.ConfigDict:
-  """`kind`, the keys every variant reads (`common`, e.g. norm's eps) and each variant's section."""
-  section = config_dict.ConfigDict({'kind': kind, **common})
+def choice_section(registry: Mapping[str, Any], kind: str) -> config_dict.ConfigDict:
+  """A nested choice's section: `kind` and each variant's section, at their defaults."""
+  section = config_dict.ConfigDict({'kind': kind})
   add_sections(section, registry)
   return section
 
@@ -283,10 +283,3 @@ def reset_unread(section, registry: Mapping[str, Any]) -> None:
   for k in keys_of(registry[kind]):
     if k.choices is not None:
       reset_unread(section[kind][k.name], k.choices)
-
-
-def reset_keys(section, keys) -> None:
-  """Set each of `keys` in `section` to its default."""
-  with section.unlocked():
-    for k in keys:
-      section[k.name] = k.default
