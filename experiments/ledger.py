@@ -122,7 +122,9 @@ def restore(plan: list[Job], out: str, accept) -> None:
     if not others or job.measure is not None:
       return None
     # The run the table copied before (a clone has no folders to copy): the same record again.
-    before_by_hash = copied.setdefault(own, _copied_before(own))
+    if own not in copied:  # read each suite's results.json once
+      copied[own] = _copied_before(own)
+    before_by_hash = copied[own]
     before = next((before_by_hash[h] for h in job.identities().values() if h in before_by_hash), '')
     same = [e for e in others if before and os.path.abspath(_folder(e)) == os.path.abspath(before)]
     return (same or others)[-1]

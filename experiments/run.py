@@ -94,7 +94,7 @@ def older_hashes(config, parents: dict[int, str] | None = None) -> dict[int, str
   starts_from run's parent's, by version): how the runs a suite recorded before are found."""
   parents = parents or {}
   tree = as_json(config)
-  out = {1: v1_hash(config, parents.get(1, ''))}
+  out = {1: _v1_digest(tree, parents.get(1, ''))}
   for version in range(2, VERSION):
     out[version] = _digest(
       {VERSION_KEY: version, **written_in(tree, version)}, parents.get(version, '')
@@ -105,7 +105,11 @@ def older_hashes(config, parents: dict[int, str] | None = None) -> dict[int, str
 def v1_hash(config, parent: str = '') -> str:
   """The identity version 1 gave the same config (`parent`: the parent's version 1 hash): the
   config in version 1's shape without the keys version 1 left out at their old value."""
-  tree = written_in(as_json(config), 1)
+  return _v1_digest(as_json(config), parent)
+
+
+def _v1_digest(tree: dict, parent: str) -> str:
+  tree = written_in(tree, 1)
   for path, neutral in V1_ADDED_KEYS.items():
     *where, key = path.split('.')
     node = tree
@@ -286,9 +290,20 @@ def write_result(workdir: str, result: dict) -> None:
   os.replace(os.path.join(workdir, RESULT + '.tmp'), os.path.join(workdir, RESULT))
 
 
-def same_run_elsewhere(out: str, seed: int, digest: str, workdir: str) -> str | None:
-  """A finished run of another suite (or variant) with this exact config and seed."""
-  for other in sorted(glob.glob(os.path.join(out, '*', 'runs', f'*-s{seed}-{digest}'))):
+def _same_runs(out: str, seed: int, digests) -> list[str]:
+  """The run folders under `out` of this seed named by any of `digests` (a run's hashes under
+  each config version), in order of the hashes, then of the folders."""
+  return [
+    folder
+    for digest in digests
+    for folder in sorted(glob.glob(os.path.join(out, '*', 'runs', f'*-s{seed}-{digest}')))
+  ]
+
+
+def same_run_elsewhere(out: str, seed: int, digests, workdir: str) -> str | None:
+  """A finished run of another suite (or variant) with this exact config and seed (`digests`:
+  its hashes under each config version)."""
+  for other in _same_runs(out, seed, digests):
     if (
       os.path.abspath(other) != os.path.abspath(workdir)
       and os.path.exists(os.path.join(other, RESULT))
@@ -299,13 +314,13 @@ def same_run_elsewhere(out: str, seed: int, digest: str, workdir: str) -> str | 
 
 
 def same_run_in_progress(
-  out: str, seed: int, digest: str, planned: set[str], fresh_s: float
+  out: str, seed: int, digests, planned: set[str], fresh_s: float
 ) -> str | None:
   """An unfinished run of this exact config and seed outside `planned` (this plan's own run
   folders, absolute) whose folder changed in the last `fresh_s` seconds: another process is
   training it now (a run writes its metrics every few seconds; a killed one goes stale)."""
   now = time.time()
-  for other in sorted(glob.glob(os.path.join(out, '*', 'runs', f'*-s{seed}-{digest}'))):
+  for other in _same_runs(out, seed, digests):
     if os.path.abspath(other) in planned or os.path.exists(os.path.join(other, RESULT)):
       continue
     with os.scandir(other) as entries:

@@ -245,6 +245,7 @@ def _table_plan(
   """The table's jobs in `order`, each at its tuned rate; (those, the ones whose rate is not
   known yet)."""
   plan, hashes, older, blocked = [], {}, {}, []
+  runs = os.path.join(out, suite.name, 'runs')
   for variant, seed in order:
     lr = _tuned_lr(suite, variant, borrowed, tuning)
     if lr is None:
@@ -255,7 +256,6 @@ def _table_plan(
     parent = (variant.starts_from, seed) if variant.starts_from else None
     hashes[key] = config_hash(config, hashes[parent] if parent else '')
     older[key] = older_hashes(config, older[parent] if parent else None)
-    runs = os.path.join(out, suite.name, 'runs')
     plan.append(
       Job(
         key,

@@ -253,15 +253,8 @@ class _Runs:
     """Another process trains this exact run now (said once per job)."""
     if job.parent is not None or os.path.isdir(RunDir(job.workdir).checkpoints):
       return False  # as in adopted(): such a run is never copied
-    other = next(
-      filter(
-        None,
-        (
-          same_run_in_progress(self.out, job.seed, h, self.planned, FRESH_S)
-          for h in job.identities().values()
-        ),
-      ),
-      None,
+    other = same_run_in_progress(
+      self.out, job.seed, job.identities().values(), self.planned, FRESH_S
     )
     if other is not None and job.key not in self.waiting:
       self.waiting.add(job.key)
@@ -305,13 +298,7 @@ class _Runs:
     """An identical finished run elsewhere under `out` is copied, not trained again."""
     if job.parent is not None or os.path.isdir(RunDir(job.workdir).checkpoints):
       return False  # a child depends on its parent's path; a started run resumes instead
-    source = next(
-      filter(
-        None,
-        (same_run_elsewhere(self.out, job.seed, h, job.workdir) for h in job.identities().values()),
-      ),
-      None,
-    )
+    source = same_run_elsewhere(self.out, job.seed, job.identities().values(), job.workdir)
     if source is None or not self.accept(read_result(source)):
       return False
     self.bar.write(

@@ -249,9 +249,10 @@ def check_variant_keys(section, prefix: str, registry: Mapping[str, Any], what: 
   of every variant not chosen is at its defaults."""
   kind = section['kind']
   one_of(f'{prefix}.kind', kind, registry, what)
-  if kind in sectioned(registry):
+  with_sections = sectioned(registry)
+  if kind in with_sections:
     check_keys(section[kind], f'{prefix}.{kind}', keys_of(registry[kind]))
-  for name, variant in sectioned(registry).items():
+  for name, variant in with_sections.items():
     if name == kind:
       continue
     found = _first_change(section[name].to_dict(), _defaults(variant), f'{prefix}.{name}')
@@ -259,7 +260,7 @@ def check_variant_keys(section, prefix: str, registry: Mapping[str, Any], what: 
       key, value, default = found
       reads = (
         ', '.join(_reads(registry[kind], section[kind], f'{prefix}.{kind}'))
-        if kind in sectioned(registry)
+        if kind in with_sections
         else 'no keys of its own'
       )
       raise ConfigError(

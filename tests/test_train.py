@@ -274,14 +274,16 @@ def test_eval_equals_a_direct_computation(reference_run):
   assert result['bits_per_byte'] == pytest.approx(nats / math.log(2) / n_bytes, rel=1e-5)
 
 
-def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(corpus, tmp_path):
+def _diverge(corpus, tmp_path, checkpoint_every: int):
+  """Train at a rate of 1e30 until the loss is not finite: (the config, its workdir, the
+  TrainingDiverged it raised, the latest checkpoint step or None)."""
   config = make_config(
     corpus,
     str(tmp_path / 'cache'),
     train__learning_rate=1e30,
     train__warmup_steps=0,
     train__grad_clip=0.0,
-    train__checkpoint_every=1,
+    train__checkpoint_every=checkpoint_every,
     train__schedule='constant',
     model__dropout=0.0,
   )
@@ -291,7 +293,12 @@ def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoin
   ckpt = Checkpointer(workdir, max_to_keep=3, async_save=False)
   latest = ckpt.latest_step()
   ckpt.close()
-  message = str(info.value)
+  return config, workdir, info.value, latest
+
+
+def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(corpus, tmp_path):
+  config, workdir, error, latest = _diverge(corpus, tmp_path, checkpoint_every=1)
+  message = str(error)
   bad_step = int(message.split('at step ')[1].split(';')[0])
   assert latest == bad_step - 1
   state = load_state(config, workdir)
@@ -453,24 +460,9 @@ def test_a_steps_metrics_are_read_while_the_next_runs_and_a_save_waits_for_it(
 def test_a_divergence_read_a_step_late_saves_nothing_of_it(corpus, tmp_path):
   """With the metrics read a step late, a non-finite step still stops the run naming that step,
   before any save of it or after it (saves wait for their step's metrics)."""
-  config = make_config(
-    corpus,
-    str(tmp_path / 'cache'),
-    train__learning_rate=1e30,
-    train__warmup_steps=0,
-    train__grad_clip=0.0,
-    train__checkpoint_every=4,
-    train__schedule='constant',
-    model__dropout=0.0,
-  )
-  workdir = str(tmp_path / 'nan')
-  with pytest.raises(TrainingDiverged, match=r'at step (\d+)') as info:
-    train(config, workdir, progress=False)
-  ckpt = Checkpointer(workdir, max_to_keep=3, async_save=False)
-  latest = ckpt.latest_step()
-  ckpt.close()
-  assert info.value.step <= 4
-  assert latest is None or latest < info.value.step
+  _, _, error, latest = _diverge(corpus, tmp_path, checkpoint_every=4)
+  assert error.step <= 4
+  assert latest is None or latest < error.step
 
 
 def test_the_profiler_hook_traces_the_steps_it_names(corpus, tmp_path):
