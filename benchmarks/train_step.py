@@ -524,7 +524,7 @@ def measure(
     name=label,
     desc=MODELS[name][1],
     tokens=tokens,
-    flops_per_token=mllm.training_flops_per_token(config).total,
+    flops_per_token=mllm.training_flops_per_token(config, mllm.count_params(config)).total,
     peak=peak_flops_per_device(jax.devices()[0].device_kind, config.model.dtype),
   )
   runners = {}

@@ -188,7 +188,7 @@ def _counts(config) -> dict:
   return {
     'params': counts.total,
     'active_params': counts.active,
-    'flops_per_token': mllm.training_flops_per_token(config, counts=counts).total,
+    'flops_per_token': mllm.training_flops_per_token(config, counts).total,
     'learning_rate': config.train.learning_rate,
   }
 

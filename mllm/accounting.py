@@ -81,14 +81,11 @@ class FlopCounts:
   total: float
 
 
-def training_flops_per_token(
-  config, seq_len: int | None = None, counts: ParamCounts | None = None
-) -> FlopCounts:
-  """Training FLOPs per token for the model `config` describes, at sequence length `seq_len`.
-  `counts`: the model's ParamCounts when the caller has them (saves building an abstract model)."""
+def training_flops_per_token(config, counts: ParamCounts, seq_len: int | None = None) -> FlopCounts:
+  """Training FLOPs per token for the model `config` describes, whose parameters `counts` counted
+  (`count_params(config)`), at sequence length `seq_len` (default: model.max_seq_len)."""
   m = config.model if 'model' in config else config
   seq_len = seq_len or m.max_seq_len
-  counts = counts or count_params(config)
   head_matmul = m.d_model * m.vocab_size
   n_matmul = counts.active_non_embedding + head_matmul
   head_dim = resolved_head_dim(m)

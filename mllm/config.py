@@ -2,8 +2,10 @@
 validation (mllm/validation.py).
 
 `load_config` is the one way a run's config is made (launch.py, a Hugging Face import, a restart
-from a workdir's config.json, the experiments): it validates once and locks the result, and
-`build_model` trusts a config it made that nobody has changed since (`is_validated`).
+from a workdir's config.json, the experiments): it validates once and freezes the result into a
+`RunConfig`, which nothing can change afterwards. Past that edge code trusts it: the train state,
+the loop and the data read its fields (each variant's section through its typed `Settings` record,
+mllm/variant_config.py) without validating again.
 
 Every invalid value or combination raises a `ConfigError` whose message is one line naming the key,
 the bad value and what is allowed, before anything is built or compiled.
@@ -14,7 +16,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -106,27 +107,36 @@ def load_config(
 ) -> config_dict.ConfigDict:
   """A config file spec (a path, optionally `:arg`) or an assembled ConfigDict (a workdir's saved
   config, a Hugging Face import's), then `overrides` ({'model.n_layers': 2, ...}) → validated
-  once, locked, and remembered as validated (`is_validated`)."""
+  once, and frozen (a `RunConfig`)."""
+  if isinstance(source, RunConfig):
+    source = source.as_configdict()  # a new config from a loaded one: overrides, then validated
   config = read_config(source) if isinstance(source, str) else source
   for key, value in (overrides or {}).items():
     set_key(config, key, value)
   validate(config)
-  config.lock()
-  for part in (config, config.model):
-    _VALIDATED[id(part)] = (weakref.ref(part), part.to_json(sort_keys=True))
-    weakref.finalize(part, _VALIDATED.pop, id(part), None)  # no entry outlives its config
-  return config
+  return RunConfig(config)
 
 
-# id(config) → (the config, its contents when load_config validated it). A locked ConfigDict still
-# takes new values for its keys, so a config counts as validated only while its contents match.
-_VALIDATED: dict[int, tuple[weakref.ref, str]] = {}
+class RunConfig(config_dict.FrozenConfigDict):
+  """A validated run config, frozen: load_config makes it, and it cannot change afterwards (to
+  vary one, load again: `load_config(config, {'model.n_layers': 4})`). Read like the ConfigDict
+  it came from (`config.model.d_model`); its to_json is the ConfigDict's."""
 
 
-def is_validated(config: config_dict.ConfigDict) -> bool:
-  """`config` (a full config or its model section) came from load_config, unchanged since."""
-  ref, contents = _VALIDATED.get(id(config), (None, None))
-  return ref is not None and ref() is config and config.to_json(sort_keys=True) == contents
+def is_validated(config) -> bool:
+  """`config` is a whole run config that load_config made (its parts are not marked)."""
+  return isinstance(config, RunConfig)
+
+
+def require_loaded(config, what: str) -> None:
+  """One line unless `config` came from load_config: `what` trusts it without validating."""
+  if not isinstance(config, RunConfig):
+    raise ConfigError(
+      'config',
+      type(config).__name__,
+      f'{what} takes the validated config load_config returns; allowed: '
+      'mllm.load_config(path or ConfigDict, overrides)',
+    )
 
 
 def config_diff(

@@ -297,12 +297,12 @@ def _scan_blocks(x_BTD, blocks: Block, context, mask, remat: str, cached=None, u
 
 def build_model(config, *, rngs: nnx.Rngs) -> Transformer:
   """Build the transformer `config` (the full config or its `model` part) names; validate it
-  first unless load_config made it (and it is unchanged since)."""
+  first unless it is a RunConfig (load_config validated it), and check it runs on this backend."""
   from mllm.config import is_validated
   from mllm.validation import check_backend, validate_model
 
   model_cfg = config.model if 'model' in config else config
-  if not is_validated(model_cfg):
+  if not is_validated(config):
     validate_model(model_cfg)
   check_backend(model_cfg, data=config.get('data') if 'model' in config else None)
   return Transformer(model_cfg, rngs=rngs)

@@ -142,7 +142,7 @@ def summarize(
   console.print(layer_table(config, model))
   counts = count_params(model)
   seq_len = config.data.seq_len
-  flops = training_flops_per_token(config, seq_len, counts)
+  flops = training_flops_per_token(config, counts, seq_len)
   console.print(
     f'parameters: {counts.total:,} total = {counts.embedding:,} embedding + '
     f'{counts.non_embedding:,} non-embedding'

@@ -338,6 +338,14 @@ def validate_mesh(config: config_dict.ConfigDict) -> None:
     check_expert_axis(config.model, config.mesh.expert)
 
 
+def check_on_mesh(config: config_dict.ConfigDict, mesh) -> None:
+  """What a validated run config can be refused for only on the machine: the attention
+  implementation on this backend (`check_backend`), the expert axis's resolved size."""
+  if 'expert' in mesh.shape:
+    check_expert_axis(config.model, mesh.shape['expert'])  # a -1 axis is known only now
+  check_backend(config.model, data=config.data)
+
+
 def check_expert_axis(m: config_dict.ConfigDict, size: int) -> None:
   """The expert mesh axis (its resolved size) shards the experts, so it must divide them."""
   if size == 1:

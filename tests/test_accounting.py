@@ -81,7 +81,7 @@ def test_training_flops_per_token(window):
   keys = np.mean([min(i, window or T) for i in range(1, T + 1)])
   expected_dense = 6 * (counts.non_embedding + m.d_model * m.vocab_size)
   expected_attention = 3 * m.n_layers * m.n_heads * (2 * 2 * head_dim) * keys
-  flops = training_flops_per_token(cfg, T)
+  flops = training_flops_per_token(cfg, count_params(cfg), T)
   assert flops.dense == pytest.approx(expected_dense)
   assert flops.attention == pytest.approx(expected_attention)
   assert flops.total == pytest.approx(expected_dense + expected_attention)

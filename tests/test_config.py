@@ -13,7 +13,7 @@ from ml_collections import config_dict
 import mllm
 from mllm import ConfigError
 from mllm import model as model_lib
-from mllm.config import config_diff
+from mllm.config import RunConfig, config_diff
 from mllm.config_keys import CHOICES, flatten, get_path, parse_value
 from mllm.layers.ffn import FFNS
 from mllm.layers.norms import NORMS, PLACEMENTS
@@ -152,17 +152,16 @@ def test_named_config_documented_choices(name):
 
 
 @pytest.mark.parametrize('name', NAMED)
-def test_named_config_is_locked(name):
+def test_named_config_is_frozen(name):
   cfg = load(name)
-  assert cfg.is_locked
-  with pytest.raises(AttributeError):
-    cfg.new_key = 1
-  with pytest.raises(KeyError):
-    cfg['new_key'] = 1
-  with pytest.raises(AttributeError):
-    cfg.model.new_key = 1
-  with pytest.raises(AttributeError):
-    cfg.model.attention.new_key = 1
+  assert isinstance(cfg, RunConfig)
+  for section in (cfg, cfg.model, cfg.model.attention, cfg.model.position.rope):
+    with pytest.raises(AttributeError, match='immutable'):
+      section.new_key = 1
+    with pytest.raises(AttributeError, match='immutable'):
+      section['new_key'] = 1
+  with pytest.raises(AttributeError, match='immutable'):
+    cfg.model.n_layers = 1  # a key it has cannot change either
   assert 'new_key' not in cfg and 'new_key' not in cfg.model
 
 
@@ -175,9 +174,11 @@ def test_gqa_configs_have_fewer_kv_heads(name):
 
 def test_loads_are_independent():
   a = load('rope_swiglu')
-  with a.unlocked():
-    a.model.n_layers = 1
+  b = mllm.load_config(a, {'model.n_layers': 1})  # a new config from a loaded one
+  assert (a.model.n_layers, b.model.n_layers) == (4, 1)
   assert load('rope_swiglu').model.n_layers == 4
+  err = raises_config_error(mllm.load_config, a, {'model.n_kv_heads': 3})  # validated again
+  check_error(err, 'model.n_kv_heads', 3)
 
 
 def test_relative_spec_from_repo_root(monkeypatch):
@@ -329,7 +330,7 @@ def test_user_arg_overrides_named_defaults(name, arg, path, value):
 def test_overrides_mapping():
   cfg = load('base', overrides={'model.n_layers': 3})
   assert cfg.model.n_layers == 3
-  assert cfg.is_locked
+  assert isinstance(cfg, RunConfig)
 
 
 def test_overrides_apply_after_choices():
@@ -1050,10 +1051,9 @@ def _base_module(monkeypatch):
 
 
 @pytest.mark.parametrize('part', ['full', 'model'])
-def test_build_model_validates_unlocked_loaded_config(part, no_transformer):
-  cfg = mllm.load_config(spec('base'))
-  with cfg.unlocked():
-    cfg.model.n_kv_heads = 3
+def test_build_model_validates_a_changed_copy_of_a_loaded_config(part, no_transformer):
+  cfg = mllm.load_config(spec('base')).as_configdict()
+  cfg.model.n_kv_heads = 3
   err = raises_config_error(mllm.build_model, cfg if part == 'full' else cfg.model, rngs=_NoRngs())
   check_error(err, 'model.n_kv_heads', 3, ['1, 2, 4, 8'])
   assert no_transformer == []
@@ -1099,3 +1099,12 @@ def test_build_model_tiny_valid_config():
     lambda t: mllm.build_model(cfg, rngs=nnx.Rngs(0))(t), jax.ShapeDtypeStruct((1, 4), jnp.int32)
   )
   assert logits.shape == (1, 4, 32) and logits.dtype == jnp.float32
+
+
+def test_train_state_refuses_an_unloaded_config(monkeypatch, no_transformer):
+  from mllm.train.state import abstract_state
+
+  cfg = _base_module(monkeypatch).get_config()  # valid, but never through load_config
+  err = raises_config_error(abstract_state, cfg)
+  check_error(err, 'config', 'ConfigDict', ['mllm.load_config'])
+  assert no_transformer == []

@@ -15,7 +15,7 @@ import pytest
 from conftest import tiny_config
 
 from mllm.config import ConfigError
-from mllm.data import bible, build_data, sources
+from mllm.data import bible, build_data, corpus, sources
 from mllm.validation import validate_data
 
 
@@ -73,7 +73,7 @@ def test_the_split_is_by_chapter_and_the_corpus_builds(documents, tmp_path):
   )
   validate_data(cfg)  # no data.path needed
   data = build_data(cfg, str(tmp_path / 'w'), verbose=False)
-  n_val = sum(sources.is_val(key, cfg.data.val_fraction) for key in documents)
+  n_val = sum(corpus.is_val(key, cfg.data.val_fraction) for key in documents)
   assert data.stats['val']['docs'] == n_val
   assert data.stats['train']['docs'] + n_val == 1189
 

@@ -153,7 +153,7 @@ def test_active_parameters_and_flops_count_k_of_e_experts():
   extra = layers * (per_layer_experts + d * e + 3 * d * 8 - 3 * d * f)  # vs the dense FFN
   assert counts.total == dense.total + extra
   assert counts.active == counts.total - layers * per_layer_experts * (e - k) // e
-  flops = training_flops_per_token(cfg, 16, counts)
+  flops = training_flops_per_token(cfg, counts, 16)
   assert flops.dense == 6 * (counts.active_non_embedding + d * m.vocab_size)
 
 

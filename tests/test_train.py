@@ -69,9 +69,9 @@ def test_loss_falls_and_metrics_are_written(reference_run):
     r['tokens_per_s'] > 0 and r['step_time_s'] > 0 for r in records if r['split'] == 'train'
   )
   # MFU = FLOPs/token × tokens/s ÷ peak, with 6·N + attention FLOPs at the training length.
-  from mllm.accounting import training_flops_per_token
+  from mllm.accounting import count_params, training_flops_per_token
 
-  flops = training_flops_per_token(config, config.data.seq_len).total
+  flops = training_flops_per_token(config, count_params(config), config.data.seq_len).total
   for r in records:
     if r['split'] == 'train':
       assert r['mfu'] == pytest.approx(flops * r['tokens_per_s'] / 1e12, rel=1e-4)

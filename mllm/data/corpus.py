@@ -22,12 +22,18 @@ import numpy as np
 import tqdm
 
 from mllm.checks import ConfigError
-from mllm.data.sources import Source, is_val
+from mllm.data.sources import Source
 from mllm.data.tokenizers import EOS, PAD, BPETokenizer, ByteTokenizer, Tokenizer
 from mllm.paths import RunDir
 
 FORMAT_VERSION = 1
 SPLITS = ('train', 'val')
+
+
+def is_val(key: str, val_fraction: float) -> bool:
+  """Whether a document goes to the val split: a stable hash of its key (not Python's hash())."""
+  digest = hashlib.sha256(key.encode('utf-8', errors='surrogatepass')).digest()
+  return int.from_bytes(digest[:8], 'big') / 2.0**64 < val_fraction
 
 
 def cache_root(data_config) -> str:

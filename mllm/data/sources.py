@@ -9,7 +9,6 @@ files with sizes and modification times but reads no contents.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -20,13 +19,6 @@ from typing import Any
 from mllm.checks import ConfigError, first_line
 from mllm.data.bible import KJVSource
 from mllm.data.document import Document, Source
-
-
-def is_val(key: str, val_fraction: float) -> bool:
-  """Whether a document goes to the val split: a stable hash of its key (not Python's hash())."""
-  digest = hashlib.sha256(key.encode('utf-8', errors='surrogatepass')).digest()
-  return int.from_bytes(digest[:8], 'big') / 2.0**64 < val_fraction
-
 
 # Bytes that text does not hold: NUL and the other C0 controls, except tab, newlines, form feed and
 # escape (which real text files do contain).

@@ -76,7 +76,8 @@ def train(
     end = config.train.steps if stop_after is None else min(config.train.steps, stop_after)
     writer = _metrics_writer(workdir, config.train, start)
     run.closing.callback(writer.close)
-    counts = count_params(config)
+    counts = count_params(run.setup.abstract_model())
+    flops_per_token = training_flops_per_token(config, counts, config.data.seq_len).total
     device = jax.devices()[0]
     loop = _Loop(
       run=run,
@@ -85,7 +86,7 @@ def train(
       writer=writer,
       speed=_Speed(
         tokens_per_step=config.data.batch_size * config.data.seq_len,
-        flops_per_token=training_flops_per_token(config, config.data.seq_len, counts).total,
+        flops_per_token=flops_per_token,
         peak=peak_flops_per_device(device.device_kind, config.model.dtype, config.train.peak_flops),
       ),
       bar=Progress(end, start, log_every=config.train.log_every, enabled=progress),

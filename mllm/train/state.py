@@ -22,12 +22,13 @@ import optax
 from flax import nnx
 from jax.tree_util import DictKey
 
+from mllm.config import require_loaded
 from mllm.layers.moe import moe_layers
-from mllm.model import CHECKPOINTED, Block, build_model, make_stem, make_tail, rng_stand_ins
+from mllm.model import CHECKPOINTED, Block, Transformer, make_stem, make_tail, rng_stand_ins
 from mllm.ops.mesh import traced_on
 from mllm.train.optimizer import make_optimizer
 from mllm.train.sharding import param_shardings, replicated
-from mllm.validation import check_expert_axis
+from mllm.validation import check_on_mesh
 
 TrainState = (
   dict  # {'step': int32[], 'params': nnx.State, 'opt_state': optax state, 'rng': uint32[2]}
@@ -51,6 +52,10 @@ class ModelSetup:
   abstract_params: nnx.State  # ShapeDtypeStructs carrying their shardings (Orbax restores onto it)
   param_shardings: nnx.State
 
+  def abstract_model(self) -> nnx.Module:
+    """The model with ShapeDtypeStructs for parameters: its structure, to count, not to run."""
+    return nnx.merge(self.graphdef, self.abstract_params, self.rest)
+
   def merge(self, params: nnx.State) -> nnx.Module:
     # Fresh Variables for the RNG streams in the caller's trace, so reseeding them is allowed.
     return nnx.merge(self.graphdef, params, jax.tree.map(lambda x: x, self.rest))
@@ -67,8 +72,10 @@ class TrainSetup(ModelSetup):
 
 
 def initial_model(config):
-  """The run's model at step 0: parameters drawn from `config.seed`, as training starts."""
-  return build_model(config, rngs=nnx.Rngs(params=config.seed, dropout=config.seed + 1))
+  """The run's model at step 0: parameters drawn from `config.seed`, as training starts.
+  `config` is a RunConfig (load_config validated it); the machine's checks are `check_on_mesh`."""
+  require_loaded(config, 'the train state')
+  return Transformer(config.model, rngs=nnx.Rngs(params=config.seed, dropout=config.seed + 1))
 
 
 class _RunParts(NamedTuple):
@@ -109,10 +116,9 @@ def abstract_state(config) -> TrainState:
 
 def model_setup(config, mesh) -> ModelSetup:
   """The model's structure and parameter shardings on `mesh`, built without an optimizer."""
+  check_on_mesh(config, mesh)
   with traced_on(mesh):  # choices made at construction (MoE dispatch) are for the mesh's devices
     abstract_model = nnx.eval_shape(lambda: initial_model(config))
-  if 'expert' in mesh.shape:
-    check_expert_axis(config.model, mesh.shape['expert'])  # a -1 axis is known only now
   graphdef, params, _ = nnx.split(abstract_model, CHECKPOINTED, ...)
   shardings = param_shardings(params, mesh)
   abstract = jax.tree.map(
@@ -123,10 +129,9 @@ def model_setup(config, mesh) -> ModelSetup:
 
 def setup(config, mesh) -> tuple[TrainSetup, Callable[[], TrainState]]:
   """Structure, optimizer and shardings of a run; returns it with a jitted initializer."""
+  check_on_mesh(config, mesh)
   with traced_on(mesh):  # choices made at construction (MoE dispatch) are for the mesh's devices
     abstract_model, tx, schedule, init = _parts(config)
-  if 'expert' in mesh.shape:
-    check_expert_axis(config.model, mesh.shape['expert'])  # a -1 axis is known only now
   graphdef = nnx.split(abstract_model, CHECKPOINTED, ...)[0]
   abstract = jax.eval_shape(init)
   p_shardings = param_shardings(abstract['params'], mesh)
