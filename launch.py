@@ -297,7 +297,7 @@ def _read_config():
 
 def build_config(overrides: list[str]):
   """The run's config: --config's file (or the workdir's), the `--config.KEY=VALUE` overrides
-  parsed by the config's schema, then validated once and locked (`load_config`); a problem raises
+  parsed by the config's schema, then validated once and frozen (`load_config`); a problem raises
   one InputError line.
 
   With --mode=import or train.init_from='hf:PATH' (and a config not read from the workdir), the

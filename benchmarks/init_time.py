@@ -58,6 +58,7 @@ def measure(variant: str) -> dict:
   import jax
 
   from benchmarks.train_step import load
+  from mllm.config import load_config
   from mllm.train.sharding import make_mesh
   from mllm.train.state import _parts, setup
 
@@ -66,9 +67,9 @@ def measure(variant: str) -> dict:
     lambda event, secs, **_: events.append((event, secs))
   )
   n_layers, kind = parse(variant)
-  config = load('125m')
-  config.model.n_layers = n_layers
-  config.model.scan_layers = kind == 'scan'
+  config = load_config(
+    load('125m'), {'model.n_layers': n_layers, 'model.scan_layers': kind == 'scan'}
+  )
   mesh = make_mesh(config.mesh)
 
   t0 = time.perf_counter()

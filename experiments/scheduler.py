@@ -27,6 +27,7 @@ from experiments.run import (
   write_result,
 )
 from experiments.run_files import ERRORS_LOG, RESULT, WORKER_LOG
+from mllm.config import load_config
 from mllm.config_versions import VERSION, VERSION_KEY
 from mllm.paths import RunDir
 
@@ -288,7 +289,9 @@ class _Runs:
     if job.parent is not None:
       kwargs['parent'] = self.finished[job.parent]
       if job.variant.trains:
-        job.config.train.init_from = f"workdir:{kwargs['parent']['workdir']}"
+        # After the hash: where the parent lies is this machine's, not the run's identity.
+        parent = f"workdir:{kwargs['parent']['workdir']}"
+        job.config = load_config(job.config, {'train.init_from': parent})
     os.makedirs(job.workdir, exist_ok=True)
     with open(os.path.join(job.workdir, 'run_config.json'), 'w') as f:
       json.dump({VERSION_KEY: VERSION, **as_json(job.config)}, f, sort_keys=True, indent=1)

@@ -13,6 +13,7 @@ import launch_server
 import pytest
 from conftest import ROOT, read_tensorboard_scalars
 
+import mllm
 from experiments import provenance, report, report_notes, verdicts
 from experiments.run import run_dir
 from experiments.runner import SuiteRun, config_hash, resolve, run_one, run_suite
@@ -922,8 +923,7 @@ def test_the_moe_suites_top1_row_gates_its_expert_by_the_router_probability():
   assert training_note(rows['top1-renormalized'].model.ffn.moe) is not None
   # The two rows differ in that one key, so the diagnosis row is the old top1 row's config and
   # its finished runs (same hash) stand.
-  top1 = rows['top1']
-  top1.model.ffn.moe.renormalize = True
+  top1 = mllm.load_config(rows['top1'], {'model.ffn.moe.renormalize': True})
   assert config_hash(top1) == config_hash(rows['top1-renormalized'])
 
 

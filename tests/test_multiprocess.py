@@ -88,8 +88,9 @@ def saved_params(workdir: str):
 
   saved = read_config_json(workdir)
   assert (saved['mesh']['data'], saved['mesh']['fsdp']) == (2, 2)
-  config = as_config(saved, mllm.load_config('configs/base.py'))
-  config.mesh.data = config.mesh.fsdp = 1
+  config = mllm.load_config(
+    as_config(saved, mllm.load_config('configs/base.py')), {'mesh.data': 1, 'mesh.fsdp': 1}
+  )
   return load_state(config, workdir)['params']
 
 

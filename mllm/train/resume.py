@@ -22,6 +22,7 @@ from typing import Any
 from ml_collections import config_dict
 
 from mllm.checks import ConfigError, InputError, input_error
+from mllm.config import is_validated, load_config
 from mllm.config_keys import flatten, set_path
 from mllm.config_versions import upgrade
 from mllm.interop.hf import HFImportError, hf_params
@@ -116,7 +117,9 @@ def as_config(saved: dict, like: config_dict.ConfigDict) -> config_dict.ConfigDi
 
 
 def state_signature(config, params_only: bool = False) -> Signature:
-  sig = signature(abstract_state(config))
+  """The train state's signature for `config`, a RunConfig or a ConfigDict (validated first: a
+  saved config laid over today's, a trial with one key changed)."""
+  sig = signature(abstract_state(config if is_validated(config) else load_config(config)))
   return only(sig, 'params') if params_only else sig
 
 
