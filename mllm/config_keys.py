@@ -115,6 +115,7 @@ CHOICES = {
   'attn': 'model.attention.impl',
   'window': 'model.attention.sliding_window',
   'rope_scaling': 'model.position.rope.scaling.kind',
+  'opt': 'train.optimizer.kind',
 }
 
 

@@ -5,7 +5,7 @@ configs/base.py re-exports this `get_config`, and every named config starts from
     python launch.py --config=configs/base.py:pos=alibi,ffn=geglu,norm=layernorm,placement=post
 
 `arg` is a comma-separated list of choices: the short names pos, ffn, norm, placement, attn, window,
-rope_scaling; any dotted path (model.n_layers=2); or any leaf name or tail of a path that is unique
+rope_scaling, opt; any dotted path (model.n_layers=2); or any leaf name or tail of a path that is unique
 (n_kv_heads=2, t5.num_buckets=64).
 It lives in the library (not in configs/) because the library builds configs from it too: a Hugging
 Face import or export maps a checkpoint's config.json onto these defaults.
@@ -17,6 +17,7 @@ from mllm.config_keys import apply_choices, get_path, set_path
 from mllm.layers.ffn import FFNS
 from mllm.layers.norms import NORMS
 from mllm.layers.positions import POSITIONS
+from mllm.optimizers import OPTIMIZERS
 from mllm.variant_config import add_sections, keys_of, reset_unread
 
 placeholder = config_dict.placeholder
@@ -129,10 +130,15 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   train.schedule = 'cosine'  # cosine | linear | constant | inverse_sqrt (each after linear warm-up)
   train.warmup_steps = 50
   train.min_lr_ratio = 0.1  # cosine / linear decay to learning_rate * this
+  # adamw | muon (mllm/optimizers.py); each optimizer's own section: muon {beta, ns_steps,
+  # nesterov, consistent_rms, adam_lr_ratio}. Muon's AdamW part (embeddings, head, norms, biases)
+  # reads the Adam keys below, as adamw does.
+  train.optimizer = config_dict.ConfigDict({'kind': 'adamw'})
+  add_sections(train.optimizer, OPTIMIZERS)
   train.b1 = 0.9
   train.b2 = 0.95
   train.eps = 1e-8
-  train.weight_decay = 0.1  # AdamW, decoupled
+  train.weight_decay = 0.1  # decoupled (AdamW's, and Muon's on its matrices)
   train.decay_embeddings = False  # weight decay on embedding tables (and a tied head)
   train.decay_norms_and_biases = False
   train.grad_clip = 1.0  # global-norm clipping; 0 turns it off
@@ -158,7 +164,12 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
 
 # The choice sections of the schema, each with its registry (nested ones, such as RoPE's scaling,
 # are reached through their variant's settings).
-FAMILIES = {'model.position': POSITIONS, 'model.ffn': FFNS, 'model.norm': NORMS}
+FAMILIES = {
+  'model.position': POSITIONS,
+  'model.ffn': FFNS,
+  'model.norm': NORMS,
+  'train.optimizer': OPTIMIZERS,
+}
 
 
 def reset_replaced(config: config_dict.ConfigDict, path: str) -> None:

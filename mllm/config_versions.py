@@ -15,6 +15,7 @@ Version 2: each variant's own section (`model.position.rope.theta`, `model.posit
 `model.position.rope.scaling.yarn.factor`, `model.norm.partial_rmsnorm.p`).
 Version 3: MoE an FFN kind with its section `model.ffn.moe` (was `model.moe`), its experts' FFN a
 choice of their own (`model.ffn.moe.expert.kind`, was `model.moe.expert_kind`).
+Version 4: the optimizer a choice section, `train.optimizer = {kind, muon: {...}}` (AdamW before).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-VERSION = 3
+VERSION = 4
 VERSION_KEY = 'config_version'  # in a saved config.json, beside the config's own sections
 
 # Version 1's keys under `model.` and their version 2 places, except RoPE's scaling factor, whose
@@ -109,7 +110,37 @@ def v3_as_v2(config: dict) -> dict:
   return config
 
 
-UPGRADES = {1: v1_to_v2, 2: v2_to_v3}  # version n → the function to version n + 1
+# Version 4's optimizer section as every earlier version trained: AdamW (Muon's keys at their
+# version 4 defaults, which later versions do not change: that would be a version of its own).
+_V4_ADAMW = {
+  'kind': 'adamw',
+  'muon': {
+    'adam_lr_ratio': 1.0,
+    'beta': 0.95,
+    'consistent_rms': 0.2,
+    'nesterov': True,
+    'ns_steps': 5,
+  },
+}
+
+
+def v3_to_v4(config: dict) -> dict:
+  """A version 3 config (as JSON) in version 4's shape: it trained with AdamW."""
+  config = copy.deepcopy(config)
+  config.setdefault('train', {})['optimizer'] = copy.deepcopy(_V4_ADAMW)
+  return config
+
+
+def v4_as_v3(config: dict) -> dict:
+  """A version 4 config (every key present) in version 3's shape: without the optimizer section
+  where it says AdamW as version 3 trained; another optimizer keeps it (no version 3 run is it)."""
+  config = copy.deepcopy(config)
+  if config['train']['optimizer'] == _V4_ADAMW:
+    del config['train']['optimizer']
+  return config
+
+
+UPGRADES = {1: v1_to_v2, 2: v2_to_v3, 3: v3_to_v4}  # version n → the function to version n + 1
 
 
 def version_of(saved: dict) -> int:
@@ -162,4 +193,4 @@ def _get(tree: dict, path: str) -> Any:
   return tree
 
 
-DOWNGRADES = {3: v3_as_v2, 2: v2_as_v1}  # version n → the function to version n - 1
+DOWNGRADES = {4: v4_as_v3, 3: v3_as_v2, 2: v2_as_v1}  # version n → the function to version n - 1

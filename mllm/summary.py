@@ -20,6 +20,7 @@ from mllm.layers.moe import expert_hidden_dim, moe_layers
 from mllm.layers.moe_experts import resolve_dispatch
 from mllm.layers.positions import POSITIONS
 from mllm.model import build_model, dense_ffn_kind
+from mllm.train.optimizer import describe_optimizer, trained_params
 
 
 def _attention_kind(m) -> str:
@@ -152,6 +153,7 @@ def summarize(
       else ''
     )
   )
+  console.print(f'optimizer: {describe_optimizer(config.train, trained_params(model))}')
   console.print(
     f'training FLOPs/token at seq_len {seq_len}: {flops.total:.4g} '
     f"(6·N{'_active' if counts.active != counts.total else ''} {flops.dense:.4g} + "

@@ -18,6 +18,8 @@ from mllm.layers.norms import check_norm_config
 from mllm.layers.positions import POSITIONS, check_position_config
 from mllm.layers.remat import REMAT_POLICIES
 from mllm.ops.attention import ATTENTION_IMPLS, impls_with
+from mllm.optimizers import OPTIMIZERS
+from mllm.variant_config import check_variant_keys
 
 DTYPES = ('float32', 'bfloat16')
 DEFAULT_INIT_STD = 0.02  # configs/base.py's model.init_std
@@ -284,6 +286,7 @@ def validate_train(config: config_dict.ConfigDict) -> None:
   positive('train.eps', t.eps)
   number('train.weight_decay', t.weight_decay, 0.0, 10.0, 'the decoupled weight decay')
   number('train.grad_clip', t.grad_clip, 0.0, 1e30, 'a global norm (0: off)')
+  check_variant_keys(t.optimizer, 'train.optimizer', OPTIMIZERS, 'optimizer')
   for key in ('decay_embeddings', 'decay_norms_and_biases', 'async_checkpoint', 'tensorboard'):
     if not isinstance(t[key], bool):
       raise ConfigError(f'train.{key}', t[key], 'must be true or false')

@@ -11,7 +11,7 @@ import os
 import pytest
 
 import mllm
-from experiments.run import config_hash, resolve, v1_hash
+from experiments.run import config_hash, older_hashes, resolve, v1_hash
 from experiments.suite import available, load_suite
 from mllm.config import read_config
 from mllm.config_versions import VERSION, VERSION_KEY, as_v1, upgrade, v1_to_v2, written_in
@@ -186,3 +186,49 @@ def test_a_workdirs_old_config_json_is_read_in_this_version(tmp_path):
   (tmp_path / 'config.json').write_text(json.dumps({VERSION_KEY: VERSION + 1, 'model': {}}))
   with pytest.raises(InputError, match=f'config_version={VERSION + 1}; allowed: 1 to {VERSION}'):
     read_config_json(str(tmp_path))
+
+
+def _ledger_lines_since_version_2():
+  """(suite, line) for each committed ledger line written in config version 2 or later, and every
+  line of a suite whose table is not committed yet (a results.json's runs are checked above)."""
+  for path in sorted(glob.glob(os.path.join(RESULTS, '*', 'finished.jsonl'))):
+    folder = os.path.dirname(path)
+    name = os.path.basename(folder)
+    if name not in available():
+      continue
+    tabled = os.path.exists(os.path.join(folder, 'results.json'))
+    with open(path) as f:
+      for line in f:
+        entry = json.loads(line)
+        if entry.get(VERSION_KEY, 1) >= 2 or not tabled:
+          yield name, entry
+
+
+def test_every_ledger_line_of_a_later_version_is_found_under_the_identities_computed_now():
+  """A line names its run by the hash of the config version it was written in: the config
+  rebuilt from the line's variant, seed and rate has that hash among its identities now."""
+  lines = list(_ledger_lines_since_version_2())
+  assert len(lines) >= 25  # ffn_4m's tuning runs (versions 1 and 3) at least
+  for name, entry in lines:
+    suite = load_suite(name)
+    variant = next(v for v in suite.variants if entry['run'].startswith(f'{v.name}-'))
+    rate = {'train.learning_rate': entry['result']['learning_rate']} if variant.tune else {}
+    config = resolve(suite, variant, 'cpu', entry['seed'], rate)
+    identities = {VERSION: config_hash(config), **older_hashes(config)}
+    assert identities[entry.get(VERSION_KEY, 1)] == entry['hash'], (name, entry['run'])
+
+
+def test_version_4_reads_an_older_config_as_adamw_and_writes_adamw_back_without_the_section():
+  """Version 4 made the optimizer a choice: a version 3 config trained AdamW, even laid over a
+  config that chooses Muon; written back in version 3, an AdamW config has no optimizer section
+  (its identity then is the one version 3 gave it) and a Muon config keeps it (no version 3 run
+  is it)."""
+  muon = mllm.load_config(BASE + ':opt=muon,muon.ns_steps=3')
+  old = {VERSION_KEY: 3, 'train': {'learning_rate': 0.01}}
+  read = mllm.load_config(as_config(upgrade(old), muon))
+  assert read.train.optimizer.kind == 'adamw' and read.train.learning_rate == 0.01
+  assert read.train.optimizer.muon.ns_steps == 5  # its default, not the Muon config's 3
+  adamw = mllm.load_config(BASE)
+  assert 'optimizer' not in written_in(adamw.to_dict(), 3)['train']
+  assert written_in(muon.to_dict(), 3)['train']['optimizer']['kind'] == 'muon'
+  assert older_hashes(muon)[3] != older_hashes(adamw)[3]

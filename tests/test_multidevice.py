@@ -1,6 +1,6 @@
 """Sharding over meshes of 8 fake CPU devices gives the 1-device results: (data, fsdp, tensor)
-for a dense model; (data, expert) and (fsdp, expert, tensor) for an MoE model, whose experts are
-sharded over the expert axis.
+for a dense model, with AdamW and with Muon; (data, expert) and (fsdp, expert, tensor) for an MoE
+model, whose experts are sharded over the expert axis.
 
 Runs in a subprocess: the device count is fixed when JAX starts. Each step blocks on its loss,
 which avoids a deadlock of XLA:CPU's multi-device collectives when steps are queued back to
@@ -95,6 +95,15 @@ def test_sharded_meshes_match_one_device():
   assert all('fsdp' not in s and 'tensor' not in s for s in result['{}']['specs'])
   sharded = result['{"data": 2, "fsdp": 2, "tensor": 2}']['specs']
   assert any('fsdp' in s for s in sharded) and any('tensor' in s for s in sharded)  # really
+  assert_matches_one_device(result)
+
+
+def test_muon_on_a_sharded_mesh_matches_one_device():
+  """Muon's Newton-Schulz on matrices split over fsdp and tensor, its momentum sharded as they are
+  (scanned layers: the layer axis is one of its batch axes)."""
+  result = run([{}, {'data': 2, 'fsdp': 2, 'tensor': 2}], scan=True, choices='opt=muon')
+  sharded = result['{"data": 2, "fsdp": 2, "tensor": 2}']['specs']
+  assert any('fsdp' in s for s in sharded) and any('tensor' in s for s in sharded)
   assert_matches_one_device(result)
 
 

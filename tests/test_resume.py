@@ -82,6 +82,20 @@ def test_optimizer_change_is_refused_naming_the_key_and_nothing_moves(run, tmp_p
   assert fingerprint(workdir) == before
 
 
+def test_switching_the_optimizer_is_refused_naming_its_kind(run, tmp_path):
+  _config, _, corpus, cache = run
+  workdir = copy_of(run, tmp_path)
+  before = fingerprint(workdir)
+  muon = make_config(corpus, cache, train__optimizer__kind='muon', train__steps=80)
+  with pytest.raises(ConfigError) as info:
+    train(muon, workdir, progress=False)
+  assert str(info.value).startswith(
+    "train.optimizer.kind='muon' (saved: 'adamw'): changes the optimizer state of "
+    f'the run in {workdir} (checkpoint step 40)'
+  ), str(info.value)
+  assert fingerprint(workdir) == before
+
+
 def test_model_change_is_refused_naming_the_key(run, tmp_path):
   _, _, corpus, cache = run
   workdir = copy_of(run, tmp_path)

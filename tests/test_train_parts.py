@@ -16,8 +16,9 @@ from jax.sharding import PartitionSpec as P
 
 import mllm
 from mllm.config import ConfigError
+from mllm.optimizers import weight_decay_mask
 from mllm.train.metrics import peak_flops_per_device
-from mllm.train.optimizer import learning_rate_schedule, weight_decay_mask
+from mllm.train.optimizer import learning_rate_schedule
 from mllm.train.sharding import logical_to_spec, mesh_shape
 
 

@@ -1,14 +1,14 @@
-"""AdamW with a warm-up schedule, global-norm clipping and a weight-decay mask (Optax).
-
-AdamW (Loshchilov & Hutter 2019, Alg. 2): decay is decoupled, θ ← θ − η·(m̂/(√v̂+ε) + λθ), and by
-default skips norms, biases and embeddings (as GPT-3 and Llama do).
-"""
+"""The learning-rate schedule (warm-up, then a decay) and the update: global-norm clipping, then
+the optimizer `train.optimizer.kind` names (mllm/optimizers.py: AdamW, Muon)."""
 
 from __future__ import annotations
 
 import jax
 import optax
 from flax import nnx
+
+from mllm.optimizers import OPTIMIZERS
+from mllm.variant_config import settings_of
 
 
 def learning_rate_schedule(t) -> optax.Schedule:
@@ -41,39 +41,21 @@ def _schedule(t) -> optax.Schedule:
   return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), decay], [warmup])
 
 
-def _is_embedding(names: tuple[str, ...]) -> bool:
-  # The token table (also the tied head) and the position module's tables (learned, T5 buckets).
-  return names[0] in ('embed', 'position')
-
-
-def weight_decay_mask(params: nnx.State, t) -> nnx.State:
-  """True where AdamW decays the parameter."""
-
-  def decays(path, var):
-    names = tuple(str(getattr(k, 'key', getattr(k, 'name', k))) for k in path)
-    if not t.decay_embeddings and _is_embedding(names):
-      return var.replace(False)
-    if not t.decay_norms_and_biases and (names[-1] == 'bias' or any('norm' in n for n in names)):
-      return var.replace(False)
-    return var.replace(True)
-
-  return jax.tree_util.tree_map_with_path(
-    decays, params, is_leaf=lambda x: isinstance(x, nnx.Variable)
-  )
-
-
 def make_optimizer(t, params: nnx.State) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """`optax.chain(clip_by_global_norm, adamw)` for the `train` config section."""
+  """`optax.chain(clip_by_global_norm, <train.optimizer>)` for the `train` config section (t)."""
   schedule = learning_rate_schedule(t)
+  optimizer = OPTIMIZERS[t.optimizer.kind]
   parts = [optax.clip_by_global_norm(t.grad_clip)] if t.grad_clip > 0 else []
-  parts.append(
-    optax.adamw(
-      schedule,
-      b1=t.b1,
-      b2=t.b2,
-      eps=t.eps,
-      weight_decay=t.weight_decay,
-      mask=weight_decay_mask(params, t),
-    )
-  )
+  parts.append(optimizer.build(t, settings_of(optimizer, t.optimizer), schedule, params))
   return optax.chain(*parts), schedule
+
+
+def trained_params(model: nnx.Module) -> nnx.State:
+  """The parameters the optimizer trains (nnx.Param; not an MoE's rule-updated ExpertBias)."""
+  return nnx.state(model, nnx.Param)
+
+
+def describe_optimizer(t, params: nnx.State) -> str:
+  """One line: the optimizer `t.optimizer` names, its settings and what it updates how."""
+  optimizer = OPTIMIZERS[t.optimizer.kind]
+  return optimizer.describe(t, settings_of(optimizer, t.optimizer), params)

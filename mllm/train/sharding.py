@@ -94,6 +94,30 @@ def param_shardings(abstract_params: nnx.State, mesh) -> nnx.State:
   return jax.tree.map(sharding, abstract_params, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
+def opt_state_shardings(opt_state, params, shardings: nnx.State, mesh):
+  """The optimizer state's shardings: a leaf whose path ends with a parameter's path and which has
+  its shape (a moment: Adam's mu and nu, Muon's momentum) is sharded as that parameter; any other
+  (counts, Muon's Newton-Schulz coefficients) is replicated. By path, not by re-initialising the
+  transformation on placeholders (optax.tree_map_params), which a Muon whose matrices are chosen
+  by the parameters' metadata cannot do."""
+  by_path = {
+    tuple(path): (leaf.shape, sharding)
+    for (path, leaf), sharding in zip(
+      jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(shardings), strict=True
+    )
+  }
+  longest = max(map(len, by_path), default=0)
+
+  def sharding_of(path, leaf):
+    for start in range(max(len(path) - longest, 0), len(path)):
+      shape, sharding = by_path.get(tuple(path[start:]), (None, None))
+      if sharding is not None and shape == leaf.shape:
+        return sharding
+    return replicated(mesh)
+
+  return jax.tree_util.tree_map_with_path(sharding_of, opt_state)
+
+
 def batch_sharding(mesh) -> NamedSharding:
   return NamedSharding(mesh, P(BATCH_AXES))
 

@@ -27,7 +27,7 @@ from mllm.layers.moe import moe_layers
 from mllm.model import CHECKPOINTED, Block, Transformer, make_stem, make_tail, rng_stand_ins
 from mllm.ops.mesh import traced_on
 from mllm.train.optimizer import make_optimizer
-from mllm.train.sharding import param_shardings, replicated
+from mllm.train.sharding import opt_state_shardings, param_shardings, replicated
 from mllm.validation import check_on_mesh
 
 TrainState = (
@@ -138,14 +138,12 @@ def setup(config, mesh) -> tuple[TrainSetup, Callable[[], TrainState]]:
   shardings = {
     'step': replicated(mesh),
     'params': p_shardings,
-    # Adam's moments mirror the parameters and are sharded like them; counters are replicated.
-    'opt_state': optax.tree_map_params(
-      tx,
-      lambda _, s: s,
+    # Moments mirror the parameters and are sharded like them; counters are replicated.
+    'opt_state': opt_state_shardings(
       abstract['opt_state'],
+      split_trained(abstract['params'])[0],
       split_trained(p_shardings)[0],
-      transform_non_params=lambda _: replicated(mesh),
-      is_leaf=lambda x: isinstance(x, nnx.Variable),
+      mesh,
     ),
     'rng': replicated(mesh),
   }
