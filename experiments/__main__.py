@@ -4,7 +4,8 @@
 [--engine=local|ray [--ray_address=auto|HOST:PORT] [--resources=JSON]]
 
 python -m experiments plan SUITE [--detect 0.03] [--noise_from SUITE] [--steps N]: what a suite
-could see and the seeds and CPU hours a target needs, before anything trains (experiments/plan.py)."""
+could see and the seeds and CPU hours a target needs, before anything trains (experiments/plan.py).
+python -m experiments coord_check [--widths ...]: µP's coordinate check (experiments/coord_check.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ from experiments.suite import PRESETS, BenchmarkSuite, available, load_suite
 
 def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else argv
+  if argv and argv[0] == 'coord_check':
+    from experiments import coord_check
+
+    return coord_check.main(argv[1:])
   if argv and argv[0] == 'plan':
     from experiments import plan
 

@@ -116,6 +116,7 @@ CHOICES = {
   'window': 'model.attention.sliding_window',
   'rope_scaling': 'model.position.rope.scaling.kind',
   'opt': 'train.optimizer.kind',
+  'param': 'model.parametrization.kind',
 }
 
 

@@ -5,7 +5,7 @@ configs/base.py re-exports this `get_config`, and every named config starts from
     python launch.py --config=configs/base.py:pos=alibi,ffn=geglu,norm=layernorm,placement=post
 
 `arg` is a comma-separated list of choices: the short names pos, ffn, norm, placement, attn, window,
-rope_scaling, opt; any dotted path (model.n_layers=2); or any leaf name or tail of a path that is unique
+rope_scaling, opt, param; any dotted path (model.n_layers=2); or any leaf name or tail of a path that is unique
 (n_kv_heads=2, t5.num_buckets=64).
 It lives in the library (not in configs/) because the library builds configs from it too: a Hugging
 Face import or export maps a checkpoint's config.json onto these defaults.
@@ -16,6 +16,7 @@ from ml_collections import config_dict
 from mllm.config_keys import apply_choices, get_path, set_path
 from mllm.layers.ffn import FFNS
 from mllm.layers.norms import NORMS
+from mllm.layers.parametrization import PARAMETRIZATIONS
 from mllm.layers.positions import POSITIONS
 from mllm.optimizers import OPTIMIZERS
 from mllm.variant_config import add_sections, keys_of, reset_unread
@@ -55,6 +56,10 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   model.scan_layers = False  # nnx.scan over layers: faster compiles, same results
   model.scan_unroll = 1  # with scan_layers: layers per loop iteration (XLA fuses across them)
   model.remat = 'none'  # none | full (recompute each layer in the backward) | dots (keep matmuls)
+  # standard | mup (µP, Tensor Programs V: init, per-layer rates, attention scale and logits scaled
+  # with d_model / mup.base_d_model, so a rate tuned at the base width transfers; parametrization.py)
+  model.parametrization = config_dict.ConfigDict({'kind': 'standard'})
+  add_sections(model.parametrization, PARAMETRIZATIONS)
 
   attention = model.attention = config_dict.ConfigDict()
   attention.impl = (
@@ -168,6 +173,7 @@ FAMILIES = {
   'model.position': POSITIONS,
   'model.ffn': FFNS,
   'model.norm': NORMS,
+  'model.parametrization': PARAMETRIZATIONS,
   'train.optimizer': OPTIMIZERS,
 }
 

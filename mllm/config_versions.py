@@ -15,7 +15,8 @@ Version 2: each variant's own section (`model.position.rope.theta`, `model.posit
 `model.position.rope.scaling.yarn.factor`, `model.norm.partial_rmsnorm.p`).
 Version 3: MoE an FFN kind with its section `model.ffn.moe` (was `model.moe`), its experts' FFN a
 choice of their own (`model.ffn.moe.expert.kind`, was `model.moe.expert_kind`).
-Version 4: the optimizer a choice section, `train.optimizer = {kind, muon: {...}}` (AdamW before).
+Version 4: the optimizer a choice section, `train.optimizer = {kind, muon: {...}}` (AdamW before),
+and the parametrization one, `model.parametrization = {kind, mup: {base_d_model}}` (standard before).
 """
 
 from __future__ import annotations
@@ -110,33 +111,43 @@ def v3_as_v2(config: dict) -> dict:
   return config
 
 
-# Version 4's optimizer section as every earlier version trained: AdamW (Muon's keys at their
-# version 4 defaults, which later versions do not change: that would be a version of its own).
-_V4_ADAMW = {
-  'kind': 'adamw',
-  'muon': {
-    'adam_lr_ratio': 1.0,
-    'beta': 0.95,
-    'consistent_rms': 0.2,
-    'nesterov': True,
-    'ns_steps': 5,
+# Version 4's new sections as every earlier version trained: AdamW and the standard
+# parametrization (the other variants' keys at their version 4 defaults, which later versions do
+# not change: that would be a version of its own).
+_V4_SECTIONS = {
+  'train.optimizer': {
+    'kind': 'adamw',
+    'muon': {
+      'adam_lr_ratio': 1.0,
+      'beta': 0.95,
+      'consistent_rms': 0.2,
+      'nesterov': True,
+      'ns_steps': 5,
+    },
+  },
+  'model.parametrization': {
+    'kind': 'standard',
+    'mup': {'base_d_model': 256, 'base_head_dim': None},
   },
 }
 
 
 def v3_to_v4(config: dict) -> dict:
-  """A version 3 config (as JSON) in version 4's shape: it trained with AdamW."""
+  """A version 3 config (as JSON) in version 4's shape: it trained with AdamW, standard."""
   config = copy.deepcopy(config)
-  config.setdefault('train', {})['optimizer'] = copy.deepcopy(_V4_ADAMW)
+  for path, section in _V4_SECTIONS.items():
+    _put(config, path, copy.deepcopy(section))
   return config
 
 
 def v4_as_v3(config: dict) -> dict:
-  """A version 4 config (every key present) in version 3's shape: without the optimizer section
-  where it says AdamW as version 3 trained; another optimizer keeps it (no version 3 run is it)."""
+  """A version 4 config (every key present) in version 3's shape: without the new sections where
+  they say what version 3 trained (AdamW, standard); another choice keeps its section, so no
+  version 3 run is it."""
   config = copy.deepcopy(config)
-  if config['train']['optimizer'] == _V4_ADAMW:
-    del config['train']['optimizer']
+  for path, section in _V4_SECTIONS.items():
+    if _get(config, path) == section:
+      _pop(config, path)
   return config
 
 

@@ -30,6 +30,7 @@ from mllm.layers.kv_cache import (
 from mllm.layers.moe import moe_layers
 from mllm.layers.moe_routing import ExpertBias
 from mllm.layers.norms import NORMS
+from mllm.layers.parametrization import output_multiplier
 from mllm.layers.positions import POSITIONS, PositionContext
 from mllm.layers.remat import REMAT_POLICIES
 from mllm.ops.attention import AttentionMask
@@ -105,6 +106,7 @@ class Transformer(nnx.Module):
       setattr(self, name, part)
     self.scan_layers = cfg.scan_layers
     self.scan_unroll = cfg.scan_unroll
+    self.output_multiplier = output_multiplier(cfg)  # µP: 1/m (parametrization.py); else 1
     self.moe_layers = tuple(moe_layers(cfg))
     if cfg.scan_layers:
       # One Block whose parameters carry a leading 'layers' axis; __call__ scans over it, so XLA
@@ -154,6 +156,8 @@ class Transformer(nnx.Module):
     if self.final_norm is not None:
       x_BTD = self.final_norm(x_BTD)
     logits_BTV = self.embed.attend(x_BTD) if self.head is None else self.head(x_BTD)
+    if self.output_multiplier != 1.0:
+      logits_BTV = logits_BTV * jnp.asarray(self.output_multiplier, logits_BTV.dtype)
     if float32_logits:
       logits_BTV = logits_BTV.astype(jnp.float32)
     if cache is not None:

@@ -37,7 +37,7 @@ def _is_embedding(names: tuple[str, ...]) -> bool:
   return names[0] in ('embed', 'position')
 
 
-def _map_variables(fn, params: nnx.State) -> nnx.State:
+def map_variables(fn, params: nnx.State) -> nnx.State:
   """`params` with each Variable's value replaced by fn(path names, variable)."""
   return jax.tree_util.tree_map_with_path(
     lambda path, var: var.replace(fn(_names(path), var)),
@@ -54,12 +54,12 @@ def weight_decay_mask(params: nnx.State, t) -> nnx.State:
       return False
     return t.decay_norms_and_biases or not (names[-1] == 'bias' or any('norm' in n for n in names))
 
-  return _map_variables(decays, params)
+  return map_variables(decays, params)
 
 
 def _sizes(params: nnx.State, which) -> tuple[int, int]:
   """(how many parameters `which(names, var)` picks, their total size)."""
-  picked = jax.tree.leaves(_map_variables(lambda n, v: bool(which(n, v)), params))
+  picked = jax.tree.leaves(map_variables(lambda n, v: bool(which(n, v)), params))
   sizes = [math.prod(leaf.shape) for leaf in jax.tree.leaves(params)]
   return sum(picked), sum(size for size, p in zip(sizes, picked, strict=True) if p)
 
@@ -150,8 +150,8 @@ class Muon:
   @staticmethod
   def build(t, settings: MuonSettings, schedule, params: nnx.State) -> optax.GradientTransformation:
     s = settings
-    dimensions = _map_variables(muon_dimensions, params)
-    labels = _map_variables(
+    dimensions = map_variables(muon_dimensions, params)
+    labels = map_variables(
       lambda names, var: 'muon' if muon_dimensions(names, var) else 'adam', params
     )
     muon = optax.contrib.muon(

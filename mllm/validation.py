@@ -15,6 +15,7 @@ from mllm.layers.ffn import check_ffn_config
 from mllm.layers.init import INIT_SCHEMES
 from mllm.layers.moe import moe_layers
 from mllm.layers.norms import check_norm_config
+from mllm.layers.parametrization import check_parametrization
 from mllm.layers.positions import POSITIONS, check_position_config
 from mllm.layers.remat import REMAT_POLICIES
 from mllm.ops.attention import ATTENTION_IMPLS, impls_with
@@ -137,6 +138,7 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
   check_ffn_config(m, p)
 
   check_norm_config(m, p)
+  check_parametrization(m, p)
 
 
 def _check_attention_impl(m: config_dict.ConfigDict, p: str) -> None:

@@ -232,3 +232,7 @@ def test_version_4_reads_an_older_config_as_adamw_and_writes_adamw_back_without_
   assert 'optimizer' not in written_in(adamw.to_dict(), 3)['train']
   assert written_in(muon.to_dict(), 3)['train']['optimizer']['kind'] == 'muon'
   assert older_hashes(muon)[3] != older_hashes(adamw)[3]
+  assert 'parametrization' not in written_in(adamw.to_dict(), 3)['model']
+  mup = mllm.load_config(BASE + ':param=mup')
+  assert written_in(mup.to_dict(), 3)['model']['parametrization']['kind'] == 'mup'
+  assert older_hashes(mup)[3] != older_hashes(adamw)[3]

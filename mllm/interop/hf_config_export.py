@@ -16,6 +16,7 @@ from mllm.layers.ffn import FFNS, hidden_dim
 from mllm.layers.moe import moe_layers
 from mllm.layers.moe_hf import moe_hf_fields, moe_math
 from mllm.layers.norms import NORMS
+from mllm.layers.parametrization import attention_scale, width_multiplier
 from mllm.layers.positions import POSITIONS, RotaryPositions
 from mllm.model import dense_ffn_kind
 
@@ -128,7 +129,9 @@ def math_of(m) -> dict[str, Any]:
   out = {k: _get(m, k) for k in MATH_KEYS}
   head_dim = resolved_head_dim(m)
   out['head_dim'] = head_dim
-  out['attention.softmax_scale'] = m.attention.softmax_scale or head_dim**-0.5
+  out['attention.softmax_scale'] = m.attention.softmax_scale or attention_scale(m, head_dim)
+  # µP away from its base width multiplies the logits by 1/m, which no transformers class does.
+  out['parametrization.kind'] = 'standard' if width_multiplier(m) == 1.0 else m.parametrization.kind
   out['norm.use_bias'] = (
     m.norm.kind == 'layernorm' if m.norm.use_bias is None else bool(m.norm.use_bias)
   )

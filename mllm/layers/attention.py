@@ -15,6 +15,7 @@ from mllm.layers import resolved_head_dim
 from mllm.layers.init import weight_std
 from mllm.layers.kv_cache import LayerCache
 from mllm.layers.norms import RMSNorm
+from mllm.layers.parametrization import attention_scale
 from mllm.layers.positions import POSITIONS, PositionContext
 from mllm.ops.attention import AttentionMask, attend
 
@@ -58,7 +59,7 @@ class Attention(nnx.Module):
     self.dropout = nnx.Dropout(acfg.dropout, rngs=rngs)
     self.impl = acfg.impl
     self.block_q, self.block_k = acfg.block_q, acfg.block_k
-    self.scale = acfg.softmax_scale if acfg.softmax_scale is not None else h**-0.5
+    self.scale = acfg.softmax_scale if acfg.softmax_scale is not None else attention_scale(cfg, h)
 
   def __call__(
     self,

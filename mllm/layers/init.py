@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import math
 
+from mllm.layers.parametrization import table_std_factor
+
 ROLES = ('table', 'in', 'out')
 
 
@@ -59,6 +61,8 @@ def weight_std(cfg, role: str, fan_in: int | None = None) -> float:
   if role != 'table' and fan_in is None:
     raise ValueError(f'a {role!r} matrix needs its fan_in')
   std = INIT_SCHEMES[cfg.init](cfg, role, fan_in)
+  if role == 'table':
+    std = std * table_std_factor(cfg)  # µP: independent of the width (parametrization.py)
   if role == 'out' and cfg.depth_scaled_init:
     std = std / (2 * cfg.n_layers) ** 0.5
   return std

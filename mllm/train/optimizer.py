@@ -4,10 +4,12 @@ the optimizer `train.optimizer.kind` names (mllm/optimizers.py: AdamW, Muon)."""
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from mllm.optimizers import OPTIMIZERS
+from mllm.layers.parametrization import learning_rate_multiplier, width_multiplier
+from mllm.optimizers import OPTIMIZERS, map_variables, muon_dimensions
 from mllm.variant_config import settings_of
 
 
@@ -41,13 +43,31 @@ def _schedule(t) -> optax.Schedule:
   return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), decay], [warmup])
 
 
-def make_optimizer(t, params: nnx.State) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """`optax.chain(clip_by_global_norm, <train.optimizer>)` for the `train` config section (t)."""
+def make_optimizer(
+  t, params: nnx.State, model_cfg=None
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """`optax.chain(clip_by_global_norm, <train.optimizer>)` for the `train` config section (t);
+  then, under µP (`model_cfg.parametrization`), each parameter's rate multiplier."""
   schedule = learning_rate_schedule(t)
   optimizer = OPTIMIZERS[t.optimizer.kind]
   parts = [optax.clip_by_global_norm(t.grad_clip)] if t.grad_clip > 0 else []
   parts.append(optimizer.build(t, settings_of(optimizer, t.optimizer), schedule, params))
+  if model_cfg is not None and width_multiplier(model_cfg) != 1.0:
+    multipliers = learning_rate_multipliers(model_cfg, params)
+    parts.append(
+      optax.stateless(lambda updates, _: jax.tree.map(jnp.multiply, updates, multipliers))
+    )
   return optax.chain(*parts), schedule
+
+
+def learning_rate_multipliers(model_cfg, params: nnx.State) -> nnx.State:
+  """Each parameter's rate multiplier under the model's parametrization: µP's 1/m on the hidden
+  matrices (those Muon would orthogonalise: mllm.optimizers.muon_dimensions), 1 elsewhere. The
+  decoupled decay, part of the update, is scaled with it (as µP's reference code's MuAdamW)."""
+  return map_variables(
+    lambda names, var: learning_rate_multiplier(model_cfg, muon_dimensions(names, var) is not None),
+    params,
+  )
 
 
 def trained_params(model: nnx.Module) -> nnx.State:

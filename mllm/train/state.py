@@ -90,7 +90,7 @@ class _RunParts(NamedTuple):
 def _parts(config) -> _RunParts:
   abstract_model = nnx.eval_shape(lambda: initial_model(config))
   _, abstract_params, _ = nnx.split(abstract_model, CHECKPOINTED, ...)
-  tx, schedule = make_optimizer(config.train, split_trained(abstract_params)[0])
+  tx, schedule = make_optimizer(config.train, split_trained(abstract_params)[0], config.model)
 
   def init() -> TrainState:
     _, params, _ = nnx.split(initial_model(config), CHECKPOINTED, ...)

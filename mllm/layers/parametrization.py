@@ -1,0 +1,136 @@
+"""Parametrizations (`model.parametrization.kind`): how initialisation, learning rates, the
+attention scale and the logits change with the width, so a rate tuned at one width transfers.
+
+    standard  every width as configured (fan-in init, one learning rate, 1/√d_head, logits as
+              computed): the best rate falls as the width grows.
+    mup       µP for Adam (Yang et al. 2022, "Tensor Programs V", arXiv 2203.03466, Table 3 with
+              the output multiplier of its Appendix B): with the width multiplier
+              m = d_model / mup.base_d_model,
+                hidden matrices (q, k, v, out, the FFN's, the experts', the router): fan-in init
+                  (as standard), Adam learning rate × 1/m;
+                embeddings and position tables ("input weights"), norms and biases: init and rate
+                  independent of the width (a table's std is 1/√base_d_model, not 1/√d_model);
+                the output: logits × 1/m (the readout's multiplier; its rate is not scaled),
+                  tied or untied;
+                attention: scores × √(base head dim) / d_head (1/d_head in the limit, instead
+                  of 1/√d_head).
+              At d_model = base_d_model it is the standard parametrization exactly.
+
+Each is a class registered under its config name; one with settings declares them as a frozen
+`Settings` (mllm/variant_config.py), its section `model.parametrization.<name>`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mllm.checks import ConfigError
+from mllm.variant_config import at_least, setting, settings_of
+
+
+class Standard:
+  """No width-dependent factors: every multiplier is 1."""
+
+  @staticmethod
+  def width_multiplier(cfg) -> float:
+    del cfg
+    return 1.0
+
+  @staticmethod
+  def attention_scale(cfg, head_dim: int) -> float:
+    del cfg
+    return head_dim**-0.5
+
+  @staticmethod
+  def check(m, p: str) -> None:
+    del m, p
+
+
+@dataclasses.dataclass(frozen=True)
+class MuPSettings:
+  base_d_model: int = setting(
+    256,
+    'the width at which µP equals the standard parametrization (where the rate was tuned)',
+    at_least(1),
+  )
+  base_head_dim: int | None = setting(
+    None,
+    'the head dim at the base width (the attention scale is √base_head_dim / d_head); None: a set '
+    'model.head_dim, else base_d_model / n_heads (the heads keep their count as the width grows)',
+    at_least(1),
+  )
+
+
+class MuP:
+  """µP for Adam (module docstring)."""
+
+  Settings = MuPSettings
+
+  @staticmethod
+  def width_multiplier(cfg) -> float:
+    return cfg.d_model / settings_of(MuP, cfg.parametrization).base_d_model
+
+  @staticmethod
+  def attention_scale(cfg, head_dim: int) -> float:
+    """√(the head dim at the base width) / d_head: d_model // n_heads scales with the width, a
+    set head_dim does not (then it is 1/√d_head)."""
+    s = settings_of(MuP, cfg.parametrization)
+    base = s.base_head_dim or cfg.head_dim or s.base_d_model / cfg.n_heads
+    return base**0.5 / head_dim
+
+  @staticmethod
+  def check(m, p: str) -> None:
+    if m.init != 'fan_in':
+      raise ConfigError(
+        f'{p}.init',
+        m.init,
+        "µP scales a fan-in init with the width; allowed with model.parametrization.kind='mup': "
+        "'fan_in'",
+      )
+    if m.attention.softmax_scale is not None:
+      raise ConfigError(
+        f'{p}.attention.softmax_scale',
+        m.attention.softmax_scale,
+        "µP sets the attention scale from the width; allowed with model.parametrization.kind='mup':"
+        ' None',
+      )
+
+
+PARAMETRIZATIONS = {'standard': Standard, 'mup': MuP}
+
+
+def _chosen(cfg):
+  return PARAMETRIZATIONS[cfg.parametrization.kind]
+
+
+def width_multiplier(cfg) -> float:
+  """m = d_model / base_d_model under µP; 1 under the standard parametrization."""
+  return _chosen(cfg).width_multiplier(cfg)
+
+
+def attention_scale(cfg, head_dim: int) -> float:
+  """The scores' scale: 1/√d_head, or under µP √(base head dim)/d_head (the same at the base)."""
+  return _chosen(cfg).attention_scale(cfg, head_dim)
+
+
+def table_std_factor(cfg) -> float:
+  """A lookup table's std relative to the init scheme's 1/√d_model: √m makes it 1/√base_d_model,
+  independent of the width, under µP (an input weight's fan-in is the one-hot's, constant)."""
+  return width_multiplier(cfg) ** 0.5
+
+
+def output_multiplier(cfg) -> float:
+  """The logits' factor: 1/m."""
+  return 1.0 / width_multiplier(cfg)
+
+
+def learning_rate_multiplier(cfg, is_hidden_matrix: bool) -> float:
+  """A parameter's rate factor: 1/m for a hidden matrix, 1 for the rest."""
+  return 1.0 / width_multiplier(cfg) if is_hidden_matrix else 1.0
+
+
+def check_parametrization(m, p: str = 'model') -> None:
+  from mllm.variant_config import check_variant_keys
+
+  check_variant_keys(m.parametrization, f'{p}.parametrization', PARAMETRIZATIONS, 'parametrization')
+  PARAMETRIZATIONS[m.parametrization.kind].check(m, p)
