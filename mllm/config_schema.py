@@ -147,6 +147,9 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   train.decay_embeddings = False  # weight decay on embedding tables (and a tied head)
   train.decay_norms_and_biases = False
   train.grad_clip = 1.0  # global-norm clipping; 0 turns it off
+  # PaLM's output z-loss (Chowdhery et al. 2022, sec. 5: 1e-4): + coef · mean(log² Z) of the logits,
+  # which keeps log Z near 0 (Wortsman et al. 2023: it removes the output-logit divergence)
+  train.z_loss_coef = 0.0
   train.grad_accum_steps = 1  # micro-batches per step; data.batch_size is split between them
   train.log_every = 10
   train.eval_every = 100  # and at the end; 0: only at the end

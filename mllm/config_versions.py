@@ -16,7 +16,8 @@ Version 2: each variant's own section (`model.position.rope.theta`, `model.posit
 Version 3: MoE an FFN kind with its section `model.ffn.moe` (was `model.moe`), its experts' FFN a
 choice of their own (`model.ffn.moe.expert.kind`, was `model.moe.expert_kind`).
 Version 4: the optimizer a choice section, `train.optimizer = {kind, muon: {...}}` (AdamW before),
-and the parametrization one, `model.parametrization = {kind, mup: {base_d_model}}` (standard before).
+and the parametrization one, `model.parametrization = {kind, mup: {base_d_model, base_head_dim}}`
+(standard before); `train.z_loss_coef` (0 before).
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ def v3_as_v2(config: dict) -> dict:
   return config
 
 
-# Version 4's new sections as every earlier version trained: AdamW and the standard
+# Version 4's new keys as every earlier version trained: AdamW, no output z-loss, the standard
 # parametrization (the other variants' keys at their version 4 defaults, which later versions do
 # not change: that would be a version of its own).
 _V4_SECTIONS = {
@@ -125,6 +126,7 @@ _V4_SECTIONS = {
       'ns_steps': 5,
     },
   },
+  'train.z_loss_coef': 0.0,
   'model.parametrization': {
     'kind': 'standard',
     'mup': {'base_d_model': 256, 'base_head_dim': None},
@@ -133,7 +135,7 @@ _V4_SECTIONS = {
 
 
 def v3_to_v4(config: dict) -> dict:
-  """A version 3 config (as JSON) in version 4's shape: it trained with AdamW, standard."""
+  """A version 3 config (as JSON) in version 4's shape: AdamW, no z-loss, standard."""
   config = copy.deepcopy(config)
   for path, section in _V4_SECTIONS.items():
     _put(config, path, copy.deepcopy(section))

@@ -57,3 +57,33 @@ def test_float32_logits_give_optax_values_and_gradients():
 
   np.testing.assert_allclose(ours(logits), theirs(logits), rtol=1e-6)
   np.testing.assert_allclose(jax.grad(ours)(logits), jax.grad(theirs)(logits), atol=1e-7)
+
+
+def test_loss_and_log_z_with_a_z_loss_equal_the_float64_formula():
+  """Σ w_t loss_t + c · Σ v_t logZ_t²: its gradient is w_t (softmax − e_y) + 2c v_t logZ_t softmax
+  (float64 NumPy), through both outputs' cotangents."""
+  from mllm.ops.cross_entropy import cross_entropy_and_logsumexp
+
+  rng = np.random.default_rng(1)
+  B, T, V, c = 2, 5, 61, 0.3
+  logits = jnp.asarray(rng.normal(2, 3, (B, T, V)), jnp.float32)
+  targets = jnp.asarray(rng.integers(0, V, (B, T)), jnp.int32)
+  w = jnp.asarray(rng.uniform(0, 1, (B, T)), jnp.float32)
+  v = jnp.asarray(rng.uniform(0, 1, (B, T)), jnp.float32)
+
+  def objective(z):
+    loss, log_z = cross_entropy_and_logsumexp(z, targets)
+    return jnp.sum(loss * w) + c * jnp.sum(log_z**2 * v)
+
+  value, grad = jax.jit(jax.value_and_grad(objective))(logits)
+  z = np.asarray(logits, np.float64)
+  lse = np.log(np.exp(z).sum(-1))
+  softmax = np.exp(z - lse[..., None])
+  want_loss, want_ce_grad = reference(z, np.asarray(targets), np.asarray(w, np.float64))
+  want_value = (want_loss * np.asarray(w)).sum() + c * (lse**2 * np.asarray(v)).sum()
+  want_grad = want_ce_grad + 2 * c * (np.asarray(v) * lse)[..., None] * softmax
+  np.testing.assert_allclose(value, want_value, rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(grad, np.float64), want_grad, rtol=1e-4, atol=1e-6)
+  loss, log_z = cross_entropy_and_logsumexp(logits, targets)
+  np.testing.assert_allclose(log_z, lse, rtol=1e-6)
+  np.testing.assert_allclose(loss, cross_entropy(logits, targets), rtol=0, atol=0)

@@ -66,7 +66,9 @@ def test_loss_falls_and_metrics_are_written(reference_run):
   assert first > math.log(258) - 0.5  # starts near uniform over the byte vocabulary
   assert last < first - 1.0, (first, last)
   assert all(
-    r['tokens_per_s'] > 0 and r['step_time_s'] > 0 for r in records if r['split'] == 'train'
+    r['tokens_per_s'] > 0 and r['step_time_s'] > 0 and math.isfinite(r['log_z'])
+    for r in records
+    if r['split'] == 'train'
   )
   # MFU = FLOPs/token × tokens/s ÷ peak, with 6·N + attention FLOPs at the training length.
   from mllm.accounting import count_params, training_flops_per_token

@@ -47,3 +47,30 @@ def _backward(residuals, g_BT):
 
 
 cross_entropy.defvjp(_forward, _backward)
+
+
+@jax.custom_vjp
+def cross_entropy_and_logsumexp(logits_BTV: jax.Array, targets_BT: jax.Array):
+  """(per-token cross-entropy, per-token log Z = logsumexp(logits)), both float32 and both
+  differentiable: ∂/∂z_t of a·loss_t + b·logZ_t is a·(softmax − onehot) + b·softmax, so an
+  objective may add PaLM's z-loss (c · logZ², Chowdhery et al. 2022, sec. 5) at no extra pass."""
+  return _loss_and_logsumexp(logits_BTV, targets_BT)
+
+
+def _forward_both(logits_BTV, targets_BT):
+  loss_BT, lse_BT = _loss_and_logsumexp(logits_BTV, targets_BT)
+  return (loss_BT, lse_BT), (logits_BTV, targets_BT, lse_BT)
+
+
+def _backward_both(residuals, cotangents):
+  logits_BTV, targets_BT, lse_BT = residuals
+  g_BT, g_lse_BT = cotangents
+  p_BTV = jnp.exp(logits_BTV.astype(jnp.float32) - lse_BT[..., None])
+  is_target = targets_BT[..., None] == jnp.arange(logits_BTV.shape[-1], dtype=targets_BT.dtype)
+  d_BTV = (p_BTV - is_target.astype(jnp.float32)) * g_BT[..., None].astype(jnp.float32)
+  d_BTV = d_BTV + p_BTV * g_lse_BT[..., None].astype(jnp.float32)
+  no_cotangent = np.zeros(targets_BT.shape, dtype=jax.dtypes.float0)
+  return d_BTV.astype(logits_BTV.dtype), no_cotangent
+
+
+cross_entropy_and_logsumexp.defvjp(_forward_both, _backward_both)

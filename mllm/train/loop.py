@@ -295,6 +295,7 @@ class _Loop:
         'loss': info.loss,
         'grad_norm': info.metrics['grad_norm'],
         'learning_rate': info.metrics['learning_rate'],
+        'log_z': info.metrics['log_z'],
         'tokens_per_s': tok_s,
         'step_time_s': info.seconds,
         'mfu': mfu,

@@ -17,7 +17,7 @@ from flax import nnx
 
 from mllm.layers.moe import draws_noise, moe_layers, moe_metrics, update_expert_biases
 from mllm.layers.moe_routing import balancing_objective
-from mllm.ops.cross_entropy import cross_entropy
+from mllm.ops.cross_entropy import cross_entropy_and_logsumexp
 from mllm.ops.mesh import traced_on
 from mllm.train.sharding import batch_sharding, replicated
 from mllm.train.state import ModelSetup, TrainSetup, TrainState, split_trained
@@ -47,8 +47,12 @@ def _forward_on_mesh(train_setup: ModelSetup, params, batch, train: bool, dropou
     return_moe_stats=True,
     float32_logits=False,  # the loss upcasts pass by pass (a float32 copy would cost a bf16 step)
   )
-  losses = cross_entropy(logits, batch['targets'])
-  return losses * batch['loss_mask'], moe_stats
+  losses, log_z = cross_entropy_and_logsumexp(logits, batch['targets'])
+  mask = batch['loss_mask']
+  # Sums over the masked tokens (summed, not averaged, over micro-batches): the output's log Z,
+  # logged, and log² Z, PaLM's z-loss (train.z_loss_coef).
+  stats = {**moe_stats, 'log_z_sum': (log_z * mask).sum(), 'log_z_sq_sum': (log_z**2 * mask).sum()}
+  return losses * mask, stats
 
 
 def _is_stochastic(cfg) -> bool:
@@ -58,8 +62,9 @@ def _is_stochastic(cfg) -> bool:
 def make_train_step(train_setup: TrainSetup):
   """`step(state, batch) -> (state, metrics)`, jitted, with the state donated.
 
-  The objective is mean cross-entropy + balance_coef · the Switch loss (`balancing_objective`) +
-  z_loss_coef · the mean of the layers' z-losses. With gradient accumulation the Switch loss uses
+  The objective is mean cross-entropy + train.z_loss_coef · the mean log² Z of the output
+  (PaLM's z-loss) + balance_coef · the Switch loss (`balancing_objective`) + z_loss_coef · the
+  mean of the MoE layers' router z-losses. With gradient accumulation the Switch loss uses
   the global batch's expert counts f (a forward pass over the micro-batches finds them first, one
   extra forward per step), so it and the update equal those of the whole batch at once.
   """
@@ -97,6 +102,7 @@ class _StepParts:
     self.train_setup = train_setup
     self.accum = cfg.train.grad_accum_steps
     self.moe = cfg.model.ffn.moe
+    self.z_loss_coef = cfg.train.z_loss_coef
     self.has_moe = bool(moe_layers(cfg.model))
     self.stochastic = _is_stochastic(cfg.model)
     self.grad_fn = jax.value_and_grad(self.objective, has_aux=True)
@@ -112,6 +118,8 @@ class _StepParts:
     moe, accum = self.moe, self.accum
     losses, stats = _forward(self.train_setup, params, batch, train=True, dropout_key=key)
     value = losses.sum() / n_tokens
+    if self.z_loss_coef:
+      value += self.z_loss_coef * stats['log_z_sq_sum'] / n_tokens
     if self.has_moe:
       counts = stats['tokens_per_expert'] if counts_LE is None else counts_LE
       balance = balancing_objective(counts, stats['mean_prob'], moe.top_k, moe.balance_convention)
@@ -140,7 +148,7 @@ class _StepParts:
     zeros = _zeros(jax.eval_shape(self.grad_fn, params, _first(micro), None, n_tokens, counts))
     ((_, (loss_sum, stats)), grads), _ = jax.lax.scan(add, (zeros, params), (micro, keys))[0]
     # Summed over micro-batches: counts stay sums, the per-call means become means.
-    stats = {name: v if name == 'tokens_per_expert' else v / accum for name, v in stats.items()}
+    stats = {name: v if name in _SUMMED else v / accum for name, v in stats.items()}
     return loss_sum, stats, grads
 
   def expert_counts(self, params, micro, keys):
@@ -190,10 +198,18 @@ class _StepParts:
       'learning_rate': self.train_setup.schedule(state['step']),
       'tokens': n_tokens,
       'params_finite': finite,
+      'log_z': stats['log_z_sum'] / n_tokens,  # the output's mean log Z (Wortsman et al. 2023)
     }
     if self.has_moe:
-      metrics['moe'] = moe_metrics(stats, self.moe.top_k, self.moe.balance_convention)
+      routing = {k: v for k, v in stats.items() if k not in _OUTPUT_STATS}
+      metrics['moe'] = moe_metrics(routing, self.moe.top_k, self.moe.balance_convention)
     return metrics
+
+
+# The output's statistics (the rest are the MoE layers'), and those that are sums over a batch's
+# tokens (the rest are means per forward pass).
+_OUTPUT_STATS = ('log_z_sum', 'log_z_sq_sum')
+_SUMMED = ('tokens_per_expert', *_OUTPUT_STATS)
 
 
 def _first(micro_batches):
