@@ -39,6 +39,8 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   model.head_dim = placeholder(int)  # None: d_model // n_heads
   model.max_seq_len = 256  # context length; size of the learned position table
   model.tie_embeddings = True
+  # Gemma 2's final-logit soft-capping: logits → cap · tanh(logits / cap); None: off
+  model.final_logit_softcap = placeholder(float)
   model.dropout = 0.0  # on each residual branch
   model.embed_dropout = 0.0
   # Initialisation scheme (mllm/layers/init.py): fan_in (1/sqrt(fan_in), LeCun) | fixed

@@ -17,7 +17,7 @@ Version 3: MoE an FFN kind with its section `model.ffn.moe` (was `model.moe`), i
 choice of their own (`model.ffn.moe.expert.kind`, was `model.moe.expert_kind`).
 Version 4: the optimizer a choice section, `train.optimizer = {kind, muon: {...}}` (AdamW before),
 and the parametrization one, `model.parametrization = {kind, mup: {base_d_model, base_head_dim}}`
-(standard before); `train.z_loss_coef` (0 before).
+(standard before); `train.z_loss_coef` (0 before), `model.final_logit_softcap` (None before).
 """
 
 from __future__ import annotations
@@ -127,6 +127,7 @@ _V4_SECTIONS = {
     },
   },
   'train.z_loss_coef': 0.0,
+  'model.final_logit_softcap': None,
   'model.parametrization': {
     'kind': 'standard',
     'mup': {'base_d_model': 256, 'base_head_dim': None},

@@ -107,6 +107,7 @@ class Transformer(nnx.Module):
     self.scan_layers = cfg.scan_layers
     self.scan_unroll = cfg.scan_unroll
     self.output_multiplier = output_multiplier(cfg)  # µP: 1/m (parametrization.py); else 1
+    self.final_logit_softcap = cfg.final_logit_softcap
     self.moe_layers = tuple(moe_layers(cfg))
     if cfg.scan_layers:
       # One Block whose parameters carry a leading 'layers' axis; __call__ scans over it, so XLA
@@ -158,6 +159,9 @@ class Transformer(nnx.Module):
     logits_BTV = self.embed.attend(x_BTD) if self.head is None else self.head(x_BTD)
     if self.output_multiplier != 1.0:
       logits_BTV = logits_BTV * jnp.asarray(self.output_multiplier, logits_BTV.dtype)
+    if self.final_logit_softcap is not None:  # Gemma 2 (Team et al. 2024): cap · tanh(z / cap)
+      cap = self.final_logit_softcap
+      logits_BTV = (cap * jnp.tanh(logits_BTV.astype(jnp.float32) / cap)).astype(logits_BTV.dtype)
     if float32_logits:
       logits_BTV = logits_BTV.astype(jnp.float32)
     if cache is not None:

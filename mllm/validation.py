@@ -87,6 +87,7 @@ def _check_model_scalars(m: config_dict.ConfigDict, p: str) -> None:
       f"{p}.init='fixed' to use it, else leave it at {DEFAULT_INIT_STD}",
     )
   positive(f'{p}.embed_scale', m.embed_scale)
+  positive(f'{p}.final_logit_softcap', m.final_logit_softcap, optional=True)
   one_of(f'{p}.dtype', m.dtype, DTYPES, 'compute dtype')
   one_of(f'{p}.param_dtype', m.param_dtype, DTYPES, 'parameter dtype')
   one_of(f'{p}.remat', m.remat, REMAT_POLICIES, 'remat policy')

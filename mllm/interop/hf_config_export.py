@@ -29,6 +29,7 @@ MATH_KEYS = (
   'n_kv_heads',
   'tie_embeddings',
   'embed_scale',
+  'final_logit_softcap',
   'position.kind',
   'norm.kind',
   'norm.placement',
