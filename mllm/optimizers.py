@@ -151,9 +151,7 @@ class Muon:
   def build(t, settings: MuonSettings, schedule, params: nnx.State) -> optax.GradientTransformation:
     s = settings
     dimensions = map_variables(muon_dimensions, params)
-    labels = map_variables(
-      lambda names, var: 'muon' if muon_dimensions(names, var) else 'adam', params
-    )
+    labels = map_variables(lambda _, var: 'adam' if var.get_value() is None else 'muon', dimensions)
     muon = optax.contrib.muon(
       schedule,
       ns_steps=s.ns_steps,
