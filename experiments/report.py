@@ -8,8 +8,17 @@ import json
 import math
 import os
 
-from experiments import plots, report_notes, reproduce, tensorboard, verdicts
+from experiments import (
+  plots,
+  report_notes,
+  reproduce,
+  speedup,
+  stability,
+  tensorboard,
+  verdicts,
+)
 from experiments.diagnosis import Evidence
+from experiments.run import resolve
 from experiments.suite import Suite
 
 
@@ -98,8 +107,16 @@ def write(suite: Suite, results: dict, out: str) -> str:
   with open(os.path.join(folder, 'results.json'), 'w') as f:
     json.dump(results, f, indent=1)
   figures = plots.write_all(suite, results, rows, folder)
+  if suite.stability:
+    figures.append(stability.curves(suite, results, os.path.join(folder, 'stability.png')))
+    figures = [f for f in figures if f]
   tensorboard.write(suite, results, folder, final=('eval_loss', *verdicts.EXTRA_COLUMNS))
   text = markdown(suite, results, rows)
+  if suite.tokens_to_baseline:
+    text += '\n'.join(speedup.lines(suite, results)) + '\n'
+  if suite.stability:
+    vocab = resolve(suite, suite.baseline, results['preset'], 0).model.vocab_size
+    text += '\n'.join(stability.lines(suite, results, vocab)) + '\n'
   text += ''.join(f'\n![{os.path.basename(p)}]({os.path.basename(p)})\n' for p in figures)
   path = os.path.join(folder, 'results.md')
   with open(path, 'w') as f:

@@ -170,6 +170,10 @@ def run_one(
     eval_loss=final['loss'],
     eval_perplexity=final['perplexity'],
     bits_per_byte=final['bits_per_byte'],
+    # Wortsman et al. 2023's instability measures, at the end (a checkpoint evaluated by code
+    # older than them has neither).
+    eval_log_z=final.get('log_z'),
+    max_attention_logit=final.get('max_attention_logit'),
   )
   if parent is not None:
     result['starts_from'] = parent['variant']

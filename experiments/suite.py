@@ -88,6 +88,13 @@ class Suite:
   # experiments/tuning.py's BUDGET_GRID, or a wider one where the suite moves the optimum further
   # than a longer budget does (another width: ffn_d256).
   retune_grid: LrGrid = BUDGET_GRID
+  # The stability harness (experiments/stability.py): results.md reports each variant's LR
+  # sensitivity and, per rate, the final loss, largest attention logit and log Z; stability.png
+  # plots them against the rate (Wortsman et al. 2023, Figures 1-4).
+  stability: bool = False
+  # Each variant's steps to the baseline's final eval loss, seed by seed (experiments/speedup.py;
+  # the runs evaluate during training).
+  tokens_to_baseline: bool = False
 
   def __post_init__(self):
     names = [v.name for v in self.variants]

@@ -160,6 +160,10 @@ def grid_point(lr: float, done: list[dict], failures: int) -> dict:
     'seeds': [r['seed'] for r in done],
     'eval_loss': [r['eval_loss'] for r in done],
     'diverged_at_step': [r.get('diverged_at_step') for r in done],
+    # Wortsman et al. 2023's instability measures (experiments/stability.py); None where a run
+    # diverged or predates them.
+    'max_attention_logit': [r.get('max_attention_logit') for r in done],
+    'eval_log_z': [r.get('eval_log_z') for r in done],
     'wall_s': [r.get('wall_s') for r in done if not r.get('copied_from')],
     'failed': failures,
     'provenance': [r.get('provenance') for r in done],

@@ -72,6 +72,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   attention.sliding_window = placeholder(int)  # None: full causal; W: the W most recent keys
   attention.qk_norm = False  # RMSNorm on q and k per head (Qwen3)
   attention.softmax_scale = placeholder(float)  # None: 1 / sqrt(head_dim)
+  attention.logit_softcap = placeholder(float)  # Gemma 2: cap · tanh(q·kᵀ·scale / cap); None: off
   attention.dropout = 0.0
   attention.use_bias = False  # biases on the q, k, v and output projections (GPT-2)
   attention.qkv_bias = False  # biases on q, k and v only (Qwen2); use_bias includes them

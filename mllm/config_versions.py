@@ -18,6 +18,7 @@ choice of their own (`model.ffn.moe.expert.kind`, was `model.moe.expert_kind`).
 Version 4: the optimizer a choice section, `train.optimizer = {kind, muon: {...}}` (AdamW before),
 and the parametrization one, `model.parametrization = {kind, mup: {base_d_model, base_head_dim}}`
 (standard before); `train.z_loss_coef` (0 before), `model.final_logit_softcap` (None before).
+Version 5: `model.attention.logit_softcap` (None before).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-VERSION = 4
+VERSION = 5
 VERSION_KEY = 'config_version'  # in a saved config.json, beside the config's own sections
 
 # Version 1's keys under `model.` and their version 2 places, except RoPE's scaling factor, whose
@@ -135,26 +136,36 @@ _V4_SECTIONS = {
 }
 
 
-def v3_to_v4(config: dict) -> dict:
-  """A version 3 config (as JSON) in version 4's shape: AdamW, no z-loss, standard."""
-  config = copy.deepcopy(config)
-  for path, section in _V4_SECTIONS.items():
-    _put(config, path, copy.deepcopy(section))
-  return config
+# Version 5's new key as every earlier version trained: no attention-logit soft cap.
+_V5_KEYS = {'model.attention.logit_softcap': None}
 
 
-def v4_as_v3(config: dict) -> dict:
-  """A version 4 config (every key present) in version 3's shape: without the new sections where
-  they say what version 3 trained (AdamW, standard); another choice keeps its section, so no
-  version 3 run is it."""
-  config = copy.deepcopy(config)
-  for path, section in _V4_SECTIONS.items():
-    if _get(config, path) == section:
-      _pop(config, path)
-  return config
+def _adding(new: dict[str, Any]):
+  """(upgrade, downgrade) of a version that only adds the keys `new` (path → the value that
+  computes what the version before did): the upgrade puts them in; the downgrade takes out those
+  at that value, and any other value stays, so no run of the version before is it."""
+
+  def up(config: dict) -> dict:
+    config = copy.deepcopy(config)
+    for path, value in new.items():
+      _put(config, path, copy.deepcopy(value))
+    return config
+
+  def down(config: dict) -> dict:
+    config = copy.deepcopy(config)
+    for path, value in new.items():
+      if _get(config, path) == value:
+        _pop(config, path)
+    return config
+
+  return up, down
 
 
-UPGRADES = {1: v1_to_v2, 2: v2_to_v3, 3: v3_to_v4}  # version n → the function to version n + 1
+v3_to_v4, v4_as_v3 = _adding(_V4_SECTIONS)  # AdamW, no z-loss, standard
+v4_to_v5, v5_as_v4 = _adding(_V5_KEYS)  # no attention-logit soft cap
+
+# version n → the function to version n + 1
+UPGRADES = {1: v1_to_v2, 2: v2_to_v3, 3: v3_to_v4, 4: v4_to_v5}
 
 
 def version_of(saved: dict) -> int:
@@ -207,4 +218,9 @@ def _get(tree: dict, path: str) -> Any:
   return tree
 
 
-DOWNGRADES = {4: v4_as_v3, 3: v3_as_v2, 2: v2_as_v1}  # version n → the function to version n - 1
+DOWNGRADES = {
+  5: v5_as_v4,
+  4: v4_as_v3,
+  3: v3_as_v2,
+  2: v2_as_v1,
+}  # version n → the function to version n - 1

@@ -53,8 +53,10 @@ def dense_ffn_kind(cfg) -> str:
 
 
 class Block(nnx.Module):
-  """One transformer layer: `block(x, context, mask, cache=None) -> (x, MoE stats or None, the
-  layer's updated (k, v) or None)`. Parameter names do not depend on the norm placement."""
+  """One transformer layer: `block(x, context, mask, cache=None) -> (x, stats or None, the
+  layer's updated (k, v) or None)`; stats: an MoE layer's routing statistics and, with
+  `probe=True`, its largest attention logit ('max_attention_logit'). Parameter names do not
+  depend on the norm placement."""
 
   def __init__(self, cfg, *, moe: bool = False, rngs: nnx.Rngs):
     self.attention_norm = NORMS[cfg.norm.kind].from_config(cfg, cfg.d_model, rngs=rngs)
@@ -74,17 +76,27 @@ class Block(nnx.Module):
     return self.attention(x_BTD, context, mask, cache)
 
   def __call__(
-    self, x_BTD, context: PositionContext, mask: AttentionMask, cache: LayerCache | None = None
+    self,
+    x_BTD,
+    context: PositionContext,
+    mask: AttentionMask,
+    cache: LayerCache | None = None,
+    probe: bool = False,
   ):
+    attention_in = self.attention_norm(x_BTD) if self.pre_norm else x_BTD
+    h_BTD, kv = self._attention(attention_in, context, mask, cache)
     if self.pre_norm:
-      h_BTD, kv = self._attention(self.attention_norm(x_BTD), context, mask, cache)
       x_BTD = x_BTD + self.dropout(h_BTD)
       y_BTD, stats = self._ffn(self.ffn_norm(x_BTD))
-      return x_BTD + self.dropout(y_BTD), stats, kv
-    h_BTD, kv = self._attention(x_BTD, context, mask, cache)
-    x_BTD = self.attention_norm(x_BTD + self.dropout(h_BTD))
-    y_BTD, stats = self._ffn(x_BTD)
-    return self.ffn_norm(x_BTD + self.dropout(y_BTD)), stats, kv
+      x_BTD = x_BTD + self.dropout(y_BTD)
+    else:
+      x_BTD = self.attention_norm(x_BTD + self.dropout(h_BTD))
+      y_BTD, stats = self._ffn(x_BTD)
+      x_BTD = self.ffn_norm(x_BTD + self.dropout(y_BTD))
+    if probe:
+      peak = self.attention.max_logit(attention_in, context, mask)
+      stats = {**(stats or {}), 'max_attention_logit': peak}
+    return x_BTD, stats, kv
 
 
 class Transformer(nnx.Module):
@@ -96,7 +108,8 @@ class Transformer(nnx.Module):
   so no token attends across documents) or offset positions when continuing a sequence.
   With `return_moe_stats=True`: (logits, stats), stats the MoE layers' routing statistics stacked
   in layer order (`self.moe_layers`): tokens_per_expert [L, E], mean_prob [L, E], z_loss [L], ...
-  ({} for a dense model).
+  ({} for a dense model); with `probe_attention=True` also each layer's largest attention logit,
+  max_attention_logit [L] (Attention.max_logit: the evaluation step's).
   """
 
   def __init__(self, cfg, *, rngs: nnx.Rngs):
@@ -137,6 +150,7 @@ class Transformer(nnx.Module):
     return_moe_stats: bool = False,
     cache: KVCache | None = None,
     float32_logits: bool = True,
+    probe_attention: bool = False,
   ):
     if positions is None:
       positions = self._default_positions(tokens_BT, cache)
@@ -153,7 +167,7 @@ class Transformer(nnx.Module):
       writes = None
     else:
       context, mask, writes, new_positions = self._cached_context(positions, cache)
-    x_BTD, stats, kv = self._blocks(x_BTD, context, mask, cache, writes)
+    x_BTD, stats, kv = self._blocks(x_BTD, context, mask, cache, writes, probe_attention)
     if self.final_norm is not None:
       x_BTD = self.final_norm(x_BTD)
     logits_BTV = self.embed.attend(x_BTD) if self.head is None else self.head(x_BTD)
@@ -197,8 +211,8 @@ class Transformer(nnx.Module):
     )
     return context, mask, (writes, first), new_positions
 
-  def _blocks(self, x_BTD, context, mask, cache: KVCache | None, writes):
-    """(x after every block, the MoE statistics stacked in layer order, the cache's (k, v))."""
+  def _blocks(self, x_BTD, context, mask, cache: KVCache | None, writes, probe: bool = False):
+    """(x after every block, the blocks' statistics stacked in layer order, the cache's (k, v))."""
     if self.scan_layers:
       return _scan_blocks(
         x_BTD,
@@ -208,18 +222,24 @@ class Transformer(nnx.Module):
         self.remat,
         None if cache is None else (cache, *writes),
         unroll=self.scan_unroll,
+        probe=probe,
       )
-    per_layer = []
+    per_layer, peaks = [], []  # MoE layers' stats (in some layers only); every layer's peak logit
     kv = None if cache is None else (cache.k, cache.v)
     for i, block in enumerate(self.blocks):
       layer_cache = None if cache is None else LayerCache(*kv, i, *writes)
       x_BTD, layer_stats, layer_kv = _call_block(
-        block, x_BTD, context, mask, self.remat, layer_cache
+        block, x_BTD, context, mask, self.remat, layer_cache, probe
       )
-      per_layer.append(layer_stats)
+      layer_stats = dict(layer_stats or {})
+      if probe:
+        peaks.append(layer_stats.pop('max_attention_logit'))
+      if layer_stats:
+        per_layer.append(layer_stats)
       kv = layer_kv
-    per_layer = [s for s in per_layer if s is not None]
     stats = jax.tree.map(lambda *xs: jnp.stack(xs), *per_layer) if per_layer else {}
+    if peaks:
+      stats['max_attention_logit'] = jnp.stack(peaks)
     return x_BTD, stats, kv
 
 
@@ -268,13 +288,17 @@ def make_tail(cfg, *, rngs: nnx.Rngs) -> dict[str, nnx.Module | None]:
   return {'final_norm': final_norm, 'head': head}
 
 
-def _call_block(block: Block, x_BTD, context, mask, remat: str, cache=None):
+def _call_block(block: Block, x_BTD, context, mask, remat: str, cache=None, probe=False):
   if remat == 'none' or cache is not None:  # decoding keeps no activations for a backward pass
-    return block(x_BTD, context, mask, cache)
-  return nnx.remat(lambda b, x: b(x, context, mask), policy=REMAT_POLICIES[remat])(block, x_BTD)
+    return block(x_BTD, context, mask, cache, probe)
+  return nnx.remat(lambda b, x: b(x, context, mask, probe=probe), policy=REMAT_POLICIES[remat])(
+    block, x_BTD
+  )
 
 
-def _scan_blocks(x_BTD, blocks: Block, context, mask, remat: str, cached=None, unroll: int = 1):
+def _scan_blocks(
+  x_BTD, blocks: Block, context, mask, remat: str, cached=None, unroll: int = 1, probe=False
+):
   """(x, stats stacked over the layers, the updated cache's (k, v) or None). With a cache, the
   (k, v) of all layers ride in the carry and each layer writes its slots in place. `unroll`
   layers run in each loop iteration (jax.lax.scan's unroll): fewer loop-carried copies, and
@@ -283,7 +307,7 @@ def _scan_blocks(x_BTD, blocks: Block, context, mask, remat: str, cached=None, u
 
     @nnx.scan(in_axes=(nnx.Carry, 0, None, None), out_axes=(nnx.Carry, 0, 0), unroll=unroll)
     def body(x_BTD, block: Block, context, mask):
-      return _call_block(block, x_BTD, context, mask, remat)
+      return _call_block(block, x_BTD, context, mask, remat, probe=probe)
 
     return body(x_BTD, blocks, context, mask)
 

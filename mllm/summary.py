@@ -36,7 +36,29 @@ def _attention_kind(m) -> str:
     extras.append(f'window {m.attention.sliding_window}')
   if m.attention.qk_norm:
     extras.append('qk-norm')
+  if m.attention.logit_softcap is not None:
+    extras.append(f'logit soft cap {m.attention.logit_softcap:g}')
   return f"{kind} ({', '.join(extras)})"
+
+
+def _training_choices(config) -> str:
+  """The parametrization and the output's stabilisers (README's variant table names each)."""
+  m = config.model
+  parts = [
+    f'{m.parametrization.kind} parametrization'
+    + (
+      f' (base d_model {m.parametrization.mup.base_d_model})'
+      if m.parametrization.kind == 'mup'
+      else ''
+    )
+  ]
+  if config.train.z_loss_coef:
+    parts.append(f'output z-loss {config.train.z_loss_coef:g}')
+  if m.final_logit_softcap is not None:
+    parts.append(f'final-logit soft cap {m.final_logit_softcap:g}')
+  if m.attention.logit_softcap is not None:
+    parts.append(f'attention-logit soft cap {m.attention.logit_softcap:g}')
+  return ', '.join(parts)
 
 
 def _moe_kind(m) -> str:
@@ -154,6 +176,7 @@ def summarize(
     )
   )
   console.print(f'optimizer: {describe_optimizer(config.train, trained_params(model))}')
+  console.print(f'training choices: {_training_choices(config)}')
   console.print(
     f'training FLOPs/token at seq_len {seq_len}: {flops.total:.4g} '
     f"(6·N{'_active' if counts.active != counts.total else ''} {flops.dense:.4g} + "

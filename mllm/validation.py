@@ -129,6 +129,7 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
   one_of(f'{p}.attention.impl', a.impl, ATTENTION_IMPLS, 'attention implementation')
   integer(f'{p}.attention.sliding_window', a.sliding_window, optional=True)
   positive(f'{p}.attention.softmax_scale', a.softmax_scale, optional=True)
+  positive(f'{p}.attention.logit_softcap', a.logit_softcap, optional=True)
   rate(f'{p}.attention.dropout', a.dropout)
 
   pos = m.position
@@ -166,12 +167,15 @@ def _check_attention_impl(m: config_dict.ConfigDict, p: str) -> None:
     'dropout': f'the {a.impl} kernel has no attention dropout ({p}.attention.dropout={a.dropout})',
     'alibi': f"{a.impl} adds no bias to the scores, so no ALiBi ({p}.position.kind='alibi')",
     'float32': f'{impl.half_precision} runs in bfloat16/float16 but {p}.dtype={m.dtype!r}',
+    'softcap': f'{a.impl} has no attention-logit soft cap ({p}.attention.logit_softcap='
+    f'{a.logit_softcap})',
   }
   term = impl.lacks(
     learned_bias=POSITIONS[m.position.kind].learned_bias,
     dropout=a.dropout > 0,
     alibi=m.position.kind == 'alibi',
     float32=m.dtype != 'bfloat16',
+    softcap=a.logit_softcap is not None,
   )
   if term:
     allowed = ', '.join(repr(name) for name in impls_with(term))

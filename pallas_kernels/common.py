@@ -14,11 +14,12 @@ from jax import lax
 
 @dataclasses.dataclass(frozen=True)
 class MaskRule:
-  """The static facts of one call: the softmax scale, the mask (block_ranges / tile_math), GQA's
-  group size, which side inputs exist, and how the kernels run. Each backend's config extends it
-  with its tiles."""
+  """The static facts of one call: the softmax scale and soft cap (None: none), the mask
+  (block_ranges / tile_math), GQA's group size, which side inputs exist, and how the kernels run.
+  Each backend's config extends it with its tiles."""
 
   scale: float
+  softcap: float | None
   causal: bool
   window: int | None
   q_offset: int

@@ -329,9 +329,10 @@ def _q_tile_kernel(*refs, cfg, dtype, Hp, grad):
       plgpu.barrier_wait(v_bar.at[slot])
 
       def compute(carry):
+        logits = _dot_t(q_s.at[wg], k_s.at[slot], cfg.interpret)
         s, mask = _tile_scores(
           cfg,
-          _dot_t(q_s.at[wg], k_s.at[slot], cfg.interpret),
+          logits,
           i_ts,
           j * bk + lax.broadcasted_iota(jnp.int32, shape, 1),
           qseg_ts,
@@ -344,7 +345,7 @@ def _q_tile_kernel(*refs, cfg, dtype, Hp, grad):
         if grad:
           p = tm.masked_exp2(s - lse_ts, mask)
           dp = _dot_t(do_s.at[wg], v_s.at[slot], cfg.interpret)
-          ds = (p * (dp - delta_ts)).astype(dtype)
+          ds = tm.through_softcap(p * (dp - delta_ts), logits, cfg).astype(dtype)
           return _dot_add(carry, ds, k_s.at[slot], cfg.interpret)
         acc, m, l = carry
         p, alpha, m, l = tm.softmax_update(m, l, s, mask)
@@ -451,9 +452,10 @@ def _dkv_kernel(*refs, cfg, dtype, Hp):
         dk, dv = carry
         slope = slopes_ref[kv_head * cfg.groups + g] if cfg.alibi else None
         i_st = cfg.q_offset + qb * bq + lax.broadcasted_iota(jnp.int32, shape, 1)
+        logits = _dot_t(k_s.at[wg], q_s.at[slot], cfg.interpret)
         s, mask = _tile_scores(
           cfg,
-          _dot_t(k_s.at[wg], q_s.at[slot], cfg.interpret),
+          logits,
           i_st,
           j_st,
           across(qseg_s[slot]) if cfg.segments else None,
@@ -465,7 +467,7 @@ def _dkv_kernel(*refs, cfg, dtype, Hp):
         )
         p = tm.masked_exp2(s - across(lse_s[slot]), mask)
         dp = _dot_t(v_s.at[wg], do_s.at[slot], cfg.interpret)
-        ds = p * (dp - across(delta_s[slot]))
+        ds = tm.through_softcap(p * (dp - across(delta_s[slot])), logits, cfg)
         dv = _dot_add(dv, p.astype(dtype), do_s.at[slot], cfg.interpret)
         dk = _dot_add(dk, ds.astype(dtype), q_s.at[slot], cfg.interpret)
         return dk, dv
@@ -624,6 +626,7 @@ def _prepare(
   v_BSKH,
   *,
   scale,
+  softcap,
   causal,
   window,
   q_offset,
@@ -673,6 +676,7 @@ def _prepare(
     ]
   cfg = _Cfg(
     scale=float(scale),
+    softcap=None if softcap is None else float(softcap),
     causal=bool(causal),
     window=window,
     q_offset=q_offset,
@@ -696,6 +700,7 @@ def flash_attention(
   v_BSKH,
   *,
   scale: float,
+  softcap: float | None = None,
   causal: bool = True,
   window: int | None = None,
   q_offset: int | None = None,
@@ -709,10 +714,10 @@ def flash_attention(
   steps: int | None = None,
   interpret: bool | None = None,
 ):
-  """softmax(q kᵀ scale + alibi, masked) v with FlashAttention's backward (custom VJP).
+  """softmax(softcap(q kᵀ scale) + alibi, masked) v with FlashAttention's backward (custom VJP).
 
   The contract of pallas_kernels.flash_attention_triton.flash_attention (masks, offset, GQA, ALiBi, a
-  query with no allowed key gives 0), for bfloat16 / float16 inputs (wgmma's). block_q: 64 or
+  query with no allowed key gives 0, the soft cap), for bfloat16 / float16 inputs (wgmma's). block_q: 64 or
   None (a warpgroup's tile); block_k: key rows per forward / dq pipeline slot (a multiple of 64);
   steps: slots in each ring (>= 2). interpret: run in JAX's Mosaic GPU interpreter (default: when
   the backend is not a GPU).
@@ -725,6 +730,7 @@ def flash_attention(
     k_BSKH,
     v_BSKH,
     scale=scale,
+    softcap=softcap,
     causal=causal,
     window=window,
     q_offset=q_offset,
@@ -746,6 +752,7 @@ def flash_attention_forward(
   v_BSKH,
   *,
   scale: float,
+  softcap: float | None = None,
   causal: bool = True,
   window: int | None = None,
   q_offset: int | None = None,
@@ -765,6 +772,7 @@ def flash_attention_forward(
     k_BSKH,
     v_BSKH,
     scale=scale,
+    softcap=softcap,
     causal=causal,
     window=window,
     q_offset=q_offset,

@@ -148,7 +148,7 @@ def _fwd_kernel(*refs, cfg):
   @pl.when((lo <= kb) & (kb < hi) & _pairs_meet(cfg, ranges, b, qb, kb))
   def _step():
     slope = slopes_ref[0, n] if cfg.alibi else None
-    s_ts, mask_ts = _tile_scores(cfg, q_ref[...], k_ref[...], qb, kb, sides, slope)
+    s_ts, mask_ts, _ = _tile_scores(cfg, q_ref[...], k_ref[...], qb, kb, sides, slope)
     acc, m_t1, l_t1 = tm.online_softmax_step(
       acc_ref[...], m_ref[:, :1], l_ref[:, :1], s_ts, mask_ts, v_ref[...], cfg
     )
@@ -180,9 +180,9 @@ def _dkv_kernel(*refs, cfg):
   def _step():
     slope = slopes_ref[0, kh * cfg.groups + g] if cfg.alibi else None
     q_tH, do_tH = q_ref[...], do_ref[...]
-    s_ts, mask_ts = _tile_scores(cfg, q_tH, k_ref[...], qb, kb, sides, slope)
+    s_ts, mask_ts, logits_ts = _tile_scores(cfg, q_tH, k_ref[...], qb, kb, sides, slope)
     p_ts, ds_ts = tm.grad_tile(
-      s_ts, mask_ts, do_tH, v_ref[...], lse_ref[:, :1], delta_ref[:, :1], cfg
+      s_ts, mask_ts, logits_ts, do_tH, v_ref[...], lse_ref[:, :1], delta_ref[:, :1], cfg
     )
     dv_acc[...] += tm.dot(p_ts.astype(do_tH.dtype), do_tH, 0, 0, cfg)
     dk_acc[...] += tm.dot(ds_ts.astype(q_tH.dtype), q_tH, 0, 0, cfg)
@@ -209,9 +209,9 @@ def _dq_kernel(*refs, cfg):
   def _step():
     slope = slopes_ref[0, n] if cfg.alibi else None
     k_sH = k_ref[...]
-    s_ts, mask_ts = _tile_scores(cfg, q_ref[...], k_sH, qb, kb, sides, slope)
+    s_ts, mask_ts, logits_ts = _tile_scores(cfg, q_ref[...], k_sH, qb, kb, sides, slope)
     _, ds_ts = tm.grad_tile(
-      s_ts, mask_ts, do_ref[...], v_ref[...], lse_ref[:, :1], delta_ref[:, :1], cfg
+      s_ts, mask_ts, logits_ts, do_ref[...], v_ref[...], lse_ref[:, :1], delta_ref[:, :1], cfg
     )
     dq_acc[...] += tm.dot(ds_ts.astype(k_sH.dtype), k_sH, 1, 0, cfg)
 
@@ -425,6 +425,7 @@ def flash_attention(
   v_BSKH,
   *,
   scale: float,
+  softcap: float | None = None,
   causal: bool = True,
   window: int | None = None,
   q_offset: int | None = None,
@@ -437,14 +438,15 @@ def flash_attention(
   block_k: int | None = None,
   interpret: bool | None = None,
 ) -> jax.Array:
-  """softmax(q k^T * scale + alibi, masked) v on TPU; GQA when N is a multiple of K.
+  """softmax(softcap(q k^T * scale) + alibi, masked) v on TPU; GQA when N is a multiple of K.
 
   The same contract as pallas_kernels.flash_attention_triton.flash_attention: query t (key index
   i = q_offset + t, default S - T) may attend key j iff (not causal or j <= i) and (window is
   None or (i - j < window and (causal or j - i < window))) and equal segment ids; ALiBi adds
-  alibi_slopes[n] * (kv_positions[b, j] - q_positions[b, t]); a query with no allowed key returns
-  0. block_q (a multiple of 8) and block_k (of 128) tile both passes. interpret: run in JAX's TPU
-  interpreter (default: when the backend is not a TPU).
+  alibi_slopes[n] * (kv_positions[b, j] - q_positions[b, t]) after the soft cap (softcap: cap ·
+  tanh(x / cap), None for none); a query with no allowed key returns 0. block_q (a multiple of
+  8) and block_k (of 128) tile both passes. interpret: run in JAX's TPU interpreter (default:
+  when the backend is not a TPU).
   """
   B, T, N, H = q_BTNH.shape
   _, S, K, _ = k_BSKH.shape
@@ -455,6 +457,7 @@ def flash_attention(
   bq, bk, Tp, Sp, Hp = _tiling(block_q, block_k, T, S, H)
   cfg = _Cfg(
     scale=float(scale),
+    softcap=None if softcap is None else float(softcap),
     causal=bool(causal),
     window=window,
     q_offset=q_offset,

@@ -173,7 +173,7 @@ def _fwd_kernel(
     def step(carry):
       acc_tH, m_t, l_t = carry
       kpos_s = kpos_ref[pl.ds(j0, bk)] if cfg.alibi else None
-      s_ts, mask_ts = _scores(
+      s_ts, mask_ts, _ = _scores(
         q_tH, k_ref[pl.ds(j0, bk), :], t0, j0, qseg_t, kseg_s, qpos_t, kpos_s, slope, cfg
       )
       return tm.online_softmax_step(acc_tH, m_t, l_t, s_ts, mask_ts, v_ref[pl.ds(j0, bk), :], cfg)
@@ -194,8 +194,8 @@ def _fwd_kernel(
 def _grad_tile(
   q_tH, k_sH, v_sH, do_tH, lse_t, delta_t, t0, j0, qseg_t, kseg_s, qpos_t, kpos_s, slope, cfg
 ):
-  s_ts, mask_ts = _scores(q_tH, k_sH, t0, j0, qseg_t, kseg_s, qpos_t, kpos_s, slope, cfg)
-  return tm.grad_tile(s_ts, mask_ts, do_tH, v_sH, lse_t, delta_t, cfg)
+  s_ts, mask_ts, logits_ts = _scores(q_tH, k_sH, t0, j0, qseg_t, kseg_s, qpos_t, kpos_s, slope, cfg)
+  return tm.grad_tile(s_ts, mask_ts, logits_ts, do_tH, v_sH, lse_t, delta_t, cfg)
 
 
 def _dkv_kernel(
@@ -482,6 +482,7 @@ def flash_attention(
   v_BSKH,
   *,
   scale: float,
+  softcap: float | None = None,
   causal: bool = True,
   window: int | None = None,
   q_offset: int | None = None,
@@ -496,12 +497,13 @@ def flash_attention(
   num_stages: int | None = None,
   interpret: bool | None = None,
 ) -> jax.Array:
-  """softmax(q k^T * scale + alibi, masked) v; GQA when N is a multiple of K.
+  """softmax(softcap(q k^T * scale) + alibi, masked) v; GQA when N is a multiple of K.
 
   Query t may attend key j iff (not causal or j <= i) and (window is None or (i - j < window and
   (causal or j - i < window))) and equal segment ids, where i = q_offset + t (default S - T).
   ALiBi adds alibi_slopes[n] * (kv_positions[b, j] - q_positions[b, t]); positions default to
-  i and j. A query with no allowed key returns 0. block_q/block_k (powers of two, >= 16) set the
+  i and j. softcap: cap · tanh(x / cap) of the scaled logits x (Gemma 2), None for none. A query
+  with no allowed key returns 0. block_q/block_k (powers of two, >= 16) set the
   tiles of both passes; by default default_tiling() picks them.
   """
   B, T, N, H = q_BTNH.shape
@@ -514,6 +516,7 @@ def flash_attention(
   blocks, Tp, Sp, Hp = _tiling(block_q, block_k, T, S, H, default_blocks)
   cfg = _Cfg(
     scale=float(scale),
+    softcap=None if softcap is None else float(softcap),
     causal=bool(causal),
     window=window,
     q_offset=q_offset,

@@ -6,8 +6,8 @@ in base 2 (logits * log2 e, so exp2 replaces exp and the saved LSE is base 2). R
 (m, l, lse, delta) may be vectors `(t,)` (Triton) or columns `(t, 1)` (TPU, whose vector layout
 wants 2-D values): every function here broadcasts them either way.
 
-`rule` is the kernel's static config: scale, causal, window, q_offset, kv_len, segments, alibi,
-precision (duck-typed; each backend has its own dataclass).
+`rule` is the kernel's static config: scale, softcap, causal, window, q_offset, kv_len, segments,
+alibi, precision (duck-typed; each backend has its own dataclass).
 """
 
 from __future__ import annotations
@@ -42,9 +42,31 @@ def _row_reduce(fn, x_ts, like):
 
 
 def scores(q_tH, k_sH, i_t1, j_1s, rule, **kw):
-  """Base-2 masked scores of a tile and its mask (None when nothing needs masking): q·kᵀ, then
-  `mask_logits` (whose keywords it takes)."""
-  return mask_logits(dot(q_tH, k_sH, 1, 1, rule), i_t1, j_1s, rule, **kw)
+  """(base-2 masked scores, mask (None when nothing needs masking), the raw q·kᵀ) of a tile:
+  q·kᵀ, then `mask_logits` (whose keywords it takes). The backward reads q·kᵀ again
+  (`through_softcap`); the forward drops it."""
+  logits_ts = dot(q_tH, k_sH, 1, 1, rule)
+  return *mask_logits(logits_ts, i_t1, j_1s, rule, **kw), logits_ts
+
+
+def softcapped(x_ts, cap: float | None):
+  """Attention-logit soft-capping (Gemma 2, Team et al. 2024): cap · tanh(x / cap) of the scaled
+  logits x = q·kᵀ·scale, before ALiBi and the mask; x itself when cap is None."""
+  return x_ts if cap is None else cap * jnp.tanh(x_ts / cap)
+
+
+def softcap_slope(x_ts, cap: float):
+  """d(cap · tanh(x / cap)) / dx = 1 − tanh²(x / cap)."""
+  t_ts = jnp.tanh(x_ts / cap)
+  return 1.0 - t_ts * t_ts
+
+
+def through_softcap(ds_ts, logits_ts, rule):
+  """A score gradient carried back through the cap (`softcap_slope`), x = q·kᵀ·scale recomputed
+  from the raw `logits_ts` (either orientation: elementwise)."""
+  if rule.softcap is None:
+    return ds_ts
+  return ds_ts * softcap_slope(logits_ts * rule.scale, rule.softcap)
 
 
 def mask_logits(
@@ -65,9 +87,13 @@ def mask_logits(
   i_t1 / j_1s: the tile's query index i = q_offset + t (a column) and key index j (a row);
   qseg/kseg, qpos/kpos the same way. kv_padded: the tile may hold padding keys (j >= kv_len).
   The mask rule is block_ranges.visible's, plus equal segment ids; ALiBi adds
-  slope * (kpos - qpos) (Press et al. 2022, eq. in sec. 3).
+  slope * (kpos - qpos) (Press et al. 2022, eq. in sec. 3), after the soft cap (`softcapped`),
+  so a cap bounds what q and k learn and leaves ALiBi's distance penalty whole.
   """
-  s_ts = logits_ts * (rule.scale * LOG2E)
+  if rule.softcap is None:
+    s_ts = logits_ts * (rule.scale * LOG2E)
+  else:
+    s_ts = softcapped(logits_ts * rule.scale, rule.softcap) * LOG2E
   if rule.alibi:
     s_ts += (slope * LOG2E) * (kpos_1s - qpos_t1).astype(jnp.float32)
   conds = []
@@ -115,8 +141,10 @@ def finish_rows(acc_tH, m_t, l_t):
   return acc_tH / _across(l_t, acc_tH.shape), m_t + jnp.log2(l_t)
 
 
-def grad_tile(s_ts, mask_ts, do_tH, v_sH, lse_t, delta_t, rule):
-  """P and dS / scale of a tile (Dao 2023, Alg. 2 lines 11-14), from its masked scores."""
+def grad_tile(s_ts, mask_ts, logits_ts, do_tH, v_sH, lse_t, delta_t, rule):
+  """P and dS / scale of a tile (Dao 2023, Alg. 2 lines 11-14), from its masked scores and its
+  raw q·kᵀ (for the soft cap's derivative)."""
   p_ts = masked_exp2(s_ts - _across(lse_t, s_ts.shape), mask_ts)
   dp_ts = dot(do_tH, v_sH, 1, 1, rule)
-  return p_ts, p_ts * (dp_ts - _across(delta_t, dp_ts.shape))
+  ds_ts = p_ts * (dp_ts - _across(delta_t, dp_ts.shape))
+  return p_ts, through_softcap(ds_ts, logits_ts, rule)

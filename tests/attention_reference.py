@@ -1,9 +1,11 @@
 """Float64 NumPy attention with its analytic backward: the reference every implementation meets.
 
 Forward (Vaswani et al. 2017, eq. 1): S = q·kᵀ·scale + bias, masked; P = softmax(S); O = P·v.
+With a soft cap c (Gemma 2): S = c·tanh(q·kᵀ·scale / c) + bias.
 Backward (Dao et al. 2022, App. B.2): dV = Pᵀ·dO, dP = dO·vᵀ, dS = P ∘ (dP − rowsum(dO ∘ O)),
-dQ = dS·k·scale, dK = dSᵀ·q·scale, d_bias = dS. Grouped heads share K/V, so dK and dV sum over
-the G query heads of a group. A query with no allowed key outputs 0 and passes no gradient.
+d_bias = dS, dX = dS ∘ (1 − tanh²(X / c)) (dS without a cap), dQ = dX·k·scale,
+dK = dXᵀ·q·scale. Grouped heads share K/V, so dK and dV sum over the G query heads of a group.
+A query with no allowed key outputs 0 and passes no gradient.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def _visible(d, causal, window):
 
 
 def attention_with_grads(
-  q, k, v, d_out=None, *, scale=None, bias=None, allowed=None, **mask_kwargs
+  q, k, v, d_out=None, *, scale=None, bias=None, softcap=None, allowed=None, **mask_kwargs
 ):
   """out [B, T, N, H] and, given d_out, (dq, dk, dv, d_bias [B, N, T, S]); all float64.
   `allowed` [B, T, S], if given, replaces the mask built from `mask_kwargs`."""
@@ -60,7 +62,8 @@ def attention_with_grads(
   k_n = np.repeat(k, G, axis=2)  # query head n reads KV head n // G
   v_n = np.repeat(v, G, axis=2)
   ok = (allowed_mask(B, T, S, **mask_kwargs) if allowed is None else np.asarray(allowed))[:, None]
-  logits = np.einsum('btnh,bsnh->bnts', q, k_n) * scale
+  x = np.einsum('btnh,bsnh->bnts', q, k_n) * scale
+  logits = x if softcap is None else softcap * np.tanh(x / softcap)
   if bias is not None:
     logits = logits + np.broadcast_to(np.asarray(bias, np.float64), logits.shape)
   logits = np.where(ok, logits, -np.inf)
@@ -77,8 +80,9 @@ def attention_with_grads(
   dp = np.einsum('btnh,bsnh->bnts', d_out, v_n)
   delta = np.einsum('btnh,btnh->bnt', d_out, out)[..., None]
   ds = p * (dp - delta)
-  dq = np.einsum('bnts,bsnh->btnh', ds, k_n) * scale
-  dk_n = np.einsum('bnts,btnh->bsnh', ds, q) * scale
+  dx = ds if softcap is None else ds * (1.0 - np.tanh(x / softcap) ** 2)
+  dq = np.einsum('bnts,bsnh->btnh', dx, k_n) * scale
+  dk_n = np.einsum('bnts,btnh->bsnh', dx, q) * scale
   dk = dk_n.reshape(B, S, K, G, H).sum(3)
   dv = dv_n.reshape(B, S, K, G, H).sum(3)
   return out, (dq, dk, dv, ds)

@@ -792,3 +792,59 @@ def test_a_new_implementation_is_one_record(monkeypatch):
   out = attention_ops.attend(q, k, v, mask=AttentionMask(), impl='mine')
   assert calls == [(2, 8, 4, 16)]
   assert relative_error(out, attention_with_grads(q, k, v, causal=True)) < 1e-5
+
+
+# Attention-logit soft-capping (Gemma 2): each implementation's own path through the cap. A cap
+# of 1.5 on logits ~N(0, 1) bends most of them, so the tanh and its slope both show.
+SOFTCAP = 1.5
+SOFTCAP_CASE = Case(2, 45, 45, 4, 2, 16, segments=True, alibi=True)
+
+
+@pytest.mark.parametrize(
+  'impl,bias_kind',
+  [
+    ('xla', None),  # the hand-written backward (_plain_attention)
+    ('xla', 'alibi'),  # the einsum path, autodiff's backward
+    ('blockwise', 'alibi'),  # the hand-written flash backward
+    ('blockwise', 'dense'),  # the rematerialized scan, autodiff's backward
+    ('pallas', 'alibi'),  # the Triton kernel through attend
+    ('splash', None),  # JAX's kernel, its attn_logits_soft_cap
+  ],
+)
+def test_soft_capped_logits_match_float64_reference(impl, bias_kind):
+  """softmax(cap · tanh(q·kᵀ·scale / cap) + bias)·v and its gradients, (dq, dk, dv) and
+  dL/d_bias for a learned bias, against tests/attention_reference.py in float64."""
+  case = dataclasses.replace(SOFTCAP_CASE, alibi=bias_kind == 'alibi')
+  (q, k, v, d_out), mask, bias, reference = _inputs(case, seed=11)
+  dense = jax.random.normal(jax.random.key(4), (1, case.N, case.T, case.S))
+  block_q, block_k = TILES.get(impl, (None, None))
+
+  @jax.jit
+  def run(q, k, v, dense):
+    def f(q, k, v, dense):
+      b = ScoreBias(dense=dense) if bias_kind == 'dense' else bias
+      return attention_ops.attend(
+        q, k, v, mask=mask, bias=b, softcap=SOFTCAP, impl=impl, block_q=block_q, block_k=block_k
+      )
+
+    out, vjp = jax.vjp(f, q, k, v, dense)
+    return out, vjp(d_out)
+
+  out, (gq, gk, gv, g_dense) = run(q, k, v, dense)
+  extra = {'bias': np.asarray(dense, np.float64)} if bias_kind == 'dense' else {}
+  want, (dq, dk, dv, ds) = reference(
+    _f32(q), _f32(k), _f32(v), _f32(d_out), softcap=SOFTCAP, **extra
+  )
+  pairs = [('out', out, want), ('dq', gq, dq), ('dk', gk, dk), ('dv', gv, dv)]
+  if bias_kind == 'dense':
+    pairs.append(('d_bias', g_dense, ds.sum(0, keepdims=True)))
+  errors = {name: relative_error(got, ref) for name, got, ref in pairs}
+  assert all(err < 1e-5 for err in errors.values()), errors
+  uncapped = reference(_f32(q), _f32(k), _f32(v), **extra)
+  assert relative_error(out, uncapped) > 1e-2  # the cap changed the output
+
+
+def test_an_implementation_without_a_soft_cap_refuses_it_in_one_line():
+  (q, k, v, _), mask, _, _ = _inputs(Case(1, 16, 16, 2, 2, 16, dtype=jnp.bfloat16))
+  with pytest.raises(ValueError, match=r"^attention impl='cudnn' cannot compute attention-logit"):
+    attention_ops.attend(q, k, v, mask=mask, softcap=30.0, impl='cudnn')

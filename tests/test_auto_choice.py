@@ -229,6 +229,22 @@ def test_auto_on_a_gpu_reads_the_runtime_facts_when_none_are_given(monkeypatch):
   monkeypatch.setattr(attention_ops, 'runtime_gpu_facts', lambda: GpuFacts())
   assert choose() == 'pallas'  # unknown GPU: judged as pre-Hopper, where cuDNN stops at 128
   assert choose(training=False, gpu=HOPPER) == 'cudnn'
+  # A soft cap (which cuDNN lacks) goes to mllm's kernels, on Hopper the Triton one at this head
+  # dim (the Mosaic GPU kernel stops at 128).
+  assert choose(gpu=HOPPER, softcap=True) == 'pallas'
+  q128 = jax.ShapeDtypeStruct((1, 64, 4, 128), jnp.bfloat16)
+  assert (
+    attention_ops.choose_impl(
+      q128, q128, bias=None, rel_values=None, dropout=False, backend='gpu', gpu=HOPPER
+    )
+    == 'cudnn'
+  )
+  assert (
+    attention_ops.choose_impl(
+      q128, q128, bias=None, rel_values=None, dropout=False, backend='gpu', gpu=HOPPER, softcap=True
+    )
+    == 'pallas_mgpu'
+  )
 
 
 def test_auto_on_a_gpu_keeps_masks_only_xla_or_blockwise_read():

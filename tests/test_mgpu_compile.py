@@ -65,6 +65,14 @@ def test_one_layer_holds_the_three_kernels():
   assert len(modules) == len(set(modules)) == KERNELS_PER_ATTENTION
 
 
+def test_a_soft_capped_layer_lowers_its_three_kernels():
+  """The attention-logit soft cap (tanh in the forward, its slope in both backward kernels)
+  lowers through Mosaic GPU, into kernels other than the uncapped layer's."""
+  capped = mosaic_kernels(1, model__attention__logit_softcap=30.0)
+  assert len(capped) == len(set(capped)) == KERNELS_PER_ATTENTION
+  assert not set(capped) & set(mosaic_kernels(1))
+
+
 def test_layers_share_their_kernels():
   """Four identical layers: still three kernels in the step, not twelve (each layer calls the
   one lowered copy), so XLA compiles three Mosaic GPU kernels whatever jaxlib's hashing does."""

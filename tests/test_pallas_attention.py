@@ -32,7 +32,7 @@ def allowed_mask(T, S, *, causal, window, q_offset, q_seg=None, kv_seg=None):
 
 
 def reference(
-  q, k, v, do, *, scale, causal, window, q_offset, q_seg, kv_seg, slopes, q_pos, kv_pos
+  q, k, v, do, *, scale, softcap, causal, window, q_offset, q_seg, kv_seg, slopes, q_pos, kv_pos
 ):
   """float64 output and (dq, dk, dv) from tests/attention_reference.py."""
   bias = None if slopes is None else alibi_bias(slopes, q_pos, kv_pos)
@@ -42,6 +42,7 @@ def reference(
     v,
     do,
     scale=scale,
+    softcap=softcap,
     bias=bias,
     causal=causal,
     window=window,
@@ -92,6 +93,7 @@ def case(
   dtype='float32',
   blocks=(16, 16),
   expect_skip=False,
+  softcap=None,
 ):
   return pytest.param(
     dict(
@@ -106,6 +108,7 @@ def case(
       dtype=dtype,
       blocks=blocks,
       expect_skip=expect_skip,
+      softcap=softcap,
     ),
     id=name,
   )
@@ -134,6 +137,8 @@ CASES = [
   case('bf16-everything', G=4, H=80, window=20, segments='packed', alibi=True, dtype='bfloat16'),
   case('bf16-noncausal-h64', G=2, H=64, causal=False, dtype='bfloat16', blocks=(32, 32)),
   case('default-blocks-h64', G=2, H=64, blocks=(None, None)),
+  # A cap of 1.5 on logits ~N(0, 1) bends most of them: the tanh and its slope both matter.
+  case('softcap-alibi-packed-gqa', G=2, H=16, segments='packed', alibi=True, softcap=1.5),
 ]
 
 
@@ -230,7 +235,7 @@ def check_against_reference(p, seed, attention=fa.flash_attention, unit=1, B=2):
   S = x['k'].shape[1]
   scale = H**-0.5
   bq, bk = p['blocks']
-  common = dict(scale=scale, causal=p['causal'], window=p['window'])
+  common = dict(scale=scale, softcap=p['softcap'], causal=p['causal'], window=p['window'])
   o_ref, dq_ref, dk_ref, dv_ref = reference(
     x['q'],
     x['k'],
@@ -443,8 +448,13 @@ def test_lowers_to_triton_for_gpu(dtype, H, extras):
   ids = jax.ShapeDtypeStruct((B, T), jnp.int32)
   ex = (ids, ids, jax.ShapeDtypeStruct((N,), jnp.float32), ids, ids) if extras else ()
   names = ('q_segment_ids', 'kv_segment_ids', 'alibi_slopes', 'q_positions', 'kv_positions')
-  attn = functools.partial(
-    fa.flash_attention, scale=0.125, causal=extras, window=64, interpret=False
+  attn = functools.partial(  # with the extras, a soft cap too (tanh lowers to Triton)
+    fa.flash_attention,
+    scale=0.125,
+    softcap=30.0 if extras else None,
+    causal=extras,
+    window=64,
+    interpret=False,
   )
   hlo = lower_fwd_bwd_for_h100(attn, q, kv, kv, q, **dict(zip(names, ex))).as_text()
   assert hlo.count('__gpu$xla.gpu.triton') + hlo.count('triton_kernel_call') == 3

@@ -61,7 +61,15 @@ CASES = [
     explicit_offset=True,
     expect_skip=True,
   ),
-  mgpu_case('packed-docs-alibi-window-h80', G=2, H=80, window=40, segments='packed', alibi=True),
+  mgpu_case(
+    'packed-docs-alibi-window-softcap-h80',
+    G=2,
+    H=80,
+    window=40,
+    segments='packed',
+    alibi=True,
+    softcap=1.5,
+  ),
   # 128-key blocks with side inputs: this hung on a 2-thread XLA CPU pool (tests/conftest.py).
   mgpu_case(
     'packed-docs-alibi-bk128', unit=4, G=2, H=64, segments='packed', alibi=True, block_k=128
@@ -87,7 +95,7 @@ def test_forward_alone_matches_float64_reference(p, request):
   x = make_inputs(p, sum(map(ord, request.node.callspec.id)), p['unit'], p['B'])
   B, T, N, H = x['q'].shape
   S = x['k'].shape[1]
-  common = dict(scale=H**-0.5, causal=p['causal'], window=p['window'])
+  common = dict(scale=H**-0.5, softcap=p['softcap'], causal=p['causal'], window=p['window'])
   o_ref, *_ = reference(
     x['q'],
     x['k'],

@@ -66,7 +66,9 @@ CASES = [
     blocks=(128, 128),
     expect_skip=True,
   ),
-  tpu_case('more-queries-than-keys', G=1, H=64, shape='tall_q', blocks=(64, 128)),
+  tpu_case(
+    'more-queries-than-keys-softcap', G=1, H=64, shape='tall_q', blocks=(64, 128), softcap=1.5
+  ),
   tpu_case(
     'bf16-everything',
     G=4,

@@ -43,7 +43,12 @@ def on_one_chip(topo, *shapes):
 def flash_fwd_bwd(attention, extras, N):
   def fwd_bwd(q, k, v, q_ids, kv_ids):
     kw = (
-      dict(q_segment_ids=q_ids, kv_segment_ids=kv_ids, alibi_slopes=jnp.linspace(0.5, 0.01, N))
+      dict(
+        q_segment_ids=q_ids,
+        kv_segment_ids=kv_ids,
+        alibi_slopes=jnp.linspace(0.5, 0.01, N),
+        softcap=30.0,
+      )
       if extras
       else {}
     )
@@ -58,7 +63,8 @@ def flash_fwd_bwd(attention, extras, N):
 @pytest.mark.parametrize('generation', list(TOPOLOGIES))
 @pytest.mark.parametrize('dtype,H,extras', [(jnp.bfloat16, 128, True), (jnp.float32, 80, False)])
 def test_mllm_tpu_kernel_compiles(generation, dtype, H, extras):
-  """Forward, dK/dV and dQ kernels: ragged lengths, GQA, a window, segments and ALiBi."""
+  """Forward, dK/dV and dQ kernels: ragged lengths, GQA, a window, segments, ALiBi and a soft
+  cap."""
   from pallas_kernels import flash_attention_tpu as ft
 
   B, T, S, N, K = 2, 200, 300, 6, 2

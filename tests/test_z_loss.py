@@ -1,11 +1,14 @@
-"""The output's stabilisers: PaLM's z-loss (train.z_loss_coef; the step logs the mean log Z, equal
-to the model's own logits' logsumexp; with the z-loss on, training pulls log Z towards 0) and
-Gemma 2's final-logit soft-capping (model.final_logit_softcap)."""
+"""The stabilisers of the stability harness: PaLM's z-loss (train.z_loss_coef; the step logs the
+mean log Z, equal to the model's own logits' logsumexp; with the z-loss on, training pulls log Z
+towards 0) and Gemma 2's soft-capping of the final logits (model.final_logit_softcap) and of the
+attention logits (model.attention.logit_softcap; its math per implementation is
+tests/test_attention_impls.py's)."""
 
 from __future__ import annotations
 
 import jax
 import numpy as np
+import pytest
 from conftest import tiny_config
 
 from mllm.train.sharding import global_batch, make_mesh
@@ -66,6 +69,91 @@ def test_a_soft_capped_model_is_not_exported_to_a_class_without_it(tmp_path):
   from mllm.interop.hf import HFExportError, to_hf
   from mllm.train.state import initial_model
 
-  config = tiny_config(model__final_logit_softcap=30.0)
-  with pytest.raises(HFExportError, match=r'^model\.final_logit_softcap=30\.0: '):
-    to_hf(config, initial_model(config), str(tmp_path / 'out'))
+  for key in ('final_logit_softcap', 'attention__logit_softcap'):
+    config = tiny_config(**{f'model__{key}': 30.0})
+    shown = key.replace('__', '.')
+    with pytest.raises(HFExportError, match=rf'^model\.{shown}=30\.0: '):
+      to_hf(config, initial_model(config), str(tmp_path / 'out'))
+
+
+def test_the_attention_logit_softcap_changes_no_parameter_and_reaches_every_layer():
+  """The same parameters with and without the cap; a cap far above every logit computes the
+  uncapped model, a cap of 0.05 flattens each layer's attention towards uniform, which changes
+  the logits (the op's math is checked in float64 elsewhere)."""
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from mllm.train.state import initial_model
+
+  plain = initial_model(tiny_config(model__attention__impl='xla'))
+  models = {
+    cap: initial_model(
+      tiny_config(model__attention__impl='xla', model__attention__logit_softcap=cap)
+    )
+    for cap in (1e5, 0.05)
+  }
+  for model in models.values():
+    a, b = nnx.state(plain, nnx.Param), nnx.state(model, nnx.Param)
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+      np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  tokens = jnp.arange(32).reshape(2, 16) % 32
+  z = np.asarray(plain(tokens))
+  np.testing.assert_allclose(models[1e5](tokens), z, rtol=1e-4, atol=1e-5)
+  assert np.abs(np.asarray(models[0.05](tokens)) - z).max() > 1e-3
+
+
+def test_an_attention_impl_without_a_soft_cap_is_refused_in_one_line():
+  import pytest
+
+  import mllm
+  from mllm.checks import ConfigError
+
+  with pytest.raises(ConfigError) as err:
+    mllm.load_config(
+      'configs/base.py',
+      {
+        'model.attention.impl': 'cudnn',
+        'model.attention.logit_softcap': 30.0,
+        'model.dtype': 'bfloat16',
+      },
+    )
+  assert str(err.value).splitlines() == [str(err.value)]
+  assert "model.attention.impl='cudnn'" in str(err.value) and 'logit_softcap=30.0' in str(err.value)
+
+
+@pytest.mark.parametrize('n_layers,scan_layers', [(1, False), (2, True)])
+def test_the_eval_step_reports_the_largest_allowed_attention_logit(n_layers, scan_layers):
+  """max over layers, heads and allowed (causal) pairs of q·kᵀ/√H, against float64 from the
+  parameters: layer 0's attention input is RMSNorm(embedding) (no positions, so no rotation).
+  One layer: exactly its maximum; two (scanned): at least layer 0's."""
+  from mllm.train.step import make_eval_step
+
+  config = tiny_config(
+    model__position__kind='none', model__n_layers=n_layers, model__scan_layers=scan_layers
+  )
+  mesh = make_mesh(config.mesh)
+  train_setup, init = setup(config, mesh)
+  params = init()['params']
+  batch = synthetic_batch(config, np.random.default_rng(1))
+  eval_step = make_eval_step(train_setup, np.ones(config.model.vocab_size, np.float32))
+  got = float(eval_step(params, global_batch(batch, mesh))['max_attention_logit'])
+
+  def first(x):  # layer 0's array
+    x = np.asarray(x, np.float64)
+    return x[0] if scan_layers else x
+
+  block = params['blocks'] if scan_layers else params['blocks'][0]
+  x = np.asarray(params['embed']['embedding'], np.float64)[batch['inputs']]
+  x = x / np.sqrt(np.mean(x**2, -1, keepdims=True) + config.model.norm.eps)
+  x = x * first(block['attention_norm']['scale'])
+  q = np.einsum('btd,dnh->btnh', x, first(block['attention']['query']['kernel']))
+  k = np.einsum('btd,dkh->btkh', x, first(block['attention']['key']['kernel']))
+  k = np.repeat(k, q.shape[2] // k.shape[2], axis=2)
+  logits = np.einsum('btnh,bsnh->bnts', q, k) / np.sqrt(q.shape[-1])
+  T = logits.shape[-1]
+  want = np.where(np.tril(np.ones((T, T), bool)), logits, -np.inf).max()
+  if n_layers == 1:
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+  else:
+    assert got >= want * (1 - 1e-5)

@@ -30,6 +30,7 @@ MATH_KEYS = (
   'tie_embeddings',
   'embed_scale',
   'final_logit_softcap',
+  'attention.logit_softcap',
   'position.kind',
   'norm.kind',
   'norm.placement',

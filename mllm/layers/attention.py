@@ -1,4 +1,5 @@
-"""Causal self-attention with MHA / GQA / MQA heads, optional QK-norm, sliding window and dropout.
+"""Causal self-attention with MHA / GQA / MQA heads, optional QK-norm, logit soft-capping, sliding
+window and dropout.
 
 The projections carry logical axis names; the score computation is `mllm.ops.attention.attend`, whose
 implementation (`model.attention.impl`) is a registry entry. Positional schemes reach in only
@@ -60,6 +61,28 @@ class Attention(nnx.Module):
     self.impl = acfg.impl
     self.block_q, self.block_k = acfg.block_q, acfg.block_k
     self.scale = acfg.softmax_scale if acfg.softmax_scale is not None else attention_scale(cfg, h)
+    self.logit_softcap = acfg.logit_softcap
+
+  def _project(self, x_BTD, context: PositionContext):
+    """q, k, v of the tokens: projected, QK-normed, rotated."""
+    q_BTNH, k_BTKH, v_BTKH = self.query(x_BTD), self.key(x_BTD), self.value(x_BTD)
+    if self.query_norm is not None:
+      q_BTNH, k_BTKH = self.query_norm(q_BTNH), self.key_norm(k_BTKH)
+    return context.rotate(q_BTNH), context.rotate(k_BTKH), v_BTKH
+
+  def max_logit(self, x_BTD, context: PositionContext, mask: AttentionMask) -> jax.Array:
+    """The largest attention logit q·kᵀ·scale over the pairs `mask` allows, before any soft cap
+    or bias: the measure of attention-logit growth (Wortsman et al. 2023, Fig. 1-2). A float32
+    scalar; it materializes the [B, N, T, S] logits, so the evaluation step alone computes it."""
+    q_BTNH, k_BSKH, _ = self._project(x_BTD, context)
+    B, T, N, H = q_BTNH.shape
+    S, K = k_BSKH.shape[1], k_BSKH.shape[2]
+    q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
+    logits_BKGTS = jnp.einsum(
+      'btkgh,bskh->bkgts', q_BTKGH, k_BSKH, preferred_element_type=jnp.float32
+    )
+    allowed = mask.allowed(T, S)[:, :, None]  # [B|1, 1, 1, T, S]
+    return jnp.max(jnp.where(allowed, logits_BKGTS * self.scale, -jnp.inf))
 
   def __call__(
     self,
@@ -69,10 +92,7 @@ class Attention(nnx.Module):
     cache: LayerCache | None = None,
   ):
     """The attention output [B, T, D]; with a `cache`, (output, the layer's updated (k, v))."""
-    q_BTNH, k_BTKH, v_BTKH = self.query(x_BTD), self.key(x_BTD), self.value(x_BTD)
-    if self.query_norm is not None:
-      q_BTNH, k_BTKH = self.query_norm(q_BTNH), self.key_norm(k_BTKH)
-    q_BTNH, k_BTKH = context.rotate(q_BTNH), context.rotate(k_BTKH)
+    q_BTNH, k_BTKH, v_BTKH = self._project(x_BTD, context)
     updated = None
     if cache is not None:  # attend to [past ; new] keys, ordered by position (mask.kv_positions)
       k_BTKH, v_BTKH, updated = cache.extend(k_BTKH, v_BTKH)
@@ -90,6 +110,7 @@ class Attention(nnx.Module):
       bias=bias,
       rel_values=rel_values,
       scale=self.scale,
+      softcap=self.logit_softcap,
       impl=self.impl,
       dropout_rate=self.dropout.rate,
       dropout_rng=dropout_rng,

@@ -2,6 +2,9 @@
 
     attend(q, k, v, mask=..., bias=...) = softmax(q·kᵀ·scale + bias) v        (Vaswani et al. 2017, eq. 1)
 
+With `softcap` the scaled logits are soft-capped first, cap · tanh(q·kᵀ·scale / cap) (Gemma 2,
+Team et al. 2024), before the bias and the mask.
+
 Shapes: q [B, T, N, H], k/v [B, S, K, H] with N a multiple of K. Grouped-query attention (GQA, MQA when
 K = 1) works by viewing the N query heads as K groups of N/K heads that share one K/V head; K and V
 are never repeated in memory.
@@ -66,6 +69,7 @@ def choose_impl(
   mask: AttentionMask | None = None,
   gpu: GpuFacts | None = None,
   training: bool = True,
+  softcap: bool = False,
 ) -> str:
   """What 'auto' runs: the fastest implementation that supports the call on this backend.
 
@@ -75,7 +79,8 @@ def choose_impl(
   GPU (`choose_on_gpu`): cuDNN when it can run the call and takes its mask as flags, else
   mllm's kernels, which take every index mask natively. `mask` defaults to plain causal; `gpu`
   (compute capability, cuDNN version) to the runtime's; `training`: the call is differentiated
-  (cuDNN refuses more then; 'auto' cannot tell inside a trace, so it assumes so).
+  (cuDNN refuses more then; 'auto' cannot tell inside a trace, so it assumes so); `softcap`: the
+  logits are soft-capped (cuDNN cannot).
   """
   backend = backend or on_mesh.backend()
   learned = rel_values is not None or dropout or _dense(bias)
@@ -87,15 +92,17 @@ def choose_impl(
     return next(n for n in ('splash', 'pallas') if ATTENTION_IMPLS[n].lacks(alibi=alibi) is None)
   if backend == 'gpu':
     gpu = runtime_gpu_facts() if gpu is None else gpu
-    return choose_on_gpu(q_BTNH, k_BSKH, mask or AttentionMask(), alibi, gpu, training)
+    return choose_on_gpu(q_BTNH, k_BSKH, mask or AttentionMask(), alibi, gpu, training, softcap)
   return by_length
 
 
-def choose_on_gpu(q_BTNH, k_BSKH, mask: AttentionMask, alibi: bool, gpu: GpuFacts, training):
+def choose_on_gpu(
+  q_BTNH, k_BSKH, mask: AttentionMask, alibi: bool, gpu: GpuFacts, training, softcap=False
+):
   """'auto' on a GPU, for a call without learned terms. In order:
   1. 'cudnn' (fastest in every cell measured, docs/kernels.md) when cuDNN takes the mask as
      flags (none, or causal / causal window aligned top-left), there is no ALiBi (it would be a
-     dense bias, rounded to bf16) and `cudnn_refusal` finds nothing (dtype, head dim, odd
+     dense bias, rounded to bf16) nor soft cap and `cudnn_refusal` finds nothing (dtype, head dim, odd
      lengths in training, GPU generation).
   2. 'pallas_mgpu' (Mosaic GPU) on Hopper (9.x) for bf16/fp16 with head_dim <= 128: packed
      documents, bottom-right alignment, two-sided windows and ALiBi in-kernel, O(N) memory.
@@ -112,7 +119,7 @@ def choose_on_gpu(q_BTNH, k_BSKH, mask: AttentionMask, alibi: bool, gpu: GpuFact
   except ValueError:  # per-example offsets: only 'xla' reads them
     return 'xla'
   dtype = q_BTNH.dtype
-  if not alibi and kernels.cudnn_takes_mask(mask, T, S):
+  if not alibi and not softcap and kernels.cudnn_takes_mask(mask, T, S):
     why = cudnn_refusal(
       dtype=dtype,
       q_len=T,
@@ -149,17 +156,18 @@ def choosing_for(backend: str, gpu: GpuFacts | None = None):
 
 
 def auto_attention(q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
-  dropout = call_terms(q_BTNH, **kwargs)['dropout']
+  terms = call_terms(q_BTNH, **kwargs)
   backend, gpu = _CHOOSE_FOR[-1] if _CHOOSE_FOR else (None, None)
   impl = choose_impl(
     q_BTNH,
     k_BSKH,
     bias=kwargs.get('bias'),
     rel_values=kwargs.get('rel_values'),
-    dropout=dropout,
+    dropout=terms['dropout'],
     backend=backend,
     mask=kwargs.get('mask'),
     gpu=gpu,
+    softcap=terms['softcap'],
   )
   for key in ('block_q', 'block_k'):  # tiles set for another kernel: the picked one's defaults
     if kwargs.get(key) is not None and ATTENTION_IMPLS[impl].refuses_tile(key, kwargs[key]):
@@ -213,6 +221,7 @@ TERMS = {
   'dropout': 'attention dropout',
   'alibi': "ALiBi (it adds no bias to the scores)",
   'float32': 'float32 inputs (it runs in bfloat16/float16 only)',
+  'softcap': 'attention-logit soft-capping (model.attention.logit_softcap)',
 }
 
 
@@ -225,6 +234,7 @@ class AttentionImpl:
   run: Callable[..., jax.Array]
   learned_terms: bool = False  # T5/Shaw learned biases and attention dropout (autodiff's gradients)
   alibi: bool = True  # adds ALiBi's bias to the scores
+  softcap: bool = True  # soft-caps the scaled logits, cap · tanh(x / cap)
   per_shard: bool = False  # an opaque custom call: run per shard of a mesh (mllm/ops/mesh.py)
   index_masks: bool = False  # masks by index only: a KV cache's prefill chunk goes 'blockwise'
   pallas: bool = False  # one of mllm's Pallas kernels (pallas_kernels/)
@@ -250,6 +260,7 @@ class AttentionImpl:
     dropout: bool = False,
     alibi: bool = False,
     float32: bool = False,
+    softcap: bool = False,
   ) -> str | None:
     """The first term (a TERMS key) of a call with these terms that this implementation cannot
     compute, or None. `float32`: the inputs are float32 (not bfloat16/float16)."""
@@ -258,6 +269,7 @@ class AttentionImpl:
       'dropout': dropout and not self.learned_terms,
       'alibi': alibi and not self.alibi,
       'float32': float32 and self.half_precision is not None,
+      'softcap': softcap and not self.softcap,
     }
     return next((term for term, missing in needs.items() if missing), None)
 
@@ -275,7 +287,7 @@ def _dense(bias: ScoreBias | None) -> bool:
 
 
 def call_terms(
-  q_BTNH, *, bias=None, rel_values=None, dropout_rate=0.0, dropout_rng=None, **_
+  q_BTNH, *, bias=None, rel_values=None, dropout_rate=0.0, dropout_rng=None, softcap=None, **_
 ) -> dict[str, bool]:
   """Which TERMS a call of `attend`'s contract asks for (`AttentionImpl.lacks`'s arguments)."""
   return {
@@ -283,6 +295,7 @@ def call_terms(
     'dropout': dropout_rate > 0.0 and dropout_rng is not None,
     'alibi': bias is not None and bias.alibi_slopes is not None,
     'float32': not is_half(q_BTNH.dtype),
+    'softcap': softcap is not None,
   }
 
 
@@ -320,7 +333,10 @@ ATTENTION_IMPLS: dict[str, AttentionImpl] = {
     **_KERNEL,
   ),
   'cudnn': AttentionImpl(
-    cudnn_attention, half_precision='cuDNN flash attention', backends=kernels.cudnn_backends
+    cudnn_attention,
+    softcap=False,  # jax.nn.dot_product_attention has no soft cap
+    half_precision='cuDNN flash attention',
+    backends=kernels.cudnn_backends,
   ),
   'auto': AttentionImpl(auto_attention, learned_terms=True),
 }
@@ -351,13 +367,15 @@ def attend(
   bias: ScoreBias | None = None,
   rel_values: RelativeValues | None = None,
   scale: float | None = None,
+  softcap: float | None = None,
   impl: str = 'xla',
   dropout_rate: float = 0.0,
   dropout_rng: jax.Array | None = None,
   block_q: int | None = None,
   block_k: int | None = None,
 ) -> jax.Array:
-  """softmax(q·kᵀ·scale + bias)·v (+ Shaw's value term), by the implementation named `impl`."""
+  """softmax(softcap(q·kᵀ·scale) + bias)·v (+ Shaw's value term), by the implementation named
+  `impl`; `softcap` None: no cap."""
   if impl not in ATTENTION_IMPLS:
     raise ValueError(f"attention impl={impl!r}; allowed: {', '.join(sorted(ATTENTION_IMPLS))}")
   n_heads, n_kv = q_BTNH.shape[2], k_BSKH.shape[2]
@@ -376,6 +394,7 @@ def attend(
     bias=bias,
     rel_values=rel_values,
     scale=scale,
+    softcap=softcap,
     dropout_rate=dropout_rate,
     dropout_rng=dropout_rng,
     block_q=block_q,

@@ -4,7 +4,7 @@ Queries are cut into blocks of `block_q` rows and keys into blocks of `block_k` 
 block keeps a running row max m, normalizer l and unnormalized output acc while it walks its key
 blocks (online softmax; Milakov & Gimelshein 2018; Dao et al. 2022, Alg. 1):
 
-    s = q·kᵀ·scale + bias,  m' = max(m, rowmax s),  p = exp(s − m'),
+    s = softcap(q·kᵀ·scale) + bias,  m' = max(m, rowmax s),  p = exp(s − m'),
     l' = l·exp(m − m') + rowsum p,  acc' = acc·exp(m − m') + p·v,   out = acc / l.
 
 Only an [B, N, block_q, block_k] score block ever exists. A query block visits only the key
@@ -44,6 +44,7 @@ from jax import lax
 
 from pallas_kernels.block_ranges import MASK_VALUE, kv_block_range, q_block_range, visible
 from pallas_kernels.common import flash_vjp, pad_to, padded_ids, round_up
+from pallas_kernels.tile_math import softcapped, through_softcap
 
 DEFAULT_BLOCK = 512  # CPU: big enough for efficient matmuls; [B, N, 512, 512] f32 is 1 MiB per head
 
@@ -63,6 +64,7 @@ class BlockLayout:
   alibi: bool
   segments: bool
   by_position: bool = False  # order and validity from the mask's per-sequence positions
+  softcap: float | None = None  # cap · tanh(x / cap) of the scaled logits x (Gemma 2); None: none
 
   @property
   def n_q_blocks(self) -> int:
@@ -173,10 +175,10 @@ def _valid_range(pos_nBb):
 
 
 def _block_scores(q_BKGqH, k_BKbH, i, j, aux, lay: BlockLayout):
-  """Scaled, biased and masked logits [B, K, G, bq, bk] (float32) and the allowed mask."""
-  s = (
-    jnp.einsum('bkgqh,bksh->bkgqs', q_BKGqH, k_BKbH, preferred_element_type=jnp.float32) * lay.scale
-  )
+  """Scaled, soft-capped, biased and masked logits [B, K, G, bq, bk] (float32), the allowed mask
+  and the raw q·kᵀ (the soft cap's backward reads it, tile_math.through_softcap)."""
+  logits = jnp.einsum('bkgqh,bksh->bkgqs', q_BKGqH, k_BKbH, preferred_element_type=jnp.float32)
+  s = softcapped(logits * lay.scale, lay.softcap)
   kj = j * lay.block_k + jnp.arange(lay.block_k)
   if lay.by_position:  # [B, bq, bk]: distance in positions; a key at position < 0 is empty
     kv_pos = aux['mask_kv_pos'][j]
@@ -195,7 +197,7 @@ def _block_scores(q_BKGqH, k_BKbH, i, j, aux, lay: BlockLayout):
   if lay.alibi:
     rel = (aux['kv_pos'][j][:, None, :] - aux['q_pos'][i][:, :, None]).astype(jnp.float32)
     s = s + aux['slopes'][None, :, :, None, None] * rel[:, None, None]
-  return jnp.where(ok, s, MASK_VALUE), ok
+  return jnp.where(ok, s, MASK_VALUE), ok, logits
 
 
 def _blocks_overlap(i, j, aux):
@@ -284,7 +286,7 @@ def _flash_forward(lay, q_blocks, k_blocks, v_blocks, aux):
 
     def visit(j, carry):
       def step(carry):
-        s, ok = _block_scores(q, k_blocks[j], i, j, aux, lay)
+        s, ok, _ = _block_scores(q, k_blocks[j], i, j, aux, lay)
         return _online_softmax_step(carry, s, ok, v_blocks[j])[0]
 
       return _skip_unless_overlap(step, i, j, aux, lay, carry)
@@ -309,13 +311,13 @@ def _flash_backward(lay, q_blocks, k_blocks, v_blocks, aux, out_blocks, lse_bloc
       def step(carry):
         dk, dv, dq_acc = carry
         q, d_out = q_blocks[i], d_out_blocks[i]
-        s, ok = _block_scores(q, k, i, j, aux, lay)
+        s, ok, logits = _block_scores(q, k, i, j, aux, lay)
         p = jnp.where(ok, jnp.exp(s - lse_blocks[i][..., None]), 0.0)
         dv = dv + jnp.einsum(
           'bkgqs,bkgqh->bksh', p.astype(dtype), d_out, preferred_element_type=jnp.float32
         )
         dp = jnp.einsum('bkgqh,bksh->bkgqs', d_out, v, preferred_element_type=jnp.float32)
-        ds = (p * (dp - delta_blocks[i][..., None])).astype(dtype)
+        ds = through_softcap(p * (dp - delta_blocks[i][..., None]), logits, lay).astype(dtype)
         dk = dk + jnp.einsum('bkgqs,bkgqh->bksh', ds, q, preferred_element_type=jnp.float32)
         dq_i = dq_acc[i] + jnp.einsum(
           'bkgqs,bksh->bkgqh', ds, k, preferred_element_type=jnp.float32
@@ -389,7 +391,7 @@ def _learned(
 
       def step(carry):
         m, l, acc, acc_rel = carry
-        s, ok = _block_scores(q, k, i, j, aux, lay)
+        s, ok, _ = _block_scores(q, k, i, j, aux, lay)
         if dense is not None:
           s = jnp.where(ok, s + dense, MASK_VALUE)
         (m, l, acc), p, correction = _online_softmax_step(
@@ -438,12 +440,14 @@ def blockwise_attention(
   bias=None,
   rel_values=None,
   scale: float,
+  softcap: float | None = None,
   dropout_rate: float = 0.0,
   dropout_rng=None,
   block_q: int | None = None,
   block_k: int | None = None,
 ) -> jax.Array:
-  """softmax(q·kᵀ·scale + bias)·v without materializing the scores; see the module docstring."""
+  """softmax(softcap(q·kᵀ·scale) + bias)·v without materializing the scores; see the module
+  docstring."""
   B, T, N, _H = q_BTNH.shape
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
   block_q = min(block_q or DEFAULT_BLOCK, T)
@@ -461,6 +465,7 @@ def blockwise_attention(
     alibi=bias is not None and bias.alibi_slopes is not None,
     segments=mask.q_segment_ids is not None,
     by_position=by_position,
+    softcap=None if softcap is None else float(softcap),
   )
   aux = _aux_arrays(mask, bias, B, T, S, N, K, block_q, block_k)
   q_blocks = _q_blocks(q_BTNH, K, block_q)

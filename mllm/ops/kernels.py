@@ -31,6 +31,7 @@ def pallas_attention(
   bias: ScoreBias | None,
   rel_values: RelativeValues | None,
   scale: float,
+  softcap: float | None = None,
   dropout_rate: float = 0.0,
   dropout_rng=None,
   block_q: int | None = None,
@@ -58,6 +59,7 @@ def pallas_attention(
     k_BSKH,
     v_BSKH,
     scale=scale,
+    softcap=softcap,
     causal=mask.causal,
     window=mask.window,
     q_offset=mask.static_offset(T, S, impl),
@@ -81,6 +83,7 @@ def cudnn_attention(
   bias: ScoreBias | None,
   rel_values: RelativeValues | None,
   scale: float,
+  softcap: float | None = None,
   dropout_rate: float = 0.0,
   dropout_rng=None,
   block_q: int | None = None,
@@ -96,7 +99,7 @@ def cudnn_attention(
   which is how the tests check it on CPU.
   """
   del block_q, block_k
-  del rel_values, dropout_rate, dropout_rng  # refused before the call (AttentionImpl.lacks)
+  del rel_values, dropout_rate, dropout_rng, softcap  # refused before the call (its record)
   T, S = q_BTNH.shape[1], k_BSKH.shape[1]
   plain = cudnn_takes_mask(mask, T, S)
   dense_bias = _cudnn_bias(bias, q_BTNH.dtype, implementation)

@@ -4,7 +4,9 @@ behind mllm's attention contract.
 Splash is a TPU kernel with block-sparse static masks (causal, local) evaluated from iota in the
 kernel, segment ids, GQA (query head n reads KV head n // (N / K)) and its own backward. It takes one
 example at a time, q [N, T, H] and k/v [K, S, H] with T and S multiples of its blocks, applies no
-softmax scale and has no additive bias: so this adapter
+softmax scale (its soft cap, `attn_logits_soft_cap`, caps the logits it sees: q already scaled,
+so Gemma 2's cap · tanh(q·kᵀ·scale / cap) as every implementation here) and has no additive
+bias: so this adapter
 - scales q, goes head-major, pads T and S to the blocks, and vmaps over the batch;
 - builds the static mask once per shape (a host-side computation, cached) with the query offset
   (bottom-right by default) and masks padded keys with a segment id no query has;
@@ -39,6 +41,7 @@ def _kernel(
   offset: int,
   block_q: int,
   block_k: int,
+  softcap: float | None,
   interpret: bool,
 ):
   """A splash kernel for one mask and shape (mask processing runs on the host: cached)."""
@@ -64,7 +67,10 @@ def _kernel(
   # Concrete mask arrays even when first built inside a jit trace: the cache outlives traces.
   with jax.ensure_compile_time_eval():
     return sa.make_splash_mha_single_device(
-      sa.MultiHeadMask([base] * n_heads), block_sizes=blocks, interpret=interpret
+      sa.MultiHeadMask([base] * n_heads),
+      block_sizes=blocks,
+      attn_logits_soft_cap=softcap,
+      interpret=interpret,
     )
 
 
@@ -127,13 +133,14 @@ def splash_attention(
   bias,
   rel_values,
   scale: float,
+  softcap: float | None = None,
   dropout_rate: float = 0.0,
   dropout_rng=None,
   block_q: int | None = None,
   block_k: int | None = None,
   interpret: bool | None = None,
 ) -> jax.Array:
-  """softmax(q kᵀ scale, masked) v through splash; the contract of mllm.ops.attention.attend."""
+  """softmax(softcap(q kᵀ scale), masked) v through splash; the contract of mllm.ops.attention.attend."""
   from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
   del bias, rel_values, dropout_rate, dropout_rng  # refused before the call (AttentionImpl.lacks)
@@ -147,7 +154,8 @@ def splash_attention(
   Tp, Sp = round_up(T, bq), round_up(S, bk)
   if interpret is None:
     interpret = on_mesh.backend() != 'tpu'
-  kernel = _kernel(N, Tp, Sp, mask.causal, mask.window, offset, bq, bk, bool(interpret))
+  softcap = None if softcap is None else float(softcap)
+  kernel = _kernel(N, Tp, Sp, mask.causal, mask.window, offset, bq, bk, softcap, bool(interpret))
 
   def head_major(x, length):  # [B, L, heads, H] -> [B, heads, Lp, H]
     return pad_to(x, 1, length).transpose(0, 2, 1, 3)

@@ -1,5 +1,6 @@
-"""impl='xla', the reference: softmax(q·kᵀ·scale + bias)·v with the [B, N, T, S] scores materialized
-(Vaswani et al. 2017, eq. 1), and without bias a hand-written backward that XLA:CPU runs faster
+"""impl='xla', the reference: softmax(softcap(q·kᵀ·scale) + bias)·v with the [B, N, T, S] scores
+materialized (Vaswani et al. 2017, eq. 1; the soft cap cap · tanh(x / cap) is Gemma 2's, applied
+when `softcap` is set), and without bias a hand-written backward that XLA:CPU runs faster
 than autodiff's (the comment above `_heads_first`)."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import jax.numpy as jnp
 
 from mllm.ops.masks import AttentionMask, RelativeValues, ScoreBias
 from pallas_kernels.block_ranges import MASK_VALUE
+from pallas_kernels.tile_math import softcap_slope, softcapped
 
 
 def _split_heads_bias(bias_BNTS: jax.Array, n_kv: int) -> jax.Array:
@@ -30,6 +32,7 @@ def xla_attention(
   bias: ScoreBias | None,
   rel_values: RelativeValues | None,
   scale: float,
+  softcap: float | None = None,
   dropout_rate: float = 0.0,
   dropout_rng: jax.Array | None = None,
   block_q: int | None = None,
@@ -51,12 +54,13 @@ def xla_attention(
     and q_BTNH.shape[1] > 1
   ):
     allowed_BTS = mask.allowed(q_BTNH.shape[1], k_BSKH.shape[1])[:, 0]
-    return _plain_attention(q_BTNH, k_BSKH, v_BSKH, allowed_BTS, scale)
+    return _plain_attention(q_BTNH, k_BSKH, v_BSKH, allowed_BTS, scale, softcap)
   B, T, N, H = q_BTNH.shape
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
   q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
-  logits_BKGTS = (
-    jnp.einsum('btkgh,bskh->bkgts', q_BTKGH, k_BSKH, preferred_element_type=jnp.float32) * scale
+  logits_BKGTS = softcapped(
+    jnp.einsum('btkgh,bskh->bkgts', q_BTKGH, k_BSKH, preferred_element_type=jnp.float32) * scale,
+    softcap,
   )
   if bias is not None:
     logits_BKGTS = logits_BKGTS + _split_heads_bias(bias.materialize(), K)
@@ -124,57 +128,64 @@ def _rows_allowed(allowed_BTS, group):
   return jnp.broadcast_to(allowed_BTS[:, :, None, :], (b, t, group, s)).reshape(b, 1, t * group, s)
 
 
-def _plain_probs(q_BKMH, k_BKSH, ok_BKMS, scale, lse_BKM=None):
-  """Masked softmax probabilities [B, K, M, S] and their log-sum-exp [B, K, M] (float32)."""
-  logits = (
-    jnp.matmul(q_BKMH, jnp.swapaxes(k_BKSH, -1, -2), preferred_element_type=jnp.float32) * scale
-  )
-  logits = jnp.where(ok_BKMS, logits, MASK_VALUE)
+def _plain_probs(q_BKMH, k_BKSH, ok_BKMS, scale, softcap, lse_BKM=None):
+  """Masked softmax probabilities [B, K, M, S], their log-sum-exp [B, K, M] and the scaled logits
+  q·kᵀ·scale before the soft cap (its backward's slope), all float32."""
+  x = jnp.matmul(q_BKMH, jnp.swapaxes(k_BKSH, -1, -2), preferred_element_type=jnp.float32) * scale
+  logits = jnp.where(ok_BKMS, softcapped(x, softcap), MASK_VALUE)
   if lse_BKM is None:
     peak = jnp.max(logits, axis=-1)
     lse_BKM = peak + jnp.log(jnp.sum(jnp.exp(logits - peak[..., None]), axis=-1))
   probs = jnp.exp(logits - lse_BKM[..., None])
   # A query with no visible key (e.g. padding) gets a zero output, never an average of masked values.
-  return jnp.where(jnp.any(ok_BKMS, axis=-1, keepdims=True), probs, 0.0), lse_BKM
+  return jnp.where(jnp.any(ok_BKMS, axis=-1, keepdims=True), probs, 0.0), lse_BKM, x
 
 
-def _plain_forward(q_BTNH, k_BSKH, v_BSKH, allowed_BTS, scale):
+def _plain_forward(q_BTNH, k_BSKH, v_BSKH, allowed_BTS, scale, softcap):
   T, N, K = q_BTNH.shape[1], q_BTNH.shape[2], k_BSKH.shape[2]
   q, k, v = _heads_first(q_BTNH, K), _heads_first(k_BSKH, K), _heads_first(v_BSKH, K)
-  probs, lse = _plain_probs(q, k, _rows_allowed(allowed_BTS, N // K), scale)
+  probs, lse, _ = _plain_probs(q, k, _rows_allowed(allowed_BTS, N // K), scale, softcap)
   out_BKMH = jnp.matmul(probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
   return _heads_last(out_BKMH, T).astype(q_BTNH.dtype), (q, k, v, out_BKMH, lse)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _plain_attention(q_BTNH, k_BSKH, v_BSKH, allowed_BTS, scale):
-  return _plain_forward(q_BTNH, k_BSKH, v_BSKH, allowed_BTS, scale)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _plain_attention(q_BTNH, k_BSKH, v_BSKH, allowed_BTS, scale, softcap):
+  return _plain_forward(q_BTNH, k_BSKH, v_BSKH, allowed_BTS, scale, softcap)[0]
 
 
-def _plain_fwd(q_BTNH, k_BSKH, v_BSKH, allowed_BTS, scale):
-  out, (q, k, v, out_BKMH, lse) = _plain_forward(q_BTNH, k_BSKH, v_BSKH, allowed_BTS, scale)
+def _plain_fwd(q_BTNH, k_BSKH, v_BSKH, allowed_BTS, scale, softcap):
+  out, (q, k, v, out_BKMH, lse) = _plain_forward(
+    q_BTNH, k_BSKH, v_BSKH, allowed_BTS, scale, softcap
+  )
   return out, (q, k, v, allowed_BTS, out_BKMH, lse)
 
 
-def _plain_bwd(scale, residuals, d_out_BTNH):
+def _plain_bwd(scale, softcap, residuals, d_out_BTNH):
   q, k, v, allowed_BTS, out_BKMH, lse = residuals  # q [B, K, M, H], M = T·G; k, v [B, K, S, H]
   T, K = allowed_BTS.shape[1], k.shape[1]
   dtype = q.dtype  # matmul operands keep the compute dtype; accumulation is float32
   do = _heads_first(d_out_BTNH, K)
   delta = jnp.sum(do.astype(jnp.float32) * out_BKMH, axis=-1)  # rowsum(dO ⊙ O), [B, K, M]
   ok = _rows_allowed(allowed_BTS, q.shape[2] // T)
-  # dQ = scale · dS·K with dS = P ⊙ (dO·Vᵀ − delta), all [B, K, M, S].
-  probs, _ = _plain_probs(q, k, ok, scale, lse)
+  # dQ = scale · dS·K with dS = P ⊙ (dO·Vᵀ − delta) (⊙ the soft cap's slope), all [B, K, M, S].
+  probs, _, x = _plain_probs(q, k, ok, scale, softcap, lse)
   dp = jnp.matmul(do, jnp.swapaxes(v, -1, -2), preferred_element_type=jnp.float32)
-  ds = (probs * (dp - delta[..., None])).astype(dtype)
+  ds = probs * (dp - delta[..., None])
+  if softcap is not None:
+    ds = ds * softcap_slope(x, softcap)
+  ds = ds.astype(dtype)
   dq = jnp.matmul(ds, k, preferred_element_type=jnp.float32) * scale
   # dK = scale · dSᵀ·Q and dV = Pᵀ·dO from the transposed scores, recomputed: [B, K, S, M].
-  logits_t = jnp.matmul(k, jnp.swapaxes(q, -1, -2), preferred_element_type=jnp.float32) * scale
+  x_t = jnp.matmul(k, jnp.swapaxes(q, -1, -2), preferred_element_type=jnp.float32) * scale
   ok_t = jnp.swapaxes(ok, -1, -2)
-  probs_t = jnp.exp(jnp.where(ok_t, logits_t, MASK_VALUE) - lse[:, :, None, :])
+  probs_t = jnp.exp(jnp.where(ok_t, softcapped(x_t, softcap), MASK_VALUE) - lse[:, :, None, :])
   probs_t = jnp.where(jnp.any(ok_t, axis=-2, keepdims=True), probs_t, 0.0)
   dp_t = jnp.matmul(v, jnp.swapaxes(do, -1, -2), preferred_element_type=jnp.float32)
-  ds_t = (probs_t * (dp_t - delta[:, :, None, :])).astype(dtype)
+  ds_t = probs_t * (dp_t - delta[:, :, None, :])
+  if softcap is not None:
+    ds_t = ds_t * softcap_slope(x_t, softcap)
+  ds_t = ds_t.astype(dtype)
   dk = jnp.matmul(ds_t, q, preferred_element_type=jnp.float32) * scale
   dv = jnp.matmul(probs_t.astype(dtype), do, preferred_element_type=jnp.float32)
   S = k.shape[2]

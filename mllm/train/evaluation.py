@@ -4,6 +4,7 @@ nothing in its folder."""
 
 from __future__ import annotations
 
+import math
 import os
 
 import jax
@@ -24,12 +25,14 @@ def run_eval(eval_step, params, data, mesh, max_batches: int) -> dict | None:
   batches = data.eval_batches(max_batches)
   if not len(batches):
     return None
-  totals = {'loss_sum': 0.0, 'tokens': 0.0, 'bytes': 0.0}
+  totals = {'loss_sum': 0.0, 'tokens': 0.0, 'bytes': 0.0, 'log_z_sum': 0.0}
+  peak = -math.inf
   for batch in batches:
     out = jax.device_get(eval_step(params, global_batch(batch, mesh)))
     for k in totals:
       totals[k] += float(out[k])  # summed in float64 on the host
-  return eval_summary(totals)
+    peak = max(peak, float(out['max_attention_logit']))
+  return eval_summary({**totals, 'max_attention_logit': peak})
 
 
 def evaluate(config, workdir: str) -> dict:

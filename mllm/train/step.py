@@ -23,17 +23,20 @@ from mllm.train.sharding import batch_sharding, replicated
 from mllm.train.state import ModelSetup, TrainSetup, TrainState, split_trained
 
 
-def _forward(train_setup: ModelSetup, params, batch, *, train: bool, dropout_key=None):
-  """(per-token losses × loss_mask [B, T], the MoE layers' routing statistics; {} if dense).
+def _forward(
+  train_setup: ModelSetup, params, batch, *, train: bool, dropout_key=None, probe: bool = False
+):
+  """(per-token losses × loss_mask [B, T], statistics: the MoE layers' routing statistics, the
+  output's log Z sums and, with `probe`, each layer's largest attention logit).
 
   train=True: the training computation (dropout and router noise drawn from `dropout_key` where
   the config has them; a capacity MoE drops what overflows its capacity). train=False:
   inference (`model.eval()`: nothing random, no token dropped)."""
   with traced_on(train_setup.mesh):  # kernels choose for, and split over, the step's devices
-    return _forward_on_mesh(train_setup, params, batch, train, dropout_key)
+    return _forward_on_mesh(train_setup, params, batch, train, dropout_key, probe)
 
 
-def _forward_on_mesh(train_setup: ModelSetup, params, batch, train: bool, dropout_key):
+def _forward_on_mesh(train_setup: ModelSetup, params, batch, train: bool, dropout_key, probe):
   net = train_setup.merge(params)
   if not train:
     net.eval()
@@ -46,6 +49,7 @@ def _forward_on_mesh(train_setup: ModelSetup, params, batch, train: bool, dropou
     segment_ids=batch['segment_ids'] if packed else None,
     return_moe_stats=True,
     float32_logits=False,  # the loss upcasts pass by pass (a float32 copy would cost a bf16 step)
+    probe_attention=probe,
   )
   losses, log_z = cross_entropy_and_logsumexp(logits, batch['targets'])
   mask = batch['loss_mask']
@@ -221,19 +225,24 @@ def _zeros(shapes):
 
 
 def make_eval_step(train_setup: ModelSetup, token_bytes: np.ndarray):
-  """`eval(params, batch) -> {loss_sum, tokens, bytes}`: sums, so batches and hosts add up.
+  """`eval(params, batch) -> {loss_sum, tokens, bytes, log_z_sum, max_attention_logit}`: sums
+  (so batches and hosts add up) and the batch's largest attention logit (a maximum).
 
-  bytes counts the UTF-8 bytes the target tokens stand for (bits per byte = nats / ln 2 / bytes).
+  bytes counts the UTF-8 bytes the target tokens stand for (bits per byte = nats / ln 2 / bytes);
+  log_z_sum the output's log Z over the target tokens; max_attention_logit is q·kᵀ·scale's
+  largest allowed value over every layer and head (Wortsman et al. 2023's attention-logit growth).
   """
   table = jnp.asarray(token_bytes, jnp.float32)
 
   def evaluate(params, batch):
-    losses = _forward(train_setup, params, batch, train=False)[0]
+    losses, stats = _forward(train_setup, params, batch, train=False, probe=True)
     mask = batch['loss_mask']
     return {
       'loss_sum': losses.sum(),
       'tokens': mask.sum(),
       'bytes': (table[batch['targets']] * mask).sum(),
+      'log_z_sum': stats['log_z_sum'],
+      'max_attention_logit': jnp.max(stats['max_attention_logit']),
     }
 
   return jax.jit(
@@ -244,13 +253,17 @@ def make_eval_step(train_setup: ModelSetup, token_bytes: np.ndarray):
 
 
 def eval_summary(totals: dict) -> dict:
-  """Mean loss, perplexity and bits per byte from summed eval outputs."""
-  loss = totals['loss_sum'] / max(totals['tokens'], 1.0)
+  """Mean loss, perplexity, bits per byte and mean log Z from summed eval outputs, and the
+  largest attention logit (`make_eval_step`)."""
+  tokens = max(totals['tokens'], 1.0)
+  loss = totals['loss_sum'] / tokens
   return {
     'loss': loss,
     'perplexity': math.exp(min(loss, 700.0)),
     'bits_per_byte': totals['loss_sum'] / math.log(2) / max(totals['bytes'], 1.0),
     'tokens': totals['tokens'],
+    'log_z': totals['log_z_sum'] / tokens,
+    'max_attention_logit': totals['max_attention_logit'],
   }
 
 
