@@ -15,6 +15,7 @@ from experiments import (
   speedup,
   stability,
   tensorboard,
+  transfer,
   verdicts,
 )
 from experiments.diagnosis import Evidence
@@ -112,6 +113,8 @@ def write(suite: Suite, results: dict, out: str) -> str:
     figures = [f for f in figures if f]
   tensorboard.write(suite, results, folder, final=('eval_loss', *verdicts.EXTRA_COLUMNS))
   text = markdown(suite, results, rows)
+  if suite.lr_transfer:
+    text += '\n'.join(transfer.lines(suite, results)) + '\n'
   if suite.tokens_to_baseline:
     text += '\n'.join(speedup.lines(suite, results)) + '\n'
   if suite.stability:

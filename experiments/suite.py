@@ -95,6 +95,9 @@ class Suite:
   # Each variant's steps to the baseline's final eval loss, seed by seed (experiments/speedup.py;
   # the runs evaluate during training).
   tokens_to_baseline: bool = False
+  # {family: {variant: width}}: each family's best rate against the width and its fitted slope
+  # (experiments/transfer.py; Tensor Programs V, Fig. 1).
+  lr_transfer: dict = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     names = [v.name for v in self.variants]

@@ -85,3 +85,19 @@ def test_the_ratio_is_per_seed_against_the_baselines_final_loss():
   suite = load_suite('optimizers')
   text = '\n'.join(speedup.lines(suite, results))
   assert 'reached on 1 of 2 seeds; by seed: 0.50, never' in text
+
+
+def test_the_transfer_line_fits_the_best_rates_slope_against_width():
+  """Rates 8e-3, 4e-3, 2e-3 at widths 64, 128, 256: a slope of exactly −1 (halves per doubling);
+  3e-3 at every width: 0 (flat)."""
+  from experiments import transfer
+
+  suite = load_suite('mup_transfer')
+  tuning = {
+    **{f'standard-d{w}': {'best_lr': lr} for w, lr in ((64, 8e-3), (128, 4e-3), (256, 2e-3))},
+    **{f'mup-d{w}': {'best_lr': 3e-3, 'edge': 'high' if w == 64 else None} for w in (64, 128)},
+  }
+  text = '\n'.join(transfer.lines(suite, {'tuning': tuning}))
+  assert 'standard: d64: 0.008, d128: 0.004, d256: 0.002; slope -1.00 per doubling: falls' in text
+  assert 'mup: d64: 0.003 (edge), d128: 0.003; slope +0.00 per doubling: flat (x1.00' in text
+  assert transfer.slope([64], [1e-3]) is None

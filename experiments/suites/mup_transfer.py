@@ -35,6 +35,7 @@ SUITE = Suite(
   presets={
     name: {**preset, **SHORT} if name == 'cpu' else preset for name, preset in PRESETS.items()
   },
+  lr_transfer={kind: {f'{kind}-d{d}': d for d in WIDTHS} for kind in ('standard', 'mup')},
   paper_source='Yang et al. 2022 (Tensor Programs V), Fig. 1: under µP the best rate is flat '
   'across widths; under the standard parametrization it shifts',
 )

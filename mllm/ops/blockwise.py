@@ -407,6 +407,11 @@ def _learned(
       extra = _needed(i, j, aux, lay)
       if extra is not None:
         needed &= extra
+      if lay.softcap is not None:
+        # Every block computed, the skipped ones' results dropped: autodiff of a soft cap inside
+        # this lax.cond gave NaN gradients on XLA:CPU at --xla_backend_optimization_level=0
+        # (make test's; measured 2026-11-29, fine at the default level), the rest unchanged.
+        return jax.tree.map(lambda new, old: jnp.where(needed, new, old), step(carry), carry), None
       return lax.cond(needed, step, lambda c: c, carry), None
 
     m, l, acc = _initial_carry(q)

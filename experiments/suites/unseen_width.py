@@ -1,0 +1,49 @@
+"""Does a user who changes the width keep a tuned rate? The default config at d_model 96 (6 heads
+of 16, 3 layers, 400 steps: a width no other suite uses), as a new user would run it, at the
+default rate and at half and twice it, on 2 paired seeds, under the standard parametrization
+(as configured, and with the rate scaled by 256 / d_model as the default config's comment tells
+a user to) and under µP (base: the default config's width 256 and head dim 32). Issue 62's measure: the default
+rate within 0.02 nats of the better of half and twice itself. Measured before µP existed: under
+the standard parametrization 3e-3 gave 3.2226 and 6e-3 gave 3.0874 (0.135 nats lost)."""
+
+from experiments.suite import Suite, Variant
+
+# The default config's rate and the base of µP (configs/base.py: d_model 256, 8 heads of 32).
+DEFAULT_LR = 3e-3
+MUP = {'model.parametrization.mup.base_d_model': 256, 'model.parametrization.mup.base_head_dim': 32}
+
+
+def _variants():
+  # standard_scaled: the standard parametrization with the rule the default config's comment
+  # states, the rate scaled by 256 / d_model (3e-3 → 8e-3).
+  families = (('standard', 'standard', {}, 1.0), ('standard_scaled', 'standard', {}, 256 / 96))
+  families += (('mup', 'mup', MUP, 1.0),)
+  for name, kind, extra, scale in families:
+    for factor, label in ((1.0, 'default_lr'), (0.5, 'half_lr'), (2.0, 'twice_lr')):
+      yield Variant(
+        f'{name}-{label}',
+        f'param={kind}',
+        {**extra, 'train.learning_rate': float(f'{DEFAULT_LR * scale * factor:.6g}')},
+        tune=False,
+        versus='' if factor == 1.0 else f'{name}-default_lr',
+      )
+
+
+USER = {
+  'model.d_model': 96,
+  'model.n_heads': 6,
+  'model.n_kv_heads': 6,
+  'model.n_layers': 3,
+  'train.steps': 400,
+}
+
+SUITE = Suite(
+  name='unseen_width',
+  description='the default rate at d_model 96 against half and twice it, standard and µP',
+  base='configs/base.py',
+  variants=tuple(_variants()),
+  presets={'cpu': USER, 'tiny': {**USER, 'train.steps': 6}},
+  seeds=2,
+  paper_source="issue 62's check: the default rate within 0.02 nats of the better of half and "
+  'twice itself at a width no suite uses',
+)
