@@ -120,6 +120,7 @@ def write(suite: Suite, results: dict, out: str) -> str:
   if suite.stability:
     vocab = resolve(suite, suite.baseline, results['preset'], 0).model.vocab_size
     text += '\n'.join(stability.lines(suite, results, vocab)) + '\n'
+    text += '\n'.join(stability.claim_lines(suite, results, vocab)) + '\n'
   text += ''.join(f'\n![{os.path.basename(p)}]({os.path.basename(p)})\n' for p in figures)
   path = os.path.join(folder, 'results.md')
   with open(path, 'w') as f:

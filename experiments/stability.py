@@ -76,6 +76,67 @@ def lines(suite, results: dict, vocab_size: int) -> list[str]:
   return out
 
 
+# What a stability suite's claims compare with the baseline (Suite.stability_claims: variant ->
+# the measures the paper says the variant lowers), as results.md names them.
+MEASURES = {
+  'lr_sensitivity': 'LR sensitivity',
+  'max_attention_logit': 'largest attention logit at the highest rate both finished',
+  'abs_log_z': '|log Z| at the highest rate both finished',
+}
+
+
+def _at_top_rate(points_a: list[dict], points_b: list[dict], key: str):
+  """(a's, b's) mean of `key` at the highest rate both have finite, or None."""
+
+  def by_rate(points):
+    out = {}
+    for p in points:
+      y = _mean(p.get(key) or [])
+      if math.isfinite(y) and math.isfinite(_mean(p['eval_loss'])):
+        out[p['lr']] = y
+    return out
+
+  a, b = by_rate(points_a), by_rate(points_b)
+  shared = sorted(set(a) & set(b))
+  return None if not shared else (a[shared[-1]], b[shared[-1]], shared[-1])
+
+
+def claim_lines(suite, results: dict, vocab_size: int) -> list[str]:
+  """Each claim of `suite.stability_claims` read off the tuning points: the variant's measure
+  against the baseline's, 'agrees' where it is lower (one tuning seed per rate: no interval)."""
+  tuning = results.get('tuning') or {}
+  base = tuning.get(suite.baseline.name)
+  if not base:
+    return []
+  L0 = initial_loss(vocab_size)
+  out = []
+  claims = [(v, m) for v, measures in suite.stability_claims.items() for m in measures]
+  for variant, measure in claims:
+    if variant not in tuning:
+      continue
+    mine = tuning[variant]['points']
+    if measure == 'lr_sensitivity':
+      got = (lr_sensitivity(mine, L0), lr_sensitivity(base['points'], L0), None)
+      if None in got[:2]:
+        continue
+    else:
+      key = 'eval_log_z' if measure == 'abs_log_z' else measure
+      got = _at_top_rate(mine, base['points'], key)
+      if got is None:
+        continue
+      if measure == 'abs_log_z':
+        got = (abs(got[0]), abs(got[1]), got[2])
+    where = '' if got[2] is None else f' (at {got[2]:.3g})'
+    verdict = 'agrees' if got[0] < got[1] else 'contradicts'
+    out.append(
+      f'- {variant}: {MEASURES[measure]}{where} {got[0]:.3f} against {suite.baseline.name}\'s '
+      f'{got[1]:.3f}: {verdict} (the paper: lower)'
+    )
+  if out:
+    out = ['', "The paper's stability claims, read off the tuning seeds (no interval):"] + out
+  return out
+
+
 def _fmt(x: float, spec: str, missing: str = '—') -> str:
   return format(x, spec) if math.isfinite(x) else missing
 

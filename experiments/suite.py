@@ -92,6 +92,9 @@ class Suite:
   # sensitivity and, per rate, the final loss, largest attention logit and log Z; stability.png
   # plots them against the rate (Wortsman et al. 2023, Figures 1-4).
   stability: bool = False
+  # (With stability) variant -> the measures the paper says it lowers against the baseline:
+  # 'lr_sensitivity', 'max_attention_logit', 'abs_log_z' (experiments/stability.MEASURES).
+  stability_claims: dict = dataclasses.field(default_factory=dict)
   # Each variant's steps to the baseline's final eval loss, seed by seed (experiments/speedup.py;
   # the runs evaluate during training).
   tokens_to_baseline: bool = False

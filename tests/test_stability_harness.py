@@ -101,3 +101,29 @@ def test_the_transfer_line_fits_the_best_rates_slope_against_width():
   assert 'standard: d64: 0.008, d128: 0.004, d256: 0.002; slope -1.00 per doubling: falls' in text
   assert 'mup: d64: 0.003 (edge), d128: 0.003; slope +0.00 per doubling: flat (x1.00' in text
   assert transfer.slope([64], [1e-3]) is None
+
+
+def test_each_claim_is_read_against_the_baseline_at_the_highest_rate_both_finished():
+  """qk_norm's LR sensitivity 0.1 against the baseline's 0.15 (agrees); its largest attention
+  logit at 1e-1 (the highest rate both finished) 5.0 against 9.0 (agrees); z_loss's |log Z|
+  there 2.0 against 1.5 (contradicts)."""
+  suite = load_suite('stability')
+  results = {
+    'tuning': {
+      'baseline': {
+        'points': [_point(1e-3, [3.0], [7.5], [1.2]), _point(1e-1, [3.3], [9.0], [-1.5])]
+      },
+      'qk_norm': {'points': [_point(1e-3, [3.1], [4.0], [0.8]), _point(1e-1, [3.3], [5.0], [0.9])]},
+      'z_loss': {'points': [_point(1e-3, [3.0], [7.0], [0.1]), _point(1e-1, [3.2], [9.0], [2.0])]},
+    }
+  }
+  text = '\n'.join(stability.claim_lines(suite, results, vocab_size=32))
+  assert "- qk_norm: LR sensitivity 0.100 against baseline's 0.150: agrees" in text
+  assert (
+    "largest attention logit at the highest rate both finished (at 0.1) 5.000 against "
+    "baseline's 9.000: agrees" in text
+  )
+  assert (
+    "- z_loss: |log Z| at the highest rate both finished (at 0.1) 2.000 against baseline's "
+    '1.500: contradicts' in text
+  )

@@ -42,6 +42,11 @@ SUITE = Suite(
   lr_grid=LrGrid(points=7, ratio=10 ** (1 / 3), max_widen=0),
   presets=PRESETS,
   stability=True,
+  stability_claims={
+    'qk_norm': ('lr_sensitivity', 'max_attention_logit'),  # Fig. 1 and 2
+    'qk_norm+z_loss': ('lr_sensitivity', 'max_attention_logit'),
+    'z_loss': ('abs_log_z',),  # Fig. 4
+  },
   paper_source='Wortsman et al. 2023 (arXiv 2309.14322), Fig. 1-4: QK-layernorm removes '
   'attention-logit growth and lowers LR sensitivity; z-loss 1e-4 removes output-logit divergence; '
   'the best loss is about unchanged',

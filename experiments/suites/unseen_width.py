@@ -11,13 +11,16 @@ from experiments.suite import Suite, Variant
 # The default config's rate and the base of µP (configs/base.py: d_model 256, 8 heads of 32).
 DEFAULT_LR = 3e-3
 MUP = {'model.parametrization.mup.base_d_model': 256, 'model.parametrization.mup.base_head_dim': 32}
+MUP_DERIVED_HEAD = {'model.parametrization.mup.base_d_model': 256}
 
 
 def _variants():
   # standard_scaled: the standard parametrization with the rule the default config's comment
   # states, the rate scaled by 256 / d_model (3e-3 → 8e-3).
   families = (('standard', 'standard', {}, 1.0), ('standard_scaled', 'standard', {}, 256 / 96))
-  families += (('mup', 'mup', MUP, 1.0),)
+  # mup: base head dim 32 (the default config's); mup_derived_head: its default None, which
+  # reads the base head dim as base_d_model / n_heads = 256 / 6 (parametrization.py).
+  families += (('mup', 'mup', MUP, 1.0), ('mup_derived_head', 'mup', MUP_DERIVED_HEAD, 1.0))
   for name, kind, extra, scale in families:
     for factor, label in ((1.0, 'default_lr'), (0.5, 'half_lr'), (2.0, 'twice_lr')):
       yield Variant(
