@@ -45,7 +45,7 @@ SUITE = Suite(
   description='the default rate at d_model 96 against half and twice it, standard and µP',
   base='configs/base.py',
   variants=tuple(_variants()),
-  presets={'cpu': USER, 'tiny': {**USER, 'train.steps': 6}},
+  presets={'cpu': USER, 'tiny': {**USER, 'train.steps': 6, 'train.warmup_steps': 1}},
   seeds=2,
   paper_source="issue 62's check: the default rate within 0.02 nats of the better of half and "
   'twice itself at a width no suite uses',
