@@ -35,8 +35,11 @@ def width_config(
     os.path.join(ROOT, 'configs', 'base.py'),
     {
       'model.parametrization.kind': parametrization,
+      # One rate at every width: the standard parametrization's width rule off (µP's is its own).
       **(
-        {'model.parametrization.mup.base_d_model': BASE_D_MODEL} if parametrization == 'mup' else {}
+        {'model.parametrization.mup.base_d_model': BASE_D_MODEL}
+        if parametrization == 'mup'
+        else {'model.parametrization.standard.lr_base_d_model': None}
       ),
       'model.d_model': d_model,
       'model.n_heads': d_model // 16,

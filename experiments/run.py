@@ -52,13 +52,19 @@ class Job:
     }
 
 
+SUITE_RATE = 'model.parametrization.standard.lr_base_d_model=none'
+
+
 def resolve(suite: Suite, variant: Variant, preset: str, seed: int, extra: dict | None = None):
   """The validated config of one run."""
   if preset not in suite.presets:
     raise ValueError(f'--preset={preset!r}; allowed: {", ".join(suite.presets)}')
-  spec = suite.base
+  # Every suite row's rate is its own (tuned, or set by the suite): the standard parametrization
+  # takes it as given, as every committed run trained (config version 6 made the default config
+  # scale it with the width). A variant that chooses so overrides it.
+  spec = suite.base + (',' if ':' in suite.base else ':') + SUITE_RATE
   if variant.choices:
-    spec += (',' if ':' in spec else ':') + variant.choices
+    spec += ',' + variant.choices
   overrides = {**suite.presets[preset], **variant.overrides, **(extra or {}), 'seed': seed}
   config = mllm.load_config(spec, overrides)
   if variant.derived is not None:

@@ -131,9 +131,11 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
 
   train = config.train = config_dict.ConfigDict()
   train.steps = 500
-  # Peak, after warm-up. 3e-3 with fan_in init is the best pair of a grid over both at this
-  # config (experiments/results/defaults); at d_model 128 the best is 6e-3 (defaults_d128): the
-  # best rate halves as the width doubles, so scale it by 256 / d_model when you change the width.
+  # Peak, after warm-up, at d_model 256. 3e-3 with fan_in init is the best pair of a grid over both
+  # at this config (experiments/results/defaults); at d_model 128 the best is 6e-3 (defaults_d128),
+  # at 96 8e-3 (unseen_width): the best rate halves as the width doubles, so the standard
+  # parametrization scales the peak by model.parametrization.standard.lr_base_d_model (256) /
+  # d_model (None there: this rate as given); µP scales its hidden matrices' rates instead.
   train.learning_rate = 3e-3
   train.schedule = 'cosine'  # cosine | linear | constant | inverse_sqrt (each after linear warm-up)
   train.warmup_steps = 50

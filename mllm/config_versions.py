@@ -19,6 +19,9 @@ Version 4: the optimizer a choice section, `train.optimizer = {kind, muon: {...}
 and the parametrization one, `model.parametrization = {kind, mup: {base_d_model, base_head_dim}}`
 (standard before); `train.z_loss_coef` (0 before), `model.final_logit_softcap` (None before).
 Version 5: `model.attention.logit_softcap` (None before).
+Version 6: the standard parametrization's section, `model.parametrization.standard.lr_base_d_model`
+(the width the rate is tuned at; the peak is scaled by it / d_model): None before (the rate as
+given).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-VERSION = 5
+VERSION = 6
 VERSION_KEY = 'config_version'  # in a saved config.json, beside the config's own sections
 
 # Version 1's keys under `model.` and their version 2 places, except RoPE's scaling factor, whose
@@ -164,8 +167,36 @@ def _adding(new: dict[str, Any]):
 v3_to_v4, v4_as_v3 = _adding(_V4_SECTIONS)  # AdamW, no z-loss, standard
 v4_to_v5, v5_as_v4 = _adding(_V5_KEYS)  # no attention-logit soft cap
 
+_STANDARD = 'model.parametrization.standard'
+_STANDARD_BEFORE = {
+  'lr_base_d_model': None
+}  # what every earlier version trained: the rate as given
+
+
+def v5_to_v6(config: dict) -> dict:
+  """A version 5 config in version 6's shape: the standard parametrization's rate as given (its
+  section at its default, 256, where µP is chosen: not read)."""
+  config = copy.deepcopy(config)
+  # A partial config (laid over a full one later) without a kind says version 5's default.
+  kind = config.get('model', {}).get('parametrization', {}).get('kind', 'standard')
+  _put(
+    config, _STANDARD, dict(_STANDARD_BEFORE) if kind == 'standard' else {'lr_base_d_model': 256}
+  )
+  return config
+
+
+def v6_as_v5(config: dict) -> dict:
+  """A version 6 config in version 5's shape: without the standard parametrization's section
+  where it says what version 5 trained (the rate as given) or is not read (µP chosen)."""
+  config = copy.deepcopy(config)
+  standard = _get(config, 'model.parametrization.kind') == 'standard'
+  if not standard or _get(config, _STANDARD) == _STANDARD_BEFORE:
+    _pop(config, _STANDARD)
+  return config
+
+
 # version n → the function to version n + 1
-UPGRADES = {1: v1_to_v2, 2: v2_to_v3, 3: v3_to_v4, 4: v4_to_v5}
+UPGRADES = {1: v1_to_v2, 2: v2_to_v3, 3: v3_to_v4, 4: v4_to_v5, 5: v5_to_v6}
 
 
 def version_of(saved: dict) -> int:
@@ -219,6 +250,7 @@ def _get(tree: dict, path: str) -> Any:
 
 
 DOWNGRADES = {
+  6: v6_as_v5,
   5: v5_as_v4,
   4: v4_as_v3,
   3: v3_as_v2,

@@ -20,7 +20,7 @@ from mllm.layers.moe import expert_hidden_dim, moe_layers
 from mllm.layers.moe_experts import resolve_dispatch
 from mllm.layers.positions import POSITIONS
 from mllm.model import build_model, dense_ffn_kind
-from mllm.train.optimizer import describe_optimizer, trained_params
+from mllm.train.optimizer import describe_optimizer, peak_learning_rate, trained_params
 
 
 def _attention_kind(m) -> str:
@@ -44,14 +44,16 @@ def _attention_kind(m) -> str:
 def _training_choices(config) -> str:
   """The parametrization and the output's stabilisers (README's variant table names each)."""
   m = config.model
-  parts = [
-    f'{m.parametrization.kind} parametrization'
-    + (
-      f' (base d_model {m.parametrization.mup.base_d_model})'
-      if m.parametrization.kind == 'mup'
-      else ''
-    )
-  ]
+  if m.parametrization.kind == 'mup':
+    kind = f'mup parametrization (base d_model {m.parametrization.mup.base_d_model})'
+  else:
+    kind = 'standard parametrization'
+  base = m.parametrization.standard.lr_base_d_model
+  if m.parametrization.kind == 'standard' and base is not None:
+    rate = f'peak rate {config.train.learning_rate:g} × {base}/{m.d_model} = {peak_learning_rate(config):.3g}'
+  else:
+    rate = f'peak rate {peak_learning_rate(config):g}'
+  parts = [kind, rate]
   if config.train.z_loss_coef:
     parts.append(f'output z-loss {config.train.z_loss_coef:g}')
   if m.final_logit_softcap is not None:

@@ -49,6 +49,7 @@ class Key:
   check: Check | None = None  # the rule on its value (the type is checked from the annotation)
   choices: Mapping[str, Any] | None = None  # a registry: the key is a choice section of its own
   type: type | None = None  # filled from the settings field's annotation
+  nullable: bool = False  # annotated `X | None`: None is a value it takes (filled from it too)
 
 
 def setting(default: Any, doc: str, check: Check | None = None) -> Any:
@@ -120,8 +121,10 @@ def keys_of(variant: Any) -> tuple[Key, ...]:
   for field in dataclasses.fields(settings):
     declared = field.metadata.get('key')
     if declared is not None:
-      kind = str if declared.choices is not None else _base_type(hints[field.name])
-      out.append(dataclasses.replace(declared, name=field.name, type=kind))
+      hint = hints[field.name]
+      kind = str if declared.choices is not None else _base_type(hint)
+      nullable = type(None) in typing.get_args(hint)
+      out.append(dataclasses.replace(declared, name=field.name, type=kind, nullable=nullable))
   return tuple(out)
 
 
@@ -142,7 +145,9 @@ def variant_section(variant: Any) -> config_dict.ConfigDict:
     if k.choices is not None:
       section[k.name] = choice_section(k.choices, k.default)
     else:
-      section[k.name] = config_dict.placeholder(k.type) if k.default is None else k.default
+      # A nullable key is a FieldReference (as placeholder()'s), so 'none' unsets it.
+      nullable = k.nullable or k.default is None
+      section[k.name] = config_dict.FieldReference(k.default, k.type) if nullable else k.default
   return section
 
 
@@ -185,7 +190,7 @@ def settings_of(variant: Any, section) -> Any:
 
 def _check_type(name: str, k: Key, value: Any) -> None:
   if value is None:
-    if k.default is not None:
+    if not (k.nullable or k.default is None):
       raise ConfigError(name, value, f'must be set; default {k.default!r}')
     return
   if k.type is bool:

@@ -69,7 +69,8 @@ def tiny_config(choices: str = '', **overrides):
   with '__' for '.', e.g. model__n_layers=1)."""
   import mllm
 
-  spec = f'{BASE}:{choices}' if choices else BASE
+  # The rate as given (not scaled by 256 / d_model: the tests set the rates they train at).
+  spec = f'{BASE}:lr_base_d_model=none' + (f',{choices}' if choices else '')
   merged = dict(TINY)
   merged.update({k.replace('__', '.'): v for k, v in overrides.items()})
   return mllm.load_config(spec, merged)

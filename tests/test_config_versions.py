@@ -45,7 +45,7 @@ def test_version_1_written_back_and_upgraded_is_the_same_config():
   soft cap), key for key; and the version 1 rendering has the old flat keys and none of the new
   sections."""
   base = read_config(BASE)
-  v1_keys = _keys(as_v1(mllm.load_config(BASE).to_dict()))
+  v1_keys = _keys(as_v1(mllm.load_config(BASE + ':lr_base_d_model=none').to_dict()))
   seen, later = set(), 0
   for name, config in _suite_configs():
     old = as_v1(config.to_dict())
@@ -191,7 +191,7 @@ def test_a_workdirs_old_config_json_is_read_in_this_version(tmp_path):
   from mllm.checks import InputError
   from mllm.train.resume import read_config_json, run_config
 
-  config = mllm.load_config(BASE + ':pos=t5,t5.num_buckets=16')
+  config = mllm.load_config(BASE + ':lr_base_d_model=none,pos=t5,t5.num_buckets=16')
   (tmp_path / 'config.json').write_text(json.dumps(as_v1(config.to_dict())))
   saved = read_config_json(str(tmp_path))
   assert saved['model']['position']['t5'] == {'num_buckets': 16, 'max_distance': 128}
@@ -243,7 +243,7 @@ def test_version_4_reads_an_older_config_as_adamw_and_writes_adamw_back_without_
   read = mllm.load_config(as_config(upgrade(old), muon))
   assert read.train.optimizer.kind == 'adamw' and read.train.learning_rate == 0.01
   assert read.train.optimizer.muon.ns_steps == 5  # its default, not the Muon config's 3
-  adamw = mllm.load_config(BASE)
+  adamw = mllm.load_config(BASE + ':lr_base_d_model=none')  # the rate as version 3 gave it
   assert 'optimizer' not in written_in(adamw.to_dict(), 3)['train']
   assert written_in(muon.to_dict(), 3)['train']['optimizer']['kind'] == 'muon'
   assert older_hashes(muon)[3] != older_hashes(adamw)[3]
@@ -265,3 +265,27 @@ def test_version_5_reads_a_version_4_config_without_an_attention_soft_cap():
   assert 'logit_softcap' not in written_in(plain.to_dict(), 4)['model']['attention']
   assert written_in(capped.to_dict(), 4)['model']['attention']['logit_softcap'] == 50.0
   assert older_hashes(capped)[4] != older_hashes(plain)[4]
+
+
+def test_version_6_reads_an_older_config_at_the_rate_it_gave():
+  """Version 6 scales the standard parametrization's rate by lr_base_d_model / d_model (256 by
+  default): a version 5 config trained at its rate as given, so it reads with None; written back,
+  None drops the section (its version 5 identity) and 256 keeps it (no version 5 run is it); under
+  µP the section is not read and is dropped either way."""
+  scaled = mllm.load_config(BASE, {'model.d_model': 128})
+  old = {VERSION_KEY: 5, 'model': {'d_model': 128}}
+  read = mllm.load_config(as_config(upgrade(old), scaled))
+  assert read.model.parametrization.standard.lr_base_d_model is None
+  as_given = mllm.load_config(BASE + ':lr_base_d_model=none', {'model.d_model': 128})
+  assert 'standard' not in written_in(as_given.to_dict(), 5)['model']['parametrization']
+  assert written_in(scaled.to_dict(), 5)['model']['parametrization']['standard'] == {
+    'lr_base_d_model': 256
+  }
+  assert older_hashes(scaled)[5] != older_hashes(as_given)[5]
+  mup = mllm.load_config(BASE + ':param=mup')
+  assert 'standard' not in written_in(mup.to_dict(), 5)['model']['parametrization']
+  mup_v5 = {VERSION_KEY: 5, 'model': {'parametrization': {'kind': 'mup'}}}
+  assert (
+    mllm.load_config(as_config(upgrade(mup_v5), read_config(BASE))).model.parametrization.kind
+    == 'mup'
+  )

@@ -36,7 +36,7 @@ def test_summary_mode_prints_tables_counts_and_a_timed_forward():
     'geglu',
     'layernorm post-LN',
     'parameters:',
-    'training choices: standard parametrization',
+    'training choices: standard parametrization, peak rate 0.003 × 256/32 = 0.024',
     'FLOPs/token',
     'forward on random tokens [2, 16]',
     'compile',

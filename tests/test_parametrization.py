@@ -133,3 +133,29 @@ def test_a_mup_model_away_from_its_base_width_is_not_exported_to_hugging_face(tm
     to_hf(wide, _model(wide), str(tmp_path / 'wide'))
   base = tiny_config('param=mup,mup.base_d_model=16', model__d_model=16)
   to_hf(base, _model(base), str(tmp_path / 'base'))
+
+
+def test_the_standard_parametrization_scales_the_given_rate_by_its_base_width():
+  """The default config at d_model 96: its rate 3e-3, tuned at 256, peaks at 3e-3 · 256/96 = 8e-3
+  in the schedule the step logs; with lr_base_d_model None the rate is as given; µP leaves it
+  (it scales its hidden matrices instead) and does not read the standard section."""
+  from mllm.train.optimizer import make_optimizer, peak_learning_rate
+
+  width = {'model.d_model': 96, 'model.n_heads': 6, 'model.n_kv_heads': 6, 'train.warmup_steps': 10}
+  cases = {
+    'configs/base.py': 3e-3 * 256 / 96,
+    'configs/base.py:lr_base_d_model=none': 3e-3,
+    'configs/base.py:param=mup': 3e-3,
+    'configs/base.py:lr_base_d_model=128': 3e-3 * 128 / 96,
+  }
+  for spec, want in cases.items():
+    config = mllm.load_config(spec, width)
+    assert peak_learning_rate(config) == pytest.approx(want, rel=1e-12), spec
+    _, schedule = make_optimizer(config.train, {}, config.model)
+    assert float(schedule(9)) == pytest.approx(want, rel=1e-6), spec  # step 10: the peak
+  at_base = mllm.load_config('configs/base.py')
+  assert peak_learning_rate(at_base) == at_base.train.learning_rate  # 256 / 256
+  with pytest.raises(
+    ConfigError, match=r'^model\.parametrization\.standard\.lr_base_d_model=128: '
+  ):
+    mllm.load_config('configs/base.py:param=mup,lr_base_d_model=128')

@@ -1,8 +1,10 @@
 """Does a user who changes the width keep a tuned rate? The default config at d_model 96 (6 heads
 of 16, 3 layers, 400 steps: a width no other suite uses), as a new user would run it, at the
 default rate and at half and twice it, on 2 paired seeds, under the standard parametrization
-(as configured, and with the rate scaled by 256 / d_model as the default config's comment tells
-a user to) and under µP (base: the default config's width 256 and head dim 32). Issue 62's measure: the default
+(as configured, and with the rate scaled by 256 / d_model as the default config's comment told a
+user to), under µP (base: the default config's width 256 and head dim 32, or the head dim its
+default derives), and as the default config now runs (config version 6: the standard
+parametrization scales the given rate by standard.lr_base_d_model / d_model itself). Issue 62's measure: the default
 rate within 0.02 nats of the better of half and twice itself. Measured before µP existed: under
 the standard parametrization 3e-3 gave 3.2226 and 6e-3 gave 3.0874 (0.135 nats lost)."""
 
@@ -12,6 +14,7 @@ from experiments.suite import Suite, Variant
 DEFAULT_LR = 3e-3
 MUP = {'model.parametrization.mup.base_d_model': 256, 'model.parametrization.mup.base_head_dim': 32}
 MUP_DERIVED_HEAD = {'model.parametrization.mup.base_d_model': 256}
+DEFAULT_CONFIG = {'model.parametrization.standard.lr_base_d_model': 256}
 
 
 def _variants():
@@ -21,6 +24,9 @@ def _variants():
   # mup: base head dim 32 (the default config's); mup_derived_head: its default None, which
   # reads the base head dim as base_d_model / n_heads = 256 / 6 (parametrization.py).
   families += (('mup', 'mup', MUP, 1.0), ('mup_derived_head', 'mup', MUP_DERIVED_HEAD, 1.0))
+  # default_config: the default config itself (config version 6): its rate given as 3e-3 and
+  # scaled by standard.lr_base_d_model (256) / 96 in the code, the path a user takes.
+  families += (('default_config', 'standard', DEFAULT_CONFIG, 1.0),)
   for name, kind, extra, scale in families:
     for factor, label in ((1.0, 'default_lr'), (0.5, 'half_lr'), (2.0, 'twice_lr')):
       yield Variant(

@@ -150,6 +150,8 @@ def config_overrides(hf: dict) -> dict[str, Any]:
       'model.dropout': 0.0,
       'model.embed_dropout': 0.0,
       'model.attention.dropout': 0.0,
+      # A fine-tune's rate as given, not scaled from the default config's width.
+      'model.parametrization.standard.lr_base_d_model': None,
       'data.seq_len': model['max_seq_len'],
     }
   )

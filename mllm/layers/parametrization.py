@@ -2,7 +2,9 @@
 attention scale and the logits change with the width, so a rate tuned at one width transfers.
 
     standard  every width as configured (fan-in init, one learning rate, 1/√d_head, logits as
-              computed): the best rate falls as the width grows.
+              computed): the best rate falls as the width grows, so the peak rate is scaled by
+              standard.lr_base_d_model / d_model (256: train.learning_rate is the rate tuned at
+              d_model 256; None: the rate as given).
     mup       µP for Adam (Yang et al. 2022, "Tensor Programs V", arXiv 2203.03466, Table 3 with
               the output multiplier of its Appendix B): with the width multiplier
               m = d_model / mup.base_d_model,
@@ -28,8 +30,27 @@ from mllm.checks import ConfigError
 from mllm.variant_config import at_least, setting, settings_of
 
 
+@dataclasses.dataclass(frozen=True)
+class StandardSettings:
+  lr_base_d_model: int | None = setting(
+    256,
+    'the d_model train.learning_rate is tuned at: the peak rate is scaled by lr_base_d_model / '
+    'd_model, as the best rate halves when the width doubles (experiments/results/defaults, '
+    'defaults_d128, unseen_width); None: the rate as given',
+    at_least(1),
+  )
+
+
 class Standard:
-  """No width-dependent factors: every multiplier is 1."""
+  """No width-dependent factors in the model; the peak learning rate scales as 1/d_model from
+  `lr_base_d_model` (the measured rule: the best rate halves as the width doubles)."""
+
+  Settings = StandardSettings
+
+  @staticmethod
+  def learning_rate_scale(cfg) -> float:
+    base = settings_of(Standard, cfg.parametrization).lr_base_d_model
+    return 1.0 if base is None else base / cfg.d_model
 
   @staticmethod
   def width_multiplier(cfg) -> float:
@@ -65,6 +86,12 @@ class MuP:
   """µP for Adam (module docstring)."""
 
   Settings = MuPSettings
+
+  @staticmethod
+  def learning_rate_scale(cfg) -> float:
+    """1: µP scales each hidden matrix's rate itself (`learning_rate_multiplier`)."""
+    del cfg
+    return 1.0
 
   @staticmethod
   def width_multiplier(cfg) -> float:
@@ -122,6 +149,12 @@ def table_std_factor(cfg) -> float:
 def output_multiplier(cfg) -> float:
   """The logits' factor: 1/m."""
   return 1.0 / width_multiplier(cfg)
+
+
+def learning_rate_scale(cfg) -> float:
+  """The factor on train.learning_rate's peak: the standard parametrization's
+  lr_base_d_model / d_model (1 with None), µP's 1."""
+  return _chosen(cfg).learning_rate_scale(cfg)
 
 
 def learning_rate_multiplier(cfg, is_hidden_matrix: bool) -> float:

@@ -8,23 +8,34 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from mllm.layers.parametrization import learning_rate_multiplier, width_multiplier
+from mllm.layers.parametrization import (
+  learning_rate_multiplier,
+  learning_rate_scale,
+  width_multiplier,
+)
 from mllm.optimizers import OPTIMIZERS, map_variables, muon_dimensions
 from mllm.variant_config import settings_of
 
 
-def learning_rate_schedule(t) -> optax.Schedule:
-  """Linear warm-up to `t.learning_rate`, then the `t.schedule` decay.
+def learning_rate_schedule(t, scale: float = 1.0) -> optax.Schedule:
+  """Linear warm-up to `t.learning_rate` × `scale` (the parametrization's, `peak_learning_rate`),
+  then the `t.schedule` decay.
 
   Step k (counting from 0) uses the rate at k + 1, so the first update is not wasted on a zero rate
   and the last one lands on the final value.
   """
-  schedule = _schedule(t)
+  schedule = _schedule(t, t.learning_rate * scale)
   return lambda count: schedule(count + 1)
 
 
-def _schedule(t) -> optax.Schedule:
-  peak, warmup = t.learning_rate, t.warmup_steps
+def peak_learning_rate(config) -> float:
+  """The peak rate a run trains at: train.learning_rate × the parametrization's scale (the
+  standard one's lr_base_d_model / d_model)."""
+  return config.train.learning_rate * learning_rate_scale(config.model)
+
+
+def _schedule(t, peak: float) -> optax.Schedule:
+  warmup = t.warmup_steps
   floor = peak * t.min_lr_ratio
   if t.schedule == 'cosine':
     return optax.warmup_cosine_decay_schedule(0.0, peak, warmup, t.steps, end_value=floor)
@@ -47,8 +58,9 @@ def make_optimizer(
   t, params: nnx.State, model_cfg=None
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """`optax.chain(clip_by_global_norm, <train.optimizer>)` for the `train` config section (t);
-  then, under µP (`model_cfg.parametrization`), each parameter's rate multiplier."""
-  schedule = learning_rate_schedule(t)
+  then, under µP (`model_cfg.parametrization`), each parameter's rate multiplier. The peak rate is
+  scaled by the parametrization's `learning_rate_scale`."""
+  schedule = learning_rate_schedule(t, 1.0 if model_cfg is None else learning_rate_scale(model_cfg))
   optimizer = OPTIMIZERS[t.optimizer.kind]
   parts = [optax.clip_by_global_norm(t.grad_clip)] if t.grad_clip > 0 else []
   parts.append(optimizer.build(t, settings_of(optimizer, t.optimizer), schedule, params))
