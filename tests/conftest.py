@@ -64,6 +64,10 @@ TINY = {
 }
 
 
+# launch.py's --config for a run that compares with tiny_config's: the rate as given too.
+LAUNCH_CONFIG = '--config=configs/base.py:lr_base_d_model=none'
+
+
 def tiny_config(choices: str = '', **overrides):
   """configs/base.py with `choices`, shrunk to TINY, then `overrides` (dotted keys as kwargs
   with '__' for '.', e.g. model__n_layers=1)."""

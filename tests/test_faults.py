@@ -15,7 +15,7 @@ import sys
 
 import launch_server
 import pytest
-from conftest import ROOT, run_overrides
+from conftest import LAUNCH_CONFIG, ROOT, run_overrides
 
 from mllm.paths import committed_steps
 
@@ -26,7 +26,7 @@ def launch_args(corpus: str, cache: str, workdir: str, steps: int) -> list[str]:
   """launch.py's arguments for a run of `steps` steps that saves every EVERY."""
   overrides = run_overrides(corpus, cache, train__steps=steps, train__checkpoint_every=EVERY)
   flags = [f'--config.{k}={v}' for k, v in overrides.items()]
-  return ['--config=configs/base.py', f'--workdir={workdir}', *flags]
+  return [LAUNCH_CONFIG, f'--workdir={workdir}', *flags]
 
 
 def launch_command(corpus: str, cache: str, workdir: str, steps: int) -> list[str]:

@@ -19,7 +19,7 @@ import time
 import jax
 import numpy as np
 import pytest
-from conftest import ROOT, load_state, make_config, run_overrides
+from conftest import LAUNCH_CONFIG, ROOT, load_state, make_config, run_overrides
 
 from mllm.paths import COMMIT_MARKERS, DELETING
 from mllm.train.metrics import read_metrics
@@ -39,7 +39,7 @@ def flags(corpus, cache) -> list[str]:
     train__eval_every=100,
     train__warmup_steps=10,
   )
-  return ['--config=configs/base.py'] + [f'--config.{k}={v}' for k, v in overrides.items()]
+  return [LAUNCH_CONFIG] + [f'--config.{k}={v}' for k, v in overrides.items()]
 
 
 def start(args, workdir, harness=False):

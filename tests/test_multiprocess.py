@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT, cpu_devices_env, load_state, write_corpus
+from conftest import LAUNCH_CONFIG, ROOT, cpu_devices_env, load_state, write_corpus
 
 from mllm.train.metrics import read_metrics
 
@@ -47,7 +47,7 @@ def flags(corpus: str, cache: str, **overrides) -> list[str]:
     'mesh.fsdp': 2,
     **overrides,
   }
-  return ['--config=configs/base.py', *(f'--config.{k}={v}' for k, v in values.items())]
+  return [LAUNCH_CONFIG, *(f'--config.{k}={v}' for k, v in values.items())]
 
 
 def launch(args: list[str], processes: int, devices: int) -> subprocess.CompletedProcess:

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from conftest import (
   CHILD_PYTHONPATH,
+  LAUNCH_CONFIG,
   ROOT,
   STEPS,
   load_state,
@@ -178,7 +179,7 @@ def test_sigterm_saves_exits_cleanly_and_resumes_exactly(reference_run, corpus, 
   if jax.default_backend() == 'cpu':
     env['JAX_PLATFORMS'] = 'cpu'
   proc = subprocess.Popen(
-    [sys.executable, 'launch.py', '--config=configs/base.py', f'--workdir={workdir}', *flags],
+    [sys.executable, 'launch.py', LAUNCH_CONFIG, f'--workdir={workdir}', *flags],
     cwd=ROOT,
     env=env,
     stdout=subprocess.PIPE,
@@ -216,7 +217,7 @@ def test_a_second_signal_stops_at_once_in_one_line(corpus, tmp_path):
     [
       sys.executable,
       'launch.py',
-      '--config=configs/base.py',
+      LAUNCH_CONFIG,
       f'--workdir={tmp_path / "w"}',
       *flags,
       '--config.train.steps=100000',
