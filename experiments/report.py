@@ -83,12 +83,27 @@ def _table_row(suite: Suite, row: dict, extras: list[str]) -> str:
 
 
 def _lr_cell(row: dict) -> str:
-  """The run's learning rate; a tuned rate at an edge of its grid says which (the best may
-  lie beyond it)."""
+  """The run's learning rate (→ the peak it ran at where the parametrization scaled it); a tuned
+  rate at an edge of its grid says which (the best may lie beyond it)."""
   if row.get('lr') is None:
     return ''
   edge = report_notes.EDGES.get(row.get('lr_edge'), '')
-  return f"{row['lr']:.3g}{edge}"
+  peak = row.get('peak_lr')
+  scaled = '' if peak is None or math.isclose(peak, row['lr']) else f' → {peak:.3g}'
+  return f"{row['lr']:.3g}{scaled}{edge}"
+
+
+def _add_peak_rates(suite: Suite, preset: str, rows: list[dict]) -> None:
+  """Each row's peak rate (`peak_lr`), where its config scales the given rate (the standard
+  parametrization's width rule: suites give theirs as they are, a row may keep the rule)."""
+  from mllm.train.optimizer import peak_learning_rate
+
+  for row in rows:
+    if row.get('lr') is None:
+      continue
+    variant = next(v for v in suite.variants if v.name == row['variant'])
+    config = resolve(suite, variant, preset, 0, {'train.learning_rate': row['lr']})
+    row['peak_lr'] = peak_learning_rate(config)
 
 
 def write(suite: Suite, results: dict, out: str) -> str:
@@ -105,6 +120,7 @@ def write(suite: Suite, results: dict, out: str) -> str:
   results = {**results, **({'tuned_elsewhere': elsewhere} if elsewhere else {})}
   results = {**results, **({'versions_pair': pairing} if pairing else {})}
   rows = verdicts.summarize(suite, results, evidence=Evidence(out, (suite.name, results)))
+  _add_peak_rates(suite, results['preset'], rows)
   with open(os.path.join(folder, 'results.json'), 'w') as f:
     json.dump(results, f, indent=1)
   figures = plots.write_all(suite, results, rows, folder)

@@ -127,3 +127,19 @@ def test_each_claim_is_read_against_the_baseline_at_the_highest_rate_both_finish
     "- z_loss: |log Z| at the highest rate both finished (at 0.1) 2.000 against baseline's "
     '1.500: contradicts' in text
   )
+
+
+def test_the_lr_column_shows_the_peak_a_row_ran_at_where_its_config_scaled_the_rate():
+  """unseen_width's default_config rows keep the standard parametrization's width rule: 3e-3
+  given runs at 3e-3 · 256/96 = 8e-3; a row whose rate is given as it is shows it alone."""
+  from experiments import report
+
+  suite = load_suite('unseen_width')
+  rows = [
+    {'variant': 'default_config-default_lr', 'lr': 3e-3},
+    {'variant': 'standard_scaled-default_lr', 'lr': 8e-3},
+  ]
+  report._add_peak_rates(suite, 'cpu', rows)
+  assert rows[0]['peak_lr'] == pytest.approx(8e-3) and rows[1]['peak_lr'] == pytest.approx(8e-3)
+  assert report._lr_cell(rows[0]) == '0.003 → 0.008'
+  assert report._lr_cell(rows[1]) == '0.008'
