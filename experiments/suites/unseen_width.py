@@ -36,6 +36,19 @@ def _variants():
         tune=False,
         versus='' if factor == 1.0 else f'{name}-default_lr',
       )
+  # The diagnosis of µP's deficit: the default config ties the embedding and the readout, Tensor
+  # Programs V's µP unties them. Each untied row against its tied twin at the same rate.
+  for name, kind, extra, lr in (
+    ('mup', 'mup', MUP, DEFAULT_LR),
+    ('standard_scaled', 'standard', {}, 8e-3),
+  ):
+    yield Variant(
+      f'{name}_untied-default_lr',
+      f'param={kind}',
+      {**extra, 'train.learning_rate': lr, 'model.tie_embeddings': False},
+      tune=False,
+      versus=f'{name}-default_lr',
+    )
 
 
 USER = {
