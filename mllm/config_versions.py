@@ -167,10 +167,9 @@ def _adding(new: dict[str, Any]):
 v3_to_v4, v4_as_v3 = _adding(_V4_SECTIONS)  # AdamW, no z-loss, standard
 v4_to_v5, v5_as_v4 = _adding(_V5_KEYS)  # no attention-logit soft cap
 
+# Version 6's section as every earlier version trained: the rate as given.
 _STANDARD = 'model.parametrization.standard'
-_STANDARD_BEFORE = {
-  'lr_base_d_model': None
-}  # what every earlier version trained: the rate as given
+_STANDARD_BEFORE = {'lr_base_d_model': None}
 
 
 def v5_to_v6(config: dict) -> dict:

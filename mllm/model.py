@@ -34,6 +34,7 @@ from mllm.layers.parametrization import output_multiplier
 from mllm.layers.positions import POSITIONS, PositionContext
 from mllm.layers.remat import REMAT_POLICIES
 from mllm.ops.attention import AttentionMask
+from pallas_kernels.tile_math import softcapped
 
 # The variables that are the model's weights: state['params'] of a run, its checkpoints, an HF
 # export. The rest (RNG streams) is rebuilt, never saved.
@@ -174,8 +175,8 @@ class Transformer(nnx.Module):
     if self.output_multiplier != 1.0:
       logits_BTV = logits_BTV * jnp.asarray(self.output_multiplier, logits_BTV.dtype)
     if self.final_logit_softcap is not None:  # Gemma 2 (Team et al. 2024): cap · tanh(z / cap)
-      cap = self.final_logit_softcap
-      logits_BTV = (cap * jnp.tanh(logits_BTV.astype(jnp.float32) / cap)).astype(logits_BTV.dtype)
+      capped = softcapped(logits_BTV.astype(jnp.float32), self.final_logit_softcap)
+      logits_BTV = capped.astype(logits_BTV.dtype)
     if float32_logits:
       logits_BTV = logits_BTV.astype(jnp.float32)
     if cache is not None:

@@ -7,13 +7,18 @@ tests/test_attention_impls.py's)."""
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import BASE, tiny_config
+from flax import nnx
 
+import mllm
+from mllm.checks import ConfigError
+from mllm.interop.hf import HFExportError, to_hf
 from mllm.train.sharding import global_batch, make_mesh
-from mllm.train.state import setup
-from mllm.train.step import make_train_step, synthetic_batch
+from mllm.train.state import initial_model, setup
+from mllm.train.step import make_eval_step, make_train_step, synthetic_batch
 
 
 def _train(coef: float, steps: int = 12):
@@ -43,20 +48,20 @@ def test_the_logged_log_z_is_the_logits_logsumexp_and_the_z_loss_pulls_it_to_zer
   assert without[-1] - with_z[-1] > 1.5, (with_z, without)
 
 
-def test_final_logit_softcap_is_cap_tanh_of_the_uncapped_logits_with_the_same_parameters():
-  """Gemma 2's soft-capping changes no parameter (the same names and values from the same seed)
-  and maps each logit z to cap · tanh(z / cap): bounded by the cap, near z where |z| ≪ cap."""
-  import jax.numpy as jnp
-  from flax import nnx
-
-  from mllm.train.state import initial_model
-
-  plain = initial_model(tiny_config())
-  capped = initial_model(tiny_config(model__final_logit_softcap=0.5))
-  a, b = nnx.state(plain, nnx.Param), nnx.state(capped, nnx.Param)
+def _assert_same_parameters(model_a, model_b):
+  """The same parameter names and values (a toggle that does not change them)."""
+  a, b = nnx.state(model_a, nnx.Param), nnx.state(model_b, nnx.Param)
   assert jax.tree.structure(a) == jax.tree.structure(b)
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_final_logit_softcap_is_cap_tanh_of_the_uncapped_logits_with_the_same_parameters():
+  """Gemma 2's soft-capping changes no parameter (the same names and values from the same seed)
+  and maps each logit z to cap · tanh(z / cap): bounded by the cap, near z where |z| ≪ cap."""
+  plain = initial_model(tiny_config())
+  capped = initial_model(tiny_config(model__final_logit_softcap=0.5))
+  _assert_same_parameters(plain, capped)
   tokens = jnp.arange(32).reshape(2, 16) % 32
   z = np.asarray(plain(tokens), np.float64)
   assert np.abs(z).max() > 0.5  # the cap binds somewhere
@@ -64,11 +69,6 @@ def test_final_logit_softcap_is_cap_tanh_of_the_uncapped_logits_with_the_same_pa
 
 
 def test_a_soft_capped_model_is_not_exported_to_a_class_without_it(tmp_path):
-  import pytest
-
-  from mllm.interop.hf import HFExportError, to_hf
-  from mllm.train.state import initial_model
-
   for key in ('final_logit_softcap', 'attention__logit_softcap'):
     config = tiny_config(**{f'model__{key}': 30.0})
     shown = key.replace('__', '.')
@@ -80,11 +80,6 @@ def test_the_attention_logit_softcap_changes_no_parameter_and_reaches_every_laye
   """The same parameters with and without the cap; a cap far above every logit computes the
   uncapped model, a cap of 0.05 flattens each layer's attention towards uniform, which changes
   the logits (the op's math is checked in float64 elsewhere)."""
-  import jax.numpy as jnp
-  from flax import nnx
-
-  from mllm.train.state import initial_model
-
   plain = initial_model(tiny_config(model__attention__impl='xla'))
   models = {
     cap: initial_model(
@@ -93,10 +88,7 @@ def test_the_attention_logit_softcap_changes_no_parameter_and_reaches_every_laye
     for cap in (1e5, 0.05)
   }
   for model in models.values():
-    a, b = nnx.state(plain, nnx.Param), nnx.state(model, nnx.Param)
-    assert jax.tree.structure(a) == jax.tree.structure(b)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-      np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    _assert_same_parameters(plain, model)
   tokens = jnp.arange(32).reshape(2, 16) % 32
   z = np.asarray(plain(tokens))
   np.testing.assert_allclose(models[1e5](tokens), z, rtol=1e-4, atol=1e-5)
@@ -104,14 +96,9 @@ def test_the_attention_logit_softcap_changes_no_parameter_and_reaches_every_laye
 
 
 def test_an_attention_impl_without_a_soft_cap_is_refused_in_one_line():
-  import pytest
-
-  import mllm
-  from mllm.checks import ConfigError
-
   with pytest.raises(ConfigError) as err:
     mllm.load_config(
-      'configs/base.py',
+      BASE,
       {
         'model.attention.impl': 'cudnn',
         'model.attention.logit_softcap': 30.0,
@@ -127,8 +114,6 @@ def test_the_eval_step_reports_the_largest_allowed_attention_logit(n_layers, sca
   """max over layers, heads and allowed (causal) pairs of q·kᵀ/√H, against float64 from the
   parameters: layer 0's attention input is RMSNorm(embedding) (no positions, so no rotation).
   One layer: exactly its maximum; two (scanned): at least layer 0's."""
-  from mllm.train.step import make_eval_step
-
   config = tiny_config(
     model__position__kind='none', model__n_layers=n_layers, model__scan_layers=scan_layers
   )
