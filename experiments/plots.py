@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 
-def _finish(fig, ax, path: str, legend: bool = True) -> str:
+def finish(fig, ax, path: str, legend: bool = True) -> str:
   ax.grid(alpha=0.3)
   if legend:
     ax.legend(fontsize=8)
@@ -62,7 +62,7 @@ def loss_curves(suite, results: dict, path: str) -> str | None:
     plt.close(fig)
     return None
   ax.set(xlabel='step', ylabel='train loss', title=f'suite {suite.name}: train loss')
-  return _finish(fig, ax, path)
+  return finish(fig, ax, path)
 
 
 def pareto(suite, rows: list[dict], path: str) -> str | None:
@@ -90,7 +90,7 @@ def pareto(suite, rows: list[dict], path: str) -> str | None:
     ylabel=suite.metric,
     title=f'suite {suite.name}: {suite.metric} vs compute',
   )
-  return _finish(fig, ax, path, legend=False)
+  return finish(fig, ax, path, legend=False)
 
 
 def loss_vs_context(suite, results: dict, path: str) -> str | None:
@@ -140,7 +140,7 @@ def loss_vs_context(suite, results: dict, path: str) -> str | None:
     ylabel='validation loss',
     title=f'suite {suite.name}: loss vs context length',
   )
-  return _finish(fig, ax, path)
+  return finish(fig, ax, path)
 
 
 def grad_norms(suite, results: dict, path: str) -> str | None:
@@ -233,7 +233,7 @@ def lr_sensitivity(suite, results: dict, path: str) -> str | None:
     title=f'suite {suite.name}: learning-rate sensitivity\n(x: diverged; filled: chosen; '
     'squares: refined)',
   )
-  return _finish(fig, ax, path)
+  return finish(fig, ax, path)
 
 
 def loss_vs_tokens(suite, results: dict, path: str) -> str | None:
@@ -262,7 +262,7 @@ def loss_vs_tokens(suite, results: dict, path: str) -> str | None:
     ylabel='eval loss',
     title=f'suite {suite.name}: eval loss against tokens',
   )
-  return _finish(fig, ax, path)
+  return finish(fig, ax, path)
 
 
 def write_all(suite, results: dict, rows: list[dict], folder: str) -> list[str]:

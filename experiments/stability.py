@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from experiments.plots import _finish, plt
+from experiments.plots import finish, plt
 
 
 def _mean(values: list) -> float:
@@ -169,4 +169,4 @@ def curves(suite, results: dict, path: str) -> str | None:
     ax.set(xlabel='peak learning rate', ylabel=label)
     ax.grid(alpha=0.3)
   axes[0].set_title(f'suite {suite.name}: stability against the learning rate (x: diverged)')
-  return _finish(fig, axes[-1], path)
+  return finish(fig, axes[-1], path)
