@@ -321,7 +321,7 @@ def build_config(overrides: list[str]):
 
 def _from_hf(config, path: str, explicit: dict):
   from mllm.interop.hf import HFImportError, run_config
-  from mllm.train.resume import check_hf_folder
+  from mllm.train.init_from import check_hf_folder
 
   check_hf_folder(config, path)
   if not os.path.isfile(os.path.join(path, 'tokenizer.json')):

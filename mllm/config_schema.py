@@ -43,7 +43,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   model.final_logit_softcap = placeholder(float)
   model.dropout = 0.0  # on each residual branch
   model.embed_dropout = 0.0
-  # Initialisation scheme (mllm/layers/init.py): fan_in (1/sqrt(fan_in), LeCun) | fixed
+  # Initialisation scheme (mllm/layers/parametrization.py): fan_in (1/sqrt(fan_in), LeCun) | fixed
   # (N(0, init_std) for every weight, GPT-2) | small_init (sqrt(2 / (5 d_model)), Nguyen & Salazar
   # 2019). fixed's 0.02 suits d_model ~768; at d_model 128 it cost a GELU model 0.2 nats at its
   # tuned lr (experiments/results/init_gelu), hence fan_in by default.

@@ -18,7 +18,6 @@ from flax import nnx
 
 from mllm.layers.attention import Attention
 from mllm.layers.ffn import FFNS
-from mllm.layers.init import weight_std
 from mllm.layers.kv_cache import (
   KVCache,
   LayerCache,
@@ -30,7 +29,7 @@ from mllm.layers.kv_cache import (
 from mllm.layers.moe import moe_layers
 from mllm.layers.moe_routing import ExpertBias
 from mllm.layers.norms import NORMS
-from mllm.layers.parametrization import output_multiplier
+from mllm.layers.parametrization import output_multiplier, weight_std
 from mllm.layers.positions import POSITIONS, PositionContext
 from mllm.layers.remat import REMAT_POLICIES
 from mllm.ops.attention import AttentionMask

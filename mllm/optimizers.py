@@ -46,6 +46,14 @@ def map_variables(fn, params: nnx.State) -> nnx.State:
   )
 
 
+def hidden_matrix_multipliers(params: nnx.State, factor: float) -> nnx.State:
+  """`factor` on each hidden matrix (those Muon would orthogonalise: `muon_dimensions`), 1 on the
+  rest: µP's per-parameter rate multipliers (mllm/layers/parametrization.py)."""
+  return map_variables(
+    lambda names, var: factor if muon_dimensions(names, var) is not None else 1.0, params
+  )
+
+
 def weight_decay_mask(params: nnx.State, t) -> nnx.State:
   """True where the decoupled weight decay applies (t: the train section)."""
 

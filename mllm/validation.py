@@ -12,10 +12,9 @@ from ml_collections import config_dict
 from mllm.checks import ConfigError, integer, number, one_of, positive, rate
 from mllm.config_keys import field_info, flatten, get_path, leaf_paths
 from mllm.layers.ffn import check_ffn_config
-from mllm.layers.init import INIT_SCHEMES
 from mllm.layers.moe import moe_layers
 from mllm.layers.norms import check_norm_config
-from mllm.layers.parametrization import check_parametrization
+from mllm.layers.parametrization import INIT_SCHEMES, check_parametrization
 from mllm.layers.positions import POSITIONS, check_position_config
 from mllm.layers.remat import REMAT_POLICIES
 from mllm.ops.attention import ATTENTION_IMPLS, impls_with

@@ -18,7 +18,7 @@ BACKEND_COMPILE = '/jax/core/compile/backend_compile_duration'  # jax/_src/dispa
 
 def whole_model_init(config, shardings):
   """The reference: one jitted program building the whole model and Adam's state (the old init)."""
-  return jax.jit(_parts(config)[3], out_shardings=shardings)()
+  return jax.jit(_parts(config).init, out_shardings=shardings)()
 
 
 CASES = {

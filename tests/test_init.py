@@ -1,4 +1,4 @@
-"""Initialisation schemes (`model.init`, mllm/layers/init.py): every parameter's empirical std
+"""Initialisation schemes (`model.init`, mllm/layers/parametrization.py): every parameter's empirical std
 against the scheme's formula, computed here independently in float64; the config refusals; every
 named config builds under every scheme."""
 
@@ -13,7 +13,7 @@ from flax import nnx
 
 import mllm
 from mllm import ConfigError
-from mllm.layers.init import INIT_SCHEMES
+from mllm.layers.parametrization import INIT_SCHEMES
 
 CONFIGS = Path(__file__).resolve().parents[1] / 'configs'
 SCHEMES = ('fixed', 'fan_in', 'small_init')

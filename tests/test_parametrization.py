@@ -14,8 +14,13 @@ from flax import nnx
 
 import mllm
 from mllm.checks import ConfigError
-from mllm.layers.parametrization import attention_scale, output_multiplier, width_multiplier
-from mllm.train.optimizer import learning_rate_multipliers
+from mllm.layers.parametrization import (
+  attention_scale,
+  learning_rate_factors,
+  output_multiplier,
+  width_multiplier,
+)
+from mllm.optimizers import hidden_matrix_multipliers
 from mllm.train.state import initial_model, split_trained
 
 
@@ -60,9 +65,10 @@ def test_mup_at_four_times_its_base_width_scales_each_part_as_tensor_programs_v(
   assert model.blocks[0].attention.scale == pytest.approx(16**0.5 / 64)
   assert attention_scale(m, 64) == pytest.approx(0.0625)
   params = split_trained(nnx.state(model, nnx.Param))[0]
+  assert learning_rate_factors(m) == (1.0, 0.25)  # the peak as given; hidden matrices' 1/m
   multipliers = {
     '/'.join(str(getattr(k, 'key', k)) for k in path[:-1]): float(v)
-    for path, v in jax.tree_util.tree_leaves_with_path(learning_rate_multipliers(m, params))
+    for path, v in jax.tree_util.tree_leaves_with_path(hidden_matrix_multipliers(params, 0.25))
   }
   for name, value in multipliers.items():
     hidden = ('attention/' in name and 'kernel' in name) or '/ffn/' in name
@@ -78,11 +84,11 @@ def test_a_mup_step_is_the_standard_step_times_each_parameters_multiplier():
   config = tiny_config('param=mup,mup.base_d_model=16', model__d_model=32)
   params = split_trained(nnx.state(_model(config), nnx.Param))[0]
   grads = jax.tree.map(lambda x: 0.1 * jnp.sign(x) + 0.01, params)
-  mup_tx, _ = make_optimizer(config.train, params, config.model)
+  mup_tx, _ = make_optimizer(config.train, params, learning_rate_factors(config.model))
   std_tx, _ = make_optimizer(config.train, params)
   mup_update = mup_tx.update(grads, mup_tx.init(params), params)[0]
   std_update = std_tx.update(grads, std_tx.init(params), params)[0]
-  factors = learning_rate_multipliers(config.model, params)
+  factors = hidden_matrix_multipliers(params, learning_rate_factors(config.model)[1])
   for a, b, k in zip(
     jax.tree.leaves(mup_update), jax.tree.leaves(std_update), jax.tree.leaves(factors)
   ):
@@ -151,7 +157,7 @@ def test_the_standard_parametrization_scales_the_given_rate_by_its_base_width():
   for spec, want in cases.items():
     config = mllm.load_config(spec, width)
     assert peak_learning_rate(config) == pytest.approx(want, rel=1e-12), spec
-    _, schedule = make_optimizer(config.train, {}, config.model)
+    _, schedule = make_optimizer(config.train, {}, learning_rate_factors(config.model))
     assert float(schedule(9)) == pytest.approx(want, rel=1e-6), spec  # step 10: the peak
   at_base = mllm.load_config('configs/base.py')
   assert peak_learning_rate(at_base) == at_base.train.learning_rate  # 256 / 256

@@ -18,8 +18,8 @@ from mllm.config import ConfigError
 from mllm.paths import DELETING
 from mllm.train import evaluate, train
 from mllm.train.checkpoint import Checkpointer
+from mllm.train.init_from import adopt_tokenizer, init_params
 from mllm.train.metrics import read_metrics, truncate_metrics
-from mllm.train.resume import adopt_tokenizer, init_params
 from mllm.train.sharding import make_mesh
 from mllm.train.state import setup
 

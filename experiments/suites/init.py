@@ -1,4 +1,4 @@
-"""Initialisation schemes (`model.init`, mllm/layers/init.py) on the default config, each at its
+"""Initialisation schemes (`model.init`, mllm/layers/parametrization.py) on the default config, each at its
 own tuned learning rate: GPT-2's fixed std 0.02 (tuned for d_model 768), fan-in 1/sqrt(fan_in),
 and the small-init of Nguyen & Salazar 2019 (sqrt(2/(5d))). This suite chose mllm's default."""
 

@@ -105,8 +105,8 @@ def build_data(
   # file is written twice at once.
   if process_index != 0:
     _barrier('mllm: data built by process 0')
-  writable_dir(corpus_lib.cache_key(d), cache_root(d))
   source = make_source(d)
+  writable_dir(corpus_lib.cache_key(d), cache_root(d))
   tokenizer = corpus_lib.load_tokenizer(config, workdir, source, verbose)
   corpus = corpus_lib.load_corpus(config, source, tokenizer, verbose)
   if process_index == 0:

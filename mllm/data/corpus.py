@@ -90,54 +90,26 @@ def tokenizer_sample(source: Source, val_fraction: float, max_bytes: int) -> lis
 
 
 def load_tokenizer(config, workdir: str, source: Source, verbose: bool = True) -> Tokenizer:
-  """The run's tokenizer: 'byte', or BPE from workdir/tokenizer.json, the cache, or trained."""
+  """The run's tokenizer: 'byte', or the BPE of workdir/tokenizer.json. A resumed run (or an
+  imported model's) keeps its own; a new one copies the cache's, trained first if missing, and
+  reads it back, so the tokenizer a run starts with is the one its resumes read."""
   d = config.data
   vocab = config.model.vocab_size
   if d.tokenizer == 'byte':
     tok = ByteTokenizer()
   else:
     path = RunDir(workdir).tokenizer
-    if os.path.exists(path):  # resuming, or an imported model's: the run keeps it
-      tok = _read_bpe(path, d)
-    else:
-      if vocab < ByteTokenizer.vocab_size:
-        raise ConfigError(
-          'model.vocab_size',
-          vocab,
-          'byte-level BPE needs the 256 bytes and 2 '
-          f'specials; allowed: >= {ByteTokenizer.vocab_size}',
-        )
-      specials = (
-        {} if (d.eos_token, d.pad_token) == (EOS, PAD) else {'specials': [d.eos_token, d.pad_token]}
-      )
-      key = _digest(
-        {
-          'version': FORMAT_VERSION,
-          'source': source.describe(),
-          'vocab': vocab,
-          'train_bytes': d.tokenizer_train_bytes,
-          'val_fraction': d.val_fraction,
-          **specials,
-        }
-      )
-      cached = os.path.join(cache_root(d), 'tokenizers', f'bpe-{key[:20]}.json')
-      if os.path.exists(cached):
-        tok = _read_bpe(cached, d)
-      else:
-        start = time.perf_counter()
-        texts = tokenizer_sample(source, d.val_fraction, d.tokenizer_train_bytes)
-        if not texts:
-          raise _no_text(d)
-        tok = BPETokenizer.train(texts, vocab, d.eos_token, d.pad_token)
-        if verbose:
-          print(
-            f'BPE tokenizer: vocab {tok.vocab_size}, trained on '
-            f'{sum(len(t.encode()) for t in texts):,} bytes in '
-            f'{time.perf_counter() - start:.1f} s',
-            flush=True,
-          )
-        os.makedirs(os.path.dirname(cached), exist_ok=True)
-        tok.save(cached)
+    found = path if os.path.exists(path) else _cached_bpe(d, vocab, source, verbose)
+    try:
+      tok = BPETokenizer.from_file(found, d.eos_token, d.pad_token)
+    except ValueError as err:  # the named specials are not in it
+      raise ConfigError(
+        'data.eos_token',
+        d.eos_token,
+        f'{found}: {err}; allowed: the names of '
+        'its EOS and pad tokens in data.eos_token and data.pad_token',
+      ) from None
+    if found != path:
       os.makedirs(workdir, exist_ok=True)
       tok.save(path)
   if tok.vocab_size > vocab:
@@ -149,16 +121,44 @@ def load_tokenizer(config, workdir: str, source: Source, verbose: bool = True) -
   return tok
 
 
-def _read_bpe(path: str, d) -> BPETokenizer:
-  try:
-    return BPETokenizer.from_file(path, d.eos_token, d.pad_token)
-  except ValueError as err:  # the named specials are not in it
+def _cached_bpe(d, vocab: int, source: Source, verbose: bool) -> str:
+  """The cache's file of the BPE for this source and these settings, trained first if missing."""
+  if vocab < ByteTokenizer.vocab_size:
     raise ConfigError(
-      'data.eos_token',
-      d.eos_token,
-      f'{path}: {err}; allowed: the names of '
-      'its EOS and pad tokens in data.eos_token and data.pad_token',
-    ) from None
+      'model.vocab_size',
+      vocab,
+      f'byte-level BPE needs the 256 bytes and 2 specials; allowed: >= {ByteTokenizer.vocab_size}',
+    )
+  specials = (
+    {} if (d.eos_token, d.pad_token) == (EOS, PAD) else {'specials': [d.eos_token, d.pad_token]}
+  )
+  key = _digest(
+    {
+      'version': FORMAT_VERSION,
+      'source': source.describe(),
+      'vocab': vocab,
+      'train_bytes': d.tokenizer_train_bytes,
+      'val_fraction': d.val_fraction,
+      **specials,
+    }
+  )
+  cached = os.path.join(cache_root(d), 'tokenizers', f'bpe-{key[:20]}.json')
+  if not os.path.exists(cached):
+    start = time.perf_counter()
+    texts = tokenizer_sample(source, d.val_fraction, d.tokenizer_train_bytes)
+    if not texts:
+      raise _no_text(d)
+    tok = BPETokenizer.train(texts, vocab, d.eos_token, d.pad_token)
+    if verbose:
+      print(
+        f'BPE tokenizer: vocab {tok.vocab_size}, trained on '
+        f'{sum(len(t.encode()) for t in texts):,} bytes in '
+        f'{time.perf_counter() - start:.1f} s',
+        flush=True,
+      )
+    os.makedirs(os.path.dirname(cached), exist_ok=True)
+    tok.save(cached)
+  return cached
 
 
 def _no_text(d) -> ConfigError:

@@ -337,11 +337,15 @@ def stdlib_root() -> str:
   return sysconfig.get_paths()['stdlib']
 
 
+# The sources read from data.path, a file or a folder of files with these suffixes.
+LOCAL_SUFFIXES = {'text': ('.txt',), 'jsonl': ('.jsonl',), 'parquet': ('.parquet',)}
+
+
 def check_path(data_config) -> None:
   """Refuse a missing data.path of a local source at once, before the backend starts (a
   Hugging Face dataset's name is checked when it loads)."""
   d = data_config
-  if d.source not in ('stdlib', 'hf', 'kjv') and not os.path.exists(os.path.expanduser(d.path)):
+  if d.source in LOCAL_SUFFIXES and not os.path.exists(os.path.expanduser(d.path)):
     raise _missing(d.path)
   if d.source == 'kjv':
     make_source(data_config)  # finds the file or says where it looked
@@ -357,10 +361,16 @@ def make_source(data_config) -> Source:
     )
   if d.source == 'hf':
     return HFSource(d.path, d.hf_config, d.hf_split, d.text_field)
-  if d.source == 'kjv':
-    return KJVSource(d.path)
+  if d.source in LOCAL_SUFFIXES:
+    return _local_source(d)
+  assert d.source == 'kjv', d.source  # validation allows no other
+  return KJVSource(d.path)
+
+
+def _local_source(d) -> Source:
+  """A 'text', 'jsonl' or 'parquet' source: data.path, a file or a folder of such files."""
   path = os.path.abspath(os.path.expanduser(d.path))
-  suffixes = {'text': ('.txt',), 'jsonl': ('.jsonl',), 'parquet': ('.parquet',)}[d.source]
+  suffixes = LOCAL_SUFFIXES[d.source]
   if os.path.isfile(path):
     if d.source == 'text':
       return TextFileSource(path)

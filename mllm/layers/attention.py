@@ -13,10 +13,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mllm.layers import resolved_head_dim
-from mllm.layers.init import weight_std
 from mllm.layers.kv_cache import LayerCache
 from mllm.layers.norms import RMSNorm
-from mllm.layers.parametrization import attention_scale
+from mllm.layers.parametrization import attention_scale, weight_std
 from mllm.layers.positions import POSITIONS, PositionContext
 from mllm.ops.attention import AttentionMask, attend
 

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mllm.checks import integer
-from mllm.layers.init import weight_std
+from mllm.layers.parametrization import weight_std
 from mllm.variant_config import check_variant_keys, settings_of
 
 # GELU here is the exact x·Φ(x) (Hendrycks & Gimpel 2016), as in Shazeer's table; GPT-2 used tanh.

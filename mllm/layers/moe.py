@@ -39,7 +39,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mllm.layers.ffn import FFNS, hidden_dim
-from mllm.layers.init import weight_std
 from mllm.layers.moe_experts import (
   DISPATCHES,
   Experts,
@@ -62,6 +61,7 @@ from mllm.layers.moe_routing import (
   z_loss,
 )
 from mllm.layers.moe_settings import MoESettings, check_moe_config, moe_layers
+from mllm.layers.parametrization import weight_std
 from mllm.ops import mesh as on_mesh
 from mllm.variant_config import settings_of
 

@@ -23,7 +23,7 @@ from flax import nnx, struct
 
 from mllm.checks import ConfigError, positive
 from mllm.layers import resolved_head_dim
-from mllm.layers.init import weight_std
+from mllm.layers.parametrization import weight_std
 from mllm.layers.rope import (
   ROPE_LAYOUTS,
   ROPE_SCALINGS,

@@ -74,21 +74,21 @@ def train(
     ready = time.perf_counter()  # the state is ready; building the steps and writers follows
     cached_before = compile_cache.counts()
     end = config.train.steps if stop_after is None else min(config.train.steps, stop_after)
+    counts = count_params(run.setup.abstract_model())
+    device = jax.devices()[0]
+    speed = _Speed(
+      tokens_per_step=config.data.batch_size * config.data.seq_len,
+      flops_per_token=training_flops_per_token(config, counts, config.data.seq_len).total,
+      peak=peak_flops_per_device(device.device_kind, config.model.dtype, config.train.peak_flops),
+    )
     writer = _metrics_writer(workdir, config.train, start)
     run.closing.callback(writer.close)
-    counts = count_params(run.setup.abstract_model())
-    flops_per_token = training_flops_per_token(config, counts, config.data.seq_len).total
-    device = jax.devices()[0]
     loop = _Loop(
       run=run,
       train_step=make_train_step(run.setup),
       eval_step=make_eval_step(run.setup, run.data.tokenizer.token_bytes),
       writer=writer,
-      speed=_Speed(
-        tokens_per_step=config.data.batch_size * config.data.seq_len,
-        flops_per_token=flops_per_token,
-        peak=peak_flops_per_device(device.device_kind, config.model.dtype, config.train.peak_flops),
-      ),
+      speed=speed,
       bar=Progress(end, start, log_every=config.train.log_every, enabled=progress),
       start=start,
       end=end,

@@ -18,8 +18,9 @@ from mllm.train import peers
 from mllm.train.checkpoint import Checkpointer, config_as_dict, write_config
 from mllm.train.checkpoint_folder import note
 from mllm.train.cluster import maybe_initialize_distributed
+from mllm.train.init_from import adopt_tokenizer, init_params
 from mllm.train.logs import route_library_output
-from mllm.train.resume import adopt_tokenizer, check_resumable, init_params, mismatch_error
+from mllm.train.resume import check_resumable, mismatch_error
 from mllm.train.sharding import make_mesh
 from mllm.train.state import setup
 from mllm.train.state_signature import StateMismatch

@@ -8,12 +8,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from mllm.layers.parametrization import (
-  learning_rate_multiplier,
-  learning_rate_scale,
-  width_multiplier,
-)
-from mllm.optimizers import OPTIMIZERS, map_variables, muon_dimensions
+from mllm.layers.parametrization import learning_rate_scale
+from mllm.optimizers import OPTIMIZERS, hidden_matrix_multipliers
 from mllm.variant_config import settings_of
 
 
@@ -55,31 +51,23 @@ def _schedule(t, peak: float) -> optax.Schedule:
 
 
 def make_optimizer(
-  t, params: nnx.State, model_cfg=None
+  t, params: nnx.State, rates: tuple[float, float] = (1.0, 1.0)
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """`optax.chain(clip_by_global_norm, <train.optimizer>)` for the `train` config section (t);
-  then, under µP (`model_cfg.parametrization`), each parameter's rate multiplier. The peak rate is
-  scaled by the parametrization's `learning_rate_scale`."""
-  schedule = learning_rate_schedule(t, 1.0 if model_cfg is None else learning_rate_scale(model_cfg))
+  """`optax.chain(clip_by_global_norm, <train.optimizer>)` for the `train` config section (t),
+  then each hidden matrix's rate multiplier. rates: the model's parametrization's (factor on the
+  peak rate, hidden matrices' multiplier), `learning_rate_factors(model config)`: µP's (1, 1/m).
+  The decoupled decay, part of the update, is multiplied with it (as µP's reference MuAdamW)."""
+  peak_scale, hidden_rate = rates
+  schedule = learning_rate_schedule(t, peak_scale)
   optimizer = OPTIMIZERS[t.optimizer.kind]
   parts = [optax.clip_by_global_norm(t.grad_clip)] if t.grad_clip > 0 else []
   parts.append(optimizer.build(t, settings_of(optimizer, t.optimizer), schedule, params))
-  if model_cfg is not None and width_multiplier(model_cfg) != 1.0:
-    multipliers = learning_rate_multipliers(model_cfg, params)
+  if hidden_rate != 1.0:
+    multipliers = hidden_matrix_multipliers(params, hidden_rate)
     parts.append(
       optax.stateless(lambda updates, _: jax.tree.map(jnp.multiply, updates, multipliers))
     )
   return optax.chain(*parts), schedule
-
-
-def learning_rate_multipliers(model_cfg, params: nnx.State) -> nnx.State:
-  """Each parameter's rate multiplier under the model's parametrization: µP's 1/m on the hidden
-  matrices (those Muon would orthogonalise: mllm.optimizers.muon_dimensions), 1 elsewhere. The
-  decoupled decay, part of the update, is scaled with it (as µP's reference code's MuAdamW)."""
-  return map_variables(
-    lambda names, var: learning_rate_multiplier(model_cfg, muon_dimensions(names, var) is not None),
-    params,
-  )
 
 
 def trained_params(model: nnx.Module) -> nnx.State:

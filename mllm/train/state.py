@@ -24,6 +24,7 @@ from jax.tree_util import DictKey
 
 from mllm.config import require_loaded
 from mllm.layers.moe import moe_layers
+from mllm.layers.parametrization import learning_rate_factors
 from mllm.model import CHECKPOINTED, Block, Transformer, make_stem, make_tail, rng_stand_ins
 from mllm.ops.mesh import traced_on
 from mllm.train.optimizer import make_optimizer
@@ -82,6 +83,7 @@ class _RunParts(NamedTuple):
   """What setup and abstract_state share."""
 
   abstract_model: nnx.Module
+  rest: nnx.State  # stand-ins for its RNG streams (model.rng_stand_ins)
   tx: optax.GradientTransformation
   schedule: Callable[[int], float]
   init: Callable[[], TrainState]  # the train state at step 0
@@ -89,14 +91,16 @@ class _RunParts(NamedTuple):
 
 def _parts(config) -> _RunParts:
   abstract_model = nnx.eval_shape(lambda: initial_model(config))
+  rest = rng_stand_ins(abstract_model)
   _, abstract_params, _ = nnx.split(abstract_model, CHECKPOINTED, ...)
-  tx, schedule = make_optimizer(config.train, split_trained(abstract_params)[0], config.model)
+  rates = learning_rate_factors(config.model)  # the parametrization's (µP: 1/m on hidden matrices)
+  tx, schedule = make_optimizer(config.train, split_trained(abstract_params)[0], rates)
 
   def init() -> TrainState:
     _, params, _ = nnx.split(initial_model(config), CHECKPOINTED, ...)
     return initial_state(params, tx, config.seed)
 
-  return _RunParts(abstract_model, tx, schedule, init)
+  return _RunParts(abstract_model, rest, tx, schedule, init)
 
 
 def initial_state(params: nnx.State, tx, seed: int) -> TrainState:
@@ -131,7 +135,7 @@ def setup(config, mesh) -> tuple[TrainSetup, Callable[[], TrainState]]:
   """Structure, optimizer and shardings of a run; returns it with a jitted initializer."""
   check_on_mesh(config, mesh)
   with traced_on(mesh):  # choices made at construction (MoE dispatch) are for the mesh's devices
-    abstract_model, tx, schedule, init = _parts(config)
+    abstract_model, rest, tx, schedule, init = _parts(config)
   graphdef = nnx.split(abstract_model, CHECKPOINTED, ...)[0]
   abstract = jax.eval_shape(init)
   p_shardings = param_shardings(abstract['params'], mesh)
@@ -153,7 +157,7 @@ def setup(config, mesh) -> tuple[TrainSetup, Callable[[], TrainState]]:
   train_setup = TrainSetup(
     config=config,
     graphdef=graphdef,
-    rest=rng_stand_ins(abstract_model),
+    rest=rest,
     mesh=mesh,
     abstract_params=abstract['params'],
     param_shardings=p_shardings,
@@ -192,6 +196,12 @@ def layered_init(
   where the whole-model program held n_layers copies for XLA to compile. The seeds are inputs,
   not constants, so XLA has nothing to constant-fold.
   """
+  # The state around the parameters (step, Adam's zeros, RNG key): one program.
+  not_params = {k: v for k, v in shardings.items() if k != 'params'}
+  state_around = jax.jit(
+    lambda params: {k: initial_state(params, tx, config.seed)[k] for k in not_params},
+    out_shardings=not_params,
+  )
   cfg = config.model
   param_shardings = _leaves_by_path(shardings['params'])
   rng_graphdef = nnx.graphdef(nnx.eval_shape(lambda: nnx.Rngs(params=0, dropout=1)))
@@ -230,11 +240,6 @@ def layered_init(
     for moe in sorted(set(is_moe))
   }
   tail = part_program(make_tail, resumed, rng_state)[0]
-  not_params = {k: v for k, v in shardings.items() if k != 'params'}
-  rest = jax.jit(
-    lambda params: {k: initial_state(params, tx, config.seed)[k] for k in not_params},
-    out_shardings=not_params,
-  )
 
   def init() -> TrainState:
     parts, rng = stem(seeds)
@@ -245,6 +250,6 @@ def layered_init(
     parts, _ = tail(rng)
     values |= _leaves_by_path(parts)
     params = jax.tree_util.tree_map_with_path(lambda path, _: values[path], abstract['params'])
-    return {'params': params, **rest(params)}
+    return {'params': params, **state_around(params)}
 
   return init
