@@ -70,9 +70,14 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   attention.block_q = placeholder(int)  # blockwise / pallas tile sizes; None: the impl's default
   attention.block_k = placeholder(int)
   attention.sliding_window = placeholder(int)  # None: full causal; W: the W most recent keys
+  # With a window: every N-th layer attends globally (Gemma 2: 2, Gemma 3: 6); None: none does
+  attention.global_every = placeholder(int)
   attention.qk_norm = False  # RMSNorm on q and k per head (Qwen3)
   attention.softmax_scale = placeholder(float)  # None: 1 / sqrt(head_dim)
   attention.logit_softcap = placeholder(float)  # Gemma 2: cap · tanh(q·kᵀ·scale / cap); None: off
+  # σ(x·W) on each head's output before the output projection (Qiu et al. 2025): headwise |
+  # elementwise; None: off
+  attention.output_gate = placeholder(str)
   attention.dropout = 0.0
   attention.use_bias = False  # biases on the q, k, v and output projections (GPT-2)
   attention.qkv_bias = False  # biases on q, k and v only (Qwen2); use_bias includes them
@@ -87,9 +92,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   add_sections(position, POSITIONS)
 
   ffn = model.ffn = config_dict.ConfigDict()
-  ffn.kind = (
-    'swiglu'  # relu | gelu | gelu_tanh | swish | glu | bilinear | geglu | swiglu | reglu | moe
-  )
+  ffn.kind = 'swiglu'  # relu | relu2 | gelu | gelu_tanh | swish | glu | bilinear | geglu | swiglu | reglu | moe
   ffn.d_ff = placeholder(int)  # None: 4 * d_model
   ffn.match_params = True  # gated FFNs: d_ff * 2/3, so parameters match the ungated FFN
   ffn.multiple_of = 8
@@ -104,7 +107,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
 
   norm = model.norm = config_dict.ConfigDict()
   norm.kind = 'rmsnorm'  # layernorm | rmsnorm | partial_rmsnorm | none
-  norm.placement = 'pre'  # pre | post
+  norm.placement = 'pre'  # pre | post | sandwich (Gemma 2, Peri-LN) | output (OLMo 2)
   norm.eps = 1e-6
   norm.fp32 = True  # statistics in float32 (the notebook's qwen3_compatible)
   norm.use_bias = placeholder(bool)  # None: layernorm True, rmsnorm False (its optional shift)

@@ -22,6 +22,9 @@ Version 5: `model.attention.logit_softcap` (None before).
 Version 6: the standard parametrization's section, `model.parametrization.standard.lr_base_d_model`
 (the width the rate is tuned at; the peak is scaled by it / d_model): None before (the rate as
 given).
+Version 7: `model.position.rope.fraction`, partial RoPE (1.0 before: every dimension rotated);
+`model.position.rope.nope_every`, `model.attention.output_gate` and
+`model.attention.global_every` (None before).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-VERSION = 6
+VERSION = 7
 VERSION_KEY = 'config_version'  # in a saved config.json, beside the config's own sections
 
 # Version 1's keys under `model.` and their version 2 places, except RoPE's scaling factor, whose
@@ -194,8 +197,19 @@ def v6_as_v5(config: dict) -> dict:
   return config
 
 
+# Version 7's new keys as every earlier version trained: every dimension of every layer rotated,
+# no output gate, every layer at the window.
+v6_to_v7, v7_as_v6 = _adding(
+  {
+    'model.position.rope.fraction': 1.0,
+    'model.position.rope.nope_every': None,
+    'model.attention.output_gate': None,
+    'model.attention.global_every': None,
+  }
+)
+
 # version n → the function to version n + 1
-UPGRADES = {1: v1_to_v2, 2: v2_to_v3, 3: v3_to_v4, 4: v4_to_v5, 5: v5_to_v6}
+UPGRADES = {1: v1_to_v2, 2: v2_to_v3, 3: v3_to_v4, 4: v4_to_v5, 5: v5_to_v6, 6: v6_to_v7}
 
 
 def version_of(saved: dict) -> int:
@@ -249,6 +263,7 @@ def _get(tree: dict, path: str) -> Any:
 
 
 DOWNGRADES = {
+  7: v7_as_v6,
   6: v6_as_v5,
   5: v5_as_v4,
   4: v4_as_v3,

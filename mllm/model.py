@@ -1,7 +1,13 @@
 """The decoder-only transformer: embedding → N × Block → final norm → head.
 
-    Block (Pre-LN):  x = x + Attn(Norm(x));  x = x + FFN(Norm(x))        (Xiong et al. 2020)
-    Block (Post-LN): x = Norm(x + Attn(x));  x = Norm(x + FFN(x))        (Vaswani et al. 2017)
+Each sublayer f (attention, then the FFN) of a Block, by `model.norm.placement`:
+
+    pre       x = x + f(Norm(x))                 Pre-LN (Xiong et al. 2020)
+    post      x = Norm(x + f(x))                 Post-LN (Vaswani et al. 2017)
+    sandwich  x = x + Norm_out(f(Norm(x)))       Gemma 2 (Team et al. 2024); Peri-LN (Kim et al.
+                                                 2025, arXiv 2502.02732, eq. 3)
+    output    x = x + Norm(f(x))                 OLMo 2 (Team OLMo 2025, arXiv 2501.00656, sec.
+                                                 3.2.1: the norm moved onto the sublayer's output)
 
 The FFN is a dense one or, in the layers `model.ffn.moe` picks, a mixture of experts, whose routing
 statistics the model returns on request (`return_moe_stats=True`) for the training step's losses.
@@ -16,12 +22,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mllm.layers.attention import Attention
+from mllm.layers.attention import Attention, layer_windows
 from mllm.layers.ffn import FFNS
 from mllm.layers.kv_cache import (
   KVCache,
   LayerCache,
   plan_writes,
+  rolling_window,
   scatter,
   write_slots,
   writes_first,
@@ -30,7 +37,7 @@ from mllm.layers.moe import moe_layers
 from mllm.layers.moe_routing import ExpertBias
 from mllm.layers.norms import NORMS
 from mllm.layers.parametrization import output_multiplier, weight_std
-from mllm.layers.positions import POSITIONS, PositionContext
+from mllm.layers.positions import POSITIONS, PositionContext, rotating_layers
 from mllm.layers.remat import REMAT_POLICIES
 from mllm.ops.attention import AttentionMask
 from pallas_kernels.tile_math import softcapped
@@ -55,25 +62,38 @@ def dense_ffn_kind(cfg) -> str:
 class Block(nnx.Module):
   """One transformer layer: `block(x, context, mask, cache=None) -> (x, stats or None, the
   layer's updated (k, v) or None)`; stats: an MoE layer's routing statistics and, with
-  `probe=True`, its largest attention logit ('max_attention_logit'). Parameter names do not
-  depend on the norm placement."""
+  `probe=True`, its largest attention logit ('max_attention_logit'). A sublayer's one norm is
+  `attention_norm` / `ffn_norm` under every placement; 'sandwich' adds `attention_out_norm` /
+  `ffn_out_norm` on the sublayer's output."""
 
   def __init__(self, cfg, *, moe: bool = False, rngs: nnx.Rngs):
-    self.attention_norm = NORMS[cfg.norm.kind].from_config(cfg, cfg.d_model, rngs=rngs)
+    norm = NORMS[cfg.norm.kind]
+    sandwich = cfg.norm.placement == 'sandwich'
+    self.attention_norm = norm.from_config(cfg, cfg.d_model, rngs=rngs)
+    self.attention_out_norm = norm.from_config(cfg, cfg.d_model, rngs=rngs) if sandwich else None
     self.attention = Attention(cfg, rngs=rngs)
-    self.ffn_norm = NORMS[cfg.norm.kind].from_config(cfg, cfg.d_model, rngs=rngs)
+    self.ffn_norm = norm.from_config(cfg, cfg.d_model, rngs=rngs)
+    self.ffn_out_norm = norm.from_config(cfg, cfg.d_model, rngs=rngs) if sandwich else None
     self.ffn = make_ffn(cfg, moe, rngs=rngs)
     self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
-    self.pre_norm = cfg.norm.placement == 'pre'
+    self.placement = cfg.norm.placement
     self.moe = moe
+
+  def _residual(self, x_BTD, sublayer, norm, out_norm):
+    """(x after the sublayer `sublayer(input) -> (y, extra)` and its residual add, under the
+    block's placement (module docstring); extra; the sublayer's input)."""
+    placement = self.placement
+    in_BTD = norm(x_BTD) if placement in ('pre', 'sandwich') else x_BTD
+    y_BTD, extra = sublayer(in_BTD)
+    if placement == 'sandwich':
+      y_BTD = out_norm(y_BTD)
+    elif placement == 'output':
+      y_BTD = norm(y_BTD)
+    x_BTD = x_BTD + self.dropout(y_BTD)
+    return (norm(x_BTD) if placement == 'post' else x_BTD), extra, in_BTD
 
   def _ffn(self, x_BTD):
     return self.ffn(x_BTD) if self.moe else (self.ffn(x_BTD), None)
-
-  def _attention(self, x_BTD, context, mask, cache):
-    if cache is None:
-      return self.attention(x_BTD, context, mask), None
-    return self.attention(x_BTD, context, mask, cache)
 
   def __call__(
     self,
@@ -83,16 +103,15 @@ class Block(nnx.Module):
     cache: LayerCache | None = None,
     probe: bool = False,
   ):
-    attention_in = self.attention_norm(x_BTD) if self.pre_norm else x_BTD
-    h_BTD, kv = self._attention(attention_in, context, mask, cache)
-    if self.pre_norm:
-      x_BTD = x_BTD + self.dropout(h_BTD)
-      y_BTD, stats = self._ffn(self.ffn_norm(x_BTD))
-      x_BTD = x_BTD + self.dropout(y_BTD)
-    else:
-      x_BTD = self.attention_norm(x_BTD + self.dropout(h_BTD))
-      y_BTD, stats = self._ffn(x_BTD)
-      x_BTD = self.ffn_norm(x_BTD + self.dropout(y_BTD))
+    def attention(in_BTD):
+      if cache is None:
+        return self.attention(in_BTD, context, mask), None
+      return self.attention(in_BTD, context, mask, cache)
+
+    x_BTD, kv, attention_in = self._residual(
+      x_BTD, attention, self.attention_norm, self.attention_out_norm
+    )
+    x_BTD, stats, _ = self._residual(x_BTD, self._ffn, self.ffn_norm, self.ffn_out_norm)
     if probe:
       peak = self.attention.max_logit(attention_in, context, mask)
       stats = {**(stats or {}), 'max_attention_logit': peak}
@@ -138,6 +157,10 @@ class Transformer(nnx.Module):
     for name, part in make_tail(cfg, rngs=rngs).items():
       setattr(self, name, part)
     self.window = cfg.attention.sliding_window
+    # Per layer: its window (None: global) and whether it rotates q and k (not a NoPE layer).
+    self.layer_windows = layer_windows(cfg)
+    self.layer_rotates = rotating_layers(cfg)
+    self.cache_window = rolling_window(cfg)
     self.embed_scale = cfg.embed_scale
     self.remat = cfg.remat
 
@@ -202,7 +225,7 @@ class Transformer(nnx.Module):
     positions) of a pass that reads and extends `cache`."""
     slots = write_slots(positions, cache.size)
     writes = plan_writes(slots, cache.size)
-    first = writes_first(positions.shape[1], self.window)
+    first = writes_first(positions.shape[1], self.cache_window)
     new_positions = scatter(cache.positions, positions, writes)
     kv_positions = new_positions if first else jnp.concatenate([cache.positions, positions], axis=1)
     context = self.position.context(positions, kv_positions)
@@ -228,8 +251,12 @@ class Transformer(nnx.Module):
     kv = None if cache is None else (cache.k, cache.v)
     for i, block in enumerate(self.blocks):
       layer_cache = None if cache is None else LayerCache(*kv, i, *writes)
+      # A global layer among windowed ones; a NoPE layer among rotating ones (validation keeps
+      # both from the scanned stack above).
+      layer_mask = mask if self.layer_windows[i] == mask.window else mask.replace(window=None)
+      layer_context = context if self.layer_rotates[i] else context.without_rotation()
       x_BTD, layer_stats, layer_kv = _call_block(
-        block, x_BTD, context, mask, self.remat, layer_cache, probe
+        block, x_BTD, layer_context, layer_mask, self.remat, layer_cache, probe
       )
       layer_stats = dict(layer_stats or {})
       if probe:

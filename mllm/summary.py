@@ -38,6 +38,8 @@ def _attention_kind(m) -> str:
     extras.append('qk-norm')
   if m.attention.logit_softcap is not None:
     extras.append(f'logit soft cap {m.attention.logit_softcap:g}')
+  if m.attention.output_gate is not None:
+    extras.append(f'{m.attention.output_gate} output gate')
   return f"{kind} ({', '.join(extras)})"
 
 

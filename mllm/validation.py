@@ -11,6 +11,7 @@ from ml_collections import config_dict
 
 from mllm.checks import ConfigError, integer, number, one_of, positive, rate
 from mllm.config_keys import field_info, flatten, get_path, leaf_paths
+from mllm.layers.attention import OUTPUT_GATES
 from mllm.layers.ffn import check_ffn_config
 from mllm.layers.moe import moe_layers
 from mllm.layers.norms import check_norm_config
@@ -55,6 +56,24 @@ def _schema_model_keys() -> tuple[list[str], list[str]]:
   optional = [path for path in paths if field_info(model, path)[2]]
   booleans = [path for path in paths if field_info(model, path)[1] is bool]
   return optional, booleans
+
+
+def _check_layer_pattern(m, p: str) -> None:
+  """One scanned layer is every layer: it cannot vary its window or its rotation by depth."""
+  patterns = {
+    f'{p}.attention.global_every': m.attention.global_every,
+    f'{p}.position.rope.nope_every': m.position.rope.nope_every
+    if m.position.kind == 'rope'
+    else None,
+  }
+  for key, value in patterns.items():
+    if value is not None and m.scan_layers:
+      raise ConfigError(
+        key,
+        value,
+        f'{p}.scan_layers=True scans one layer for all, which cannot vary by depth; allowed: '
+        f'None, or {p}.scan_layers=False',
+      )
 
 
 def _check_model_scalars(m: config_dict.ConfigDict, p: str) -> None:
@@ -127,14 +146,31 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
   a = m.attention
   one_of(f'{p}.attention.impl', a.impl, ATTENTION_IMPLS, 'attention implementation')
   integer(f'{p}.attention.sliding_window', a.sliding_window, optional=True)
+  if a.global_every is not None:
+    if (
+      isinstance(a.global_every, bool) or not isinstance(a.global_every, int) or a.global_every < 2
+    ):
+      raise ConfigError(
+        f'{p}.attention.global_every', a.global_every, 'allowed: an integer >= 2, or None'
+      )
+    if a.sliding_window is None:
+      raise ConfigError(
+        f'{p}.attention.global_every',
+        a.global_every,
+        f'without {p}.attention.sliding_window every layer attends globally; allowed: None, or '
+        'a window for the other layers',
+      )
   positive(f'{p}.attention.softmax_scale', a.softmax_scale, optional=True)
   positive(f'{p}.attention.logit_softcap', a.logit_softcap, optional=True)
+  if a.output_gate is not None:
+    one_of(f'{p}.attention.output_gate', a.output_gate, OUTPUT_GATES, 'output gate (or None)')
   rate(f'{p}.attention.dropout', a.dropout)
 
   pos = m.position
   one_of(f'{p}.position.kind', pos.kind, POSITIONS, 'position scheme')
   _check_attention_impl(m, p)
   check_position_config(m, p)
+  _check_layer_pattern(m, p)
 
   check_ffn_config(m, p)
 

@@ -92,3 +92,37 @@ def relative_error(got, want) -> float:
   """‖got − want‖ / ‖want‖ in float64 (Frobenius)."""
   got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
   return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-300))
+
+
+def rope_half(x, theta=10000.0, rotated=None):
+  """RoPE of x [N, T, H] at positions 0..T−1, 'half' layout (x_i paired with x_{i+r/2}), on the
+  first `rotated` dims (default all; the rest pass through), frequencies θ^(−2i/rotated)."""
+  r = x.shape[-1] if rotated is None else rotated
+  angles = np.arange(x.shape[1])[:, None] * theta ** (-np.arange(0, r, 2) / r)  # [T, r/2]
+  cos, sin = np.cos(angles), np.sin(angles)
+  x1, x2 = x[..., : r // 2], x[..., r // 2 : r]
+  return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., r:]], axis=-1)
+
+
+def causal_layer_attention(x, weights, gate=None, window=None, rope=False):
+  """An attention layer in float64: x [T, D], weights {'query': [D, N, H], 'key', 'value':
+  [D, K, H] (query head n reads key head n // (N / K)), 'out': [N, H, D]}; causal (and with a
+  `window`, the `window` most recent keys), scale 1/√H; `rope`: q and k rotated (`rope_half`).
+  `gate`: an output gate's kernel, [D, N] (one σ per head) or [D, N, H] (per dimension),
+  multiplying each head's output before the projection (Qiu et al. 2025)."""
+  q, k, v = (np.einsum('td,dnh->nth', x, weights[name]) for name in ('query', 'key', 'value'))
+  if rope:
+    q, k = rope_half(q), rope_half(k)
+  k, v = (np.repeat(t, q.shape[0] // t.shape[0], axis=0) for t in (k, v))
+  scores = q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[-1])
+  T = x.shape[0]
+  allowed = np.tril(np.ones((T, T), bool))
+  if window is not None:
+    allowed &= np.triu(np.ones((T, T), bool), -(window - 1))
+  scores = np.where(allowed, scores, -np.inf)
+  p = np.exp(scores - scores.max(-1, keepdims=True))
+  heads = (p / p.sum(-1, keepdims=True)) @ v  # [N, T, H]
+  if gate is not None:
+    g = 1.0 / (1.0 + np.exp(-np.einsum('td,d...->t...', x, gate)))  # [T, N] or [T, N, H]
+    heads = heads * (g.T[..., None] if g.ndim == 2 else g.transpose(1, 0, 2))
+  return np.einsum('nth,nhd->td', heads, weights['out'])

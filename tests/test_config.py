@@ -536,6 +536,8 @@ ROPE_READS = [
   'model.position.rope.layout',
   'model.position.rope.scaling.kind',
   'model.position.rope.original_max_len',
+  'model.position.rope.nope_every',
+  'model.position.rope.fraction',
 ]
 YARN_READS = [f'model.position.rope.scaling.yarn.{k}' for k in ('factor', 'beta_fast', 'beta_slow')]
 

@@ -19,6 +19,7 @@ _erf = np.vectorize(math.erf)
 # Activations written out in float64.
 NP_ACTIVATIONS = {
   'relu': lambda z: np.maximum(z, 0.0),
+  'relu2': lambda z: np.maximum(z, 0.0) ** 2,  # Primer (So et al. 2021)
   'gelu': lambda z: 0.5 * z * (1.0 + _erf(z / math.sqrt(2.0))),
   # Hendrycks & Gimpel 2016, sec. 2: GPT-2's approximation
   'gelu_tanh': lambda z: 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3))),
@@ -29,7 +30,7 @@ NP_ACTIVATIONS = {
   'swiglu': lambda z: z / (1.0 + np.exp(-z)),
   'reglu': lambda z: np.maximum(z, 0.0),
 }
-UNGATED = ('relu', 'gelu', 'gelu_tanh', 'swish')
+UNGATED = ('relu', 'relu2', 'gelu', 'gelu_tanh', 'swish')
 GATED = ('glu', 'bilinear', 'geglu', 'swiglu', 'reglu')
 
 

@@ -267,6 +267,11 @@ def test_transformers_4_rope_fields_give_the_same_config(tmp_path, imported):
     (lambda c: c.update(hidden_act='gelu'), r"hidden_act='gelu'.*allowed: 'silu'"),
     (lambda c: c['rope_parameters'].update(rope_type='dynamic'), r"rope_type='dynamic'"),
     (lambda c: c.update(pretraining_tp=2), r'pretraining_tp=2'),
+    (lambda c: c.update(partial_rotary_factor=0.5), r'partial_rotary_factor=0.5'),
+    (
+      lambda c: c['rope_parameters'].update(partial_rotary_factor=0.5),
+      r'partial_rotary_factor=0.5',
+    ),
     (
       lambda c: c['rope_parameters'].update(
         rope_type='yarn', factor=4.0, attention_factor=2.0, original_max_position_embeddings=64
@@ -488,6 +493,15 @@ def test_a_large_export_is_written_in_shards_that_import_the_same(tmp_path, impo
     ({'model.norm.placement': 'post'}, r"model.norm.placement='post'"),
     ({'model.ffn.kind': 'geglu'}, r"model.ffn.kind='geglu'"),
     ({'model.position.rope.layout': 'interleaved'}, r"model.position.rope.layout='interleaved'"),
+    ({'model.position.rope.fraction': 0.5}, r'model.position.rope.fraction=0.5'),
+    ({'model.norm.placement': 'sandwich'}, r"model.norm.placement='sandwich'"),
+    ({'model.ffn.kind': 'relu2'}, r"model.ffn.kind='relu2'"),
+    ({'model.attention.output_gate': 'headwise'}, r"model.attention.output_gate='headwise'"),
+    (
+      {'model.attention.sliding_window': 5, 'model.attention.global_every': 2},
+      r'model.attention.global_every=2',
+    ),
+    ({'model.position.rope.nope_every': 2}, r'model.position.rope.nope_every=2'),
     (
       {'model.position.rope.scaling.kind': 'ntk', 'model.position.rope.scaling.ntk.factor': 2.0},
       r"model.position.rope.scaling.kind='ntk'",

@@ -170,6 +170,8 @@ def test_cache_shapes_and_write_slots():
   gqa = init_cache(tiny_config(model__n_heads=4, model__n_kv_heads=2).model, 3, 20)
   assert gqa.k.nbytes == 2 * cache.k.nbytes  # MQA holds half of GQA-2's keys
   assert cache_size(tiny_config(model__attention__sliding_window=6).model, 20) == 6
+  with_global = tiny_config(model__attention__sliding_window=6, model__attention__global_every=2)
+  assert cache_size(with_global.model, 20) == 20  # a global layer keeps every key
   # A chunk of 7 tokens into a 4-slot buffer: only the last 4 are written; padding never.
   slots = write_slots(jnp.asarray([[0, 1, 2, 3, 4, 5, 6], [3, 4, -1, -1, -1, -1, -1]]), 4)
   np.testing.assert_array_equal(slots, [[4, 4, 4, 3, 0, 1, 2], [3, 0, 4, 4, 4, 4, 4]])
@@ -221,11 +223,17 @@ def test_cache_writes_use_in_range_indices_and_skip_unwritten_slots(layer):
     dict(
       model__ffn__kind='moe', model__ffn__moe__num_experts=4, model__ffn__moe__capacity_factor=4.0
     ),
-    dict(model__attention__qk_norm=True, model__norm__placement='post'),
+    dict(
+      model__attention__qk_norm=True,
+      model__norm__placement='post',
+      model__attention__output_gate='elementwise',
+    ),
+    # Layer 1 global and without RoPE: the cache keeps every key (no rolling buffer).
+    dict(model__attention__global_every=2, model__position__rope__nope_every=2),
   ],
-  ids=['scan', 'moe', 'qk_norm-post_ln'],
+  ids=['scan', 'moe', 'qk_norm-post_ln-output_gate', 'global_and_nope_layers'],
 )
-def test_cached_decoding_with_scan_moe_and_qk_norm(extra):
+def test_cached_decoding_with_scan_moe_qk_norm_output_gate_and_layer_patterns(extra):
   cfg, forward, full = make('rope', 2, WINDOW, **extra)
   prompt = jax.random.randint(jax.random.key(3), (2, PROMPT), 0, cfg.model.vocab_size)
   tokens, cached_logits, _ = greedy(cfg, forward, prompt, STEPS, PROMPT + STEPS)

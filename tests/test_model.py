@@ -26,10 +26,38 @@ def _tokens(seed=0, batch=B, length=T):
   return jax.random.randint(jax.random.key(seed), (batch, length), 0, V, dtype=jnp.int32)
 
 
-COMBINATIONS = list(itertools.product(POSITIONS, DENSE_FFNS, NORMS, PLACEMENTS))
+def _all_pairs(*factors) -> list[tuple]:
+  """A pairwise design: every row of the first two factors' product, completed with the levels of
+  the others that cover the most pairs not yet covered (greedy), so every pair of levels of any
+  two factors is in some row. A bug needs two choices to meet, rarely three; the full product of
+  positions x FFNs x norms x placements would compile ~600 models where ~80 cover every pair."""
+  covered, rows = set(), []
+
+  def pairs(row):
+    return {(i, row[i], j, row[j]) for j in range(len(row)) for i in range(j)}
+
+  for head in itertools.product(*factors[:2]):
+    row = max(
+      (head + tail for tail in itertools.product(*factors[2:])),
+      key=lambda row: len(pairs(row) - covered),
+    )
+    covered |= pairs(row)
+    rows.append(row)
+  return rows
+
+
+FACTORS = (tuple(POSITIONS), tuple(DENSE_FFNS), tuple(NORMS), PLACEMENTS)
+COMBINATIONS = _all_pairs(*FACTORS)
 # The relative schemes' own keys, small for the tiny model; set only with the scheme that reads
 # them (another scheme refuses them).
 SMALL_RELATIVE = {'shaw': 'shaw.max_distance=2', 't5': 't5.num_buckets=8,t5.max_distance=16'}
+
+
+def test_the_combinations_cover_every_pair_of_choices():
+  rows = set(COMBINATIONS)
+  for (i, a), (j, b) in itertools.combinations(enumerate(FACTORS), 2):
+    for level_a, level_b in itertools.product(a, b):
+      assert any(row[i] == level_a and row[j] == level_b for row in rows), (level_a, level_b)
 
 
 @pytest.mark.parametrize('pos,ffn,norm,placement', COMBINATIONS)
@@ -181,6 +209,7 @@ def _param_paths(cfg):
   'toggle',
   [
     'placement=post',
+    'placement=output',
     'model.dtype=bfloat16',
     'model.dropout=0.1',
     'window=4',

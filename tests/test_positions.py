@@ -567,3 +567,51 @@ def test_rope_score_is_shift_invariant_for_any_positions(m, n, shift, layout):
 
   # float32 angles at positions up to 1e4 carry ~1e-3 rad error; scores are O(4).
   assert abs(score(m, n) - score(m + shift, n + shift)) < 5e-2
+
+
+# ---------------------------------------------------------------------------------------------
+# Partial RoPE (`model.position.rope.fraction`): GPT-NeoX's rotary_pct, transformers'
+# partial_rotary_factor.
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('layout', ['half', 'interleaved'])
+@pytest.mark.parametrize('fraction,rotated', [(0.25, 4), (0.5, 8), (0.3, 4)])
+def test_partial_rope_rotates_the_first_dims_with_their_own_frequencies(layout, fraction, rotated):
+  """The model's scheme at fraction f rotates the first r = int(f·H) dims as full RoPE of a head
+  of r dims (frequencies θ^(−2i/r), as GPT-NeoX) and passes the other H − r through."""
+  from conftest import tiny_config
+
+  from mllm.layers.positions import POSITIONS
+
+  cfg = tiny_config(
+    f'pos=rope,model.position.rope.fraction={fraction},model.position.rope.layout={layout}',
+    model__d_model=64,
+    model__n_heads=4,
+    model__n_kv_heads=4,
+  ).model
+  scheme = POSITIONS['rope'].from_config(cfg, rngs=nnx.Rngs(0))
+  rng = _rng(7)
+  x = rng.normal(size=(2, 5, 3, 16))
+  pos = rng.integers(0, 60, size=(2, 5))
+  got = np.asarray(
+    scheme.context(jnp.asarray(pos), jnp.asarray(pos)).rotate(jnp.asarray(x, jnp.float32))
+  )
+  np.testing.assert_allclose(got[..., :rotated], _np_rope(x[..., :rotated], pos, layout), atol=2e-5)
+  np.testing.assert_array_equal(got[..., rotated:], x[..., rotated:].astype(np.float32))
+
+
+def test_partial_rope_fraction_is_refused_in_one_line_where_it_rotates_an_odd_count():
+  from conftest import tiny_config
+
+  from mllm import ConfigError
+
+  # head_dim 16: 0.1 · 16 = 1.6 → 1 dimension, which a rotation cannot pair.
+  with pytest.raises(
+    ConfigError, match=r"^model\.position\.rope\.fraction=0\.1: rotates int\(0\.1·16\) = 1 "
+  ):
+    tiny_config('pos=rope,model.position.rope.fraction=0.1', model__d_model=64, model__n_heads=4)
+  with pytest.raises(
+    ConfigError, match=r'^model\.position\.rope\.fraction=1\.5: .*0 < fraction <= 1'
+  ):
+    tiny_config('pos=rope,model.position.rope.fraction=1.5')

@@ -191,7 +191,7 @@ def empty_cache_for(model, batch: int, max_len: int) -> KVCache:
   return empty_cache(
     layers,
     batch,
-    slots_for(model.window, max_len),
+    slots_for(model.cache_window, max_len),
     kv_heads,
     head_dim,
     key.dtype or key.kernel.dtype,

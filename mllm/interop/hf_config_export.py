@@ -31,6 +31,7 @@ MATH_KEYS = (
   'embed_scale',
   'final_logit_softcap',
   'attention.logit_softcap',
+  'attention.output_gate',
   'position.kind',
   'norm.kind',
   'norm.placement',
@@ -42,6 +43,7 @@ MATH_KEYS = (
   'attention.use_bias',
   'attention.qkv_bias',
   'attention.sliding_window',
+  'attention.global_every',
 )
 
 

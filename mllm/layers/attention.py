@@ -1,5 +1,10 @@
 """Causal self-attention with MHA / GQA / MQA heads, optional QK-norm, logit soft-capping, sliding
-window and dropout.
+window, an output gate and dropout.
+
+The output gate (`model.attention.output_gate`; Qiu et al. 2025, "Gated Attention for LLMs",
+arXiv 2505.06708, its best position G1): each head's attention output times σ(x·W_gate), computed
+from the layer's input x, before the output projection: one scalar per head ('headwise') or one
+per head dimension ('elementwise', Qwen3-Next's).
 
 The projections carry logical axis names; the score computation is `mllm.ops.attention.attend`, whose
 implementation (`model.attention.impl`) is a registry entry. Positional schemes reach in only
@@ -18,6 +23,35 @@ from mllm.layers.norms import RMSNorm
 from mllm.layers.parametrization import attention_scale, weight_std
 from mllm.layers.positions import POSITIONS, PositionContext
 from mllm.ops.attention import AttentionMask, attend
+
+OUTPUT_GATES = ('headwise', 'elementwise')  # `model.attention.output_gate` (None: no gate)
+
+
+def layer_windows(cfg) -> tuple[int | None, ...]:
+  """Per layer, its sliding window (None: full causal attention): `attention.sliding_window`,
+  except every `attention.global_every`-th layer (i + 1 divisible by it), which attends globally
+  (Gemma 2: 2, Gemma 3: 6)."""
+  window, every = cfg.attention.sliding_window, cfg.attention.global_every
+  return tuple(
+    None if every is not None and (i + 1) % every == 0 else window for i in range(cfg.n_layers)
+  )
+
+
+def _output_gate(kind, d, n, h, dtype, param_dtype, init, rngs) -> nnx.Einsum | None:
+  """W_gate of the output gate: [d, n] headwise, [d, n, h] elementwise; None without a gate."""
+  if kind is None:
+    return None
+  headwise = kind == 'headwise'
+  return nnx.Einsum(
+    'btd,dn->btn' if headwise else 'btd,dnh->btnh',
+    (d, n) if headwise else (d, n, h),
+    None,
+    dtype=dtype,
+    param_dtype=param_dtype,
+    kernel_init=init,
+    rngs=rngs,
+    kernel_metadata={'logical_axes': ('embed', 'heads') + (() if headwise else ('head_dim',))},
+  )
 
 
 class Attention(nnx.Module):
@@ -51,6 +85,7 @@ class Attention(nnx.Module):
     self.key = proj('btd,dnh->btnh', (d, k, h), ('embed', 'kv_heads', 'head_dim'), init)
     self.value = proj('btd,dnh->btnh', (d, k, h), ('embed', 'kv_heads', 'head_dim'), init)
     self.out = proj('btnh,nhd->btd', (n, h, d), ('heads', 'head_dim', 'embed'), out_init)
+    self.gate = _output_gate(acfg.output_gate, d, n, h, dtype, param_dtype, init, rngs)
     # QK-norm (Qwen3, OLMo 2): RMSNorm over head_dim on q and k, before the rotation.
     norm_kwargs = dict(eps=cfg.norm.eps, param_dtype=param_dtype, rngs=rngs)
     self.query_norm = RMSNorm(h, **norm_kwargs) if acfg.qk_norm else None
@@ -116,6 +151,9 @@ class Attention(nnx.Module):
       block_q=self.block_q,
       block_k=self.block_k,
     )
+    if self.gate is not None:
+      gate = jax.nn.sigmoid(self.gate(x_BTD))
+      out_BTNH = out_BTNH * (gate[..., None] if gate.ndim == 3 else gate).astype(out_BTNH.dtype)
     if cache is None:
       return self.out(out_BTNH)
     # Decoding: one [N·H, D] matmul on a bitcast of the kernel. Through the einsum, XLA:CPU picks

@@ -202,6 +202,14 @@ class ReLU(MLP):
   activation = staticmethod(jax.nn.relu)
 
 
+class ReLUSquared(MLP):
+  """FFN with a squared ReLU, max(0, x)² (So et al. 2021, "Primer", sec. 3 and Fig. 2: ahead of
+  GELU at equal parameters; modded-nanogpt's FFN)."""
+
+  activation = staticmethod(lambda x: jnp.square(jax.nn.relu(x)))
+  hf_activations = ('relu2',)
+
+
 class GELU(MLP):
   """FFN_GELU (Shazeer 2020, eq. 2)."""
 
@@ -256,6 +264,7 @@ class ReGLU(GatedMLP):
 # The FFN kinds; mllm/layers/moe.py adds 'moe' (`MoE`, whose experts are any of these).
 FFNS: dict[str, type[nnx.Module]] = {
   'relu': ReLU,
+  'relu2': ReLUSquared,
   'gelu': GELU,
   'gelu_tanh': GELUTanh,
   'swish': Swish,

@@ -49,9 +49,15 @@ def slots_for(window: int | None, max_len: int) -> int:
   return min(max_len, window) if window else max_len
 
 
+def rolling_window(cfg) -> int | None:
+  """The window of the rolling buffer for the model config `cfg`: its sliding window where every
+  layer has it; None (no rolling) where some layer attends globally, as it keeps every key."""
+  return None if cfg.attention.global_every else cfg.attention.sliding_window
+
+
 def cache_size(cfg, max_len: int) -> int:
   """`slots_for` the model config `cfg`."""
-  return slots_for(cfg.attention.sliding_window, max_len)
+  return slots_for(rolling_window(cfg), max_len)
 
 
 def empty_cache(layers: int, batch: int, size: int, kv_heads: int, head_dim: int, dtype) -> KVCache:

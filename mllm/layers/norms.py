@@ -141,7 +141,8 @@ NORMS: dict[str, type[Norm]] = {
   'none': Identity,
 }
 
-PLACEMENTS = ('pre', 'post')
+# Where a block's norms sit around each sublayer (mllm/model.py's docstring has the equations).
+PLACEMENTS = ('pre', 'post', 'sandwich', 'output')
 
 
 def check_norm_config(m, p: str = 'model') -> None:

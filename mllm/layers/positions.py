@@ -124,6 +124,10 @@ class PositionContext:
       return x_BTNH
     return rotate(x_BTNH, self.cos, self.sin, self.layout)
 
+  def without_rotation(self) -> PositionContext:
+    """This context for a NoPE layer: its biases, no rotation."""
+    return self.replace(cos=None, sin=None)
+
 
 class PositionScheme(nnx.Module):
   """Base scheme: acts nowhere (NoPE). Subclasses override what they need: the four points above,
@@ -203,6 +207,31 @@ class SinusoidalPositions(PositionScheme):
     return x_BTD + sinusoidal_embedding(positions_BT, x_BTD.shape[-1]).astype(x_BTD.dtype)
 
 
+def _rotated_fraction(name: str, value) -> None:
+  if not 0.0 < value <= 1.0:
+    raise ConfigError(
+      name, value, "the fraction of each head's dimensions RoPE rotates; allowed: 0 < fraction <= 1"
+    )
+
+
+def _every_nth(name: str, value) -> None:
+  if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+    raise ConfigError(name, value, 'every N-th layer; allowed: an integer >= 2, or None')
+
+
+def rotating_layers(cfg) -> tuple[bool, ...]:
+  """Per layer, whether the positional scheme's rotation applies: not in RoPE's NoPE layers
+  (`position.rope.nope_every`); every layer otherwise (a scheme without rotation ignores it)."""
+  every = cfg.position.rope.nope_every if cfg.position.kind == 'rope' else None
+  return tuple(every is None or (i + 1) % every != 0 for i in range(cfg.n_layers))
+
+
+def rotated_dims(head_dim: int, fraction: float) -> int:
+  """The head dimensions partial RoPE rotates: the first int(fraction·head_dim), as GPT-NeoX's
+  rotary_ndims and transformers' partial_rotary_factor count them."""
+  return int(head_dim * fraction)
+
+
 class RotaryPositions(PositionScheme):
   """RoPE: q and k rotated by angles m·θ_i, so q_m·k_n depends on m − n only (Su et al. 2021)."""
 
@@ -228,10 +257,23 @@ class RotaryPositions(PositionScheme):
       'the trained context a scaling extends; None: max_seq_len',
       positive,
     )
+    nope_every: int | None = setting(
+      None,
+      'every N-th layer (i + 1 divisible by N) rotates nothing: NoPE layers among RoPE ones '
+      "(Llama 4's iRoPE, SmolLM3: 4); None: every layer rotates",
+      _every_nth,
+    )
+    fraction: float = setting(
+      1.0,
+      "the fraction of each head's dimensions rotated, the first int(fraction·head_dim) (GPT-NeoX's "
+      'rotary_pct, HF partial_rotary_factor; p-RoPE); the rest carry no position',
+      _rotated_fraction,
+    )
 
   @classmethod
   def check(cls, m, p):
-    settings_of(cls, m.position).scaling.settings.check(f'{p}.position.rope.scaling')
+    rope = settings_of(cls, m.position)
+    rope.scaling.settings.check(f'{p}.position.rope.scaling')
     head_dim = resolved_head_dim(m)
     if head_dim % 2:
       derived = (
@@ -242,11 +284,23 @@ class RotaryPositions(PositionScheme):
         head_dim,
         f'RoPE rotates pairs of features, so head_dim must be even{derived}',
       )
+    rotated = rotated_dims(head_dim, rope.fraction)
+    if rotated < 2 or rotated % 2:
+      raise ConfigError(
+        f'{p}.position.rope.fraction',
+        rope.fraction,
+        f'rotates int({rope.fraction:g}·{head_dim}) = {rotated} of the head dim {head_dim}; allowed: '
+        'a fraction that rotates an even number of dimensions, at least 2',
+      )
 
   @classmethod
   def describe(cls, m):
     rope = settings_of(cls, m.position)
     text = f'rope θ={rope.theta:g} {rope.layout}'
+    if rope.fraction != 1.0:
+      text += f' on {rope.fraction:g} of each head'
+    if rope.nope_every:
+      text += f', NoPE every {rope.nope_every} layers'
     if rope.scaling.kind != 'none':
       text += f' {rope.scaling.kind}×{rope.scaling.settings.factor:g}'
     return text
@@ -254,7 +308,7 @@ class RotaryPositions(PositionScheme):
   def __init__(self, cfg, *, rngs):
     del rngs
     settings = settings_of(self, cfg.position)
-    self.head_dim = resolved_head_dim(cfg)
+    self.rotated_dims = rotated_dims(resolved_head_dim(cfg), settings.fraction)
     self.theta = settings.theta
     self.layout = settings.layout
     self.scaling = settings.scaling.settings
@@ -262,7 +316,7 @@ class RotaryPositions(PositionScheme):
 
   def context(self, q_positions_BT, kv_positions_BS):
     cos, sin = rope_angles(
-      q_positions_BT, self.head_dim, self.theta, self.scaling, self.original_max_len
+      q_positions_BT, self.rotated_dims, self.theta, self.scaling, self.original_max_len
     )
     return PositionContext(cos=cos, sin=sin, layout=self.layout)
 

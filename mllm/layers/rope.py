@@ -227,7 +227,13 @@ def rotate(x_BTNH: jax.Array, cos_BTh: jax.Array, sin_BTh: jax.Array, layout: st
   'interleaved' rotates pairs (x1, x2), (x3, x4), ... (the paper, Meta's and Mistral's code);
   'half' rotates (x_i, x_{i+d/2}) (GPT-NeoX, HF Llama/Qwen). They differ by a fixed permutation of
   the head dimension, which is why checkpoints of one do not load into the other.
+  Angles for r < head_dim / 2 pairs rotate the first 2r dimensions only and pass the rest through
+  (partial RoPE: GPT-NeoX's rotary_pct, the layout applying within those 2r).
   """
+  rotated = 2 * cos_BTh.shape[-1]
+  if rotated < x_BTNH.shape[-1]:
+    head = rotate(x_BTNH[..., :rotated], cos_BTh, sin_BTh, layout)
+    return jnp.concatenate([head, x_BTNH[..., rotated:]], axis=-1)
   cos = cos_BTh[..., None, :]  # broadcast over heads
   sin = sin_BTh[..., None, :]
   x = x_BTNH.astype(jnp.float32)
@@ -295,6 +301,11 @@ def rope_keys_from_hf(hf: dict) -> dict[str, Any]:
     params = dict(hf.get('rope_scaling') or {})
     params.setdefault('rope_theta', hf.get('rope_theta', 10000.0))
   kind = params.get('rope_type', params.get('type', 'default'))
+  partial = params.get('partial_rotary_factor', hf.get('partial_rotary_factor'))
+  if partial not in (None, 1, 1.0):
+    raise HFImportError(
+      f'partial_rotary_factor={partial!r}: not mapped to mllm for this family yet; allowed: 1'
+    )
   by_hf = {cls.hf_type: (name, cls) for name, cls in ROPE_SCALINGS.items() if cls.hf_type}
   if kind not in by_hf:
     allowed = ', '.join(by_hf)
@@ -327,7 +338,7 @@ def rope_keys_from_hf(hf: dict) -> dict[str, Any]:
 
 def _refuse_yarn_fields(params: dict) -> None:
   """What mllm's YaRN does not compute: another attention factor, unrounded correction ranges."""
-  for field in ('attention_factor', 'mscale', 'mscale_all_dim', 'partial_rotary_factor'):
+  for field in ('attention_factor', 'mscale', 'mscale_all_dim'):
     if params.get(field) is not None:
       raise HFImportError(
         f"rope_parameters.{field}={params[field]!r}: mllm's YaRN has the "
@@ -381,6 +392,8 @@ def rope_math(m) -> dict[str, Any]:
     'position.rope.theta': float(rope.theta),
     'position.rope.layout': rope.layout,
     'position.rope.scaling.kind': kind,
+    'position.rope.fraction': float(rope.fraction),
+    'position.rope.nope_every': rope.nope_every,
   }
   for field in _declared(cls):
     out[f'position.rope.scaling.{kind}.{field}'] = float(getattr(scaling, field))
