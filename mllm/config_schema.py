@@ -78,6 +78,9 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   # σ(x·W) on each head's output before the output projection (Qiu et al. 2025): headwise |
   # elementwise; None: off
   attention.output_gate = placeholder(str)
+  # Each layer after the first attends with λ₁·V + λ₂·V_first (ResFormer), λ learned from 0.5
+  attention.value_residual = False
+  attention.sinks = False  # a learned sink logit per head in the softmax (gpt-oss)
   attention.dropout = 0.0
   attention.use_bias = False  # biases on the q, k, v and output projections (GPT-2)
   attention.qkv_bias = False  # biases on q, k and v only (Qwen2); use_bias includes them

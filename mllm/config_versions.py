@@ -24,7 +24,8 @@ Version 6: the standard parametrization's section, `model.parametrization.standa
 given).
 Version 7: `model.position.rope.fraction`, partial RoPE (1.0 before: every dimension rotated);
 `model.position.rope.nope_every`, `model.attention.output_gate` and
-`model.attention.global_every` (None before).
+`model.attention.global_every` (None before); `model.attention.value_residual` and
+`model.attention.sinks` (False before).
 """
 
 from __future__ import annotations
@@ -198,13 +199,15 @@ def v6_as_v5(config: dict) -> dict:
 
 
 # Version 7's new keys as every earlier version trained: every dimension of every layer rotated,
-# no output gate, every layer at the window.
+# no output gate, every layer at the window, no value residual, no sinks.
 v6_to_v7, v7_as_v6 = _adding(
   {
     'model.position.rope.fraction': 1.0,
     'model.position.rope.nope_every': None,
     'model.attention.output_gate': None,
     'model.attention.global_every': None,
+    'model.attention.value_residual': False,
+    'model.attention.sinks': False,
   }
 )
 

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mllm.layers.attention import Attention, layer_windows
+from mllm.layers.attention import Attention, ValueMix, layer_windows
 from mllm.layers.ffn import FFNS
 from mllm.layers.kv_cache import (
   KVCache,
@@ -95,6 +95,12 @@ class Block(nnx.Module):
   def _ffn(self, x_BTD):
     return self.ffn(x_BTD) if self.moe else (self.ffn(x_BTD), None)
 
+  def first_values(self, x_BTD):
+    """This layer's attention values of x [B, T, K, H]: the first layer's are every later layer's
+    value residual (mllm/layers/attention.py)."""
+    in_BTD = self.attention_norm(x_BTD) if self.placement in ('pre', 'sandwich') else x_BTD
+    return self.attention.value(in_BTD)
+
   def __call__(
     self,
     x_BTD,
@@ -102,11 +108,12 @@ class Block(nnx.Module):
     mask: AttentionMask,
     cache: LayerCache | None = None,
     probe: bool = False,
+    value_residual: tuple[jax.Array, jax.Array] | None = None,
   ):
     def attention(in_BTD):
       if cache is None:
-        return self.attention(in_BTD, context, mask), None
-      return self.attention(in_BTD, context, mask, cache)
+        return self.attention(in_BTD, context, mask, value_residual=value_residual), None
+      return self.attention(in_BTD, context, mask, cache, value_residual=value_residual)
 
     x_BTD, kv, attention_in = self._residual(
       x_BTD, attention, self.attention_norm, self.attention_out_norm
@@ -249,14 +256,19 @@ class Transformer(nnx.Module):
       )
     per_layer, peaks = [], []  # MoE layers' stats (in some layers only); every layer's peak logit
     kv = None if cache is None else (cache.k, cache.v)
+    # The first layer's values of these tokens, for the later layers' value residual.
+    first_BTKH = None if self.value_mix is None else self.blocks[0].first_values(x_BTD)
     for i, block in enumerate(self.blocks):
       layer_cache = None if cache is None else LayerCache(*kv, i, *writes)
+      residual = None
+      if first_BTKH is not None and i > 0:
+        residual = (first_BTKH, self.value_mix.weights[i - 1])
       # A global layer among windowed ones; a NoPE layer among rotating ones (validation keeps
       # both from the scanned stack above).
       layer_mask = mask if self.layer_windows[i] == mask.window else mask.replace(window=None)
       layer_context = context if self.layer_rotates[i] else context.without_rotation()
       x_BTD, layer_stats, layer_kv = _call_block(
-        block, x_BTD, layer_context, layer_mask, self.remat, layer_cache, probe
+        block, x_BTD, layer_context, layer_mask, self.remat, layer_cache, probe, residual
       )
       layer_stats = dict(layer_stats or {})
       if probe:
@@ -312,15 +324,23 @@ def make_tail(cfg, *, rngs: nnx.Rngs) -> dict[str, nnx.Module | None]:
       kernel_metadata={'logical_axes': ('embed', 'vocab')},
     )
   )
-  return {'final_norm': final_norm, 'head': head}
-
-
-def _call_block(block: Block, x_BTD, context, mask, remat: str, cache=None, probe=False):
-  if remat == 'none' or cache is not None:  # decoding keeps no activations for a backward pass
-    return block(x_BTD, context, mask, cache, probe)
-  return nnx.remat(lambda b, x: b(x, context, mask, probe=probe), policy=REMAT_POLICIES[remat])(
-    block, x_BTD
+  value_mix = (
+    ValueMix(cfg.n_layers, param_dtype)
+    if cfg.attention.value_residual and cfg.n_layers > 1
+    else None
   )
+  return {'final_norm': final_norm, 'head': head, 'value_mix': value_mix}
+
+
+def _call_block(
+  block: Block, x_BTD, context, mask, remat: str, cache=None, probe=False, value_residual=None
+):
+  if remat == 'none' or cache is not None:  # decoding keeps no activations for a backward pass
+    return block(x_BTD, context, mask, cache, probe, value_residual)
+  return nnx.remat(
+    lambda b, x: b(x, context, mask, probe=probe, value_residual=value_residual),
+    policy=REMAT_POLICIES[remat],
+  )(block, x_BTD)
 
 
 def _scan_blocks(

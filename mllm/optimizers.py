@@ -60,7 +60,8 @@ def weight_decay_mask(params: nnx.State, t) -> nnx.State:
   def decays(names, var) -> bool:
     if not t.decay_embeddings and _is_embedding(names):
       return False
-    return t.decay_norms_and_biases or not (names[-1] == 'bias' or any('norm' in n for n in names))
+    gain = names[-1] in ('bias', 'sinks') or any('norm' in n or n == 'value_mix' for n in names)
+    return t.decay_norms_and_biases or not gain
 
   return map_variables(decays, params)
 
@@ -100,7 +101,7 @@ class AdamW:
 
 # Logical axes (mllm/train/sharding.py) that make a parameter a table or a vector, not a hidden
 # matrix: Muon leaves them to AdamW (Jordan et al. 2024: embeddings and the head stay on AdamW).
-_NOT_MATRIX_AXES = ('vocab', 'positions', 'relpos_buckets', 'norm')
+_NOT_MATRIX_AXES = ('vocab', 'positions', 'relpos_buckets', 'norm', 'value_mix')
 
 
 def muon_dimensions(names: tuple[str, ...], var: nnx.Variable) -> MuonDimensionNumbers | None:

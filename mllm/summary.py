@@ -40,6 +40,12 @@ def _attention_kind(m) -> str:
     extras.append(f'logit soft cap {m.attention.logit_softcap:g}')
   if m.attention.output_gate is not None:
     extras.append(f'{m.attention.output_gate} output gate')
+  if m.attention.value_residual:
+    extras.append('value residual')
+  if m.attention.sinks:
+    extras.append('sinks')
+  if m.attention.global_every:
+    extras.append(f'every {m.attention.global_every}th layer global')
   return f"{kind} ({', '.join(extras)})"
 
 

@@ -59,20 +59,21 @@ def _schema_model_keys() -> tuple[list[str], list[str]]:
 
 
 def _check_layer_pattern(m, p: str) -> None:
-  """One scanned layer is every layer: it cannot vary its window or its rotation by depth."""
-  patterns = {
-    f'{p}.attention.global_every': m.attention.global_every,
-    f'{p}.position.rope.nope_every': m.position.rope.nope_every
-    if m.position.kind == 'rope'
-    else None,
+  """One scanned layer is every layer: it cannot vary its window, its rotation or where its values
+  come from (the value residual: the first layer's are its own) by depth."""
+  rope = m.position.kind == 'rope'
+  patterns = {  # key: (value, its value without the pattern)
+    f'{p}.attention.global_every': (m.attention.global_every, None),
+    f'{p}.position.rope.nope_every': (m.position.rope.nope_every if rope else None, None),
+    f'{p}.attention.value_residual': (m.attention.value_residual, False),
   }
-  for key, value in patterns.items():
-    if value is not None and m.scan_layers:
+  for key, (value, off) in patterns.items():
+    if value != off and m.scan_layers:
       raise ConfigError(
         key,
         value,
         f'{p}.scan_layers=True scans one layer for all, which cannot vary by depth; allowed: '
-        f'None, or {p}.scan_layers=False',
+        f'{off}, or {p}.scan_layers=False',
       )
 
 
@@ -204,6 +205,7 @@ def _check_attention_impl(m: config_dict.ConfigDict, p: str) -> None:
     'float32': f'{impl.half_precision} runs in bfloat16/float16 but {p}.dtype={m.dtype!r}',
     'softcap': f'{a.impl} has no attention-logit soft cap ({p}.attention.logit_softcap='
     f'{a.logit_softcap})',
+    'sinks': f'{a.impl} has no attention sinks ({p}.attention.sinks=True)',
   }
   term = impl.lacks(
     learned_bias=POSITIONS[m.position.kind].learned_bias,
@@ -211,6 +213,7 @@ def _check_attention_impl(m: config_dict.ConfigDict, p: str) -> None:
     alibi=m.position.kind == 'alibi',
     float32=m.dtype != 'bfloat16',
     softcap=a.logit_softcap is not None,
+    sinks=a.sinks,
   )
   if term:
     allowed = ', '.join(repr(name) for name in impls_with(term))

@@ -50,10 +50,22 @@ def _visible(d, causal, window):
 
 
 def attention_with_grads(
-  q, k, v, d_out=None, *, scale=None, bias=None, softcap=None, allowed=None, **mask_kwargs
+  q,
+  k,
+  v,
+  d_out=None,
+  *,
+  scale=None,
+  bias=None,
+  softcap=None,
+  sinks=None,
+  allowed=None,
+  **mask_kwargs,
 ):
-  """out [B, T, N, H] and, given d_out, (dq, dk, dv, d_bias [B, N, T, S]); all float64.
-  `allowed` [B, T, S], if given, replaces the mask built from `mask_kwargs`."""
+  """out [B, T, N, H] and, given d_out, (dq, dk, dv, d_bias [B, N, T, S]), with `sinks` [N] also
+  d_sinks [N]; all float64. `allowed` [B, T, S], if given, replaces the mask built from
+  `mask_kwargs`. A sink s_n adds exp(s_n) to head n's normalizer and no value, so
+  d s_n = −Σ_{b,t} P_sink · rowsum(dO ∘ O)."""
   q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
   B, T, N, H = q.shape
   S, K = k.shape[1], k.shape[2]
@@ -68,9 +80,14 @@ def attention_with_grads(
     logits = logits + np.broadcast_to(np.asarray(bias, np.float64), logits.shape)
   logits = np.where(ok, logits, -np.inf)
   peak = np.max(logits, axis=-1, keepdims=True)
+  sink = None if sinks is None else np.asarray(sinks, np.float64)[None, :, None, None]
+  if sink is not None:
+    peak = np.maximum(peak, sink)
   peak = np.where(np.isfinite(peak), peak, 0.0)
   p = np.exp(logits - peak)
   total = p.sum(-1, keepdims=True)
+  if sink is not None:
+    total = total + np.exp(sink - peak)
   p = np.where(total > 0, p / np.where(total > 0, total, 1.0), 0.0)
   out = np.einsum('bnts,bsnh->btnh', p, v_n)
   if d_out is None:
@@ -85,7 +102,10 @@ def attention_with_grads(
   dk_n = np.einsum('bnts,btnh->bsnh', dx, q) * scale
   dk = dk_n.reshape(B, S, K, G, H).sum(3)
   dv = dv_n.reshape(B, S, K, G, H).sum(3)
-  return out, (dq, dk, dv, ds)
+  if sink is None:
+    return out, (dq, dk, dv, ds)
+  p_sink = np.exp(sink - peak) / total  # [B, N, T, 1]
+  return out, (dq, dk, dv, ds, -(p_sink * delta).sum(axis=(0, 2, 3)))
 
 
 def relative_error(got, want) -> float:
@@ -104,13 +124,17 @@ def rope_half(x, theta=10000.0, rotated=None):
   return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., r:]], axis=-1)
 
 
-def causal_layer_attention(x, weights, gate=None, window=None, rope=False):
+def causal_layer_attention(x, weights, gate=None, window=None, rope=False, value_residual=None):
   """An attention layer in float64: x [T, D], weights {'query': [D, N, H], 'key', 'value':
   [D, K, H] (query head n reads key head n // (N / K)), 'out': [N, H, D]}; causal (and with a
   `window`, the `window` most recent keys), scale 1/√H; `rope`: q and k rotated (`rope_half`).
   `gate`: an output gate's kernel, [D, N] (one σ per head) or [D, N, H] (per dimension),
-  multiplying each head's output before the projection (Qiu et al. 2025)."""
+  multiplying each head's output before the projection (Qiu et al. 2025). `value_residual`:
+  (the first layer's values [K, T, H], (λ₁, λ₂)): v = λ₁·v + λ₂·v_first (ResFormer)."""
   q, k, v = (np.einsum('td,dnh->nth', x, weights[name]) for name in ('query', 'key', 'value'))
+  if value_residual is not None:
+    first, (l1, l2) = value_residual
+    v = l1 * v + l2 * first
   if rope:
     q, k = rope_half(q), rope_half(k)
   k, v = (np.repeat(t, q.shape[0] // t.shape[0], axis=0) for t in (k, v))

@@ -502,6 +502,8 @@ def test_a_large_export_is_written_in_shards_that_import_the_same(tmp_path, impo
       r'model.attention.global_every=2',
     ),
     ({'model.position.rope.nope_every': 2}, r'model.position.rope.nope_every=2'),
+    ({'model.attention.value_residual': True}, r'model.attention.value_residual=True'),
+    ({'model.attention.sinks': True}, r'model.attention.sinks=True'),
     (
       {'model.position.rope.scaling.kind': 'ntk', 'model.position.rope.scaling.ntk.factor': 2.0},
       r"model.position.rope.scaling.kind='ntk'",

@@ -228,10 +228,16 @@ def test_cache_writes_use_in_range_indices_and_skip_unwritten_slots(layer):
       model__norm__placement='post',
       model__attention__output_gate='elementwise',
     ),
-    # Layer 1 global and without RoPE: the cache keeps every key (no rolling buffer).
-    dict(model__attention__global_every=2, model__position__rope__nope_every=2),
+    # Layer 1 global and without RoPE (the cache keeps every key: no rolling buffer), the value
+    # residual, sinks.
+    dict(
+      model__attention__global_every=2,
+      model__position__rope__nope_every=2,
+      model__attention__value_residual=True,
+      model__attention__sinks=True,
+    ),
   ],
-  ids=['scan', 'moe', 'qk_norm-post_ln-output_gate', 'global_and_nope_layers'],
+  ids=['scan', 'moe', 'qk_norm-post_ln-output_gate', 'layer_patterns-value_residual-sinks'],
 )
 def test_cached_decoding_with_scan_moe_qk_norm_output_gate_and_layer_patterns(extra):
   cfg, forward, full = make('rope', 2, WINDOW, **extra)

@@ -1,7 +1,8 @@
 """Per-layer patterns: every N-th layer global among sliding-window ones
-(`model.attention.global_every`: Gemma 2 / 3) and every N-th layer without RoPE
-(`model.position.rope.nope_every`: Llama 4's iRoPE, SmolLM3), against a float64 NumPy model that
-gives each layer its own mask and rotation; the refusals."""
+(`model.attention.global_every`: Gemma 2 / 3), every N-th layer without RoPE
+(`model.position.rope.nope_every`: Llama 4's iRoPE, SmolLM3) and the value residual
+(`model.attention.value_residual`: ResFormer), against a float64 NumPy model that gives each layer
+its own mask, rotation and values; the refusals."""
 
 from __future__ import annotations
 
@@ -27,16 +28,27 @@ def _rmsnorm(x, scale):
   return x / np.sqrt(np.mean(x**2, axis=-1, keepdims=True) + EPS) * scale
 
 
-def _reference_logits(params, tokens, windows, rotates):
+def _reference_logits(params, tokens, windows, rotates, value_mix=None):
   """The pre-LN RMSNorm / ReLU model in float64, layer i with window windows[i] and RoPE where
-  rotates[i]."""
+  rotates[i]; with `value_mix` [n_layers − 1, 2], layer i > 0 attends with
+  λ₁·V_i + λ₂·V_0 (λ = value_mix[i − 1])."""
   f64 = lambda x: np.asarray(x, np.float64)  # noqa: E731
   x = f64(params['embed']['embedding'])[tokens]
+  first = None
   for i, (window, rope) in enumerate(zip(windows, rotates)):
     layer = params['blocks'][i]
     weights = {n: f64(layer['attention'][n]['kernel']) for n in ('query', 'key', 'value', 'out')}
-    attend = functools.partial(causal_layer_attention, weights=weights, window=window, rope=rope)
-    x = x + attend(_rmsnorm(x, f64(layer['attention_norm']['scale'])))
+    h = _rmsnorm(x, f64(layer['attention_norm']['scale']))
+    residual = None
+    if value_mix is not None:
+      if i == 0:
+        first = np.einsum('td,dkh->kth', h, weights['value'])
+      else:
+        residual = (first, value_mix[i - 1])
+    attend = functools.partial(
+      causal_layer_attention, weights=weights, window=window, rope=rope, value_residual=residual
+    )
+    x = x + attend(h)
     h = _rmsnorm(x, f64(layer['ffn_norm']['scale']))
     x = x + np.maximum(h @ f64(layer['ffn']['up']['kernel']), 0.0) @ f64(
       layer['ffn']['down']['kernel']
@@ -95,8 +107,46 @@ def test_each_layer_gets_its_window_and_rotation(choices, windows, rotates):
       {'model.position.rope.nope_every': 4, 'model.scan_layers': True},
       r'^model\.position\.rope\.nope_every=4: model\.scan_layers=True',
     ),
+    (
+      {'model.attention.value_residual': True, 'model.scan_layers': True},
+      r'^model\.attention\.value_residual=True: .*allowed: False, or model\.scan_layers=False$',
+    ),
   ],
 )
 def test_patterns_that_cannot_hold_are_refused_in_one_line(overrides, message):
   with pytest.raises(ConfigError, match=message):
     tiny_config('pos=rope', **{k.replace('.', '__'): v for k, v in overrides.items()})
+
+
+def test_the_value_residual_mixes_each_layers_values_with_the_first_layers():
+  cfg = tiny_config(
+    'pos=rope,ffn=relu,norm=rmsnorm', model__n_layers=3, model__attention__value_residual=True
+  )
+  model = mllm.build_model(cfg, rngs=nnx.Rngs(0))
+  assert model.value_mix.weights[...].shape == (2, 2)
+  np.testing.assert_array_equal(model.value_mix.weights[...], 0.5)  # ResFormer's fixed (½, ½)
+  # Away from the start, each its own, so a weight applied to the wrong layer or value shows.
+  model.value_mix.weights[...] = jnp.asarray([[0.9, 0.3], [0.2, 1.1]], jnp.float32)
+  tokens = np.asarray(jax.random.randint(jax.random.key(1), (10,), 0, cfg.model.vocab_size))
+  got = np.asarray(model(jnp.asarray(tokens)[None]))[0]
+  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  mix = np.asarray(params['value_mix']['weights'], np.float64)
+  want = _reference_logits(params, tokens, (None,) * 3, (True,) * 3, value_mix=mix)
+  np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
+  plain = _reference_logits(params, tokens, (None,) * 3, (True,) * 3)
+  assert np.abs(want - plain).max() > 1e-3
+  # A gain, not a matrix: Muon and µP leave it to AdamW at the base rate, and it is not decayed.
+  from mllm.optimizers import muon_dimensions, weight_decay_mask
+
+  weights = nnx.state(model, nnx.Param)['value_mix']['weights']
+  assert muon_dimensions(('value_mix', 'weights'), weights) is None
+  decayed = weight_decay_mask(nnx.state(model, nnx.Param), cfg.train)
+  assert not decayed['value_mix']['weights'].get_value()
+  assert decayed['blocks'][0]['attention']['value']['kernel'].get_value()
+  # One layer: nothing to mix, no weights.
+  one = nnx.eval_shape(
+    lambda: mllm.build_model(
+      tiny_config(model__n_layers=1, model__attention__value_residual=True), rngs=nnx.Rngs(0)
+    )
+  )
+  assert one.value_mix is None

@@ -44,6 +44,8 @@ MATH_KEYS = (
   'attention.qkv_bias',
   'attention.sliding_window',
   'attention.global_every',
+  'attention.value_residual',
+  'attention.sinks',
 )
 
 

@@ -1,6 +1,15 @@
 """Causal self-attention with MHA / GQA / MQA heads, optional QK-norm, logit soft-capping, sliding
 window, an output gate and dropout.
 
+The value residual (`model.attention.value_residual`; ResFormer, Zhou et al. 2024, arXiv
+2410.17897, eq. 5, with modded-nanogpt's learned weights): every layer after the first attends
+with the values λ₁·V_n + λ₂·V_1, V_1 the first layer's values of the same tokens, (λ₁, λ₂) per
+layer learned from (0.5, 0.5) (`ValueMix`, one [n_layers − 1, 2] table beside the blocks).
+
+Attention sinks (`model.attention.sinks`; gpt-oss, OpenAI 2025, after StreamingLLM's sink token,
+Xiao et al. 2024): a learned logit per head joins the softmax's normalizer and carries no value,
+so a head can attend to nothing (mllm/ops/attention.py).
+
 The output gate (`model.attention.output_gate`; Qiu et al. 2025, "Gated Attention for LLMs",
 arXiv 2505.06708, its best position G1): each head's attention output times σ(x·W_gate), computed
 from the layer's input x, before the output projection: one scalar per head ('headwise') or one
@@ -54,6 +63,15 @@ def _output_gate(kind, d, n, h, dtype, param_dtype, init, rngs) -> nnx.Einsum | 
   )
 
 
+class ValueMix(nnx.Module):
+  """The value residual's weights (λ₁, λ₂) of layers 1..n−1 (module docstring), from (0.5, 0.5)."""
+
+  def __init__(self, n_layers: int, param_dtype=jnp.float32):
+    self.weights = nnx.Param(
+      jnp.full((n_layers - 1, 2), 0.5, param_dtype), logical_axes=('layers', 'value_mix')
+    )
+
+
 class Attention(nnx.Module):
   """Multi-head attention with n_kv_heads key/value heads (Shazeer 2019; Ainslie et al. 2023):
   n_kv_heads = n_heads is MHA, 1 is MQA, anything between is GQA."""
@@ -86,6 +104,10 @@ class Attention(nnx.Module):
     self.value = proj('btd,dnh->btnh', (d, k, h), ('embed', 'kv_heads', 'head_dim'), init)
     self.out = proj('btnh,nhd->btd', (n, h, d), ('heads', 'head_dim', 'embed'), out_init)
     self.gate = _output_gate(acfg.output_gate, d, n, h, dtype, param_dtype, init, rngs)
+    # A sink logit per query head (gpt-oss), from 0: one extra key of score 0 that has no value.
+    self.sinks = (
+      nnx.Param(jnp.zeros((n,), param_dtype), logical_axes=('heads',)) if acfg.sinks else None
+    )
     # QK-norm (Qwen3, OLMo 2): RMSNorm over head_dim on q and k, before the rotation.
     norm_kwargs = dict(eps=cfg.norm.eps, param_dtype=param_dtype, rngs=rngs)
     self.query_norm = RMSNorm(h, **norm_kwargs) if acfg.qk_norm else None
@@ -97,9 +119,14 @@ class Attention(nnx.Module):
     self.scale = acfg.softmax_scale if acfg.softmax_scale is not None else attention_scale(cfg, h)
     self.logit_softcap = acfg.logit_softcap
 
-  def _project(self, x_BTD, context: PositionContext):
-    """q, k, v of the tokens: projected, QK-normed, rotated."""
+  def _project(self, x_BTD, context: PositionContext, value_residual=None):
+    """q, k, v of the tokens: projected, QK-normed, rotated; v mixed with the first layer's as
+    `value_residual` = (V_1, (λ₁, λ₂)) says."""
     q_BTNH, k_BTKH, v_BTKH = self.query(x_BTD), self.key(x_BTD), self.value(x_BTD)
+    if value_residual is not None:
+      first_BTKH, mix = value_residual
+      mix = mix.astype(v_BTKH.dtype)
+      v_BTKH = mix[0] * v_BTKH + mix[1] * first_BTKH.astype(v_BTKH.dtype)
     if self.query_norm is not None:
       q_BTNH, k_BTKH = self.query_norm(q_BTNH), self.key_norm(k_BTKH)
     return context.rotate(q_BTNH), context.rotate(k_BTKH), v_BTKH
@@ -124,9 +151,11 @@ class Attention(nnx.Module):
     context: PositionContext,
     mask: AttentionMask,
     cache: LayerCache | None = None,
+    value_residual: tuple[jax.Array, jax.Array] | None = None,
   ):
-    """The attention output [B, T, D]; with a `cache`, (output, the layer's updated (k, v))."""
-    q_BTNH, k_BTKH, v_BTKH = self._project(x_BTD, context)
+    """The attention output [B, T, D]; with a `cache`, (output, the layer's updated (k, v)).
+    value_residual: (the first layer's values [B, T, K, H], this layer's (λ₁, λ₂))."""
+    q_BTNH, k_BTKH, v_BTKH = self._project(x_BTD, context, value_residual)
     updated = None
     if cache is not None:  # attend to [past ; new] keys, ordered by position (mask.kv_positions)
       k_BTKH, v_BTKH, updated = cache.extend(k_BTKH, v_BTKH)
@@ -145,6 +174,7 @@ class Attention(nnx.Module):
       rel_values=rel_values,
       scale=self.scale,
       softcap=self.logit_softcap,
+      sinks=None if self.sinks is None else self.sinks[...],
       impl=self.impl,
       dropout_rate=self.dropout.rate,
       dropout_rng=dropout_rng,

@@ -3,7 +3,9 @@
     attend(q, k, v, mask=..., bias=...) = softmax(q·kᵀ·scale + bias) v        (Vaswani et al. 2017, eq. 1)
 
 With `softcap` the scaled logits are soft-capped first, cap · tanh(q·kᵀ·scale / cap) (Gemma 2,
-Team et al. 2024), before the bias and the mask.
+Team et al. 2024), before the bias and the mask. With `sinks` (a logit s_n per query head: gpt-oss,
+OpenAI 2025; StreamingLLM's sink, Xiao et al. 2024, learned) the softmax's normalizer gains a term
+exp(s_n) that carries no value: P_ij = exp(S_ij) / (exp(s_n) + Σ_j' exp(S_ij')).
 
 Shapes: q [B, T, N, H], k/v [B, S, K, H] with N a multiple of K. Grouped-query attention (GQA, MQA when
 K = 1) works by viewing the N query heads as K groups of N/K heads that share one K/V head; K and V
@@ -70,6 +72,7 @@ def choose_impl(
   gpu: GpuFacts | None = None,
   training: bool = True,
   softcap: bool = False,
+  sinks: bool = False,
 ) -> str:
   """What 'auto' runs: the fastest implementation that supports the call on this backend.
 
@@ -80,10 +83,10 @@ def choose_impl(
   mllm's kernels, which take every index mask natively. `mask` defaults to plain causal; `gpu`
   (compute capability, cuDNN version) to the runtime's; `training`: the call is differentiated
   (cuDNN refuses more then; 'auto' cannot tell inside a trace, so it assumes so); `softcap`: the
-  logits are soft-capped (cuDNN cannot).
+  logits are soft-capped (cuDNN cannot); `sinks`: learned sink logits ('xla', 'blockwise' only).
   """
   backend = backend or on_mesh.backend()
-  learned = rel_values is not None or dropout or _dense(bias)
+  learned = rel_values is not None or dropout or _dense(bias) or sinks
   alibi = bias is not None and bias.alibi_slopes is not None
   by_length = 'xla' if k_BSKH.shape[1] < BLOCKWISE_FROM else 'blockwise'
   if learned:
@@ -168,6 +171,7 @@ def auto_attention(q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
     mask=kwargs.get('mask'),
     gpu=gpu,
     softcap=terms['softcap'],
+    sinks=terms['sinks'],
   )
   for key in ('block_q', 'block_k'):  # tiles set for another kernel: the picked one's defaults
     if kwargs.get(key) is not None and ATTENTION_IMPLS[impl].refuses_tile(key, kwargs[key]):
@@ -222,6 +226,7 @@ TERMS = {
   'alibi': "ALiBi (it adds no bias to the scores)",
   'float32': 'float32 inputs (it runs in bfloat16/float16 only)',
   'softcap': 'attention-logit soft-capping (model.attention.logit_softcap)',
+  'sinks': 'learned attention sinks (model.attention.sinks)',
 }
 
 
@@ -235,6 +240,7 @@ class AttentionImpl:
   learned_terms: bool = False  # T5/Shaw learned biases and attention dropout (autodiff's gradients)
   alibi: bool = True  # adds ALiBi's bias to the scores
   softcap: bool = True  # soft-caps the scaled logits, cap · tanh(x / cap)
+  sinks: bool = False  # a learned sink logit per head in the softmax's normalizer
   per_shard: bool = False  # an opaque custom call: run per shard of a mesh (mllm/ops/mesh.py)
   index_masks: bool = False  # masks by index only: a KV cache's prefill chunk goes 'blockwise'
   pallas: bool = False  # one of mllm's Pallas kernels (pallas_kernels/)
@@ -261,6 +267,7 @@ class AttentionImpl:
     alibi: bool = False,
     float32: bool = False,
     softcap: bool = False,
+    sinks: bool = False,
   ) -> str | None:
     """The first term (a TERMS key) of a call with these terms that this implementation cannot
     compute, or None. `float32`: the inputs are float32 (not bfloat16/float16)."""
@@ -270,6 +277,7 @@ class AttentionImpl:
       'alibi': alibi and not self.alibi,
       'float32': float32 and self.half_precision is not None,
       'softcap': softcap and not self.softcap,
+      'sinks': sinks and not self.sinks,
     }
     return next((term for term, missing in needs.items() if missing), None)
 
@@ -287,7 +295,15 @@ def _dense(bias: ScoreBias | None) -> bool:
 
 
 def call_terms(
-  q_BTNH, *, bias=None, rel_values=None, dropout_rate=0.0, dropout_rng=None, softcap=None, **_
+  q_BTNH,
+  *,
+  bias=None,
+  rel_values=None,
+  dropout_rate=0.0,
+  dropout_rng=None,
+  softcap=None,
+  sinks=None,
+  **_,
 ) -> dict[str, bool]:
   """Which TERMS a call of `attend`'s contract asks for (`AttentionImpl.lacks`'s arguments)."""
   return {
@@ -296,6 +312,7 @@ def call_terms(
     'alibi': bias is not None and bias.alibi_slopes is not None,
     'float32': not is_half(q_BTNH.dtype),
     'softcap': softcap is not None,
+    'sinks': sinks is not None,
   }
 
 
@@ -308,8 +325,8 @@ _KERNEL = dict(per_shard=True, index_masks=True)
 
 # name → implementation (`model.attention.impl`).
 ATTENTION_IMPLS: dict[str, AttentionImpl] = {
-  'xla': AttentionImpl(xla_attention, learned_terms=True),
-  'blockwise': AttentionImpl(blockwise_attention, learned_terms=True),
+  'xla': AttentionImpl(xla_attention, learned_terms=True, sinks=True),
+  'blockwise': AttentionImpl(blockwise_attention, learned_terms=True, sinks=True),
   'pallas': AttentionImpl(pallas_attention, pallas=True, tiles=kernels.triton_tiles, **_KERNEL),
   'pallas_tpu': AttentionImpl(
     functools.partial(pallas_attention, impl='pallas_tpu'),
@@ -338,7 +355,7 @@ ATTENTION_IMPLS: dict[str, AttentionImpl] = {
     half_precision='cuDNN flash attention',
     backends=kernels.cudnn_backends,
   ),
-  'auto': AttentionImpl(auto_attention, learned_terms=True),
+  'auto': AttentionImpl(auto_attention, learned_terms=True, sinks=True),
 }
 PALLAS_IMPLS = tuple(name for name, impl in ATTENTION_IMPLS.items() if impl.pallas)
 
@@ -368,6 +385,7 @@ def attend(
   rel_values: RelativeValues | None = None,
   scale: float | None = None,
   softcap: float | None = None,
+  sinks: jax.Array | None = None,
   impl: str = 'xla',
   dropout_rate: float = 0.0,
   dropout_rng: jax.Array | None = None,
@@ -375,7 +393,7 @@ def attend(
   block_k: int | None = None,
 ) -> jax.Array:
   """softmax(softcap(q·kᵀ·scale) + bias)·v (+ Shaw's value term), by the implementation named
-  `impl`; `softcap` None: no cap."""
+  `impl`; `softcap` None: no cap; `sinks` [N]: each query head's sink logit (None: none)."""
   if impl not in ATTENTION_IMPLS:
     raise ValueError(f"attention impl={impl!r}; allowed: {', '.join(sorted(ATTENTION_IMPLS))}")
   n_heads, n_kv = q_BTNH.shape[2], k_BSKH.shape[2]
@@ -395,6 +413,7 @@ def attend(
     rel_values=rel_values,
     scale=scale,
     softcap=softcap,
+    sinks=sinks,
     dropout_rate=dropout_rate,
     dropout_rng=dropout_rng,
     block_q=block_q,

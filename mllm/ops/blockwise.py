@@ -266,13 +266,16 @@ def _finish(m, l, acc):
   return out, jnp.where(seen, m + jnp.log(safe_l), 0.0)
 
 
-def _initial_carry(q_BKGqH):
+def _initial_carry(q_BKGqH, sinks_KG=None):
+  """(m, l, acc) before any key: empty, or with sinks the sink's own term already folded in
+  (m = s, l = exp(s − s) = 1, acc = 0: a score that joins the normalizer and carries no value)."""
   shape = q_BKGqH.shape[:-1]
-  return (
-    jnp.full(shape, MASK_VALUE, jnp.float32),
-    jnp.zeros(shape, jnp.float32),
-    jnp.zeros(q_BKGqH.shape, jnp.float32),
-  )
+  if sinks_KG is None:
+    m, l = jnp.full(shape, MASK_VALUE, jnp.float32), jnp.zeros(shape, jnp.float32)
+  else:
+    m = jnp.broadcast_to(sinks_KG.astype(jnp.float32)[None, :, :, None], shape)
+    l = jnp.ones(shape, jnp.float32)
+  return m, l, jnp.zeros(q_BKGqH.shape, jnp.float32)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -376,6 +379,7 @@ def _learned(
   index_blocks,
   dropout_rate,
   dropout_rng,
+  sinks_KG=None,
 ):
   n_rel = 0 if rel_table is None else rel_table.shape[0]
 
@@ -414,7 +418,7 @@ def _learned(
         return jax.tree.map(lambda new, old: jnp.where(needed, new, old), step(carry), carry), None
       return lax.cond(needed, step, lambda c: c, carry), None
 
-    m, l, acc = _initial_carry(q)
+    m, l, acc = _initial_carry(q, sinks_KG)
     acc_rel = jnp.zeros(q.shape[:-1] + (n_rel,), jnp.float32)
     xs = (jnp.arange(lay.n_k_blocks), k_blocks, v_blocks, dense_row, index_row)
     (m, l, acc, acc_rel), _ = lax.scan(visit, (m, l, acc, acc_rel), xs)
@@ -446,13 +450,15 @@ def blockwise_attention(
   rel_values=None,
   scale: float,
   softcap: float | None = None,
+  sinks=None,
   dropout_rate: float = 0.0,
   dropout_rng=None,
   block_q: int | None = None,
   block_k: int | None = None,
 ) -> jax.Array:
   """softmax(softcap(q·kᵀ·scale) + bias)·v without materializing the scores; see the module
-  docstring."""
+  docstring. `sinks` [N] (each query head's sink logit) start each row's online softmax with the
+  sink's term; their gradient, like a learned bias's, comes from autodiff."""
   B, T, N, _H = q_BTNH.shape
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
   block_q = min(block_q or DEFAULT_BLOCK, T)
@@ -477,7 +483,7 @@ def blockwise_attention(
   k_blocks, v_blocks = _k_blocks(k_BSKH, block_k), _k_blocks(v_BSKH, block_k)
   dense = None if bias is None else bias.dense
   dropout = dropout_rate > 0.0 and dropout_rng is not None
-  if dense is None and rel_values is None and not dropout:
+  if dense is None and rel_values is None and not dropout and sinks is None:
     out_blocks = _flash(lay, q_blocks, k_blocks, v_blocks, aux)
   else:
     dense_blocks = None if dense is None else _dense_bias_blocks(dense, K, lay)
@@ -493,5 +499,6 @@ def blockwise_attention(
       index_blocks,
       dropout_rate if dropout else 0.0,
       dropout_rng,
+      None if sinks is None else sinks.reshape(K, N // K),
     )
   return _from_q_blocks(out_blocks, T)

@@ -32,6 +32,7 @@ def pallas_attention(
   rel_values: RelativeValues | None,
   scale: float,
   softcap: float | None = None,
+  sinks=None,
   dropout_rate: float = 0.0,
   dropout_rng=None,
   block_q: int | None = None,
@@ -41,7 +42,7 @@ def pallas_attention(
   """mllm's Pallas flash-attention kernel: pallas_kernels/flash_attention_triton.py (Triton; interpreted
   on CPU), flash_attention_tpu.py (Mosaic TPU; interpreted off a TPU) or flash_attention_mgpu.py
   (Mosaic GPU; interpreted off a GPU), by `pallas_kernel`."""
-  del rel_values, dropout_rate, dropout_rng  # refused before the call (AttentionImpl.lacks)
+  del rel_values, sinks, dropout_rate, dropout_rng  # refused before the call (AttentionImpl.lacks)
   # Importing Pallas is deferred until a kernel runs.
   kernel = pallas_kernel(impl)
   # Interpreted off the kernel's hardware, judged by the devices the code is traced for.
@@ -84,6 +85,7 @@ def cudnn_attention(
   rel_values: RelativeValues | None,
   scale: float,
   softcap: float | None = None,
+  sinks=None,
   dropout_rate: float = 0.0,
   dropout_rng=None,
   block_q: int | None = None,
@@ -99,7 +101,7 @@ def cudnn_attention(
   which is how the tests check it on CPU.
   """
   del block_q, block_k
-  del rel_values, dropout_rate, dropout_rng, softcap  # refused before the call (its record)
+  del rel_values, sinks, dropout_rate, dropout_rng, softcap  # refused before the call (its record)
   T, S = q_BTNH.shape[1], k_BSKH.shape[1]
   plain = cudnn_takes_mask(mask, T, S)
   dense_bias = _cudnn_bias(bias, q_BTNH.dtype, implementation)

@@ -134,6 +134,7 @@ def splash_attention(
   rel_values,
   scale: float,
   softcap: float | None = None,
+  sinks=None,
   dropout_rate: float = 0.0,
   dropout_rng=None,
   block_q: int | None = None,
@@ -143,7 +144,7 @@ def splash_attention(
   """softmax(softcap(q kᵀ scale), masked) v through splash; the contract of mllm.ops.attention.attend."""
   from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
-  del bias, rel_values, dropout_rate, dropout_rng  # refused before the call (AttentionImpl.lacks)
+  del bias, rel_values, sinks, dropout_rate, dropout_rng  # refused before the call (its record)
   B, T, N, _H = q_BTNH.shape
   S, _K = k_BSKH.shape[1], k_BSKH.shape[2]
   offset = mask.static_offset(T, S, 'splash')

@@ -1,7 +1,8 @@
 """impl='xla', the reference: softmax(softcap(q·kᵀ·scale) + bias)·v with the [B, N, T, S] scores
 materialized (Vaswani et al. 2017, eq. 1; the soft cap cap · tanh(x / cap) is Gemma 2's, applied
-when `softcap` is set), and without bias a hand-written backward that XLA:CPU runs faster
-than autodiff's (the comment above `_heads_first`)."""
+when `softcap` is set; `sinks` add a valueless term per head to the normalizer, gpt-oss's), and
+without bias a hand-written backward that XLA:CPU runs faster than autodiff's (the comment above
+`_heads_first`)."""
 
 from __future__ import annotations
 
@@ -33,16 +34,18 @@ def xla_attention(
   rel_values: RelativeValues | None,
   scale: float,
   softcap: float | None = None,
+  sinks: jax.Array | None = None,
   dropout_rate: float = 0.0,
   dropout_rng: jax.Array | None = None,
   block_q: int | None = None,
   block_k: int | None = None,
 ) -> jax.Array:
   """The reference: materializes the [B, N, T, S] scores and lets XLA fuse what it can.
-  (`block_q`/`block_k` are for the tiled implementations; this one has no blocks.)
+  (`block_q`/`block_k` are for the tiled implementations; this one has no blocks.) `sinks` [N]:
+  each query head's sink logit, one more term of the softmax's normalizer.
 
-  Without bias, relative values or dropout (RoPE, NoPE, learned/sinusoidal positions) and with
-  more than one query it takes `_plain_attention`, the same math with a hand-written backward.
+  Without bias, relative values, sinks or dropout (RoPE, NoPE, learned/sinusoidal positions) and
+  with more than one query it takes `_plain_attention`, the same math with a hand-written backward.
   """
   del block_q, block_k
   # One query row (a decode step) takes the einsums below: _plain_attention's heads-first layout
@@ -50,6 +53,7 @@ def xla_attention(
   if (
     bias is None
     and rel_values is None
+    and sinks is None
     and not (dropout_rate > 0.0 and dropout_rng is not None)
     and q_BTNH.shape[1] > 1
   ):
@@ -66,7 +70,14 @@ def xla_attention(
     logits_BKGTS = logits_BKGTS + _split_heads_bias(bias.materialize(), K)
   allowed = mask.allowed(T, S)[:, :, None]  # [B|1, 1, 1, T, S]
   logits_BKGTS = jnp.where(allowed, logits_BKGTS, MASK_VALUE)
-  probs_BKGTS = jax.nn.softmax(logits_BKGTS, axis=-1)
+  if sinks is None:
+    probs_BKGTS = jax.nn.softmax(logits_BKGTS, axis=-1)
+  else:  # the sink: one more column of the softmax, its probability dropped (it has no value)
+    sink_BKGTS = jnp.broadcast_to(
+      sinks.astype(jnp.float32).reshape(1, K, N // K, 1, 1), logits_BKGTS.shape[:-1] + (1,)
+    )
+    with_sink = jnp.concatenate([logits_BKGTS, sink_BKGTS], axis=-1)
+    probs_BKGTS = jax.nn.softmax(with_sink, axis=-1)[..., :S]
   # A query with no visible key (e.g. padding) gets a zero output, never an average of masked values.
   probs_BKGTS = jnp.where(jnp.any(allowed, axis=-1, keepdims=True), probs_BKGTS, 0.0)
   if dropout_rate > 0.0 and dropout_rng is not None:
