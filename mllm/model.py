@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mllm.layers.attention import Attention, ValueMix, layer_windows
+from mllm.layers.attention import Attention, layer_windows
 from mllm.layers.ffn import FFNS
 from mllm.layers.kv_cache import (
   KVCache,
@@ -47,6 +47,16 @@ from pallas_kernels.tile_math import softcapped
 CHECKPOINTED = (nnx.Param, ExpertBias)
 
 
+class ValueMix(nnx.Module):
+  """The value residual's weights (λ₁, λ₂) of layers 1..n−1, from (0.5, 0.5) (ResFormer:
+  mllm/layers/attention.py)."""
+
+  def __init__(self, n_layers: int, param_dtype=jnp.float32):
+    self.weights = nnx.Param(
+      jnp.full((n_layers - 1, 2), 0.5, param_dtype), logical_axes=('layers', 'value_mix')
+    )
+
+
 def make_ffn(cfg, sparse: bool, *, rngs: nnx.Rngs) -> nnx.Module:
   """The layer's FFN: the one `ffn.kind` names in its sparse layers (an MoE's, `moe_layers`),
   its dense layer elsewhere (an MoE model's: its experts' FFN)."""
@@ -66,7 +76,11 @@ class Block(nnx.Module):
   `attention_norm` / `ffn_norm` under every placement; 'sandwich' adds `attention_out_norm` /
   `ffn_out_norm` on the sublayer's output."""
 
-  def __init__(self, cfg, *, moe: bool = False, rngs: nnx.Rngs):
+  def __init__(self, cfg, *, moe: bool = False, layer: int = 0, rngs: nnx.Rngs):
+    # Its place in a per-layer pattern: whether it rotates q and k (not a NoPE layer) and its
+    # window (None: a global layer); validation keeps patterns from scanned layers.
+    self.rotates = rotating_layers(cfg)[layer]
+    self.window = layer_windows(cfg)[layer]
     norm = NORMS[cfg.norm.kind]
     sandwich = cfg.norm.placement == 'sandwich'
     self.attention_norm = norm.from_config(cfg, cfg.d_model, rngs=rngs)
@@ -110,6 +124,11 @@ class Block(nnx.Module):
     probe: bool = False,
     value_residual: tuple[jax.Array, jax.Array] | None = None,
   ):
+    if mask.window != self.window:  # a global layer among windowed ones
+      mask = mask.replace(window=self.window)
+    if not self.rotates:  # a NoPE layer among rotating ones
+      context = context.without_rotation()
+
     def attention(in_BTD):
       if cache is None:
         return self.attention(in_BTD, context, mask, value_residual=value_residual), None
@@ -159,14 +178,11 @@ class Transformer(nnx.Module):
       self.blocks = make_blocks(rngs)
     else:
       self.blocks = nnx.List(
-        [Block(cfg, moe=i in self.moe_layers, rngs=rngs) for i in range(cfg.n_layers)]
+        [Block(cfg, moe=i in self.moe_layers, layer=i, rngs=rngs) for i in range(cfg.n_layers)]
       )
     for name, part in make_tail(cfg, rngs=rngs).items():
       setattr(self, name, part)
     self.window = cfg.attention.sliding_window
-    # Per layer: its window (None: global) and whether it rotates q and k (not a NoPE layer).
-    self.layer_windows = layer_windows(cfg)
-    self.layer_rotates = rotating_layers(cfg)
     self.cache_window = rolling_window(cfg)
     self.embed_scale = cfg.embed_scale
     self.remat = cfg.remat
@@ -263,12 +279,8 @@ class Transformer(nnx.Module):
       residual = None
       if first_BTKH is not None and i > 0:
         residual = (first_BTKH, self.value_mix.weights[i - 1])
-      # A global layer among windowed ones; a NoPE layer among rotating ones (validation keeps
-      # both from the scanned stack above).
-      layer_mask = mask if self.layer_windows[i] == mask.window else mask.replace(window=None)
-      layer_context = context if self.layer_rotates[i] else context.without_rotation()
       x_BTD, layer_stats, layer_kv = _call_block(
-        block, x_BTD, layer_context, layer_mask, self.remat, layer_cache, probe, residual
+        block, x_BTD, context, mask, self.remat, layer_cache, probe, residual
       )
       layer_stats = dict(layer_stats or {})
       if probe:

@@ -4,7 +4,7 @@ window, an output gate and dropout.
 The value residual (`model.attention.value_residual`; ResFormer, Zhou et al. 2024, arXiv
 2410.17897, eq. 5, with modded-nanogpt's learned weights): every layer after the first attends
 with the values λ₁·V_n + λ₂·V_1, V_1 the first layer's values of the same tokens, (λ₁, λ₂) per
-layer learned from (0.5, 0.5) (`ValueMix`, one [n_layers − 1, 2] table beside the blocks).
+layer learned from (0.5, 0.5) (mllm/model.py's `ValueMix`, one [n_layers − 1, 2] table beside the blocks).
 
 Attention sinks (`model.attention.sinks`; gpt-oss, OpenAI 2025, after StreamingLLM's sink token,
 Xiao et al. 2024): a learned logit per head joins the softmax's normalizer and carries no value,
@@ -46,32 +46,6 @@ def layer_windows(cfg) -> tuple[int | None, ...]:
   )
 
 
-def _output_gate(kind, d, n, h, dtype, param_dtype, init, rngs) -> nnx.Einsum | None:
-  """W_gate of the output gate: [d, n] headwise, [d, n, h] elementwise; None without a gate."""
-  if kind is None:
-    return None
-  headwise = kind == 'headwise'
-  return nnx.Einsum(
-    'btd,dn->btn' if headwise else 'btd,dnh->btnh',
-    (d, n) if headwise else (d, n, h),
-    None,
-    dtype=dtype,
-    param_dtype=param_dtype,
-    kernel_init=init,
-    rngs=rngs,
-    kernel_metadata={'logical_axes': ('embed', 'heads') + (() if headwise else ('head_dim',))},
-  )
-
-
-class ValueMix(nnx.Module):
-  """The value residual's weights (λ₁, λ₂) of layers 1..n−1 (module docstring), from (0.5, 0.5)."""
-
-  def __init__(self, n_layers: int, param_dtype=jnp.float32):
-    self.weights = nnx.Param(
-      jnp.full((n_layers - 1, 2), 0.5, param_dtype), logical_axes=('layers', 'value_mix')
-    )
-
-
 class Attention(nnx.Module):
   """Multi-head attention with n_kv_heads key/value heads (Shazeer 2019; Ainslie et al. 2023):
   n_kv_heads = n_heads is MHA, 1 is MQA, anything between is GQA."""
@@ -103,7 +77,22 @@ class Attention(nnx.Module):
     self.key = proj('btd,dnh->btnh', (d, k, h), ('embed', 'kv_heads', 'head_dim'), init)
     self.value = proj('btd,dnh->btnh', (d, k, h), ('embed', 'kv_heads', 'head_dim'), init)
     self.out = proj('btnh,nhd->btd', (n, h, d), ('heads', 'head_dim', 'embed'), out_init)
-    self.gate = _output_gate(acfg.output_gate, d, n, h, dtype, param_dtype, init, rngs)
+    # The output gate's W: [d, n] headwise, [d, n, h] elementwise.
+    headwise = acfg.output_gate == 'headwise'
+    self.gate = (
+      nnx.Einsum(
+        'btd,dn->btn' if headwise else 'btd,dnh->btnh',
+        (d, n) if headwise else (d, n, h),
+        None,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        kernel_init=init,
+        rngs=rngs,
+        kernel_metadata={'logical_axes': ('embed', 'heads') + (() if headwise else ('head_dim',))},
+      )
+      if acfg.output_gate is not None
+      else None
+    )
     # A sink logit per query head (gpt-oss), from 0: one extra key of score 0 that has no value.
     self.sinks = (
       nnx.Param(jnp.zeros((n,), param_dtype), logical_axes=('heads',)) if acfg.sinks else None
