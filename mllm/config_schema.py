@@ -95,7 +95,9 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   add_sections(position, POSITIONS)
 
   ffn = model.ffn = config_dict.ConfigDict()
-  ffn.kind = 'swiglu'  # relu | relu2 | gelu | gelu_tanh | swish | glu | bilinear | geglu | swiglu | reglu | moe
+  # relu | relu2 | gelu | gelu_tanh | swish | glu | bilinear | geglu | geglu_tanh | swiglu | reglu |
+  # moe
+  ffn.kind = 'swiglu'
   ffn.d_ff = placeholder(int)  # None: 4 * d_model
   ffn.match_params = True  # gated FFNs: d_ff * 2/3, so parameters match the ungated FFN
   ffn.multiple_of = 8
@@ -114,6 +116,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   norm.eps = 1e-6
   norm.fp32 = True  # statistics in float32 (the notebook's qwen3_compatible)
   norm.use_bias = placeholder(bool)  # None: layernorm True, rmsnorm False (its optional shift)
+  norm.unit_offset = False  # the gain stored as w in γ = 1 + w, from 0 (Gemma, Qwen3-Next)
   norm.final_norm = True
   add_sections(norm, NORMS)  # each norm's own section (mllm/layers/norms.py): partial_rmsnorm {p}
 

@@ -27,11 +27,12 @@ NP_ACTIVATIONS = {
   'glu': lambda z: 1.0 / (1.0 + np.exp(-z)),
   'bilinear': lambda z: z,
   'geglu': lambda z: 0.5 * z * (1.0 + _erf(z / math.sqrt(2.0))),
+  'geglu_tanh': lambda z: 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3))),
   'swiglu': lambda z: z / (1.0 + np.exp(-z)),
   'reglu': lambda z: np.maximum(z, 0.0),
 }
 UNGATED = ('relu', 'relu2', 'gelu', 'gelu_tanh', 'swish')
-GATED = ('glu', 'bilinear', 'geglu', 'swiglu', 'reglu')
+GATED = ('glu', 'bilinear', 'geglu', 'geglu_tanh', 'swiglu', 'reglu')
 
 
 def test_registry_is_complete():

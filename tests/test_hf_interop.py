@@ -32,6 +32,7 @@ FAMILIES = [
   'gpt2',
   'mixtral',
   'qwen3-moe',
+  'gemma2',
 ]
 
 
@@ -105,6 +106,21 @@ def test_greedy_generation_with_the_kv_cache_matches_transformers(family, import
     ),
     ('qwen2', {'model.attention.qkv_bias': True, 'model.attention.use_bias': False}),
     ('mistral', {'model.attention.sliding_window': 64}),
+    (
+      'gemma2',
+      {
+        'model.norm.placement': 'sandwich',
+        'model.norm.unit_offset': True,
+        'model.ffn.kind': 'geglu_tanh',
+        'model.embed_scale': 8.0,
+        'model.attention.softmax_scale': 24**-0.5,
+        'model.attention.logit_softcap': 2.0,
+        'model.final_logit_softcap': 3.0,
+        'model.attention.sliding_window': 32,
+        'model.attention.global_every': 2,
+        'model.n_layers': 4,
+      },
+    ),
     (
       'llama3-scaled',
       {
@@ -669,6 +685,7 @@ EXPORTED = [
   'exported-gpt2',
   'exported-mixtral',
   'exported-qwen3-moe',
+  'exported-gemma2',
 ]
 
 

@@ -48,7 +48,7 @@ MOE = 'ffn=moe,num_experts=4,top_k=2'
       'ragged_dot, megablox',
     ),
     ({'model.ffn.moe.balance_convention': 'st'}, 'model.ffn.moe.balance_convention', 'switch, hf'),
-    ({'model.ffn.moe.expert.kind': 'moe'}, 'model.ffn.moe.expert.kind', 'relu, gelu'),
+    ({'model.ffn.moe.expert.kind': 'moe'}, 'model.ffn.moe.expert.kind', 'relu, relu2, gelu'),
     ({'model.ffn.moe.num_experts': 0}, 'model.ffn.moe.num_experts', 'positive integer'),
     ({'model.ffn.moe.balance_coef': -0.01}, 'model.ffn.moe.balance_coef', '0.0 <= value'),
     ({'model.ffn.moe.noise_alpha': 1.5}, 'model.ffn.moe.noise_alpha', '0.0 <= value <= 1.0'),

@@ -230,3 +230,31 @@ def test_from_config_param_dtype():
   cfg = mllm.load_config('configs/base.py:norm=rmsnorm', {'model.param_dtype': 'bfloat16'})
   norm = NORMS['rmsnorm'].from_config(cfg.model, 4, rngs=nnx.Rngs(0))
   assert norm.scale[...].dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize('cls', [RMSNorm, LayerNorm])
+def test_unit_offset_stores_w_of_the_gain_one_plus_w(cls):
+  """`norm.unit_offset` (Gemma, Qwen3-Next): the parameter w starts at 0 and the gain is 1 + w."""
+  rng = np.random.default_rng(3)
+  d = 10
+  norm = cls(d, unit_offset=True)
+  np.testing.assert_array_equal(norm.scale[...], 0.0)  # γ = 1 at the start, as without it
+  w = rng.normal(size=d)
+  norm.scale[...] = jnp.asarray(w, jnp.float32)
+  bias = None if norm.bias is None else np.asarray(norm.bias[...], np.float64)
+  x = rng.normal(size=(3, d)) * 2.0
+  want = _np_rms(x, 1.0 + w, 1e-6) if cls is RMSNorm else _np_layernorm(x, 1.0 + w, bias, 1e-6)
+  np.testing.assert_allclose(
+    np.asarray(norm(jnp.asarray(x, jnp.float32))), want, rtol=1e-5, atol=1e-5
+  )
+
+
+def test_unit_offset_without_a_gain_is_refused_in_one_line():
+  from conftest import tiny_config
+
+  from mllm import ConfigError
+
+  with pytest.raises(
+    ConfigError, match=r"^model\.norm\.unit_offset=True: model\.norm\.kind='none' has no gain"
+  ):
+    tiny_config('norm=none', model__norm__unit_offset=True)

@@ -31,6 +31,7 @@ ARCHITECTURES = {
   'gpt2': 'GPT2LMHeadModel',
   'mixtral': 'MixtralForCausalLM',
   'qwen3_moe': 'Qwen3MoeForCausalLM',
+  'gemma2': 'Gemma2ForCausalLM',
 }
 FAMILIES = tuple(ARCHITECTURES)
 MOE_FAMILIES = ('mixtral', 'qwen3_moe')
@@ -38,6 +39,8 @@ MOE_FAMILIES = ('mixtral', 'qwen3_moe')
 LLAMA_FFN = 'swiglu'
 # The FFN kinds GPT-2's activation_function can name, its default first.
 GPT2_FFNS = ('gelu_tanh', 'gelu')
+# Gemma 2's FFN: a GeGLU whose gate is GELU's tanh approximation.
+GEMMA2_FFN = 'geglu_tanh'
 
 
 # --- Import: HF fields → mllm keys ------------------------------------------------------------
@@ -138,10 +141,76 @@ def _gpt2(hf: dict) -> dict[str, Any]:
   }
 
 
+def _every_nth_full(layer_types: list[str]) -> int | None:
+  """N where every N-th layer (i + 1 divisible by N) is 'full_attention' and the rest
+  'sliding_attention' (Gemma 2: 2); None where every layer is full; refused otherwise."""
+  n = len(layer_types)
+  for every in range(2, n + 1):
+    if all((t == 'full_attention') == ((i + 1) % every == 0) for i, t in enumerate(layer_types)):
+      return every
+  if set(layer_types) == {'full_attention'}:
+    return None
+  raise HFImportError(
+    f'layer_types={layer_types}: not every N-th layer full; allowed: one full layer every N '
+    '(model.attention.global_every)'
+  )
+
+
+def _gemma2(hf: dict) -> dict[str, Any]:
+  """Gemma 2 (Team et al. 2024): sandwich norms, embeddings × √d, GeGLU (tanh), attention and
+  final-logit soft caps, scores scaled by query_pre_attn_scalar^-½, sliding windows on the layers
+  `layer_types` names (every other one), RMSNorm gains stored as w in 1 + w (norm.unit_offset)."""
+  act = FFNS[GEMMA2_FFN].hf_activations
+  _refuse(hf, 'hidden_activation', lambda v: v in act, f'{act[0]!r} (GeGLU, tanh)')
+  _refuse(hf, 'attention_dropout', lambda v: not v, '0.0')
+  _refuse(hf, 'use_bidirectional_attention', lambda v: not v, 'false (causal)')
+  n_heads, n_layers = hf['num_attention_heads'], hf['num_hidden_layers']
+  layer_types = hf.get('layer_types') or [
+    'sliding_attention' if (i + 1) % 2 else 'full_attention' for i in range(n_layers)
+  ]
+  global_every = _every_nth_full(layer_types)
+  window = hf.get('sliding_window') if 'sliding_attention' in layer_types else None
+  out = {
+    'vocab_size': hf['vocab_size'],
+    'd_model': hf['hidden_size'],
+    'n_layers': n_layers,
+    'n_heads': n_heads,
+    'n_kv_heads': hf.get('num_key_value_heads') or n_heads,
+    'head_dim': hf.get('head_dim') or hf['hidden_size'] // n_heads,
+    'max_seq_len': hf['max_position_embeddings'],
+    'tie_embeddings': bool(hf.get('tie_word_embeddings', True)),
+    'embed_scale': float(hf['hidden_size']) ** 0.5,
+    'final_logit_softcap': hf.get('final_logit_softcapping'),
+    'norm.kind': 'rmsnorm',
+    'norm.placement': 'sandwich',
+    'norm.unit_offset': True,
+    'norm.eps': float(hf['rms_norm_eps']),
+    'norm.final_norm': True,
+    'ffn.kind': GEMMA2_FFN,
+    'ffn.d_ff': hf['intermediate_size'],
+    'ffn.match_params': False,
+    'ffn.use_bias': False,
+    'attention.use_bias': bool(hf.get('attention_bias', False)),
+    'attention.qkv_bias': False,
+    'attention.qk_norm': False,
+    'attention.softmax_scale': float(hf['query_pre_attn_scalar']) ** -0.5,
+    'attention.logit_softcap': hf.get('attn_logit_softcapping'),
+    'attention.sliding_window': None if window is None else int(window),
+    'attention.global_every': global_every if window is not None else None,
+  }
+  out.update(RotaryPositions.keys_from_hf(hf))
+  return out
+
+
 def config_overrides(hf: dict) -> dict[str, Any]:
   """mllm config keys (dotted) that make the model of this HF config, in float32."""
   family = family_of(hf)
-  model = _gpt2(hf) if family == 'gpt2' else _llama_like(hf, family)
+  if family == 'gpt2':
+    model = _gpt2(hf)
+  elif family == 'gemma2':
+    model = _gemma2(hf)
+  else:
+    model = _llama_like(hf, family)
   out = {f'model.{k}': v for k, v in model.items()}
   out.update(
     {

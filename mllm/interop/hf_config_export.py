@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from mllm.interop.hf_config import ARCHITECTURES, FAMILIES, GPT2_FFNS, LLAMA_FFN, HFExportError
+from mllm.interop.hf_config import (
+  ARCHITECTURES,
+  FAMILIES,
+  GEMMA2_FFN,
+  GPT2_FFNS,
+  LLAMA_FFN,
+  HFExportError,
+)
 from mllm.layers import resolved_head_dim
 from mllm.layers.ffn import FFNS, hidden_dim
 from mllm.layers.moe import moe_layers
@@ -36,6 +43,7 @@ MATH_KEYS = (
   'norm.kind',
   'norm.placement',
   'norm.eps',
+  'norm.unit_offset',
   'norm.final_norm',
   'ffn.kind',
   'ffn.use_bias',
@@ -55,6 +63,8 @@ def family_for(m) -> str:
     return 'qwen3_moe' if m.attention.qk_norm else 'mixtral'
   if m.position.kind == 'learned':
     return 'gpt2'
+  if m.norm.placement == 'sandwich':
+    return 'gemma2'
   if m.attention.qk_norm:
     return 'qwen3'
   if m.attention.qkv_bias:
@@ -78,6 +88,28 @@ def _gpt2_fields(m) -> dict[str, Any]:
     'embd_pdrop': 0.0,
     'attn_pdrop': 0.0,
     'scale_attn_weights': True,
+  }
+
+
+def _gemma2_fields(m) -> dict[str, Any]:
+  """Gemma 2's own fields (its FFN's activation, soft caps, score scale, layer types); a model
+  it does not compute (no √d embedding scale, a gain not stored as 1 + w, another FFN) is
+  written as Gemma 2 and check_exact names the difference."""
+  scale = m.attention.softmax_scale or attention_scale(m, resolved_head_dim(m))
+  full = [
+    m.attention.sliding_window is None
+    or (m.attention.global_every is not None and (i + 1) % m.attention.global_every == 0)
+    for i in range(m.n_layers)
+  ]
+  return {
+    'hidden_activation': FFNS[GEMMA2_FFN].hf_activations[0],
+    # An integer in transformers: scores × its −½ power (another scale: check_exact refuses).
+    'query_pre_attn_scalar': round(scale**-2.0),
+    'attn_logit_softcapping': m.attention.logit_softcap,
+    'final_logit_softcapping': m.final_logit_softcap,
+    'sliding_window': m.attention.sliding_window,
+    'layer_types': ['full_attention' if f else 'sliding_attention' for f in full],
+    'attention_bias': bool(m.attention.use_bias),
   }
 
 
@@ -126,6 +158,9 @@ def hf_config(m, family: str, dtype: str) -> dict[str, Any]:
     'attention_dropout': 0.0,
     **RotaryPositions.hf_fields(m),
   }
+  if family == 'gemma2':
+    del out['hidden_act']
+    return {**out, **_gemma2_fields(m)}
   return {**out, **_family_fields(m, family)}
 
 

@@ -159,6 +159,27 @@ def llama_links(c, family: str) -> list[Link]:
   return links
 
 
+def gemma2_links(c) -> list[Link]:
+  """Gemma2ForCausalLM: Llama's names for attention and FFN, a norm before and after each
+  sublayer (input / post_attention, pre_ / post_feedforward_layernorm), the head tied; each norm's
+  weight is w of γ = 1 + w, as mllm's with norm.unit_offset."""
+  links = [
+    same('model.embed_tokens.weight', 'embed/embedding'),
+    same('model.norm.weight', 'final_norm/scale'),
+  ]
+  for i in range(c.n_layers):
+    p, m = f'model.layers.{i}.', f'blocks/{i}/'
+    links += _attention_links(c, p + 'self_attn.', m + 'attention/')
+    links += _dense_ffn_links(c, p + 'mlp.', m + 'ffn/')
+    links += [
+      same(p + 'input_layernorm.weight', m + 'attention_norm/scale'),
+      same(p + 'post_attention_layernorm.weight', m + 'attention_out_norm/scale'),
+      same(p + 'pre_feedforward_layernorm.weight', m + 'ffn_norm/scale'),
+      same(p + 'post_feedforward_layernorm.weight', m + 'ffn_out_norm/scale'),
+    ]
+  return links
+
+
 def gpt2_links(c, prefix: str = 'transformer.') -> list[Link]:
   """GPT2LMHeadModel: transformer.{wte, wpe, h.i, ln_f}; Conv1D weights are [in, out] already."""
   n, h = c.n_heads, resolved_head_dim(c)
@@ -203,6 +224,8 @@ def links_for(c, family: str, names: list[str] | None = None) -> list[Link]:
   if family == 'gpt2':
     bare = names is not None and not any(n.startswith('transformer.') for n in names)
     return gpt2_links(c, '' if bare else 'transformer.')
+  if family == 'gemma2':
+    return gemma2_links(c)
   return llama_links(c, family)
 
 

@@ -248,6 +248,13 @@ class GEGLU(GatedMLP):
   activation = staticmethod(gelu)
 
 
+class GEGLUTanh(GatedMLP):
+  """FFN_GEGLU with GELU's tanh approximation on the gate (Gemma, Gemma 2: gelu_pytorch_tanh)."""
+
+  activation = staticmethod(gelu_tanh)
+  hf_activations = ('gelu_pytorch_tanh',)
+
+
 class SwiGLU(GatedMLP):
   """FFN_SwiGLU: Swish gate (Shazeer 2020, eq. 6; Llama, Mistral, Qwen)."""
 
@@ -271,6 +278,7 @@ FFNS: dict[str, type[nnx.Module]] = {
   'glu': GLU,
   'bilinear': Bilinear,
   'geglu': GEGLU,
+  'geglu_tanh': GEGLUTanh,
   'swiglu': SwiGLU,
   'reglu': ReGLU,
 }

@@ -26,7 +26,13 @@ class Norm(nnx.Module):
   def from_config(cls, cfg, dim: int, *, rngs: nnx.Rngs) -> Norm:
     """This norm, for vectors of size `dim`, as the model config's `norm` section sets it."""
     n = cfg.norm
-    kwargs = dict(eps=n.eps, fp32=n.fp32, param_dtype=jnp.dtype(cfg.param_dtype), rngs=rngs)
+    kwargs = dict(
+      eps=n.eps,
+      fp32=n.fp32,
+      unit_offset=n.unit_offset,
+      param_dtype=jnp.dtype(cfg.param_dtype),
+      rngs=rngs,
+    )
     if n.use_bias is not None:
       kwargs['use_bias'] = n.use_bias
     if hasattr(cls, 'Settings'):
@@ -41,7 +47,8 @@ class Norm(nnx.Module):
 
 class ScaledNorm(Norm):
   """A normalization with a learned gain γ (`scale`) and, optionally, a learned shift β (`bias`);
-  a subclass gives `normalize`."""
+  a subclass gives `normalize`. With `unit_offset` the parameter is w in γ = 1 + w, from 0
+  (Gemma's RMSNorm, Qwen3-Next's "zero-centered" gain: weight decay pulls γ towards 1)."""
 
   def __init__(
     self,
@@ -50,13 +57,16 @@ class ScaledNorm(Norm):
     eps: float = 1e-6,
     use_bias: bool = False,
     fp32: bool = True,
+    unit_offset: bool = False,
     param_dtype=jnp.float32,
     rngs: nnx.Rngs | None = None,
   ):
     del rngs  # Deterministic init: γ = 1, β = 0.
     self.eps = eps
     self.fp32 = fp32
-    self.scale = nnx.Param(jnp.ones((dim,), param_dtype), logical_axes=('norm',))
+    self.unit_offset = unit_offset
+    start = jnp.zeros if unit_offset else jnp.ones
+    self.scale = nnx.Param(start((dim,), param_dtype), logical_axes=('norm',))
     self.bias = (
       nnx.Param(jnp.zeros((dim,), param_dtype), logical_axes=('norm',)) if use_bias else None
     )
@@ -69,7 +79,8 @@ class ScaledNorm(Norm):
     in_dtype = x.dtype
     if self.fp32:
       x = x.astype(jnp.float32)
-    y = self.normalize(x) * self.scale[...].astype(x.dtype)
+    gain = self.scale[...].astype(x.dtype)
+    y = self.normalize(x) * (1.0 + gain if self.unit_offset else gain)
     if self.bias is not None:
       y = y + self.bias[...].astype(x.dtype)
     return y.astype(in_dtype)
@@ -151,3 +162,9 @@ def check_norm_config(m, p: str = 'model') -> None:
   check_variant_keys(n, f'{p}.norm', NORMS, 'norm')
   one_of(f'{p}.norm.placement', n.placement, PLACEMENTS, 'norm placement')
   positive(f'{p}.norm.eps', n.eps)
+  if n.unit_offset and not issubclass(NORMS[n.kind], ScaledNorm):
+    raise ConfigError(
+      f'{p}.norm.unit_offset',
+      True,
+      f'{p}.norm.kind={n.kind!r} has no gain to offset; allowed: False, or a norm with a gain',
+    )
