@@ -73,6 +73,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   # With a window: every N-th layer attends globally (Gemma 2: 2, Gemma 3: 6); None: none does
   attention.global_every = placeholder(int)
   attention.qk_norm = False  # RMSNorm on q and k per head (Qwen3)
+  attention.qk_norm_over = 'head'  # head (Qwen3) | projection: all heads' q, k at once (OLMo 2)
   attention.softmax_scale = placeholder(float)  # None: 1 / sqrt(head_dim)
   attention.logit_softcap = placeholder(float)  # Gemma 2: cap · tanh(q·kᵀ·scale / cap); None: off
   # σ(x·W) on each head's output before the output projection (Qiu et al. 2025): headwise |

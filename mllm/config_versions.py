@@ -25,7 +25,8 @@ given).
 Version 7: `model.position.rope.fraction`, partial RoPE (1.0 before: every dimension rotated);
 `model.position.rope.nope_every`, `model.attention.output_gate` and
 `model.attention.global_every` (None before); `model.attention.value_residual` and
-`model.attention.sinks` and `model.norm.unit_offset` (False before).
+`model.attention.sinks` and `model.norm.unit_offset` (False before);
+`model.attention.qk_norm_over` ('head' before).
 """
 
 from __future__ import annotations
@@ -199,7 +200,8 @@ def v6_as_v5(config: dict) -> dict:
 
 
 # Version 7's new keys as every earlier version trained: every dimension of every layer rotated,
-# no output gate, every layer at the window, no value residual, no sinks, gains stored as γ.
+# no output gate, every layer at the window, no value residual, no sinks, gains stored as γ,
+# QK-norm per head.
 v6_to_v7, v7_as_v6 = _adding(
   {
     'model.position.rope.fraction': 1.0,
@@ -209,6 +211,7 @@ v6_to_v7, v7_as_v6 = _adding(
     'model.attention.value_residual': False,
     'model.attention.sinks': False,
     'model.norm.unit_offset': False,
+    'model.attention.qk_norm_over': 'head',
   }
 )
 

@@ -11,7 +11,7 @@ from ml_collections import config_dict
 
 from mllm.checks import ConfigError, integer, number, one_of, positive, rate
 from mllm.config_keys import field_info, flatten, get_path, leaf_paths
-from mllm.layers.attention import OUTPUT_GATES
+from mllm.layers.attention import OUTPUT_GATES, QK_NORM_OVER
 from mllm.layers.ffn import check_ffn_config
 from mllm.layers.moe import moe_layers
 from mllm.layers.norms import check_norm_config
@@ -165,6 +165,13 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
   positive(f'{p}.attention.logit_softcap', a.logit_softcap, optional=True)
   if a.output_gate is not None:
     one_of(f'{p}.attention.output_gate', a.output_gate, OUTPUT_GATES, 'output gate (or None)')
+  one_of(f'{p}.attention.qk_norm_over', a.qk_norm_over, QK_NORM_OVER, 'QK-norm extent')
+  if a.qk_norm_over != 'head' and not a.qk_norm:
+    raise ConfigError(
+      f'{p}.attention.qk_norm_over',
+      a.qk_norm_over,
+      f"read only with {p}.attention.qk_norm=True; allowed: 'head', or set qk_norm",
+    )
   rate(f'{p}.attention.dropout', a.dropout)
 
   pos = m.position

@@ -33,6 +33,7 @@ FAMILIES = [
   'mixtral',
   'qwen3-moe',
   'gemma2',
+  'olmo2',
 ]
 
 
@@ -119,6 +120,15 @@ def test_greedy_generation_with_the_kv_cache_matches_transformers(family, import
         'model.attention.sliding_window': 32,
         'model.attention.global_every': 2,
         'model.n_layers': 4,
+      },
+    ),
+    (
+      'olmo2',
+      {
+        'model.norm.placement': 'output',
+        'model.attention.qk_norm': True,
+        'model.attention.qk_norm_over': 'projection',
+        'model.tie_embeddings': False,
       },
     ),
     (
@@ -686,6 +696,7 @@ EXPORTED = [
   'exported-mixtral',
   'exported-qwen3-moe',
   'exported-gemma2',
+  'exported-olmo2',
 ]
 
 

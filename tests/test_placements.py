@@ -88,3 +88,20 @@ def test_placements_differ():
   for i in range(len(outs)):
     for j in range(i):
       assert np.abs(outs[i] - outs[j]).max() > 1e-3, (PLACEMENTS[i], PLACEMENTS[j])
+
+
+def test_olmo2s_qk_norm_over_whole_projections_is_read_only_with_qk_norm():
+  """OLMo 2's QK-norm (`attention.qk_norm_over='projection'`, checked against transformers in
+  test_hf_interop.py) normalizes all heads' q at once: one gain of n_heads·head_dim."""
+  from mllm import ConfigError
+
+  cfg = tiny_config(
+    'placement=output', model__attention__qk_norm=True, model__attention__qk_norm_over='projection'
+  )
+  layer = nnx.eval_shape(lambda: mllm.build_model(cfg, rngs=nnx.Rngs(0))).blocks[0].attention
+  n, k, h = cfg.model.n_heads, cfg.model.n_kv_heads, cfg.model.d_model // cfg.model.n_heads
+  assert layer.query_norm.scale.shape == (n * h,) and layer.key_norm.scale.shape == (k * h,)
+  with pytest.raises(
+    ConfigError, match=r"^model\.attention\.qk_norm_over='projection': read only with"
+  ):
+    tiny_config(model__attention__qk_norm_over='projection')

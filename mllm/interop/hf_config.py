@@ -32,6 +32,7 @@ ARCHITECTURES = {
   'mixtral': 'MixtralForCausalLM',
   'qwen3_moe': 'Qwen3MoeForCausalLM',
   'gemma2': 'Gemma2ForCausalLM',
+  'olmo2': 'Olmo2ForCausalLM',
 }
 FAMILIES = tuple(ARCHITECTURES)
 MOE_FAMILIES = ('mixtral', 'qwen3_moe')
@@ -87,7 +88,8 @@ def _llama_like(hf: dict, family: str) -> dict[str, Any]:
     'tie_embeddings': bool(hf.get('tie_word_embeddings', False)),
     'embed_scale': 1.0,
     'norm.kind': 'rmsnorm',
-    'norm.placement': 'pre',
+    # OLMo 2 (Team OLMo 2025): the norm on each sublayer's output, QK-norm over whole projections.
+    'norm.placement': 'output' if family == 'olmo2' else 'pre',
     'norm.eps': float(hf['rms_norm_eps']),
     'norm.final_norm': True,
     'ffn.kind': LLAMA_FFN,
@@ -96,7 +98,8 @@ def _llama_like(hf: dict, family: str) -> dict[str, Any]:
     'ffn.use_bias': bool(hf.get('mlp_bias', False)),
     'attention.use_bias': bool(hf.get('attention_bias', False)),
     'attention.qkv_bias': family == 'qwen2',
-    'attention.qk_norm': family in ('qwen3', 'qwen3_moe'),
+    'attention.qk_norm': family in ('qwen3', 'qwen3_moe', 'olmo2'),
+    'attention.qk_norm_over': 'projection' if family == 'olmo2' else 'head',
     'attention.softmax_scale': None,
     'attention.sliding_window': _window(hf, family),
   }

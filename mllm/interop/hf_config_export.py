@@ -48,6 +48,7 @@ MATH_KEYS = (
   'ffn.kind',
   'ffn.use_bias',
   'attention.qk_norm',
+  'attention.qk_norm_over',
   'attention.use_bias',
   'attention.qkv_bias',
   'attention.sliding_window',
@@ -65,6 +66,8 @@ def family_for(m) -> str:
     return 'gpt2'
   if m.norm.placement == 'sandwich':
     return 'gemma2'
+  if m.norm.placement == 'output':
+    return 'olmo2'
   if m.attention.qk_norm:
     return 'qwen3'
   if m.attention.qkv_bias:
@@ -116,7 +119,7 @@ def _gemma2_fields(m) -> dict[str, Any]:
 def _family_fields(m, family: str) -> dict[str, Any]:
   """The fields only some Llama-like families have: biases, windows, experts."""
   out: dict[str, Any] = {}
-  if family in ('llama', 'qwen3', 'qwen3_moe'):
+  if family in ('llama', 'qwen3', 'qwen3_moe', 'olmo2'):
     out['attention_bias'] = bool(m.attention.use_bias)
   if family == 'llama':
     out['mlp_bias'] = bool(m.ffn.use_bias)

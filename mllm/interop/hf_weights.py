@@ -135,7 +135,8 @@ def _moe_links(c, family: str, p: str, m: str) -> list[Link]:
 
 
 def llama_links(c, family: str) -> list[Link]:
-  """Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE: model.{embed_tokens, layers.i, norm}, lm_head."""
+  """Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE, OLMo 2: model.{embed_tokens, layers.i,
+  norm}, lm_head."""
 
   sparse = set(moe_layers(c))
   links = [
@@ -152,10 +153,16 @@ def llama_links(c, family: str) -> list[Link]:
       if i in sparse
       else _dense_ffn_links(c, p + 'mlp.', m + 'ffn/')
     )
-    links += [
-      same(p + 'input_layernorm.weight', m + 'attention_norm/scale'),
-      same(p + 'post_attention_layernorm.weight', m + 'ffn_norm/scale'),
-    ]
+    if family == 'olmo2':  # each sublayer's one norm on its output
+      links += [
+        same(p + 'post_attention_layernorm.weight', m + 'attention_norm/scale'),
+        same(p + 'post_feedforward_layernorm.weight', m + 'ffn_norm/scale'),
+      ]
+    else:
+      links += [
+        same(p + 'input_layernorm.weight', m + 'attention_norm/scale'),
+        same(p + 'post_attention_layernorm.weight', m + 'ffn_norm/scale'),
+      ]
   return links
 
 

@@ -34,6 +34,7 @@ from mllm.layers.positions import POSITIONS, PositionContext
 from mllm.ops.attention import AttentionMask, attend
 
 OUTPUT_GATES = ('headwise', 'elementwise')  # `model.attention.output_gate` (None: no gate)
+QK_NORM_OVER = ('head', 'projection')  # `model.attention.qk_norm_over`
 
 
 def layer_windows(cfg) -> tuple[int | None, ...]:
@@ -97,10 +98,13 @@ class Attention(nnx.Module):
     self.sinks = (
       nnx.Param(jnp.zeros((n,), param_dtype), logical_axes=('heads',)) if acfg.sinks else None
     )
-    # QK-norm (Qwen3, OLMo 2): RMSNorm over head_dim on q and k, before the rotation.
+    # QK-norm, before the rotation: RMSNorm over each head's q and k (Qwen3), or over the whole
+    # q and k projections, all heads at once (OLMo 2: qk_norm_over='projection').
     norm_kwargs = dict(eps=cfg.norm.eps, param_dtype=param_dtype, rngs=rngs)
-    self.query_norm = RMSNorm(h, **norm_kwargs) if acfg.qk_norm else None
-    self.key_norm = RMSNorm(h, **norm_kwargs) if acfg.qk_norm else None
+    self.qk_norm_over = acfg.qk_norm_over
+    whole = acfg.qk_norm_over == 'projection'
+    self.query_norm = RMSNorm(n * h if whole else h, **norm_kwargs) if acfg.qk_norm else None
+    self.key_norm = RMSNorm(k * h if whole else h, **norm_kwargs) if acfg.qk_norm else None
     self.relative = POSITIONS[cfg.position.kind].layer_part(cfg, rngs=rngs)
     self.dropout = nnx.Dropout(acfg.dropout, rngs=rngs)
     self.impl = acfg.impl
@@ -116,7 +120,10 @@ class Attention(nnx.Module):
       first_BTKH, mix = value_residual
       mix = mix.astype(v_BTKH.dtype)
       v_BTKH = mix[0] * v_BTKH + mix[1] * first_BTKH.astype(v_BTKH.dtype)
-    if self.query_norm is not None:
+    if self.query_norm is not None and self.qk_norm_over == 'projection':
+      q_BTNH = self.query_norm(q_BTNH.reshape(*q_BTNH.shape[:2], -1)).reshape(q_BTNH.shape)
+      k_BTKH = self.key_norm(k_BTKH.reshape(*k_BTKH.shape[:2], -1)).reshape(k_BTKH.shape)
+    elif self.query_norm is not None:
       q_BTNH, k_BTKH = self.query_norm(q_BTNH), self.key_norm(k_BTKH)
     return context.rotate(q_BTNH), context.rotate(k_BTKH), v_BTKH
 
