@@ -34,6 +34,7 @@ FAMILIES = [
   'qwen3-moe',
   'gemma2',
   'olmo2',
+  'stablelm',
 ]
 
 
@@ -120,6 +121,15 @@ def test_greedy_generation_with_the_kv_cache_matches_transformers(family, import
         'model.attention.sliding_window': 32,
         'model.attention.global_every': 2,
         'model.n_layers': 4,
+      },
+    ),
+    (
+      'stablelm',
+      {
+        'model.position.rope.fraction': 0.25,
+        'model.norm.kind': 'layernorm',
+        'model.norm.use_bias': True,
+        'model.attention.qkv_bias': True,
       },
     ),
     (
@@ -519,8 +529,10 @@ def test_a_large_export_is_written_in_shards_that_import_the_same(tmp_path, impo
     ({'model.norm.placement': 'post'}, r"model.norm.placement='post'"),
     ({'model.ffn.kind': 'geglu'}, r"model.ffn.kind='geglu'"),
     ({'model.position.rope.layout': 'interleaved'}, r"model.position.rope.layout='interleaved'"),
-    ({'model.position.rope.fraction': 0.5}, r'model.position.rope.fraction=0.5'),
-    ({'model.norm.placement': 'sandwich'}, r"model.norm.placement='sandwich'"),
+    # Partial RoPE exports as StableLM, whose norm is LayerNorm.
+    ({'model.position.rope.fraction': 0.5}, r"model.norm.kind='rmsnorm': .*StableLmForCausalLM"),
+    # Sandwich norms export as Gemma 2, which scales its embeddings by √d.
+    ({'model.norm.placement': 'sandwich'}, r'model.embed_scale=1.0: .*Gemma2ForCausalLM .* has 4.0'),
     ({'model.ffn.kind': 'relu2'}, r"model.ffn.kind='relu2'"),
     ({'model.attention.output_gate': 'headwise'}, r"model.attention.output_gate='headwise'"),
     (
@@ -697,6 +709,7 @@ EXPORTED = [
   'exported-qwen3-moe',
   'exported-gemma2',
   'exported-olmo2',
+  'exported-stablelm',
 ]
 
 

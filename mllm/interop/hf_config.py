@@ -33,6 +33,7 @@ ARCHITECTURES = {
   'qwen3_moe': 'Qwen3MoeForCausalLM',
   'gemma2': 'Gemma2ForCausalLM',
   'olmo2': 'Olmo2ForCausalLM',
+  'stablelm': 'StableLmForCausalLM',
 }
 FAMILIES = tuple(ARCHITECTURES)
 MOE_FAMILIES = ('mixtral', 'qwen3_moe')
@@ -76,6 +77,11 @@ def _llama_like(hf: dict, family: str) -> dict[str, Any]:
   _refuse(hf, 'hidden_act', lambda v: v in act, f'{act[0]!r} (SwiGLU)')
   _refuse(hf, 'pretraining_tp', lambda v: v in (None, 1), '1')
   _refuse(hf, 'attention_dropout', lambda v: not v, '0.0')
+  stablelm = family == 'stablelm'  # LayerNorm, q/k/v biases, partial RoPE
+  if stablelm:
+    _refuse(hf, 'qk_layernorm', lambda v: not v, 'false (mllm has RMSNorm QK-norm only)')
+    _refuse(hf, 'use_parallel_residual', lambda v: not v, 'false')
+    _refuse(hf, 'hidden_dropout', lambda v: not v, '0.0')
   n_heads = hf['num_attention_heads']
   out = {
     'vocab_size': hf['vocab_size'],
@@ -87,23 +93,24 @@ def _llama_like(hf: dict, family: str) -> dict[str, Any]:
     'max_seq_len': hf['max_position_embeddings'],
     'tie_embeddings': bool(hf.get('tie_word_embeddings', False)),
     'embed_scale': 1.0,
-    'norm.kind': 'rmsnorm',
+    'norm.kind': 'layernorm' if stablelm else 'rmsnorm',
+    'norm.use_bias': True if stablelm else None,
     # OLMo 2 (Team OLMo 2025): the norm on each sublayer's output, QK-norm over whole projections.
     'norm.placement': 'output' if family == 'olmo2' else 'pre',
-    'norm.eps': float(hf['rms_norm_eps']),
+    'norm.eps': float(hf['layer_norm_eps' if stablelm else 'rms_norm_eps']),
     'norm.final_norm': True,
     'ffn.kind': LLAMA_FFN,
     'ffn.d_ff': hf['intermediate_size'],
     'ffn.match_params': False,
     'ffn.use_bias': bool(hf.get('mlp_bias', False)),
     'attention.use_bias': bool(hf.get('attention_bias', False)),
-    'attention.qkv_bias': family == 'qwen2',
+    'attention.qkv_bias': family == 'qwen2' or bool(stablelm and hf.get('use_qkv_bias')),
     'attention.qk_norm': family in ('qwen3', 'qwen3_moe', 'olmo2'),
     'attention.qk_norm_over': 'projection' if family == 'olmo2' else 'head',
     'attention.softmax_scale': None,
     'attention.sliding_window': _window(hf, family),
   }
-  out.update(RotaryPositions.keys_from_hf(hf))
+  out.update(RotaryPositions.keys_from_hf(hf, partial=stablelm))
   if family in MOE_FAMILIES:
     out.update(moe_keys_from_hf(hf, family))
   return out

@@ -68,6 +68,8 @@ def family_for(m) -> str:
     return 'gemma2'
   if m.norm.placement == 'output':
     return 'olmo2'
+  if m.position.kind == 'rope' and m.position.rope.fraction != 1.0:
+    return 'stablelm'
   if m.attention.qk_norm:
     return 'qwen3'
   if m.attention.qkv_bias:
@@ -127,6 +129,14 @@ def _family_fields(m, family: str) -> dict[str, Any]:
     out['sliding_window'] = m.attention.sliding_window
   if family in ('qwen2', 'qwen3', 'qwen3_moe'):
     out.update(use_sliding_window=False, sliding_window=None)
+  if family == 'stablelm':
+    out.update(
+      use_qkv_bias=bool(m.attention.qkv_bias),
+      qk_layernorm=False,
+      use_parallel_residual=False,
+      hidden_dropout=0.0,
+      layer_norm_eps=float(m.norm.eps),
+    )
   out.update(moe_hf_fields(m, family))
   return out
 
@@ -164,6 +174,10 @@ def hf_config(m, family: str, dtype: str) -> dict[str, Any]:
   if family == 'gemma2':
     del out['hidden_act']
     return {**out, **_gemma2_fields(m)}
+  if family == 'stablelm':  # LayerNorm's eps (its own field) and the rotated fraction
+    del out['rms_norm_eps']
+    fraction = float(m.position.rope.fraction)
+    out['rope_parameters'] = {**out['rope_parameters'], 'partial_rotary_factor': fraction}
   return {**out, **_family_fields(m, family)}
 
 

@@ -135,14 +135,16 @@ def _moe_links(c, family: str, p: str, m: str) -> list[Link]:
 
 
 def llama_links(c, family: str) -> list[Link]:
-  """Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE, OLMo 2: model.{embed_tokens, layers.i,
-  norm}, lm_head."""
+  """Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE, OLMo 2, StableLM: model.{embed_tokens,
+  layers.i, norm}, lm_head."""
 
   sparse = set(moe_layers(c))
-  links = [
-    same('model.embed_tokens.weight', 'embed/embedding'),
-    same('model.norm.weight', 'final_norm/scale'),
-  ]
+
+  def norm(hf: str, mllm: str) -> list[Link]:  # StableLM's LayerNorms have biases
+    links = [same(f'{hf}.weight', f'{mllm}/scale')]
+    return links + [same(f'{hf}.bias', f'{mllm}/bias')] if family == 'stablelm' else links
+
+  links = [same('model.embed_tokens.weight', 'embed/embedding'), *norm('model.norm', 'final_norm')]
   if not c.tie_embeddings:
     links.append(transposed('lm_head.weight', 'head/kernel'))
   for i in range(c.n_layers):
@@ -160,8 +162,8 @@ def llama_links(c, family: str) -> list[Link]:
       ]
     else:
       links += [
-        same(p + 'input_layernorm.weight', m + 'attention_norm/scale'),
-        same(p + 'post_attention_layernorm.weight', m + 'ffn_norm/scale'),
+        *norm(p + 'input_layernorm', m + 'attention_norm'),
+        *norm(p + 'post_attention_layernorm', m + 'ffn_norm'),
       ]
   return links
 

@@ -293,18 +293,19 @@ def _declared(scaling: type[NoScaling]) -> list[str]:
   return [k.name for k in keys_of(scaling)]
 
 
-def rope_keys_from_hf(hf: dict) -> dict[str, Any]:
+def rope_keys_from_hf(hf: dict, partial: bool = False) -> dict[str, Any]:
   """Position keys from `rope_parameters` (transformers ≥ 5) or `rope_theta` + `rope_scaling`:
-  the scaling whose `hf_type` is the rope_type reads its own fields."""
+  the scaling whose `hf_type` is the rope_type reads its own fields. `partial`: the family
+  rotates `partial_rotary_factor` of each head (StableLM, GPT-NeoX); elsewhere it is refused."""
   params = dict(hf.get('rope_parameters') or {})
   if not params:
     params = dict(hf.get('rope_scaling') or {})
     params.setdefault('rope_theta', hf.get('rope_theta', 10000.0))
   kind = params.get('rope_type', params.get('type', 'default'))
-  partial = params.get('partial_rotary_factor', hf.get('partial_rotary_factor'))
-  if partial not in (None, 1, 1.0):
+  fraction = params.get('partial_rotary_factor', hf.get('partial_rotary_factor'))
+  if fraction not in (None, 1, 1.0) and not partial:
     raise HFImportError(
-      f'partial_rotary_factor={partial!r}: not mapped to mllm for this family yet; allowed: 1'
+      f'partial_rotary_factor={fraction!r}: not computed by this family in transformers; allowed: 1'
     )
   by_hf = {cls.hf_type: (name, cls) for name, cls in ROPE_SCALINGS.items() if cls.hf_type}
   if kind not in by_hf:
@@ -315,6 +316,7 @@ def rope_keys_from_hf(hf: dict) -> dict[str, Any]:
     'position.kind': 'rope',
     'position.rope.layout': 'half',
     'position.rope.theta': float(params['rope_theta']),
+    'position.rope.fraction': 1.0 if fraction is None else float(fraction),
   }
   if scaling is NoScaling:
     return out
