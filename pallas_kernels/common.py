@@ -80,20 +80,32 @@ def block_min_max(ids_BL, block: int):
 
 
 def flash_vjp(forward, backward):
-  """attend(cfg, q, k, v, side) with FlashAttention's custom VJP: forward(cfg, q, k, v, side) ->
-  (out, lse) saves (q, k, v, side, out, lse); backward(cfg, *saved, d_out) -> (dq, dk, dv). The
-  side inputs (ids, positions, slopes) get no gradient."""
+  """attend(cfg, q, k, v, side) -> (out, lse) with FlashAttention's custom VJP:
+  forward(cfg, q, k, v, side) -> (out, lse) saves (q, k, v, side, out, lse);
+  backward(cfg, *saved, d_out, d_lse) -> (dq, dk, dv). The side inputs (ids, positions, slopes)
+  get no gradient. The lse's cotangent (zero unless a caller uses it, as attention sinks do:
+  mllm/ops/kernels.py) enters each row as ∂lse/∂S = P: dS = P ⊙ (dP − delta + d_lse), so a
+  backward subtracts it from its delta (a kernel's base-2 lse: `lse_grad_term(d_lse)`)."""
 
   @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
   def attend(cfg, q, k, v, side):
-    return forward(cfg, q, k, v, side)[0]
+    return forward(cfg, q, k, v, side)
 
   def fwd(cfg, q, k, v, side):
     out, lse = forward(cfg, q, k, v, side)
-    return out, (q, k, v, side, out, lse)
+    return (out, lse), (q, k, v, side, out, lse)
 
-  def bwd(cfg, saved, d_out):
-    return (*backward(cfg, *saved, d_out), jax.tree.map(lambda _: None, saved[3]))
+  def bwd(cfg, saved, cotangents):
+    d_out, d_lse = cotangents
+    return (*backward(cfg, *saved, d_out, d_lse), jax.tree.map(lambda _: None, saved[3]))
 
   attend.defvjp(fwd, bwd)
   return attend
+
+
+LOG2_E = 1.4426950408889634  # log2(e): the kernels' lse is base 2
+
+
+def lse_grad_term(d_lse):
+  """What a base-2 lse's cotangent takes from each row's delta = rowsum(dO ⊙ O) (`flash_vjp`)."""
+  return d_lse.astype(jnp.float32) * LOG2_E

@@ -43,11 +43,13 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_kernels import tile_math as tm
 from pallas_kernels.block_ranges import MASK_VALUE, kv_block_range, q_block_range
 from pallas_kernels.common import (
+  LOG2_E,
   MaskRule,
   block_min_max,
   check_inputs,
   default_positions,
   flash_vjp,
+  lse_grad_term,
   pad_to,
   padded_ids,
   round_up,
@@ -555,11 +557,12 @@ def _side_for(cfg, side, block_k):
   return [q_ids, kv_ids, *block_min_max(q_ids, TILE), *block_min_max(kv_ids, block_k), *rest]
 
 
-def _backward(cfg, q_BTNH, k_BSKH, v_BSKH, side, o_BTNH, lse_BNT, do_BTNH):
+def _backward(cfg, q_BTNH, k_BSKH, v_BSKH, side, o_BTNH, lse_BNT, do_BTNH, d_lse_BNT):
   B, Tp, N, Hp = q_BTNH.shape
   Sp, K = k_BSKH.shape[1], k_BSKH.shape[2]
   dtype = q_BTNH.dtype
   delta_BNT = jnp.einsum('btnh,btnh->bnt', o_BTNH.astype(jnp.float32), do_BTNH.astype(jnp.float32))
+  delta_BNT = delta_BNT - lse_grad_term(d_lse_BNT)
   main = (q_BTNH, k_BSKH, v_BSKH, do_BTNH, lse_BNT, delta_BNT)
   copies = 4 + int(cfg.segments) + int(cfg.alibi)
   tile = plgpu.SMEM((2, TILE, Hp), dtype, transforms=_TILED)
@@ -713,6 +716,7 @@ def flash_attention(
   block_k: int | None = None,
   steps: int | None = None,
   interpret: bool | None = None,
+  return_lse: bool = False,
 ):
   """softmax(softcap(q kᵀ scale) + alibi, masked) v with FlashAttention's backward (custom VJP).
 
@@ -743,7 +747,10 @@ def flash_attention(
     steps=steps,
     interpret=interpret,
   )
-  return _flash(cfg, q, k, v, side)[:, :T, :, :H]
+  o, lse = _flash(cfg, q, k, v, side)
+  if return_lse:  # natural log, [B, N, T]
+    return o[:, :T, :, :H], lse[:, :, :T] / LOG2_E
+  return o[:, :T, :, :H]
 
 
 def flash_attention_forward(

@@ -33,11 +33,13 @@ from jax.experimental.pallas import tpu as pltpu
 from pallas_kernels import tile_math as tm
 from pallas_kernels.block_ranges import MASK_VALUE, kv_block_range, q_block_range
 from pallas_kernels.common import (
+  LOG2_E,
   MaskRule,
   block_min_max,
   check_inputs,
   default_positions,
   flash_vjp,
+  lse_grad_term,
   pad_to,
   padded_ids,
   round_up,
@@ -298,11 +300,13 @@ def _forward(cfg, q_BNTH, k_BKSH, v_BKSH, ex):
   )
 
 
-def _backward(cfg, q_BNTH, k_BKSH, v_BKSH, ex, o_BNTH, lse_BNT1, do_BNTH):
+def _backward(cfg, q_BNTH, k_BKSH, v_BKSH, ex, o_BNTH, lse_BNT1, do_BNTH, d_lse_BNT1):
   B, N, Tp, Hp = q_BNTH.shape
   K, Sp = k_BKSH.shape[1], k_BKSH.shape[2]
   bq, bk, G = cfg.block_q, cfg.block_k, cfg.groups
   delta = jnp.einsum('bnth,bnth->bnt', o_BNTH.astype(jnp.float32), do_BNTH.astype(jnp.float32))
+  # The lse leaves lane-broadcast: its lanes' cotangents add up.
+  delta = delta - lse_grad_term(d_lse_BNT1.sum(-1))
   delta_BNT1 = jnp.broadcast_to(delta[..., None], (B, N, Tp, LANES))
   args = (q_BNTH, k_BKSH, v_BKSH, do_BNTH, lse_BNT1, delta_BNT1)
 
@@ -437,6 +441,7 @@ def flash_attention(
   block_q: int | None = None,
   block_k: int | None = None,
   interpret: bool | None = None,
+  return_lse: bool = False,
 ) -> jax.Array:
   """softmax(softcap(q k^T * scale) + alibi, masked) v on TPU; GQA when N is a multiple of K.
 
@@ -474,7 +479,10 @@ def flash_attention(
   ex = _side_inputs(
     cfg, B, N, Tp, Sp, q_segment_ids, kv_segment_ids, q_positions, kv_positions, alibi_slopes
   )
-  o = _flash(
+  o, lse = _flash(
     cfg, _head_major(q_BTNH, Tp, Hp), _head_major(k_BSKH, Sp, Hp), _head_major(v_BSKH, Sp, Hp), ex
   )
-  return o.transpose(0, 2, 1, 3)[:, :T, :, :H]
+  o = o.transpose(0, 2, 1, 3)[:, :T, :, :H]
+  if return_lse:  # natural log, [B, N, T]
+    return o, lse[:, :, :T, 0] / LOG2_E
+  return o

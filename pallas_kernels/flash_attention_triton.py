@@ -34,10 +34,12 @@ from jax.experimental.pallas import triton as plgpu
 from pallas_kernels import tile_math as tm
 from pallas_kernels.block_ranges import MASK_VALUE, kv_block_range, q_block_range
 from pallas_kernels.common import (
+  LOG2_E,
   MaskRule,
   check_inputs,
   default_positions,
   flash_vjp,
+  lse_grad_term,
   pad_to,
   padded_ids,
   round_up,
@@ -384,11 +386,12 @@ def _forward(cfg, q_BTNH, k_BSKH, v_BSKH, ex):
   )
 
 
-def _backward(cfg, q_BTNH, k_BSKH, v_BSKH, ex, o_BTNH, lse_BNT, do_BTNH):
+def _backward(cfg, q_BTNH, k_BSKH, v_BSKH, ex, o_BTNH, lse_BNT, do_BTNH, d_lse_BNT):
   B, Tp, N, Hp = q_BTNH.shape
   Sp, K, G = k_BSKH.shape[1], k_BSKH.shape[2], cfg.groups
   bq, bk = cfg.blocks[2:]
   delta_BNT = jnp.einsum('btnh,btnh->bnt', o_BTNH.astype(jnp.float32), do_BTNH.astype(jnp.float32))
+  delta_BNT = delta_BNT - lse_grad_term(d_lse_BNT)
   args = (q_BTNH, k_BSKH, v_BSKH, do_BTNH, lse_BNT, delta_BNT, *ex)
 
   # dK/dV: grid (B, K, key blocks); a program reads the queries of all G heads of its group.
@@ -496,6 +499,7 @@ def flash_attention(
   num_warps: int | None = None,
   num_stages: int | None = None,
   interpret: bool | None = None,
+  return_lse: bool = False,
 ) -> jax.Array:
   """softmax(softcap(q k^T * scale) + alibi, masked) v; GQA when N is a multiple of K.
 
@@ -504,7 +508,8 @@ def flash_attention(
   ALiBi adds alibi_slopes[n] * (kv_positions[b, j] - q_positions[b, t]); positions default to
   i and j. softcap: cap · tanh(x / cap) of the scaled logits x (Gemma 2), None for none. A query
   with no allowed key returns 0. block_q/block_k (powers of two, >= 16) set the
-  tiles of both passes; by default default_tiling() picks them.
+  tiles of both passes; by default default_tiling() picks them. return_lse: also each row's
+  log-sum-exp [B, N, T] (natural log; differentiable: attention sinks use it).
   """
   B, T, N, H = q_BTNH.shape
   _, S, K, _ = k_BSKH.shape
@@ -536,5 +541,7 @@ def flash_attention(
   ex = _side_inputs(
     cfg, B, Tp, Sp, q_segment_ids, kv_segment_ids, q_positions, kv_positions, alibi_slopes
   )
-  o = _flash(cfg, _pad(q_BTNH, Tp, Hp), _pad(k_BSKH, Sp, Hp), _pad(v_BSKH, Sp, Hp), ex)
+  o, lse = _flash(cfg, _pad(q_BTNH, Tp, Hp), _pad(k_BSKH, Sp, Hp), _pad(v_BSKH, Sp, Hp), ex)
+  if return_lse:  # natural log, [B, N, T]
+    return o[:, :T, :, :H], lse[:, :, :T] / LOG2_E
   return o[:, :T, :, :H]

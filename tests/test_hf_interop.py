@@ -532,7 +532,10 @@ def test_a_large_export_is_written_in_shards_that_import_the_same(tmp_path, impo
     # Partial RoPE exports as StableLM, whose norm is LayerNorm.
     ({'model.position.rope.fraction': 0.5}, r"model.norm.kind='rmsnorm': .*StableLmForCausalLM"),
     # Sandwich norms export as Gemma 2, which scales its embeddings by √d.
-    ({'model.norm.placement': 'sandwich'}, r'model.embed_scale=1.0: .*Gemma2ForCausalLM .* has 4.0'),
+    (
+      {'model.norm.placement': 'sandwich'},
+      r'model.embed_scale=1.0: .*Gemma2ForCausalLM .* has 4.0',
+    ),
     ({'model.ffn.kind': 'relu2'}, r"model.ffn.kind='relu2'"),
     ({'model.attention.output_gate': 'headwise'}, r"model.attention.output_gate='headwise'"),
     (

@@ -83,19 +83,23 @@ def choose_impl(
   mllm's kernels, which take every index mask natively. `mask` defaults to plain causal; `gpu`
   (compute capability, cuDNN version) to the runtime's; `training`: the call is differentiated
   (cuDNN refuses more then; 'auto' cannot tell inside a trace, so it assumes so); `softcap`: the
-  logits are soft-capped (cuDNN cannot); `sinks`: learned sink logits ('xla', 'blockwise' only).
+  logits are soft-capped (cuDNN cannot); `sinks`: learned sink logits (neither cuDNN nor splash).
   """
   backend = backend or on_mesh.backend()
-  learned = rel_values is not None or dropout or _dense(bias) or sinks
+  learned = rel_values is not None or dropout or _dense(bias)
   alibi = bias is not None and bias.alibi_slopes is not None
   by_length = 'xla' if k_BSKH.shape[1] < BLOCKWISE_FROM else 'blockwise'
   if learned:
     return by_length
   if backend == 'tpu':  # splash first; mllm's TPU kernel for what splash's record lacks (ALiBi)
-    return next(n for n in ('splash', 'pallas') if ATTENTION_IMPLS[n].lacks(alibi=alibi) is None)
+    return next(
+      n for n in ('splash', 'pallas') if ATTENTION_IMPLS[n].lacks(alibi=alibi, sinks=sinks) is None
+    )
   if backend == 'gpu':
     gpu = runtime_gpu_facts() if gpu is None else gpu
-    return choose_on_gpu(q_BTNH, k_BSKH, mask or AttentionMask(), alibi, gpu, training, softcap)
+    # cuDNN has neither a soft cap nor sinks.
+    no_cudnn = softcap or sinks
+    return choose_on_gpu(q_BTNH, k_BSKH, mask or AttentionMask(), alibi, gpu, training, no_cudnn)
   return by_length
 
 
@@ -185,7 +189,7 @@ def run_impl(impl: str, q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
   A term the implementation's record says it cannot compute is refused in one line."""
   if not ATTENTION_IMPLS[impl].per_shard:
     return ATTENTION_IMPLS[impl](q_BTNH, k_BSKH, v_BSKH, **kwargs)
-  mask, bias = kwargs.pop('mask'), kwargs.pop('bias')
+  mask, bias, sinks = kwargs.pop('mask'), kwargs.pop('bias'), kwargs.pop('sinks', None)
   B = q_BTNH.shape[0]
   b, h = on_mesh.split_axes(B, (q_BTNH.shape[2], k_BSKH.shape[2]))
 
@@ -205,15 +209,15 @@ def run_impl(impl: str, q_BTNH, k_BSKH, v_BSKH, **kwargs) -> jax.Array:
   )
   heads = on_mesh.P(b, None, h, None)
 
-  def kernel(q, k, v, mask, bias):
+  def kernel(q, k, v, mask, bias, sinks):
     if static_offset is not None:
       mask = mask.replace(q_offset=static_offset)
-    return ATTENTION_IMPLS[impl](q, k, v, mask=mask, bias=bias, **kwargs)
+    return ATTENTION_IMPLS[impl](q, k, v, mask=mask, bias=bias, sinks=sinks, **kwargs)
 
   return on_mesh.per_shard(
     kernel,
-    (q_BTNH, k_BSKH, v_BSKH, mask, bias),
-    (heads, heads, heads, mask_specs, bias_specs),
+    (q_BTNH, k_BSKH, v_BSKH, mask, bias, sinks),
+    (heads, heads, heads, mask_specs, bias_specs, None if sinks is None else on_mesh.P(h)),
     heads,
   )
 
@@ -327,16 +331,20 @@ _KERNEL = dict(per_shard=True, index_masks=True)
 ATTENTION_IMPLS: dict[str, AttentionImpl] = {
   'xla': AttentionImpl(xla_attention, learned_terms=True, sinks=True),
   'blockwise': AttentionImpl(blockwise_attention, learned_terms=True, sinks=True),
-  'pallas': AttentionImpl(pallas_attention, pallas=True, tiles=kernels.triton_tiles, **_KERNEL),
+  'pallas': AttentionImpl(
+    pallas_attention, pallas=True, sinks=True, tiles=kernels.triton_tiles, **_KERNEL
+  ),
   'pallas_tpu': AttentionImpl(
     functools.partial(pallas_attention, impl='pallas_tpu'),
     pallas=True,
+    sinks=True,
     tiles=kernels.tpu_tiles,
     **_KERNEL,
   ),
   'pallas_mgpu': AttentionImpl(
     functools.partial(pallas_attention, impl='pallas_mgpu'),
     pallas=True,
+    sinks=True,
     half_precision='the Mosaic GPU kernel (wgmma)',
     tiles=kernels.mgpu_tiles,
     backends=kernels.mgpu_backends,

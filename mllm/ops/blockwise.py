@@ -302,10 +302,14 @@ def _flash_forward(lay, q_blocks, k_blocks, v_blocks, aux):
   return out_blocks, lse_blocks
 
 
-def _flash_backward(lay, q_blocks, k_blocks, v_blocks, aux, out_blocks, lse_blocks, d_out_blocks):
-  """Dao 2023, Alg. 2, one pass: for each key block, walk the query blocks that see it."""
+def _flash_backward(
+  lay, q_blocks, k_blocks, v_blocks, aux, out_blocks, lse_blocks, d_out_blocks, d_lse_blocks
+):
+  """Dao 2023, Alg. 2, one pass: for each key block, walk the query blocks that see it. (The
+  natural-log lse's cotangent, zero here, enters delta as flash_vjp says.)"""
   dtype = q_blocks.dtype
   delta_blocks = jnp.sum(d_out_blocks.astype(jnp.float32) * out_blocks.astype(jnp.float32), -1)
+  delta_blocks = delta_blocks - d_lse_blocks.astype(jnp.float32)
 
   def key_block(dq_acc, xs):
     j, k, v = xs
@@ -484,7 +488,7 @@ def blockwise_attention(
   dense = None if bias is None else bias.dense
   dropout = dropout_rate > 0.0 and dropout_rng is not None
   if dense is None and rel_values is None and not dropout and sinks is None:
-    out_blocks = _flash(lay, q_blocks, k_blocks, v_blocks, aux)
+    out_blocks = _flash(lay, q_blocks, k_blocks, v_blocks, aux)[0]
   else:
     dense_blocks = None if dense is None else _dense_bias_blocks(dense, K, lay)
     index_blocks = None if rel_values is None else _index_blocks(rel_values.index, B, lay)

@@ -42,7 +42,7 @@ def pallas_attention(
   """mllm's Pallas flash-attention kernel: pallas_kernels/flash_attention_triton.py (Triton; interpreted
   on CPU), flash_attention_tpu.py (Mosaic TPU; interpreted off a TPU) or flash_attention_mgpu.py
   (Mosaic GPU; interpreted off a GPU), by `pallas_kernel`."""
-  del rel_values, sinks, dropout_rate, dropout_rng  # refused before the call (AttentionImpl.lacks)
+  del rel_values, dropout_rate, dropout_rng  # refused before the call (AttentionImpl.lacks)
   # Importing Pallas is deferred until a kernel runs.
   kernel = pallas_kernel(impl)
   # Interpreted off the kernel's hardware, judged by the devices the code is traced for.
@@ -55,7 +55,7 @@ def pallas_attention(
     from pallas_kernels.flash_attention_triton import flash_attention
   T, S = q_BTNH.shape[1], k_BSKH.shape[1]
   alibi = bias is not None and bias.alibi_slopes is not None
-  return flash_attention(
+  out = flash_attention(
     q_BTNH,
     k_BSKH,
     v_BSKH,
@@ -72,7 +72,19 @@ def pallas_attention(
     block_q=block_q,
     block_k=block_k,
     interpret=interpret,
+    return_lse=sinks is not None,
   )
+  if sinks is None:
+    return out
+  return with_sinks(*out, sinks)
+
+
+def with_sinks(out_BTNH, lse_BNT, sinks_N) -> jax.Array:
+  """Attention with a sink logit s per head from attention without: a sink adds e^s to each row's
+  normalizer Z = e^lse, so every probability, and the output, scales by Z / (Z + e^s) =
+  σ(lse − s). A row that saw no key (output 0) stays 0. Differentiable through the kernel's lse."""
+  keep_BNT = jax.nn.sigmoid(lse_BNT - sinks_N.astype(jnp.float32)[None, :, None])
+  return (out_BTNH * keep_BNT.transpose(0, 2, 1)[..., None]).astype(out_BTNH.dtype)
 
 
 def cudnn_attention(

@@ -1,0 +1,47 @@
+"""Norm placements of 2024-26 against Pre-LN, at the configured learning rate and at 4x it
+(not tuned: the claim is about a rate that is too high): sandwich norms (Gemma 2; Peri-LN, Kim et
+al. 2025, arXiv 2502.02732: hidden-state variance flat with depth, better at high rates) and
+OLMo 2's norm on the sublayers' outputs (Team OLMo 2025, arXiv 2501.00656, sec. 3.2: fewer loss
+spikes). At the configured rate: no difference expected; at 4x, both ahead of Pre-LN at 4x.
+Defined and planned; not run yet."""
+
+from experiments.suite import Suite, Variant
+from experiments.suites._presets import PRESETS
+
+
+def _times(factor: float):
+  return lambda config: {'train.learning_rate': factor * config.train.learning_rate}
+
+
+SUITE = Suite(
+  name='norms_2024',
+  description='Pre-LN vs sandwich (Gemma 2, Peri-LN) vs output norms (OLMo 2), at the configured '
+  'rate and at 4x it',
+  base='configs/base.py:placement=pre',
+  variants=(
+    Variant('pre', tune=False),
+    Variant('sandwich', 'placement=sandwich', tune=False, expect='same'),
+    Variant('output', 'placement=output', tune=False, expect='same'),
+    Variant('pre-4x', 'placement=pre', derived=_times(4.0), tune=False, expect='worse'),
+    Variant(
+      'sandwich-4x',
+      'placement=sandwich',
+      derived=_times(4.0),
+      tune=False,
+      expect='better',
+      versus='pre-4x',
+    ),
+    Variant(
+      'output-4x',
+      'placement=output',
+      derived=_times(4.0),
+      tune=False,
+      expect='better',
+      versus='pre-4x',
+    ),
+  ),
+  presets=PRESETS,
+  extra_metrics='layer_grad_norms',
+  paper_source='Kim et al. 2025 (Peri-LN: stable at high rates); Team OLMo 2025 (OLMo 2: fewer '
+  'spikes); Gemma 2 (Team et al. 2024)',
+)

@@ -1,0 +1,56 @@
+"""Positions of 2024-26 against full RoPE, each at its own tuned learning rate: partial RoPE
+rotating a fraction of each head (GPT-NeoX's rotary_pct; p-RoPE, Barbero et al. 2024, arXiv
+2410.06205: parity or better), and NoPE every 4th layer among RoPE ones (Llama 4's iRoPE, SmolLM3);
+each evaluated at the training context and, without training, at 4x it (NoPE layers: better
+length extrapolation). Defined and planned; not run yet."""
+
+from experiments.suite import Suite, Variant
+from experiments.suites._presets import PRESETS
+
+LONGER = 4  # evaluated at 4 × the training context
+
+
+def _at_longer_context(config) -> dict:
+  length = LONGER * config.data.seq_len
+  return {
+    'data.seq_len': length,
+    'model.max_seq_len': length,
+    'data.batch_size': max(1, config.data.batch_size // LONGER),
+  }
+
+
+def _variant(name: str, overrides: dict, expect: str) -> tuple[Variant, Variant]:
+  """The row at the training context, and its trained parameters evaluated at 4x it."""
+  return (
+    Variant(name, overrides=overrides, expect=expect),
+    Variant(
+      f'{name}-at_4x',
+      overrides=overrides,
+      derived=_at_longer_context,
+      starts_from=name,
+      trains=False,
+      versus='rope-at_4x',
+      expect='better' if 'nope' in name else 'same',
+    ),
+  )
+
+
+SUITE = Suite(
+  name='positions_2024',
+  description='full RoPE vs partial RoPE (1/8, 1/4, 1/2 of each head) and NoPE every 4th layer, '
+  'at the training context and at 4x it',
+  base='configs/base.py:pos=rope',
+  variants=(
+    Variant('rope'),
+    Variant(
+      'rope-at_4x', derived=_at_longer_context, starts_from='rope', trains=False, expect='worse'
+    ),
+    *_variant('partial_1_8', {'model.position.rope.fraction': 0.125}, 'same'),
+    *_variant('partial_1_4', {'model.position.rope.fraction': 0.25}, 'same'),
+    *_variant('partial_1_2', {'model.position.rope.fraction': 0.5}, 'same'),
+    *_variant('nope_every_4', {'model.position.rope.nope_every': 4}, 'same'),
+  ),
+  presets=PRESETS,
+  paper_source='Barbero et al. 2024 (p-RoPE: partial rotation at parity or better); Llama 4 / '
+  'SmolLM3 (NoPE layers for length generalisation)',
+)
