@@ -56,6 +56,8 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   model.param_dtype = 'float32'
   model.dtype = 'float32'  # compute dtype: float32 | bfloat16
   model.scan_layers = False  # nnx.scan over layers: faster compiles, same results
+  # One multi-token-prediction depth beside the head (DeepSeek-V3): t_{i+2} from h_i and t_{i+1}
+  model.multi_token_prediction = False
   model.scan_unroll = 1  # with scan_layers: layers per loop iteration (XLA fuses across them)
   model.remat = 'none'  # none | full (recompute each layer in the backward) | dots (keep matmuls)
   # standard | mup (µP, Tensor Programs V: init, per-layer rates, attention scale and logits scaled
@@ -165,6 +167,11 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   # PaLM's output z-loss (Chowdhery et al. 2022, sec. 5: 1e-4): + coef · mean(log² Z) of the logits,
   # which keeps log Z near 0 (Wortsman et al. 2023: it removes the output-logit divergence)
   train.z_loss_coef = 0.0
+  # The multi-token-prediction loss's weight (DeepSeek-V3: 0.3 for its first 10T of 14.8T tokens,
+  # then 0.1): mtp_coef until mtp_switch_at of the steps, mtp_coef_final after
+  train.mtp_coef = 0.3
+  train.mtp_coef_final = 0.1
+  train.mtp_switch_at = 0.68
   train.grad_accum_steps = 1  # micro-batches per step; data.batch_size is split between them
   train.log_every = 10
   train.eval_every = 100  # and at the end; 0: only at the end

@@ -26,7 +26,8 @@ Version 7: `model.position.rope.fraction`, partial RoPE (1.0 before: every dimen
 `model.position.rope.nope_every`, `model.attention.output_gate` and
 `model.attention.global_every` (None before); `model.attention.value_residual` and
 `model.attention.sinks` and `model.norm.unit_offset` (False before);
-`model.attention.qk_norm_over` ('head' before).
+`model.attention.qk_norm_over` ('head' before); `model.multi_token_prediction` (False before) and
+its loss weights `train.mtp_coef`, `mtp_coef_final`, `mtp_switch_at` (not read before).
 """
 
 from __future__ import annotations
@@ -212,6 +213,10 @@ v6_to_v7, v7_as_v6 = _adding(
     'model.attention.sinks': False,
     'model.norm.unit_offset': False,
     'model.attention.qk_norm_over': 'head',
+    'model.multi_token_prediction': False,
+    'train.mtp_coef': 0.3,
+    'train.mtp_coef_final': 0.1,
+    'train.mtp_switch_at': 0.68,
   }
 )
 
@@ -256,10 +261,14 @@ def v2_as_v1(config: dict) -> dict:
   scaling = model['position']['rope']['scaling']
   factor = scaling[scaling['kind']]['factor'] if scaling['kind'] != 'none' else 1.0
   for old, new in _V1_TO_V2.items():
-    _put(model, old, _get(model, new))
+    _put(model, old, _pop(model, new))
   _put(model, _V1_FACTOR, factor)
+  _pop(model, 'position.rope.scaling')
+  # A section keeps what version 1 had no key for: a later version's key that a downgrade left
+  # at another value than the one version 1 computed (partial RoPE), so no version 1 run is it.
   for section in _V2_SECTIONS:
-    _pop(model, section)
+    if not _get(model, section):
+      _pop(model, section)
   return config
 
 

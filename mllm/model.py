@@ -12,6 +12,12 @@ Each sublayer f (attention, then the FFN) of a Block, by `model.norm.placement`:
 The FFN is a dense one or, in the layers `model.ffn.moe` picks, a mixture of experts, whose routing
 statistics the model returns on request (`return_moe_stats=True`) for the training step's losses.
 
+Multi-token prediction (`model.multi_token_prediction`; DeepSeek-V3, arXiv 2412.19437, sec. 2.2,
+eqs. 21-23, one depth; Gloeckle et al. 2024): beside the next token, an `MTPModule` predicts the
+one after it from the last block's hidden state h_i and the next token's embedding,
+h'_i = W [Norm(h_i); Norm(Emb(t_{i+1}))], one more Block, its own final norm and the shared head.
+Training adds its loss (mllm/train/step.py); inference ignores it.
+
 Every variant is looked up by its config name in a registry (positions, FFNs, norms, attention
 implementations); this file only wires them together.
 """
@@ -55,6 +61,35 @@ class ValueMix(nnx.Module):
     self.weights = nnx.Param(
       jnp.full((n_layers - 1, 2), 0.5, param_dtype), logical_axes=('layers', 'value_mix')
     )
+
+
+class MTPModule(nnx.Module):
+  """One multi-token-prediction depth (module docstring): `mtp(h_BTD, next_BTD, context, mask)`
+  -> the hidden state that the shared head turns into logits for t_{i+2}."""
+
+  def __init__(self, cfg, *, rngs: nnx.Rngs):
+    norm = NORMS[cfg.norm.kind]
+    d = cfg.d_model
+    self.hidden_norm = norm.from_config(cfg, d, rngs=rngs)
+    self.embed_norm = norm.from_config(cfg, d, rngs=rngs)
+    self.proj = nnx.Linear(
+      2 * d,
+      d,
+      use_bias=False,
+      dtype=jnp.dtype(cfg.dtype),
+      param_dtype=jnp.dtype(cfg.param_dtype),
+      kernel_init=nnx.initializers.normal(weight_std(cfg, 'in', fan_in=2 * d)),
+      rngs=rngs,
+      kernel_metadata={'logical_axes': ('mtp_in', 'embed')},
+    )
+    # Its block has the last layer's place in any per-layer pattern.
+    self.block = Block(cfg, layer=cfg.n_layers - 1, rngs=rngs)
+    self.final_norm = norm.from_config(cfg, d, rngs=rngs)
+
+  def __call__(self, h_BTD, next_BTD, context, mask):
+    joined = jnp.concatenate([self.hidden_norm(h_BTD), self.embed_norm(next_BTD)], axis=-1)
+    x_BTD, _, _ = self.block(self.proj(joined), context, mask)
+    return self.final_norm(x_BTD)
 
 
 def make_ffn(cfg, sparse: bool, *, rngs: nnx.Rngs) -> nnx.Module:
@@ -197,6 +232,7 @@ class Transformer(nnx.Module):
     cache: KVCache | None = None,
     float32_logits: bool = True,
     probe_attention: bool = False,
+    next_tokens: jax.Array | None = None,
   ):
     if positions is None:
       positions = self._default_positions(tokens_BT, cache)
@@ -213,21 +249,29 @@ class Transformer(nnx.Module):
       writes = None
     else:
       context, mask, writes, new_positions = self._cached_context(positions, cache)
-    x_BTD, stats, kv = self._blocks(x_BTD, context, mask, cache, writes, probe_attention)
-    if self.final_norm is not None:
-      x_BTD = self.final_norm(x_BTD)
+    h_BTD, stats, kv = self._blocks(x_BTD, context, mask, cache, writes, probe_attention)
+    x_BTD = h_BTD if self.final_norm is None else self.final_norm(h_BTD)
+    logits_BTV = self._logits(x_BTD, float32_logits)
+    if next_tokens is not None and self.mtp is not None:  # training's second-next-token logits
+      next_BTD = self.embed(next_tokens)
+      if self.embed_scale != 1.0:
+        next_BTD = next_BTD * jnp.asarray(self.embed_scale, next_BTD.dtype)
+      mtp_BTD = self.mtp(h_BTD, next_BTD, context, mask)
+      stats = {**(stats or {}), 'mtp_logits': self._logits(mtp_BTD, float32_logits)}
+    if cache is not None:
+      new_cache = KVCache(k=kv[0], v=kv[1], positions=new_positions)
+      return logits_BTV, new_cache
+    return (logits_BTV, stats or {}) if return_moe_stats else logits_BTV
+
+  def _logits(self, x_BTD, float32_logits: bool):
+    """The head's logits of final hidden states x: tied or untied, µP's multiplier, the soft cap."""
     logits_BTV = self.embed.attend(x_BTD) if self.head is None else self.head(x_BTD)
     if self.output_multiplier != 1.0:
       logits_BTV = logits_BTV * jnp.asarray(self.output_multiplier, logits_BTV.dtype)
     if self.final_logit_softcap is not None:  # Gemma 2 (Team et al. 2024): cap · tanh(z / cap)
       capped = softcapped(logits_BTV.astype(jnp.float32), self.final_logit_softcap)
       logits_BTV = capped.astype(logits_BTV.dtype)
-    if float32_logits:
-      logits_BTV = logits_BTV.astype(jnp.float32)
-    if cache is not None:
-      new_cache = KVCache(k=kv[0], v=kv[1], positions=new_positions)
-      return logits_BTV, new_cache
-    return (logits_BTV, stats or {}) if return_moe_stats else logits_BTV
+    return logits_BTV.astype(jnp.float32) if float32_logits else logits_BTV
 
   def _default_positions(self, tokens_BT, cache: KVCache | None):
     """0..T−1, or with a cache each sequence's next positions after the latest it holds."""
@@ -341,7 +385,8 @@ def make_tail(cfg, *, rngs: nnx.Rngs) -> dict[str, nnx.Module | None]:
     if cfg.attention.value_residual and cfg.n_layers > 1
     else None
   )
-  return {'final_norm': final_norm, 'head': head, 'value_mix': value_mix}
+  mtp = MTPModule(cfg, rngs=rngs) if cfg.multi_token_prediction else None
+  return {'final_norm': final_norm, 'head': head, 'value_mix': value_mix, 'mtp': mtp}
 
 
 def _call_block(

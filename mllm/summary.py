@@ -68,6 +68,12 @@ def _training_choices(config) -> str:
     parts.append(f'final-logit soft cap {m.final_logit_softcap:g}')
   if m.attention.logit_softcap is not None:
     parts.append(f'attention-logit soft cap {m.attention.logit_softcap:g}')
+  if m.multi_token_prediction:
+    t = config.train
+    parts.append(
+      f'multi-token prediction (weight {t.mtp_coef:g} → {t.mtp_coef_final:g} at '
+      f'{t.mtp_switch_at:g} of the steps)'
+    )
   return ', '.join(parts)
 
 

@@ -339,6 +339,9 @@ def validate_train(config: config_dict.ConfigDict) -> None:
   number('train.weight_decay', t.weight_decay, 0.0, 10.0, 'the decoupled weight decay')
   number('train.grad_clip', t.grad_clip, 0.0, 1e30, 'a global norm (0: off)')
   number('train.z_loss_coef', t.z_loss_coef, 0.0, 1.0, "the output z-loss's weight (0: off)")
+  for key in ('mtp_coef', 'mtp_coef_final'):
+    number(f'train.{key}', t[key], 0.0, 10.0, "the multi-token-prediction loss's weight")
+  number('train.mtp_switch_at', t.mtp_switch_at, 0.0, 1.0, 'a fraction of train.steps')
   check_variant_keys(t.optimizer, 'train.optimizer', OPTIMIZERS, 'optimizer')
   for key in ('decay_embeddings', 'decay_norms_and_biases', 'async_checkpoint', 'tensorboard'):
     if not isinstance(t[key], bool):

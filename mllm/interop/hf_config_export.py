@@ -55,6 +55,7 @@ MATH_KEYS = (
   'attention.global_every',
   'attention.value_residual',
   'attention.sinks',
+  'multi_token_prediction',
 )
 
 

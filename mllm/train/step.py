@@ -1,8 +1,10 @@
 """The jitted training and evaluation steps: pure functions of (state, batch).
 
 Loss: mean next-token cross-entropy over the tokens whose loss_mask is 1 (padding is 0), plus the
-MoE balancing losses. With gradient accumulation each micro-batch's sum is divided by the whole
-batch's token count, so the update equals the one from the whole batch at once.
+MoE balancing losses, the output z-loss, and with multi-token prediction its weighted mean
+second-next-token cross-entropy (DeepSeek-V3, eq. 24-25). With gradient accumulation each
+micro-batch's sum is divided by the whole batch's token count, so the update equals the one from
+the whole batch at once.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ def _forward_on_mesh(train_setup: ModelSetup, params, batch, train: bool, dropou
   elif dropout_key is not None:
     nnx.reseed(net, dropout=dropout_key, policy='match_shape')
   packed = train_setup.config.data.document_mask
+  mtp = train and train_setup.config.model.multi_token_prediction
   logits, moe_stats = net(
     batch['inputs'],
     positions=batch['positions'] if packed else None,
@@ -50,13 +53,42 @@ def _forward_on_mesh(train_setup: ModelSetup, params, batch, train: bool, dropou
     return_moe_stats=True,
     float32_logits=False,  # the loss upcasts pass by pass (a float32 copy would cost a bf16 step)
     probe_attention=probe,
+    next_tokens=batch['targets'] if mtp else None,
   )
   losses, log_z = cross_entropy_and_logsumexp(logits, batch['targets'])
   mask = batch['loss_mask']
   # Sums over the masked tokens (summed, not averaged, over micro-batches): the output's log Z,
   # logged, and log² Z, PaLM's z-loss (train.z_loss_coef).
   stats = {**moe_stats, 'log_z_sum': (log_z * mask).sum(), 'log_z_sq_sum': (log_z**2 * mask).sum()}
+  if mtp:  # position i's logits for t_{i+2} = targets[i + 1]
+    mtp_losses, _ = cross_entropy_and_logsumexp(
+      stats.pop('mtp_logits')[:, :-1], batch['targets'][:, 1:]
+    )
+    stats['mtp_loss_sum'] = (mtp_losses * mtp_mask(batch, packed)).sum()
   return losses * mask, stats
+
+
+def mtp_mask(batch, packed: bool) -> jax.Array:
+  """[B, T − 1]: where position i's second-next token t_{i+2} (targets[i + 1]) is scored: both
+  targets in the loss and, with packed documents, positions i and i + 1 in one document."""
+  m = batch['loss_mask'][:, :-1] * batch['loss_mask'][:, 1:]
+  if packed:
+    m = m * (batch['segment_ids'][:, :-1] == batch['segment_ids'][:, 1:])
+  return m
+
+
+def mtp_weight(train_cfg, step) -> jax.Array:
+  """The multi-token-prediction loss's weight at `step`: mtp_coef, then mtp_coef_final from
+  mtp_switch_at of the steps (DeepSeek-V3's 0.3 → 0.1)."""
+  switch = int(train_cfg.mtp_switch_at * train_cfg.steps)
+  schedule = (
+    optax.piecewise_constant_schedule(
+      train_cfg.mtp_coef, {switch: train_cfg.mtp_coef_final / train_cfg.mtp_coef}
+    )
+    if train_cfg.mtp_coef
+    else optax.constant_schedule(0.0)
+  )
+  return schedule(step)
 
 
 def _is_stochastic(cfg) -> bool:
@@ -78,15 +110,16 @@ def make_train_step(train_setup: TrainSetup):
     params = state['params']
     key = jax.random.fold_in(jax.random.wrap_key_data(state['rng']), state['step'])
     n_tokens = jnp.maximum(batch['loss_mask'].sum(), 1.0)
+    mtp = parts.mtp_terms(batch, state['step'])
     if parts.accum == 1:
       (_, (loss_sum, stats)), grads = parts.grad_fn(
-        params, batch, parts.dropout_key(key), n_tokens, None
+        params, batch, parts.dropout_key(key), n_tokens, None, mtp
       )
     else:
-      loss_sum, stats, grads = parts.accumulated_grads(params, batch, key, n_tokens)
+      loss_sum, stats, grads = parts.accumulated_grads(params, batch, key, n_tokens, mtp)
     grads = split_trained(grads)[0]
     new_state = parts.updated_state(state, grads, stats)
-    return new_state, parts.metrics(state, new_state, loss_sum, stats, grads, n_tokens)
+    return new_state, parts.metrics(state, new_state, loss_sum, stats, grads, n_tokens, batch)
 
   metrics_sharding = replicated(train_setup.mesh)
   return jax.jit(
@@ -108,14 +141,23 @@ class _StepParts:
     self.moe = cfg.model.ffn.moe
     self.z_loss_coef = cfg.train.z_loss_coef
     self.has_moe = bool(moe_layers(cfg.model))
+    self.mtp = cfg.model.multi_token_prediction
     self.stochastic = _is_stochastic(cfg.model)
     self.grad_fn = jax.value_and_grad(self.objective, has_aux=True)
+
+  def mtp_terms(self, batch, step):
+    """(the MTP loss's weight at `step`, the whole batch's count of MTP targets), or None."""
+    if not self.mtp:
+      return None
+    packed = self.train_setup.config.data.document_mask
+    n_mtp = jnp.maximum(mtp_mask(batch, packed).sum(), 1.0)
+    return mtp_weight(self.train_setup.config.train, step), n_mtp
 
   def dropout_key(self, key):
     """`key` where the model draws random numbers (dropout, router noise), else None."""
     return key if self.stochastic else None
 
-  def objective(self, params, batch, key, n_tokens, counts_LE):
+  def objective(self, params, batch, key, n_tokens, counts_LE, mtp=None):
     """(this micro-batch's share of the objective, (its loss sum, its MoE stats)). Differentiated
     with respect to all saved variables (NNX's scan refuses variables traced at another level);
     the ExpertBias gradient is zero (it only selects) and is dropped."""
@@ -124,13 +166,16 @@ class _StepParts:
     value = losses.sum() / n_tokens
     if self.z_loss_coef:
       value += self.z_loss_coef * stats['log_z_sq_sum'] / n_tokens
+    if mtp is not None:
+      weight, n_mtp = mtp
+      value += weight * stats['mtp_loss_sum'] / n_mtp
     if self.has_moe:
       counts = stats['tokens_per_expert'] if counts_LE is None else counts_LE
       balance = balancing_objective(counts, stats['mean_prob'], moe.top_k, moe.balance_convention)
       value += (moe.balance_coef * balance + moe.z_loss_coef * jnp.mean(stats['z_loss'])) / accum
     return value, (losses.sum(), stats)
 
-  def accumulated_grads(self, params, batch, key, n_tokens):
+  def accumulated_grads(self, params, batch, key, n_tokens, mtp=None):
     """(loss sum, MoE stats, gradients) of the whole batch, summed by a scan over `accum`
     micro-batches."""
     accum = self.accum
@@ -146,10 +191,10 @@ class _StepParts:
     def add(carry, inputs):
       total, variables = carry
       mb, k = inputs
-      out = self.grad_fn(variables, mb, self.dropout_key(k), n_tokens, counts)
+      out = self.grad_fn(variables, mb, self.dropout_key(k), n_tokens, counts, mtp)
       return (jax.tree.map(jnp.add, total, out), variables), None
 
-    zeros = _zeros(jax.eval_shape(self.grad_fn, params, _first(micro), None, n_tokens, counts))
+    zeros = _zeros(jax.eval_shape(self.grad_fn, params, _first(micro), None, n_tokens, counts, mtp))
     ((_, (loss_sum, stats)), grads), _ = jax.lax.scan(add, (zeros, params), (micro, keys))[0]
     # Summed over micro-batches: counts stay sums, the per-call means become means.
     stats = {name: v if name in _SUMMED else v / accum for name, v in stats.items()}
@@ -189,7 +234,7 @@ class _StepParts:
       'rng': state['rng'],
     }
 
-  def metrics(self, state, new_state, loss_sum, stats, grads, n_tokens) -> dict:
+  def metrics(self, state, new_state, loss_sum, stats, grads, n_tokens, batch) -> dict:
     """The step's metrics: loss, gradient norm, learning rate, tokens, whether the new parameters
     are all finite, and the MoE routing metrics where the model has MoE layers."""
     # A finite loss can still come with an overflowing update; the loop must not save that state.
@@ -204,6 +249,9 @@ class _StepParts:
       'params_finite': finite,
       'log_z': stats['log_z_sum'] / n_tokens,  # the output's mean log Z (Wortsman et al. 2023)
     }
+    if self.mtp:  # the second-next-token loss, per MTP target (its weight aside)
+      packed = self.train_setup.config.data.document_mask
+      metrics['mtp_loss'] = stats['mtp_loss_sum'] / jnp.maximum(mtp_mask(batch, packed).sum(), 1.0)
     if self.has_moe:
       routing = {k: v for k, v in stats.items() if k not in _OUTPUT_STATS}
       metrics['moe'] = moe_metrics(routing, self.moe.top_k, self.moe.balance_convention)
@@ -212,7 +260,7 @@ class _StepParts:
 
 # The output's statistics (the rest are the MoE layers'), and those that are sums over a batch's
 # tokens (the rest are means per forward pass).
-_OUTPUT_STATS = ('log_z_sum', 'log_z_sq_sum')
+_OUTPUT_STATS = ('log_z_sum', 'log_z_sq_sum', 'mtp_loss_sum')
 _SUMMED = ('tokens_per_expert', *_OUTPUT_STATS)
 
 
