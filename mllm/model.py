@@ -70,6 +70,8 @@ class MTPModule(nnx.Module):
   def __init__(self, cfg, *, rngs: nnx.Rngs):
     norm = NORMS[cfg.norm.kind]
     d = cfg.d_model
+    # Its block has the last layer's place in any per-layer pattern.
+    self.block = Block(cfg, layer=cfg.n_layers - 1, rngs=rngs)
     self.hidden_norm = norm.from_config(cfg, d, rngs=rngs)
     self.embed_norm = norm.from_config(cfg, d, rngs=rngs)
     self.proj = nnx.Linear(
@@ -82,8 +84,6 @@ class MTPModule(nnx.Module):
       rngs=rngs,
       kernel_metadata={'logical_axes': ('mtp_in', 'embed')},
     )
-    # Its block has the last layer's place in any per-layer pattern.
-    self.block = Block(cfg, layer=cfg.n_layers - 1, rngs=rngs)
     self.final_norm = norm.from_config(cfg, d, rngs=rngs)
 
   def __call__(self, h_BTD, next_BTD, context, mask):
@@ -164,19 +164,18 @@ class Block(nnx.Module):
     if not self.rotates:  # a NoPE layer among rotating ones
       context = context.without_rotation()
 
-    def attention(in_BTD):
-      if cache is None:
+    def attention(in_BTD):  # (output, the cache's update or the probe's peak logit)
+      if cache is None and not probe:
         return self.attention(in_BTD, context, mask, value_residual=value_residual), None
-      return self.attention(in_BTD, context, mask, cache, value_residual=value_residual)
+      return self.attention(
+        in_BTD, context, mask, cache, value_residual=value_residual, probe=probe
+      )
 
-    x_BTD, kv, attention_in = self._residual(
-      x_BTD, attention, self.attention_norm, self.attention_out_norm
-    )
+    x_BTD, extra, _ = self._residual(x_BTD, attention, self.attention_norm, self.attention_out_norm)
     x_BTD, stats, _ = self._residual(x_BTD, self._ffn, self.ffn_norm, self.ffn_out_norm)
     if probe:
-      peak = self.attention.max_logit(attention_in, context, mask)
-      stats = {**(stats or {}), 'max_attention_logit': peak}
-    return x_BTD, stats, kv
+      return x_BTD, {**(stats or {}), 'max_attention_logit': extra}, None
+    return x_BTD, stats, extra
 
 
 class Transformer(nnx.Module):
@@ -189,7 +188,7 @@ class Transformer(nnx.Module):
   With `return_moe_stats=True`: (logits, stats), stats the MoE layers' routing statistics stacked
   in layer order (`self.moe_layers`): tokens_per_expert [L, E], mean_prob [L, E], z_loss [L], ...
   ({} for a dense model); with `probe_attention=True` also each layer's largest attention logit,
-  max_attention_logit [L] (Attention.max_logit: the evaluation step's).
+  max_attention_logit [L] (mllm/ops/xla_attention.max_logit: the evaluation step's).
   """
 
   def __init__(self, cfg, *, rngs: nnx.Rngs):
@@ -197,6 +196,8 @@ class Transformer(nnx.Module):
     # time in the same order (mllm/train/state.py), so both give the same parameters.
     for name, part in make_stem(cfg, rngs=rngs).items():
       setattr(self, name, part)
+    self.window = cfg.attention.sliding_window
+    self.cache_window = rolling_window(cfg)  # the KV cache's rolling buffer, if any
     self.scan_layers = cfg.scan_layers
     self.scan_unroll = cfg.scan_unroll
     self.output_multiplier = output_multiplier(cfg)  # µP: 1/m (parametrization.py); else 1
@@ -217,8 +218,6 @@ class Transformer(nnx.Module):
       )
     for name, part in make_tail(cfg, rngs=rngs).items():
       setattr(self, name, part)
-    self.window = cfg.attention.sliding_window
-    self.cache_window = rolling_window(cfg)
     self.embed_scale = cfg.embed_scale
     self.remat = cfg.remat
 

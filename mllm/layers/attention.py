@@ -32,6 +32,7 @@ from mllm.layers.norms import RMSNorm
 from mllm.layers.parametrization import attention_scale, weight_std
 from mllm.layers.positions import POSITIONS, PositionContext
 from mllm.ops.attention import AttentionMask, attend
+from mllm.ops.xla_attention import max_logit
 
 OUTPUT_GATES = ('headwise', 'elementwise')  # `model.attention.output_gate` (None: no gate)
 QK_NORM_OVER = ('head', 'projection')  # `model.attention.qk_norm_over`
@@ -127,20 +128,6 @@ class Attention(nnx.Module):
       q_BTNH, k_BTKH = self.query_norm(q_BTNH), self.key_norm(k_BTKH)
     return context.rotate(q_BTNH), context.rotate(k_BTKH), v_BTKH
 
-  def max_logit(self, x_BTD, context: PositionContext, mask: AttentionMask) -> jax.Array:
-    """The largest attention logit q·kᵀ·scale over the pairs `mask` allows, before any soft cap
-    or bias: the measure of attention-logit growth (Wortsman et al. 2023, Fig. 1-2). A float32
-    scalar; it materializes the [B, N, T, S] logits, so the evaluation step alone computes it."""
-    q_BTNH, k_BSKH, _ = self._project(x_BTD, context)
-    B, T, N, H = q_BTNH.shape
-    S, K = k_BSKH.shape[1], k_BSKH.shape[2]
-    q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
-    logits_BKGTS = jnp.einsum(
-      'btkgh,bskh->bkgts', q_BTKGH, k_BSKH, preferred_element_type=jnp.float32
-    )
-    allowed = mask.allowed(T, S)[:, :, None]  # [B|1, 1, 1, T, S]
-    return jnp.max(jnp.where(allowed, logits_BKGTS * self.scale, -jnp.inf))
-
   def __call__(
     self,
     x_BTD: jax.Array,
@@ -148,10 +135,14 @@ class Attention(nnx.Module):
     mask: AttentionMask,
     cache: LayerCache | None = None,
     value_residual: tuple[jax.Array, jax.Array] | None = None,
+    probe: bool = False,
   ):
-    """The attention output [B, T, D]; with a `cache`, (output, the layer's updated (k, v)).
-    value_residual: (the first layer's values [B, T, K, H], this layer's (λ₁, λ₂))."""
+    """The attention output [B, T, D]; with a `cache`, (output, the layer's updated (k, v)); with
+    `probe` (no cache), (output, the largest allowed attention logit: `xla_attention.max_logit`,
+    from this call's own q and k). value_residual: (the first layer's values [B, T, K, H], this
+    layer's (λ₁, λ₂))."""
     q_BTNH, k_BTKH, v_BTKH = self._project(x_BTD, context, value_residual)
+    peak = max_logit(q_BTNH, k_BTKH, mask, self.scale) if probe else None
     updated = None
     if cache is not None:  # attend to [past ; new] keys, ordered by position (mask.kv_positions)
       k_BTKH, v_BTKH, updated = cache.extend(k_BTKH, v_BTKH)
@@ -181,7 +172,7 @@ class Attention(nnx.Module):
       gate = jax.nn.sigmoid(self.gate(x_BTD))
       out_BTNH = out_BTNH * (gate[..., None] if gate.ndim == 3 else gate).astype(out_BTNH.dtype)
     if cache is None:
-      return self.out(out_BTNH)
+      return self.out(out_BTNH) if peak is None else (self.out(out_BTNH), peak)
     # Decoding: one [N·H, D] matmul on a bitcast of the kernel. Through the einsum, XLA:CPU picks
     # the attention output's layout and then transposes the [N, H, D] kernel to match at every
     # step (10% of a 32M model's decode step).

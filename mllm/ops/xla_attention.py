@@ -24,6 +24,25 @@ def _split_heads_bias(bias_BNTS: jax.Array, n_kv: int) -> jax.Array:
   return bias_BNTS.reshape(b, n_kv, n // n_kv, t, s)
 
 
+def grouped_logits(q_BTNH, k_BSKH, scale: float) -> jax.Array:
+  """q·kᵀ·scale as [B, K, G, T, S] float32: the G = N/K query heads of each KV head side by side,
+  K and V never repeated."""
+  B, T, N, H = q_BTNH.shape
+  K = k_BSKH.shape[2]
+  q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
+  logits = jnp.einsum('btkgh,bskh->bkgts', q_BTKGH, k_BSKH, preferred_element_type=jnp.float32)
+  return logits * scale
+
+
+def max_logit(q_BTNH, k_BSKH, mask: AttentionMask, scale: float) -> jax.Array:
+  """The largest q·kᵀ·scale over the pairs `mask` allows, before any soft cap or bias: the
+  measure of attention-logit growth (Wortsman et al. 2023, Fig. 1-2). A float32 scalar; it
+  materializes the [B, N, T, S] logits, so the evaluation step alone computes it."""
+  T, S = q_BTNH.shape[1], k_BSKH.shape[1]
+  allowed = mask.allowed(T, S)[:, :, None]  # [B|1, 1, 1, T, S]
+  return jnp.max(jnp.where(allowed, grouped_logits(q_BTNH, k_BSKH, scale), -jnp.inf))
+
+
 def xla_attention(
   q_BTNH,
   k_BSKH,
@@ -61,11 +80,7 @@ def xla_attention(
     return _plain_attention(q_BTNH, k_BSKH, v_BSKH, allowed_BTS, scale, softcap)
   B, T, N, H = q_BTNH.shape
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
-  q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
-  logits_BKGTS = softcapped(
-    jnp.einsum('btkgh,bskh->bkgts', q_BTKGH, k_BSKH, preferred_element_type=jnp.float32) * scale,
-    softcap,
-  )
+  logits_BKGTS = softcapped(grouped_logits(q_BTNH, k_BSKH, scale), softcap)
   if bias is not None:
     logits_BKGTS = logits_BKGTS + _split_heads_bias(bias.materialize(), K)
   allowed = mask.allowed(T, S)[:, :, None]  # [B|1, 1, 1, T, S]
