@@ -25,6 +25,7 @@ SUITE = Suite(
     Variant('sinks', overrides={'model.attention.sinks': True}, expect='same'),
   ),
   presets=PRESETS,
+  extra_metrics='decode',  # each row's decode tokens/s and KV-cache bytes per token
   paper_source='Qiu et al. 2025 (gated attention: lower loss); Zhou et al. 2024 (ResFormer: lower '
   'loss; modded-nanogpt −0.012 at 124M); gpt-oss / Xiao et al. 2024 (sinks: no loss change)',
 )
