@@ -15,15 +15,17 @@ from rich.table import Table
 from mllm.accounting import count_params, training_flops_per_token
 from mllm.config import config_diff
 from mllm.layers import resolved_head_dim
+from mllm.layers.attention import layer_windows
 from mllm.layers.ffn import hidden_dim
 from mllm.layers.moe import expert_hidden_dim, moe_layers
 from mllm.layers.moe_experts import resolve_dispatch
-from mllm.layers.positions import POSITIONS
+from mllm.layers.positions import POSITIONS, rotating_layers
 from mllm.model import build_model, dense_ffn_kind
 from mllm.train.optimizer import describe_optimizer, peak_learning_rate, trained_params
 
 
-def _attention_kind(m) -> str:
+def _attention_kind(m, layer: int | None = None) -> str:
+  """The attention of the model config `m`, as `layer` has it (its window) when given."""
   if m.n_kv_heads == m.n_heads:
     kind = f'MHA {m.n_heads} heads'
   elif m.n_kv_heads == 1:
@@ -32,8 +34,11 @@ def _attention_kind(m) -> str:
     kind = f'GQA {m.n_heads}q:{m.n_kv_heads}kv'
   head_dim = resolved_head_dim(m)
   extras = [f'd_head {head_dim}']
-  if m.attention.sliding_window:
-    extras.append(f'window {m.attention.sliding_window}')
+  window = m.attention.sliding_window if layer is None else layer_windows(m)[layer]
+  if window:
+    extras.append(f'window {window}')
+  elif layer is not None and m.attention.sliding_window:
+    extras.append('global')
   if m.attention.qk_norm:
     extras.append('qk-norm')
   if m.attention.logit_softcap is not None:
@@ -44,8 +49,8 @@ def _attention_kind(m) -> str:
     extras.append('value residual')
   if m.attention.sinks:
     extras.append('sinks')
-  if m.attention.global_every:
-    extras.append(f'every {m.attention.global_every}th layer global')
+  if m.attention.global_every and layer is None:
+    extras.append(f'layers {m.attention.global_every}, {2 * m.attention.global_every}, ... global')
   return f"{kind} ({', '.join(extras)})"
 
 
@@ -121,10 +126,13 @@ def layer_table(config, model) -> Table:
     per_layer = [_module_params(params['blocks'][i]) for i in range(m.n_layers)]
   for i, count in enumerate(per_layer):
     ffn = moe_ffn if i in sparse else dense_ffn
+    positions = POSITIONS[m.position.kind].describe(m)
+    if not rotating_layers(m)[i]:
+      positions = 'NoPE (no rotation in this layer)'
     table.add_row(
       f'layer {i}',
-      _attention_kind(m),
-      POSITIONS[m.position.kind].describe(m),
+      _attention_kind(m, i),
+      positions,
       ffn,
       norm,
       f'{count:,}',

@@ -300,7 +300,7 @@ class RotaryPositions(PositionScheme):
     if rope.fraction != 1.0:
       text += f' on {rope.fraction:g} of each head'
     if rope.nope_every:
-      text += f', NoPE every {rope.nope_every} layers'
+      text += f', none in every {rope.nope_every}th layer'
     if rope.scaling.kind != 'none':
       text += f' {rope.scaling.kind}×{rope.scaling.settings.factor:g}'
     return text

@@ -300,6 +300,8 @@ class _Loop:
         'step_time_s': info.seconds,
         'mfu': mfu,
         'tokens_seen': info.step * self._speed.tokens_per_step,
+        # Multi-token prediction's second-next-token loss, where the model has it.
+        **({'mtp_loss': info.metrics['mtp_loss']} if 'mtp_loss' in info.metrics else {}),
         **(moe_records(moe, moe_layers(self.run.config.model)) if moe else {}),
       },
     )
