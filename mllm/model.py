@@ -128,18 +128,20 @@ class Block(nnx.Module):
     self.placement = cfg.norm.placement
     self.moe = moe
 
+  def _input(self, x_BTD, norm):
+    """A sublayer's input: normed under 'pre' and 'sandwich', x itself otherwise."""
+    return norm(x_BTD) if self.placement in ('pre', 'sandwich') else x_BTD
+
   def _residual(self, x_BTD, sublayer, norm, out_norm):
     """(x after the sublayer `sublayer(input) -> (y, extra)` and its residual add, under the
-    block's placement (module docstring); extra; the sublayer's input)."""
-    placement = self.placement
-    in_BTD = norm(x_BTD) if placement in ('pre', 'sandwich') else x_BTD
-    y_BTD, extra = sublayer(in_BTD)
-    if placement == 'sandwich':
+    block's placement (module docstring); extra)."""
+    y_BTD, extra = sublayer(self._input(x_BTD, norm))
+    if self.placement == 'sandwich':
       y_BTD = out_norm(y_BTD)
-    elif placement == 'output':
+    elif self.placement == 'output':
       y_BTD = norm(y_BTD)
     x_BTD = x_BTD + self.dropout(y_BTD)
-    return (norm(x_BTD) if placement == 'post' else x_BTD), extra, in_BTD
+    return (norm(x_BTD) if self.placement == 'post' else x_BTD), extra
 
   def _ffn(self, x_BTD):
     return self.ffn(x_BTD) if self.moe else (self.ffn(x_BTD), None)
@@ -147,8 +149,7 @@ class Block(nnx.Module):
   def first_values(self, x_BTD):
     """This layer's attention values of x [B, T, K, H]: the first layer's are every later layer's
     value residual (mllm/layers/attention.py)."""
-    in_BTD = self.attention_norm(x_BTD) if self.placement in ('pre', 'sandwich') else x_BTD
-    return self.attention.value(in_BTD)
+    return self.attention.value(self._input(x_BTD, self.attention_norm))
 
   def __call__(
     self,
@@ -171,8 +172,8 @@ class Block(nnx.Module):
         in_BTD, context, mask, cache, value_residual=value_residual, probe=probe
       )
 
-    x_BTD, extra, _ = self._residual(x_BTD, attention, self.attention_norm, self.attention_out_norm)
-    x_BTD, stats, _ = self._residual(x_BTD, self._ffn, self.ffn_norm, self.ffn_out_norm)
+    x_BTD, extra = self._residual(x_BTD, attention, self.attention_norm, self.attention_out_norm)
+    x_BTD, stats = self._residual(x_BTD, self._ffn, self.ffn_norm, self.ffn_out_norm)
     if probe:
       return x_BTD, {**(stats or {}), 'max_attention_logit': extra}, None
     return x_BTD, stats, extra

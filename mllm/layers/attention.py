@@ -1,10 +1,11 @@
 """Causal self-attention with MHA / GQA / MQA heads, optional QK-norm, logit soft-capping, sliding
-window, an output gate and dropout.
+windows (per layer: `layer_windows`), sinks, a value residual, an output gate and dropout.
 
 The value residual (`model.attention.value_residual`; ResFormer, Zhou et al. 2024, arXiv
 2410.17897, eq. 5, with modded-nanogpt's learned weights): every layer after the first attends
 with the values λ₁·V_n + λ₂·V_1, V_1 the first layer's values of the same tokens, (λ₁, λ₂) per
-layer learned from (0.5, 0.5) (mllm/model.py's `ValueMix`, one [n_layers − 1, 2] table beside the blocks).
+layer learned from (0.5, 0.5) (mllm/model.py's `ValueMix`, one [n_layers − 1, 2] table beside the
+blocks).
 
 Attention sinks (`model.attention.sinks`; gpt-oss, OpenAI 2025, after StreamingLLM's sink token,
 Xiao et al. 2024): a learned logit per head joins the softmax's normalizer and carries no value,
