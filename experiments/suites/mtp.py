@@ -1,7 +1,7 @@
 """Multi-token prediction (DeepSeek-V3, arXiv 2412.19437, sec. 2.2: one extra depth, its loss
 weighted 0.3 then 0.1) against next-token training alone, each at its own tuned learning rate, the
-next-token eval loss compared. Gloeckle et al. 2024 (arXiv 2404.19737, Fig. 3) find multi-token
-prediction hurts small models and helps from ~3B parameters: expected worse here. Defined and
+next-token eval loss compared. Gloeckle et al. 2024 (arXiv 2404.19737) find that multi-token
+prediction hurts small models and helps large ones: expected worse at this size. Defined and
 planned; not run yet."""
 
 from experiments.suite import Suite, Variant
@@ -17,6 +17,6 @@ SUITE = Suite(
     Variant('mtp', overrides={'model.multi_token_prediction': True}, expect='worse'),
   ),
   presets=PRESETS,
-  paper_source='Gloeckle et al. 2024 (multi-token prediction hurts below ~3B parameters, Fig. 3); '
+  paper_source='Gloeckle et al. 2024 (multi-token prediction hurts small models, helps large ones); '
   'DeepSeek-V3 (one depth, weight 0.3 then 0.1)',
 )
