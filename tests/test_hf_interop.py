@@ -354,12 +354,22 @@ def test_missing_and_extra_weights_are_refused(tmp_path):
     hf.from_hf(write_copy(tmp_path / 'x', 'llama', edit_weights=extra))
 
 
-def test_qwen3_mixing_full_and_sliding_layers_is_refused(tmp_path):
-  def mixed(c):
+def test_qwen3_layer_types_map_to_every_nth_layer_global_or_are_refused(tmp_path):
+  """Every N-th layer full among sliding ones is `attention.global_every` (as Gemma 2's); any other
+  mix is refused in one line."""
+
+  def every_other(c):
+    c.update(layer_types=['sliding_attention', 'full_attention'], sliding_window=32)
+
+  overrides = hf.config_overrides(hf.read_hf_config(write_copy(tmp_path, 'qwen3', every_other)))
+  assert overrides['model.attention.sliding_window'] == 32
+  assert overrides['model.attention.global_every'] == 2
+
+  def full_first(c):
     c.update(layer_types=['full_attention', 'sliding_attention'], sliding_window=32)
 
-  with pytest.raises(hf.HFImportError, match='layer_types mixes full and sliding'):
-    hf.from_hf(write_copy(tmp_path, 'qwen3', edit_config=mixed))
+  with pytest.raises(hf.HFImportError, match=r"^layer_types=\['full_attention', .* every N-th"):
+    hf.from_hf(write_copy(tmp_path / 'x', 'qwen3', edit_config=full_first))
 
 
 # --- Export -------------------------------------------------------------------------------------

@@ -57,19 +57,18 @@ def family_of(hf: dict) -> str:
   return model_type
 
 
-def _window(hf: dict, family: str) -> int | None:
+def _window(hf: dict, family: str) -> tuple[int | None, int | None]:
+  """(attention.sliding_window, attention.global_every): Qwen's `layer_types` may mix sliding
+  and full layers, which mllm computes where every N-th layer is the full one."""
   window = hf.get('sliding_window')
   if family in ('qwen2', 'qwen3', 'qwen3_moe'):
     layer_types = hf.get('layer_types') or []
     sliding = hf.get('use_sliding_window', False) or 'sliding_attention' in layer_types
     if not sliding:
-      return None
+      return None, None
     if layer_types and set(layer_types) != {'sliding_attention'}:
-      raise HFImportError(
-        'layer_types mixes full and sliding attention; allowed: one kind for '
-        'every layer (mllm has one window for all layers)'
-      )
-  return None if window is None else int(window)
+      return int(window), _every_nth_full(layer_types)
+  return (None if window is None else int(window)), None
 
 
 def _llama_like(hf: dict, family: str) -> dict[str, Any]:
@@ -83,6 +82,7 @@ def _llama_like(hf: dict, family: str) -> dict[str, Any]:
     _refuse(hf, 'use_parallel_residual', lambda v: not v, 'false')
     _refuse(hf, 'hidden_dropout', lambda v: not v, '0.0')
   n_heads = hf['num_attention_heads']
+  window, global_every = _window(hf, family)
   out = {
     'vocab_size': hf['vocab_size'],
     'd_model': hf['hidden_size'],
@@ -108,7 +108,8 @@ def _llama_like(hf: dict, family: str) -> dict[str, Any]:
     'attention.qk_norm': family in ('qwen3', 'qwen3_moe', 'olmo2'),
     'attention.qk_norm_over': 'projection' if family == 'olmo2' else 'head',
     'attention.softmax_scale': None,
-    'attention.sliding_window': _window(hf, family),
+    'attention.sliding_window': window,
+    'attention.global_every': global_every,
   }
   out.update(RotaryPositions.keys_from_hf(hf, partial=stablelm))
   if family in MOE_FAMILIES:
@@ -161,8 +162,9 @@ def _every_nth_full(layer_types: list[str]) -> int | None:
   if set(layer_types) == {'full_attention'}:
     return None
   raise HFImportError(
-    f'layer_types={layer_types}: not every N-th layer full; allowed: one full layer every N '
-    '(model.attention.global_every)'
+    f'layer_types={layer_types} mixes full and sliding attention otherwise than every N-th layer '
+    'full; allowed: one kind for every layer, or every N-th layer full (model.attention.'
+    'global_every)'
   )
 
 
