@@ -486,6 +486,21 @@ EXPORTABLE = {
       'model.ffn.moe.dispatch': 'dropless',
     },
   ),
+  # An untied head, which the fixtures (tied, as Gemma 2 ships) do not have.
+  'gemma2-untied': (
+    'gemma2',
+    {
+      'model.norm.placement': 'sandwich',
+      'model.norm.unit_offset': True,
+      'model.ffn.kind': 'geglu_tanh',
+      'model.embed_scale': 4.0,
+      'model.tie_embeddings': False,
+      'model.attention.logit_softcap': 2.0,
+      'model.final_logit_softcap': 3.0,
+      'model.attention.sliding_window': 5,
+      'model.attention.global_every': 2,
+    },
+  ),
   'gpt2': (
     'gpt2',
     {

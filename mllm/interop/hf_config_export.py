@@ -19,6 +19,7 @@ from mllm.interop.hf_config import (
   HFExportError,
 )
 from mllm.layers import resolved_head_dim
+from mllm.layers.attention import layer_windows
 from mllm.layers.ffn import FFNS, hidden_dim
 from mllm.layers.moe import moe_layers
 from mllm.layers.moe_hf import moe_hf_fields, moe_math
@@ -102,11 +103,7 @@ def _gemma2_fields(m) -> dict[str, Any]:
   it does not compute (no √d embedding scale, a gain not stored as 1 + w, another FFN) is
   written as Gemma 2 and check_exact names the difference."""
   scale = m.attention.softmax_scale or attention_scale(m, resolved_head_dim(m))
-  full = [
-    m.attention.sliding_window is None
-    or (m.attention.global_every is not None and (i + 1) % m.attention.global_every == 0)
-    for i in range(m.n_layers)
-  ]
+  full = [window is None for window in layer_windows(m)]
   return {
     'hidden_activation': FFNS[GEMMA2_FFN].hf_activations[0],
     # An integer in transformers: scores × its −½ power (another scale: check_exact refuses).

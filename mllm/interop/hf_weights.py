@@ -135,8 +135,8 @@ def _moe_links(c, family: str, p: str, m: str) -> list[Link]:
 
 
 def llama_links(c, family: str) -> list[Link]:
-  """Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE, OLMo 2, StableLM: model.{embed_tokens,
-  layers.i, norm}, lm_head."""
+  """Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE, OLMo 2, StableLM, Gemma 2:
+  model.{embed_tokens, layers.i, norm}, lm_head; each family's layer norms in LAYER_NORMS."""
 
   sparse = set(moe_layers(c))
 
@@ -155,38 +155,27 @@ def llama_links(c, family: str) -> list[Link]:
       if i in sparse
       else _dense_ffn_links(c, p + 'mlp.', m + 'ffn/')
     )
-    if family == 'olmo2':  # each sublayer's one norm on its output
-      links += [
-        same(p + 'post_attention_layernorm.weight', m + 'attention_norm/scale'),
-        same(p + 'post_feedforward_layernorm.weight', m + 'ffn_norm/scale'),
-      ]
-    else:
-      links += [
-        *norm(p + 'input_layernorm', m + 'attention_norm'),
-        *norm(p + 'post_attention_layernorm', m + 'ffn_norm'),
-      ]
+    for hf_norm, mllm_norm in LAYER_NORMS.get(family, LAYER_NORMS['llama']):
+      links += norm(p + hf_norm, m + mllm_norm)
   return links
 
 
-def gemma2_links(c) -> list[Link]:
-  """Gemma2ForCausalLM: Llama's names for attention and FFN, a norm before and after each
-  sublayer (input / post_attention, pre_ / post_feedforward_layernorm), the head tied; each norm's
-  weight is w of γ = 1 + w, as mllm's with norm.unit_offset."""
-  links = [
-    same('model.embed_tokens.weight', 'embed/embedding'),
-    same('model.norm.weight', 'final_norm/scale'),
-  ]
-  for i in range(c.n_layers):
-    p, m = f'model.layers.{i}.', f'blocks/{i}/'
-    links += _attention_links(c, p + 'self_attn.', m + 'attention/')
-    links += _dense_ffn_links(c, p + 'mlp.', m + 'ffn/')
-    links += [
-      same(p + 'input_layernorm.weight', m + 'attention_norm/scale'),
-      same(p + 'post_attention_layernorm.weight', m + 'attention_out_norm/scale'),
-      same(p + 'pre_feedforward_layernorm.weight', m + 'ffn_norm/scale'),
-      same(p + 'post_feedforward_layernorm.weight', m + 'ffn_out_norm/scale'),
-    ]
-  return links
+# Each layer's norms, HF name → mllm name: Llama's before each sublayer; OLMo 2's one on each
+# sublayer's output; Gemma 2's before and after each (weights stored as w of 1 + w, as mllm's with
+# norm.unit_offset).
+LAYER_NORMS = {
+  'llama': (('input_layernorm', 'attention_norm'), ('post_attention_layernorm', 'ffn_norm')),
+  'olmo2': (
+    ('post_attention_layernorm', 'attention_norm'),
+    ('post_feedforward_layernorm', 'ffn_norm'),
+  ),
+  'gemma2': (
+    ('input_layernorm', 'attention_norm'),
+    ('post_attention_layernorm', 'attention_out_norm'),
+    ('pre_feedforward_layernorm', 'ffn_norm'),
+    ('post_feedforward_layernorm', 'ffn_out_norm'),
+  ),
+}
 
 
 def gpt2_links(c, prefix: str = 'transformer.') -> list[Link]:
@@ -233,8 +222,6 @@ def links_for(c, family: str, names: list[str] | None = None) -> list[Link]:
   if family == 'gpt2':
     bare = names is not None and not any(n.startswith('transformer.') for n in names)
     return gpt2_links(c, '' if bare else 'transformer.')
-  if family == 'gemma2':
-    return gemma2_links(c)
   return llama_links(c, family)
 
 
