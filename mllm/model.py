@@ -158,7 +158,7 @@ class Block(nnx.Module):
     mask: AttentionMask,
     cache: LayerCache | None = None,
     probe: bool = False,
-    value_residual: tuple[jax.Array, jax.Array] | None = None,
+    value_residual: tuple[jax.Array, jax.Array | None] | None = None,
   ):
     if mask.window != self.window:  # a global layer among windowed ones
       mask = mask.replace(window=self.window)
@@ -320,9 +320,9 @@ class Transformer(nnx.Module):
     first_BTKH = None if self.value_mix is None else self.blocks[0].first_values(x_BTD)
     for i, block in enumerate(self.blocks):
       layer_cache = None if cache is None else LayerCache(*kv, i, *writes)
-      residual = None
-      if first_BTKH is not None and i > 0:
-        residual = (first_BTKH, self.value_mix.weights[i - 1])
+      residual = None  # layer 0 attends with the values just projected, the rest mix them in
+      if first_BTKH is not None:
+        residual = (first_BTKH, self.value_mix.weights[i - 1] if i else None)
       x_BTD, layer_stats, layer_kv = _call_block(
         block, x_BTD, context, mask, self.remat, layer_cache, probe, residual
       )

@@ -115,13 +115,19 @@ class Attention(nnx.Module):
     self.logit_softcap = acfg.logit_softcap
 
   def _project(self, x_BTD, context: PositionContext, value_residual=None):
-    """q, k, v of the tokens: projected, QK-normed, rotated; v mixed with the first layer's as
-    `value_residual` = (V_1, (λ₁, λ₂)) says."""
-    q_BTNH, k_BTKH, v_BTKH = self.query(x_BTD), self.key(x_BTD), self.value(x_BTD)
-    if value_residual is not None:
+    """q, k, v of the tokens: projected, QK-normed, rotated; with `value_residual` = (V_1, mix),
+    v is λ₁·v + λ₂·V_1 for mix = (λ₁, λ₂), or V_1 itself for mix None (the first layer, whose
+    values the model projected already)."""
+    q_BTNH, k_BTKH = self.query(x_BTD), self.key(x_BTD)
+    if value_residual is None:
+      v_BTKH = self.value(x_BTD)
+    else:
       first_BTKH, mix = value_residual
-      mix = mix.astype(v_BTKH.dtype)
-      v_BTKH = mix[0] * v_BTKH + mix[1] * first_BTKH.astype(v_BTKH.dtype)
+      v_BTKH = first_BTKH
+      if mix is not None:
+        v_BTKH = self.value(x_BTD)
+        mix = mix.astype(v_BTKH.dtype)
+        v_BTKH = mix[0] * v_BTKH + mix[1] * first_BTKH.astype(v_BTKH.dtype)
     if self.query_norm is not None and self.qk_norm_over == 'projection':
       q_BTNH = self.query_norm(q_BTNH.reshape(*q_BTNH.shape[:2], -1)).reshape(q_BTNH.shape)
       k_BTKH = self.key_norm(k_BTKH.reshape(*k_BTKH.shape[:2], -1)).reshape(k_BTKH.shape)
@@ -135,13 +141,13 @@ class Attention(nnx.Module):
     context: PositionContext,
     mask: AttentionMask,
     cache: LayerCache | None = None,
-    value_residual: tuple[jax.Array, jax.Array] | None = None,
+    value_residual: tuple[jax.Array, jax.Array | None] | None = None,
     probe: bool = False,
   ):
     """The attention output [B, T, D]; with a `cache`, (output, the layer's updated (k, v)); with
     `probe` (no cache), (output, the largest allowed attention logit: `xla_attention.max_logit`,
     from this call's own q and k). value_residual: (the first layer's values [B, T, K, H], this
-    layer's (λ₁, λ₂))."""
+    layer's (λ₁, λ₂), or None in the first layer itself)."""
     q_BTNH, k_BTKH, v_BTKH = self._project(x_BTD, context, value_residual)
     peak = max_logit(q_BTNH, k_BTKH, mask, self.scale) if probe else None
     updated = None

@@ -119,7 +119,7 @@ def make_train_step(train_setup: TrainSetup):
       loss_sum, stats, grads = parts.accumulated_grads(params, batch, key, n_tokens, mtp)
     grads = split_trained(grads)[0]
     new_state = parts.updated_state(state, grads, stats)
-    return new_state, parts.metrics(state, new_state, loss_sum, stats, grads, n_tokens, batch)
+    return new_state, parts.metrics(state, new_state, loss_sum, stats, grads, n_tokens, mtp)
 
   metrics_sharding = replicated(train_setup.mesh)
   return jax.jit(
@@ -234,7 +234,7 @@ class _StepParts:
       'rng': state['rng'],
     }
 
-  def metrics(self, state, new_state, loss_sum, stats, grads, n_tokens, batch) -> dict:
+  def metrics(self, state, new_state, loss_sum, stats, grads, n_tokens, mtp=None) -> dict:
     """The step's metrics: loss, gradient norm, learning rate, tokens, whether the new parameters
     are all finite, and the MoE routing metrics where the model has MoE layers."""
     # A finite loss can still come with an overflowing update; the loop must not save that state.
@@ -249,9 +249,8 @@ class _StepParts:
       'params_finite': finite,
       'log_z': stats['log_z_sum'] / n_tokens,  # the output's mean log Z (Wortsman et al. 2023)
     }
-    if self.mtp:  # the second-next-token loss, per MTP target (its weight aside)
-      packed = self.train_setup.config.data.document_mask
-      metrics['mtp_loss'] = stats['mtp_loss_sum'] / jnp.maximum(mtp_mask(batch, packed).sum(), 1.0)
+    if mtp is not None:  # the second-next-token loss, per MTP target (its weight aside)
+      metrics['mtp_loss'] = stats['mtp_loss_sum'] / mtp[1]
     if self.has_moe:
       routing = {k: v for k, v in stats.items() if k not in _OUTPUT_STATS}
       metrics['moe'] = moe_metrics(routing, self.moe.top_k, self.moe.balance_convention)
