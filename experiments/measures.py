@@ -11,9 +11,10 @@ from mllm.paths import RunDir
 
 def decode(config, workdir: str) -> dict:
   """Greedy decode speed of the trained model (batch 1, 16-token prompt, 64 new tokens, compile
-  excluded, median of 3) and the KV cache's bytes per token: 2·layers·n_kv·head_dim·bytes."""
+  excluded, median of 3) and the KV cache's bytes per token: layers·(what a layer keeps of a
+  token: 2·n_kv·head_dim under MHA / GQA, d_c + d_R under MLA)·bytes."""
   from mllm.generation import generate_tokens, load_run
-  from mllm.layers import resolved_head_dim
+  from mllm.layers.attention import ATTENTIONS
 
   model, _, _, saved = load_run(workdir, config)
   m = saved.model
@@ -23,7 +24,8 @@ def decode(config, workdir: str) -> dict:
   for _ in range(3):
     generate_tokens(model, prompt, max_new_tokens=64, timings=timings)
     rates.append(64 / timings['decode_s'])
-  kv_bytes = 2 * m.n_layers * m.n_kv_heads * resolved_head_dim(m) * jnp.dtype(m.dtype).itemsize
+  per_layer = sum(heads * dims for heads, dims in ATTENTIONS[m.attention.kind].cache_dims(m))
+  kv_bytes = m.n_layers * per_layer * jnp.dtype(m.dtype).itemsize
   return {'decode_tok_s': statistics.median(rates), 'kv_bytes_per_token': kv_bytes}
 
 

@@ -19,7 +19,7 @@ import dataclasses
 import numpy as np
 from flax import nnx
 
-from mllm.layers import resolved_head_dim
+from mllm.layers.attention import ATTENTIONS
 from mllm.layers.moe import MoE
 
 
@@ -77,7 +77,7 @@ def keys_per_query(seq_len: int, window: int | None) -> float:
 @dataclasses.dataclass(frozen=True)
 class FlopCounts:
   dense: float  # 6 · N_matmul
-  attention: float  # 12 · L · heads · head_dim · keys_per_query
+  attention: float  # 6 · L · heads · (qk head dim + v head dim) · keys_per_query
   total: float
 
 
@@ -88,9 +88,14 @@ def training_flops_per_token(config, counts: ParamCounts, seq_len: int | None = 
   seq_len = seq_len or m.max_seq_len
   head_matmul = m.d_model * m.vocab_size
   n_matmul = counts.active_non_embedding + head_matmul
-  head_dim = resolved_head_dim(m)
+  qk_dim, v_dim = ATTENTIONS[m.attention.kind].head_dims(m)
   dense = 6.0 * n_matmul
+  # q·kᵀ and P·v: 2·(qk_dim + v_dim) per head and key forward, 3x that with the backward.
   attention = (
-    12.0 * m.n_layers * m.n_heads * head_dim * keys_per_query(seq_len, m.attention.sliding_window)
+    6.0
+    * m.n_layers
+    * m.n_heads
+    * (qk_dim + v_dim)
+    * keys_per_query(seq_len, m.attention.sliding_window)
   )
   return FlopCounts(dense=dense, attention=attention, total=dense + attention)

@@ -113,6 +113,7 @@ CHOICES = {
   'norm': 'model.norm.kind',
   'placement': 'model.norm.placement',
   'attn': 'model.attention.impl',
+  'attention': 'model.attention.kind',
   'window': 'model.attention.sliding_window',
   'rope_scaling': 'model.position.rope.scaling.kind',
   'opt': 'train.optimizer.kind',

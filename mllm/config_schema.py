@@ -14,6 +14,7 @@ Face import or export maps a checkpoint's config.json onto these defaults.
 from ml_collections import config_dict
 
 from mllm.config_keys import apply_choices, get_path, set_path
+from mllm.layers.attention import ATTENTIONS
 from mllm.layers.ffn import FFNS
 from mllm.layers.norms import NORMS
 from mllm.layers.parametrization import PARAMETRIZATIONS
@@ -66,6 +67,10 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   add_sections(model.parametrization, PARAMETRIZATIONS)
 
   attention = model.attention = config_dict.ConfigDict()
+  # mha: n_kv_heads key/value heads (MHA, GQA, MQA) | mla: multi-head latent attention (DeepSeek-V2),
+  # its section attention.mla {kv_lora_rank, q_lora_rank, rope_head_dim, v_head_dim}
+  attention.kind = 'mha'
+  add_sections(attention, ATTENTIONS)
   attention.impl = (
     'auto'  # xla|blockwise|pallas|pallas_tpu|pallas_mgpu|splash|cudnn|auto (mllm/ops/attention.py)
   )
@@ -108,9 +113,9 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   # Each FFN's own section (a variant's Settings, mllm/layers/ffn.py): the built-in dense ones
   # have none; moe's (MoESettings, mllm/layers/moe_settings.py): num_experts, top_k, expert {kind,
   # and each dense FFN's section}, expert_d_ff, num_shared_experts, shared_d_ff, every,
-  # first_dense_layers, router, renormalize, dispatch, capacity_factor, grouped_matmul,
-  # balance_coef, balance_convention, z_loss_coef, noise, noise_alpha, expert_bias,
-  # bias_update_rate, force_uniform_routing.
+  # first_dense_layers, router, renormalize, routed_scale, groups, top_groups, dispatch,
+  # capacity_factor, grouped_matmul, balance_coef, balance_convention, z_loss_coef, noise,
+  # noise_alpha, expert_bias, bias_update_rate, force_uniform_routing.
   add_sections(ffn, FFNS)
 
   norm = model.norm = config_dict.ConfigDict()
@@ -197,6 +202,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
 FAMILIES = {
   'model.position': POSITIONS,
   'model.ffn': FFNS,
+  'model.attention': ATTENTIONS,
   'model.norm': NORMS,
   'model.parametrization': PARAMETRIZATIONS,
   'train.optimizer': OPTIMIZERS,

@@ -28,6 +28,8 @@ Version 7: `model.position.rope.fraction`, partial RoPE (1.0 before: every dimen
 `model.attention.sinks` and `model.norm.unit_offset` (False before);
 `model.attention.qk_norm_over` ('head' before); `model.multi_token_prediction` (False before) and
 its loss weights `train.mtp_coef`, `mtp_coef_final`, `mtp_switch_at` (not read before).
+Version 8: `model.attention.kind` ('mha' before) and MLA's section `model.attention.mla`;
+`model.ffn.moe.routed_scale` (1.0 before), `groups` (1) and `top_groups` (None).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-VERSION = 7
+VERSION = 8
 VERSION_KEY = 'config_version'  # in a saved config.json, beside the config's own sections
 
 # Version 1's keys under `model.` and their version 2 places, except RoPE's scaling factor, whose
@@ -220,8 +222,33 @@ v6_to_v7, v7_as_v6 = _adding(
   }
 )
 
+# Version 8's keys as every earlier version trained: n_kv_heads key/value heads, no MLA, the
+# routed gates as chosen, every expert group open.
+v7_to_v8, v8_as_v7 = _adding(
+  {
+    'model.ffn.moe.routed_scale': 1.0,
+    'model.ffn.moe.groups': 1,
+    'model.ffn.moe.top_groups': None,
+    'model.attention.kind': 'mha',
+    'model.attention.mla': {
+      'kv_lora_rank': None,
+      'q_lora_rank': None,
+      'rope_head_dim': None,
+      'v_head_dim': None,
+    },
+  }
+)
+
 # version n → the function to version n + 1
-UPGRADES = {1: v1_to_v2, 2: v2_to_v3, 3: v3_to_v4, 4: v4_to_v5, 5: v5_to_v6, 6: v6_to_v7}
+UPGRADES = {
+  1: v1_to_v2,
+  2: v2_to_v3,
+  3: v3_to_v4,
+  4: v4_to_v5,
+  5: v5_to_v6,
+  6: v6_to_v7,
+  7: v7_to_v8,
+}
 
 
 def version_of(saved: dict) -> int:
@@ -279,6 +306,7 @@ def _get(tree: dict, path: str) -> Any:
 
 
 DOWNGRADES = {
+  8: v8_as_v7,
   7: v7_as_v6,
   6: v6_as_v5,
   5: v5_as_v4,

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mllm.layers.attention import Attention, layer_windows
+from mllm.layers.attention import ATTENTIONS, layer_windows
 from mllm.layers.ffn import FFNS
 from mllm.layers.kv_cache import (
   KVCache,
@@ -120,7 +120,7 @@ class Block(nnx.Module):
     sandwich = cfg.norm.placement == 'sandwich'
     self.attention_norm = norm.from_config(cfg, cfg.d_model, rngs=rngs)
     self.attention_out_norm = norm.from_config(cfg, cfg.d_model, rngs=rngs) if sandwich else None
-    self.attention = Attention(cfg, rngs=rngs)
+    self.attention = ATTENTIONS[cfg.attention.kind](cfg, rngs=rngs)
     self.ffn_norm = norm.from_config(cfg, cfg.d_model, rngs=rngs)
     self.ffn_out_norm = norm.from_config(cfg, cfg.d_model, rngs=rngs) if sandwich else None
     self.ffn = make_ffn(cfg, moe, rngs=rngs)

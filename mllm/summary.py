@@ -14,8 +14,7 @@ from rich.table import Table
 
 from mllm.accounting import count_params, training_flops_per_token
 from mllm.config import config_diff
-from mllm.layers import resolved_head_dim
-from mllm.layers.attention import layer_windows
+from mllm.layers.attention import ATTENTIONS, layer_windows
 from mllm.layers.ffn import hidden_dim
 from mllm.layers.moe import expert_hidden_dim, moe_layers
 from mllm.layers.moe_experts import resolve_dispatch
@@ -26,14 +25,14 @@ from mllm.train.optimizer import describe_optimizer, peak_learning_rate, trained
 
 def _attention_kind(m, layer: int | None = None) -> str:
   """The attention of the model config `m`, as `layer` has it (its window) when given."""
-  if m.n_kv_heads == m.n_heads:
+  family = ATTENTIONS[m.attention.kind]
+  kind = family.describe(m)
+  if kind == 'MHA':
     kind = f'MHA {m.n_heads} heads'
-  elif m.n_kv_heads == 1:
+  elif kind == 'MQA':
     kind = f'MQA {m.n_heads}q:1kv'
-  else:
-    kind = f'GQA {m.n_heads}q:{m.n_kv_heads}kv'
-  head_dim = resolved_head_dim(m)
-  extras = [f'd_head {head_dim}']
+  qk_dim, v_dim = family.head_dims(m)
+  extras = [f'd_head {qk_dim}' if qk_dim == v_dim else f'd_head {qk_dim} (values {v_dim})']
   window = m.attention.sliding_window if layer is None else layer_windows(m)[layer]
   if window:
     extras.append(f'window {window}')

@@ -11,7 +11,7 @@ from ml_collections import config_dict
 
 from mllm.checks import ConfigError, integer, number, one_of, positive, rate
 from mllm.config_keys import field_info, flatten, get_path, leaf_paths
-from mllm.layers.attention import OUTPUT_GATES, QK_NORM_OVER
+from mllm.layers.attention import ATTENTIONS, OUTPUT_GATES, QK_NORM_OVER
 from mllm.layers.ffn import check_ffn_config
 from mllm.layers.moe import moe_layers
 from mllm.layers.norms import check_norm_config
@@ -145,6 +145,7 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
     )
 
   a = m.attention
+  check_variant_keys(a, f'{p}.attention', ATTENTIONS, 'attention kind')
   one_of(f'{p}.attention.impl', a.impl, ATTENTION_IMPLS, 'attention implementation')
   integer(f'{p}.attention.sliding_window', a.sliding_window, optional=True)
   if a.global_every is not None:
@@ -178,6 +179,7 @@ def validate_model(m: config_dict.ConfigDict, prefix: str = 'model') -> None:
   one_of(f'{p}.position.kind', pos.kind, POSITIONS, 'position scheme')
   _check_attention_impl(m, p)
   check_position_config(m, p)
+  ATTENTIONS[a.kind].check(m, p)
   _check_layer_pattern(m, p)
 
   check_ffn_config(m, p)

@@ -62,7 +62,7 @@ def attention_with_grads(
   allowed=None,
   **mask_kwargs,
 ):
-  """out [B, T, N, H] and, given d_out, (dq, dk, dv, d_bias [B, N, T, S]), with `sinks` [N] also
+  """out [B, T, N, H_v] and, given d_out, (dq, dk, dv, d_bias [B, N, T, S]), with `sinks` [N] also
   d_sinks [N]; all float64. `allowed` [B, T, S], if given, replaces the mask built from
   `mask_kwargs`. A sink s_n adds exp(s_n) to head n's normalizer and no value, so
   d s_n = −Σ_{b,t} P_sink · rowsum(dO ∘ O)."""
@@ -101,7 +101,7 @@ def attention_with_grads(
   dq = np.einsum('bnts,bsnh->btnh', dx, k_n) * scale
   dk_n = np.einsum('bnts,btnh->bsnh', dx, q) * scale
   dk = dk_n.reshape(B, S, K, G, H).sum(3)
-  dv = dv_n.reshape(B, S, K, G, H).sum(3)
+  dv = dv_n.reshape(B, S, K, G, v.shape[-1]).sum(3)  # v's head size may differ (MLA)
   if sink is None:
     return out, (dq, dk, dv, ds)
   p_sink = np.exp(sink - peak) / total  # [B, N, T, 1]

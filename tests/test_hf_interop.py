@@ -35,6 +35,8 @@ FAMILIES = [
   'gemma2',
   'olmo2',
   'stablelm',
+  'deepseek-v3',
+  'deepseek-v3-dense',
 ]
 
 
@@ -339,6 +341,21 @@ def test_unsupported_moe_fields_are_refused(tmp_path, edit, message):
     hf.from_hf(write_copy(tmp_path, 'qwen3-moe', edit_config=edit))
 
 
+@pytest.mark.parametrize(
+  'edit,message',
+  [
+    (lambda c: c.update(norm_topk_prob=False), r'norm_topk_prob=False'),
+    (lambda c: c.update(num_key_value_heads=2), r'num_key_value_heads=2'),
+    (lambda c: c.update(attention_bias=True), r'attention_bias=True'),
+    (lambda c: c.update(n_shared_experts=0), r'n_shared_experts=0'),
+  ],
+)
+def test_unsupported_deepseek_v3_fields_are_refused(tmp_path, edit, message):
+  with pytest.raises(hf.HFImportError, match=message) as err:
+    hf.from_hf(write_copy(tmp_path, 'deepseek-v3', edit_config=edit))
+  assert '\n' not in str(err.value)
+
+
 def test_missing_and_extra_weights_are_refused(tmp_path):
   def drop(w):
     w = dict(w)
@@ -512,6 +529,22 @@ EXPORTABLE = {
       'model.n_kv_heads': 4,
     },
   ),
+  # MLA over DeepSeekMoE layers only (scanned), every expert group open, a shared expert.
+  'deepseek-v3-scanned': (
+    'deepseek_v3',
+    {
+      'model.attention.kind': 'mla',
+      'model.n_kv_heads': 4,
+      'model.attention.mla.q_lora_rank': 8,
+      'model.scan_layers': True,
+      'model.ffn.kind': 'moe',
+      'model.ffn.moe.num_experts': 4,
+      'model.ffn.moe.num_shared_experts': 1,
+      'model.ffn.moe.router': 'sigmoid',
+      'model.ffn.moe.expert_bias': True,
+      'model.ffn.moe.dispatch': 'dropless',
+    },
+  ),
 }
 
 
@@ -600,6 +633,25 @@ def test_a_large_export_is_written_in_shards_that_import_the_same(tmp_path, impo
     (
       {'model.position.kind': 'learned', 'model.n_kv_heads': 4},
       r"model.norm.kind='rmsnorm': .*GPT2LMHeadModel",
+    ),
+    # MLA exports as DeepSeek-V3, whose experts route by sigmoid scores and whose attention has
+    # no sinks.
+    (
+      {'model.attention.kind': 'mla', 'model.n_kv_heads': 4, 'model.attention.sinks': True},
+      r'model.attention.sinks=True: .*DeepseekV3ForCausalLM',
+    ),
+    (
+      {'model.attention.kind': 'mla', 'model.n_kv_heads': 4, 'model.ffn.kind': 'moe'},
+      r'model.ffn.moe.num_shared_experts=0: DeepseekV3ForCausalLM',
+    ),
+    (
+      {
+        'model.attention.kind': 'mla',
+        'model.n_kv_heads': 4,
+        'model.ffn.kind': 'moe',
+        'model.ffn.moe.num_shared_experts': 1,
+      },
+      r"model.ffn.moe.router='softmax': .*DeepseekV3ForCausalLM",
     ),
   ],
 )
@@ -738,6 +790,8 @@ EXPORTED = [
   'exported-gemma2',
   'exported-olmo2',
   'exported-stablelm',
+  'exported-deepseek-v3',
+  'exported-deepseek-v3-dense',
 ]
 
 

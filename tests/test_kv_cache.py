@@ -236,11 +236,21 @@ def test_cache_writes_use_in_range_indices_and_skip_unwritten_slots(layer):
       model__attention__value_residual=True,
       model__attention__sinks=True,
     ),
+    # MLA decodes over its latent cache with W^UK absorbed (mllm/layers/mla.py): the rolling
+    # window's buffer, the query's low-rank path, sinks, a value head size of its own, scanned.
+    dict(
+      model__attention__kind='mla',
+      model__n_kv_heads=4,
+      model__attention__mla__q_lora_rank=8,
+      model__attention__mla__v_head_dim=6,
+      model__attention__sinks=True,
+      model__scan_layers=True,
+    ),
   ],
-  ids=['scan', 'moe', 'qk_norm-post_ln-output_gate', 'layer_patterns-value_residual-sinks'],
+  ids=['scan', 'moe', 'qk_norm-post_ln-output_gate', 'layer_patterns-value_residual-sinks', 'mla'],
 )
 def test_cached_decoding_with_scan_moe_qk_norm_output_gate_and_layer_patterns(extra):
-  cfg, forward, full = make('rope', 2, WINDOW, **extra)
+  cfg, forward, full = make('rope', extra.pop('model__n_kv_heads', 2), WINDOW, **extra)
   prompt = jax.random.randint(jax.random.key(3), (2, PROMPT), 0, cfg.model.vocab_size)
   tokens, cached_logits, _ = greedy(cfg, forward, prompt, STEPS, PROMPT + STEPS)
   np.testing.assert_allclose(cached_logits[:, :-1], full(tokens[:, :-1]), rtol=1e-5, atol=1e-5)

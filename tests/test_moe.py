@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from mllm import ConfigError
 from mllm.layers.ffn import FFNS
 from mllm.layers.moe import MoE, moe_metrics, uniform_assignment, update_expert_biases
 from mllm.layers.moe_experts import capacity
@@ -583,3 +584,66 @@ def test_hf_convention_equals_transformers_pooled_loss_and_switch_averages_layer
   assert float(balancing_objective(counts, means, k, 'switch')) == pytest.approx(
     np.mean(per_layer), rel=1e-6
   )
+
+
+def test_group_limited_routing_and_scaled_gates_match_deepseek_v3_in_float64():
+  """DeepSeek-V3's routing as its code computes it (and transformers' DeepseekV3TopkRouter), in
+  float64 NumPy: sigmoid scores plus the selection bias; 8 experts in 4 groups, each scored by
+  the sum of its two best; the 2 best groups kept; the top 2 of their experts; the gates their
+  unbiased scores, normalised over the 2, × 2.5."""
+  rng = np.random.default_rng(0)
+  T, E, G, kept = 64, 8, 4, 2
+  logits = rng.standard_normal((T, E)) * 2.0
+  bias = rng.standard_normal(E) * 0.3
+  scores = 1.0 / (1.0 + np.exp(-logits))
+  biased = scores + bias
+  group_score = np.sort(biased.reshape(T, G, E // G), axis=-1)[..., -2:].sum(-1)
+  best_groups = np.argsort(-group_score, axis=-1)[:, :kept]
+  allowed = np.zeros((T, E), bool)
+  for t in range(T):
+    for g in best_groups[t]:
+      allowed[t, g * (E // G) : (g + 1) * (E // G)] = True
+  want_experts = np.argsort(-np.where(allowed, biased, -np.inf), axis=-1)[:, :2]
+  chosen = np.take_along_axis(scores, want_experts, -1)
+  want_gates = chosen / chosen.sum(-1, keepdims=True) * 2.5
+
+  gates, experts = top_k(
+    router_probs(jnp.asarray(logits, jnp.float32), 'sigmoid'),
+    2,
+    renormalize=True,
+    selection_bias_E=jnp.asarray(bias, jnp.float32),
+    groups=G,
+    top_groups=kept,
+  )
+  np.testing.assert_array_equal(np.asarray(experts), want_experts)
+  # Some token's best two experts overall lie in a group the limit closes (else the test is moot).
+  unlimited = np.argsort(-biased, axis=-1)[:, :2]
+  assert (np.sort(unlimited, -1) != np.sort(want_experts, -1)).any()
+  np.testing.assert_allclose(np.asarray(gates) * 2.5, want_gates, rtol=1e-5)
+  # The layer scales its routed gates: its output is 2.5 times the unscaled one's.
+  layer = make_moe(
+    e=E, router='sigmoid', dispatch='dropless', routed_scale=2.5, groups=G, top_groups=kept
+  )
+  x = tokens()
+  y_scaled = np.asarray(out(layer, x)[0], np.float64)
+  layer.routed_scale = 1.0
+  np.testing.assert_allclose(y_scaled, 2.5 * np.asarray(out(layer, x)[0], np.float64), rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+  'keys,message',
+  [
+    ({'model.ffn.moe.groups': 3}, r'model.ffn.moe.groups=3: .*allowed: a divisor of 4 up to 2'),
+    ({'model.ffn.moe.groups': 2, 'model.ffn.moe.top_groups': 3}, r'model.ffn.moe.top_groups=3'),
+    # One group of 2 experts cannot hold top_k = 4.
+    (
+      {'model.ffn.moe.groups': 2, 'model.ffn.moe.top_groups': 1, 'model.ffn.moe.top_k': 4},
+      r'model.ffn.moe.top_groups=1',
+    ),
+  ],
+)
+def test_group_limits_that_cannot_hold_are_refused_in_one_line(keys, message, tiny):
+  keys = {'model.ffn.kind': 'moe', 'model.ffn.moe.num_experts': 4, **keys}
+  with pytest.raises(ConfigError, match=message) as err:
+    tiny(**{k.replace('.', '__'): v for k, v in keys.items()})
+  assert '\n' not in str(err.value)

@@ -185,16 +185,17 @@ def _emit(tokens_B, finished_B):
 
 def empty_cache_for(model, batch: int, max_len: int) -> KVCache:
   """An empty cache shaped for `model` (layers, KV heads, head size, window, compute dtype)."""
-  key = (model.blocks.attention if model.scan_layers else model.blocks[0].attention).key
-  layers = key.kernel.shape[0] if model.scan_layers else len(model.blocks)
-  _, kv_heads, head_dim = key.kernel.shape[-3:]
+  attention = model.blocks.attention if model.scan_layers else model.blocks[0].attention
+  out = attention.out
+  layers = out.kernel.shape[0] if model.scan_layers else len(model.blocks)
+  k_tail, v_tail = attention.cache_tails()
   return empty_cache(
     layers,
     batch,
     slots_for(model.cache_window, max_len),
-    kv_heads,
-    head_dim,
-    key.dtype or key.kernel.dtype,
+    k_tail,
+    v_tail,
+    out.dtype or out.kernel.dtype,
   )
 
 

@@ -304,7 +304,7 @@ def to_hf(
   """
   c = config.model
   family = family_for(c)
-  params = hf_weights.flat(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+  params = hf_weights.flat(nnx.to_pure_dict(nnx.state(model, CHECKPOINTED)))
   dtype = dtype or str(next(iter(params.values())).dtype)
   hf = hf_config(c, family, dtype)
   back = load_config(base_config_path(), config_overrides(hf)).model

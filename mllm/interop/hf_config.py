@@ -34,9 +34,10 @@ ARCHITECTURES = {
   'gemma2': 'Gemma2ForCausalLM',
   'olmo2': 'Olmo2ForCausalLM',
   'stablelm': 'StableLmForCausalLM',
+  'deepseek_v3': 'DeepseekV3ForCausalLM',
 }
 FAMILIES = tuple(ARCHITECTURES)
-MOE_FAMILIES = ('mixtral', 'qwen3_moe')
+MOE_FAMILIES = ('mixtral', 'qwen3_moe', 'deepseek_v3')
 # The FFN of every Llama-like family (and its experts): hidden_act names its gate's activation.
 LLAMA_FFN = 'swiglu'
 # The FFN kinds GPT-2's activation_function can name, its default first.
@@ -214,6 +215,53 @@ def _gemma2(hf: dict) -> dict[str, Any]:
   return out
 
 
+def _deepseek_v3(hf: dict) -> dict[str, Any]:
+  """DeepSeek-V3 (arXiv 2412.19437; V2's MLA, arXiv 2405.04434): multi-head latent attention
+  (mllm/layers/mla.py) with its own head sizes, SwiGLU in the first first_k_dense_replace layers,
+  DeepSeekMoE after them (mllm/layers/moe_hf.py). Its config.json's `head_dim` is the rotated
+  part's size (qk_rope_head_dim); mllm's head_dim is the part without position, qk_nope_head_dim.
+  The multi-token-prediction layers (num_nextn_predict_layers) are not in transformers' model,
+  so not in its checkpoints either."""
+  act = FFNS[LLAMA_FFN].hf_activations
+  _refuse(hf, 'hidden_act', lambda v: v in act, f'{act[0]!r} (SwiGLU)')
+  _refuse(hf, 'pretraining_tp', lambda v: v in (None, 1), '1')
+  _refuse(hf, 'attention_dropout', lambda v: not v, '0.0')
+  _refuse(hf, 'attention_bias', lambda v: not v, 'false (MLA without biases)')
+  n_heads, n_layers = hf['num_attention_heads'], hf['num_hidden_layers']
+  _refuse(hf, 'num_key_value_heads', lambda v: v in (None, n_heads), f'{n_heads} (= heads)')
+  out = {
+    'vocab_size': hf['vocab_size'],
+    'd_model': hf['hidden_size'],
+    'n_layers': n_layers,
+    'n_heads': n_heads,
+    'n_kv_heads': n_heads,
+    'head_dim': hf['qk_nope_head_dim'],
+    'max_seq_len': hf['max_position_embeddings'],
+    'tie_embeddings': bool(hf.get('tie_word_embeddings', False)),
+    'embed_scale': 1.0,
+    'norm.kind': 'rmsnorm',
+    'norm.placement': 'pre',
+    'norm.eps': float(hf['rms_norm_eps']),
+    'norm.final_norm': True,
+    'ffn.kind': LLAMA_FFN,
+    'ffn.d_ff': hf['intermediate_size'],
+    'ffn.match_params': False,
+    'ffn.use_bias': False,
+    'attention.kind': 'mla',
+    'attention.mla.kv_lora_rank': hf['kv_lora_rank'],
+    'attention.mla.q_lora_rank': hf.get('q_lora_rank'),
+    'attention.mla.rope_head_dim': hf['qk_rope_head_dim'],
+    'attention.mla.v_head_dim': hf['v_head_dim'],
+    'attention.softmax_scale': None,
+    'attention.sliding_window': None,
+  }
+  out.update(RotaryPositions.keys_from_hf(hf))
+  out['position.rope.layout'] = 'interleaved' if hf.get('rope_interleave', True) else 'half'
+  if hf.get('n_routed_experts') and hf.get('first_k_dense_replace', 0) < n_layers:
+    out.update(moe_keys_from_hf(hf, 'deepseek_v3'))
+  return out
+
+
 def config_overrides(hf: dict) -> dict[str, Any]:
   """mllm config keys (dotted) that make the model of this HF config, in float32."""
   family = family_of(hf)
@@ -221,6 +269,8 @@ def config_overrides(hf: dict) -> dict[str, Any]:
     model = _gpt2(hf)
   elif family == 'gemma2':
     model = _gemma2(hf)
+  elif family == 'deepseek_v3':
+    model = _deepseek_v3(hf)
   else:
     model = _llama_like(hf, family)
   out = {f'model.{k}': v for k, v in model.items()}

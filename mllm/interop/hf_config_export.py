@@ -19,8 +19,9 @@ from mllm.interop.hf_config import (
   HFExportError,
 )
 from mllm.layers import resolved_head_dim
-from mllm.layers.attention import layer_windows
+from mllm.layers.attention import ATTENTIONS, layer_windows
 from mllm.layers.ffn import FFNS, hidden_dim
+from mllm.layers.mla import MLADims
 from mllm.layers.moe import moe_layers
 from mllm.layers.moe_hf import moe_hf_fields, moe_math
 from mllm.layers.norms import NORMS
@@ -56,12 +57,15 @@ MATH_KEYS = (
   'attention.global_every',
   'attention.value_residual',
   'attention.sinks',
+  'attention.kind',
   'multi_token_prediction',
 )
 
 
 def family_for(m) -> str:
   """The HF family an mllm model config is exported as (checked afterwards by `check_exact`)."""
+  if m.attention.kind == 'mla':
+    return 'deepseek_v3'
   if moe_layers(m):
     return 'qwen3_moe' if m.attention.qk_norm else 'mixtral'
   if m.position.kind == 'learned':
@@ -114,6 +118,26 @@ def _gemma2_fields(m) -> dict[str, Any]:
     'layer_types': ['full_attention' if f else 'sliding_attention' for f in full],
     'attention_bias': bool(m.attention.use_bias),
   }
+
+
+def _deepseek_v3_fields(m) -> dict[str, Any]:
+  """DeepSeek-V3's MLA sizes (mllm/layers/mla.py's mapping), RoPE's layout, and, for a model
+  without MoE layers, every layer dense (first_k_dense_replace = n_layers)."""
+  dims = MLADims.of(m)
+  out = {
+    'qk_nope_head_dim': dims.nope,
+    'qk_rope_head_dim': dims.rope,
+    'head_dim': dims.rope,  # transformers' RoPE reads its size here
+    'v_head_dim': dims.value,
+    'kv_lora_rank': dims.kv_rank,
+    'q_lora_rank': dims.q_rank,
+    'rope_interleave': m.position.rope.layout == 'interleaved',
+    'attention_bias': False,
+    'num_nextn_predict_layers': 0,
+  }
+  if not moe_layers(m):
+    out['first_k_dense_replace'] = m.n_layers
+  return out
 
 
 def _family_fields(m, family: str) -> dict[str, Any]:
@@ -172,6 +196,9 @@ def hf_config(m, family: str, dtype: str) -> dict[str, Any]:
   if family == 'gemma2':
     del out['hidden_act']
     return {**out, **_gemma2_fields(m)}
+  if family == 'deepseek_v3':
+    moe = moe_hf_fields(m, family) if moe_layers(m) else {}
+    return {**out, **_deepseek_v3_fields(m), **moe}
   if family == 'stablelm':  # LayerNorm's eps (its own field) and the rotated fraction
     del out['rms_norm_eps']
     fraction = float(m.position.rope.fraction)
@@ -183,9 +210,11 @@ def math_of(m) -> dict[str, Any]:
   """The settings of model config `m` that change what the network computes, resolved (a None
   that means a default is replaced by the value it means), keyed by their mllm key."""
   out = {k: _get(m, k) for k in MATH_KEYS}
-  head_dim = resolved_head_dim(m)
-  out['head_dim'] = head_dim
-  out['attention.softmax_scale'] = m.attention.softmax_scale or attention_scale(m, head_dim)
+  out['head_dim'] = resolved_head_dim(m)
+  qk_dim, _ = ATTENTIONS[m.attention.kind].head_dims(m)
+  out['attention.softmax_scale'] = m.attention.softmax_scale or attention_scale(m, qk_dim)
+  if m.attention.kind == 'mla':
+    out['attention.mla'] = MLADims.of(m)
   # µP away from its base width multiplies the logits by 1/m, which no transformers class does.
   out['parametrization.kind'] = 'standard' if width_multiplier(m) == 1.0 else m.parametrization.kind
   out['norm.use_bias'] = (

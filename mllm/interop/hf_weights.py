@@ -17,6 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from mllm.layers import resolved_head_dim
+from mllm.layers.mla import MLADims
 from mllm.layers.moe import moe_layers
 
 
@@ -113,6 +114,26 @@ def _attention_links(c, p: str, m: str) -> list[Link]:
   return links
 
 
+def _mla_links(c, p: str, m: str) -> list[Link]:
+  """DeepSeek's MLA (mllm/layers/mla.py): q_proj, or q_a_proj, q_a_layernorm and q_b_proj;
+  kv_a_proj_with_mqa ([W^DKV; W^KR]), kv_a_layernorm, kv_b_proj ([W^UK; W^UV] per head), o_proj."""
+  dims = MLADims.of(c)
+  qk = dims.nope + dims.rope
+  links = [
+    transposed(f'{p}kv_a_proj_with_mqa.weight', f'{m}kv_down/kernel'),
+    same(f'{p}kv_a_layernorm.weight', f'{m}kv_norm/scale'),
+    heads_in(f'{p}kv_b_proj.weight', f'{m}kv_up/kernel', dims.heads, dims.nope + dims.value),
+    heads_out(f'{p}o_proj.weight', f'{m}out/kernel', dims.heads, dims.value),
+  ]
+  if dims.q_rank is None:
+    return links + [heads_in(f'{p}q_proj.weight', f'{m}query/kernel', dims.heads, qk)]
+  return links + [
+    transposed(f'{p}q_a_proj.weight', f'{m}query_down/kernel'),
+    same(f'{p}q_a_layernorm.weight', f'{m}query_latent_norm/scale'),
+    heads_in(f'{p}q_b_proj.weight', f'{m}query/kernel', dims.heads, qk),
+  ]
+
+
 def _dense_ffn_links(c, p: str, m: str) -> list[Link]:
   links = [transposed(f'{p}{x}_proj.weight', f'{m}{x}/kernel') for x in ('gate', 'up', 'down')]
   if c.ffn.use_bias:
@@ -128,14 +149,21 @@ def _moe_links(c, family: str, p: str, m: str) -> list[Link]:
     p, names = p + 'block_sparse_moe.', {'gate': 'w1', 'up': 'w3', 'down': 'w2'}
   else:
     p, names = p + 'mlp.', {x: f'{x}_proj' for x in ('gate', 'up', 'down')}
-  return [transposed(f'{p}gate.weight', f'{m}router')] + [
+  links = [transposed(f'{p}gate.weight', f'{m}router')] + [
     experts([f'{p}experts.{i}.{names[x]}.weight' for i in e], f'{m}experts/{x}')
     for x in ('gate', 'up', 'down')
   ]
+  if family == 'deepseek_v3':  # the routing bias and one shared MLP, a stack of one expert
+    links.append(same(f'{p}gate.e_score_correction_bias', f'{m}expert_bias'))
+    links += [
+      experts([f'{p}shared_experts.{x}_proj.weight'], f'{m}shared/{x}')
+      for x in ('gate', 'up', 'down')
+    ]
+  return links
 
 
 def llama_links(c, family: str) -> list[Link]:
-  """Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE, OLMo 2, StableLM, Gemma 2:
+  """Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE, OLMo 2, StableLM, Gemma 2, DeepSeek-V3:
   model.{embed_tokens, layers.i, norm}, lm_head; each family's layer norms in LAYER_NORMS."""
 
   sparse = set(moe_layers(c))
@@ -149,7 +177,8 @@ def llama_links(c, family: str) -> list[Link]:
     links.append(transposed('lm_head.weight', 'head/kernel'))
   for i in range(c.n_layers):
     p, m = f'model.layers.{i}.', f'blocks/{i}/'
-    links += _attention_links(c, p + 'self_attn.', m + 'attention/')
+    attention = _mla_links if c.attention.kind == 'mla' else _attention_links
+    links += attention(c, p + 'self_attn.', m + 'attention/')
     links += (
       _moe_links(c, family, p, m + 'ffn/')
       if i in sparse

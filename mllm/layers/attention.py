@@ -49,70 +49,127 @@ def layer_windows(cfg) -> tuple[int | None, ...]:
   )
 
 
+def projection(cfg, spec, kernel_shape, axes, std, *, rngs, bias_shape=None) -> nnx.Einsum:
+  """A projection `spec` with kernel N(0, std²) and its logical axes; a zero bias of
+  `bias_shape` (its axes the kernel's last ones) where given."""
+  return nnx.Einsum(
+    spec,
+    kernel_shape,
+    bias_shape,
+    dtype=jnp.dtype(cfg.dtype),
+    param_dtype=jnp.dtype(cfg.param_dtype),
+    kernel_init=nnx.initializers.normal(std),
+    rngs=rngs,
+    kernel_metadata={'logical_axes': axes},
+    bias_metadata={'logical_axes': axes[-len(bias_shape) :] if bias_shape else ()},
+  )
+
+
 class Attention(nnx.Module):
   """Multi-head attention with n_kv_heads key/value heads (Shazeer 2019; Ainslie et al. 2023):
-  n_kv_heads = n_heads is MHA, 1 is MQA, anything between is GQA."""
+  n_kv_heads = n_heads is MHA, 1 is MQA, anything between is GQA. `model.attention.kind='mha'`;
+  a subclass that projects q, k and v its own way (MLA: mllm/layers/mla.py) keeps the rest:
+  the scores, sinks, the gate, the output projection, the cache's use."""
+
+  @classmethod
+  def check(cls, m, p: str) -> None:
+    """Raise ConfigError if the model config (m, at prefix p) asks what this kind cannot do."""
+
+  @classmethod
+  def describe(cls, m) -> str:
+    if m.n_kv_heads == m.n_heads:
+      return 'MHA'
+    return 'MQA' if m.n_kv_heads == 1 else f'GQA {m.n_heads}q:{m.n_kv_heads}kv'
+
+  @classmethod
+  def head_dims(cls, m) -> tuple[int, int]:
+    """(the query/key head dim, the value head dim) of the model config m."""
+    h = resolved_head_dim(m)
+    return h, h
+
+  @classmethod
+  def cache_dims(cls, m) -> tuple[tuple[int, int], tuple[int, int]]:
+    """What the KV cache keeps per token and layer: the (heads, dims) of its `k` and its `v`."""
+    return (m.n_kv_heads, resolved_head_dim(m)), (m.n_kv_heads, resolved_head_dim(m))
+
+  def cache_tails(self) -> tuple[tuple[int, int], tuple[int, int]]:
+    """`cache_dims` read from this layer's weights (a scanned stack's too)."""
+    tail = tuple(self.key.kernel.shape[-2:])
+    return tail, tail
 
   def __init__(self, cfg, *, rngs: nnx.Rngs):
     acfg = cfg.attention
-    d, n, k, h = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, resolved_head_dim(cfg)
-    dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
-    init = nnx.initializers.normal(weight_std(cfg, 'in', fan_in=d))
-    out_init = nnx.initializers.normal(weight_std(cfg, 'out', fan_in=n * h))
-
-    def proj(spec, kernel_shape, axes, kernel_init):
-      into_heads = spec.endswith('btnh')  # q, k, v (Qwen2's qkv_bias) rather than the output
-      bias_shape = kernel_shape[-2:] if into_heads else kernel_shape[-1:]
-      bias = acfg.use_bias or (into_heads and acfg.qkv_bias)
-      return nnx.Einsum(
-        spec,
-        kernel_shape,
-        bias_shape if bias else None,
-        dtype=dtype,
-        param_dtype=param_dtype,
-        kernel_init=kernel_init,
-        rngs=rngs,
-        kernel_metadata={'logical_axes': axes},
-        bias_metadata={'logical_axes': axes[-(len(bias_shape)) :]},
-      )
-
-    self.query = proj('btd,dnh->btnh', (d, n, h), ('embed', 'heads', 'head_dim'), init)
-    self.key = proj('btd,dnh->btnh', (d, k, h), ('embed', 'kv_heads', 'head_dim'), init)
-    self.value = proj('btd,dnh->btnh', (d, k, h), ('embed', 'kv_heads', 'head_dim'), init)
-    self.out = proj('btnh,nhd->btd', (n, h, d), ('heads', 'head_dim', 'embed'), out_init)
+    d, n = cfg.d_model, cfg.n_heads
+    qk_dim, v_dim = self.head_dims(cfg)
+    self._make_projections(cfg, rngs)
+    out_std = weight_std(cfg, 'out', fan_in=n * v_dim)
+    self.out = projection(
+      cfg,
+      'btnh,nhd->btd',
+      (n, v_dim, d),
+      ('heads', 'head_dim', 'embed'),
+      out_std,
+      rngs=rngs,
+      bias_shape=(d,) if acfg.use_bias else None,
+    )
     # The output gate's W: [d, n] headwise, [d, n, h] elementwise.
+    in_std = weight_std(cfg, 'in', fan_in=d)
     headwise = acfg.output_gate == 'headwise'
     self.gate = (
-      nnx.Einsum(
+      projection(
+        cfg,
         'btd,dn->btn' if headwise else 'btd,dnh->btnh',
-        (d, n) if headwise else (d, n, h),
-        None,
-        dtype=dtype,
-        param_dtype=param_dtype,
-        kernel_init=init,
+        (d, n) if headwise else (d, n, v_dim),
+        ('embed', 'heads') + (() if headwise else ('head_dim',)),
+        in_std,
         rngs=rngs,
-        kernel_metadata={'logical_axes': ('embed', 'heads') + (() if headwise else ('head_dim',))},
       )
       if acfg.output_gate is not None
       else None
     )
     # A sink logit per query head (gpt-oss), from 0: one extra key of score 0 that has no value.
     self.sinks = (
-      nnx.Param(jnp.zeros((n,), param_dtype), logical_axes=('heads',)) if acfg.sinks else None
+      nnx.Param(jnp.zeros((n,), jnp.dtype(cfg.param_dtype)), logical_axes=('heads',))
+      if acfg.sinks
+      else None
     )
-    # QK-norm, before the rotation: RMSNorm over each head's q and k (Qwen3), or over the whole
-    # q and k projections, all heads at once (OLMo 2: qk_norm_over='projection').
-    norm_kwargs = dict(eps=cfg.norm.eps, param_dtype=param_dtype, rngs=rngs)
-    self.qk_norm_over = acfg.qk_norm_over
-    whole = acfg.qk_norm_over == 'projection'
-    self.query_norm = RMSNorm(n * h if whole else h, **norm_kwargs) if acfg.qk_norm else None
-    self.key_norm = RMSNorm(k * h if whole else h, **norm_kwargs) if acfg.qk_norm else None
     self.relative = POSITIONS[cfg.position.kind].layer_part(cfg, rngs=rngs)
     self.dropout = nnx.Dropout(acfg.dropout, rngs=rngs)
     self.impl = acfg.impl
     self.block_q, self.block_k = acfg.block_q, acfg.block_k
-    self.scale = acfg.softmax_scale if acfg.softmax_scale is not None else attention_scale(cfg, h)
+    self.scale = (
+      acfg.softmax_scale if acfg.softmax_scale is not None else attention_scale(cfg, qk_dim)
+    )
     self.logit_softcap = acfg.logit_softcap
+
+  def _make_projections(self, cfg, rngs: nnx.Rngs) -> None:
+    """q, k, v (biases: `use_bias`, or Qwen2's `qkv_bias`) and QK-norm."""
+    acfg = cfg.attention
+    d, n, k, h = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, resolved_head_dim(cfg)
+    std = weight_std(cfg, 'in', fan_in=d)
+    biased = acfg.use_bias or acfg.qkv_bias
+
+    def into_heads(heads, axis):
+      return projection(
+        cfg,
+        'btd,dnh->btnh',
+        (d, heads, h),
+        ('embed', axis, 'head_dim'),
+        std,
+        rngs=rngs,
+        bias_shape=(heads, h) if biased else None,
+      )
+
+    self.query = into_heads(n, 'heads')
+    self.key = into_heads(k, 'kv_heads')
+    self.value = into_heads(k, 'kv_heads')
+    # QK-norm, before the rotation: RMSNorm over each head's q and k (Qwen3), or over the whole
+    # q and k projections, all heads at once (OLMo 2: qk_norm_over='projection').
+    norm_kwargs = dict(eps=cfg.norm.eps, param_dtype=jnp.dtype(cfg.param_dtype), rngs=rngs)
+    self.qk_norm_over = acfg.qk_norm_over
+    whole = acfg.qk_norm_over == 'projection'
+    self.query_norm = RMSNorm(n * h if whole else h, **norm_kwargs) if acfg.qk_norm else None
+    self.key_norm = RMSNorm(k * h if whole else h, **norm_kwargs) if acfg.qk_norm else None
 
   def _project(self, x_BTD, context: PositionContext, value_residual=None):
     """q, k, v of the tokens: projected, QK-normed, rotated; with `value_residual` = (V_1, mix),
@@ -148,21 +205,34 @@ class Attention(nnx.Module):
     `probe` (no cache), (output, the largest allowed attention logit: `xla_attention.max_logit`,
     from this call's own q and k). value_residual: (the first layer's values [B, T, K, H], this
     layer's (λ₁, λ₂), or None in the first layer itself)."""
+    if cache is not None:
+      out_BTNH, updated = self._attend_cached(x_BTD, context, mask, cache, value_residual)
+      return self._decode_output(self._gated(x_BTD, out_BTNH)), updated
     q_BTNH, k_BTKH, v_BTKH = self._project(x_BTD, context, value_residual)
-    peak = max_logit(q_BTNH, k_BTKH, mask, self.scale) if probe else None
-    updated = None
-    if cache is not None:  # attend to [past ; new] keys, ordered by position (mask.kv_positions)
-      k_BTKH, v_BTKH, updated = cache.extend(k_BTKH, v_BTKH)
+    out_BTD = self.out(self._gated(x_BTD, self._attend(q_BTNH, k_BTKH, v_BTKH, context, mask)))
+    if not probe:
+      return out_BTD
+    return out_BTD, max_logit(q_BTNH, k_BTKH, mask, self.scale)
+
+  def _attend_cached(self, x_BTD, context, mask, cache: LayerCache, value_residual=None):
+    """(the heads' outputs [B, T, N, H] over [past ; new] keys, ordered by position
+    (mask.kv_positions), the layer's updated cache (k, v))."""
+    q_BTNH, k_BTKH, v_BTKH = self._project(x_BTD, context, value_residual)
+    k_BSKH, v_BSKH, updated = cache.extend(k_BTKH, v_BTKH)
+    return self._attend(q_BTNH, k_BSKH, v_BSKH, context, mask), updated
+
+  def _attend(self, q_BTNH, k_BSKH, v_BSKH, context: PositionContext, mask: AttentionMask):
+    """softmax(q·kᵀ·scale + biases)·v by the configured implementation (mllm/ops/attention.py)."""
     bias, rel_values = context.bias, None
     if self.relative is not None:
       bias, rel_values = self.relative(q_BTNH, context, self.scale)
     dropout_rng = None
     if self.dropout.rate > 0 and not self.dropout.deterministic:
       dropout_rng = self.dropout.rngs()
-    out_BTNH = attend(
+    return attend(
       q_BTNH,
-      k_BTKH,
-      v_BTKH,
+      k_BSKH,
+      v_BSKH,
       mask=mask,
       bias=bias,
       rel_values=rel_values,
@@ -175,17 +245,25 @@ class Attention(nnx.Module):
       block_q=self.block_q,
       block_k=self.block_k,
     )
-    if self.gate is not None:
-      gate = jax.nn.sigmoid(self.gate(x_BTD))
-      out_BTNH = out_BTNH * (gate[..., None] if gate.ndim == 3 else gate).astype(out_BTNH.dtype)
-    if cache is None:
-      return self.out(out_BTNH) if peak is None else (self.out(out_BTNH), peak)
-    # Decoding: one [N·H, D] matmul on a bitcast of the kernel. Through the einsum, XLA:CPU picks
-    # the attention output's layout and then transposes the [N, H, D] kernel to match at every
-    # step (10% of a 32M model's decode step).
+
+  def _gated(self, x_BTD, out_BTNH):
+    """The heads' outputs times the output gate σ(x·W_gate), where there is one."""
+    if self.gate is None:
+      return out_BTNH
+    gate = jax.nn.sigmoid(self.gate(x_BTD))
+    return out_BTNH * (gate[..., None] if gate.ndim == 3 else gate).astype(out_BTNH.dtype)
+
+  def _decode_output(self, out_BTNH):
+    """The output projection as one [N·H, D] matmul on a bitcast of the kernel. Through the
+    einsum, XLA:CPU picks the attention output's layout and then transposes the [N, H, D] kernel
+    to match at every decode step (10% of a 32M model's decode step)."""
     B, T, N, H = out_BTNH.shape
     kernel = self.out.kernel[...].reshape(N * H, -1)
     out_BTD = out_BTNH.reshape(B, T, N * H) @ kernel.astype(out_BTNH.dtype)
     if self.out.bias is not None:
       out_BTD = out_BTD + self.out.bias[...].astype(out_BTD.dtype)
-    return out_BTD, updated
+    return out_BTD
+
+
+# `model.attention.kind` → its class; 'mla' registers itself (mllm/layers/mla.py).
+ATTENTIONS: dict[str, type[Attention]] = {'mha': Attention}

@@ -6,7 +6,9 @@ Every layer keeps the (rotated) keys and values of past tokens, so a decode step
 instead of recomputing them: O(layers · context · d) per token instead of a forward pass.
 
 - k, v: [layers, B, S, n_kv_heads, head_dim] in the compute dtype. GQA and MQA shrink the cache by
-  n_heads / n_kv_heads: the point of Shazeer (2019) and Ainslie et al. (2023).
+  n_heads / n_kv_heads: the point of Shazeer (2019) and Ainslie et al. (2023). Under MLA k holds
+  each token's latent c^KV [1, d_c] and v its shared rotated key k^R [1, d_R] (mllm/layers/mla.py):
+  what each attention kind keeps is its `cache_dims`.
 - positions [B, S]: the position of the token in each slot, −1 for an empty slot. Attention orders
   keys by these positions (`AttentionMask.kv_positions`), so sequences of a batch may be at
   different lengths and slots need not be in order.
@@ -26,13 +28,11 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from mllm.layers import resolved_head_dim
-
 
 @struct.dataclass
 class KVCache:
-  k: jax.Array  # [L, B, S, K, H]
-  v: jax.Array  # [L, B, S, K, H]
+  k: jax.Array  # [L, B, S, K, H] (MLA: [L, B, S, 1, d_c])
+  v: jax.Array  # [L, B, S, K, H] (MLA: [L, B, S, 1, d_R])
   positions: jax.Array  # [B, S] int32, −1: empty
 
   @property
@@ -60,25 +60,25 @@ def cache_size(cfg, max_len: int) -> int:
   return slots_for(rolling_window(cfg), max_len)
 
 
-def empty_cache(layers: int, batch: int, size: int, kv_heads: int, head_dim: int, dtype) -> KVCache:
-  """A cache of `size` empty slots per sequence."""
-  shape = (layers, batch, size, kv_heads, head_dim)
+def empty_cache(
+  layers: int, batch: int, size: int, k_tail: tuple[int, int], v_tail: tuple[int, int], dtype
+) -> KVCache:
+  """A cache of `size` empty slots per sequence, each keeping k [*k_tail] and v [*v_tail]."""
+  lead = (layers, batch, size)
   return KVCache(
-    k=jnp.zeros(shape, dtype),
-    v=jnp.zeros(shape, dtype),
+    k=jnp.zeros(lead + tuple(k_tail), dtype),
+    v=jnp.zeros(lead + tuple(v_tail), dtype),
     positions=jnp.full((batch, size), -1, jnp.int32),
   )
 
 
 def init_cache(cfg, batch: int, max_len: int) -> KVCache:
   """An empty cache for `batch` sequences of up to `max_len` tokens (the model config `cfg`)."""
+  from mllm.layers.attention import ATTENTIONS  # deferred: attention.py imports this module
+
+  k_tail, v_tail = ATTENTIONS[cfg.attention.kind].cache_dims(cfg)
   return empty_cache(
-    cfg.n_layers,
-    batch,
-    cache_size(cfg, max_len),
-    cfg.n_kv_heads,
-    resolved_head_dim(cfg),
-    jnp.dtype(cfg.dtype),
+    cfg.n_layers, batch, cache_size(cfg, max_len), k_tail, v_tail, jnp.dtype(cfg.dtype)
   )
 
 

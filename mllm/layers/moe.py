@@ -123,6 +123,9 @@ class MoE(nnx.Module):
     shared_d_ff: int | None = None,
     router: str = 'softmax',
     renormalize: bool = True,
+    routed_scale: float = 1.0,
+    groups: int = 1,
+    top_groups: int | None = None,
     dispatch: str = 'capacity',
     capacity_factor: float = 1.25,
     grouped_matmul: str = 'ragged_dot',
@@ -141,6 +144,7 @@ class MoE(nnx.Module):
     self.num_experts, self.k, self.router_kind = num_experts, top_k, router
     self.renormalize, self.dispatch, self.capacity_factor = renormalize, dispatch, capacity_factor
     self.grouped_matmul = grouped_matmul
+    self.routed_scale, self.groups, self.top_groups = routed_scale, groups, top_groups
     self.noise, self.noise_alpha = noise, noise_alpha
     self.force_uniform_routing = force_uniform_routing
     self.router, self.noise_router = _router_params(
@@ -206,6 +210,9 @@ class MoE(nnx.Module):
       shared_d_ff=moe.shared_d_ff,
       router=moe.router,
       renormalize=moe.renormalize,
+      routed_scale=moe.routed_scale,
+      groups=moe.groups,
+      top_groups=moe.top_groups,
       dispatch=resolve_dispatch(moe.dispatch),
       capacity_factor=moe.capacity_factor,
       grouped_matmul=moe.grouped_matmul,
@@ -242,7 +249,16 @@ class MoE(nnx.Module):
         gates_Tk = gates_Tk / jnp.sum(gates_Tk, axis=-1, keepdims=True)
     else:
       bias = None if self.expert_bias is None else jax.lax.stop_gradient(self.expert_bias[...])
-      gates_Tk, experts_Tk = top_k(probs_TE, self.k, renormalize=renormalize, selection_bias_E=bias)
+      gates_Tk, experts_Tk = top_k(
+        probs_TE,
+        self.k,
+        renormalize=renormalize,
+        selection_bias_E=bias,
+        groups=self.groups,
+        top_groups=self.top_groups,
+      )
+    if self.routed_scale != 1.0:
+      gates_Tk = gates_Tk * self.routed_scale
     return gates_Tk, experts_Tk, logits_TE, probs_TE
 
   def _dropless_matmul(self) -> str:

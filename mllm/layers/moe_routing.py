@@ -39,13 +39,28 @@ def router_probs(logits_TE: jax.Array, kind: str = 'softmax') -> jax.Array:
 
 
 def top_k(
-  probs_TE: jax.Array, k: int, *, renormalize: bool, selection_bias_E: jax.Array | None = None
+  probs_TE: jax.Array,
+  k: int,
+  *,
+  renormalize: bool,
+  selection_bias_E: jax.Array | None = None,
+  groups: int = 1,
+  top_groups: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """(gates [T, k], experts [T, k]): the k best experts per token, best first.
 
   selection_bias_E shifts the choice but not the gates (DeepSeek-V3's aux-loss-free balancing).
+  Group-limited routing (DeepSeek-V3, sec. 2.1.2's node-limited routing, as its code and
+  transformers compute it): the E experts in `groups` equal groups, each scored by the sum of its
+  two best (biased) scores; a token chooses its k among the `top_groups` best groups only.
   """
   scores = probs_TE if selection_bias_E is None else probs_TE + selection_bias_E
+  if top_groups is not None and top_groups < groups:
+    T, E = scores.shape
+    best_two_TG = jax.lax.top_k(scores.reshape(T, groups, E // groups), 2)[0].sum(-1)
+    _, chosen_Tg = jax.lax.top_k(best_two_TG, top_groups)
+    kept_TG = jnp.any(jax.nn.one_hot(chosen_Tg, groups, dtype=jnp.bool_), axis=1)
+    scores = jnp.where(jnp.repeat(kept_TG, E // groups, axis=1), scores, -jnp.inf)
   _, experts_Tk = jax.lax.top_k(scores, k)
   gates_Tk = jnp.take_along_axis(probs_TE, experts_Tk, axis=-1)
   if renormalize:

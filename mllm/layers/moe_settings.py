@@ -51,6 +51,20 @@ class MoESettings:
     one_of_these(ROUTERS, 'router'),
   )
   renormalize: bool = setting(True, 'gates renormalised over the chosen k (Mixtral)')
+  routed_scale: float = setting(
+    1.0, "the routed experts' gates × this (DeepSeek-V3's routed_scaling_factor, 2.5)", positive
+  )
+  groups: int = setting(
+    1,
+    'expert groups for group-limited routing (DeepSeek-V3: 8, one per node); 1: none',
+    integer,
+  )
+  top_groups: int | None = setting(
+    None,
+    'the groups a token may route to, those with the largest sums of their two best scores '
+    '(DeepSeek-V3: 4); None: every group',
+    integer,
+  )
   dispatch: str = setting(
     'auto',
     'capacity | dropless (ragged_dot) | auto: capacity on CPU, else dropless',
@@ -116,6 +130,22 @@ def check_moe_config(m, p: str = 'model') -> None:
       moe.top_k,
       f'each token goes to top_k of {q}.num_experts='
       f'{moe.num_experts} experts; allowed: 1 <= top_k <= {moe.num_experts}',
+    )
+  if moe.num_experts % moe.groups or moe.num_experts // moe.groups < 2:
+    raise ConfigError(
+      f'{q}.groups',
+      moe.groups,
+      f'splits {q}.num_experts={moe.num_experts} into equal groups of at least 2 (a group '
+      f'scores by its two best); allowed: a divisor of {moe.num_experts} up to '
+      f'{moe.num_experts // 2}',
+    )
+  top_groups = moe.groups if moe.top_groups is None else moe.top_groups
+  if not 1 <= top_groups <= moe.groups or top_groups * moe.num_experts // moe.groups < moe.top_k:
+    raise ConfigError(
+      f'{q}.top_groups',
+      moe.top_groups,
+      f'allowed: 1 to {q}.groups={moe.groups}, keeping at least {q}.top_k={moe.top_k} experts '
+      f'({moe.num_experts // moe.groups} a group), or None',
     )
   if m.ffn.use_bias:
     raise ConfigError(

@@ -22,7 +22,7 @@ import numpy as np
 from flax import nnx, struct
 
 from mllm.checks import ConfigError, positive
-from mllm.layers import resolved_head_dim
+from mllm.layers import resolved_head_dim, rotary_head_dim
 from mllm.layers.parametrization import weight_std
 from mllm.layers.rope import (
   ROPE_LAYOUTS,
@@ -274,6 +274,16 @@ class RotaryPositions(PositionScheme):
   def check(cls, m, p):
     rope = settings_of(cls, m.position)
     rope.scaling.settings.check(f'{p}.position.rope.scaling')
+    if m.attention.kind == 'mla':  # its own rotated part (mllm/layers/mla.py checks the rest)
+      dims = rotary_head_dim(m)
+      if dims % 2:
+        raise ConfigError(
+          f'{p}.attention.mla.rope_head_dim',
+          m.attention.mla.rope_head_dim,
+          f'resolves to {dims} (head_dim // 2); RoPE rotates pairs of features: allowed: an even '
+          'number',
+        )
+      return
     head_dim = resolved_head_dim(m)
     if head_dim % 2:
       derived = (
@@ -308,7 +318,7 @@ class RotaryPositions(PositionScheme):
   def __init__(self, cfg, *, rngs):
     del rngs
     settings = settings_of(self, cfg.position)
-    self.rotated_dims = rotated_dims(resolved_head_dim(cfg), settings.fraction)
+    self.rotated_dims = rotated_dims(rotary_head_dim(cfg), settings.fraction)
     self.theta = settings.theta
     self.layout = settings.layout
     self.scaling = settings.scaling.settings

@@ -31,6 +31,7 @@ import functools
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 
 from mllm.ops import kernels, splash
 from mllm.ops import mesh as on_mesh
@@ -411,6 +412,31 @@ def attend(
     scale = q_BTNH.shape[-1] ** -0.5
   if mask.kv_positions is not None:
     impl = cached_impl(impl, q_BTNH.shape[1])
+  qk_dim, v_dim = q_BTNH.shape[-1], v_BSKH.shape[-1]
+  if qk_dim != v_dim and impl != 'xla':
+    # The tiled implementations take one head size: zero dims in the smaller side change no
+    # score (q·k) and no output column (P·v) but add ones sliced away (MLA: d_v < d_h + d_R).
+    def widened(x, width):
+      return jnp.pad(x, [(0, 0)] * 3 + [(0, width - x.shape[-1])])
+
+    width = max(qk_dim, v_dim)
+    out_BTNH = attend(
+      widened(q_BTNH, width),
+      widened(k_BSKH, width),
+      widened(v_BSKH, width),
+      mask=mask,
+      bias=bias,
+      rel_values=rel_values,
+      scale=scale,
+      softcap=softcap,
+      sinks=sinks,
+      impl=impl,
+      dropout_rate=dropout_rate,
+      dropout_rng=dropout_rng,
+      block_q=block_q,
+      block_k=block_k,
+    )
+    return out_BTNH[..., :v_dim]
   return run_impl(
     impl,
     q_BTNH,

@@ -78,7 +78,7 @@ def xla_attention(
   ):
     allowed_BTS = mask.allowed(q_BTNH.shape[1], k_BSKH.shape[1])[:, 0]
     return _plain_attention(q_BTNH, k_BSKH, v_BSKH, allowed_BTS, scale, softcap)
-  B, T, N, H = q_BTNH.shape
+  B, T, N, _ = q_BTNH.shape
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
   logits_BKGTS = softcapped(grouped_logits(q_BTNH, k_BSKH, scale), softcap)
   if bias is not None:
@@ -106,7 +106,7 @@ def xla_attention(
   )
   if rel_values is not None:
     out_BTKGH = out_BTKGH + _relative_values(probs_BKGTS, rel_values)
-  return out_BTKGH.reshape(B, T, N, H).astype(q_BTNH.dtype)
+  return out_BTKGH.reshape(B, T, N, v_BSKH.shape[-1]).astype(q_BTNH.dtype)
 
 
 def _relative_values(probs_BKGTS, rel_values: RelativeValues):

@@ -32,6 +32,7 @@ LOGICAL_RULES: dict[str, str | None] = {
   'mlp': 'tensor',
   'expert': 'expert',
   'head_dim': None,
+  'latent': None,  # MLA's low-rank latents (mllm/layers/mla.py): small, replicated
   'norm': None,
   'positions': None,
   'relpos_buckets': None,
