@@ -104,17 +104,17 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
 
   ffn = model.ffn = config_dict.ConfigDict()
   # relu | relu2 | gelu | gelu_tanh | swish | glu | bilinear | geglu | geglu_tanh | swiglu | reglu |
-  # moe
+  # clamped_swiglu (gpt-oss; its section: alpha, limit) | moe
   ffn.kind = 'swiglu'
   ffn.d_ff = placeholder(int)  # None: 4 * d_model
   ffn.match_params = True  # gated FFNs: d_ff * 2/3, so parameters match the ungated FFN
   ffn.multiple_of = 8
   ffn.use_bias = False
-  # Each FFN's own section (a variant's Settings, mllm/layers/ffn.py): the built-in dense ones
-  # have none; moe's (MoESettings, mllm/layers/moe_settings.py): num_experts, top_k, expert {kind,
+  # Each FFN's own section (a variant's Settings, mllm/layers/ffn.py): clamped_swiglu's {alpha,
+  # limit}; moe's (MoESettings, mllm/layers/moe_settings.py): num_experts, top_k, expert {kind,
   # and each dense FFN's section}, expert_d_ff, num_shared_experts, shared_d_ff, every,
-  # first_dense_layers, router, renormalize, routed_scale, groups, top_groups, dispatch,
-  # capacity_factor, grouped_matmul, balance_coef, balance_convention, z_loss_coef, noise,
+  # first_dense_layers, router, router_bias, renormalize, routed_scale, groups, top_groups,
+  # dispatch, capacity_factor, grouped_matmul, balance_coef, balance_convention, z_loss_coef, noise,
   # noise_alpha, expert_bias, bias_update_rate, force_uniform_routing.
   add_sections(ffn, FFNS)
 

@@ -29,7 +29,9 @@ Version 7: `model.position.rope.fraction`, partial RoPE (1.0 before: every dimen
 `model.attention.qk_norm_over` ('head' before); `model.multi_token_prediction` (False before) and
 its loss weights `train.mtp_coef`, `mtp_coef_final`, `mtp_switch_at` (not read before).
 Version 8: `model.attention.kind` ('mha' before) and MLA's section `model.attention.mla`;
-`model.ffn.moe.routed_scale` (1.0 before), `groups` (1) and `top_groups` (None).
+`model.ffn.moe.routed_scale` (1.0 before), `groups` (1), `top_groups` (None) and `router_bias`
+(False); the FFN kind `clamped_swiglu`'s section `model.ffn.clamped_swiglu` (and the experts'
+`model.ffn.moe.expert.clamped_swiglu`); YaRN's `truncate` (True before: the ramp's ends rounded).
 """
 
 from __future__ import annotations
@@ -226,7 +228,11 @@ v6_to_v7, v7_as_v6 = _adding(
 # routed gates as chosen, every expert group open.
 v7_to_v8, v8_as_v7 = _adding(
   {
+    'model.position.rope.scaling.yarn.truncate': True,
     'model.ffn.moe.routed_scale': 1.0,
+    'model.ffn.moe.router_bias': False,
+    'model.ffn.clamped_swiglu': {'alpha': 1.702, 'limit': 7.0},
+    'model.ffn.moe.expert.clamped_swiglu': {'alpha': 1.702, 'limit': 7.0},
     'model.ffn.moe.groups': 1,
     'model.ffn.moe.top_groups': None,
     'model.attention.kind': 'mha',

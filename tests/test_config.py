@@ -539,7 +539,9 @@ ROPE_READS = [
   'model.position.rope.nope_every',
   'model.position.rope.fraction',
 ]
-YARN_READS = [f'model.position.rope.scaling.yarn.{k}' for k in ('factor', 'beta_fast', 'beta_slow')]
+YARN_READS = [
+  f'model.position.rope.scaling.yarn.{k}' for k in ('factor', 'beta_fast', 'beta_slow', 'truncate')
+]
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,19 @@ NP_ACTIVATIONS = {
   'reglu': lambda z: np.maximum(z, 0.0),
 }
 UNGATED = ('relu', 'relu2', 'gelu', 'gelu_tanh', 'swish')
-GATED = ('glu', 'bilinear', 'geglu', 'geglu_tanh', 'swiglu', 'reglu')
+GATED = ('glu', 'bilinear', 'geglu', 'geglu_tanh', 'swiglu', 'reglu', 'clamped_swiglu')
+
+
+def np_clamped_swiglu(g, u, alpha=1.702, limit=7.0):
+  """gpt-oss's hidden layer as its reference code writes it (torch: gate.clamp(max=limit),
+  up.clamp(-limit, limit), glu = gate·sigmoid(gate·alpha), (up + 1)·glu), in float64."""
+  g = np.minimum(g, limit)
+  u = np.clip(u, -limit, limit)
+  return (u + 1.0) * g / (1.0 + np.exp(-alpha * g))
+
+
+# Gated FFNs whose hidden layer is not act(x·W_gate) ⊗ x·W_up.
+NP_HIDDEN = {'clamped_swiglu': np_clamped_swiglu}
 
 
 def test_registry_is_complete():
@@ -73,10 +85,12 @@ def test_ffn_matches_numpy(kind, use_bias):
   chex.assert_shape(out, (2, 3, d_model))
   assert out.dtype == jnp.float32
 
-  act = NP_ACTIVATIONS[kind]
+  act = NP_ACTIVATIONS.get(kind)
   chex.assert_shape(ffn.up.kernel[...], (d_model, d_ff))
   chex.assert_shape(ffn.down.kernel[...], (d_ff, d_model))
-  if kind in GATED:
+  if kind in NP_HIDDEN:
+    h = NP_HIDDEN[kind](_linear_np(ffn.gate, x, use_bias), _linear_np(ffn.up, x, use_bias))
+  elif kind in GATED:
     chex.assert_shape(ffn.gate.kernel[...], (d_model, d_ff))
     h = act(_linear_np(ffn.gate, x, use_bias)) * _linear_np(ffn.up, x, use_bias)
   else:
@@ -84,6 +98,21 @@ def test_ffn_matches_numpy(kind, use_bias):
     h = act(_linear_np(ffn.up, x, use_bias))
   ref = _linear_np(ffn.down, h, use_bias)
   chex.assert_trees_all_close(np.asarray(out, np.float64), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_the_clamped_swiglu_clamps_where_gpt_oss_does():
+  """Pre-activations well past the limit L = 7 (and α, L set off their defaults): the gate is cut
+  above only, the up path both ways."""
+  from mllm.layers.ffn import ClampedSwiGLU
+
+  rng = np.random.default_rng(2)
+  g, u = rng.normal(scale=12.0, size=(2, 64)), rng.normal(scale=12.0, size=(2, 64))
+  assert (g > 7).any() and (g < -7).any() and (u > 7).any() and (u < -7).any()
+  for settings in (None, ClampedSwiGLU.Settings(alpha=1.0, limit=3.0)):
+    hidden = ClampedSwiGLU.hidden_with(settings)
+    want = np_clamped_swiglu(g, u, **({} if settings is None else {'alpha': 1.0, 'limit': 3.0}))
+    got = hidden(jnp.asarray(g, jnp.float32), jnp.asarray(u, jnp.float32))
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=1e-5)
 
 
 def test_gelu_is_exact_not_tanh():

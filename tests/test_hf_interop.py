@@ -37,6 +37,7 @@ FAMILIES = [
   'stablelm',
   'deepseek-v3',
   'deepseek-v3-dense',
+  'gpt-oss',
 ]
 
 
@@ -316,12 +317,6 @@ def test_transformers_4_rope_fields_give_the_same_config(tmp_path, imported):
       ),
       r'rope_parameters.attention_factor=2.0',
     ),
-    (
-      lambda c: c['rope_parameters'].update(
-        rope_type='yarn', factor=4.0, truncate=False, original_max_position_embeddings=64
-      ),
-      r'rope_parameters.truncate=False',
-    ),
   ],
 )
 def test_unsupported_config_fields_are_refused(tmp_path, edit, message):
@@ -529,6 +524,21 @@ EXPORTABLE = {
       'model.n_kv_heads': 4,
     },
   ),
+  # gpt-oss's choices without a window (every layer global), another clamp.
+  'gpt-oss-global': (
+    'gpt_oss',
+    {
+      'model.attention.sinks': True,
+      'model.attention.use_bias': True,
+      'model.ffn.use_bias': True,
+      'model.ffn.kind': 'moe',
+      'model.ffn.moe.num_experts': 4,
+      'model.ffn.moe.router_bias': True,
+      'model.ffn.moe.expert.kind': 'clamped_swiglu',
+      'model.ffn.moe.expert.clamped_swiglu.limit': 0.5,
+      'model.ffn.moe.dispatch': 'dropless',
+    },
+  ),
   # MLA over DeepSeekMoE layers only (scanned), every expert group open, a shared expert.
   'deepseek-v3-scanned': (
     'deepseek_v3',
@@ -602,7 +612,8 @@ def test_a_large_export_is_written_in_shards_that_import_the_same(tmp_path, impo
     ),
     ({'model.position.rope.nope_every': 2}, r'model.position.rope.nope_every=2'),
     ({'model.attention.value_residual': True}, r'model.attention.value_residual=True'),
-    ({'model.attention.sinks': True}, r'model.attention.sinks=True'),
+    # Sinks export as gpt-oss, an MoE in every layer.
+    ({'model.attention.sinks': True}, r"model.ffn.kind='swiglu': .*GptOssForCausalLM"),
     (
       {'model.position.rope.scaling.kind': 'ntk', 'model.position.rope.scaling.ntk.factor': 2.0},
       r"model.position.rope.scaling.kind='ntk'",
@@ -792,6 +803,7 @@ EXPORTED = [
   'exported-stablelm',
   'exported-deepseek-v3',
   'exported-deepseek-v3-dense',
+  'exported-gpt-oss',
 ]
 
 

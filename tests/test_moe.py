@@ -647,3 +647,45 @@ def test_group_limits_that_cannot_hold_are_refused_in_one_line(keys, message, ti
   with pytest.raises(ConfigError, match=message) as err:
     tiny(**{k.replace('.', '__'): v for k, v in keys.items()})
   assert '\n' not in str(err.value)
+
+
+@pytest.mark.parametrize('dispatch', ['capacity', 'dropless'])
+def test_a_gpt_oss_layer_with_biases_equals_its_float64_reference(dispatch):
+  """gpt-oss's MoE (transformers' GptOssMLP): router logits x·W + b, the top k of them, a softmax
+  over those k (the softmax over all experts renormalised over the k), experts with biases on
+  gate, up and down and the clamped SwiGLU; a shared expert with biases beside them. Every bias
+  random, and the pre-activations large enough that the clamps act."""
+  from test_ffn import np_clamped_swiglu
+
+  moe = make_moe(
+    ffn_kind='clamped_swiglu',
+    dispatch=dispatch,
+    capacity_factor=4.0,
+    router_bias=True,
+    use_bias=True,
+    num_shared_experts=1,
+  )
+  rng = np.random.default_rng(3)
+  for part in (moe.experts, moe.shared):
+    for name in ('gate_bias', 'up_bias', 'down_bias'):
+      getattr(part, name)[...] = jnp.asarray(rng.normal(size=getattr(part, name).shape), jnp.float32)
+  moe.router_bias[...] = jnp.asarray(rng.normal(size=4), jnp.float32)
+  x = tokens() * 6.0
+  f64 = lambda w: np.asarray(w[...], np.float64)  # noqa: E731
+  xs = np.asarray(x[0], np.float64)
+
+  def expert(part, e, rows):
+    g = rows @ f64(part.gate)[e] + f64(part.gate_bias)[e]
+    u = rows @ f64(part.up)[e] + f64(part.up_bias)[e]
+    return np_clamped_swiglu(g, u) @ f64(part.down)[e] + f64(part.down_bias)[e]
+
+  logits = xs @ f64(moe.router) + f64(moe.router_bias)
+  want = expert(moe.shared, 0, xs)
+  for t in range(xs.shape[0]):
+    top = np.argsort(-logits[t])[:2]
+    weights = np.exp(logits[t, top] - logits[t, top].max())
+    for w, e in zip(weights / weights.sum(), top):
+      want[t] += w * expert(moe.experts, e, xs[t])
+  pre = xs @ f64(moe.experts.up)[0] + f64(moe.experts.up_bias)[0]
+  assert np.abs(pre).max() > 7.0  # the clamp acts somewhere
+  np.testing.assert_allclose(np.asarray(out(moe, x)[0], np.float64), want, rtol=1e-4, atol=1e-4)

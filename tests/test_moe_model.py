@@ -64,7 +64,6 @@ MOE = 'ffn=moe,num_experts=4,top_k=2'
       'model.scan_layers',
       'mix MoE and dense',
     ),
-    ({'model.ffn.use_bias': True}, 'model.ffn.use_bias', 'bias-free'),
   ],
 )
 def test_bad_moe_configs_are_one_line_errors_naming_the_key(overrides, key, allowed):

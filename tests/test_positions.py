@@ -198,8 +198,9 @@ def test_no_scaling_inverse_frequencies():
   assert attn == 1.0
 
 
-def _np_yarn(d, theta, s, L, beta_fast=32.0, beta_slow=1.0):
-  """YaRN (Peng et al. 2023, and its reference code), written out in float64."""
+def _np_yarn(d, theta, s, L, beta_fast=32.0, beta_slow=1.0, truncate=True):
+  """YaRN (Peng et al. 2023, and its reference code), written out in float64; `truncate` False:
+  the ramp's ends as computed, not floored and ceiled (gpt-oss, transformers' `truncate`)."""
   pos_freqs = theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
   extrap = 1.0 / pos_freqs
   interp = 1.0 / (s * pos_freqs)
@@ -207,8 +208,10 @@ def _np_yarn(d, theta, s, L, beta_fast=32.0, beta_slow=1.0):
   def corr_dim(num_rotations):
     return (d * math.log(L / (num_rotations * 2 * math.pi))) / (2 * math.log(theta))
 
-  low = max(math.floor(corr_dim(beta_fast)), 0)
-  high = min(math.ceil(corr_dim(beta_slow)), d - 1)
+  low, high = corr_dim(beta_fast), corr_dim(beta_slow)
+  if truncate:
+    low, high = math.floor(low), math.ceil(high)
+  low, high = max(low, 0), min(high, d - 1)
   if low == high:
     high += 0.001
   ramp = np.array([min(max((j - low) / (high - low), 0.0), 1.0) for j in range(d // 2)])
@@ -242,6 +245,19 @@ def test_yarn_inverse_frequencies(d, theta, s, L):
   # In between, strictly between the two.
   mid = slice(low + 1, hi)
   assert np.all(inv[mid] < orig[mid]) and np.all(inv[mid] > orig[mid] / s)
+
+
+def test_yarn_without_truncation_keeps_the_ramps_fractional_ends():
+  """gpt-oss's YaRN (θ 150000, s 32, L 4096, truncate false): the ramp between the correction
+  dims as computed; rounding them moves every frequency inside the ramp."""
+  d, theta, s, L = 64, 150000.0, 32.0, 4096
+  spec = {'kind': 'yarn', 'factor': s, 'beta_fast': 32.0, 'beta_slow': 1.0, 'truncate': False}
+  inv, _ = rope_inverse_frequencies(d, theta, spec, original_max_len=L)
+  ref, _, low, high = _np_yarn(d, theta, s, L, truncate=False)
+  np.testing.assert_allclose(inv, ref, rtol=1e-12)
+  assert low != math.floor(low) and high != math.ceil(high)
+  rounded, _ = rope_inverse_frequencies(d, theta, {**spec, 'truncate': True}, original_max_len=L)
+  assert np.abs(rounded / inv - 1).max() > 1e-2
 
 
 def test_yarn_attention_factor_scales_cos_sin():

@@ -35,9 +35,10 @@ ARCHITECTURES = {
   'olmo2': 'Olmo2ForCausalLM',
   'stablelm': 'StableLmForCausalLM',
   'deepseek_v3': 'DeepseekV3ForCausalLM',
+  'gpt_oss': 'GptOssForCausalLM',
 }
 FAMILIES = tuple(ARCHITECTURES)
-MOE_FAMILIES = ('mixtral', 'qwen3_moe', 'deepseek_v3')
+MOE_FAMILIES = ('mixtral', 'qwen3_moe', 'deepseek_v3', 'gpt_oss')
 # The FFN of every Llama-like family (and its experts): hidden_act names its gate's activation.
 LLAMA_FFN = 'swiglu'
 # The FFN kinds GPT-2's activation_function can name, its default first.
@@ -262,6 +263,47 @@ def _deepseek_v3(hf: dict) -> dict[str, Any]:
   return out
 
 
+def _gpt_oss(hf: dict) -> dict[str, Any]:
+  """gpt-oss (OpenAI 2025, arXiv 2508.10925): attention with sinks and q/k/v/o biases, a window in
+  the layers `layer_types` names (every other one), YaRN; every layer an MoE whose router has a
+  bias, whose experts have biases and the clamped SwiGLU (mllm/layers/moe_hf.py). hidden_act is
+  not read by its experts; router_aux_loss_coef only weighs transformers' training loss."""
+  _refuse(hf, 'attention_dropout', lambda v: not v, '0.0')
+  n_heads, n_layers = hf['num_attention_heads'], hf['num_hidden_layers']
+  layer_types = hf.get('layer_types') or [
+    'sliding_attention' if (i + 1) % 2 else 'full_attention' for i in range(n_layers)
+  ]
+  global_every = _every_nth_full(layer_types)
+  window = hf.get('sliding_window') if 'sliding_attention' in layer_types else None
+  out = {
+    'vocab_size': hf['vocab_size'],
+    'd_model': hf['hidden_size'],
+    'n_layers': n_layers,
+    'n_heads': n_heads,
+    'n_kv_heads': hf.get('num_key_value_heads') or n_heads,
+    'head_dim': hf.get('head_dim') or hf['hidden_size'] // n_heads,
+    'max_seq_len': hf['max_position_embeddings'],
+    'tie_embeddings': bool(hf.get('tie_word_embeddings', False)),
+    'embed_scale': 1.0,
+    'norm.kind': 'rmsnorm',
+    'norm.placement': 'pre',
+    'norm.eps': float(hf['rms_norm_eps']),
+    'norm.final_norm': True,
+    'ffn.d_ff': hf['intermediate_size'],
+    'ffn.match_params': False,
+    'ffn.use_bias': True,
+    'attention.use_bias': bool(hf.get('attention_bias', True)),
+    'attention.qkv_bias': False,
+    'attention.sinks': True,
+    'attention.softmax_scale': None,
+    'attention.sliding_window': None if window is None else int(window),
+    'attention.global_every': global_every if window is not None else None,
+  }
+  out.update(RotaryPositions.keys_from_hf(hf))
+  out.update(moe_keys_from_hf(hf, 'gpt_oss'))
+  return out
+
+
 def config_overrides(hf: dict) -> dict[str, Any]:
   """mllm config keys (dotted) that make the model of this HF config, in float32."""
   family = family_of(hf)
@@ -271,6 +313,8 @@ def config_overrides(hf: dict) -> dict[str, Any]:
     model = _gemma2(hf)
   elif family == 'deepseek_v3':
     model = _deepseek_v3(hf)
+  elif family == 'gpt_oss':
+    model = _gpt_oss(hf)
   else:
     model = _llama_like(hf, family)
   out = {f'model.{k}': v for k, v in model.items()}

@@ -66,6 +66,8 @@ def family_for(m) -> str:
   """The HF family an mllm model config is exported as (checked afterwards by `check_exact`)."""
   if m.attention.kind == 'mla':
     return 'deepseek_v3'
+  if m.attention.sinks:
+    return 'gpt_oss'
   if moe_layers(m):
     return 'qwen3_moe' if m.attention.qk_norm else 'mixtral'
   if m.position.kind == 'learned':
@@ -140,6 +142,17 @@ def _deepseek_v3_fields(m) -> dict[str, Any]:
   return out
 
 
+def _gpt_oss_fields(m) -> dict[str, Any]:
+  """gpt-oss's window and `layer_types`, its attention biases and its experts."""
+  full = [window is None for window in layer_windows(m)]
+  return {
+    'sliding_window': m.attention.sliding_window,
+    'layer_types': ['full_attention' if f else 'sliding_attention' for f in full],
+    'attention_bias': bool(m.attention.use_bias),
+    **moe_hf_fields(m, 'gpt_oss'),
+  }
+
+
 def _family_fields(m, family: str) -> dict[str, Any]:
   """The fields only some Llama-like families have: biases, windows, experts."""
   out: dict[str, Any] = {}
@@ -196,6 +209,8 @@ def hf_config(m, family: str, dtype: str) -> dict[str, Any]:
   if family == 'gemma2':
     del out['hidden_act']
     return {**out, **_gemma2_fields(m)}
+  if family == 'gpt_oss':
+    return {**out, **_gpt_oss_fields(m)}
   if family == 'deepseek_v3':
     moe = moe_hf_fields(m, family) if moe_layers(m) else {}
     return {**out, **_deepseek_v3_fields(m), **moe}

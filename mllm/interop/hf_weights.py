@@ -5,7 +5,8 @@ are the same table and a round trip is exact by construction (transposes and res
   - PyTorch Linear weights are [out, in]; mllm's kernels are [in, ..., out] with the heads split
     out: [D, N, H] for q/k/v, [N, H, D] for the output projection.
   - GPT-2's Conv1D weights are already [in, out]; its q, k and v are one fused c_attn tensor.
-  - Mixtral and Qwen3-MoE store each expert's FFN separately; mllm stacks them [E, D, F].
+  - Mixtral and Qwen3-MoE store each expert's FFN separately; mllm stacks them [E, D, F]; gpt-oss
+    stacks them too, gate and up interleaved in one tensor.
 mllm parameters are named by their path in `nnx.to_pure_dict`, '/'-joined ('blocks/0/ffn/up/kernel').
 """
 
@@ -73,6 +74,16 @@ def experts(hf: list[str], mllm: str) -> Link:
   )
 
 
+def interleaved_pair(hf: str, mllm: tuple[str, str]) -> Link:
+  """gpt-oss's gate_up_proj [E, D, 2F] (bias [E, 2F]), gate and up alternating on the last axis
+  ↔ gate and up [E, D, F] ([E, F])."""
+
+  def to_hf(gate, up):
+    return (np.stack([gate, up], axis=-1).reshape(*gate.shape[:-1], 2 * gate.shape[-1]),)
+
+  return Link((hf,), mllm, lambda w: (w[..., 0::2], w[..., 1::2]), to_hf)
+
+
 def fused_qkv(hf: str, mllm: tuple[str, str, str], heads: int, head_dim: int) -> Link:
   """GPT-2's c_attn, Conv1D [D, 3·N·H] (bias [3·N·H]) ↔ query, key, value [D, N, H] ([N, H]):
   the same split on the last axis for the weight and the bias."""
@@ -111,6 +122,8 @@ def _attention_links(c, p: str, m: str) -> list[Link]:
       same(f'{p}q_norm.weight', f'{m}query_norm/scale'),
       same(f'{p}k_norm.weight', f'{m}key_norm/scale'),
     ]
+  if c.attention.sinks:  # gpt-oss
+    links.append(same(f'{p}sinks', f'{m}sinks'))
   return links
 
 
@@ -145,6 +158,18 @@ def _moe_links(c, family: str, p: str, m: str) -> list[Link]:
   """Mixtral: block_sparse_moe.{gate, experts.E.w1 (gate), w3 (up), w2 (down)};
   Qwen3-MoE: mlp.{gate, experts.E.gate_proj, up_proj, down_proj}. The router is a Linear [E, D]."""
   e = range(c.ffn.moe.num_experts)
+  if family == 'gpt_oss':  # stacked experts already, gate and up interleaved, biases everywhere
+    p = p + 'mlp.'
+    return [
+      transposed(f'{p}router.weight', f'{m}router'),
+      same(f'{p}router.bias', f'{m}router_bias'),
+      interleaved_pair(f'{p}experts.gate_up_proj', (f'{m}experts/gate', f'{m}experts/up')),
+      interleaved_pair(
+        f'{p}experts.gate_up_proj_bias', (f'{m}experts/gate_bias', f'{m}experts/up_bias')
+      ),
+      same(f'{p}experts.down_proj', f'{m}experts/down'),
+      same(f'{p}experts.down_proj_bias', f'{m}experts/down_bias'),
+    ]
   if family == 'mixtral':
     p, names = p + 'block_sparse_moe.', {'gate': 'w1', 'up': 'w3', 'down': 'w2'}
   else:
@@ -163,7 +188,8 @@ def _moe_links(c, family: str, p: str, m: str) -> list[Link]:
 
 
 def llama_links(c, family: str) -> list[Link]:
-  """Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE, OLMo 2, StableLM, Gemma 2, DeepSeek-V3:
+  """Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE, OLMo 2, StableLM, Gemma 2, DeepSeek-V3,
+  gpt-oss:
   model.{embed_tokens, layers.i, norm}, lm_head; each family's layer norms in LAYER_NORMS."""
 
   sparse = set(moe_layers(c))

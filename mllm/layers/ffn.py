@@ -16,9 +16,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mllm.checks import integer
+from mllm.checks import integer, positive
 from mllm.layers.parametrization import weight_std
-from mllm.variant_config import check_variant_keys, settings_of
+from mllm.variant_config import check_variant_keys, setting, settings_of
 
 # GELU here is the exact x·Φ(x) (Hendrycks & Gimpel 2016), as in Shazeer's table; GPT-2 used tanh.
 gelu = functools.partial(jax.nn.gelu, approximate=False)
@@ -58,10 +58,16 @@ class FeedForward(nnx.Module):
 
   @classmethod
   def activation_with(cls, settings) -> Callable:
-    """The activation with the variant's settings bound (the dense FFN and the experts use it)."""
+    """The activation with the variant's settings bound."""
     if settings is None:
       return cls.activation
     return functools.partial(cls.activation, **dataclasses.asdict(settings))
+
+  @classmethod
+  def hidden_with(cls, settings) -> Callable:
+    """`hidden(pre_gate, pre_up)`: the hidden layer from its pre-activations, the variant's
+    settings bound (the dense FFN and the experts use it; pre_gate None when ungated)."""
+    return functools.partial(ffn_hidden, activation=cls.activation_with(settings))
 
   @classmethod
   def dense_kind(cls, m) -> str:
@@ -114,7 +120,7 @@ class FeedForward(nnx.Module):
     )
 
   def __call__(self, x_BTD):
-    activation = self.activation_with(self.settings)
+    hidden = self.hidden_with(self.settings)
     if self.up.bias is None:
       # Without biases: the same products through `_ffn`, whose backward XLA:CPU runs without
       # transposing the [tokens, d_ff] activations (see there).
@@ -125,11 +131,9 @@ class FeedForward(nnx.Module):
         kernel(self.gate) if self.gated else None,
         kernel(self.up),
         kernel(self.down),
-        activation,
+        hidden,
       )
-    if self.gated:
-      return self.down(activation(self.gate(x_BTD)) * self.up(x_BTD))
-    return self.down(activation(self.up(x_BTD)))
+    return self.down(hidden(self.gate(x_BTD) if self.gated else None, self.up(x_BTD)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -144,8 +148,8 @@ class FeedForward(nnx.Module):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _ffn(x, w_gate, w_up, w_down, activation):
-  return _ffn_fwd(x, w_gate, w_up, w_down, activation)[0]
+def _ffn(x, w_gate, w_up, w_down, hidden):
+  return _ffn_fwd(x, w_gate, w_up, w_down, hidden)[0]
 
 
 def ffn_hidden(pre_gate, pre_up, activation):
@@ -154,19 +158,17 @@ def ffn_hidden(pre_gate, pre_up, activation):
   return activation(pre_up) if pre_gate is None else activation(pre_gate) * pre_up
 
 
-def _ffn_fwd(x, w_gate, w_up, w_down, activation):
+def _ffn_fwd(x, w_gate, w_up, w_down, hidden_of):
   pre_gate = None if w_gate is None else x @ w_gate
   pre_up = x @ w_up
-  y = ffn_hidden(pre_gate, pre_up, activation) @ w_down
+  y = hidden_of(pre_gate, pre_up) @ w_down
   return y, (x, w_gate, w_up, w_down, pre_gate, pre_up)
 
 
-def _ffn_bwd(activation, residuals, dy):
+def _ffn_bwd(hidden_of, residuals, dy):
   x, w_gate, w_up, w_down, pre_gate, pre_up = residuals
   d_model, d_ff = w_up.shape
-  hidden, hidden_vjp = jax.vjp(
-    functools.partial(ffn_hidden, activation=activation), pre_gate, pre_up
-  )
+  hidden, hidden_vjp = jax.vjp(hidden_of, pre_gate, pre_up)
   dy = dy.astype(hidden.dtype)
   d_hidden = dy @ w_down.T
   d_gate, d_up = hidden_vjp(d_hidden)
@@ -268,6 +270,28 @@ class ReGLU(GatedMLP):
   activation = staticmethod(jax.nn.relu)
 
 
+def _clamped_swiglu_hidden(pre_gate, pre_up, *, alpha: float, limit: float):
+  gate = jnp.minimum(pre_gate, limit)
+  up = jnp.clip(pre_up, -limit, limit)
+  return (up + 1.0) * gate * jax.nn.sigmoid(alpha * gate)
+
+
+class ClampedSwiGLU(GatedMLP):
+  """gpt-oss's SwiGLU (OpenAI 2025, arXiv 2508.10925; its reference code and transformers'
+  GptOssExperts): h = (clip(u, −L, L) + 1) ⊗ g·σ(α·g) with g = min(gate, L), u the up projection;
+  the +1 makes the up path a residual around 1, the clamps bound both."""
+
+  @dataclasses.dataclass(frozen=True)
+  class Settings:
+    alpha: float = setting(1.702, 'α of the gate g·σ(α·g) (1.702: the sigmoid GELU)', positive)
+    limit: float = setting(7.0, 'L: the gate clipped above at L, the up path to [−L, L]', positive)
+
+  @classmethod
+  def hidden_with(cls, settings):
+    s = settings or cls.Settings()
+    return functools.partial(_clamped_swiglu_hidden, alpha=s.alpha, limit=s.limit)
+
+
 # The FFN kinds; mllm/layers/moe.py adds 'moe' (`MoE`, whose experts are any of these).
 FFNS: dict[str, type[nnx.Module]] = {
   'relu': ReLU,
@@ -281,6 +305,7 @@ FFNS: dict[str, type[nnx.Module]] = {
   'geglu_tanh': GEGLUTanh,
   'swiglu': SwiGLU,
   'reglu': ReGLU,
+  'clamped_swiglu': ClampedSwiGLU,
 }
 
 

@@ -132,6 +132,8 @@ class MoE(nnx.Module):
     noise: str = 'none',
     noise_alpha: float = 0.1,
     expert_bias: bool = False,
+    router_bias: bool = False,
+    use_bias: bool = False,
     force_uniform_routing: bool = False,
     init_std: float = 0.02,
     out_std: float = 0.02,
@@ -151,6 +153,12 @@ class MoE(nnx.Module):
       d_model, num_experts, init_std, noise, param_dtype, rngs
     )
     self.expert_bias = ExpertBias(jnp.zeros((num_experts,), jnp.float32)) if expert_bias else None
+    # A learned bias on the router's logits (gpt-oss), unlike expert_bias part of the scores.
+    self.router_bias = (
+      nnx.Param(jnp.zeros((num_experts,), param_dtype), logical_axes=(None,))
+      if router_bias
+      else None
+    )
     # As nnx.Dropout: a 'dropout' stream (the train step reseeds it from (seed, step), so a
     # resumed run draws the same noise) and `deterministic`, which model.eval() sets.
     self.deterministic = False
@@ -160,6 +168,7 @@ class MoE(nnx.Module):
       d_model=d_model,
       ffn_kind=ffn_kind,
       ffn_settings=ffn_settings,
+      use_bias=use_bias,
       init_std=init_std,
       dtype=dtype,
       param_dtype=param_dtype,
@@ -219,6 +228,8 @@ class MoE(nnx.Module):
       noise=moe.noise,
       noise_alpha=moe.noise_alpha,
       expert_bias=moe.expert_bias,
+      router_bias=moe.router_bias,
+      use_bias=cfg.ffn.use_bias,
       force_uniform_routing=moe.force_uniform_routing,
       init_std=weight_std(cfg, 'in', fan_in=cfg.d_model),
       out_std=weight_std(cfg, 'out', fan_in=expert_d_ff),
@@ -232,6 +243,8 @@ class MoE(nnx.Module):
     """(gates [T, k], experts [T, k], router logits [T, E], probabilities [T, E])."""
     x32 = x_TD.astype(jnp.float32)
     logits_TE = x32 @ self.router[...].astype(jnp.float32)
+    if self.router_bias is not None:
+      logits_TE = logits_TE + self.router_bias[...].astype(jnp.float32)
     training_noise = self.noise != 'none' and not self.deterministic
     routing_logits = logits_TE
     if training_noise and self.noise == 'noisy_topk':

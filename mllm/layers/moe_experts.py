@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mllm.layers.ffn import FFNS, ffn_hidden
+from mllm.layers.ffn import FFNS
 from mllm.ops import mesh as on_mesh
 
 DISPATCHES = ('capacity', 'dropless')
@@ -23,8 +23,9 @@ GROUPED_MATMULS = ('ragged_dot', 'megablox', 'tiled')  # the dropless path's ker
 
 
 class Experts(nnx.Module):
-  """E bias-free FFNs of the kind `ffn_kind` names (its activation, with its settings
-  `ffn_settings`, and gating): gate/up [E, D, F], down [E, F, D]."""
+  """E FFNs of the kind `ffn_kind` names (its activation, with its settings `ffn_settings`, and
+  gating): gate/up [E, D, F], down [E, F, D]; with `use_bias` (gpt-oss) gate_bias/up_bias [E, F]
+  and down_bias [E, D]."""
 
   def __init__(
     self,
@@ -34,6 +35,7 @@ class Experts(nnx.Module):
     ffn_kind: str = 'swiglu',
     *,
     ffn_settings=None,
+    use_bias: bool = False,
     init_std: float,
     out_std: float,
     dtype=None,
@@ -53,31 +55,52 @@ class Experts(nnx.Module):
     self.up = weight((e, d, f), init_std, ('expert', 'embed', 'mlp'))
     self.down = weight((e, f, d), out_std, ('expert', 'mlp', 'embed'))
 
-  def activation(self):
-    return self.ffn.activation_with(self.ffn_settings)
+    def zeros(shape, axes):
+      return nnx.Param(jnp.zeros(shape, param_dtype), logical_axes=axes) if use_bias else None
+
+    self.gate_bias = zeros((e, f), ('expert', 'mlp')) if self.gated else None
+    self.up_bias = zeros((e, f), ('expert', 'mlp'))
+    self.down_bias = zeros((e, d), ('expert', 'embed'))
+
+  def hidden(self):
+    return self.ffn.hidden_with(self.ffn_settings)
 
   def _weights(self, dtype):
     cast = lambda w: None if w is None else w[...].astype(dtype)  # noqa: E731
-    return cast(self.gate), cast(self.up), cast(self.down)
+    return tuple(
+      cast(w)
+      for w in (self.gate, self.up, self.down, self.gate_bias, self.up_bias, self.down_bias)
+    )
 
   def grouped(self, x_ECD: jax.Array) -> jax.Array:
     """Expert e applied to its own rows x_ECD[e] (the capacity buffer)."""
-    gate, up, down = self._weights(self.dtype or x_ECD.dtype)
+    gate, up, down, gate_b, up_b, down_b = self._weights(self.dtype or x_ECD.dtype)
     x_ECD = x_ECD.astype(up.dtype)
-    pre_gate = None if gate is None else jnp.einsum('ecd,edf->ecf', x_ECD, gate)
-    hidden = ffn_hidden(pre_gate, jnp.einsum('ecd,edf->ecf', x_ECD, up), self.activation())
-    return jnp.einsum('ecf,efd->ecd', hidden, down)
+
+    def matmul(x, w, b):
+      y = jnp.einsum('ecd,edf->ecf', x, w)
+      return y if b is None else y + b[:, None, :]
+
+    pre_gate = None if gate is None else matmul(x_ECD, gate, gate_b)
+    return matmul(self.hidden()(pre_gate, matmul(x_ECD, up, up_b)), down, down_b)
 
   def ragged(
     self, x_SD: jax.Array, group_sizes_E: jax.Array, impl: str = 'ragged_dot'
   ) -> jax.Array:
     """Rows sorted by expert, group_sizes_E[e] of them for expert e (the dropless path)."""
-    gate, up, down = self._weights(self.dtype or x_SD.dtype)
+    gate, up, down, gate_b, up_b, down_b = self._weights(self.dtype or x_SD.dtype)
     x_SD = x_SD.astype(up.dtype)
-    matmul = lambda x, w: grouped_matmul(x, w, group_sizes_E, impl)  # noqa: E731
-    pre_gate = None if gate is None else matmul(x_SD, gate)
-    hidden = ffn_hidden(pre_gate, matmul(x_SD, up), self.activation())
-    return matmul(hidden, down)
+    # Each row's expert, for the biases.
+    expert_S = jnp.repeat(
+      jnp.arange(group_sizes_E.shape[0]), group_sizes_E, total_repeat_length=x_SD.shape[0]
+    )
+
+    def matmul(x, w, b):
+      y = grouped_matmul(x, w, group_sizes_E, impl)
+      return y if b is None else y + b[expert_S]
+
+    pre_gate = None if gate is None else matmul(x_SD, gate, gate_b)
+    return matmul(self.hidden()(pre_gate, matmul(x_SD, up, up_b)), down, down_b)
 
 
 def grouped_matmul(

@@ -35,6 +35,27 @@ def _deepseek_v3_keys(hf: dict) -> dict[str, Any]:
   }
 
 
+def _gpt_oss_keys(hf: dict) -> dict[str, Any]:
+  """gpt-oss's MoE in every layer: the top k of the router's logits (with its bias), softmaxed
+  over those k (the softmax over all experts renormalised over the k), experts with biases and
+  the clamped SwiGLU of swiglu_alpha and swiglu_limit."""
+  return {
+    'ffn.moe.num_experts': hf.get('num_local_experts') or hf['num_experts'],
+    'ffn.moe.top_k': hf['num_experts_per_tok'],
+    'ffn.moe.expert.kind': 'clamped_swiglu',
+    'ffn.moe.expert.clamped_swiglu.alpha': float(hf.get('swiglu_alpha', 1.702)),
+    'ffn.moe.expert.clamped_swiglu.limit': float(hf.get('swiglu_limit', 7.0)),
+    'ffn.moe.expert_d_ff': hf['intermediate_size'],
+    'ffn.moe.num_shared_experts': 0,
+    'ffn.moe.every': 1,
+    'ffn.moe.first_dense_layers': 0,
+    'ffn.moe.router': 'softmax',
+    'ffn.moe.router_bias': True,
+    'ffn.moe.renormalize': True,
+    'ffn.moe.expert_bias': False,
+  }
+
+
 def moe_keys_from_hf(hf: dict, family: str) -> dict[str, Any]:
   """Mixtral: every layer sparse, experts of intermediate_size; Qwen3-MoE: decoder_sparse_step,
   mlp_only_layers (a leading run only), moe_intermediate_size, norm_topk_prob; DeepSeek-V3:
@@ -50,6 +71,8 @@ def moe_keys_from_hf(hf: dict, family: str) -> dict[str, Any]:
   }
   if family == 'deepseek_v3':
     return {**common, **_deepseek_v3_keys(hf)}
+  if family == 'gpt_oss':
+    return {**common, **_gpt_oss_keys(hf)}
   if family == 'mixtral':
     experts, expert_d_ff, every, first_dense, renormalize = (
       hf['num_local_experts'],
@@ -102,6 +125,18 @@ def moe_hf_fields(m, family: str) -> dict[str, Any]:
       mlp_only_layers=list(range(m.ffn.moe.first_dense_layers)),
       norm_topk_prob=bool(m.ffn.moe.renormalize),
     )
+  if family == 'gpt_oss':
+    expert = m.ffn.moe.expert
+    # Another expert FFN is written as gpt-oss's, and check_exact names the difference.
+    clamp = expert[expert.kind] if expert.kind == 'clamped_swiglu' else expert.clamped_swiglu
+    return dict(
+      num_local_experts=m.ffn.moe.num_experts,
+      num_experts_per_tok=m.ffn.moe.top_k,
+      intermediate_size=expert_hidden_dim(m),
+      swiglu_alpha=float(clamp.alpha),
+      swiglu_limit=float(clamp.limit),
+      router_aux_loss_coef=float(m.ffn.moe.balance_coef),
+    )
   if family == 'deepseek_v3':
     moe = m.ffn.moe
     if not moe.num_shared_experts:
@@ -133,6 +168,11 @@ def moe_math(m) -> dict[str, Any]:
     'ffn.moe.num_experts': moe.num_experts,
     'ffn.moe.top_k': moe.top_k,
     'ffn.moe.expert.kind': moe.expert.kind,
+    # The experts' FFN's own settings (gpt-oss's clamp), resolved.
+    'ffn.moe.expert.settings': moe.expert[moe.expert.kind].to_dict()
+    if moe.expert.kind in moe.expert
+    else None,
+    'ffn.moe.router_bias': bool(moe.router_bias),
     'ffn.moe.expert_d_ff': expert_hidden_dim(m),
     'ffn.moe.num_shared_experts': moe.num_shared_experts,
     'ffn.moe.shared_d_ff': (moe.shared_d_ff or expert_hidden_dim(m))

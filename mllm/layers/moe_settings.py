@@ -24,7 +24,9 @@ def _count(name, value) -> None:
 @dataclasses.dataclass(frozen=True)
 class MoESettings:
   """`model.ffn.moe`: the keys the MoE FFN (`model.ffn.kind='moe'`) reads. `ffn.d_ff`,
-  match_params and multiple_of size the experts and the dense layers as they size a dense FFN;
+  match_params and multiple_of size the experts and the dense layers as they size a dense FFN,
+  and `ffn.use_bias` gives both biases (gpt-oss's experts have them; Switch's, Mixtral's and
+  DeepSeek's do not);
   `expert` chooses the experts' FFN with its own settings (`model.ffn.moe.expert.kind`)."""
 
   num_experts: int = setting(8, 'routed experts E', integer)
@@ -51,6 +53,7 @@ class MoESettings:
     one_of_these(ROUTERS, 'router'),
   )
   renormalize: bool = setting(True, 'gates renormalised over the chosen k (Mixtral)')
+  router_bias: bool = setting(False, "a learned bias on the router's logits (gpt-oss)")
   routed_scale: float = setting(
     1.0, "the routed experts' gates × this (DeepSeek-V3's routed_scaling_factor, 2.5)", positive
   )
@@ -146,13 +149,6 @@ def check_moe_config(m, p: str = 'model') -> None:
       moe.top_groups,
       f'allowed: 1 to {q}.groups={moe.groups}, keeping at least {q}.top_k={moe.top_k} experts '
       f'({moe.num_experts // moe.groups} a group), or None',
-    )
-  if m.ffn.use_bias:
-    raise ConfigError(
-      f'{p}.ffn.use_bias',
-      True,
-      "experts are bias-free (as in Switch, Mixtral "
-      f"and DeepSeek); allowed with {p}.ffn.kind='moe': false",
     )
   if not moe_layers(m):
     raise ConfigError(

@@ -101,6 +101,11 @@ class YaRN(NoScaling):
   factor: float = FACTOR
   beta_fast: float = setting(32.0, 'YaRN β: rotations above it extrapolate', positive)
   beta_slow: float = setting(1.0, 'YaRN α: rotations below it interpolate', positive)
+  truncate: bool = setting(
+    True,
+    "the ramp's ends rounded to whole dimensions (floor, ceil: YaRN's code); False: as computed "
+    '(gpt-oss)',
+  )
 
   @classmethod
   def hf_value(cls, params, field, hf):
@@ -108,6 +113,8 @@ class YaRN(NoScaling):
     max_position_embeddings / original_max_position_embeddings."""
     if field == 'factor' and not params.get('factor'):
       return hf['max_position_embeddings'] / params['original_max_position_embeddings']
+    if field == 'truncate':
+      return params.get('truncate', True)
     if field != 'factor' and not params.get(field):
       return {f.name: f.default for f in dataclasses.fields(cls)}[field]
     return super().hf_value(params, field, hf)
@@ -126,8 +133,10 @@ class YaRN(NoScaling):
         head_dim * math.log(original_max_len / (n_rotations * 2 * math.pi)) / (2 * math.log(theta))
       )
 
-    low = max(math.floor(correction_dim(self.beta_fast)), 0)
-    high = min(math.ceil(correction_dim(self.beta_slow)), head_dim - 1)
+    low, high = correction_dim(self.beta_fast), correction_dim(self.beta_slow)
+    if self.truncate:
+      low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
     if low == high:
       high += 0.001
     ramp = np.clip((np.arange(head_dim // 2) - low) / (high - low), 0.0, 1.0)
@@ -288,6 +297,12 @@ def rope_frequencies_2d(
 # ---------------------------------------------------------------------------------------------
 
 
+def _typed(scaling: type[NoScaling], field: str, value):
+  """A scaling's field value as its settings declare it: a flag stays a bool, the rest floats."""
+  default = {f.name: f.default for f in dataclasses.fields(scaling)}[field]
+  return bool(value) if isinstance(default, bool) else float(value)
+
+
 def _declared(scaling: type[NoScaling]) -> list[str]:
   """The fields of a scaling's section (`model.position.rope.scaling.<its name>`)."""
   return [k.name for k in keys_of(scaling)]
@@ -332,25 +347,22 @@ def rope_keys_from_hf(hf: dict, partial: bool = False) -> dict[str, Any]:
     original = params['original_max_position_embeddings'] = hf['max_position_embeddings']
   out['position.rope.scaling.kind'] = name
   for field in _declared(scaling):
-    out[f'position.rope.scaling.{name}.{field}'] = float(scaling.hf_value(params, field, hf))
+    out[f'position.rope.scaling.{name}.{field}'] = _typed(
+      scaling, field, scaling.hf_value(params, field, hf)
+    )
   if scaling.reads_original_len:
     out['position.rope.original_max_len'] = int(original)
   return out
 
 
 def _refuse_yarn_fields(params: dict) -> None:
-  """What mllm's YaRN does not compute: another attention factor, unrounded correction ranges."""
+  """What mllm's YaRN does not compute: another attention factor."""
   for field in ('attention_factor', 'mscale', 'mscale_all_dim'):
     if params.get(field) is not None:
       raise HFImportError(
         f"rope_parameters.{field}={params[field]!r}: mllm's YaRN has the "
         "paper's attention factor 0.1·ln(s) + 1 only; allowed: unset"
       )
-  if params.get('truncate', True) is not True:
-    raise HFImportError(
-      f"rope_parameters.truncate={params['truncate']!r}: mllm's YaRN rounds "
-      'the correction range (floor/ceil); allowed: true'
-    )
 
 
 def _scaling_of(m) -> tuple[type[NoScaling], NoScaling]:
@@ -372,7 +384,7 @@ def rope_hf_fields(m) -> dict[str, Any]:
     'rope_theta': float(rope.theta),
   }
   if cls.hf_type is not None:
-    params.update({f: float(getattr(scaling, f)) for f in _declared(cls)})
+    params.update({f: _typed(cls, f, getattr(scaling, f)) for f in _declared(cls)})
     if cls.reads_original_len:
       params['original_max_position_embeddings'] = int(rope.original_max_len or m.max_seq_len)
   # Both spellings: transformers ≥ 5 reads rope_parameters, earlier versions rope_theta and
@@ -398,7 +410,7 @@ def rope_math(m) -> dict[str, Any]:
     'position.rope.nope_every': rope.nope_every,
   }
   for field in _declared(cls):
-    out[f'position.rope.scaling.{kind}.{field}'] = float(getattr(scaling, field))
+    out[f'position.rope.scaling.{kind}.{field}'] = _typed(cls, field, getattr(scaling, field))
   if cls.reads_original_len:
     out['position.rope.original_max_len'] = rope.original_max_len or m.max_seq_len
   return out
