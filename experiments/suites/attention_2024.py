@@ -2,16 +2,20 @@
 gate, headwise and elementwise (Qiu et al. 2025, arXiv 2505.06708: lower loss, and the first
 token's attention mass falls), the value residual (ResFormer, Zhou et al. 2024, arXiv 2410.17897:
 lower loss; modded-nanogpt −0.012 at 124M) and learned attention sinks (gpt-oss; StreamingLLM,
-Xiao et al. 2024: a place for a head's spare attention, no loss change at the trained context).
-MLA joins when it lands. Defined and planned; not run yet."""
+Xiao et al. 2024: a place for a head's spare attention, no loss change at the trained context),
+and multi-head latent attention (DeepSeek-V2, arXiv 2405.04434, Table 1 and sec. 2.1: "better
+performance than MHA" at its scale with a cache of (d_c + d_R)·l numbers per token; at this
+scale its defaults, d_c = 4·d_h, d_R = d_h / 2, a full-rank query, hold 796,032 non-embedding
+parameters against MHA's 791,680 (+0.5%), and cache 1,152 bytes per token against MHA's 4,096:
+the claim tested is parity). Defined and planned; not run yet."""
 
 from experiments.suite import Suite, Variant
 from experiments.suites._presets import PRESETS
 
 SUITE = Suite(
   name='attention_2024',
-  description='MHA vs the attention output gate (headwise, elementwise), the value residual and '
-  'attention sinks, each at its own learning rate',
+  description='MHA vs the attention output gate (headwise, elementwise), the value residual, '
+  'attention sinks and MLA, each at its own learning rate',
   base='configs/base.py',
   variants=(
     Variant('mha'),
@@ -23,9 +27,11 @@ SUITE = Suite(
     ),
     Variant('value_residual', overrides={'model.attention.value_residual': True}, expect='better'),
     Variant('sinks', overrides={'model.attention.sinks': True}, expect='same'),
+    Variant('mla', overrides={'model.attention.kind': 'mla'}, expect='same'),
   ),
   presets=PRESETS,
   extra_metrics='decode',  # each row's decode tokens/s and KV-cache bytes per token
   paper_source='Qiu et al. 2025 (gated attention: lower loss); Zhou et al. 2024 (ResFormer: lower '
-  'loss; modded-nanogpt −0.012 at 124M); gpt-oss / Xiao et al. 2024 (sinks: no loss change)',
+  'loss; modded-nanogpt −0.012 at 124M); gpt-oss / Xiao et al. 2024 (sinks: no loss change); '
+  'DeepSeek-V2 (MLA: parity with MHA or better, at a fraction of its KV cache)',
 )
