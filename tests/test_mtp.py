@@ -18,7 +18,7 @@ import mllm
 from mllm.interop.hf import HFExportError, to_hf
 from mllm.train.sharding import global_batch, make_mesh
 from mllm.train.state import initial_model, setup
-from mllm.train.step import _StepParts, make_train_step, mtp_weight, synthetic_batch
+from mllm.train.step import StepParts, make_train_step, mtp_weight, synthetic_batch
 
 
 def _tokens(seed=0, shape=(2, 10)):
@@ -83,7 +83,7 @@ def test_the_objective_adds_the_weighted_second_next_token_loss():
     (ce(stats['mtp_logits'][:, :-1], batch['targets'][:, 1:]) * mtp_mask).sum() / mtp_mask.sum()
   )
   # The differentiated objective: the main loss + 0.5 × the MTP loss (step 0: mtp_coef).
-  parts = _StepParts(train_setup)
+  parts = StepParts(train_setup)
   n_tokens = jnp.asarray(mask.sum())
   value, _ = parts.objective(
     state['params'], batch, None, n_tokens, None, parts.mtp_terms(batch, jnp.asarray(0))

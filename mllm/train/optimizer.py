@@ -51,14 +51,19 @@ def _schedule(t, peak: float) -> optax.Schedule:
 
 
 def make_optimizer(
-  t, params: nnx.State, rates: tuple[float, float] = (1.0, 1.0)
+  t,
+  params: nnx.State,
+  rates: tuple[float, float] = (1.0, 1.0),
+  schedule: optax.Schedule | None = None,
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """`optax.chain(clip_by_global_norm, <train.optimizer>)` for the `train` config section (t),
   then each hidden matrix's rate multiplier. rates: the model's parametrization's (factor on the
   peak rate, hidden matrices' multiplier), `learning_rate_factors(model config)`: µP's (1, 1/m).
-  The decoupled decay, part of the update, is multiplied with it (as µP's reference MuAdamW)."""
+  The decoupled decay, part of the update, is multiplied with it (as µP's reference MuAdamW).
+  `schedule`: the rate by step, if not `learning_rate_schedule`'s (a population member's,
+  mllm/train/population.py)."""
   peak_scale, hidden_rate = rates
-  schedule = learning_rate_schedule(t, peak_scale)
+  schedule = schedule or learning_rate_schedule(t, peak_scale)
   optimizer = OPTIMIZERS[t.optimizer.kind]
   parts = [optax.clip_by_global_norm(t.grad_clip)] if t.grad_clip > 0 else []
   parts.append(optimizer.build(t, settings_of(optimizer, t.optimizer), schedule, params))

@@ -72,11 +72,13 @@ class TrainSetup(ModelSetup):
   shardings: TrainState
 
 
-def initial_model(config):
-  """The run's model at step 0: parameters drawn from `config.seed`, as training starts.
-  `config` is a RunConfig (load_config validated it); the machine's checks are `check_on_mesh`."""
+def initial_model(config, seed=None):
+  """The run's model at step 0: parameters drawn from `seed` (default `config.seed`), as training
+  starts. `config` is a RunConfig (load_config validated it); the machine's checks are
+  `check_on_mesh`."""
   require_loaded(config, 'the train state')
-  return Transformer(config.model, rngs=nnx.Rngs(params=config.seed, dropout=config.seed + 1))
+  seed = config.seed if seed is None else seed
+  return Transformer(config.model, rngs=nnx.Rngs(params=seed, dropout=seed + 1))
 
 
 class _RunParts(NamedTuple):
@@ -86,7 +88,7 @@ class _RunParts(NamedTuple):
   rest: nnx.State  # stand-ins for its RNG streams (model.rng_stand_ins)
   tx: optax.GradientTransformation
   schedule: Callable[[int], float]
-  init: Callable[[], TrainState]  # the train state at step 0
+  init: Callable[..., TrainState]  # init(seed=config.seed): the train state at step 0
 
 
 def _parts(config) -> _RunParts:
@@ -96,9 +98,9 @@ def _parts(config) -> _RunParts:
   rates = learning_rate_factors(config.model)  # the parametrization's (µP: 1/m on hidden matrices)
   tx, schedule = make_optimizer(config.train, split_trained(abstract_params)[0], rates)
 
-  def init() -> TrainState:
-    _, params, _ = nnx.split(initial_model(config), CHECKPOINTED, ...)
-    return initial_state(params, tx, config.seed)
+  def init(seed=None) -> TrainState:
+    _, params, _ = nnx.split(initial_model(config, seed), CHECKPOINTED, ...)
+    return initial_state(params, tx, config.seed if seed is None else seed)
 
   return _RunParts(abstract_model, rest, tx, schedule, init)
 
@@ -131,8 +133,10 @@ def model_setup(config, mesh) -> ModelSetup:
   return ModelSetup(config, graphdef, rng_stand_ins(abstract_model), mesh, abstract, shardings)
 
 
-def setup(config, mesh) -> tuple[TrainSetup, Callable[[], TrainState]]:
-  """Structure, optimizer and shardings of a run; returns it with a jitted initializer."""
+def setup(config, mesh) -> tuple[TrainSetup, Callable[..., TrainState]]:
+  """Structure, optimizer and shardings of a run; returns it with a jitted initializer,
+  `init(seed=config.seed)` (another seed: the state of the same run drawn from it, as a
+  population's members are)."""
   check_on_mesh(config, mesh)
   with traced_on(mesh):  # choices made at construction (MoE dispatch) are for the mesh's devices
     abstract_model, rest, tx, schedule, init = _parts(config)
@@ -199,7 +203,7 @@ def layered_init(
   # The state around the parameters (step, Adam's zeros, RNG key): one program.
   not_params = {k: v for k, v in shardings.items() if k != 'params'}
   state_around = jax.jit(
-    lambda params: {k: initial_state(params, tx, config.seed)[k] for k in not_params},
+    lambda params, seed: {k: initial_state(params, tx, seed)[k] for k in not_params},
     out_shardings=not_params,
   )
   cfg = config.model
@@ -230,7 +234,10 @@ def layered_init(
   def make_block(moe: bool):
     return lambda cfg, rngs: Block(cfg, moe=moe, rngs=rngs)
 
-  seeds = np.asarray([config.seed, config.seed + 1], np.int32)  # numpy: valid on every host
+  def seeds_of(seed) -> np.ndarray:  # numpy: valid on every host
+    return np.asarray([seed, seed + 1], np.int32)
+
+  seeds = seeds_of(config.seed)
   stem, rng_state = part_program(make_stem, seeded, jax.ShapeDtypeStruct(seeds.shape, seeds.dtype))
   is_moe = [i in moe_layers(cfg) for i in range(cfg.n_layers)]
   layer = lambda i: (DictKey('blocks'), DictKey(i))  # noqa: E731
@@ -241,8 +248,9 @@ def layered_init(
   }
   tail = part_program(make_tail, resumed, rng_state)[0]
 
-  def init() -> TrainState:
-    parts, rng = stem(seeds)
+  def init(seed=None) -> TrainState:
+    seed = config.seed if seed is None else seed
+    parts, rng = stem(seeds_of(seed))
     values = _leaves_by_path(parts)
     for i, moe in enumerate(is_moe):
       block, rng = blocks[moe](rng)
@@ -250,6 +258,6 @@ def layered_init(
     parts, _ = tail(rng)
     values |= _leaves_by_path(parts)
     params = jax.tree_util.tree_map_with_path(lambda path, _: values[path], abstract['params'])
-    return {'params': params, **state_around(params)}
+    return {'params': params, **state_around(params, np.int32(seed))}
 
   return init

@@ -104,22 +104,10 @@ def make_train_step(train_setup: TrainSetup):
   the global batch's expert counts f (a forward pass over the micro-batches finds them first, one
   extra forward per step), so it and the update equal those of the whole batch at once.
   """
-  parts = _StepParts(train_setup)
+  parts = StepParts(train_setup)
 
   def step(state: TrainState, batch) -> tuple[TrainState, dict]:
-    params = state['params']
-    key = jax.random.fold_in(jax.random.wrap_key_data(state['rng']), state['step'])
-    n_tokens = jnp.maximum(batch['loss_mask'].sum(), 1.0)
-    mtp = parts.mtp_terms(batch, state['step'])
-    if parts.accum == 1:
-      (_, (loss_sum, stats)), grads = parts.grad_fn(
-        params, batch, parts.dropout_key(key), n_tokens, None, mtp
-      )
-    else:
-      loss_sum, stats, grads = parts.accumulated_grads(params, batch, key, n_tokens, mtp)
-    grads = split_trained(grads)[0]
-    new_state = parts.updated_state(state, grads, stats)
-    return new_state, parts.metrics(state, new_state, loss_sum, stats, grads, n_tokens, mtp)
+    return parts.step(state, batch, train_setup.tx, train_setup.schedule)
 
   metrics_sharding = replicated(train_setup.mesh)
   return jax.jit(
@@ -130,7 +118,7 @@ def make_train_step(train_setup: TrainSetup):
   )
 
 
-class _StepParts:
+class StepParts:
   """The pieces `make_train_step`'s `step` is traced from, with the config's switches read once
   (the MoE settings, the number of micro-batches, whether the model draws random numbers)."""
 
@@ -144,6 +132,24 @@ class _StepParts:
     self.mtp = cfg.model.multi_token_prediction
     self.stochastic = _is_stochastic(cfg.model)
     self.grad_fn = jax.value_and_grad(self.objective, has_aux=True)
+
+  def step(self, state: TrainState, batch, tx, schedule) -> tuple[TrainState, dict]:
+    """(the state after one update by the optimizer `tx`, the step's metrics); `schedule` gives
+    the learning rate the metrics report."""
+    params = state['params']
+    key = jax.random.fold_in(jax.random.wrap_key_data(state['rng']), state['step'])
+    n_tokens = jnp.maximum(batch['loss_mask'].sum(), 1.0)
+    mtp = self.mtp_terms(batch, state['step'])
+    if self.accum == 1:
+      (_, (loss_sum, stats)), grads = self.grad_fn(
+        params, batch, self.dropout_key(key), n_tokens, None, mtp
+      )
+    else:
+      loss_sum, stats, grads = self.accumulated_grads(params, batch, key, n_tokens, mtp)
+    grads = split_trained(grads)[0]
+    new_state = self.updated_state(state, grads, stats, tx)
+    rate = schedule(state['step'])
+    return new_state, self.metrics(new_state, loss_sum, stats, grads, n_tokens, rate, mtp)
 
   def mtp_terms(self, batch, step):
     """(the MTP loss's weight at `step`, the whole batch's count of MTP targets), or None."""
@@ -219,11 +225,11 @@ class _StepParts:
     )
     return counts
 
-  def updated_state(self, state: TrainState, grads, stats) -> TrainState:
-    """The next state: the optimizer's update of the trained parameters from their `grads` (and,
-    with moe.expert_bias, the expert biases' update from this step's expert counts)."""
+  def updated_state(self, state: TrainState, grads, stats, tx) -> TrainState:
+    """The next state: the optimizer `tx`'s update of the trained parameters from their `grads`
+    (and, with moe.expert_bias, the expert biases' update from this step's expert counts)."""
     trained, rest = split_trained(state['params'])
-    updates, opt_state = self.train_setup.tx.update(grads, state['opt_state'], trained)
+    updates, opt_state = tx.update(grads, state['opt_state'], trained)
     trained = optax.apply_updates(trained, updates)
     if self.has_moe and self.moe.expert_bias:
       rest = update_expert_biases(rest, stats['tokens_per_expert'], self.moe.bias_update_rate)
@@ -234,7 +240,7 @@ class _StepParts:
       'rng': state['rng'],
     }
 
-  def metrics(self, state, new_state, loss_sum, stats, grads, n_tokens, mtp=None) -> dict:
+  def metrics(self, new_state, loss_sum, stats, grads, n_tokens, rate, mtp=None) -> dict:
     """The step's metrics: loss, gradient norm, learning rate, tokens, whether the new parameters
     are all finite, and the MoE routing metrics where the model has MoE layers."""
     # A finite loss can still come with an overflowing update; the loop must not save that state.
@@ -244,7 +250,7 @@ class _StepParts:
     metrics = {
       'loss': loss_sum / n_tokens,
       'grad_norm': optax.tree_utils.tree_norm(grads),
-      'learning_rate': self.train_setup.schedule(state['step']),
+      'learning_rate': rate,
       'tokens': n_tokens,
       'params_finite': finite,
       'log_z': stats['log_z_sum'] / n_tokens,  # the output's mean log Z (Wortsman et al. 2023)

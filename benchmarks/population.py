@@ -1,0 +1,90 @@
+"""Populations against sequential runs: K members of one shape trained as one vmapped program
+(mllm/train/population.py) against K solo runs one after another, at the suites' cpu preset shape.
+
+    python -m benchmarks.population                   # K = 1, 4 (a CPU's sizes)
+    python -m benchmarks.population --members=1,4,16,64 --out=benchmarks/results/population-gpu.md
+
+Each row: K, the population step's median time, its tokens/s (K members × batch × seq_len per
+step), the solo step's tokens/s (one member at a time: the sequential rate), and their ratio.
+Steps are timed after a warm-up step, each blocked until its state is ready; compile time apart.
+Members: seeds 0..K-1, learning rates spread over a factor-4 grid around the preset's rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+import numpy as np
+
+import mllm
+from benchmarks.machine import describe
+from experiments.suites._presets import CPU
+from mllm.train.population import Member, Population
+from mllm.train.sharding import global_batch, make_mesh
+from mllm.train.state import setup
+from mllm.train.step import make_train_step, synthetic_batch
+
+
+def _timed(step, state, batch, steps: int) -> tuple[float, float]:
+  """(compile + first step seconds, median step seconds of `steps` more)."""
+  start = time.perf_counter()
+  state, _ = step(state, batch)
+  jax.block_until_ready(state)
+  first = time.perf_counter() - start
+  times = []
+  for _ in range(steps):
+    start = time.perf_counter()
+    state, _ = step(state, batch)
+    jax.block_until_ready(state)
+    times.append(time.perf_counter() - start)
+  return first, statistics.median(times)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--members', default='1,4', help='comma-separated population sizes K')
+  parser.add_argument('--steps', type=int, default=5, help='timed steps per measurement')
+  parser.add_argument('--out', help='also write the table (with the machine) as markdown here')
+  args = parser.parse_args()
+  config = mllm.load_config('configs/base.py', CPU)
+  mesh = make_mesh(config.mesh)
+  tokens = config.data.batch_size * config.data.seq_len
+  batch = synthetic_batch(config)
+
+  train_setup, init = setup(config, mesh)
+  _, solo_s = _timed(make_train_step(train_setup), init(), global_batch(batch, mesh), args.steps)
+  solo_rate = tokens / solo_s
+  lines = [
+    f'# Populations against sequential runs: {describe()}',
+    '',
+    f'The cpu preset (d_model {config.model.d_model}, {config.model.n_layers} layers, '
+    f'{config.data.batch_size} × {config.data.seq_len} tokens a step); solo step '
+    f'{solo_s * 1e3:.1f} ms, {solo_rate:,.0f} tokens/s.',
+    '',
+    '| K | compile + first step (s) | step (ms) | tokens/s | sequential tokens/s | ratio |',
+    '|---|---|---|---|---|---|',
+  ]
+  print('\n'.join(lines), flush=True)
+  for k in (int(x) for x in args.members.split(',')):
+    rates = np.geomspace(0.5, 2.0, k) if k > 1 else [1.0]
+    members = [Member(seed, float(r * config.train.learning_rate)) for seed, r in enumerate(rates)]
+    population = Population(config, members, mesh)
+    stacked = jax.tree.map(lambda x, k=k: np.stack([x] * k), batch)
+    first, step_s = _timed(population.step, population.init(), stacked, args.steps)
+    rate = k * tokens / step_s
+    line = (
+      f'| {k} | {first:.1f} | {step_s * 1e3:.1f} | {rate:,.0f} | {solo_rate:,.0f} | '
+      f'{rate / solo_rate:.2f}x |'
+    )
+    lines.append(line)
+    print(line, flush=True)
+  if args.out:
+    with open(args.out, 'w', encoding='utf-8') as f:
+      f.write('\n'.join(lines) + '\n')
+
+
+if __name__ == '__main__':
+  main()
