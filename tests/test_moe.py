@@ -668,7 +668,9 @@ def test_a_gpt_oss_layer_with_biases_equals_its_float64_reference(dispatch):
   rng = np.random.default_rng(3)
   for part in (moe.experts, moe.shared):
     for name in ('gate_bias', 'up_bias', 'down_bias'):
-      getattr(part, name)[...] = jnp.asarray(rng.normal(size=getattr(part, name).shape), jnp.float32)
+      getattr(part, name)[...] = jnp.asarray(
+        rng.normal(size=getattr(part, name).shape), jnp.float32
+      )
   moe.router_bias[...] = jnp.asarray(rng.normal(size=4), jnp.float32)
   x = tokens() * 6.0
   f64 = lambda w: np.asarray(w[...], np.float64)  # noqa: E731

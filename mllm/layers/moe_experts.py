@@ -68,8 +68,7 @@ class Experts(nnx.Module):
   def _weights(self, dtype):
     cast = lambda w: None if w is None else w[...].astype(dtype)  # noqa: E731
     return tuple(
-      cast(w)
-      for w in (self.gate, self.up, self.down, self.gate_bias, self.up_bias, self.down_bias)
+      cast(w) for w in (self.gate, self.up, self.down, self.gate_bias, self.up_bias, self.down_bias)
     )
 
   def grouped(self, x_ECD: jax.Array) -> jax.Array:
