@@ -1,4 +1,5 @@
-"""Measurements a suite adds to each finished run (`Suite.extra_metrics` names one)."""
+"""Measurements a suite adds to each finished run (`Suite.extra_metrics` names one, or several
+joined by '+': 'layer_grad_norms+decode')."""
 
 from __future__ import annotations
 
@@ -173,10 +174,30 @@ def layer_grad_norms(config, workdir: str) -> dict:
   }
 
 
-MEASURES = {
-  'decode': decode,
-  'moe_load': moe_load,
-  'extrapolation': extrapolation,
-  'context_extension': context_extension,
-  'layer_grad_norms': layer_grad_norms,
-}
+class _Measures(dict):
+  """name → measure; 'a+b' is the measure that runs a, then b, and records what both found."""
+
+  def __missing__(self, name: str):
+    if '+' not in name:
+      raise KeyError(name)
+    parts = [self[part] for part in name.split('+')]
+
+    def every(config, workdir: str) -> dict:
+      found = {}
+      for measure in parts:
+        found.update(measure(config, workdir))
+      return found
+
+    return every
+
+  def __contains__(self, name) -> bool:
+    return all(dict.__contains__(self, part) for part in str(name).split('+'))
+
+
+MEASURES = _Measures(
+  decode=decode,
+  moe_load=moe_load,
+  extrapolation=extrapolation,
+  context_extension=context_extension,
+  layer_grad_norms=layer_grad_norms,
+)

@@ -84,3 +84,16 @@ def test_ffn_grad_norms_are_the_slope_along_each_layers_gradient(placement, scan
     slope = (8 * (moved(h) - moved(-h)) - (moved(2 * h) - moved(-2 * h))) / (12 * h)
     np.testing.assert_allclose(norms[layer], size, rtol=1e-5)
     np.testing.assert_allclose(slope, size, rtol=5e-3)
+
+
+def test_measures_joined_by_plus_run_each_and_record_both(monkeypatch):
+  from experiments import measures
+
+  calls = []
+  monkeypatch.setitem(measures.MEASURES, 'decode', lambda c, w: calls.append('d') or {'a': 1})
+  monkeypatch.setitem(measures.MEASURES, 'moe_load', lambda c, w: calls.append('m') or {'b': 2})
+  assert 'moe_load+decode' in measures.MEASURES and 'moe_load+nothing' not in measures.MEASURES
+  assert measures.MEASURES['moe_load+decode'](None, 'w') == {'a': 1, 'b': 2}
+  assert calls == ['m', 'd']
+  with pytest.raises(KeyError):
+    measures.MEASURES['nothing']

@@ -19,6 +19,7 @@ SUITE = Suite(
     Variant('swiglu', 'ffn=swiglu', expect='better'),
   ),
   presets=PRESETS,
+  extra_metrics='decode',  # each row's decode tokens/s and KV-cache bytes per token
   paper_source='So et al. 2021 (Primer: squared ReLU ahead of GELU at equal parameters); '
   'Shazeer 2020 (GeGLU and SwiGLU ahead, ReLU behind GELU)',
 )

@@ -17,6 +17,7 @@ SUITE = Suite(
     Variant('mtp', overrides={'model.multi_token_prediction': True}, expect='worse'),
   ),
   presets=PRESETS,
+  extra_metrics='decode',  # each row's decode tokens/s and KV-cache bytes per token
   paper_source='Gloeckle et al. 2024 (multi-token prediction hurts small models, helps large ones); '
   'DeepSeek-V3 (one depth, weight 0.3 then 0.1)',
 )

@@ -41,7 +41,7 @@ SUITE = Suite(
     ),
   ),
   presets=PRESETS,
-  extra_metrics='layer_grad_norms',
+  extra_metrics='layer_grad_norms+decode',  # and each row's decode tokens/s, KV bytes/token
   paper_source='Kim et al. 2025 (Peri-LN: stable at high rates); Team OLMo 2025 (OLMo 2: fewer '
   'spikes); Gemma 2 (Team et al. 2024)',
 )

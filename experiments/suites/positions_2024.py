@@ -51,6 +51,7 @@ SUITE = Suite(
     *_variant('nope_every_4', {'model.position.rope.nope_every': 4}, 'same'),
   ),
   presets=PRESETS,
+  extra_metrics='decode',  # each row's decode tokens/s and KV-cache bytes per token
   paper_source='Barbero et al. 2024 (p-RoPE: partial rotation at parity or better); Llama 4 / '
   'SmolLM3 (NoPE layers for length generalisation)',
 )
