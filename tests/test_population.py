@@ -4,8 +4,11 @@ against its solo run: the same initial state, then step by step the same losses 
 
 from __future__ import annotations
 
+import os
+
 import jax
 import numpy as np
+import pytest
 from conftest import tiny_config
 
 from mllm.train.population import Member, Population, unstack
@@ -43,7 +46,7 @@ def test_each_member_computes_what_its_solo_run_computes():
   worst = 0.0
   for step in range(STEPS):
     stacked, own = batches(config, MEMBERS, step)
-    states, metrics = population.step(states, stacked)
+    states, metrics = population.step(states, stacked, np.ones(len(MEMBERS), bool))
     for k, (solo_step, solo) in enumerate(solos):
       solo, solo_metrics = solo_step(solo, own[k])
       solos[k] = (solo_step, solo)
@@ -54,3 +57,69 @@ def test_each_member_computes_what_its_solo_run_computes():
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
   assert worst < 1e-6
   assert abs(float(metrics['loss'][0]) - float(metrics['loss'][1])) > 1e-3  # two runs, not one
+
+
+# --- The population's loop: each member an ordinary run in its own workdir ----------------------
+
+
+def _loop_config(corpus, tmp_path, **extra):
+  from conftest import make_config
+
+  return make_config(
+    corpus,
+    str(tmp_path / 'cache'),
+    **{'train.steps': 12, 'train.checkpoint_every': 4, 'train.log_every': 1, **extra},
+  )
+
+
+def _records(workdir):
+  from mllm.paths import RunDir
+  from mllm.train.metrics import read_metrics
+
+  return [r for r in read_metrics(RunDir(workdir).metrics)]
+
+
+def test_a_stopped_population_resumes_bitwise_and_each_member_is_an_ordinary_run(corpus, tmp_path):
+  from conftest import load_state
+
+  from mllm.train.evaluation import evaluate
+  from mllm.train.population_loop import train_population
+
+  config = _loop_config(corpus, tmp_path)
+  reference = [str(tmp_path / f'reference-{k}') for k in range(2)]
+  done = train_population(config, MEMBERS, reference, progress=False)
+  resumed = [str(tmp_path / f'resumed-{k}') for k in range(2)]
+  train_population(config, MEMBERS, resumed, stop_after=6, progress=False)  # saves step 6
+  again = train_population(config, MEMBERS, resumed, progress=False)
+  for k, member in enumerate(MEMBERS):
+    member_config = member.config(config)
+    a, b = load_state(member_config, resumed[k]), load_state(member_config, reference[k])
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+      np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    trained = [r['loss'] for r in _records(resumed[k]) if r['split'] == 'train']
+    assert trained == [r['loss'] for r in _records(reference[k]) if r['split'] == 'train']
+    assert len(trained) == 12 and trained[-1] < trained[0]
+    assert again[k]['eval']['loss'] == done[k]['eval']['loss']
+    # Alone, as any run: its workdir evaluates to what the population's final eval said.
+    assert evaluate(member_config, reference[k])['loss'] == pytest.approx(done[k]['eval']['loss'])
+
+
+def test_a_diverging_member_is_frozen_and_recorded_while_the_other_goes_on(corpus, tmp_path):
+  from mllm.train.checkpoint import Checkpointer
+  from mllm.train.population_loop import DIVERGED, train_population
+
+  # Saved every step; the second member's update overflows at step 2 (measured), after a save.
+  config = _loop_config(corpus, tmp_path, **{'train.steps': 6, 'train.checkpoint_every': 1})
+  members = [Member(0, 3e-3), Member(1, 1e9)]
+  workdirs = [str(tmp_path / f'm{k}') for k in range(2)]
+  out = train_population(config, members, workdirs, progress=False)
+  assert out[0]['diverged'] is None and out[0]['eval'] is not None
+  bad = out[1]['diverged']
+  assert bad is not None and os.path.isfile(os.path.join(workdirs[1], DIVERGED))
+  steps = Checkpointer(workdirs[1], read_only=True).all_steps()
+  assert steps and all(s < bad['step'] for s in steps), (steps, bad)  # nothing after it saved
+  assert Checkpointer(workdirs[0], read_only=True).all_steps()[-1] == 6
+  assert max(r['step'] for r in _records(workdirs[1]) if r['split'] == 'train') < bad['step']
+  # Launched again, the population knows the member diverged: it stays frozen, as recorded.
+  again = train_population(config, members, workdirs, progress=False)
+  assert again[1]['diverged'] == bad and again[0]['diverged'] is None

@@ -81,7 +81,7 @@ def train(
       flops_per_token=training_flops_per_token(config, counts, config.data.seq_len).total,
       peak=peak_flops_per_device(device.device_kind, config.model.dtype, config.train.peak_flops),
     )
-    writer = _metrics_writer(workdir, config.train, start)
+    writer = metrics_writer(workdir, config.train, start)
     run.closing.callback(writer.close)
     loop = _Loop(
       run=run,
@@ -124,7 +124,7 @@ class _Speed:
   peak: float | None  # FLOP/s of one device; None where unknown (no MFU)
 
 
-def _metrics_writer(workdir, t, start: int) -> MetricsWriter:
+def metrics_writer(workdir, t, start: int) -> MetricsWriter:
   """The run's MetricsWriter, resuming at step `start` (t: config.train)."""
 
   # Records after the resumed step are replayed; so is the final eval of a finished run.

@@ -52,8 +52,9 @@ def unstack(tree, k: int) -> object:
 
 class Population:
   """K members (`Member`) of the run `config` describes, on `mesh`: `init()` → the stacked
-  state, `step(states, batches)` → (states, metrics), each with a leading member axis; a member's
-  batches are its own ([K, B, T] inputs)."""
+  state, `step(states, batches, alive)` → (states, metrics), each with a leading member axis; a
+  member's batches are its own ([K, B, T] inputs); a member not `alive` ([K] bool) keeps its
+  state (a diverged member, frozen while the others go on)."""
 
   def __init__(self, config, members: list[Member], mesh):
     if not members:
@@ -84,8 +85,13 @@ def _population_step(train_setup: TrainSetup, schedules: list):
     tx, _ = make_optimizer(t, trained, rates, schedule=lambda count: rate)
     return parts.step(state, batch, tx, lambda count: rate)
 
-  def step(states: TrainState, batches) -> tuple[TrainState, dict]:
+  def step(states: TrainState, batches, alive_K) -> tuple[TrainState, dict]:
     rates_K = jnp.stack([schedule(states['step'][k]) for k, schedule in enumerate(schedules)])
-    return jax.vmap(member_step)(states, batches, rates_K)
+    new, metrics = jax.vmap(member_step)(states, batches, rates_K)
+
+    def kept(new_x, old_x):  # a frozen member's arrays stay as they were
+      return jnp.where(alive_K.reshape((-1,) + (1,) * (new_x.ndim - 1)), new_x, old_x)
+
+    return jax.tree.map(kept, new, states), metrics
 
   return jax.jit(step, donate_argnums=0)
