@@ -192,6 +192,52 @@ def run_one(
   return result
 
 
+def run_population(
+  configs: list, workdirs: list[str], *, progress: bool = True, measure=None
+) -> list[dict]:
+  """Train runs that differ only in seed and learning rate as one population
+  (mllm/train/population_loop.py), then record each as `run_one` records a run (its counts,
+  provenance, curve, evaluation, measure, result.json): a suite's ledger and reports see
+  ordinary runs."""
+  from mllm.config import config_diff
+  from mllm.train.population import Member
+  from mllm.train.population_loop import train_population
+
+  start = time.time()
+  members = [Member(c.seed, c.train.learning_rate) for c in configs]
+  base = configs[0]
+  for config, member in zip(configs, members):
+    differs = config_diff(config, member.config(base))
+    if differs:
+      key = next(iter(differs))
+      raise ValueError(
+        f'{key}={differs[key][1]!r}: the runs of a population differ in seed and '
+        f'train.learning_rate only (the first run has {differs[key][0]!r})'
+      )
+  summaries = train_population(base, members, workdirs, progress=progress)
+  results = []
+  for config, workdir, summary in zip(configs, workdirs, summaries):
+    result = _counts(config)
+    result['provenance'] = provenance.current()
+    if summary['diverged'] is not None:
+      result.update(_diverged(config, workdir, summary['diverged']['step'], start))
+    else:
+      final = _add_training(result, config, workdir, summary, None)
+      result.update(
+        eval_loss=final['loss'],
+        eval_perplexity=final['perplexity'],
+        bits_per_byte=final['bits_per_byte'],
+        eval_log_z=final.get('log_z'),
+        max_attention_logit=final.get('max_attention_logit'),
+      )
+      if measure is not None:
+        result.update(measure(config, workdir))
+      result['wall_s'] = time.time() - start  # the population's: its members trained together
+    write_result(workdir, result)
+    results.append(result)
+  return results
+
+
 def _counts(config) -> dict:
   """The run's parameter and FLOP counts and its learning rate: a result's first keys."""
   counts = mllm.count_params(config)  # from an abstract model: nothing allocated

@@ -123,3 +123,22 @@ def test_a_diverging_member_is_frozen_and_recorded_while_the_other_goes_on(corpu
   # Launched again, the population knows the member diverged: it stays frozen, as recorded.
   again = train_population(config, members, workdirs, progress=False)
   assert again[1]['diverged'] == bad and again[0]['diverged'] is None
+
+
+def test_a_population_records_each_member_as_run_one_records_a_run(corpus, tmp_path):
+  from experiments.run import read_result, run_one, run_population
+
+  config = _loop_config(corpus, tmp_path, **{'train.steps': 6})
+  configs = [m.config(config) for m in MEMBERS]
+  workdirs = [str(tmp_path / f'p{k}') for k in range(2)]
+  results = run_population(configs, workdirs, progress=False)
+  solo = run_one(configs[0], str(tmp_path / 'solo'), progress=False)
+  for k, result in enumerate(results):
+    assert read_result(workdirs[k]) == result
+    assert set(result) == set(solo)  # the same record: the ledger and reports see a run
+    assert result['learning_rate'] == MEMBERS[k].learning_rate and result['steps'] == 6
+  assert results[0]['eval_loss'] == pytest.approx(solo['eval_loss'], abs=1e-5)
+  assert results[0]['curve']['step'] == solo['curve']['step']
+  other = MEMBERS[1].config(_loop_config(corpus, tmp_path, **{'model.n_layers': 1}))
+  with pytest.raises(ValueError, match=r'^model.n_layers=1: the runs of a population differ'):
+    run_population([configs[0], other], workdirs, progress=False)

@@ -44,7 +44,9 @@ def train_population(
   progress: bool = True,
 ) -> list[dict]:
   """Train `members` of `config` in `workdirs` (one each), resuming where they were saved;
-  returns each member's summary ({step, train_loss, eval, diverged, workdir})."""
+  returns each member's summary ({step, train_loss, eval, diverged, interrupted, median_step_s,
+  tokens_per_s, workdir}: `train`'s keys; tokens/s a member's share, its tokens over the
+  population's step time)."""
   if len(members) != len(workdirs):
     raise ValueError(f'{len(members)} members need as many workdirs, got {len(workdirs)}')
   t = config.train
@@ -61,7 +63,7 @@ def train_population(
     bar = Progress(end, start, log_every=t.log_every, enabled=progress)
     tokens = config.data.batch_size * config.data.seq_len
     losses = [float('nan')] * len(runs)
-    step, interrupted = start, None
+    step, interrupted, times = start, None, []
     with StopRequest() as stop:
       try:
         while step < end:
@@ -72,6 +74,8 @@ def train_population(
           step += 1
           metrics = jax.device_get(metrics)
           seconds = time.perf_counter() - t0
+          if step > start + 1:  # the first call compiles
+            times.append(seconds)
           for k, run in enumerate(runs):
             if not alive[k]:
               continue
@@ -101,6 +105,7 @@ def train_population(
     evals = [None] * len(runs)
     if step == t.steps and not interrupted:
       evals = _evaluate(runs, states, diverged, writers, eval_step, step)
+    median = float(np.median(times)) if times else float('nan')
     summaries = []
     for k, run in enumerate(runs):
       writers[k].close()
@@ -112,6 +117,9 @@ def train_population(
           'train_loss': losses[k],
           'eval': evals[k],
           'diverged': diverged[k],
+          'interrupted': interrupted,
+          'median_step_s': median,
+          'tokens_per_s': tokens / median if times else None,
           'workdir': run.workdir,
         }
       )
