@@ -1,5 +1,6 @@
-"""python -m experiments SUITE [--preset=cpu|gpu|tiny] [--seeds=N] [--jobs=N] [--out=experiments/results]
-[--tune_lr | --no-tune_lr] [--tune_seeds=N] [--variants=NAME,NAME] [--steps=N] [--reuse_other_code]
+"""python -m experiments SUITE [--preset=cpu|gpu|tiny] [--seeds=N] [--jobs=N | --population=K]
+[--out=experiments/results] [--tune_lr | --no-tune_lr] [--tune_seeds=N] [--variants=NAME,NAME]
+[--steps=N] [--reuse_other_code]
 [--refine_lr=VARIANT,... [--refine_seeds=N]]
 [--engine=local|ray [--ray_address=auto|HOST:PORT] [--resources=JSON]]
 
@@ -66,6 +67,7 @@ def main(argv=None) -> int:
         seeds=suite.seeds if args.seeds is None else args.seeds,
         out=args.out,
         jobs=args.jobs,
+        population=args.population,
         remeasure=args.remeasure,
         tune_lr=args.tune_lr,
         tune_seeds=suite.tune_seeds if args.tune_seeds is None else args.tune_seeds,
@@ -136,6 +138,13 @@ def _parser() -> argparse.ArgumentParser:
     default=1,
     help='runs at once, each in its own process (2 on 2 cores: ~1.4x faster, '
     'but tokens/s is then a shared machine\'s)',
+  )
+  parser.add_argument(
+    '--population',
+    type=int,
+    default=1,
+    help='with --jobs=1: up to N runs of one shape (seeds, tuning points) trained as one vmapped '
+    'program (for accelerators; a CPU gains nothing: benchmarks/population.py)',
   )
   parser.add_argument(
     '--engine',

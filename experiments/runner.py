@@ -48,6 +48,9 @@ class SuiteRun:
   the same table.
   remeasure: run the suite's measure again on every finished run (e.g. decode speed, on a quiet
   machine) and update its result.json.
+  population > 1 trains up to that many runs of one shape (a row's seeds, tuning points) as one
+  vmapped program (mllm/train/population_loop.py) in this process, each recorded as a run; with
+  jobs = 1 (a CPU gains nothing: benchmarks/population.py; for accelerators).
   jobs > 1 runs that many runs at once, each in its own process (`experiments.worker`); a
   starts_from run waits for its parent. Two runs on 2 cores finish in about 0.7 of the time one
   after the other takes, but each one's tokens/s is then that of a shared machine.
@@ -68,6 +71,7 @@ class SuiteRun:
   refine_lr: tuple[str, ...] = ()
   refine_seeds: int = 2
   jobs: int = 1
+  population: int = 1
   engine: str = 'local'
   ray_address: str | None = None
   resources: str | None = None
@@ -83,7 +87,7 @@ def run_suite(suite: Suite, how: SuiteRun, run=run_one) -> dict:
   preset, seeds, out, jobs, engine = how.preset, how.seeds, how.out, how.jobs, how.engine
   tune_lr, tune_seeds, refine_lr = how.tune_lr, how.tune_seeds, how.refine_lr
   resources = how.resources
-  _check_engine(jobs, engine, run)
+  _check_engine(jobs, engine, run, how.population)
   if engine == 'ray':
     check_out_for_ray(out)
     resources = parse_resources(resources, jobs)
@@ -116,6 +120,7 @@ def run_suite(suite: Suite, how: SuiteRun, run=run_one) -> dict:
         progress=how.progress,
         remeasure=how.remeasure,
         reuse_other_code=how.reuse_other_code,
+        population=how.population,
       ),
     )
   finally:
@@ -123,10 +128,16 @@ def run_suite(suite: Suite, how: SuiteRun, run=run_one) -> dict:
       where.close()
 
 
-def _check_engine(jobs: int, engine: str, run) -> None:
-  """Refuse (ValueError) a --jobs or --engine that cannot run, or `run` where it cannot."""
+def _check_engine(jobs: int, engine: str, run, population: int = 1) -> None:
+  """Refuse (ValueError) a --jobs, --population or --engine that cannot run, or `run` where it
+  cannot."""
   if jobs < 1:
     raise ValueError(f'--jobs={jobs}; allowed: a positive integer')
+  if population < 1 or (population > 1 and (jobs > 1 or engine != 'local')):
+    raise ValueError(
+      f'--population={population}; allowed: a positive integer, above 1 with --jobs=1 and '
+      '--engine=local (a population trains in this process)'
+    )
   if engine not in ('local', 'ray'):
     raise ValueError(f"--engine={engine!r}; allowed: 'local' (--jobs processes here), 'ray'")
   if (jobs > 1 or engine == 'ray') and run not in (run_one, None):

@@ -83,6 +83,7 @@ def run_plan(
   reuse_other_code: bool = False,
   more=None,
   failed: dict | None = None,
+  population: int = 1,
 ) -> tuple[dict, dict, list]:
   """Run what has not finished of `plan`: (finished {key: record + result}, failed {key: record +
   errors}, pending [records] (run=None)). Finished runs are read back (remeasured if asked); an
@@ -95,7 +96,10 @@ def run_plan(
   before and after the rest (a variant's next tuning point, the table runs of a settled rate);
   asked at the start and whenever a job ends, until it has none. Each job it names is new.
   failed: {key: record + errors} of jobs of `plan` that failed (twice) earlier in this process,
-  e.g. table runs queued by an earlier call's `more`: reported failed, not tried again."""
+  e.g. table runs queued by an earlier call's `more`: reported failed, not tried again.
+  population: up to this many startable runs that differ only in seed and learning rate train as
+  one population (mllm/train/population_loop.py), in this process (no engine), each recorded
+  as an ordinary run."""
   finished = dict(finished or {})
   accept = _acceptable(run, engine, reuse_other_code)
   # Another suite's run stands in only where it is this code's, --reuse_other_code or not.
@@ -125,6 +129,7 @@ def run_plan(
     out=out, run=run, engine=engine, progress=progress, finished=finished, bar=bar, accept=elsewhere
   )
   runs.more, runs.admit = more, admit
+  runs.population = population if engine is None and run is not None else 1
   runs.failed.update(failed_before)
   try:
     with _sigterm_as_interrupt():
@@ -206,6 +211,7 @@ class _Runs:
     self.waiting = set()  # keys of jobs found training in another process
     self.planned = set()  # this plan's run folders: never "another process"
     self.more, self.admit = None, None  # run_plan's `more`, and its reading back of new jobs
+    self.population = 1  # the most runs of one shape trained together
 
   def work_through(self, todo: list[Job]) -> None:
     """Start each job of `todo` once its parent has finished, as slots allow, until all ended; a
@@ -227,7 +233,11 @@ class _Runs:
       job = next((j for j in startable if not self.training_elsewhere(j)), None) if slot else None
       if job is not None:
         todo.remove(job)
-        self.launch(job)
+        members = self.members_with(job, startable, todo)
+        if members:
+          self.launch_population([job, *members])
+        else:
+          self.launch(job)
         continue
       if self.running:
         self.collect()
@@ -235,6 +245,56 @@ class _Runs:
         time.sleep(POLL_S)
       else:
         break
+
+  def members_with(self, job: Job, startable: list[Job], todo: list[Job]) -> list[Job]:
+    """Up to population − 1 more fresh runs of `job`'s shape (taken out of `todo`) to train
+    with it; none for a run that resumes, has a parent, or is alone of its shape. A run that is
+    another's twin (its seed and rate too) waits, to be copied from it once it has finished."""
+    if self.population < 2 or not _fresh(job):
+      return []
+    shape, members = _shape(job), []
+    taken = {_seed_and_rate(job)}
+    for other in startable:
+      if len(members) == self.population - 1:
+        break
+      if other is job or other not in todo or not _fresh(other) or _shape(other) != shape:
+        continue
+      if _seed_and_rate(other) not in taken:
+        taken.add(_seed_and_rate(other))
+        members.append(other)
+    for other in members:
+      todo.remove(other)
+    return members
+
+  def launch_population(self, jobs: list[Job]) -> None:
+    """Train `jobs` as one population (those not copied from an identical finished run); each
+    is recorded as a run; a population that fails is run again run by run."""
+    from experiments.run import run_population
+
+    for job in jobs:
+      self.prepare(job)
+    jobs = [job for job in jobs if not self.adopted(job)]
+    if len(jobs) < 2:
+      for job in jobs:
+        _run_here(job, self.run, {}, self.progress, self.done)
+      return
+    measure = MEASURES[jobs[0].measure] if jobs[0].measure else None
+    try:
+      results = run_population(
+        [job.config for job in jobs],
+        [job.workdir for job in jobs],
+        progress=self.progress,
+        measure=measure,
+      )
+    except KeyboardInterrupt:
+      raise
+    except Exception as err:  # reported; its runs go on one by one
+      self.bar.write(f'a population of {len(jobs)} runs failed ({type(err).__name__}: {err})')
+      for job in jobs:
+        _run_here(job, self.run, {}, self.progress, self.done)
+      return
+    for job, result in zip(jobs, results):
+      self.done(job, result)
 
   def take_more(self, todo: list[Job]) -> None:
     """Add what `more` needs now to `todo` (its first jobs at the front), until it needs none."""
@@ -337,6 +397,24 @@ class _Runs:
       self.failed[job.key] = {**job.record(), 'errors': errors}
       self.bar.write(f'run {job.variant.name} seed {job.seed} failed: {errors[-1]}')
     self.bar.update(1)
+
+
+def _fresh(job: Job) -> bool:
+  """A run that starts from nothing: no parent, no checkpoint of an earlier attempt."""
+  return job.parent is None and not os.path.isdir(RunDir(job.workdir).checkpoints)
+
+
+def _shape(job: Job) -> str:
+  """What a population's runs share: the config without its seed and learning rate, and the
+  measure."""
+  config = as_json(job.config)
+  config.pop('seed', None)
+  config.get('train', {}).pop('learning_rate', None)
+  return json.dumps([config, job.measure], sort_keys=True)
+
+
+def _seed_and_rate(job: Job) -> tuple:
+  return job.config.seed, job.config.train.learning_rate
 
 
 def _run_here(job: Job, run, kwargs, progress, done) -> None:

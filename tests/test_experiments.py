@@ -1086,3 +1086,33 @@ def test_rates_tuned_on_runs_of_another_version_are_named():
   )
   lines = report_notes.provenance_lines({**results, 'tuned_elsewhere': [{'runs': 2, 'label': 'X'}]})
   assert lines[0].endswith("not checked to draw as the table's do: 2 tuning runs: X.")
+
+
+@pytest.mark.xdist_group('finished')
+def test_a_suite_trained_in_populations_reports_what_the_sequential_suite_reports(
+  finished, tmp_path
+):
+  """The demo suite again with --population=2 (each variant's two seeds one program; 'same', the
+  twin of 'base', is copied from it): every run an ordinary record, results.md the same apart
+  from its timings, each eval loss within 1e-5 of its sequential run's."""
+  _, extra, sequential = finished
+  results = run_suite(
+    SUITE,
+    SuiteRun(preset='tiny', seeds=2, out=str(tmp_path), extra=extra, progress=False, population=2),
+  )
+  assert not results['failed'] and len(results['runs']) == 6
+  before = {(r['variant'], r['seed']): r for r in sequential['runs']}
+  for run in results['runs']:
+    other = before[run['variant'], run['seed']]
+    if 'copied_from' not in run and 'copied_from' not in other:  # (the fixture's killed run
+      assert set(run) == set(other)  # resumed itself; here it is a fresh twin, copied)
+    assert run['eval_loss'] == pytest.approx(other['eval_loss'], abs=1e-5)
+
+  def table(results, folder):  # results.md without what times things: lines, the tok/s column
+    text = Path(report.write(SUITE, results, folder)).read_text()
+    lines = [line for line in text.splitlines() if ' s' not in line and 'tok/s' not in line]
+    return [line.rsplit('|', 2)[0] if line.startswith('| ') else line for line in lines]
+
+  assert table(results, str(tmp_path)) == table(sequential, str(tmp_path / 'sequential'))
+  with pytest.raises(ValueError, match=r'^--population=2; allowed: .*--jobs=1'):
+    run_suite(SUITE, SuiteRun(preset='tiny', seeds=1, out=str(tmp_path), population=2, jobs=2))
