@@ -13,6 +13,7 @@ Members: seeds 0..K-1, learning rates spread over a factor-4 grid around the pre
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
@@ -73,7 +74,9 @@ def main() -> None:
     members = [Member(seed, float(r * config.train.learning_rate)) for seed, r in enumerate(rates)]
     population = Population(config, members, mesh)
     stacked = jax.tree.map(lambda x, k=k: np.stack([x] * k), batch)
-    first, step_s = _timed(population.step, population.init(), stacked, args.steps)
+    alive = np.ones(k, bool)
+    step = functools.partial(population.step, alive_K=alive)
+    first, step_s = _timed(step, population.init(), stacked, args.steps)
     rate = k * tokens / step_s
     line = (
       f'| {k} | {first:.1f} | {step_s * 1e3:.1f} | {rate:,.0f} | {solo_rate:,.0f} | '
