@@ -31,7 +31,8 @@ def batches(config, members, step):
 def test_each_member_computes_what_its_solo_run_computes():
   """Measured (2-core CPU, 2026-11-29): the first step's loss 1 ulp off its solo run's (2.4e-7 at
   a loss of 3.5: the vmapped forward sums in another order), 2 ulps after 6 steps, parameters
-  within 6e-8; the learning rates bitwise equal."""
+  within 6e-8; the learning rates bitwise equal at XLA's default optimisation level, 1 ulp apart
+  at make test's level 0 (the schedule compiled in another program)."""
   config = tiny_config(model__dropout=0.1, train__warmup_steps=2, train__steps=STEPS)
   mesh = make_mesh(config.mesh)
   population = Population(config, MEMBERS, mesh)
@@ -50,7 +51,7 @@ def test_each_member_computes_what_its_solo_run_computes():
     for k, (solo_step, solo) in enumerate(solos):
       solo, solo_metrics = solo_step(solo, own[k])
       solos[k] = (solo_step, solo)
-      np.testing.assert_array_equal(metrics['learning_rate'][k], solo_metrics['learning_rate'])
+      np.testing.assert_allclose(metrics['learning_rate'][k], solo_metrics['learning_rate'], 2e-7)
       worst = max(worst, abs(float(metrics['loss'][k]) - float(solo_metrics['loss'])))
   for k, (_, solo) in enumerate(solos):
     for a, b in zip(jax.tree.leaves(unstack(states, k)), jax.tree.leaves(solo)):
