@@ -171,16 +171,7 @@ def run_one(
     trained_eval = _add_training(result, config, workdir, summary, parent)
   # train() evaluated the parameters it saved at its last step, on the same batches: the same
   # numbers as evaluate(config, workdir) (a test holds them equal), without a second compile.
-  final = trained_eval or evaluate(config, checkpoint)
-  result.update(
-    eval_loss=final['loss'],
-    eval_perplexity=final['perplexity'],
-    bits_per_byte=final['bits_per_byte'],
-    # Wortsman et al. 2023's instability measures, at the end (a checkpoint evaluated by code
-    # older than them has neither).
-    eval_log_z=final.get('log_z'),
-    max_attention_logit=final.get('max_attention_logit'),
-  )
+  result.update(_final_eval(trained_eval or evaluate(config, checkpoint)))
   if parent is not None:
     result['starts_from'] = parent['variant']
   if measure is not None:
@@ -222,20 +213,26 @@ def run_population(
     if summary['diverged'] is not None:
       result.update(_diverged(config, workdir, summary['diverged']['step'], start))
     else:
-      final = _add_training(result, config, workdir, summary, None)
-      result.update(
-        eval_loss=final['loss'],
-        eval_perplexity=final['perplexity'],
-        bits_per_byte=final['bits_per_byte'],
-        eval_log_z=final.get('log_z'),
-        max_attention_logit=final.get('max_attention_logit'),
-      )
+      result.update(_final_eval(_add_training(result, config, workdir, summary, None)))
       if measure is not None:
         result.update(measure(config, workdir))
       result['wall_s'] = time.time() - start  # the population's: its members trained together
     write_result(workdir, result)
     results.append(result)
   return results
+
+
+def _final_eval(final: dict) -> dict:
+  """A result's keys of its final evaluation."""
+  return dict(
+    eval_loss=final['loss'],
+    eval_perplexity=final['perplexity'],
+    bits_per_byte=final['bits_per_byte'],
+    # Wortsman et al. 2023's instability measures, at the end (a checkpoint evaluated by code
+    # older than them has neither).
+    eval_log_z=final.get('log_z'),
+    max_attention_logit=final.get('max_attention_logit'),
+  )
 
 
 def _counts(config) -> dict:

@@ -218,6 +218,30 @@ def make_config(corpus, cache, **extra):
   )
 
 
+def trains_and_resumes_bitwise(config, tmp_path) -> str:
+  """Train `config` to its end in tmp_path/reference, and in tmp_path/resumed stopped after just
+  over half its steps and resumed; assert the loss falls by over a nat and both end in the same
+  state, bit for bit. Returns the reference workdir."""
+  import jax
+  import numpy as np
+
+  from mllm.paths import RunDir
+  from mllm.train import train
+  from mllm.train.metrics import read_metrics
+
+  reference, resumed = str(tmp_path / 'reference'), str(tmp_path / 'resumed')
+  train(config, reference, progress=False)
+  losses = [r['loss'] for r in read_metrics(RunDir(reference).metrics) if r['split'] == 'train']
+  assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 1.0, losses
+  train(config, resumed, stop_after=config.train.steps // 2 + 1, progress=False)
+  train(config, resumed, progress=False)
+  a, b = load_state(config, resumed), load_state(config, reference)
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  return reference
+
+
 def load_state(config, workdir, step=None):
   """The train state saved in `workdir` at `step` (default: the latest), read without tidying."""
   from mllm.train.checkpoint import Checkpointer

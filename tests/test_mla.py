@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from attention_reference import attention_with_grads, relative_error
-from conftest import STEPS, load_state, make_config, tiny_config
+from conftest import make_config, tiny_config, trains_and_resumes_bitwise
 from flax import nnx
 
 import mllm
@@ -157,26 +157,13 @@ def test_mla_keys_are_refused_while_mha_is_chosen():
 
 def test_an_mla_run_trains_resumes_exactly_and_generates(corpus, tmp_path):
   from mllm.generation import generate_tokens, load_run
-  from mllm.paths import RunDir
-  from mllm.train import train
-  from mllm.train.metrics import read_metrics
 
   config = make_config(
     corpus,
     str(tmp_path / 'cache'),
     **{'model.attention.kind': 'mla', 'model.n_kv_heads': 4, 'model.attention.mla.q_lora_rank': 16},
   )
-  reference = str(tmp_path / 'reference')
-  train(config, reference, progress=False)
-  losses = [r['loss'] for r in read_metrics(RunDir(reference).metrics) if r['split'] == 'train']
-  assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 1.0, losses
-  resumed = str(tmp_path / 'resumed')
-  train(config, resumed, stop_after=STEPS // 2 + 1, progress=False)
-  train(config, resumed, progress=False)
-  for x, y in zip(
-    jax.tree.leaves(load_state(config, resumed)), jax.tree.leaves(load_state(config, reference))
-  ):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  reference = trains_and_resumes_bitwise(config, tmp_path)
   model, _, _, _ = load_run(reference, config)
   prompt = [[1, 2, 3, 4, 5]]
   out = generate_tokens(model, prompt, max_new_tokens=6)

@@ -12,14 +12,11 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from conftest import STEPS, load_state, make_config, tiny_config
+from conftest import make_config, tiny_config, trains_and_resumes_bitwise
 from flax import nnx
 
 from mllm.checks import ConfigError
 from mllm.optimizers import AdamW, Muon, MuonSettings, muon_dimensions, weight_decay_mask
-from mllm.paths import RunDir
-from mllm.train import train
-from mllm.train.metrics import read_metrics
 from mllm.train.state import abstract_state, split_trained
 
 LR = 1e-2
@@ -159,17 +156,7 @@ def test_muons_adamw_part_runs_at_its_own_ratio_of_the_rate():
 
 def test_a_muon_run_resumes_bitwise_exactly_and_its_loss_falls(corpus, tmp_path):
   config = make_config(corpus, str(tmp_path / 'cache'), train__optimizer__kind='muon')
-  reference = str(tmp_path / 'reference')
-  train(config, reference, progress=False)
-  losses = [r['loss'] for r in read_metrics(RunDir(reference).metrics) if r['split'] == 'train']
-  assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 1.0, losses
-  resumed = str(tmp_path / 'resumed')
-  train(config, resumed, stop_after=STEPS // 2 + 1, progress=False)
-  train(config, resumed, progress=False)
-  a, b = load_state(config, resumed), load_state(config, reference)
-  assert jax.tree.structure(a) == jax.tree.structure(b)
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  trains_and_resumes_bitwise(config, tmp_path)
 
 
 def test_the_optimizer_is_a_choice_section_with_its_own_keys(tiny):

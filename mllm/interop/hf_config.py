@@ -73,6 +73,36 @@ def _window(hf: dict, family: str) -> tuple[int | None, int | None]:
   return (None if window is None else int(window)), None
 
 
+def _sizes(hf: dict, tied_by_default: bool) -> dict[str, Any]:
+  """The sizes every Llama-like family's config.json names alike, and whether the head is tied
+  (`tied_by_default`: the family's default when the field is absent)."""
+  n_heads = hf['num_attention_heads']
+  return {
+    'vocab_size': hf['vocab_size'],
+    'd_model': hf['hidden_size'],
+    'n_layers': hf['num_hidden_layers'],
+    'n_heads': n_heads,
+    'n_kv_heads': hf.get('num_key_value_heads') or n_heads,
+    'head_dim': hf.get('head_dim') or hf['hidden_size'] // n_heads,
+    'max_seq_len': hf['max_position_embeddings'],
+    'tie_embeddings': bool(hf.get('tie_word_embeddings', tied_by_default)),
+  }
+
+
+def _windows_by_layer_types(hf: dict) -> dict[str, Any]:
+  """attention.sliding_window and global_every from `layer_types` (default: every other layer
+  sliding, Gemma 2's and gpt-oss's), any N-th-layer pattern of full layers."""
+  layer_types = hf.get('layer_types') or [
+    'sliding_attention' if (i + 1) % 2 else 'full_attention' for i in range(hf['num_hidden_layers'])
+  ]
+  global_every = _every_nth_full(layer_types)
+  window = hf.get('sliding_window') if 'sliding_attention' in layer_types else None
+  return {
+    'attention.sliding_window': None if window is None else int(window),
+    'attention.global_every': global_every if window is not None else None,
+  }
+
+
 def _llama_like(hf: dict, family: str) -> dict[str, Any]:
   act = FFNS[LLAMA_FFN].hf_activations
   _refuse(hf, 'hidden_act', lambda v: v in act, f'{act[0]!r} (SwiGLU)')
@@ -83,17 +113,9 @@ def _llama_like(hf: dict, family: str) -> dict[str, Any]:
     _refuse(hf, 'qk_layernorm', lambda v: not v, 'false (mllm has RMSNorm QK-norm only)')
     _refuse(hf, 'use_parallel_residual', lambda v: not v, 'false')
     _refuse(hf, 'hidden_dropout', lambda v: not v, '0.0')
-  n_heads = hf['num_attention_heads']
   window, global_every = _window(hf, family)
   out = {
-    'vocab_size': hf['vocab_size'],
-    'd_model': hf['hidden_size'],
-    'n_layers': hf['num_hidden_layers'],
-    'n_heads': n_heads,
-    'n_kv_heads': hf.get('num_key_value_heads') or n_heads,
-    'head_dim': hf.get('head_dim') or hf['hidden_size'] // n_heads,
-    'max_seq_len': hf['max_position_embeddings'],
-    'tie_embeddings': bool(hf.get('tie_word_embeddings', False)),
+    **_sizes(hf, tied_by_default=False),
     'embed_scale': 1.0,
     'norm.kind': 'layernorm' if stablelm else 'rmsnorm',
     'norm.use_bias': True if stablelm else None,
@@ -178,21 +200,9 @@ def _gemma2(hf: dict) -> dict[str, Any]:
   _refuse(hf, 'hidden_activation', lambda v: v in act, f'{act[0]!r} (GeGLU, tanh)')
   _refuse(hf, 'attention_dropout', lambda v: not v, '0.0')
   _refuse(hf, 'use_bidirectional_attention', lambda v: not v, 'false (causal)')
-  n_heads, n_layers = hf['num_attention_heads'], hf['num_hidden_layers']
-  layer_types = hf.get('layer_types') or [
-    'sliding_attention' if (i + 1) % 2 else 'full_attention' for i in range(n_layers)
-  ]
-  global_every = _every_nth_full(layer_types)
-  window = hf.get('sliding_window') if 'sliding_attention' in layer_types else None
   out = {
-    'vocab_size': hf['vocab_size'],
-    'd_model': hf['hidden_size'],
-    'n_layers': n_layers,
-    'n_heads': n_heads,
-    'n_kv_heads': hf.get('num_key_value_heads') or n_heads,
-    'head_dim': hf.get('head_dim') or hf['hidden_size'] // n_heads,
-    'max_seq_len': hf['max_position_embeddings'],
-    'tie_embeddings': bool(hf.get('tie_word_embeddings', True)),
+    **_sizes(hf, tied_by_default=True),
+    **_windows_by_layer_types(hf),
     'embed_scale': float(hf['hidden_size']) ** 0.5,
     'final_logit_softcap': hf.get('final_logit_softcapping'),
     'norm.kind': 'rmsnorm',
@@ -209,8 +219,6 @@ def _gemma2(hf: dict) -> dict[str, Any]:
     'attention.qk_norm': False,
     'attention.softmax_scale': float(hf['query_pre_attn_scalar']) ** -0.5,
     'attention.logit_softcap': hf.get('attn_logit_softcapping'),
-    'attention.sliding_window': None if window is None else int(window),
-    'attention.global_every': global_every if window is not None else None,
   }
   out.update(RotaryPositions.keys_from_hf(hf))
   return out
@@ -231,14 +239,8 @@ def _deepseek_v3(hf: dict) -> dict[str, Any]:
   n_heads, n_layers = hf['num_attention_heads'], hf['num_hidden_layers']
   _refuse(hf, 'num_key_value_heads', lambda v: v in (None, n_heads), f'{n_heads} (= heads)')
   out = {
-    'vocab_size': hf['vocab_size'],
-    'd_model': hf['hidden_size'],
-    'n_layers': n_layers,
-    'n_heads': n_heads,
-    'n_kv_heads': n_heads,
-    'head_dim': hf['qk_nope_head_dim'],
-    'max_seq_len': hf['max_position_embeddings'],
-    'tie_embeddings': bool(hf.get('tie_word_embeddings', False)),
+    **_sizes(hf, tied_by_default=False),
+    'head_dim': hf['qk_nope_head_dim'],  # config.json's head_dim is the rotated part's
     'embed_scale': 1.0,
     'norm.kind': 'rmsnorm',
     'norm.placement': 'pre',
@@ -269,21 +271,9 @@ def _gpt_oss(hf: dict) -> dict[str, Any]:
   bias, whose experts have biases and the clamped SwiGLU (mllm/layers/moe_hf.py). hidden_act is
   not read by its experts; router_aux_loss_coef only weighs transformers' training loss."""
   _refuse(hf, 'attention_dropout', lambda v: not v, '0.0')
-  n_heads, n_layers = hf['num_attention_heads'], hf['num_hidden_layers']
-  layer_types = hf.get('layer_types') or [
-    'sliding_attention' if (i + 1) % 2 else 'full_attention' for i in range(n_layers)
-  ]
-  global_every = _every_nth_full(layer_types)
-  window = hf.get('sliding_window') if 'sliding_attention' in layer_types else None
   out = {
-    'vocab_size': hf['vocab_size'],
-    'd_model': hf['hidden_size'],
-    'n_layers': n_layers,
-    'n_heads': n_heads,
-    'n_kv_heads': hf.get('num_key_value_heads') or n_heads,
-    'head_dim': hf.get('head_dim') or hf['hidden_size'] // n_heads,
-    'max_seq_len': hf['max_position_embeddings'],
-    'tie_embeddings': bool(hf.get('tie_word_embeddings', False)),
+    **_sizes(hf, tied_by_default=False),
+    **_windows_by_layer_types(hf),
     'embed_scale': 1.0,
     'norm.kind': 'rmsnorm',
     'norm.placement': 'pre',
@@ -296,8 +286,6 @@ def _gpt_oss(hf: dict) -> dict[str, Any]:
     'attention.qkv_bias': False,
     'attention.sinks': True,
     'attention.softmax_scale': None,
-    'attention.sliding_window': None if window is None else int(window),
-    'attention.global_every': global_every if window is not None else None,
   }
   out.update(RotaryPositions.keys_from_hf(hf))
   out.update(moe_keys_from_hf(hf, 'gpt_oss'))

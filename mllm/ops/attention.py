@@ -413,31 +413,15 @@ def attend(
   if mask.kv_positions is not None:
     impl = cached_impl(impl, q_BTNH.shape[1])
   qk_dim, v_dim = q_BTNH.shape[-1], v_BSKH.shape[-1]
-  if qk_dim != v_dim and impl != 'xla':
+  widened = qk_dim != v_dim and impl != 'xla'
+  if widened:
     # The tiled implementations take one head size: zero dims in the smaller side change no
     # score (q·k) and no output column (P·v) but add ones sliced away (MLA: d_v < d_h + d_R).
-    def widened(x, width):
-      return jnp.pad(x, [(0, 0)] * 3 + [(0, width - x.shape[-1])])
-
     width = max(qk_dim, v_dim)
-    out_BTNH = attend(
-      widened(q_BTNH, width),
-      widened(k_BSKH, width),
-      widened(v_BSKH, width),
-      mask=mask,
-      bias=bias,
-      rel_values=rel_values,
-      scale=scale,
-      softcap=softcap,
-      sinks=sinks,
-      impl=impl,
-      dropout_rate=dropout_rate,
-      dropout_rng=dropout_rng,
-      block_q=block_q,
-      block_k=block_k,
+    q_BTNH, k_BSKH, v_BSKH = (
+      jnp.pad(x, [(0, 0)] * 3 + [(0, width - x.shape[-1])]) for x in (q_BTNH, k_BSKH, v_BSKH)
     )
-    return out_BTNH[..., :v_dim]
-  return run_impl(
+  out_BTNH = run_impl(
     impl,
     q_BTNH,
     k_BSKH,
@@ -453,3 +437,4 @@ def attend(
     block_q=block_q,
     block_k=block_k,
   )
+  return out_BTNH[..., :v_dim] if widened else out_BTNH
