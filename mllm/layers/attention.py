@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mllm.layers import resolved_head_dim
-from mllm.layers.kv_cache import LayerCache
+from mllm.layers.kv_cache import CACHE_DIMS, LayerCache
 from mllm.layers.norms import RMSNorm
 from mllm.layers.parametrization import attention_scale, weight_std
 from mllm.layers.positions import POSITIONS, PositionContext
@@ -267,3 +267,4 @@ class Attention(nnx.Module):
 
 # `model.attention.kind` → its class; 'mla' registers itself (mllm/layers/mla.py).
 ATTENTIONS: dict[str, type[Attention]] = {'mha': Attention}
+CACHE_DIMS['mha'] = Attention.cache_dims

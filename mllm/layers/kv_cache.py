@@ -24,6 +24,8 @@ before writing, so that it sees its own earlier tokens before they are overwritt
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -72,11 +74,15 @@ def empty_cache(
   )
 
 
+# `model.attention.kind` → cache_dims(model config): what the cache keeps per token and layer, the
+# (heads, dims) of its k and of its v. Each attention kind registers its own (attention.py, mla.py),
+# so this module needs none of them.
+CACHE_DIMS: dict[str, Callable] = {}
+
+
 def init_cache(cfg, batch: int, max_len: int) -> KVCache:
   """An empty cache for `batch` sequences of up to `max_len` tokens (the model config `cfg`)."""
-  from mllm.layers.attention import ATTENTIONS  # deferred: attention.py imports this module
-
-  k_tail, v_tail = ATTENTIONS[cfg.attention.kind].cache_dims(cfg)
+  k_tail, v_tail = CACHE_DIMS[cfg.attention.kind](cfg)
   return empty_cache(
     cfg.n_layers, batch, cache_size(cfg, max_len), k_tail, v_tail, jnp.dtype(cfg.dtype)
   )

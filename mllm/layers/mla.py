@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from mllm.checks import ConfigError
 from mllm.layers import resolved_head_dim, rotary_head_dim
 from mllm.layers.attention import ATTENTIONS, Attention, projection
-from mllm.layers.kv_cache import LayerCache
+from mllm.layers.kv_cache import CACHE_DIMS, LayerCache
 from mllm.layers.norms import RMSNorm
 from mllm.layers.parametrization import weight_std
 from mllm.variant_config import at_least, setting, settings_of
@@ -227,3 +227,4 @@ class LatentAttention(Attention):
 
 
 ATTENTIONS['mla'] = LatentAttention
+CACHE_DIMS['mla'] = LatentAttention.cache_dims
