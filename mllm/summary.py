@@ -32,7 +32,7 @@ def _attention_kind(m, layer: int | None = None) -> str:
   elif kind == 'MQA':
     kind = f'MQA {m.n_heads}q:1kv'
   qk_dim, v_dim = family.head_dims(m)
-  extras = [f'd_head {qk_dim}' if qk_dim == v_dim else f'd_head {qk_dim} (values {v_dim})']
+  extras = [f'd_head {qk_dim}' if qk_dim == v_dim else f'd_head {qk_dim}, d_v {v_dim}']
   window = m.attention.sliding_window if layer is None else layer_windows(m)[layer]
   if window:
     extras.append(f'window {window}')
