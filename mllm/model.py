@@ -199,6 +199,8 @@ class Transformer(nnx.Module):
       setattr(self, name, part)
     self.window = cfg.attention.sliding_window
     self.cache_window = rolling_window(cfg)  # the KV cache's rolling buffer, if any
+    # What the cache keeps per token and layer: (heads, dims) of its k and of its v.
+    self.cache_dims = ATTENTIONS[cfg.attention.kind].cache_dims(cfg)
     self.scan_layers = cfg.scan_layers
     self.scan_unroll = cfg.scan_unroll
     self.output_multiplier = output_multiplier(cfg)  # µP: 1/m (parametrization.py); else 1

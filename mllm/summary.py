@@ -27,10 +27,6 @@ def _attention_kind(m, layer: int | None = None) -> str:
   """The attention of the model config `m`, as `layer` has it (its window) when given."""
   family = ATTENTIONS[m.attention.kind]
   kind = family.describe(m)
-  if kind == 'MHA':
-    kind = f'MHA {m.n_heads} heads'
-  elif kind == 'MQA':
-    kind = f'MQA {m.n_heads}q:1kv'
   qk_dim, v_dim = family.head_dims(m)
   extras = [f'd_head {qk_dim}' if qk_dim == v_dim else f'd_head {qk_dim}, d_v {v_dim}']
   window = m.attention.sliding_window if layer is None else layer_windows(m)[layer]

@@ -185,10 +185,9 @@ def _emit(tokens_B, finished_B):
 
 def empty_cache_for(model, batch: int, max_len: int) -> KVCache:
   """An empty cache shaped for `model` (layers, KV heads, head size, window, compute dtype)."""
-  attention = model.blocks.attention if model.scan_layers else model.blocks[0].attention
-  out = attention.out
+  out = (model.blocks.attention if model.scan_layers else model.blocks[0].attention).out
   layers = out.kernel.shape[0] if model.scan_layers else len(model.blocks)
-  k_tail, v_tail = attention.cache_tails()
+  k_tail, v_tail = model.cache_dims
   return empty_cache(
     layers,
     batch,

@@ -77,9 +77,10 @@ class Attention(nnx.Module):
 
   @classmethod
   def describe(cls, m) -> str:
+    """Its heads, for the summary's layer table."""
     if m.n_kv_heads == m.n_heads:
-      return 'MHA'
-    return 'MQA' if m.n_kv_heads == 1 else f'GQA {m.n_heads}q:{m.n_kv_heads}kv'
+      return f'MHA {m.n_heads} heads'
+    return f'MQA {m.n_heads}q:1kv' if m.n_kv_heads == 1 else f'GQA {m.n_heads}q:{m.n_kv_heads}kv'
 
   @classmethod
   def head_dims(cls, m) -> tuple[int, int]:
@@ -91,11 +92,6 @@ class Attention(nnx.Module):
   def cache_dims(cls, m) -> tuple[tuple[int, int], tuple[int, int]]:
     """What the KV cache keeps per token and layer: the (heads, dims) of its `k` and its `v`."""
     return (m.n_kv_heads, resolved_head_dim(m)), (m.n_kv_heads, resolved_head_dim(m))
-
-  def cache_tails(self) -> tuple[tuple[int, int], tuple[int, int]]:
-    """`cache_dims` read from this layer's weights (a scanned stack's too)."""
-    tail = tuple(self.key.kernel.shape[-2:])
-    return tail, tail
 
   def __init__(self, cfg, *, rngs: nnx.Rngs):
     acfg = cfg.attention

@@ -157,10 +157,6 @@ class LatentAttention(Attention):
     dims = MLADims.of(m)
     return (1, dims.kv_rank), (1, dims.rope)
 
-  def cache_tails(self):
-    rank = self.kv_norm.scale.shape[-1]
-    return (1, rank), (1, self.kv_down.kernel.shape[-1] - rank)
-
   def _make_projections(self, cfg, rngs):
     dims = MLADims.of(cfg)
     self.dims = dims

@@ -89,9 +89,13 @@ class Experts(nnx.Module):
     """Rows sorted by expert, group_sizes_E[e] of them for expert e (the dropless path)."""
     gate, up, down, gate_b, up_b, down_b = self._weights(self.dtype or x_SD.dtype)
     x_SD = x_SD.astype(up.dtype)
-    # Each row's expert, for the biases.
-    expert_S = jnp.repeat(
-      jnp.arange(group_sizes_E.shape[0]), group_sizes_E, total_repeat_length=x_SD.shape[0]
+    # Each row's expert, for the biases (gpt-oss's experts; none otherwise).
+    expert_S = (
+      None
+      if self.up_bias is None
+      else jnp.repeat(
+        jnp.arange(group_sizes_E.shape[0]), group_sizes_E, total_repeat_length=x_SD.shape[0]
+      )
     )
 
     def matmul(x, w, b):

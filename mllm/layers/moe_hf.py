@@ -126,9 +126,9 @@ def moe_hf_fields(m, family: str) -> dict[str, Any]:
       norm_topk_prob=bool(m.ffn.moe.renormalize),
     )
   if family == 'gpt_oss':
-    expert = m.ffn.moe.expert
-    # Another expert FFN is written as gpt-oss's, and check_exact names the difference.
-    clamp = expert[expert.kind] if expert.kind == 'clamped_swiglu' else expert.clamped_swiglu
+    # The clamp's section (at its defaults under another expert FFN, written as gpt-oss's:
+    # check_exact then names the difference).
+    clamp = m.ffn.moe.expert.clamped_swiglu
     return dict(
       num_local_experts=m.ffn.moe.num_experts,
       num_experts_per_tok=m.ffn.moe.top_k,
