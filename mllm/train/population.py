@@ -56,13 +56,15 @@ class Population:
   member's batches are its own ([K, B, T] inputs); a member not `alive` ([K] bool) keeps its
   state (a diverged member, frozen while the others go on)."""
 
-  def __init__(self, config, members: list[Member], mesh):
+  def __init__(self, config, members: list[Member], mesh, made=None):
+    """`made`: (TrainSetup, init) that `setup` already returned for the first member's config
+    (a loop that opened the members' runs has them), else made here."""
     if not members:
       raise ValueError('a population needs at least one member')
     self.members = tuple(members)
     self.configs = [m.config(config) for m in members]
     # One structure for all (the members share every shape); each member its own schedule.
-    self.setup, self._init = setup(self.configs[0], mesh)
+    self.setup, self._init = made or setup(self.configs[0], mesh)
     scale = learning_rate_factors(self.configs[0].model)[0]
     schedules = [learning_rate_schedule(c.train, scale) for c in self.configs]
     self.step = _population_step(self.setup, schedules)

@@ -52,7 +52,8 @@ def train_population(
   t = config.train
   with contextlib.ExitStack() as closing:
     runs = [closing.enter_context(open_run(m.config(config), w)) for m, w in zip(members, workdirs)]
-    population = Population(config, members, runs[0].mesh)
+    # The first member's run opened the shape's setup already.
+    population = Population(config, members, runs[0].mesh, (runs[0].setup, runs[0].init))
     diverged = [_read_diverged(w) for w in workdirs]
     start, states = _starting_states(runs, population, [d is None for d in diverged])
     end = t.steps if stop_after is None else min(t.steps, stop_after)
