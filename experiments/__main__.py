@@ -1,4 +1,4 @@
-"""python -m experiments SUITE [--preset=cpu|gpu|tiny] [--seeds=N] [--jobs=N | --population=K]
+"""python -m experiments SUITE [--preset=cpu|gpu|tiny] [--seeds=N] [--jobs=N | --population=K|auto]
 [--out=experiments/results] [--tune_lr | --no-tune_lr] [--tune_seeds=N] [--variants=NAME,NAME]
 [--steps=N] [--reuse_other_code]
 [--refine_lr=VARIANT,... [--refine_seeds=N]]
@@ -18,6 +18,7 @@ from pathlib import Path
 from experiments import report
 from experiments.runner import SuiteRun, run_benchmark, run_one, run_suite
 from experiments.suite import PRESETS, BenchmarkSuite, available, load_suite
+from mllm.train.population import AUTO
 
 
 def main(argv=None) -> int:
@@ -123,6 +124,19 @@ def _steps(steps: int) -> dict:
   return {'train.steps': steps, 'train.warmup_steps': min(50, steps // 10), 'train.eval_every': 0}
 
 
+def _population(text: str) -> int | str:
+  """--population's value: 'auto' or a positive integer."""
+  if text == AUTO:
+    return AUTO
+  try:
+    value = int(text)
+  except ValueError:
+    value = 0
+  if value < 1:
+    raise argparse.ArgumentTypeError(f'{text!r}; allowed: auto, or a positive integer')
+  return value
+
+
 def _parser() -> argparse.ArgumentParser:
   """The command line's arguments."""
   parser = argparse.ArgumentParser(prog='python -m experiments', description=__doc__)
@@ -141,10 +155,11 @@ def _parser() -> argparse.ArgumentParser:
   )
   parser.add_argument(
     '--population',
-    type=int,
-    default=1,
+    type=_population,
+    default=AUTO,
     help='with --jobs=1: up to N runs of one shape (seeds, tuning points) trained as one vmapped '
-    'program (for accelerators; a CPU gains nothing: benchmarks/population.py)',
+    'program; auto (the default): on a GPU or TPU as many as fit in its memory, on a CPU one '
+    '(it gains nothing there: benchmarks/population.py)',
   )
   parser.add_argument(
     '--engine',

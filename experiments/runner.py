@@ -32,6 +32,7 @@ from experiments.tuning import (
   TUNING_SEED_BASE,
   tuning_seeds,
 )
+from mllm.train.population import AUTO
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +51,9 @@ class SuiteRun:
   machine) and update its result.json.
   population > 1 trains up to that many runs of one shape (a row's seeds, tuning points) as one
   vmapped program (mllm/train/population_loop.py) in this process, each recorded as a run; with
-  jobs = 1 (a CPU gains nothing: benchmarks/population.py; for accelerators).
+  jobs = 1 (a CPU gains nothing: benchmarks/population.py; for accelerators). 'auto' (the
+  default): on a GPU or TPU with jobs = 1 and the local engine, as many as fit in the device's
+  memory, per shape; otherwise one (runs one by one, or the jobs' processes).
   jobs > 1 runs that many runs at once, each in its own process (`experiments.worker`); a
   starts_from run waits for its parent. Two runs on 2 cores finish in about 0.7 of the time one
   after the other takes, but each one's tokens/s is then that of a shared machine.
@@ -71,7 +74,7 @@ class SuiteRun:
   refine_lr: tuple[str, ...] = ()
   refine_seeds: int = 2
   jobs: int = 1
-  population: int = 1
+  population: int | str = 'auto'
   engine: str = 'local'
   ray_address: str | None = None
   resources: str | None = None
@@ -128,15 +131,20 @@ def run_suite(suite: Suite, how: SuiteRun, run=run_one) -> dict:
       where.close()
 
 
-def _check_engine(jobs: int, engine: str, run, population: int = 1) -> None:
+def _check_engine(jobs: int, engine: str, run, population: int | str = 1) -> None:
   """Refuse (ValueError) a --jobs, --population or --engine that cannot run, or `run` where it
   cannot."""
   if jobs < 1:
     raise ValueError(f'--jobs={jobs}; allowed: a positive integer')
-  if population < 1 or (population > 1 and (jobs > 1 or engine != 'local')):
+  if population != AUTO and (
+    isinstance(population, bool)
+    or not isinstance(population, int)
+    or population < 1
+    or (population > 1 and (jobs > 1 or engine != 'local'))
+  ):
     raise ValueError(
-      f'--population={population}; allowed: a positive integer, above 1 with --jobs=1 and '
-      '--engine=local (a population trains in this process)'
+      f'--population={population}; allowed: auto, or a positive integer, above 1 with --jobs=1 '
+      'and --engine=local (a population trains in this process)'
     )
   if engine not in ('local', 'ray'):
     raise ValueError(f"--engine={engine!r}; allowed: 'local' (--jobs processes here), 'ray'")

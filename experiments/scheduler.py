@@ -30,6 +30,8 @@ from experiments.run_files import ERRORS_LOG, RESULT, WORKER_LOG
 from mllm.config import load_config
 from mllm.config_versions import VERSION, VERSION_KEY
 from mllm.paths import RunDir
+from mllm.train.population import AUTO, device_budget, fit_population
+from mllm.train.sharding import make_mesh
 
 # An unfinished run whose folder changed within FRESH_S seconds is being trained by another
 # process; a process waiting only for such runs looks again every POLL_S seconds.
@@ -83,7 +85,7 @@ def run_plan(
   reuse_other_code: bool = False,
   more=None,
   failed: dict | None = None,
-  population: int = 1,
+  population: int | str = 1,
 ) -> tuple[dict, dict, list]:
   """Run what has not finished of `plan`: (finished {key: record + result}, failed {key: record +
   errors}, pending [records] (run=None)). Finished runs are read back (remeasured if asked); an
@@ -99,7 +101,8 @@ def run_plan(
   e.g. table runs queued by an earlier call's `more`: reported failed, not tried again.
   population: up to this many startable runs that differ only in seed and learning rate train as
   one population (mllm/train/population_loop.py), in this process (no engine), each recorded
-  as an ordinary run."""
+  as an ordinary run; 'auto': as many as fit in the device's memory, per shape (one on a CPU:
+  mllm/train/population.py's fit_population and device_budget)."""
   finished = dict(finished or {})
   accept = _acceptable(run, engine, reuse_other_code)
   # Another suite's run stands in only where it is this code's, --reuse_other_code or not.
@@ -211,7 +214,8 @@ class _Runs:
     self.waiting = set()  # keys of jobs found training in another process
     self.planned = set()  # this plan's run folders: never "another process"
     self.more, self.admit = None, None  # run_plan's `more`, and its reading back of new jobs
-    self.population = 1  # the most runs of one shape trained together
+    self.population = 1  # the most runs of one shape trained together, or 'auto'
+    self.fitted = {}  # with 'auto': each shape's size, found once
 
   def work_through(self, todo: list[Job]) -> None:
     """Start each job of `todo` once its parent has finished, as slots allow, until all ended; a
@@ -250,12 +254,13 @@ class _Runs:
     """Up to population − 1 more fresh runs of `job`'s shape (taken out of `todo`) to train
     with it; none for a run that resumes, has a parent, or is alone of its shape. A run that is
     another's twin (its seed and rate too) waits, to be copied from it once it has finished."""
-    if self.population < 2 or not _fresh(job):
+    if self.population == 1 or not _fresh(job):
       return []
     shape, members = _shape(job), []
+    size = self.population_of(job, shape)
     taken = {_seed_and_rate(job)}
     for other in startable:
-      if len(members) == self.population - 1:
+      if len(members) >= size - 1:
         break
       if other is job or other not in todo or not _fresh(other) or _shape(other) != shape:
         continue
@@ -265,6 +270,28 @@ class _Runs:
     for other in members:
       todo.remove(other)
     return members
+
+  def population_of(self, job: Job, shape: str) -> int:
+    """The most runs of `job`'s shape to train together: `population`, or with 'auto' as many as
+    fit in the device's memory (found once per shape; one on a CPU)."""
+    if self.population != AUTO:
+      return self.population
+    if shape not in self.fitted:
+      budget = device_budget()
+      size = 1
+      if budget is not None:
+        try:
+          size, used = fit_population(job.config, make_mesh(job.config.mesh), budget)
+        except ValueError as err:  # not even one fits: the run goes alone (and says why it fails)
+          self.bar.write(f'no population for {job.variant.name}: {err}')
+          self.fitted[shape] = 1
+          return 1
+        self.bar.write(
+          f'populations of up to {size} runs of {job.variant.name}\'s shape '
+          f'({used / 2**30:.1f} of {budget / 2**30:.1f} GiB a step)'
+        )
+      self.fitted[shape] = size
+    return self.fitted[shape]
 
   def launch_population(self, jobs: list[Job]) -> None:
     """Train `jobs` as one population (those not copied from an identical finished run); each

@@ -1090,17 +1090,29 @@ def test_rates_tuned_on_runs_of_another_version_are_named():
 
 @pytest.mark.xdist_group('finished')
 def test_a_suite_trained_in_populations_reports_what_the_sequential_suite_reports(
-  finished, tmp_path
+  finished, tmp_path, monkeypatch
 ):
-  """The demo suite again with --population=2 (each variant's two seeds one program; 'same', the
-  twin of 'base', is copied from it): every run an ordinary record, results.md the same apart
-  from its timings, each eval loss within 1e-5 of its sequential run's."""
+  """The demo suite again with --population=auto on a device with room for two of each shape
+  (each variant's two seeds one program; 'same', the twin of 'base', is copied from it): every
+  run an ordinary record, results.md the same apart from its timings, each eval loss within 1e-5
+  of its sequential run's. The device's budget and the fit stand in for an accelerator's (tested
+  themselves in test_population.py); each shape is sized once."""
+  from experiments import scheduler
+
+  sized = []
+  monkeypatch.setattr(scheduler, 'device_budget', lambda: 2**30)
+  monkeypatch.setattr(
+    scheduler, 'fit_population', lambda config, mesh, budget: sized.append(config) or (2, 2**20)
+  )
   _, extra, sequential = finished
   results = run_suite(
-    SUITE,
-    SuiteRun(preset='tiny', seeds=2, out=str(tmp_path), extra=extra, progress=False, population=2),
+    SUITE, SuiteRun(preset='tiny', seeds=2, out=str(tmp_path), extra=extra, progress=False)
   )
   assert not results['failed'] and len(results['runs']) == 6
+  shapes = [c.to_dict() for c in sized]
+  for shape in shapes:  # what a population's members share: all but the seed and the rate
+    del shape['seed'], shape['train']['learning_rate']
+  assert sized and all(a != b for i, a in enumerate(shapes) for b in shapes[i + 1 :])
   before = {(r['variant'], r['seed']): r for r in sequential['runs']}
   for run in results['runs']:
     other = before[run['variant'], run['seed']]

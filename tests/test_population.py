@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from mllm.train.population import Member, Population, unstack
+from mllm.train.population import Member, Population, step_bytes, unstack
 from mllm.train.sharding import make_mesh
 from mllm.train.state import setup
 from mllm.train.step import make_train_step, synthetic_batch
@@ -58,6 +58,10 @@ def test_each_member_computes_what_its_solo_run_computes():
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
   assert worst < 1e-6
   assert abs(float(metrics['loss'][0]) - float(metrics['loss'][1])) > 1e-3  # two runs, not one
+  # The step's memory as fit_population reads it (from shapes alone) is the compiled step's,
+  # and holds at least every member's state and batch.
+  held = sum(x.nbytes for x in jax.tree.leaves((states, stacked)))
+  assert step_bytes(population) == step_bytes(population, states, stacked) >= held
 
 
 # --- The population's loop: each member an ordinary run in its own workdir ----------------------
@@ -143,3 +147,42 @@ def test_a_population_records_each_member_as_run_one_records_a_run(corpus, tmp_p
   other = MEMBERS[1].config(_loop_config(corpus, tmp_path, **{'model.n_layers': 1}))
   with pytest.raises(ValueError, match=r'^model.n_layers=1: the runs of a population differ'):
     run_population([configs[0], other], workdirs, progress=False)
+
+
+# --- Sizing a population to the device's memory -----------------------------------------------
+
+
+def test_the_fitted_population_is_the_largest_that_fits_its_budget():
+  """fit_population's search on stand-in memory curves (no compile): a linear one gives the
+  largest K under the budget at once; one growing faster than its first two points say is
+  shrunk until it fits; `most` caps K; one member over the budget is a one-line error."""
+  from mllm.train.population import fit_population
+
+  config, mesh = tiny_config(), None
+  asked = []
+
+  def linear(k):
+    asked.append(k)
+    return 100 + 10 * k
+
+  assert fit_population(config, mesh, 175, bytes_of=linear) == (7, 170)
+  assert sorted(set(asked)) == [1, 2, 7]  # the guess confirmed with one more compile
+
+  def growing(k):  # above the line through its first two points
+    return 100 + 10 * k + k * k
+
+  k, used = fit_population(config, mesh, 300, bytes_of=growing)
+  assert used <= 300 and growing(k + 1) > 300 - 60  # fits, and not far below what would
+  assert fit_population(config, mesh, 10**9, most=8, bytes_of=linear) == (8, 180)
+  assert fit_population(config, mesh, 10**9, most=1, bytes_of=linear) == (1, 110)
+  with pytest.raises(ValueError, match=r'^one run of this shape needs 0.0 MiB a step; the budget'):
+    fit_population(config, mesh, 50, bytes_of=linear)
+
+
+def test_a_cpu_has_no_budget_for_populations():
+  """On a CPU, populations gain nothing (benchmarks/results/population-cpu.md): no budget, so
+  --population=auto trains runs one by one."""
+  from mllm.train.population import device_budget
+
+  assert jax.local_devices()[0].platform == 'cpu'
+  assert device_budget() is None

@@ -20,12 +20,16 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
 
 from mllm.config import load_config
 from mllm.layers.parametrization import learning_rate_factors
 from mllm.train.optimizer import learning_rate_schedule, make_optimizer
 from mllm.train.state import TrainSetup, TrainState, setup, split_trained
-from mllm.train.step import StepParts
+from mllm.train.step import StepParts, synthetic_batch
+
+AUTO = 'auto'  # a population's size chosen from the device's memory (fit_population)
+MOST_MEMBERS = 64  # auto never goes above: past it a small model's step is no longer launch-bound
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +75,19 @@ class Population:
 
   def init(self) -> TrainState:
     """Every member's state at step 0, drawn as its solo run draws it, stacked."""
-    return stack([self._init(m.seed) for m in self.members])
+    return self.stacked([self._init(m.seed) for m in self.members])
+
+  def stacked(self, states: list) -> TrainState:
+    """The members' states as one, on the mesh as a solo run's are (each device holds its
+    shard of every member: the member axis is not split)."""
+    return jax.device_put(stack(states), self.shardings())
+
+  def shardings(self):
+    """The stacked state's shardings: each leaf's solo sharding with a member axis in front."""
+    return jax.tree.map(
+      lambda x: NamedSharding(x.sharding.mesh, PartitionSpec(None, *x.sharding.spec)),
+      self.setup.abstract_state,
+    )
 
 
 def _population_step(train_setup: TrainSetup, schedules: list):
@@ -97,3 +113,76 @@ def _population_step(train_setup: TrainSetup, schedules: list):
     return jax.tree.map(kept, new, states), metrics
 
   return jax.jit(step, donate_argnums=0)
+
+
+def step_bytes(population: Population, states=None, batches=None) -> int:
+  """Device bytes `population`'s step needs, as XLA's memory analysis of the compiled step
+  reports them: arguments and outputs (the donated state counted once) and temporaries, per
+  device. Compiles the step for `states` and `batches` (by default their shapes: nothing is
+  allocated or run)."""
+  k, config = len(population.members), population.setup.config
+  if states is None:
+    states = jax.tree.map(
+      lambda x, sharding: jax.ShapeDtypeStruct((k, *x.shape), x.dtype, sharding=sharding),
+      population.setup.abstract_state,
+      population.shardings(),
+    )
+  if batches is None:
+    batches = jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct((k, *x.shape), x.dtype), synthetic_batch(config)
+    )
+  alive = jax.ShapeDtypeStruct((k,), jnp.bool_)
+  memory = population.step.lower(states, batches, alive).compile().memory_analysis()
+  return (
+    memory.argument_size_in_bytes
+    + memory.output_size_in_bytes
+    - memory.alias_size_in_bytes
+    + memory.temp_size_in_bytes
+  )
+
+
+def fit_population(
+  config, mesh, budget_bytes: int, most: int = MOST_MEMBERS, bytes_of=None
+) -> tuple[int, int]:
+  """(K, its step's bytes): the members of `config`'s shape whose step fits in `budget_bytes`,
+  up to `most`. K comes from the bytes at 1 and 2 members (a fixed part and a member's share:
+  `bytes_of(k)`, by default step_bytes), then is compiled to confirm it fits, shrunk in
+  proportion until it does. A step of one member that does not fit is a ValueError."""
+  if bytes_of is None:
+    made = setup(config, mesh)
+
+    def bytes_of(k):
+      members = [Member(seed, config.train.learning_rate) for seed in range(k)]
+      return step_bytes(Population(config, members, mesh, made))
+
+  measured = {1: bytes_of(1)}
+  if measured[1] > budget_bytes:
+    raise ValueError(
+      f'one run of this shape needs {measured[1] / 2**20:,.1f} MiB a step; the budget is '
+      f'{budget_bytes / 2**20:,.1f} MiB'
+    )
+  if most == 1:
+    return 1, measured[1]
+  measured[2] = bytes_of(2)
+  share = max(measured[2] - measured[1], 1)
+  k = int(min(most, max(1, (budget_bytes - (measured[1] - share)) // share)))
+  while True:
+    if k not in measured:
+      measured[k] = bytes_of(k)
+    if measured[k] <= budget_bytes:
+      return k, measured[k]
+    k = max(1, min(k - 1, int(k * budget_bytes / measured[k])))
+
+
+def device_budget(fraction: float = 0.75) -> int | None:
+  """Bytes a population may take on this process's first device: `fraction` of what its
+  allocator can still hand out (the rest for evaluation and the data). None on a CPU, where a
+  population is no faster than its runs one after another (benchmarks/results/population-cpu.md),
+  or where the device does not report its memory."""
+  device = jax.local_devices()[0]
+  if device.platform == 'cpu':
+    return None
+  stats = device.memory_stats() or {}
+  if 'bytes_limit' not in stats:
+    return None
+  return int(fraction * (stats['bytes_limit'] - stats.get('bytes_in_use', 0)))

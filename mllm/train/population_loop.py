@@ -143,7 +143,7 @@ def _starting_states(runs, population: Population, alive: list[bool]):
       states.append(run.ckpt.restore(step, run.setup.abstract_state, run.iterator))
     else:
       states.append(unstack(fresh, k))
-  return step, stack(states)
+  return step, population.stacked(states)
 
 
 def _train_record(metrics, k: int, step: int, tokens: int, seconds: float) -> dict:
