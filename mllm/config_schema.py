@@ -56,10 +56,11 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   )
   model.param_dtype = 'float32'
   model.dtype = 'float32'  # compute dtype: float32 | bfloat16
-  model.scan_layers = False  # nnx.scan over layers: faster compiles, same results
+  model.scan_layers = False  # jax.lax.scan over stacked layers: faster compiles, same results
   # One multi-token-prediction depth beside the head (DeepSeek-V3): t_{i+2} from h_i and t_{i+1}
   model.multi_token_prediction = False
-  model.scan_unroll = 1  # with scan_layers: layers per loop iteration (XLA fuses across them)
+  model.scan_unroll = 1  # with scan_layers: layers per loop iteration (XLA fuses across them;
+  # with a per-layer pattern, whole periods of it)
   model.remat = 'none'  # none | full (recompute each layer in the backward) | dots (keep matmuls)
   # standard | mup (µP, Tensor Programs V: init, per-layer rates, attention scale and logits scaled
   # with d_model / mup.base_d_model, so a rate tuned at the base width transfers; parametrization.py)

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mllm.layers.attention import ATTENTIONS, layer_windows
+from mllm.layers.attention import ATTENTIONS, layer_period, layer_windows
 from mllm.layers.ffn import FFNS
 from mllm.layers.kv_cache import (
   KVCache,
@@ -113,7 +113,7 @@ class Block(nnx.Module):
 
   def __init__(self, cfg, *, moe: bool = False, layer: int = 0, rngs: nnx.Rngs):
     # Its place in a per-layer pattern: whether it rotates q and k (not a NoPE layer) and its
-    # window (None: a global layer); validation keeps patterns from scanned layers.
+    # window (None: a global layer); scanned layers get theirs per call (_scan_blocks).
     self.rotates = rotating_layers(cfg)[layer]
     self.window = layer_windows(cfg)[layer]
     norm = NORMS[cfg.norm.kind]
@@ -203,6 +203,7 @@ class Transformer(nnx.Module):
     self.cache_dims = ATTENTIONS[cfg.attention.kind].cache_dims(cfg)
     self.scan_layers = cfg.scan_layers
     self.scan_unroll = cfg.scan_unroll
+    self.layer_period = layer_period(cfg)  # what one scanned iteration's layers attend with
     self.output_multiplier = output_multiplier(cfg)  # µP: 1/m (parametrization.py); else 1
     self.final_logit_softcap = cfg.final_logit_softcap
     self.moe_layers = tuple(moe_layers(cfg))
@@ -303,6 +304,17 @@ class Transformer(nnx.Module):
     )
     return context, mask, (writes, first), new_positions
 
+  def _scanned_residual(self, x_BTD):
+    """The value residual of scanned layers: (the first layer's values of x, λ per layer [L, 2],
+    the first layer's (1, 0): its own values), or None without one."""
+    if self.value_mix is None:
+      return None
+    graphdef, state = nnx.split(self.blocks)
+    first = nnx.merge(graphdef, jax.tree.map(lambda x: x[0], state))
+    mixes = self.value_mix.weights[...]
+    own = jnp.asarray([[1, 0]], mixes.dtype)
+    return first.first_values(x_BTD), jnp.concatenate([own, mixes])
+
   def _blocks(self, x_BTD, context, mask, cache: KVCache | None, writes, probe: bool = False):
     """(x after every block, the blocks' statistics stacked in layer order, the cache's (k, v))."""
     if self.scan_layers:
@@ -315,6 +327,8 @@ class Transformer(nnx.Module):
         None if cache is None else (cache, *writes),
         unroll=self.scan_unroll,
         probe=probe,
+        period=self.layer_period,
+        residual=self._scanned_residual(x_BTD),
       )
     per_layer, peaks = [], []  # MoE layers' stats (in some layers only); every layer's peak logit
     kv = None if cache is None else (cache.k, cache.v)
@@ -403,34 +417,65 @@ def _call_block(
 
 
 def _scan_blocks(
-  x_BTD, blocks: Block, context, mask, remat: str, cached=None, unroll: int = 1, probe=False
+  x_BTD,
+  blocks: Block,
+  context,
+  mask,
+  remat: str,
+  cached=None,
+  unroll: int = 1,
+  probe=False,
+  period: tuple = ((None, True),),
+  residual=None,
 ):
-  """(x, stats stacked over the layers, the updated cache's (k, v) or None). With a cache, the
-  (k, v) of all layers ride in the carry and each layer writes its slots in place. `unroll`
-  layers run in each loop iteration (jax.lax.scan's unroll): fewer loop-carried copies, and
-  XLA fuses across the layers of one iteration."""
-  if cached is None:
+  """(x, stats stacked over the layers, the updated cache's (k, v) or None). Each loop iteration
+  runs one `period` of layers: layer p of it with period[p]'s (window, whether it rotates), the
+  per-layer patterns repeating every len(period) layers (attention.py's `layer_period`). With a cache, the (k, v)
+  of all layers ride in the carry and each layer writes its slots in place. `residual`: the value
+  residual's (V_1, λ per layer [L, 2]), layer 0's (1, 0) so that it attends with its own values.
+  `unroll` layers (1: one period; else a multiple of it) run in each iteration (jax.lax.scan's
+  unroll): fewer loop-carried copies, and XLA fuses across them."""
+  graphdef, state = nnx.split(blocks)
+  size = len(period)
+  n_layers = jax.tree.leaves(state)[0].shape[0]
 
-    @nnx.scan(in_axes=(nnx.Carry, 0, None, None), out_axes=(nnx.Carry, 0, 0), unroll=unroll)
-    def body(x_BTD, block: Block, context, mask):
-      return _call_block(block, x_BTD, context, mask, remat, probe=probe)
+  def grouped(x):  # [L, ...] -> [L / period, period, ...]
+    return x.reshape(n_layers // size, size, *x.shape[1:])
 
-    return body(x_BTD, blocks, context, mask)
+  def layers(x):  # and back
+    return x.reshape(n_layers, *x.shape[2:])
 
-  cache, writes, first = cached
+  cache, writes, first = (None, None, None) if cached is None else cached
+  mixes = None if residual is None else grouped(residual[1])
 
-  @nnx.scan(in_axes=(nnx.Carry, 0, 0, None, None), out_axes=(nnx.Carry, 0), unroll=unroll)
-  def cached_body(carry, block: Block, layer, context, mask):
+  def body(carry, xs):
     x_BTD, kv = carry
-    x_BTD, stats, kv = _call_block(
-      block, x_BTD, context, mask, remat, LayerCache(*kv, layer, writes, first)
-    )
-    return (x_BTD, kv), stats
+    group, index, mix = xs
+    states, stats = [], []
+    for p, (window, rotates) in enumerate(period):
+      block = nnx.merge(graphdef, jax.tree.map(lambda x, p=p: x[p], group))
+      block.window, block.rotates = window, rotates
+      layer_cache = None if cache is None else LayerCache(*kv, index[p], writes, first)
+      value_residual = None if residual is None else (residual[0], mix[p])
+      x_BTD, layer_stats, layer_kv = _call_block(
+        block, x_BTD, context, mask, remat, layer_cache, probe, value_residual
+      )
+      kv = kv if cache is None else layer_kv
+      states.append(nnx.state(block))
+      stats.append(layer_stats)
+    return (x_BTD, kv), (_stacked(states), None if stats[0] is None else _stacked(stats))
 
-  (x_BTD, kv), stats = cached_body(
-    (x_BTD, (cache.k, cache.v)), blocks, jnp.arange(cache.k.shape[0]), context, mask
+  kv = None if cache is None else (cache.k, cache.v)
+  index = grouped(jnp.arange(n_layers))
+  (x_BTD, kv), (new_state, stats) = jax.lax.scan(
+    body, (x_BTD, kv), (jax.tree.map(grouped, state), index, mixes), unroll=max(1, unroll // size)
   )
-  return x_BTD, stats, kv
+  nnx.update(blocks, jax.tree.map(layers, new_state))
+  return x_BTD, None if stats is None else jax.tree.map(layers, stats), kv
+
+
+def _stacked(trees: list):
+  return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
 
 def build_model(config, *, rngs: nnx.Rngs) -> Transformer:

@@ -11,7 +11,7 @@ from ml_collections import config_dict
 
 from mllm.checks import ConfigError, integer, number, one_of, positive, rate
 from mllm.config_keys import field_info, flatten, get_path, leaf_paths
-from mllm.layers.attention import ATTENTIONS, OUTPUT_GATES, QK_NORM_OVER
+from mllm.layers.attention import ATTENTIONS, OUTPUT_GATES, QK_NORM_OVER, pattern_period
 from mllm.layers.ffn import check_ffn_config
 from mllm.layers.moe import moe_layers
 from mllm.layers.norms import check_norm_config
@@ -59,22 +59,35 @@ def _schema_model_keys() -> tuple[list[str], list[str]]:
 
 
 def _check_layer_pattern(m, p: str) -> None:
-  """One scanned layer is every layer: it cannot vary its window, its rotation or where its values
-  come from (the value residual: the first layer's are its own) by depth."""
-  rope = m.position.kind == 'rope'
-  patterns = {  # key: (value, its value without the pattern)
-    f'{p}.attention.global_every': (m.attention.global_every, None),
-    f'{p}.position.rope.nope_every': (m.position.rope.nope_every if rope else None, None),
-    f'{p}.attention.value_residual': (m.attention.value_residual, False),
-  }
-  for key, (value, off) in patterns.items():
-    if value != off and m.scan_layers:
-      raise ConfigError(
-        key,
-        value,
-        f'{p}.scan_layers=True scans one layer for all, which cannot vary by depth; allowed: '
-        f'{off}, or {p}.scan_layers=False',
-      )
+  """Scanned layers repeat one period of the per-layer patterns (attention.py's pattern_period),
+  so the layers must be a whole number of periods, and an unrolled loop iteration too."""
+  size = pattern_period(m)
+  if not m.scan_layers or size == 1:
+    return
+  keys = [f'{p}.attention.global_every', f'{p}.position.rope.nope_every']
+  named = [key for key, n in zip(keys, _periods(m)) if n]
+  every = ' and '.join(named) + (' repeat' if len(named) > 1 else ' repeats') + f' every {size}'
+  if m.n_layers % size:
+    raise ConfigError(
+      f'{p}.n_layers',
+      m.n_layers,
+      f'{p}.scan_layers=True scans whole periods of the layer pattern ({every} layers); '
+      f'allowed: a multiple of {size}, or {p}.scan_layers=False',
+    )
+  if m.scan_unroll != 1 and m.scan_unroll % size:
+    raise ConfigError(
+      f'{p}.scan_unroll',
+      m.scan_unroll,
+      f'an unrolled iteration runs whole periods of the layer pattern ({every} layers); '
+      f'allowed: 1 (one period), or a multiple of {size}',
+    )
+
+
+def _periods(m) -> tuple:  # (global_every, nope_every where RoPE reads it)
+  return (
+    m.attention.global_every,
+    m.position.rope.nope_every if m.position.kind == 'rope' else None,
+  )
 
 
 def _check_model_scalars(m: config_dict.ConfigDict, p: str) -> None:

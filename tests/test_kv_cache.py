@@ -219,7 +219,15 @@ def test_cache_writes_use_in_range_indices_and_skip_unwritten_slots(layer):
 @pytest.mark.parametrize(
   'extra',
   [
-    dict(model__scan_layers=True),  # the cache is scanned with the stacked layers
+    # The cache is scanned with the stacked layers, two iterations of a period of two layers
+    # (windowed, then global without RoPE), with the value residual.
+    dict(
+      model__scan_layers=True,
+      model__n_layers=4,
+      model__attention__global_every=2,
+      model__position__rope__nope_every=2,
+      model__attention__value_residual=True,
+    ),
     dict(
       model__ffn__kind='moe', model__ffn__moe__num_experts=4, model__ffn__moe__capacity_factor=4.0
     ),
@@ -247,7 +255,13 @@ def test_cache_writes_use_in_range_indices_and_skip_unwritten_slots(layer):
       model__scan_layers=True,
     ),
   ],
-  ids=['scan', 'moe', 'qk_norm-post_ln-output_gate', 'layer_patterns-value_residual-sinks', 'mla'],
+  ids=[
+    'scan-layer_patterns-value_residual',
+    'moe',
+    'qk_norm-post_ln-output_gate',
+    'layer_patterns-value_residual-sinks',
+    'mla',
+  ],
 )
 def test_cached_decoding_with_scan_moe_qk_norm_output_gate_and_layer_patterns(extra):
   cfg, forward, full = make('rope', extra.pop('model__n_kv_heads', 2), WINDOW, **extra)

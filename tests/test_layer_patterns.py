@@ -2,7 +2,8 @@
 (`model.attention.global_every`: Gemma 2 / 3), every N-th layer without RoPE
 (`model.position.rope.nope_every`: Llama 4's iRoPE, SmolLM3) and the value residual
 (`model.attention.value_residual`: ResFormer), against a float64 NumPy model that gives each layer
-its own mask, rotation and values; the refusals."""
+its own mask, rotation and values; scanned layers, which repeat the pattern's period, against
+unrolled ones; the refusals."""
 
 from __future__ import annotations
 
@@ -99,17 +100,23 @@ def test_each_layer_gets_its_window_and_rotation(choices, windows, rotates):
       {
         'model.attention.sliding_window': 3,
         'model.attention.global_every': 2,
+        'model.position.rope.nope_every': 3,
+        'model.n_layers': 4,
         'model.scan_layers': True,
       },
-      r'^model\.attention\.global_every=2: model\.scan_layers=True scans one layer',
+      r'^model\.n_layers=4: model\.scan_layers=True scans whole periods of the layer pattern '
+      r'\(model\.attention\.global_every and model\.position\.rope\.nope_every repeat every 6 '
+      r'layers\); allowed: a multiple of 6, or model\.scan_layers=False$',
     ),
     (
-      {'model.position.rope.nope_every': 4, 'model.scan_layers': True},
-      r'^model\.position\.rope\.nope_every=4: model\.scan_layers=True',
-    ),
-    (
-      {'model.attention.value_residual': True, 'model.scan_layers': True},
-      r'^model\.attention\.value_residual=True: .*allowed: False, or model\.scan_layers=False$',
+      {
+        'model.position.rope.nope_every': 2,
+        'model.n_layers': 4,
+        'model.scan_layers': True,
+        'model.scan_unroll': 3,
+      },
+      r'^model\.scan_unroll=3: .*\(model\.position\.rope\.nope_every repeats every 2 layers\); '
+      r'allowed: 1 \(one period\), or a multiple of 2$',
     ),
   ],
 )
@@ -150,3 +157,49 @@ def test_the_value_residual_mixes_each_layers_values_with_the_first_layers():
     )
   )
   assert one.value_mix is None
+
+
+def test_scanned_layers_repeat_the_patterns_period_as_unrolled_layers_do():
+  """Four scanned layers in two iterations of a period of two (windowed with RoPE, then global
+  without it) with the value residual: the logits are the float64 reference's, and the loss's
+  gradients the unrolled model's (layer 0 mixes its own values with weights (1, 0): its
+  gradient flows through both terms, summed in another order)."""
+  choices = 'pos=rope,ffn=relu,norm=rmsnorm,window=3,model.attention.global_every=2'
+  extra = dict(
+    model__n_layers=4, model__position__rope__nope_every=2, model__attention__value_residual=True
+  )
+  unrolled = mllm.build_model(tiny_config(choices, **extra), rngs=nnx.Rngs(0))
+  scanned = mllm.build_model(
+    tiny_config(choices, model__scan_layers=True, **extra), rngs=nnx.Rngs(0)
+  )
+  unrolled.value_mix.weights[...] = jnp.asarray([[0.9, 0.3], [0.2, 1.1], [0.7, -0.4]])
+  params = nnx.to_pure_dict(nnx.state(unrolled, nnx.Param))
+  stacked = {
+    **params,
+    'blocks': jax.tree.map(lambda *xs: jnp.stack(xs), *[params['blocks'][i] for i in range(4)]),
+  }
+  state = nnx.state(scanned, nnx.Param)
+  nnx.replace_by_pure_dict(state, stacked)
+  nnx.update(scanned, state)
+  tokens = np.asarray(
+    jax.random.randint(jax.random.key(1), (10,), 0, unrolled.embed.num_embeddings)
+  )
+  windows, rotates = (3, None, 3, None), (True, False, True, False)
+  mix = np.asarray(params['value_mix']['weights'], np.float64)
+  want = _reference_logits(params, tokens, windows, rotates, value_mix=mix)
+  got = np.asarray(scanned(jnp.asarray(tokens)[None]))[0]
+  np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
+
+  def loss(model):
+    return jnp.mean(model(jnp.asarray(tokens)[None]) ** 2)
+
+  gradient = nnx.jit(nnx.grad(loss))  # one program each (eager, the backward's ops one by one)
+  grads = nnx.to_pure_dict(gradient(unrolled))
+  scanned_grads = nnx.to_pure_dict(gradient(scanned))
+  per_layer = [jax.tree.map(lambda x, i=i: x[i], scanned_grads['blocks']) for i in range(4)]
+  for i in range(4):
+    for a, b in zip(jax.tree.leaves(per_layer[i]), jax.tree.leaves(grads['blocks'][i])):
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(
+    scanned_grads['value_mix']['weights'], grads['value_mix']['weights'], rtol=1e-4, atol=1e-6
+  )

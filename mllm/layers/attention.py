@@ -23,6 +23,8 @@ through the `PositionContext` (rotations, shared biases) and an optional per-lay
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -31,7 +33,7 @@ from mllm.layers import resolved_head_dim
 from mllm.layers.kv_cache import CACHE_DIMS, LayerCache
 from mllm.layers.norms import RMSNorm
 from mllm.layers.parametrization import attention_scale, weight_std
-from mllm.layers.positions import POSITIONS, PositionContext
+from mllm.layers.positions import POSITIONS, PositionContext, rotating_layers
 from mllm.ops.attention import AttentionMask, attend
 from mllm.ops.xla_attention import max_logit
 
@@ -47,6 +49,22 @@ def layer_windows(cfg) -> tuple[int | None, ...]:
   return tuple(
     None if every is not None and (i + 1) % every == 0 else window for i in range(cfg.n_layers)
   )
+
+
+def pattern_period(cfg) -> int:
+  """The layers after which the per-layer patterns repeat: the least common multiple of
+  `attention.global_every` and `position.rope.nope_every` (1 without either)."""
+  every = [cfg.attention.global_every]
+  if cfg.position.kind == 'rope':
+    every.append(cfg.position.rope.nope_every)
+  return math.lcm(*(n or 1 for n in every))
+
+
+def layer_period(cfg) -> tuple[tuple[int | None, bool], ...]:
+  """One period of the per-layer patterns (`pattern_period`) as (window, whether it rotates) of
+  its layers. Scanned layers repeat it (validation: n_layers a multiple of it)."""
+  windows, rotates = layer_windows(cfg), rotating_layers(cfg)
+  return tuple((windows[p], rotates[p]) for p in range(min(pattern_period(cfg), cfg.n_layers)))
 
 
 def projection(cfg, spec, kernel_shape, axes, std, *, rngs, bias_shape=None) -> nnx.Einsum:
