@@ -22,6 +22,12 @@
 #   suite    a GPU suite end to end (the gpu preset, 2 variants, 1 seed, 100 steps, no lr tuning)
 #   init     start-up at 12 and 24 layers, unrolled and scanned (benchmarks/init_time.py)
 #   tables   the attention table (bf16, 16k tokens a batch, H 16, D 128), MoE layer, decoding
+#   population  populations against sequential runs at the cpu preset's shape, K = 1, 4, 16, 64
+#            (benchmarks/population.py; issue target: >= 10x sequential at K = 64)
+#   ffn_suite   the whole `ffn` table (9 rows, 5 seeds, lr tuning included) at the cpu preset,
+#            its runs in populations sized to the GPU's memory (--population=auto), timed end to
+#            end (target: under 30 minutes); it resumes where a cut call left it (FFN_SUITE_S: the
+#            limit of this call's share)
 # default: tests,perf,kernels,suite (which does not fit one 10-minute call: pick).
 #
 # Run from the repository root on the GPU machine, with jax[cuda] and mllm's dependencies on the
@@ -186,6 +192,17 @@ M125="--config.model.d_model=768 --config.model.n_layers=12 --config.model.n_hea
     step train_step_moe ${MOE_S:-90} $PY -m benchmarks.train_step --models=125m_moe --only=jax \
       --batch_size=16 --document_mask=on --moe_dispatch=both --out="$RES/train_step_moe-$SUFFIX.md"
     step decode 55 $PY -m benchmarks.decode --only_125m --out="$RES/decode-$SUFFIX.md"
+  fi
+  if has population; then
+    step population ${POPULATION_S:-240} $PY -m benchmarks.population --members=1,4,16,64 \
+      --out="$RES/population-$SUFFIX.md"
+  fi
+
+  if has ffn_suite; then  # its runs stay in $RES between calls on a warm machine: it resumes
+    step ffn_suite ${FFN_SUITE_S:-540} $PY -m experiments ffn --preset=cpu --tune_lr \
+      --out="$RES/ffn_suite"
+    grep -h "^Cost" "$RES"/ffn_suite/ffn/results.md 2>/dev/null
+    tar czf "$OUT/ffn_suite.tgz" -C "$RES/ffn_suite" --exclude=runs . 2>/dev/null
   fi
   stamp done
 } 2>&1 | tee "$OUT/run.log"
