@@ -242,10 +242,7 @@ def _deepseek_v3(hf: dict) -> dict[str, Any]:
     **_sizes(hf, tied_by_default=False),
     'head_dim': hf['qk_nope_head_dim'],  # config.json's head_dim is the rotated part's
     'embed_scale': 1.0,
-    'norm.kind': 'rmsnorm',
-    'norm.placement': 'pre',
-    'norm.eps': float(hf['rms_norm_eps']),
-    'norm.final_norm': True,
+    **_pre_rmsnorm(hf),
     'ffn.kind': LLAMA_FFN,
     'ffn.d_ff': hf['intermediate_size'],
     'ffn.match_params': False,
@@ -265,6 +262,16 @@ def _deepseek_v3(hf: dict) -> dict[str, Any]:
   return out
 
 
+def _pre_rmsnorm(hf: dict) -> dict[str, Any]:
+  """Pre-LN RMSNorm with a final norm, at the checkpoint's eps (DeepSeek-V3, gpt-oss)."""
+  return {
+    'norm.kind': 'rmsnorm',
+    'norm.placement': 'pre',
+    'norm.eps': float(hf['rms_norm_eps']),
+    'norm.final_norm': True,
+  }
+
+
 def _gpt_oss(hf: dict) -> dict[str, Any]:
   """gpt-oss (OpenAI 2025, arXiv 2508.10925): attention with sinks and q/k/v/o biases, a window in
   the layers `layer_types` names (every other one), YaRN; every layer an MoE whose router has a
@@ -275,10 +282,7 @@ def _gpt_oss(hf: dict) -> dict[str, Any]:
     **_sizes(hf, tied_by_default=False),
     **_windows_by_layer_types(hf),
     'embed_scale': 1.0,
-    'norm.kind': 'rmsnorm',
-    'norm.placement': 'pre',
-    'norm.eps': float(hf['rms_norm_eps']),
-    'norm.final_norm': True,
+    **_pre_rmsnorm(hf),
     'ffn.d_ff': hf['intermediate_size'],
     'ffn.match_params': False,
     'ffn.use_bias': True,
