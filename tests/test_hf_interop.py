@@ -317,6 +317,13 @@ def test_transformers_4_rope_fields_give_the_same_config(tmp_path, imported):
       ),
       r'rope_parameters.attention_factor=2.0',
     ),
+    (  # DeepSeek-V3's hub checkpoints: FP8 weights with block scales
+      lambda c: c.update(
+        quantization_config={'quant_method': 'fp8', 'weight_block_size': [128, 128]}
+      ),
+      r"^quantization_config\.quant_method='fp8': mllm reads float checkpoints and MXFP4 experts "
+      r"\(gpt-oss\); allowed: 'mxfp4', or the checkpoint saved again after a dequantizing load$",
+    ),
   ],
 )
 def test_unsupported_config_fields_are_refused(tmp_path, edit, message):
@@ -937,3 +944,45 @@ def test_an_override_that_changes_the_parameters_is_refused_naming_them():
     r'lacks: blocks/0/attention_norm/bias.*allowed: overrides that keep',
   ):
     hf.from_hf(os.path.join(FIXTURES, 'llama'), {'model.norm.kind': 'layernorm'})
+
+
+# --- gpt-oss's hub checkpoints: MXFP4 experts --------------------------------------------------
+
+
+def test_mxfp4_codes_and_blocks_dequantize_as_the_ocp_spec_defines_them():
+  """Each 4-bit E2M1 code against the format's formula (OCP MX v1.0, sec. 5.3.3: sign, 2 exponent
+  bits of bias 1, 1 mantissa bit, exponent 0 subnormal), computed here in float64; a block's
+  bytes (the low nibble first) and its E8M0 scale (2^(s − 127)) on a worked example; the float
+  layout puts the blocks' axis (the input) before the rows."""
+  from mllm.interop.hf_quantized import E2M1_VALUES, dequantize_mxfp4
+
+  for code in range(16):
+    sign, exponent, mantissa = code >> 3, (code >> 1) & 3, code & 1
+    magnitude = mantissa / 2 if exponent == 0 else 2.0 ** (exponent - 1) * (1 + mantissa / 2)
+    assert E2M1_VALUES[code] == (-1) ** sign * magnitude
+  # One expert, 2 rows, one block each: row 0 codes 1..15 then 0 (bytes 0x21, 0x43, ...), scale
+  # 2^1; row 1 every value -6 (code 15), scale 2^-3.
+  codes = np.array([list(range(1, 32 + 1)), [15] * 32]) % 16
+  blocks = (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)[None, :, None, :]
+  scales = np.array([[[128], [124]]], np.uint8)
+  got = dequantize_mxfp4(blocks, scales)
+  assert got.shape == (1, 32, 2) and got.dtype == np.float32
+  np.testing.assert_array_equal(got[0, :, 0], 2.0 * E2M1_VALUES[codes[0]])
+  np.testing.assert_array_equal(got[0, :, 1], np.full(32, -6.0 / 8))
+  with pytest.raises(hf.HFImportError, match=r'^MXFP4 blocks uint8\[1, 2, 1, 16\] and scales'):
+    dequantize_mxfp4(blocks, scales[..., 0])
+
+
+def test_a_gpt_oss_checkpoint_with_mxfp4_experts_gives_transformers_logits(imported):
+  """The gpt-oss fixture with its experts packed as the hub packs them (the _blocks / _scales
+  pairs and quantization_config, tests/fixtures/make_hf_fixtures.py) imports to the logits
+  transformers computes after dequantizing them itself, and to the float fixture's parameters
+  but the experts'."""
+  config, model = imported('gpt-oss-mxfp4')
+  assert_logits_match(model, 'gpt-oss-mxfp4')
+  float_config, float_model = imported('gpt-oss')
+  assert config.model.to_dict() == float_config.model.to_dict()
+  packed = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+  for path, value in nnx.to_flat_state(nnx.state(float_model, nnx.Param)):
+    same = np.array_equal(np.asarray(packed[path][...]), np.asarray(value[...]))
+    assert same == ('experts' not in path or 'bias' in path[-1]), path

@@ -23,7 +23,7 @@ from ml_collections import config_dict
 
 from mllm.config import load_config
 from mllm.config_schema import set_key
-from mllm.interop import hf_weights
+from mllm.interop import hf_quantized, hf_weights
 from mllm.interop.hf_config import (
   ARCHITECTURES,
   FAMILIES,
@@ -70,7 +70,9 @@ class Checkpoint:
   """The tensors of model.safetensors or of the shards its index names, read one at a time
   (a tensor is on the host only while it is being placed)."""
 
-  def __init__(self, path: str):
+  def __init__(self, path: str, quantization: str | None = None):
+    """`quantization`: 'mxfp4' presents each MXFP4 stack (its _blocks and _scales) as the float
+    tensor it packs (hf_quantized.py), dequantized as it is read."""
     from safetensors import safe_open  # deferred: only interop needs it
 
     single = os.path.join(path, 'model.safetensors')
@@ -90,9 +92,16 @@ class Checkpoint:
     for file in files:
       with safe_open(os.path.join(path, file), framework='np') as h:
         self.where.update(dict.fromkeys(h.keys(), os.path.join(path, file)))
-    self.names = sorted(self.where)
+    self.packed = hf_quantized.packed_pairs(self.where) if quantization else {}
+    stored = {name for pair in self.packed.values() for name in pair}
+    self.names = sorted((set(self.where) - stored) | set(self.packed))
 
   def __call__(self, name: str) -> np.ndarray:
+    if name in self.packed:
+      return hf_quantized.dequantize_mxfp4(*(self._read(n) for n in self.packed[name]))
+    return self._read(name)
+
+  def _read(self, name: str) -> np.ndarray:
     if name not in self.where:
       raise HFImportError(f'the checkpoint has no weight {name!r}')
     from safetensors import safe_open
@@ -148,7 +157,7 @@ def hf_params(path: str, config, abstract_params: nnx.State) -> nnx.State:
   hf = read_hf_config(path)
   family = family_of(hf)
   c = config.model
-  take = Checkpoint(path)
+  take = Checkpoint(path, hf_quantized.check_quantization(hf))
   abstract = hf_weights.flat(nnx.to_pure_dict(abstract_params))
   shapes = {name: tuple(like.shape) for name, like in abstract.items()}
   if c.scan_layers:  # the links name one layer's parameters; scan stacks them [L, ...]
@@ -200,7 +209,8 @@ def _check_names(c, links: list, shapes: dict, take: Checkpoint) -> None:
     )
     raise HFImportError('; '.join(problems) + '; allowed: overrides that keep the parameters')
   needed = [n for link in links for n in link.hf]
-  absent = [n for n in needed if n not in take.where]
+  stored = set(take.names)
+  absent = [n for n in needed if n not in stored]
   if absent:
     raise HFImportError(
       f'the checkpoint has no weight {absent[0]!r}'

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
-# The errors live low, so that a variant's mapping in mllm/layers/ raises them; the names here stay.
 from mllm.hf_errors import HFExportError as HFExportError
 from mllm.hf_errors import HFImportError as HFImportError
 from mllm.hf_errors import refuse as _refuse
+
+# The errors live low, so that a variant's mapping in mllm/layers/ raises them; the names here stay.
+from mllm.interop.hf_quantized import check_quantization
 from mllm.layers.ffn import FFNS
 from mllm.layers.moe_hf import moe_keys_from_hf
 from mllm.layers.positions import RotaryPositions
@@ -298,6 +300,7 @@ def _gpt_oss(hf: dict) -> dict[str, Any]:
 
 def config_overrides(hf: dict) -> dict[str, Any]:
   """mllm config keys (dotted) that make the model of this HF config, in float32."""
+  check_quantization(hf)  # a method mllm cannot read is refused before anything is built
   family = family_of(hf)
   if family == 'gpt2':
     model = _gpt2(hf)
