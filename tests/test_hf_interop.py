@@ -317,12 +317,25 @@ def test_transformers_4_rope_fields_give_the_same_config(tmp_path, imported):
       ),
       r'rope_parameters.attention_factor=2.0',
     ),
-    (  # DeepSeek-V3's hub checkpoints: FP8 weights with block scales
+    (
+      lambda c: c.update(quantization_config={'quant_method': 'gptq', 'bits': 4}),
+      r"^quantization_config\.quant_method='gptq': mllm reads float checkpoints, MXFP4 experts "
+      r"\(gpt-oss\) and fine-grained FP8 \(DeepSeek-V3, Qwen3-FP8\); allowed: 'mxfp4', 'fp8', "
+      r'or the checkpoint saved again after a dequantizing load$',
+    ),
+    (  # static activation scales: input_scale tensors mllm does not apply
       lambda c: c.update(
-        quantization_config={'quant_method': 'fp8', 'weight_block_size': [128, 128]}
+        quantization_config={
+          'quant_method': 'fp8',
+          'activation_scheme': 'static',
+          'weight_block_size': [128, 128],
+        }
       ),
-      r"^quantization_config\.quant_method='fp8': mllm reads float checkpoints and MXFP4 experts "
-      r"\(gpt-oss\); allowed: 'mxfp4', or the checkpoint saved again after a dequantizing load$",
+      r"^quantization_config\.activation_scheme='static': allowed with fp8: dynamic$",
+    ),
+    (  # per-tensor FP8 (no blocks)
+      lambda c: c.update(quantization_config={'quant_method': 'fp8'}),
+      r'^quantization_config\.weight_block_size=None: allowed with fp8: \[rows, columns\]',
     ),
   ],
 )

@@ -70,9 +70,10 @@ class Checkpoint:
   """The tensors of model.safetensors or of the shards its index names, read one at a time
   (a tensor is on the host only while it is being placed)."""
 
-  def __init__(self, path: str, quantization: str | None = None):
-    """`quantization`: 'mxfp4' presents each MXFP4 stack (its _blocks and _scales) as the float
-    tensor it packs (hf_quantized.py), dequantized as it is read."""
+  def __init__(self, path: str, quantization: dict | None = None):
+    """`quantization` (the checkpoint's quantization_config, hf_quantized.check_quantization):
+    each quantized tensor (MXFP4's _blocks and _scales, FP8's weight and its _scale_inv) is
+    presented as the float tensor it holds, dequantized as it is read."""
     from safetensors import safe_open  # deferred: only interop needs it
 
     single = os.path.join(path, 'model.safetensors')
@@ -92,13 +93,15 @@ class Checkpoint:
     for file in files:
       with safe_open(os.path.join(path, file), framework='np') as h:
         self.where.update(dict.fromkeys(h.keys(), os.path.join(path, file)))
-    self.packed = hf_quantized.packed_pairs(self.where) if quantization else {}
+    self.quantization = quantization
+    self.packed = hf_quantized.packed_names(self.where, quantization)
     stored = {name for pair in self.packed.values() for name in pair}
     self.names = sorted((set(self.where) - stored) | set(self.packed))
 
   def __call__(self, name: str) -> np.ndarray:
     if name in self.packed:
-      return hf_quantized.dequantize_mxfp4(*(self._read(n) for n in self.packed[name]))
+      stored = (self._read(n) for n in self.packed[name])
+      return hf_quantized.dequantize(self.quantization, *stored)
     return self._read(name)
 
   def _read(self, name: str) -> np.ndarray:
@@ -108,7 +111,21 @@ class Checkpoint:
 
     # Opened per tensor: the file's memory map is released as soon as the tensor is copied out.
     with safe_open(self.where[name], framework='np') as h:
+      if h.get_slice(name).get_dtype() == 'F8_E4M3':  # NumPy has no float8: safetensors' reader
+        return _float8_tensor(self.where[name], name)  # refuses it
       return h.get_tensor(name)
+
+
+def _float8_tensor(file: str, name: str) -> np.ndarray:
+  """A float8 E4M3 tensor of a safetensors file (an 8-byte header length, the JSON header with
+  each tensor's shape and byte range, the data) as jnp.float8_e4m3fn, read from its bytes."""
+  with open(file, 'rb') as f:
+    header_len = int.from_bytes(f.read(8), 'little')
+    info = json.loads(f.read(header_len))[name]
+    begin, end = info['data_offsets']
+    f.seek(8 + header_len + begin)
+    data = f.read(end - begin)
+  return np.frombuffer(data, jnp.float8_e4m3fn).reshape(info['shape'])
 
 
 def tokenizer_settings(path: str) -> dict[str, Any]:
