@@ -28,6 +28,7 @@ Code reads a variant's settings as its typed, frozen record: `settings_of(varian
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -114,8 +115,11 @@ def _settings_class(variant: Any) -> type | None:
 def keys_of(variant: Any) -> tuple[Key, ...]:
   """The keys of a variant's section (a variant may be a settings class itself)."""
   settings = _settings_class(variant)
-  if settings is None:
-    return ()
+  return () if settings is None else _declared_keys(settings)
+
+
+@functools.cache  # a class's declarations never change; every config load reads them many times
+def _declared_keys(settings: type) -> tuple[Key, ...]:
   hints = typing.get_type_hints(settings)
   out = []
   for field in dataclasses.fields(settings):
