@@ -429,12 +429,13 @@ def _scan_blocks(
   residual=None,
 ):
   """(x, stats stacked over the layers, the updated cache's (k, v) or None). Each loop iteration
-  runs one `period` of layers: layer p of it with period[p]'s (window, whether it rotates), the
-  per-layer patterns repeating every len(period) layers (attention.py's `layer_period`). With a cache, the (k, v)
-  of all layers ride in the carry and each layer writes its slots in place. `residual`: the value
-  residual's (V_1, λ per layer [L, 2]), layer 0's (1, 0) so that it attends with its own values.
-  `unroll` layers (1: one period; else a multiple of it) run in each iteration (jax.lax.scan's
-  unroll): fewer loop-carried copies, and XLA fuses across them."""
+  runs one `period` of layers (attention.py's `layer_period`: the per-layer patterns repeat every
+  len(period) layers), layer p of it with period[p]'s (window, whether it rotates), merged from
+  the stacked parameters. With a cache, the (k, v) of all layers ride in the carry and each layer
+  writes its slots in place. `residual`: the value residual's (V_1, λ per layer [L, 2]), layer
+  0's (1, 0) so that it attends with its own values. `unroll` layers (1: one period; else a
+  multiple of it) run in each iteration (jax.lax.scan's unroll): fewer loop-carried copies, and
+  XLA fuses across them."""
   graphdef, state = nnx.split(blocks)
   size = len(period)
   n_layers = jax.tree.leaves(state)[0].shape[0]
