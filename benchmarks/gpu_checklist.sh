@@ -194,7 +194,7 @@ M125="--config.model.d_model=768 --config.model.n_layers=12 --config.model.n_hea
     step decode 55 $PY -m benchmarks.decode --only_125m --out="$RES/decode-$SUFFIX.md"
   fi
   if has population; then
-    step population ${POPULATION_S:-240} $PY -m benchmarks.population --members=1,4,16,64 \
+    step population ${POPULATION_S:-240} $PY -m benchmarks.population --members=1,4,16,64,auto \
       --out="$RES/population-$SUFFIX.md"
   fi
 

@@ -3,6 +3,8 @@
 
     python -m benchmarks.population                   # K = 1, 4 (a CPU's sizes)
     python -m benchmarks.population --members=1,4,16,64 --out=benchmarks/results/population-gpu.md
+    python -m benchmarks.population --members=1,auto  # auto: the size a suite's --population=auto
+                                                        # picks on this device (fit_population)
 
 Each row: K, the population step's median time, its tokens/s (K members × batch × seq_len per
 step), the solo step's tokens/s (one member at a time: the sequential rate), and their ratio.
@@ -23,7 +25,7 @@ import numpy as np
 import mllm
 from benchmarks.machine import describe
 from experiments.suites._presets import CPU
-from mllm.train.population import Member, Population
+from mllm.train.population import AUTO, Member, Population, device_budget, fit_population
 from mllm.train.sharding import global_batch, make_mesh
 from mllm.train.state import setup
 from mllm.train.step import make_train_step, synthetic_batch
@@ -44,9 +46,28 @@ def _timed(step, state, batch, steps: int) -> tuple[float, float]:
   return first, statistics.median(times)
 
 
+def _sizes(members: str, config, mesh) -> list[int]:
+  """--members' sizes, 'auto' as fit_population sizes the suites' populations on this device."""
+  sizes = []
+  for item in members.split(','):
+    if item != AUTO:
+      sizes.append(int(item))
+      continue
+    budget = device_budget()
+    if budget is None:
+      print('auto: no budget on a CPU (the suites train runs one by one there)', flush=True)
+      continue
+    k, used = fit_population(config, mesh, budget)
+    print(f'auto: {k} members ({used / 2**30:.2f} of {budget / 2**30:.2f} GiB a step)', flush=True)
+    sizes.append(k)
+  return sizes
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--members', default='1,4', help='comma-separated population sizes K')
+  parser.add_argument(
+    '--members', default='1,4', help="comma-separated population sizes K; 'auto': the device's fit"
+  )
   parser.add_argument('--steps', type=int, default=5, help='timed steps per measurement')
   parser.add_argument('--out', help='also write the table (with the machine) as markdown here')
   args = parser.parse_args()
@@ -69,7 +90,7 @@ def main() -> None:
     '|---|---|---|---|---|---|',
   ]
   print('\n'.join(lines), flush=True)
-  for k in (int(x) for x in args.members.split(',')):
+  for k in _sizes(args.members, config, mesh):
     rates = np.geomspace(0.5, 2.0, k) if k > 1 else [1.0]
     members = [Member(seed, float(r * config.train.learning_rate)) for seed, r in enumerate(rates)]
     population = Population(config, members, mesh)
