@@ -22,6 +22,7 @@ from experiments.run import (
   adopt,
   as_json,
   read_result,
+  run_one,
   same_run_elsewhere,
   same_run_in_progress,
   write_result,
@@ -133,6 +134,8 @@ def run_plan(
   )
   runs.more, runs.admit = more, admit
   runs.population = population if engine is None and run is not None else 1
+  if population == AUTO and run is not run_one:  # a stand-in `run` (tests) is called run by run
+    runs.population = 1
   runs.failed.update(failed_before)
   try:
     with _sigterm_as_interrupt():
