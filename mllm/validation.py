@@ -11,7 +11,13 @@ from ml_collections import config_dict
 
 from mllm.checks import ConfigError, integer, number, one_of, positive, rate
 from mllm.config_keys import field_info, flatten, get_path, leaf_paths
-from mllm.layers.attention import ATTENTIONS, OUTPUT_GATES, QK_NORM_OVER, pattern_period
+from mllm.layers.attention import (
+  ATTENTIONS,
+  OUTPUT_GATES,
+  QK_NORM_OVER,
+  layer_patterns,
+  pattern_period,
+)
 from mllm.layers.ffn import check_ffn_config
 from mllm.layers.moe import moe_layers
 from mllm.layers.norms import check_norm_config
@@ -64,8 +70,7 @@ def _check_layer_pattern(m, p: str) -> None:
   size = pattern_period(m)
   if not m.scan_layers or size == 1:
     return
-  keys = [f'{p}.attention.global_every', f'{p}.position.rope.nope_every']
-  named = [key for key, n in zip(keys, _periods(m)) if n]
+  named = [f'{p}.{key}' for key, n in layer_patterns(m).items() if n]
   every = ' and '.join(named) + (' repeat' if len(named) > 1 else ' repeats') + f' every {size}'
   if m.n_layers % size:
     raise ConfigError(
@@ -81,13 +86,6 @@ def _check_layer_pattern(m, p: str) -> None:
       f'an unrolled iteration runs whole periods of the layer pattern ({every} layers); '
       f'allowed: 1 (one period), or a multiple of {size}',
     )
-
-
-def _periods(m) -> tuple:  # (global_every, nope_every where RoPE reads it)
-  return (
-    m.attention.global_every,
-    m.position.rope.nope_every if m.position.kind == 'rope' else None,
-  )
 
 
 def _check_model_scalars(m: config_dict.ConfigDict, p: str) -> None:

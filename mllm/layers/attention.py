@@ -51,13 +51,21 @@ def layer_windows(cfg) -> tuple[int | None, ...]:
   )
 
 
+def layer_patterns(cfg) -> dict[str, int | None]:
+  """The per-layer patterns' periods by their key (None: no such pattern): every
+  `attention.global_every`-th layer global, every `position.rope.nope_every`-th without RoPE
+  (read only where the scheme is RoPE)."""
+  rope = cfg.position.kind == 'rope'
+  return {
+    'attention.global_every': cfg.attention.global_every,
+    'position.rope.nope_every': cfg.position.rope.nope_every if rope else None,
+  }
+
+
 def pattern_period(cfg) -> int:
-  """The layers after which the per-layer patterns repeat: the least common multiple of
-  `attention.global_every` and `position.rope.nope_every` (1 without either)."""
-  every = [cfg.attention.global_every]
-  if cfg.position.kind == 'rope':
-    every.append(cfg.position.rope.nope_every)
-  return math.lcm(*(n or 1 for n in every))
+  """The layers after which the per-layer patterns repeat: the least common multiple of their
+  periods (`layer_patterns`; 1 without any)."""
+  return math.lcm(*(n or 1 for n in layer_patterns(cfg).values()))
 
 
 def layer_period(cfg) -> tuple[tuple[int | None, bool], ...]:
