@@ -134,8 +134,10 @@ def run_plan(
   )
   runs.more, runs.admit = more, admit
   runs.population = population if engine is None and run is not None else 1
-  if population == AUTO and run is not run_one:  # a stand-in `run` (tests) is called run by run
-    runs.population = 1
+  if runs.population == AUTO:  # sized per shape from the device's budget; one without a budget
+    # (a CPU) and for a stand-in `run` (tests), which is called run by run
+    runs.budget = device_budget() if run is run_one else None
+    runs.population = 1 if runs.budget is None else AUTO
   runs.failed.update(failed_before)
   try:
     with _sigterm_as_interrupt():
@@ -218,6 +220,7 @@ class _Runs:
     self.planned = set()  # this plan's run folders: never "another process"
     self.more, self.admit = None, None  # run_plan's `more`, and its reading back of new jobs
     self.population = 1  # the most runs of one shape trained together, or 'auto'
+    self.budget = None  # with 'auto': the device's bytes for a population's step
     self.fitted = {}  # with 'auto': each shape's size, found once
 
   def work_through(self, todo: list[Job]) -> None:
@@ -276,23 +279,19 @@ class _Runs:
 
   def population_of(self, job: Job, shape: str) -> int:
     """The most runs of `job`'s shape to train together: `population`, or with 'auto' as many as
-    fit in the device's memory (found once per shape; one on a CPU)."""
+    fit in the device's budget (found once per shape)."""
     if self.population != AUTO:
       return self.population
     if shape not in self.fitted:
-      budget = device_budget()
-      size = 1
-      if budget is not None:
-        try:
-          size, used = fit_population(job.config, make_mesh(job.config.mesh), budget)
-        except ValueError as err:  # not even one fits: the run goes alone (and says why it fails)
-          self.bar.write(f'no population for {job.variant.name}: {err}')
-          self.fitted[shape] = 1
-          return 1
+      try:
+        size, used = fit_population(job.config, make_mesh(job.config.mesh), self.budget)
         self.bar.write(
           f'populations of up to {size} runs of {job.variant.name}\'s shape '
-          f'({used / 2**30:.1f} of {budget / 2**30:.1f} GiB a step)'
+          f'({used / 2**30:.1f} of {self.budget / 2**30:.1f} GiB a step)'
         )
+      except ValueError as err:  # not even one fits: the run goes alone (and says why it fails)
+        self.bar.write(f'no population for {job.variant.name}: {err}')
+        size = 1
       self.fitted[shape] = size
     return self.fitted[shape]
 
