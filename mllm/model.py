@@ -304,17 +304,6 @@ class Transformer(nnx.Module):
     )
     return context, mask, (writes, first), new_positions
 
-  def _scanned_residual(self, x_BTD):
-    """The value residual of scanned layers: (the first layer's values of x, λ per layer [L, 2],
-    the first layer's (1, 0): its own values), or None without one."""
-    if self.value_mix is None:
-      return None
-    graphdef, state = nnx.split(self.blocks)
-    first = nnx.merge(graphdef, jax.tree.map(lambda x: x[0], state))
-    mixes = self.value_mix.weights[...]
-    own = jnp.asarray([[1, 0]], mixes.dtype)
-    return first.first_values(x_BTD), jnp.concatenate([own, mixes])
-
   def _blocks(self, x_BTD, context, mask, cache: KVCache | None, writes, probe: bool = False):
     """(x after every block, the blocks' statistics stacked in layer order, the cache's (k, v))."""
     if self.scan_layers:
@@ -328,7 +317,7 @@ class Transformer(nnx.Module):
         unroll=self.scan_unroll,
         probe=probe,
         period=self.layer_period,
-        residual=self._scanned_residual(x_BTD),
+        value_mix=None if self.value_mix is None else self.value_mix.weights[...],
       )
     per_layer, peaks = [], []  # MoE layers' stats (in some layers only); every layer's peak logit
     kv = None if cache is None else (cache.k, cache.v)
@@ -426,14 +415,14 @@ def _scan_blocks(
   unroll: int = 1,
   probe=False,
   period: tuple = ((None, True),),
-  residual=None,
+  value_mix=None,
 ):
   """(x, stats stacked over the layers, the updated cache's (k, v) or None). Each loop iteration
   runs one `period` of layers (attention.py's `layer_period`: the per-layer patterns repeat every
   len(period) layers), layer p of it with period[p]'s (window, whether it rotates), merged from
   the stacked parameters. With a cache, the (k, v) of all layers ride in the carry and each layer
-  writes its slots in place. `residual`: the value residual's (V_1, λ per layer [L, 2]), layer
-  0's (1, 0) so that it attends with its own values. `unroll` layers (1: one period; else a
+  writes its slots in place. `value_mix`: the value residual's λ of layers 1..L−1 [L − 1, 2]
+  (layer 0 mixes with (1, 0): it attends with its own values, V_1). `unroll` layers (1: one period; else a
   multiple of it) run in each iteration (jax.lax.scan's unroll): fewer loop-carried copies, and
   XLA fuses across them."""
   graphdef, state = nnx.split(blocks)
@@ -447,7 +436,12 @@ def _scan_blocks(
     return x.reshape(n_layers, *x.shape[2:])
 
   cache, writes, first = (None, None, None) if cached is None else cached
-  mixes = None if residual is None else grouped(residual[1])
+  residual, mixes = None, None
+  if value_mix is not None:
+    first_layer = nnx.merge(graphdef, jax.tree.map(lambda x: x[0], state))
+    own = jnp.asarray([[1, 0]], value_mix.dtype)
+    residual = first_layer.first_values(x_BTD)
+    mixes = grouped(jnp.concatenate([own, value_mix]))
 
   def body(carry, xs):
     x_BTD, kv = carry
@@ -457,7 +451,7 @@ def _scan_blocks(
       block = nnx.merge(graphdef, jax.tree.map(lambda x, p=p: x[p], group))
       block.window, block.rotates = window, rotates
       layer_cache = None if cache is None else LayerCache(*kv, index[p], writes, first)
-      value_residual = None if residual is None else (residual[0], mix[p])
+      value_residual = None if residual is None else (residual, mix[p])
       x_BTD, layer_stats, layer_kv = _call_block(
         block, x_BTD, context, mask, remat, layer_cache, probe, value_residual
       )
