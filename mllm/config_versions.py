@@ -32,6 +32,7 @@ Version 8: `model.attention.kind` ('mha' before) and MLA's section `model.attent
 `model.ffn.moe.routed_scale` (1.0 before), `groups` (1), `top_groups` (None) and `router_bias`
 (False); the FFN kind `clamped_swiglu`'s section `model.ffn.clamped_swiglu` (and the experts'
 `model.ffn.moe.expert.clamped_swiglu`); YaRN's `truncate` (True before: the ramp's ends rounded).
+Version 9: YaRN's `attention_factor` (None before: the paper's 0.1·ln(s) + 1 on cos and sin).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-VERSION = 8
+VERSION = 9
 VERSION_KEY = 'config_version'  # in a saved config.json, beside the config's own sections
 
 # Version 1's keys under `model.` and their version 2 places, except RoPE's scaling factor, whose
@@ -245,6 +246,9 @@ v7_to_v8, v8_as_v7 = _adding(
   }
 )
 
+# Version 9's key as every earlier version trained: YaRN's own factor on cos and sin.
+v8_to_v9, v9_as_v8 = _adding({'model.position.rope.scaling.yarn.attention_factor': None})
+
 # version n → the function to version n + 1
 UPGRADES = {
   1: v1_to_v2,
@@ -254,6 +258,7 @@ UPGRADES = {
   5: v5_to_v6,
   6: v6_to_v7,
   7: v7_to_v8,
+  8: v8_to_v9,
 }
 
 
@@ -312,6 +317,7 @@ def _get(tree: dict, path: str) -> Any:
 
 
 DOWNGRADES = {
+  9: v9_as_v8,
   8: v8_as_v7,
   7: v7_as_v6,
   6: v6_as_v5,

@@ -540,7 +540,8 @@ ROPE_READS = [
   'model.position.rope.fraction',
 ]
 YARN_READS = [
-  f'model.position.rope.scaling.yarn.{k}' for k in ('factor', 'beta_fast', 'beta_slow', 'truncate')
+  f'model.position.rope.scaling.yarn.{k}'
+  for k in ('factor', 'beta_fast', 'beta_slow', 'truncate', 'attention_factor')
 ]
 
 

@@ -300,6 +300,24 @@ def test_transformers_4_rope_fields_give_the_same_config(tmp_path, imported):
 
 
 @pytest.mark.parametrize(
+  'fields,factor',
+  [({'attention_factor': 2.0}, 2.0), ({'mscale': 0.9, 'mscale_all_dim': 0.7}, 1.0253), ({}, None)],
+)
+def test_yarn_attention_factors_are_read_as_transformers_infers_them(fields, factor):
+  """A Llama's YaRN with an attention factor or DeepSeek's mscale pair (no softmax scale: only
+  DeepSeek's attention reads mscale_all_dim there); the factors' arithmetic is test_positions'."""
+  with open(os.path.join(FIXTURES, 'llama', 'config.json')) as f:
+    config = json.load(f)
+  config['rope_parameters'].update(
+    rope_type='yarn', factor=4.0, original_max_position_embeddings=64, **fields
+  )
+  keys = hf.config_overrides(config)
+  got = keys['model.position.rope.scaling.yarn.attention_factor']
+  assert got == pytest.approx(factor, abs=1e-4) if factor is not None else got is None
+  assert keys['model.attention.softmax_scale'] is None
+
+
+@pytest.mark.parametrize(
   'edit,message',
   [
     (lambda c: c.update(model_type='falcon'), r"model_type='falcon'.*allowed: llama, mistral"),
@@ -310,12 +328,6 @@ def test_transformers_4_rope_fields_give_the_same_config(tmp_path, imported):
     (
       lambda c: c['rope_parameters'].update(partial_rotary_factor=0.5),
       r'partial_rotary_factor=0.5',
-    ),
-    (
-      lambda c: c['rope_parameters'].update(
-        rope_type='yarn', factor=4.0, attention_factor=2.0, original_max_position_embeddings=64
-      ),
-      r'rope_parameters.attention_factor=2.0',
     ),
     (
       lambda c: c.update(quantization_config={'quant_method': 'gptq', 'bits': 4}),
@@ -640,6 +652,17 @@ def test_a_large_export_is_written_in_shards_that_import_the_same(tmp_path, impo
     ),
     ({'model.embed_scale': 4.0}, r'model.embed_scale=4.0'),
     ({'model.attention.softmax_scale': 0.1}, r'model.attention.softmax_scale=0.1'),
+    # DeepSeek-V3 scales its softmax through YaRN's mscale_all_dim, by steps too coarse for 0.25.
+    (
+      {
+        'model.attention.kind': 'mla',
+        'model.n_kv_heads': 4,
+        'model.position.rope.scaling.kind': 'yarn',
+        'model.position.rope.scaling.yarn.factor': 4.0,
+        'model.attention.softmax_scale': 0.25,
+      },
+      r'model.attention.softmax_scale=0.25: .*DeepseekV3ForCausalLM.* has 0.2499999',
+    ),
     ({'model.norm.final_norm': False}, r'model.norm.final_norm=False'),
     (
       {'model.attention.sliding_window': 5, 'model.attention.use_bias': True},

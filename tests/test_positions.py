@@ -270,6 +270,58 @@ def test_yarn_attention_factor_scales_cos_sin():
   )
 
 
+def test_yarn_with_its_own_attention_factor_keeps_its_frequencies():
+  d, theta, s, L = 64, 10000.0, 4.0, 64
+  spec = {'kind': 'yarn', 'factor': s, 'attention_factor': 1.03}
+  inv, attn = rope_inverse_frequencies(d, theta, spec, original_max_len=L)
+  np.testing.assert_allclose(inv, _np_yarn(d, theta, s, L)[0], rtol=1e-12)
+  assert attn == 1.03
+  cos, sin = rope_angles(jnp.arange(10)[None], d, theta, spec, original_max_len=L)
+  np.testing.assert_allclose(np.asarray(cos) ** 2 + np.asarray(sin) ** 2, 1.03**2, rtol=1e-5)
+
+
+def _np_mscale(s, m=1.0):
+  """DeepSeek-V2's yarn_get_mscale, written out: 0.1·m·ln(s) + 1, and 1 for s <= 1."""
+  return 0.1 * m * math.log(s) + 1.0 if s > 1 else 1.0
+
+
+@pytest.mark.parametrize(
+  'params,expected',
+  [
+    ({'mscale': 0.9, 'mscale_all_dim': 0.7}, _np_mscale(4.0, 0.9) / _np_mscale(4.0, 0.7)),
+    ({'mscale': 1.0, 'mscale_all_dim': 1.0}, 1.0),  # DeepSeek-V3's own: cos/sin unscaled
+    ({'mscale': 0.9}, None),  # one of them alone: transformers falls back to the paper's
+    ({'mscale_all_dim': 0.7}, None),
+    ({'attention_factor': 1.2, 'mscale': 0.9, 'mscale_all_dim': 0.7}, 1.2),  # given: it wins
+    ({}, None),
+  ],
+)
+def test_yarn_attention_factor_from_hugging_face_fields(params, expected):
+  from mllm.layers.rope import hf_attention_factor
+
+  got = hf_attention_factor(params, 4.0)
+  assert got == pytest.approx(expected, rel=1e-15) if expected is not None else got is None
+
+
+def test_deepseek_mscale_all_dim_gives_back_the_softmax_scale_it_made():
+  """Export writes the mscale_all_dim whose DeepSeek scale qk^(-1/2)·mscale(s, m)² is the
+  model's exactly (its shortest decimal where one does); a scale no float gives is an ulp off."""
+  from mllm.layers.rope import deepseek_mscale_all_dim, deepseek_softmax_scale
+
+  rng = np.random.default_rng(0)
+  for _ in range(2000):
+    qk, s = int(rng.choice([24, 96, 192])), float(rng.choice([2.0, 4.0, 40.0]))
+    m = float(rng.uniform(0.05, 3.0))
+    scale = deepseek_softmax_scale(qk, s, m)
+    np.testing.assert_allclose(scale, qk**-0.5 * _np_mscale(s, m) ** 2, rtol=1e-14)
+    back = deepseek_mscale_all_dim(scale, qk, s)
+    assert deepseek_softmax_scale(qk, s, back) == scale
+  assert deepseek_mscale_all_dim(deepseek_softmax_scale(192, 40.0, 0.77), 192, 40.0) == 0.77
+  assert deepseek_mscale_all_dim(24**-0.5, 24, 4.0) is None  # the plain scale: no mscale
+  nearest = deepseek_softmax_scale(24, 4.0, deepseek_mscale_all_dim(0.25, 24, 4.0))
+  assert nearest != 0.25 and abs(nearest - 0.25) <= np.spacing(0.25)  # no float m gives 0.25
+
+
 def _np_llama3(d, theta, factor, L, low, high):
   """HF transformers' `_compute_llama3_parameters`, element by element."""
   inv = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)

@@ -23,6 +23,7 @@ from mllm.interop.hf_quantized import check_quantization
 from mllm.layers.ffn import FFNS
 from mllm.layers.moe_hf import moe_keys_from_hf
 from mllm.layers.positions import RotaryPositions
+from mllm.layers.rope import deepseek_softmax_scale, hf_rope_params
 
 # model_type → the architecture transformers builds for it.
 ARCHITECTURES = {
@@ -232,7 +233,7 @@ def _deepseek_v3(hf: dict) -> dict[str, Any]:
   DeepSeekMoE after them (mllm/layers/moe_hf.py). Its config.json's `head_dim` is the rotated
   part's size (qk_rope_head_dim); mllm's head_dim is the part without position, qk_nope_head_dim.
   The multi-token-prediction layers (num_nextn_predict_layers) are not in transformers' model,
-  so not in its checkpoints either."""
+  so not in its checkpoints either. With RoPE scaled, `mscale_all_dim` scales the softmax too."""
   act = FFNS[LLAMA_FFN].hf_activations
   _refuse(hf, 'hidden_act', lambda v: v in act, f'{act[0]!r} (SwiGLU)')
   _refuse(hf, 'pretraining_tp', lambda v: v in (None, 1), '1')
@@ -259,6 +260,12 @@ def _deepseek_v3(hf: dict) -> dict[str, Any]:
   }
   out.update(RotaryPositions.keys_from_hf(hf))
   out['position.rope.layout'] = 'interleaved' if hf.get('rope_interleave', True) else 'half'
+  mscale_all_dim = hf_rope_params(hf).get('mscale_all_dim')
+  scaling = out.get('position.rope.scaling.kind')
+  if mscale_all_dim and scaling is not None:  # RoPE scaled: DeepSeek's softmax scale with it
+    factor = out[f'position.rope.scaling.{scaling}.factor']
+    qk_dim = hf['qk_nope_head_dim'] + hf['qk_rope_head_dim']
+    out['attention.softmax_scale'] = deepseek_softmax_scale(qk_dim, factor, mscale_all_dim)
   if hf.get('n_routed_experts') and hf.get('first_k_dense_replace', 0) < n_layers:
     out.update(moe_keys_from_hf(hf, 'deepseek_v3'))
   return out

@@ -27,6 +27,7 @@ from mllm.layers.moe_hf import moe_hf_fields, moe_math
 from mllm.layers.norms import NORMS
 from mllm.layers.parametrization import attention_scale, width_multiplier
 from mllm.layers.positions import POSITIONS, RotaryPositions
+from mllm.layers.rope import deepseek_mscale_all_dim
 from mllm.model import dense_ffn_kind
 
 # The model keys whose values `math_of` compares as they are (the rest it resolves first).
@@ -142,6 +143,25 @@ def _deepseek_v3_fields(m) -> dict[str, Any]:
   return out
 
 
+def _with_deepseek_mscale(m, out: dict[str, Any]) -> dict[str, Any]:
+  """`out` with the `mscale_all_dim` that gives DeepSeek-V3 the model's softmax scale where RoPE
+  is scaled (transformers' `yarn_apply_mscale`); any other scale is left for check_exact."""
+  scale, kind = m.attention.softmax_scale, m.position.rope.scaling.kind
+  if scale is None or out['rope_scaling'] is None:  # RoPE not scaled in transformers' terms
+    return out
+  qk_dim, _ = ATTENTIONS[m.attention.kind].head_dims(m)
+  factor = m.position.rope.scaling[kind].factor
+  mscale_all_dim = deepseek_mscale_all_dim(scale, qk_dim, factor)
+  if mscale_all_dim is None:
+    return out
+  field = {'mscale_all_dim': mscale_all_dim}
+  return {
+    **out,
+    'rope_parameters': {**out['rope_parameters'], **field},
+    'rope_scaling': {**out['rope_scaling'], **field},
+  }
+
+
 def _gpt_oss_fields(m) -> dict[str, Any]:
   """gpt-oss's window and `layer_types`, its attention biases and its experts."""
   full = [window is None for window in layer_windows(m)]
@@ -213,7 +233,7 @@ def hf_config(m, family: str, dtype: str) -> dict[str, Any]:
     return {**out, **_gpt_oss_fields(m)}
   if family == 'deepseek_v3':
     moe = moe_hf_fields(m, family) if moe_layers(m) else {}
-    return {**out, **_deepseek_v3_fields(m), **moe}
+    return {**_with_deepseek_mscale(m, out), **_deepseek_v3_fields(m), **moe}
   if family == 'stablelm':  # LayerNorm's eps (its own field) and the rotated fraction
     del out['rms_norm_eps']
     fraction = float(m.position.rope.fraction)

@@ -93,7 +93,8 @@ class NTKAware(NoScaling):
 @dataclasses.dataclass(frozen=True)
 class YaRN(NoScaling):
   """YaRN (Peng et al. 2023, eqs. 17-20): a per-frequency ramp between interpolation and
-  extrapolation (beta_fast = β, beta_slow = α) and the attention temperature 0.1·ln(s) + 1."""
+  extrapolation (beta_fast = β, beta_slow = α) and the attention temperature √(1/t) = 0.1·ln(s) + 1
+  on cos and sin (eq. 22), or another factor there (`attention_factor`: DeepSeek's mscale ratio)."""
 
   hf_type: ClassVar[str | None] = 'yarn'
   reads_original_len: ClassVar[bool] = True
@@ -106,15 +107,24 @@ class YaRN(NoScaling):
     "the ramp's ends rounded to whole dimensions (floor, ceil: YaRN's code); False: as computed "
     '(gpt-oss)',
   )
+  attention_factor: float | None = setting(
+    None,
+    "the factor on cos and sin; None: the paper's 0.1·ln(s) + 1 (DeepSeek's checkpoints set "
+    'mscale(s, mscale) / mscale(s, mscale_all_dim))',
+    positive,
+  )
 
   @classmethod
   def hf_value(cls, params, field, hf):
     """transformers reads an unset or 0 beta as its default, and an unset factor as
-    max_position_embeddings / original_max_position_embeddings."""
+    max_position_embeddings / original_max_position_embeddings; `attention_factor` as
+    transformers' `_compute_yarn_parameters` infers it."""
     if field == 'factor' and not params.get('factor'):
       return hf['max_position_embeddings'] / params['original_max_position_embeddings']
     if field == 'truncate':
       return params.get('truncate', True)
+    if field == 'attention_factor':
+      return hf_attention_factor(params, cls.hf_value(params, 'factor', hf))
     if field != 'factor' and not params.get(field):
       return {f.name: f.default for f in dataclasses.fields(cls)}[field]
     return super().hf_value(params, field, hf)
@@ -142,7 +152,63 @@ class YaRN(NoScaling):
     ramp = np.clip((np.arange(head_dim // 2) - low) / (high - low), 0.0, 1.0)
     extrapolate = 1.0 - ramp  # 1: keep the original frequency; 0: interpolate it by the factor
     inv_freq = inv_freq / self.factor * (1.0 - extrapolate) + inv_freq * extrapolate
-    return inv_freq, 0.1 * math.log(self.factor) + 1.0 if self.factor > 1 else 1.0
+    if self.attention_factor is not None:
+      return inv_freq, self.attention_factor
+    return inv_freq, yarn_mscale(self.factor)
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+  """YaRN's temperature √(1/t) = 0.1·ln(s) + 1 (eq. 22), with DeepSeek's multiplier `mscale` on
+  the log; 1 where nothing is extended."""
+  return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+
+def hf_attention_factor(params: Mapping[str, Any], factor: float) -> float | None:
+  """YaRN's factor on cos and sin as transformers infers it from `rope_parameters`: its
+  `attention_factor`, else mscale(s, mscale) / mscale(s, mscale_all_dim) where both are set
+  (DeepSeek-V2/V3), else the paper's (None)."""
+  if params.get('attention_factor') is not None:
+    return float(params['attention_factor'])
+  mscale, mscale_all_dim = params.get('mscale'), params.get('mscale_all_dim')
+  if mscale and mscale_all_dim:
+    return yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+  return None
+
+
+# DeepSeek-V2/V3 also scale the softmax by mscale(s, mscale_all_dim)² wherever RoPE is scaled
+# (transformers' `yarn_apply_mscale`): mllm's `attention.softmax_scale`, computed as they do.
+
+
+def deepseek_softmax_scale(qk_dim: int, factor: float, mscale_all_dim: float) -> float:
+  """DeepSeek's scores scale: qk_dim^(-1/2) · mscale(s, mscale_all_dim)², in transformers' order."""
+  mscale = yarn_mscale(factor, mscale_all_dim)
+  return qk_dim ** (-0.5) * mscale * mscale
+
+
+def deepseek_mscale_all_dim(scale: float, qk_dim: int, factor: float) -> float | None:
+  """The `mscale_all_dim` whose DeepSeek softmax scale is `scale`, exactly where a float is (the
+  formula's inverse misses by a few ulps, so it is found by bisection around it: the scale grows
+  with mscale_all_dim), else the nearest (its scale an ulp off: export's check refuses it); None
+  for the plain scale or no scaling."""
+  if factor <= 1 or scale <= 0:
+    return None
+  guess = ((scale * qk_dim**0.5) ** 0.5 - 1.0) / (0.1 * math.log(factor))
+  if guess == 0:  # the plain scale: DeepSeek reads 0 as no mscale
+    return None
+  for digits in range(1, 16):  # the shortest decimal that gives it (0.77, not 0.7700000000000006)
+    if deepseek_softmax_scale(qk_dim, factor, round(guess, digits)) == scale:
+      return round(guess, digits)
+  low, high = guess - abs(guess) * 1e-9, guess + abs(guess) * 1e-9
+  nearest = guess
+  for _ in range(100):
+    middle = (low + high) / 2
+    got = deepseek_softmax_scale(qk_dim, factor, middle)
+    if got == scale:
+      return middle
+    if abs(got - scale) < abs(deepseek_softmax_scale(qk_dim, factor, nearest) - scale):
+      nearest = middle
+    low, high = (middle, high) if got < scale else (low, middle)
+  return nearest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,7 +364,10 @@ def rope_frequencies_2d(
 
 
 def _typed(scaling: type[NoScaling], field: str, value):
-  """A scaling's field value as its settings declare it: a flag stays a bool, the rest floats."""
+  """A scaling's field value as its settings declare it: a flag stays a bool, an unset optional
+  one None, the rest floats."""
+  if value is None:
+    return None
   default = {f.name: f.default for f in dataclasses.fields(scaling)}[field]
   return bool(value) if isinstance(default, bool) else float(value)
 
@@ -308,15 +377,23 @@ def _declared(scaling: type[NoScaling]) -> list[str]:
   return [k.name for k in keys_of(scaling)]
 
 
-def rope_keys_from_hf(hf: dict, partial: bool = False) -> dict[str, Any]:
-  """Position keys from `rope_parameters` (transformers ≥ 5) or `rope_theta` + `rope_scaling`:
-  the scaling whose `hf_type` is the rope_type reads its own fields. `partial`: the family
-  rotates `partial_rotary_factor` of each head (StableLM, GPT-NeoX); elsewhere it is refused."""
+def hf_rope_params(hf: dict) -> dict[str, Any]:
+  """config.json's RoPE fields in transformers 5's shape (`rope_parameters`), whichever spelling
+  it uses (transformers 4's `rope_theta` + `rope_scaling`, whose kind may be called `type`)."""
   params = dict(hf.get('rope_parameters') or {})
   if not params:
     params = dict(hf.get('rope_scaling') or {})
     params.setdefault('rope_theta', hf.get('rope_theta', 10000.0))
-  kind = params.get('rope_type', params.get('type', 'default'))
+  params['rope_type'] = params.get('rope_type', params.get('type', 'default'))
+  return params
+
+
+def rope_keys_from_hf(hf: dict, partial: bool = False) -> dict[str, Any]:
+  """Position keys from `rope_parameters` (transformers ≥ 5) or `rope_theta` + `rope_scaling`:
+  the scaling whose `hf_type` is the rope_type reads its own fields. `partial`: the family
+  rotates `partial_rotary_factor` of each head (StableLM, GPT-NeoX); elsewhere it is refused."""
+  params = hf_rope_params(hf)
+  kind = params['rope_type']
   fraction = params.get('partial_rotary_factor', hf.get('partial_rotary_factor'))
   if fraction not in (None, 1, 1.0) and not partial:
     raise HFImportError(
@@ -335,8 +412,6 @@ def rope_keys_from_hf(hf: dict, partial: bool = False) -> dict[str, Any]:
   }
   if scaling is NoScaling:
     return out
-  if scaling is YaRN:
-    _refuse_yarn_fields(params)
   original = params.get('original_max_position_embeddings')
   if scaling.reads_original_len and original is None:
     if scaling is not YaRN:
@@ -353,16 +428,6 @@ def rope_keys_from_hf(hf: dict, partial: bool = False) -> dict[str, Any]:
   if scaling.reads_original_len:
     out['position.rope.original_max_len'] = int(original)
   return out
-
-
-def _refuse_yarn_fields(params: dict) -> None:
-  """What mllm's YaRN does not compute: another attention factor."""
-  for field in ('attention_factor', 'mscale', 'mscale_all_dim'):
-    if params.get(field) is not None:
-      raise HFImportError(
-        f"rope_parameters.{field}={params[field]!r}: mllm's YaRN has the "
-        "paper's attention factor 0.1·ln(s) + 1 only; allowed: unset"
-      )
 
 
 def _scaling_of(m) -> tuple[type[NoScaling], NoScaling]:
@@ -384,7 +449,8 @@ def rope_hf_fields(m) -> dict[str, Any]:
     'rope_theta': float(rope.theta),
   }
   if cls.hf_type is not None:
-    params.update({f: _typed(cls, f, getattr(scaling, f)) for f in _declared(cls)})
+    fields = {f: _typed(cls, f, getattr(scaling, f)) for f in _declared(cls)}
+    params.update({f: v for f, v in fields.items() if v is not None})  # unset: transformers' own
     if cls.reads_original_len:
       params['original_max_position_embeddings'] = int(rope.original_max_len or m.max_seq_len)
   # Both spellings: transformers ≥ 5 reads rope_parameters, earlier versions rope_theta and
