@@ -10,6 +10,7 @@ prompt), Qwen2 (q/k/v biases, tied), Qwen3 (QK-norm, head_dim ≠ d_model / head
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 
@@ -381,6 +382,85 @@ def test_unsupported_deepseek_v3_fields_are_refused(tmp_path, edit, message):
   with pytest.raises(hf.HFImportError, match=message) as err:
     hf.from_hf(write_copy(tmp_path, 'deepseek-v3', edit_config=edit))
   assert '\n' not in str(err.value)
+
+
+# deepseek-ai/DeepSeek-V3's config.json as the hub publishes it (transformers 4's spelling).
+DEEPSEEK_V3_HUB = {
+  'architectures': ['DeepseekV3ForCausalLM'],
+  'attention_bias': False,
+  'attention_dropout': 0.0,
+  'aux_loss_alpha': 0.001,
+  'bos_token_id': 0,
+  'eos_token_id': 1,
+  'ep_size': 1,
+  'first_k_dense_replace': 3,
+  'hidden_act': 'silu',
+  'hidden_size': 7168,
+  'initializer_range': 0.02,
+  'intermediate_size': 18432,
+  'kv_lora_rank': 512,
+  'max_position_embeddings': 163840,
+  'model_type': 'deepseek_v3',
+  'moe_intermediate_size': 2048,
+  'moe_layer_freq': 1,
+  'n_group': 8,
+  'n_routed_experts': 256,
+  'n_shared_experts': 1,
+  'norm_topk_prob': True,
+  'num_attention_heads': 128,
+  'num_experts_per_tok': 8,
+  'num_hidden_layers': 61,
+  'num_key_value_heads': 128,
+  'num_nextn_predict_layers': 1,
+  'q_lora_rank': 1536,
+  'qk_nope_head_dim': 128,
+  'qk_rope_head_dim': 64,
+  'quantization_config': {
+    'activation_scheme': 'dynamic',
+    'fmt': 'e4m3',
+    'quant_method': 'fp8',
+    'weight_block_size': [128, 128],
+  },
+  'rms_norm_eps': 1e-06,
+  'rope_scaling': {
+    'beta_fast': 32,
+    'beta_slow': 1,
+    'factor': 40,
+    'mscale': 1.0,
+    'mscale_all_dim': 1.0,
+    'original_max_position_embeddings': 4096,
+    'type': 'yarn',
+  },
+  'rope_theta': 10000,
+  'routed_scaling_factor': 2.5,
+  'scoring_func': 'sigmoid',
+  'seq_aux': True,
+  'tie_word_embeddings': False,
+  'topk_group': 4,
+  'topk_method': 'noaux_tc',
+  'torch_dtype': 'bfloat16',
+  'transformers_version': '4.33.1',
+  'use_cache': True,
+  'v_head_dim': 128,
+  'vocab_size': 129280,
+}
+
+
+def test_the_hubs_deepseek_v3_config_is_the_papers_model():
+  """The full-size config imports (its FP8 and YaRN included) to the model of the DeepSeek-V3
+  report (arXiv 2412.19437): 671 B parameters, 37 B active per token; YaRN's factors as
+  transformers computes them: cos/sin × 1 (mscale = mscale_all_dim), scores × 192^(-1/2) ·
+  (0.1·ln 40 + 1)²."""
+  from mllm.accounting import count_params
+  from mllm.config import load_config
+
+  keys = hf.config_overrides(DEEPSEEK_V3_HUB)
+  assert keys['model.position.rope.scaling.yarn.attention_factor'] == 1.0
+  expected = 192**-0.5 * (0.1 * math.log(40.0) + 1.0) ** 2
+  assert keys['model.attention.softmax_scale'] == pytest.approx(expected, rel=1e-15)
+  counts = count_params(load_config(hf.base_config_path(), keys).model)
+  assert counts.total / 1e9 == pytest.approx(671, abs=0.5)
+  assert counts.active / 1e9 == pytest.approx(37, abs=0.6)
 
 
 def test_missing_and_extra_weights_are_refused(tmp_path):
