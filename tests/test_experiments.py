@@ -461,6 +461,13 @@ def test_suites_load_and_resolve_every_preset():
     for preset in suite.presets:
       for variant in suite.variants:
         resolve(suite, variant, preset, 0)  # validates; raises on a bad override
+    # A preset's FFN (_presets.CPU_FFN) would override a row's own choice of FFN, silently.
+    if 'model.ffn.kind' in suite.presets.get('cpu', {}):
+      for variant in suite.variants:
+        chosen = 'ffn=' in variant.choices or any(
+          k.startswith('model.ffn') for k in variant.overrides
+        )
+        assert not chosen, (name, variant.name)
   ffn = load_suite('ffn')
   moe = resolve(ffn, ffn.variants[-1], 'cpu', 0)
   dense = resolve(

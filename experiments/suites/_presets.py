@@ -48,3 +48,13 @@ GPU = {
 }
 
 PRESETS = {'tiny': TINY, 'cpu': CPU, 'gpu': GPU}
+
+# The cpu preset's FFN for the tables first run after `ffn_4m` (the headline `positions_4m` and the
+# suites of the 2024-26 choices): GELU, the best row of both FFN tables at this size under the
+# preset's fan_in init (which `init_gelu` chose for a GELU model): `ffn` at 1 M tokens, GELU −0.042
+# against ReLU and SwiGLU +0.006; `ffn_4m` at 4 M tokens (10 seeds), GELU −0.035 [−0.062, −0.009]
+# and SwiGLU +0.156. The tables committed before keep configs/base.py's SwiGLU (a run's identity
+# is its whole config). Not for a suite whose rows choose the FFN: a preset's dotted key overrides
+# a row's choice (tests/test_experiments.py checks that no such suite takes it).
+CPU_FFN = {'model.ffn.kind': 'gelu'}
+PRESETS_CPU_GELU = {**PRESETS, 'cpu': {**CPU, **CPU_FFN}}

@@ -10,7 +10,7 @@ parameters against MHA's 791,680 (+0.5%), and cache 1,152 bytes per token agains
 the claim tested is parity). Defined and planned; not run yet."""
 
 from experiments.suite import Suite, Variant
-from experiments.suites._presets import PRESETS
+from experiments.suites._presets import PRESETS_CPU_GELU
 
 SUITE = Suite(
   name='attention_2024',
@@ -29,7 +29,7 @@ SUITE = Suite(
     Variant('sinks', overrides={'model.attention.sinks': True}, expect='same'),
     Variant('mla', overrides={'model.attention.kind': 'mla'}, expect='same'),
   ),
-  presets=PRESETS,
+  presets=PRESETS_CPU_GELU,
   extra_metrics='decode',  # each row's decode tokens/s and KV-cache bytes per token
   paper_source='Qiu et al. 2025 (gated attention: lower loss); Zhou et al. 2024 (ResFormer: lower '
   'loss; modded-nanogpt −0.012 at 124M); gpt-oss / Xiao et al. 2024 (sinks: no loss change); '

@@ -5,7 +5,7 @@ prediction hurts small models and helps large ones: expected worse at this size.
 planned; not run yet."""
 
 from experiments.suite import Suite, Variant
-from experiments.suites._presets import PRESETS
+from experiments.suites._presets import PRESETS_CPU_GELU
 
 SUITE = Suite(
   name='mtp',
@@ -16,7 +16,7 @@ SUITE = Suite(
     Variant('next_token'),
     Variant('mtp', overrides={'model.multi_token_prediction': True}, expect='worse'),
   ),
-  presets=PRESETS,
+  presets=PRESETS_CPU_GELU,
   extra_metrics='decode',  # each row's decode tokens/s and KV-cache bytes per token
   paper_source='Gloeckle et al. 2024 (multi-token prediction hurts small models, helps large ones); '
   'DeepSeek-V3 (one depth, weight 0.3 then 0.1)',

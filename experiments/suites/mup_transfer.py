@@ -8,7 +8,7 @@ The table's lr column holds each row's best rate; each µP row is compared with 
 of its width."""
 
 from experiments.suite import Suite, Variant
-from experiments.suites._presets import PRESETS
+from experiments.suites._presets import PRESETS_CPU_GELU
 
 WIDTHS = (64, 128, 256, 512)
 BASE_WIDTH = 128
@@ -33,7 +33,8 @@ SUITE = Suite(
   base='configs/base.py',
   variants=tuple(_variants()),
   presets={
-    name: {**preset, **SHORT} if name == 'cpu' else preset for name, preset in PRESETS.items()
+    name: {**preset, **SHORT} if name == 'cpu' else preset
+    for name, preset in PRESETS_CPU_GELU.items()
   },
   lr_transfer={kind: {f'{kind}-d{d}': d for d in WIDTHS} for kind in ('standard', 'mup')},
   paper_source='Yang et al. 2022 (Tensor Programs V), Fig. 1: under µP the best rate is flat '

@@ -6,7 +6,7 @@ spikes). At the configured rate: no difference expected; at 4x, both ahead of Pr
 Defined and planned; not run yet."""
 
 from experiments.suite import Suite, Variant
-from experiments.suites._presets import PRESETS
+from experiments.suites._presets import PRESETS_CPU_GELU
 
 
 def _times(factor: float):
@@ -40,7 +40,7 @@ SUITE = Suite(
       versus='pre-4x',
     ),
   ),
-  presets=PRESETS,
+  presets=PRESETS_CPU_GELU,
   extra_metrics='layer_grad_norms+decode',  # and each row's decode tokens/s, KV bytes/token
   paper_source='Kim et al. 2025 (Peri-LN: stable at high rates); Team OLMo 2025 (OLMo 2: fewer '
   'spikes); Gemma 2 (Team et al. 2024)',

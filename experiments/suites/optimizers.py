@@ -7,7 +7,7 @@ val loss in about 5 B tokens, Muon in 3.25 B (~1.5x fewer); Moonshot reports ~2x
 efficiency at scale."""
 
 from experiments.suite import Suite, Variant
-from experiments.suites._presets import PRESETS
+from experiments.suites._presets import PRESETS_CPU_GELU
 
 # Evaluations along the way (the speed-up reads them), over the first 512 validation windows.
 EVALS = {'train.eval_every': 50}
@@ -20,7 +20,7 @@ SUITE = Suite(
     Variant('adamw', 'opt=adamw', EVALS),
     Variant('muon', 'opt=muon', EVALS, expect='better'),
   ),
-  presets=PRESETS,
+  presets=PRESETS_CPU_GELU,
   tokens_to_baseline=True,
   paper_source='modded-nanogpt records (124M: ~1.5x fewer tokens than tuned AdamW to 3.28); '
   'Liu et al. 2025 (Muon is Scalable: ~2x compute efficiency)',

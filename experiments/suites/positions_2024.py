@@ -5,7 +5,7 @@ each evaluated at the training context and, without training, at 4x it (NoPE lay
 length extrapolation). Defined and planned; not run yet."""
 
 from experiments.suite import Suite, Variant
-from experiments.suites._presets import PRESETS
+from experiments.suites._presets import PRESETS_CPU_GELU
 
 LONGER = 4  # evaluated at 4 × the training context
 
@@ -50,7 +50,7 @@ SUITE = Suite(
     *_variant('partial_1_2', {'model.position.rope.fraction': 0.5}, 'same'),
     *_variant('nope_every_4', {'model.position.rope.nope_every': 4}, 'same'),
   ),
-  presets=PRESETS,
+  presets=PRESETS_CPU_GELU,
   extra_metrics='decode',  # each row's decode tokens/s and KV-cache bytes per token
   paper_source='Barbero et al. 2024 (p-RoPE: partial rotation at parity or better); Llama 4 / '
   'SmolLM3 (NoPE layers for length generalisation)',

@@ -5,15 +5,19 @@ seeds (`python -m experiments plan positions --noise_from positions_tokens --ste
 seeds resolve 0.03 nats with `positions_tokens`' noise, σ 0.0221). No extrapolation measure: the
 question is the training length (`positions` keeps it). About 31 CPU run-hours on 2 cores; it
 runs over several sessions, resuming. Every evaluation reads the whole validation split
-(`train.eval_batches` 0), so no run of `positions_tokens` (512 windows) is reused."""
+(`train.eval_batches` 0), so no run of `positions_tokens` (512 windows) is reused. Its FFN is the
+cpu preset's since `ffn_4m` (GELU, _presets.CPU_FFN), not `positions`' SwiGLU: the diagnoses it
+carries over read `positions_tokens`' SwiGLU runs."""
 
 from experiments.suites import positions
 from experiments.suites._longer import headline_copy
+from experiments.suites._presets import CPU_FFN
 
 SUITE = headline_copy(
   positions.SUITE,
   name='positions_4m',
   description='position schemes at the training context over 4 M tokens (the headline table)',
   seeds=14,
+  overrides=CPU_FFN,
   diagnoses=dict(positions.SUITE.diagnoses),
 )

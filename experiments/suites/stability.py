@@ -10,7 +10,7 @@ negative, z-loss 1e-4 removes it); at each row's own best rate the losses are cl
 output)."""
 
 from experiments.suite import Suite, Variant
-from experiments.suites._presets import PRESETS
+from experiments.suites._presets import PRESETS_CPU_GELU
 from experiments.tuning import LrGrid
 
 # The sweep's centre: every row's configured rate, so all share one grid (1e-3 ... 1e-1).
@@ -40,7 +40,7 @@ SUITE = Suite(
     ),
   ),
   lr_grid=LrGrid(points=7, ratio=10 ** (1 / 3), max_widen=0),
-  presets=PRESETS,
+  presets=PRESETS_CPU_GELU,
   stability=True,
   stability_claims={
     'qk_norm': ('lr_sensitivity', 'max_attention_logit'),  # Fig. 1 and 2
