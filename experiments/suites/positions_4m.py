@@ -6,9 +6,10 @@ seeds resolve 0.03 nats with `positions_tokens`' noise, σ 0.0221). No extrapola
 question is the training length (`positions` keeps it). About 31 CPU run-hours on 2 cores; it
 runs over several sessions, resuming. Every evaluation reads the whole validation split
 (`train.eval_batches` 0), so no run of `positions_tokens` (512 windows) is reused. Its FFN is the
-cpu preset's since `ffn_4m` (GELU, _presets.CPU_FFN), not `positions`' SwiGLU: the diagnoses it
-carries over read `positions_tokens`' SwiGLU runs."""
+cpu preset's since `ffn_4m` (GELU, _presets.CPU_FFN), not `positions`' SwiGLU, so its token-budget
+diagnoses read its own curves (14 seeds, evaluated every 250 steps), not `positions_tokens`'."""
 
+from experiments import diagnosis
 from experiments.suites import positions
 from experiments.suites._longer import headline_copy
 from experiments.suites._presets import CPU_FFN
@@ -19,5 +20,8 @@ SUITE = headline_copy(
   description='position schemes at the training context over 4 M tokens (the headline table)',
   seeds=14,
   overrides=CPU_FFN,
-  diagnoses=dict(positions.SUITE.diagnoses),
+  diagnoses={
+    kind: diagnosis.token_budget('positions_4m', baseline='rope')
+    for kind in positions.SUITE.diagnoses
+  },
 )
