@@ -196,17 +196,18 @@ def deepseek_mscale_all_dim(scale: float, qk_dim: int, factor: float) -> float |
   if guess == 0:  # the plain scale: DeepSeek reads 0 as no mscale
     return None
   for digits in range(1, 16):  # the shortest decimal that gives it (0.77, not 0.7700000000000006)
-    if deepseek_softmax_scale(qk_dim, factor, round(guess, digits)) == scale:
-      return round(guess, digits)
+    short = round(guess, digits)
+    if deepseek_softmax_scale(qk_dim, factor, short) == scale:
+      return short
   low, high = guess - abs(guess) * 1e-9, guess + abs(guess) * 1e-9
-  nearest = guess
+  nearest, miss = guess, abs(deepseek_softmax_scale(qk_dim, factor, guess) - scale)
   for _ in range(100):
     middle = (low + high) / 2
     got = deepseek_softmax_scale(qk_dim, factor, middle)
     if got == scale:
       return middle
-    if abs(got - scale) < abs(deepseek_softmax_scale(qk_dim, factor, nearest) - scale):
-      nearest = middle
+    if abs(got - scale) < miss:
+      nearest, miss = middle, abs(got - scale)
     low, high = (middle, high) if got < scale else (low, middle)
   return nearest
 
