@@ -5,7 +5,11 @@ A run's numbers depend on mllm's code (and the kernels'), on jax and its librari
 device. `code` is a digest of the Python sources that compute them, read as syntax trees without
 docstrings, so editing a comment or a docstring keeps it and any change to what runs does not.
 The git commit and a dirty flag say where to find that code; they are not compared (a commit that
-touches only docs or experiments/ leaves the numbers alone).
+touches only docs or experiments/ leaves the numbers alone). Nor is the host's CPU (`host`): on the
+CPU backend its vector units choose XLA's kernels, so two CPUs sum in different orders and a run
+drifts from its twin by float rounding (measured 2026-11-30, bf16 cpu preset, AVX-512 against
+AVX2: 3e-5 in the train loss at step 10, 1e-3 by step 100), a perturbation like a new draw of
+noise, not a different computation; it is recorded so a report can say where its runs ran.
 """
 
 from __future__ import annotations
@@ -25,6 +29,47 @@ PACKAGES = ('jax', 'jaxlib', 'flax', 'optax')
 # Python version counts: the built-in corpus is its standard library, so another Python trains
 # and evaluates on other text (Python 3.11's stdlib: 1,727 training documents; 3.13's: 1,678).
 COMPARED = ('code', 'python', *PACKAGES, 'device')
+# The CPU features that decide which kernels XLA:CPU (and its matmul libraries) run: the vector
+# width and the bf16 / int8 dot instructions (x86 /proc/cpuinfo `flags`, Arm `Features`).
+CPU_FEATURES = (
+  'avx2', 'fma', 'avx512f', 'avx512_vnni', 'avx512_bf16', 'amx_bf16', 'amx_int8',
+  'asimd', 'asimddp', 'bf16', 'i8mm', 'sve', 'sve2', 'sme',
+)  # fmt: skip
+
+
+def _cpuinfo() -> dict[str, str]:
+  """/proc/cpuinfo's first processor as {field: value} (Linux); {} elsewhere."""
+  fields = {}
+  try:
+    with open('/proc/cpuinfo') as f:
+      for line in f:
+        if not line.strip():
+          break
+        name, _, value = line.partition(':')
+        fields[name.strip()] = value.strip()
+  except OSError:
+    pass
+  return fields
+
+
+def cpu_model(info: dict[str, str] | None = None) -> str:
+  """The CPU's model name from /proc/cpuinfo (Linux), else what `platform` knows."""
+  info = _cpuinfo() if info is None else info
+  return info.get('model name') or platform.processor() or platform.machine()
+
+
+def cpu_features(info: dict[str, str] | None = None) -> list[str]:
+  """Which of CPU_FEATURES the CPU has, in CPU_FEATURES' order."""
+  info = _cpuinfo() if info is None else info
+  have = set((info.get('flags') or info.get('Features') or '').split())
+  return [f for f in CPU_FEATURES if f in have]
+
+
+def host(info: dict[str, str] | None = None) -> str:
+  """'AMD EPYC, 2 cores: avx2 fma': the CPU that ran a run, its cores and CPU_FEATURES."""
+  info = _cpuinfo() if info is None else info
+  features = ' '.join(cpu_features(info)) or 'none of ' + '/'.join(CPU_FEATURES[:3])
+  return f'{cpu_model(info)}, {os.cpu_count()} cores: {features}'
 
 
 def _without_docstrings(tree: ast.AST) -> ast.AST:
@@ -78,6 +123,7 @@ def _static() -> dict:
     'commit': commit,
     'dirty': None if commit is None or dirty is None else bool(dirty),
     'python': platform.python_version(),
+    'host': host(),
   }
   for package in PACKAGES:
     try:
@@ -88,8 +134,8 @@ def _static() -> dict:
 
 
 def current() -> dict:
-  """This process's provenance: the code digest, commit and dirty flag, package versions, and
-  the kind of the first device (e.g. 'cpu', 'NVIDIA H100 80GB HBM3')."""
+  """This process's provenance: the code digest, commit and dirty flag, package versions, the
+  host's CPU (`host`), and the kind of the first device (e.g. 'cpu', 'NVIDIA H100 80GB HBM3')."""
   import jax
 
   device = jax.devices()[0]
@@ -117,6 +163,16 @@ def label(record: dict | None) -> str:
   names = (('Python', 'python'), ('jax', 'jax'), ('flax', 'flax'), ('optax', 'optax'))
   packages = ', '.join(f'{name} {record[k]}' for name, k in names if record.get(k))
   return f"code {record['code']}{where}, {packages} on {record.get('device')}"
+
+
+def by_host(runs: list[dict]) -> dict[str, int]:
+  """How many runs ran on each host (`host`), most first; runs recorded before hosts were:
+  'not recorded'."""
+  counts = {}
+  for run in runs:
+    name = (run.get('provenance') or {}).get('host') or 'not recorded'
+    counts[name] = counts.get(name, 0) + 1
+  return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def key(record: dict | None) -> tuple:

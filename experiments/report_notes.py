@@ -276,6 +276,18 @@ def provenance_lines(results: dict) -> list[str]:
   ]
   if results.get('reused_other_code'):
     lines[0] += ' This table was continued with --reuse_other_code.'
+  hosts = provenance.by_host(results['runs'])
+  if set(hosts) != {'not recorded'}:
+    lines[0] += (
+      (
+        ' Hosts (not part of a run\'s identity: another CPU sums in another order, a perturbation '
+        'like a new draw of noise): '
+        if len(hosts) > 1
+        else ' Host: '
+      )
+      + '; '.join(f'{n} runs on {name}' for name, n in hosts.items())
+      + '.'
+    )
   # The latest check of each pair of versions (experiments/reproduce.py).
   checked = {
     frozenset((provenance.key(c['from']), provenance.key(c['under']))): c

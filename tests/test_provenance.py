@@ -43,12 +43,69 @@ def test_a_record_names_the_code_packages_and_device():
   assert not provenance.same_computation(here, {**here, 'jax': '0.0.1'})
   assert not provenance.same_computation(here, {**here, 'code': 'something else'})
   assert provenance.same_computation(here, {**here, 'commit': 'elsewhere', 'dirty': True})
+  assert here['host'] == provenance.host()
+  assert provenance.same_computation(
+    here, {**here, 'host': 'another CPU'}
+  )  # recorded, not compared
   assert not provenance.same_computation(here, {**here, 'python': '3.0'})  # another corpus
   assert not provenance.same_computation({'ledger_commit': 'abc'}, here)  # not recorded
   assert provenance.label(here).startswith(f"code {here['code']}")
   assert provenance.label({'ledger_commit': '616e4cf4'}) == (
     'not recorded (finished by commit 616e4cf4)'
   )
+
+
+def test_the_host_names_the_cpu_its_cores_and_the_features_that_pick_xlas_kernels():
+  # /proc/cpuinfo's first processor on an x86 host (AVX-512 with bf16 dots) and on an Arm one.
+  x86 = {
+    'model name': 'AMD EPYC 9R14',
+    'flags': 'fpu sse2 avx fma avx2 avx512f avx512dq avx512_bf16 avx512_vnni sha_ni',
+  }
+  arm = {'CPU implementer': '0x41', 'Features': 'fp asimd aes crc32 asimddp sve i8mm bf16'}
+  cores = os.cpu_count()
+  assert (
+    provenance.host(x86)
+    == f'AMD EPYC 9R14, {cores} cores: avx2 fma avx512f avx512_vnni avx512_bf16'
+  )
+  assert provenance.host(arm).endswith(f', {cores} cores: asimd asimddp bf16 i8mm sve')
+  assert provenance.host({'model name': 'Old', 'flags': 'sse2'}).endswith(
+    'none of avx2/fma/avx512f'
+  )
+  # This machine's, read by another path: grep's view of /proc/cpuinfo.
+  if os.path.exists('/proc/cpuinfo'):
+    with open('/proc/cpuinfo') as f:
+      flags = next(
+        (line.split(':', 1)[1].split() for line in f if line.startswith(('flags', 'Features'))), []
+      )
+    assert provenance.cpu_features() == [c for c in provenance.CPU_FEATURES if c in flags]
+
+
+def test_a_report_names_the_hosts_its_runs_ran_on():
+  from experiments import report_notes
+
+  here = provenance.current()
+  runs = [
+    {'variant': 'a', 'seed': s, 'provenance': {**here, 'host': h}}
+    for s, h in enumerate(['X, 2 cores: avx2', 'X, 2 cores: avx2', 'Y, 2 cores: avx512f'])
+  ]
+  line = report_notes.provenance_lines({'runs': runs})[0]
+  assert line.startswith('Provenance: 3 runs: code')  # one computation: hosts do not split it
+  assert line.endswith(
+    'Hosts (not part of a run\'s identity: another CPU sums in another order, '
+    'a perturbation like a new draw of noise): 2 runs on X, 2 cores: avx2; '
+    '1 runs on Y, 2 cores: avx512f.'
+  )
+  one = report_notes.provenance_lines({'runs': runs[:2]})[0]
+  assert one.endswith(' Host: 2 runs on X, 2 cores: avx2.')
+  # Runs recorded before hosts were say nothing of a host (committed reports stay as they were).
+  older = [
+    {**r, 'provenance': {k: v for k, v in r['provenance'].items() if k != 'host'}} for r in runs
+  ]
+  assert 'Host' not in report_notes.provenance_lines({'runs': older})[0]
+  mixed = report_notes.provenance_lines({'runs': [*older[:1], *runs[2:]]})[0]
+  assert mixed.endswith(
+    '1 runs on not recorded; 1 runs on Y, 2 cores: avx512f.'
+  )  # ties: first seen
 
 
 def _other_code(out: str, suite: str) -> None:
