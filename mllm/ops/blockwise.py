@@ -246,7 +246,14 @@ def _online_softmax_step(carry, s, ok, v_BKbH, dropout=None):
   the probabilities that reached acc, and the factor exp(m − m') that rescaled it.
   """
   m, l, acc = carry
-  m_new = jnp.maximum(m, s.max(-1))
+  # m only keeps exp finite: acc / l does not depend on it, so where autodiff differentiates this
+  # (a dense or relative-index bias) its gradient, which cancels, is not taken. Taking it also
+  # broke: the max's gradient is sum(t · [s == max]) / count, and with a soft cap at XLA:CPU's
+  # --xla_backend_optimization_level=0 (make test's) every row's count was 0 (measured
+  # 2026-11-30): the max and the comparison read s computed twice, differently, so 0 / 0.
+  # A sink's gradient still flows: it is the first m (`_initial_carry`), and this step's
+  # exp(m − m_new) carries it into l.
+  m_new = lax.stop_gradient(jnp.maximum(m, s.max(-1)))
   p = jnp.where(ok, jnp.exp(s - m_new[..., None]), 0.0)
   correction = jnp.exp(m - m_new)
   l = l * correction + p.sum(-1)
@@ -415,14 +422,6 @@ def _learned(
       extra = _needed(i, j, aux, lay)
       if extra is not None:
         needed &= extra
-      if lay.softcap is not None:
-        # Every block computed, the skipped ones' results dropped: autodiff of a soft cap inside
-        # this lax.cond gave NaN gradients on XLA:CPU at --xla_backend_optimization_level=0
-        # (make test's; measured 2026-11-29, fine at the default level), the rest unchanged.
-        # Narrowed, not explained: the cap's inputs are finite (|x| < 4 in the test); the NaN
-        # stays without the remat, with tanh's slope taken from x, and with tanh written
-        # through exp, and goes with x / (1 + |x| / cap): as if the backward met huge x.
-        return jax.tree.map(lambda new, old: jnp.where(needed, new, old), step(carry), carry), None
       return lax.cond(needed, step, lambda c: c, carry), None
 
     m, l, acc = _initial_carry(q, sinks_KG)
