@@ -1,5 +1,6 @@
 """Plan a suite before it trains: per row, the smallest Δ it could see at its current seeds, the
-seeds it needs to see a target Δ, and what those runs cost on this machine.
+seeds it needs to see a target Δ, and what those runs cost at the pace they were timed, on the
+hosts named (experiments/provenance.py's `host`).
 
     python -m experiments plan SUITE [--detect 0.03] [--noise_from SUITE] [--steps N] [--out DIR]
 
@@ -21,7 +22,7 @@ import os
 import statistics
 import sys
 
-from experiments import stats, verdicts
+from experiments import provenance, stats, verdicts
 from experiments.suite import Suite, load_suite
 
 
@@ -33,12 +34,12 @@ def _results(out: str, name: str) -> dict | None:
     return json.load(f)
 
 
+def _timed(results: dict | None) -> list[dict]:
+  return [r for r in (results or {}).get('runs', []) if r.get('wall_s') and r.get('steps')]
+
+
 def _seconds_per_step(results: dict | None) -> float | None:
-  timed = [
-    r['wall_s'] / r['steps']
-    for r in (results or {}).get('runs', [])
-    if r.get('wall_s') and r.get('steps')
-  ]
+  timed = [r['wall_s'] / r['steps'] for r in _timed(results)]
   return statistics.mean(timed) if timed else None
 
 
@@ -71,6 +72,7 @@ def plan(suite: Suite, *, detect: float, out: str, noise_from: str = '', steps: 
   m = sum(1 for v in suite.variants if v is not suite.reference(v))
   run_steps = [r['steps'] for r in (own or noisy)['runs'] if r.get('steps')]
   steps = steps or (int(statistics.median(run_steps)) if run_steps else None)
+  timed = _timed(own) or _timed(noisy)
   per_step = _seconds_per_step(own) or _seconds_per_step(noisy)
   seeds_now = (own or {}).get('seeds') or suite.seeds
   rows = []
@@ -112,6 +114,9 @@ def plan(suite: Suite, *, detect: float, out: str, noise_from: str = '', steps: 
     'need': need,
     'tuning_runs': tuning,
     'run_hours': run_hours,
+    # Where the runs it prices from were timed: another CPU (or sharing) changes every hour.
+    'timed_on': provenance.by_host(timed),
+    'this_host': provenance.host(),
     'rows': rows,
   }
 
@@ -142,8 +147,25 @@ def text(p: dict, detect: float) -> str:
     lines.append(
       f"Cost at {p['need']} seeds: {len(p['rows']) * p['need']} table runs"
       + (f" and {p['tuning_runs']} tuning runs" if p['tuning_runs'] else '')
-      + f", {p['run_hours']:.1f} CPU run-hours on this machine (about {p['run_hours'] / 2:.1f} "
-      'hours with --jobs=2); runs already finished at the same settings count against it.'
+      + f", {p['run_hours']:.1f} run-hours at the pace its runs were timed (about "
+      f"{p['run_hours'] / 2:.1f} hours with --jobs=2 where they ran two at once); runs already "
+      'finished at the same settings count against it.'
+    )
+    hosts = p['timed_on']
+    cells = [
+      f'{n} runs on ' + ('a host not recorded' if h == 'not recorded' else h)
+      for h, n in hosts.items()
+    ]
+    lines.append(
+      'Timed on: '
+      + '; '.join(cells)
+      + '.'
+      + (
+        ''
+        if set(hosts) == {p['this_host']}
+        else f" This machine is {p['this_host']}: its hours may differ (an AVX2-only 2-core EPYC "
+        'stepped the cpu preset 2x slower than an AVX-512 one, 2026-11-30).'
+      )
     )
   return '\n'.join(lines) + '\n'
 

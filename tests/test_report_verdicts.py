@@ -16,7 +16,7 @@ import pytest
 from conftest import hand_made_results
 from scipy import stats as sps
 
-from experiments import diagnosis, overview, report, report_notes, stats, verdicts
+from experiments import diagnosis, overview, provenance, report, report_notes, stats, verdicts
 from experiments.diagnosis import Diagnosis, Evidence, Finding
 from experiments.suite import Suite, Variant
 from experiments.suites._presets import PRESETS
@@ -475,7 +475,21 @@ def test_the_plan_sees_what_the_report_sees_and_names_the_seeds_for_a_target(cap
 
   assert power(n) >= 0.8 > power(n - 1)
   assert main(['plan', 'ffn', '--detect', '0.03']) == 0
-  assert f'| gelu | pooled | {found["sigma"]:.4f} |' in capsys.readouterr().out
+  printed = capsys.readouterr().out
+  assert f'| gelu | pooled | {found["sigma"]:.4f} |' in printed
+  # The hours are the timed runs' pace: the plan names where they ran (ffn's runs predate hosts).
+  with open(os.path.join(out, 'ffn', 'results.json')) as f:
+    timed = sum(1 for r in json.load(f)['runs'] if r.get('wall_s') and r.get('steps'))
+  assert found['timed_on'] == {'not recorded': timed} and found['this_host'] == provenance.host()
+  assert f'Timed on: {timed} runs on a host not recorded. This machine is ' in printed
+  here = plan.text({**found, 'timed_on': {provenance.host(): 3}}, 0.03)
+  assert f'Timed on: 3 runs on {provenance.host()}.\n' in here and 'may differ' not in here
+  there = plan.text(
+    {**found, 'timed_on': {'Other CPU, 8 cores: avx2': 2, provenance.host(): 1}}, 0.03
+  )
+  assert (
+    'Timed on: 2 runs on Other CPU, 8 cores: avx2; 1 runs on ' in there and 'may differ' in there
+  )
   assert main(['plan', 'ffn', '--detect', '0']) == 2
   assert capsys.readouterr().err == 'error: --detect=0.0; allowed: a positive number of nats\n'
   assert main(['plan', 'ffn', '--noise_from', 'nope']) == 2
