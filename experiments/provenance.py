@@ -68,7 +68,10 @@ def cpu_features(info: dict[str, str] | None = None) -> list[str]:
 def host(info: dict[str, str] | None = None) -> str:
   """'AMD EPYC, 2 cores: avx2 fma': the CPU that ran a run, its cores and CPU_FEATURES."""
   info = _cpuinfo() if info is None else info
-  features = ' '.join(cpu_features(info)) or 'none of ' + '/'.join(CPU_FEATURES[:3])
+  listed = 'flags' in info or 'Features' in info
+  features = ' '.join(cpu_features(info)) or (
+    'none of ' + '/'.join(CPU_FEATURES[:3]) if listed else 'features not listed'
+  )
   return f'{cpu_model(info)}, {os.cpu_count()} cores: {features}'
 
 

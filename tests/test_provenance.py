@@ -71,6 +71,7 @@ def test_the_host_names_the_cpu_its_cores_and_the_features_that_pick_xlas_kernel
   assert provenance.host({'model name': 'Old', 'flags': 'sse2'}).endswith(
     'none of avx2/fma/avx512f'
   )
+  assert provenance.host({'model name': 'M', 'other': 'x'}).endswith('cores: features not listed')
   # This machine's, read by another path: grep's view of /proc/cpuinfo.
   if os.path.exists('/proc/cpuinfo'):
     with open('/proc/cpuinfo') as f:
