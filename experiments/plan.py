@@ -163,8 +163,8 @@ def text(p: dict, detect: float) -> str:
       + (
         ''
         if set(hosts) == {p['this_host']}
-        else f" This machine is {p['this_host']}: its hours may differ (an AVX2-only 2-core EPYC "
-        'stepped the cpu preset 2x slower than an AVX-512 one, 2026-11-30).'
+        else f" This machine is {p['this_host']}: its hours may differ (a cpu-preset suite run, two "
+        'jobs at once, took ~25 min on an AVX2-only 2-core EPYC, ~20 on an AVX-512 one).'
       )
     )
   return '\n'.join(lines) + '\n'
