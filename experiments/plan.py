@@ -38,9 +38,8 @@ def _timed(results: dict | None) -> list[dict]:
   return [r for r in (results or {}).get('runs', []) if r.get('wall_s') and r.get('steps')]
 
 
-def _seconds_per_step(results: dict | None) -> float | None:
-  timed = [r['wall_s'] / r['steps'] for r in _timed(results)]
-  return statistics.mean(timed) if timed else None
+def _seconds_per_step(timed: list[dict]) -> float | None:
+  return statistics.mean(r['wall_s'] / r['steps'] for r in timed) if timed else None
 
 
 def _tuning_runs(suite: Suite) -> int:
@@ -72,8 +71,8 @@ def plan(suite: Suite, *, detect: float, out: str, noise_from: str = '', steps: 
   m = sum(1 for v in suite.variants if v is not suite.reference(v))
   run_steps = [r['steps'] for r in (own or noisy)['runs'] if r.get('steps')]
   steps = steps or (int(statistics.median(run_steps)) if run_steps else None)
-  timed = _timed(own) or _timed(noisy)
-  per_step = _seconds_per_step(own) or _seconds_per_step(noisy)
+  timed = _timed(own) or _timed(noisy)  # the planned suite's own runs where it has any
+  per_step = _seconds_per_step(timed)
   seeds_now = (own or {}).get('seeds') or suite.seeds
   rows = []
   for variant in suite.variants:

@@ -44,9 +44,8 @@ def test_a_record_names_the_code_packages_and_device():
   assert not provenance.same_computation(here, {**here, 'code': 'something else'})
   assert provenance.same_computation(here, {**here, 'commit': 'elsewhere', 'dirty': True})
   assert here['host'] == provenance.host()
-  assert provenance.same_computation(
-    here, {**here, 'host': 'another CPU'}
-  )  # recorded, not compared
+  # The host is recorded, not compared.
+  assert provenance.same_computation(here, {**here, 'host': 'another CPU'})
   assert not provenance.same_computation(here, {**here, 'python': '3.0'})  # another corpus
   assert not provenance.same_computation({'ledger_commit': 'abc'}, here)  # not recorded
   assert provenance.label(here).startswith(f"code {here['code']}")
@@ -104,9 +103,8 @@ def test_a_report_names_the_hosts_its_runs_ran_on():
   ]
   assert 'Host' not in report_notes.provenance_lines({'runs': older})[0]
   mixed = report_notes.provenance_lines({'runs': [*older[:1], *runs[2:]]})[0]
-  assert mixed.endswith(
-    '1 runs on not recorded; 1 runs on Y, 2 cores: avx512f.'
-  )  # ties: first seen
+  # Ties keep the order first seen.
+  assert mixed.endswith('1 runs on not recorded; 1 runs on Y, 2 cores: avx512f.')
 
 
 def _other_code(out: str, suite: str) -> None:
