@@ -151,13 +151,9 @@ def text(p: dict, detect: float) -> str:
       'finished at the same settings count against it.'
     )
     hosts = p['timed_on']
-    cells = [
-      f'{n} runs on ' + ('a host not recorded' if h == 'not recorded' else h)
-      for h, n in hosts.items()
-    ]
     lines.append(
       'Timed on: '
-      + '; '.join(cells)
+      + provenance.hosts_phrase(hosts)
       + '.'
       + (
         ''

@@ -178,6 +178,16 @@ def by_host(runs: list[dict]) -> dict[str, int]:
   return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
+def hosts_phrase(hosts: dict[str, int]) -> str:
+  """`by_host`'s counts in words: '12 runs on AMD EPYC, 2 cores: avx2 fma; 1 run on a host not
+  recorded'."""
+  return '; '.join(
+    f"{n} run{'' if n == 1 else 's'} on "
+    + ('a host not recorded' if name == 'not recorded' else name)
+    for name, n in hosts.items()
+  )
+
+
 def key(record: dict | None) -> tuple:
   """What groups runs of the same computation (records without provenance: by their commit)."""
   if not record or not record.get('code'):

@@ -285,7 +285,7 @@ def provenance_lines(results: dict) -> list[str]:
         if len(hosts) > 1
         else ' Host: '
       )
-      + '; '.join(f'{n} runs on {name}' for name, n in hosts.items())
+      + provenance.hosts_phrase(hosts)
       + '.'
     )
   # The latest check of each pair of versions (experiments/reproduce.py).

@@ -93,7 +93,7 @@ def test_a_report_names_the_hosts_its_runs_ran_on():
   assert line.endswith(
     'Hosts (not part of a run\'s identity: another CPU sums in another order, '
     'a perturbation like a new draw of noise): 2 runs on X, 2 cores: avx2; '
-    '1 runs on Y, 2 cores: avx512f.'
+    '1 run on Y, 2 cores: avx512f.'
   )
   one = report_notes.provenance_lines({'runs': runs[:2]})[0]
   assert one.endswith(' Host: 2 runs on X, 2 cores: avx2.')
@@ -104,7 +104,7 @@ def test_a_report_names_the_hosts_its_runs_ran_on():
   assert 'Host' not in report_notes.provenance_lines({'runs': older})[0]
   mixed = report_notes.provenance_lines({'runs': [*older[:1], *runs[2:]]})[0]
   # Ties keep the order first seen.
-  assert mixed.endswith('1 runs on not recorded; 1 runs on Y, 2 cores: avx512f.')
+  assert mixed.endswith('1 run on a host not recorded; 1 run on Y, 2 cores: avx512f.')
 
 
 def _other_code(out: str, suite: str) -> None:

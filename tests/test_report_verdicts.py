@@ -488,7 +488,7 @@ def test_the_plan_sees_what_the_report_sees_and_names_the_seeds_for_a_target(cap
     {**found, 'timed_on': {'Other CPU, 8 cores: avx2': 2, provenance.host(): 1}}, 0.03
   )
   assert (
-    'Timed on: 2 runs on Other CPU, 8 cores: avx2; 1 runs on ' in there and 'may differ' in there
+    'Timed on: 2 runs on Other CPU, 8 cores: avx2; 1 run on ' in there and 'may differ' in there
   )
   assert main(['plan', 'ffn', '--detect', '0']) == 2
   assert capsys.readouterr().err == 'error: --detect=0.0; allowed: a positive number of nats\n'
