@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+import warnings
 from typing import NamedTuple
 
 CATEGORIES = ('matmul', 'attention', 'elementwise/reduction', 'copy/transpose', 'other')
@@ -110,13 +111,19 @@ def _is_xla_ops(plane, line) -> bool:
 
 
 def _events(planes, keep, stats: bool) -> list[Event]:
-  return [
-    Event(plane.name, line.name, e.name, e.start_ns, e.duration_ns, dict(e.stats) if stats else {})
-    for plane in planes
-    for line in plane.lines
-    if keep(plane, line)
-    for e in line.events
-  ]
+  # jax's profile_data binds its stats iterator as a type without __module__, which Python 3.13
+  # reports as a DeprecationWarning on every read: the binding's, nothing to act on here.
+  with warnings.catch_warnings():
+    warnings.filterwarnings('ignore', 'builtin type event_stats', DeprecationWarning)
+    return [
+      Event(
+        plane.name, line.name, e.name, e.start_ns, e.duration_ns, dict(e.stats) if stats else {}
+      )
+      for plane in planes
+      for line in plane.lines
+      if keep(plane, line)
+      for e in line.events
+    ]
 
 
 def tabulate(source: str, events: list[Event], note: str = '') -> Table:
