@@ -156,15 +156,20 @@ def _rows_allowed(allowed_BTS, group):
 
 def _plain_probs(q_BKMH, k_BKSH, ok_BKMS, scale, softcap, lse_BKM=None):
   """Masked softmax probabilities [B, K, M, S], their log-sum-exp [B, K, M] and the scaled logits
-  q·kᵀ·scale before the soft cap (its backward's slope), all float32."""
+  q·kᵀ·scale before the soft cap (its backward's slope), all float32.
+
+  A query with no visible key (e.g. padding) gets a zero output, never an average of masked
+  values: its log-sum-exp is +inf, so exp(logits − lse) is exactly 0 in its row. Guarding the
+  row-sized lse, not the score-sized probabilities, spares the backward a separate pass over the
+  [B, K, M, S] scores in each orientation (XLA:CPU does not fuse a select after an exp that has two
+  consumers); every other row is bitwise what a guard on the probabilities gives."""
   x = jnp.matmul(q_BKMH, jnp.swapaxes(k_BKSH, -1, -2), preferred_element_type=jnp.float32) * scale
   logits = jnp.where(ok_BKMS, softcapped(x, softcap), MASK_VALUE)
   if lse_BKM is None:
     peak = jnp.max(logits, axis=-1)
     lse_BKM = peak + jnp.log(jnp.sum(jnp.exp(logits - peak[..., None]), axis=-1))
-  probs = jnp.exp(logits - lse_BKM[..., None])
-  # A query with no visible key (e.g. padding) gets a zero output, never an average of masked values.
-  return jnp.where(jnp.any(ok_BKMS, axis=-1, keepdims=True), probs, 0.0), lse_BKM, x
+    lse_BKM = jnp.where(jnp.any(ok_BKMS, axis=-1), lse_BKM, jnp.inf)
+  return jnp.exp(logits - lse_BKM[..., None]), lse_BKM, x
 
 
 def _plain_forward(q_BTNH, k_BSKH, v_BSKH, allowed_BTS, scale, softcap):
@@ -206,7 +211,6 @@ def _plain_bwd(scale, softcap, residuals, d_out_BTNH):
   x_t = jnp.matmul(k, jnp.swapaxes(q, -1, -2), preferred_element_type=jnp.float32) * scale
   ok_t = jnp.swapaxes(ok, -1, -2)
   probs_t = jnp.exp(jnp.where(ok_t, softcapped(x_t, softcap), MASK_VALUE) - lse[:, :, None, :])
-  probs_t = jnp.where(jnp.any(ok_t, axis=-2, keepdims=True), probs_t, 0.0)
   dp_t = jnp.matmul(v, jnp.swapaxes(do, -1, -2), preferred_element_type=jnp.float32)
   ds_t = probs_t * (dp_t - delta[:, :, None, :])
   if softcap is not None:
