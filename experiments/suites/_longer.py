@@ -38,7 +38,8 @@ def longer_copy(
 # Every evaluation of a headline table reads the whole validation split, not its first batches.
 WHOLE_SPLIT = {'train.eval_batches': 0}
 # Headline tables compute in bfloat16 (float32 parameters, optimizer state and loss): 1.33x a
-# cpu-preset step on an AVX512-BF16 CPU, and `ffn_bf16` showed the `ffn` table's verdicts and
+# cpu-preset step on an AVX512-BF16 CPU (0.92x on an AVX2-only one: benchmarks/results/
+# train_step-cpu.md, log 12), and `ffn_bf16` showed the `ffn` table's verdicts and
 # every row's Δ unchanged by it (experiments/results/ffn_bf16/precision.md).
 BF16 = {'model.dtype': 'bfloat16'}
 
