@@ -105,8 +105,8 @@ def test_the_transfer_line_fits_the_best_rates_slope_against_width():
 
 def test_each_claim_is_read_against_the_baseline_at_the_highest_rate_both_finished():
   """qk_norm's LR sensitivity 0.1 against the baseline's 0.15 (agrees); its largest attention
-  logit at 1e-1 (the highest rate both finished) 5.0 against 9.0 (agrees); z_loss's |log Z|
-  there 2.0 against 1.5 (contradicts)."""
+  logit at 1e-1 (the highest rate both finished) 5.0 against 9.0 (agrees); z_loss's LR
+  sensitivity 0.1 against 0.15 (agrees) and its |log Z| there 2.0 against 1.5 (contradicts)."""
   suite = load_suite('stability')
   results = {
     'tuning': {
@@ -123,6 +123,7 @@ def test_each_claim_is_read_against_the_baseline_at_the_highest_rate_both_finish
     "largest attention logit at the highest rate both finished (at 0.1) 5.000 against "
     "baseline's 9.000: agrees" in text
   )
+  assert "- z_loss: LR sensitivity 0.100 against baseline's 0.150: agrees" in text
   assert (
     "- z_loss: |log Z| at the highest rate both finished (at 0.1) 2.000 against baseline's "
     '1.500: contradicts' in text
