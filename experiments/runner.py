@@ -227,6 +227,7 @@ def _run_suite(
       **refine,
       **again,
       table=table,
+      table_size=len(order),
       **{**execute, 'remeasure': False},
     )
   plan, blocked = _table_plan(suite, preset, out, extra, order, borrowed, tuning)

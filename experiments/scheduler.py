@@ -87,6 +87,7 @@ def run_plan(
   more=None,
   failed: dict | None = None,
   population: int | str = 1,
+  expected_more: int = 0,
 ) -> tuple[dict, dict, list]:
   """Run what has not finished of `plan`: (finished {key: record + result}, failed {key: record +
   errors}, pending [records] (run=None)). Finished runs are read back (remeasured if asked); an
@@ -103,7 +104,9 @@ def run_plan(
   population: up to this many startable runs that differ only in seed and learning rate train as
   one population (mllm/train/population_loop.py), in this process (no engine), each recorded
   as an ordinary run; 'auto': as many as fit in the device's memory, per shape (one on a CPU:
-  mllm/train/population.py's fit_population and device_budget)."""
+  mllm/train/population.py's fit_population and device_budget).
+  expected_more: how many jobs `more` will add last (a table's runs, queued as rates settle):
+  the progress bar counts them from the start, so its total and time left cover them."""
   finished = dict(finished or {})
   accept = _acceptable(run, engine, reuse_other_code)
   # Another suite's run stands in only where it is this code's, --reuse_other_code or not.
@@ -122,7 +125,7 @@ def run_plan(
   failed_before = {job.key: failed[job.key] for job in plan if job.key in (failed or {})}
   todo = [job for job in admit(plan) if job.key not in failed_before]
   bar = tqdm(
-    total=len(plan),
+    total=len(plan) + (expected_more if more else 0),
     initial=len(plan) - len(todo),
     desc=desc,
     unit='run',
@@ -133,6 +136,7 @@ def run_plan(
     out=out, run=run, engine=engine, progress=progress, finished=finished, bar=bar, accept=elsewhere
   )
   runs.more, runs.admit = more, admit
+  runs.expected_more = expected_more if more else 0
   runs.population = population if engine is None and run is not None else 1
   if runs.population == AUTO:  # sized per shape from the device's budget; one without a budget
     # (a CPU) and for a stand-in `run` (tests), which is called run by run
@@ -219,6 +223,7 @@ class _Runs:
     self.waiting = set()  # keys of jobs found training in another process
     self.planned = set()  # this plan's run folders: never "another process"
     self.more, self.admit = None, None  # run_plan's `more`, and its reading back of new jobs
+    self.expected_more = 0  # `more`'s last jobs still to come that the bar's total counts already
     self.population = 1  # the most runs of one shape trained together, or 'auto'
     self.budget = None  # with 'auto': the device's bytes for a population's step
     self.fitted = {}  # with 'auto': each shape's size, found once
@@ -332,9 +337,11 @@ class _Runs:
       if not first and not last:
         return
       asked = len(first) + len(last)
+      counted = min(len(last), self.expected_more)  # in the bar's total from the start
+      self.expected_more -= counted
       first, last = self.admit(first), self.admit(last)  # those still to run
       self.planned |= {os.path.abspath(job.workdir) for job in first + last}
-      self.bar.total += asked
+      self.bar.total += asked - counted
       self.bar.update(asked - len(first) - len(last))  # those read back: finished already
       todo[:0] = first
       todo.extend(last)

@@ -38,6 +38,7 @@ def tune(
   centers: dict | None = None,
   grid: LrGrid | None = None,
   table=None,
+  table_size: int = 0,
   **execute,
 ) -> tuple[dict, dict]:
   """Tune each tuned variant's learning rate on the tuning seeds, widening the grid past an edge
@@ -48,7 +49,8 @@ def tune(
   variant around its configured rate); `grid`: instead of the suite's. table(rates, waiting):
   the table's runs that can start once the variants of `rates` {variant: lr} have settled and
   while those `waiting` still tune; queued as each settles (training), so the slots that one
-  variant's last tuning runs leave free train another's table."""
+  variant's last tuning runs leave free train another's table; `table_size`: how many runs the
+  table has in all (the progress bar counts them from the start)."""
   grid = grid or suite.lr_grid
   tuned = [v for v in suite.variants if v.tune and not v.starts_from]
   if centers is None:
@@ -112,6 +114,7 @@ def tune(
       desc=f'suite {suite.name}: lr tuning' + (', then the table' if table and training else ''),
       **execute,
       more=more if training else None,
+      expected_more=max(0, table_size - len(queued)) if table is not None else 0,
     )
     table_failed.update({key: record for key, record in failed.items() if key in queued})
     summary, grew = {}, False

@@ -141,6 +141,51 @@ def test_each_variant_is_tuned_on_its_own_seeds_then_runs_the_table_at_its_best(
   assert json.dumps(reread['tuning']) == json.dumps(tuning)  # NaN != NaN in ==
 
 
+_BARS = []  # every _Bar made, in order
+
+
+class _Bar:
+  """Records what a progress bar of experiments/scheduler.py was told: its totals as they change
+  and the runs it counted."""
+
+  def __init__(self, *, total, initial, desc, **_):
+    self.desc, self.total, self.n, self.totals = desc, total, initial, [total]
+    _BARS.append(self)
+
+  def update(self, k=1):
+    self.n += k
+    self.totals.append(self.total)
+
+  def write(self, _):
+    pass
+
+  def close(self):
+    pass
+
+
+def test_the_tuning_bar_counts_the_table_from_the_start_and_grows_only_by_widening(
+  tmp_path, monkeypatch
+):
+  """2 tuning seeds x 5 rates x 2 tuned variants, and the table's 3 variants x 2 seeds, from the
+  first step: 26; relu's grid widens by 2 rates (4 runs): 30 at the end, every run counted."""
+  from experiments import scheduler
+
+  monkeypatch.setattr(scheduler, 'tqdm', _Bar)
+  _BARS.clear()
+  center = resolve(SUITE, SUITE.variants[0], 'tiny', 0).train.learning_rate
+  grid = SUITE.lr_grid
+  optimum = {'base': grid.lr(center, 1), 'relu': grid.lr(center, 4), 'child': 1.0}
+  run_suite(
+    SUITE,
+    SuiteRun(preset='tiny', seeds=2, out=str(tmp_path), progress=True, tune_lr=True, tune_seeds=2),
+    run=_fake_run(optimum, grid.lr(center, 3) * 1.01, []),
+  )
+  tuning = [bar for bar in _BARS if 'lr tuning' in bar.desc]
+  assert tuning and tuning[0].totals[0] == 2 * 5 * 2 + 3 * 2
+  assert tuning[-1].totals[-1] == tuning[-1].n == 2 * (5 + 7) + 3 * 2
+  assert all(t in (26, 28, 30) for bar in tuning for t in bar.totals), [b.totals for b in tuning]
+
+
 def test_a_best_rate_still_at_the_edge_after_widening_is_flagged(tmp_path):
   center = resolve(SUITE, SUITE.variants[0], 'tiny', 0).train.learning_rate
   low = Suite(
