@@ -108,6 +108,7 @@ def run_plan(
   expected_more: how many jobs `more` will add last (a table's runs, queued as rates settle):
   the progress bar counts them from the start, so its total and time left cover them."""
   finished = dict(finished or {})
+  expected_more = expected_more if more else 0
   accept = _acceptable(run, engine, reuse_other_code)
   # Another suite's run stands in only where it is this code's, --reuse_other_code or not.
   elsewhere = _acceptable(run, engine, reuse_other_code=False)
@@ -125,7 +126,7 @@ def run_plan(
   failed_before = {job.key: failed[job.key] for job in plan if job.key in (failed or {})}
   todo = [job for job in admit(plan) if job.key not in failed_before]
   bar = tqdm(
-    total=len(plan) + (expected_more if more else 0),
+    total=len(plan) + expected_more,
     initial=len(plan) - len(todo),
     desc=desc,
     unit='run',
@@ -136,7 +137,7 @@ def run_plan(
     out=out, run=run, engine=engine, progress=progress, finished=finished, bar=bar, accept=elsewhere
   )
   runs.more, runs.admit = more, admit
-  runs.expected_more = expected_more if more else 0
+  runs.expected_more = expected_more
   runs.population = population if engine is None and run is not None else 1
   if runs.population == AUTO:  # sized per shape from the device's budget; one without a budget
     # (a CPU) and for a stand-in `run` (tests), which is called run by run

@@ -114,7 +114,7 @@ def tune(
       desc=f'suite {suite.name}: lr tuning' + (', then the table' if table and training else ''),
       **execute,
       more=more if training else None,
-      expected_more=max(0, table_size - len(queued)) if table is not None else 0,
+      expected_more=max(0, table_size - len(queued)),
     )
     table_failed.update({key: record for key, record in failed.items() if key in queued})
     summary, grew = {}, False
