@@ -65,14 +65,19 @@ def test_the_objective_adds_the_weighted_second_next_token_loss():
   state = init()
   batch = synthetic_batch(config, np.random.default_rng(0))
   batch['loss_mask'][1, 3:6] = 0.0  # some targets out of the loss: the MTP mask must follow
-  net = train_setup.merge(state['params'])
-  logits, stats = net(
-    batch['inputs'],
-    positions=batch['positions'],
-    segment_ids=batch['segment_ids'],
-    next_tokens=batch['targets'],
-    return_moe_stats=True,
-  )
+
+  # Jitted: called eagerly, the model and the objective build one program per operation (~230).
+  @jax.jit
+  def forward(params, batch):
+    return train_setup.merge(params)(
+      batch['inputs'],
+      positions=batch['positions'],
+      segment_ids=batch['segment_ids'],
+      next_tokens=batch['targets'],
+      return_moe_stats=True,
+    )
+
+  logits, stats = forward(state['params'], batch)
   mask = batch['loss_mask']
   ce = optax.softmax_cross_entropy_with_integer_labels
   main = float((ce(logits, batch['targets']) * mask).sum() / mask.sum())
@@ -85,9 +90,11 @@ def test_the_objective_adds_the_weighted_second_next_token_loss():
   # The differentiated objective: the main loss + 0.5 × the MTP loss (step 0: mtp_coef).
   parts = StepParts(train_setup)
   n_tokens = jnp.asarray(mask.sum())
-  value, _ = parts.objective(
-    state['params'], batch, None, n_tokens, None, parts.mtp_terms(batch, jnp.asarray(0))
-  )
+  value, _ = jax.jit(
+    lambda params, batch: parts.objective(
+      params, batch, None, n_tokens, None, parts.mtp_terms(batch, jnp.asarray(0))
+    )
+  )(state['params'], batch)
   np.testing.assert_allclose(float(value), main + 0.5 * mtp, rtol=1e-5)
   _, metrics = make_train_step(train_setup)(state, global_batch(batch, mesh))
   np.testing.assert_allclose(float(metrics['loss']), main, rtol=1e-5)
