@@ -125,8 +125,10 @@ def test_scanned_and_unrolled_moe_layers_agree():
     else:
       var[...] = _at(unrolled, path)
   tokens = jax.random.randint(jax.random.key(0), (2, 16), 0, 32)
-  logits_a, stats_a = unrolled(tokens, return_moe_stats=True)
-  logits_b, stats_b = scanned(tokens, return_moe_stats=True)
+  # Jitted: called eagerly, the two models built ~150 single-operation programs.
+  forward = nnx.jit(lambda model, tokens: model(tokens, return_moe_stats=True))
+  logits_a, stats_a = forward(unrolled, tokens)
+  logits_b, stats_b = forward(scanned, tokens)
   np.testing.assert_allclose(logits_a, logits_b, rtol=1e-5, atol=1e-5)
   for name in stats_a:
     np.testing.assert_allclose(stats_a[name], stats_b[name], rtol=1e-5, atol=1e-6, err_msg=name)
@@ -293,7 +295,9 @@ def test_accumulated_steps_balance_over_the_global_batch(corpus):
 
 def _counts(config, state, batch):
   model, _ = setup(config, make_mesh(config.mesh))
-  return np.asarray(_forward(model, state['params'], batch, train=True)[1]['tokens_per_expert'])
+  # Jitted: an eager forward builds one program per operation (~100 here).
+  counts = jax.jit(lambda params, batch: _forward(model, params, batch, train=True)[1])
+  return np.asarray(counts(state['params'], batch)['tokens_per_expert'])
 
 
 def test_expert_bias_is_updated_by_its_rule_and_untouched_by_the_optimizer(corpus):
@@ -452,14 +456,15 @@ def test_training_still_drops_past_capacity_and_inference_does_not():
     rngs=nnx.Rngs(0),
   )
   x = jax.random.normal(jax.random.key(0), (2, 16, 16))
-  trained, stats = layer(x)
+  call = nnx.jit(lambda layer, x: layer(x))  # one program per mode, not one per operation
+  trained, stats = call(layer, x)
   assert float(stats['drop_rate']) >= 0.5 - 1e-6  # capacity 0.5 × the even share
-  assert not np.allclose(trained, dropless(x)[0], atol=1e-6)
+  assert not np.allclose(trained, call(dropless, x)[0], atol=1e-6)
   layer.eval()
   dropless.eval()
-  inferred, stats = layer(x)
+  inferred, stats = call(layer, x)
   assert float(stats['drop_rate']) == 0.0
-  np.testing.assert_allclose(inferred, dropless(x)[0], atol=1e-6, rtol=0)
+  np.testing.assert_allclose(inferred, call(dropless, x)[0], atol=1e-6, rtol=0)
 
 
 def test_training_top1_with_renormalised_gates_says_its_router_gets_no_gradient(
