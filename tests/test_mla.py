@@ -165,16 +165,16 @@ def test_an_mla_run_trains_resumes_exactly_and_generates(corpus, tmp_path):
   )
   reference = trains_and_resumes_bitwise(config, tmp_path)
   model, _, _, _ = load_run(reference, config)
-  prompt = [[1, 2, 3, 4, 5]]
-  out = generate_tokens(model, prompt, max_new_tokens=6)
+  prompt, new = [[1, 2, 3, 4, 5]], 6
+  out = generate_tokens(model, prompt, max_new_tokens=new)
   # Greedy decoding over the latent cache picks what the full forward's argmax picks. One jitted
   # forward of the final length serves every step (the model is causal: position i reads tokens
   # <= i, so the padding after it changes nothing); called eagerly at each length, the model built
   # ~480 single-operation programs, most of this test's time.
   forward = nnx.jit(lambda model, tokens: model(tokens))
   tokens = list(prompt[0])
-  for _ in range(6):
-    padded = np.zeros((1, len(prompt[0]) + 6), np.int32)
+  for _ in range(new):
+    padded = np.zeros((1, len(prompt[0]) + new), np.int32)
     padded[0, : len(tokens)] = tokens
     tokens.append(int(np.argmax(np.asarray(forward(model, padded))[0, len(tokens) - 1])))
-  assert out[0] == tokens[5:]
+  assert out[0] == tokens[len(prompt[0]) :]

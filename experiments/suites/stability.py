@@ -45,7 +45,7 @@ SUITE = Suite(
   stability_claims={
     'qk_norm': ('lr_sensitivity', 'max_attention_logit'),  # Fig. 1 and 2
     'qk_norm+z_loss': ('lr_sensitivity', 'max_attention_logit'),
-    # Sec. 3.2, Fig. 4: z-loss lowers the LR sensitivity that output-logit divergence causes.
+    # Sec. 3.1.2, Fig. 4: z-loss lowers the LR sensitivity that output-logit divergence causes.
     # |log Z| is what the z-loss penalises: lower with it nearly by construction, so it shows the
     # loss acts, and the sensitivity is the claim that can fail.
     'z_loss': ('lr_sensitivity', 'abs_log_z'),
