@@ -61,7 +61,10 @@ def test_sinks_match_the_float64_reference_forward_and_backward(impl, window):
     out = attend(q, k, v, mask=mask, sinks=sinks, impl=impl, **blocks)
     return jnp.sum(out.astype(jnp.float32) * d_out), out
 
-  (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(q, k, v, sinks)
+  # One jitted program: called eagerly, each operation of the forward and backward (interpreted
+  # kernels included) would be a program of its own.
+  step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True))
+  (_, out), grads = step(q, k, v, sinks)
   want, (dq, dk, dv, _, d_sinks) = attention_with_grads(
     q, k, v, d_out, sinks=sinks, window=window, q_seg=seg, kv_seg=kv_seg
   )

@@ -75,7 +75,9 @@ CASES = [
 
 @pytest.mark.parametrize('pos, n_kv, window', CASES)
 def test_cached_greedy_decoding_equals_the_full_forward(pos, n_kv, window):
-  cfg, forward, full = make(pos, n_kv, window)
+  # One layer: the scheme, grouping and window live inside a layer's attention; the two-layer
+  # tests below check that each layer reads and writes its own cache.
+  cfg, forward, full = make(pos, n_kv, window, model__n_layers=1)
   prompt = jax.random.randint(jax.random.key(1), (2, PROMPT), 0, cfg.model.vocab_size)
   tokens, cached_logits, cache = greedy(cfg, forward, prompt, STEPS, PROMPT + STEPS)
   reference = full(tokens[:, :-1])  # position t's logits predict token t + 1

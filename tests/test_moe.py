@@ -483,8 +483,10 @@ def test_megablox_gmm_in_interpret_mode_equals_ragged_dot_with_gradients():
     rtol=1e-5,
     atol=1e-4,
   )
-  grads = [
-    jax.grad(lambda a, b: jnp.sum(jnp.sin(grouped_matmul(a, b, sizes, impl))), argnums=(0, 1))(x, w)  # noqa: B023 (runs within this iteration)
+  grads = [  # jitted: op by op, the interpreted kernel's every step would be a program
+    jax.jit(
+      jax.grad(lambda a, b: jnp.sum(jnp.sin(grouped_matmul(a, b, sizes, impl))), argnums=(0, 1))  # noqa: B023 (runs within this iteration)
+    )(x, w)
     for impl in ('ragged_dot', 'megablox')
   ]
   for a, b in zip(*grads):
@@ -515,7 +517,7 @@ def test_the_tiled_grouped_matmul_equals_ragged_dot_with_gradients(sizes, tile):
     atol=1e-5,
   )
   grads = [
-    jax.grad(lambda a, b: jnp.sum(jnp.sin(f(a, b))), argnums=(0, 1))(x, w)  # noqa: B023 (runs within this iteration)
+    jax.jit(jax.grad(lambda a, b: jnp.sum(jnp.sin(f(a, b))), argnums=(0, 1)))(x, w)  # noqa: B023 (runs within this iteration)
     for f in (
       lambda a, b: grouped_matmul(a, b, sizes, 'ragged_dot'),
       lambda a, b: tiled_grouped_matmul(a, b, sizes, tile),
