@@ -39,11 +39,11 @@ endef
 # PYTHONDONTWRITEBYTECODE is set (this project's machines) nothing else writes the .pyc files, and
 # every process then compiles jax from source (imports 2.5x slower, the suite's subprocesses
 # too). Where uv cannot be had, or cannot reach an index (pip's settings, a local wheel folder say,
-# are pip's alone), pip installs as before.
+# are pip's alone), pip installs as before; fetching uv gives up after 20 s without an answer.
 UV ?= uv>=0.13,<0.14
 $(STAMP): pyproject.toml
 	$(call make_venv,$(VENV))
-	@if $(VENV)/bin/python -m pip install --quiet '$(UV)' >/dev/null 2>&1 && \
+	@if $(VENV)/bin/python -m pip install --quiet --timeout 20 --retries 1 '$(UV)' >/dev/null 2>&1 && \
 	    $(VENV)/bin/python -m uv pip install --quiet --compile-bytecode --python $(VENV)/bin/python -e '.[dev,cluster]'; then \
 	  echo "mllm: installed with uv"; \
 	else \
