@@ -33,13 +33,11 @@ define make_venv
 	test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
 endef
 
-# Re-created whenever pyproject.toml changes. uv installs the versions pip installs (the same
-# package list) in less time: `make install` from a fresh clone 2 min 17 s against pip's 4 min 20 s
-# (2-core EPYC beside two training jobs, 2026-11-30). --compile-bytecode as pip does: where
-# PYTHONDONTWRITEBYTECODE is set (this project's machines) nothing else writes the .pyc files, and
-# every process then compiles jax from source (imports 2.5x slower, the suite's subprocesses
-# too). Where uv cannot be had, or cannot reach an index (pip's settings, a local wheel folder say,
-# are pip's alone), pip installs as before; fetching uv gives up after 20 s without an answer.
+# Re-created whenever pyproject.toml changes. uv installs the versions pip installs in about half
+# its time (docs/testing.md has the measurements). --compile-bytecode, as pip does: where
+# PYTHONDONTWRITEBYTECODE is set nothing else writes the .pyc files, and every process would compile
+# jax from source. Where uv cannot be had or cannot install (pip's settings, a local wheel folder
+# say, are pip's alone), pip installs as before; fetching uv gives up after 20 s without an answer.
 UV ?= uv>=0.13,<0.14
 $(STAMP): pyproject.toml
 	$(call make_venv,$(VENV))
@@ -47,7 +45,7 @@ $(STAMP): pyproject.toml
 	    $(VENV)/bin/python -m uv pip install --quiet --compile-bytecode --python $(VENV)/bin/python -e '.[dev,cluster]'; then \
 	  echo "mllm: installed with uv"; \
 	else \
-	  echo "mllm: uv unavailable, installing with pip"; \
+	  echo "mllm: uv could not be had or could not install; installing with pip"; \
 	  $(VENV)/bin/python -m pip install --quiet --upgrade pip && \
 	  $(VENV)/bin/python -m pip install --quiet -e '.[dev,cluster]'; \
 	fi
