@@ -360,6 +360,9 @@ def _is_override(arg: str) -> bool:
 
 
 def main(argv: list[str]) -> None:
+  from mllm import malloc
+
+  malloc.keep_freed_memory()  # before JAX's threads start: a step's buffers stay mapped
   unexpected = [arg for arg in argv[1:] if not _is_override(arg)]
   if unexpected:
     _fail(f'unexpected arguments {unexpected!r}; flags look like --config=... --mode=...')

@@ -25,6 +25,7 @@ import numpy as np
 import mllm
 from benchmarks.machine import describe
 from experiments.suites._presets import CPU
+from mllm import malloc
 from mllm.train.population import AUTO, Member, Population, device_budget, fit_population
 from mllm.train.sharding import global_batch, make_mesh
 from mllm.train.state import setup
@@ -64,6 +65,7 @@ def _sizes(members: str, config, mesh) -> list[int]:
 
 
 def main() -> None:
+  malloc.keep_freed_memory()  # as launch.py does, before JAX's threads start
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument(
     '--members', default='1,4', help="comma-separated population sizes K; 'auto': the device's fit"

@@ -50,6 +50,7 @@ from flax import nnx
 import mllm
 from benchmarks import profile_ops
 from benchmarks.machine import cpu_model
+from mllm import malloc
 from mllm.train.metrics import peak_flops_per_device
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -373,7 +374,7 @@ def time_interleaved(runners: dict, steps: int, warmup: int) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def environment(with_torch: bool = True) -> dict:
+def environment(with_torch: bool = True, malloc_kept: bool = False) -> dict:
   import flax
 
   torch = None
@@ -390,6 +391,9 @@ def environment(with_torch: bool = True) -> dict:
     ),
     'threads': f'XLA_FLAGS={os.environ.get("XLA_FLAGS", "")!r}; '
     f'OMP_NUM_THREADS={os.environ.get("OMP_NUM_THREADS", "unset")}',
+    'malloc': 'freed memory kept (mllm.malloc)'
+    if malloc_kept
+    else f'glibc defaults ({malloc.users_own(os.environ) or "not glibc"} set)',
   }
   if torch:
     env['threads'] = (
@@ -594,11 +598,12 @@ def profile(run, directory: str, steps: int, step_ms: float | None = None) -> No
 
 
 def main() -> None:
+  malloc_kept = malloc.keep_freed_memory()  # as launch.py does, before JAX's threads start
   args = parse_args()
   if args.traceback_every_s:
     faulthandler.dump_traceback_later(args.traceback_every_s, repeat=True)
   names = ['quick'] if args.quick else args.models.split(',')
-  env = environment(with_torch=args.only != 'jax')
+  env = environment(with_torch=args.only != 'jax', malloc_kept=malloc_kept)
   for key, value in env.items():
     print(f'{key}: {value}')
   docs = variants(args.document_mask, 'both' if args.only == 'jax' else 'off')

@@ -22,6 +22,9 @@ from mllm.train.population import AUTO
 
 
 def main(argv=None) -> int:
+  from mllm import malloc
+
+  malloc.keep_freed_memory()  # before JAX's threads start (--jobs=1 runs here): buffers stay mapped
   argv = sys.argv[1:] if argv is None else argv
   if argv and argv[0] == 'coord_check':
     from experiments import coord_check

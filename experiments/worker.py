@@ -16,6 +16,9 @@ def main(workdir: str) -> int:
   cpus = os.environ.get('MLLM_WORKER_CPUS')
   if cpus:  # the runner's share of the cores for this worker, set before JAX sizes its pool
     os.sched_setaffinity(0, {int(c) for c in cpus.split(',')})
+  from mllm import malloc
+
+  malloc.keep_freed_memory()  # before JAX's threads start: a step's buffers stay mapped
   from experiments.measures import MEASURES
   from mllm import compile_cache
 
