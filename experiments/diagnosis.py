@@ -25,6 +25,7 @@ from experiments import stats
 class Finding:
   supported: bool  # the recomputed numbers still support the claim
   text: str  # the sentence, written from those numbers
+  pending: bool = False  # its runs are not there (yet): the row counts as not diagnosed
 
 
 class MissingRuns(LookupError):
@@ -72,7 +73,7 @@ class Diagnosis:
     try:
       return self.finds(evidence, variant)
     except MissingRuns as err:
-      return Finding(False, f'not recomputed: {err} ({self.rests_on})')
+      return Finding(False, f'not recomputed: {err} ({self.rests_on})', pending=True)
 
 
 def _gaps_per_seed(evidence: Evidence, suite: str, variant: str, baseline: str) -> dict:

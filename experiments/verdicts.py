@@ -216,6 +216,8 @@ def judge(suite: Suite, row: dict, rows: list[dict], evidence: Evidence) -> tupl
   if diagnosis is None:
     return 'contradicts, undiagnosed', 'contradicts (no diagnosis yet)'
   finding = diagnosis.find(evidence, row['variant'])
+  if finding.pending:  # a diagnosis suite not run yet: no claim made, none contradicted
+    return 'contradicts, undiagnosed', f'contradicts (diagnosis pending: {finding.text})'
   if not finding.supported:
     return (
       'contradicts, diagnosis not supported',

@@ -27,6 +27,7 @@ SUITE = dataclasses.replace(
     if v.name in ('baseline', 'z_loss')
   ),
   stability_claims={'z_loss': stability.SUITE.stability_claims['z_loss']},
+  diagnoses={},  # stability's are of its QK-norm rows, not run here
   paper_source='Wortsman et al. 2023 (arXiv 2309.14322), Fig. 4: z-loss 1e-4 removes '
   'output-logit divergence and lowers the LR sensitivity (their decay: independent, 1e-4); the '
   'best loss is about unchanged',
