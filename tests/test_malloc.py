@@ -37,6 +37,7 @@ BUFFER_PAGES = 20 * 2**20 * 4 // 4096
 
 def faults_per_call(mode: str) -> dict:
   env = {k: v for k, v in os.environ.items() if not k.startswith('MALLOC_')}
+  env['JAX_PLATFORMS'] = 'cpu'  # XLA:CPU's buffers, on a machine with a GPU too
   proc = subprocess.run(
     [sys.executable, '-c', SCRIPT, mode], cwd=ROOT, env=env, capture_output=True, text=True,
     timeout=300,
