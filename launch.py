@@ -23,7 +23,7 @@ import sys
 
 from absl import app, flags, logging
 
-from mllm import supervisor
+from mllm import malloc, supervisor
 from mllm.checks import ConfigError, InputError, RunFault
 from mllm.config import load_config, read_config
 from mllm.config_keys import field_info, get_path, parse_value
@@ -360,8 +360,6 @@ def _is_override(arg: str) -> bool:
 
 
 def main(argv: list[str]) -> None:
-  from mllm import malloc
-
   malloc.keep_freed_memory()  # before JAX's threads start: a step's buffers stay mapped
   unexpected = [arg for arg in argv[1:] if not _is_override(arg)]
   if unexpected:

@@ -18,12 +18,11 @@ from pathlib import Path
 from experiments import report
 from experiments.runner import SuiteRun, run_benchmark, run_one, run_suite
 from experiments.suite import PRESETS, BenchmarkSuite, available, load_suite
+from mllm import malloc
 from mllm.train.population import AUTO
 
 
 def main(argv=None) -> int:
-  from mllm import malloc
-
   malloc.keep_freed_memory()  # before JAX's threads start (--jobs=1 runs here): buffers stay mapped
   argv = sys.argv[1:] if argv is None else argv
   if argv and argv[0] == 'coord_check':
