@@ -93,6 +93,14 @@ M125="--config.model.d_model=768 --config.model.n_layers=12 --config.model.n_hea
         --only=jax --batch_size=32 --document_mask=off --scan_layers=on --scan_unroll=$k \
         --out="$RES/train_step_scan_unroll$k-$SUFFIX.md"
     done
+    # The 125M step under glibc's own malloc (MALLOC_ARENA_MAX set: mllm.malloc leaves it), against
+    # train_step's doc-mask-off row, which keeps freed memory (1.35x on a 2-core CPU; never measured
+    # on a GPU host). GLIBC_AB=1 runs it.
+    if [[ -n "${GLIBC_AB:-}" ]]; then
+      step train_step_glibc_malloc 40 env MALLOC_ARENA_MAX=16 $PY -m benchmarks.train_step \
+        --models=125m --only=jax --batch_size=32 --document_mask=off --scan_layers=off \
+        --out="$RES/train_step_glibc_malloc-$SUFFIX.md"
+    fi
     if [[ -n "${DENSE:-}" ]]; then
       step train_step_cudnn_dense 40 $PY -m benchmarks.train_step --models=125m --only=jax \
         --batch_size=32 --document_mask=on --impl=cudnn --out="$RES/train_step_cudnn-$SUFFIX.md"
