@@ -393,7 +393,7 @@ def environment(with_torch: bool = True, malloc_kept: bool = False) -> dict:
     f'OMP_NUM_THREADS={os.environ.get("OMP_NUM_THREADS", "unset")}',
     'malloc': 'freed memory kept (mllm.malloc)'
     if malloc_kept
-    else f'glibc defaults ({malloc.users_own(os.environ) or "not glibc"} set)',
+    else f'the defaults ({malloc.users_own(os.environ) or "not glibc"})',
   }
   if torch:
     env['threads'] = (

@@ -21,7 +21,7 @@ import json, resource, sys
 from mllm import malloc
 kept = malloc.keep_freed_memory() if sys.argv[1] == 'keep' else False
 import jax, jax.numpy as jnp
-N = 20 * 2**20  # 80 MiB of float32: above the 64 MiB an arena serves, so glibc maps it afresh
+N = int(sys.argv[2])
 @jax.jit
 def f(s):  # the loop's carry lives in XLA's temporary buffer
   return jax.lax.fori_loop(0, 2, lambda i, x: x * 1.0001 + i, jnp.full((N,), s)).sum()
@@ -32,14 +32,15 @@ for _ in range(12):
   faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 print('RESULT' + json.dumps({'kept': kept, 'faults': faults}))
 '''
-BUFFER_PAGES = 20 * 2**20 * 4 // 4096
+N = 20 * 2**20  # 80 MiB of float32: above the 64 MiB an arena serves, so glibc maps it afresh
+BUFFER_PAGES = N * 4 // 4096
 
 
 def faults_per_call(mode: str) -> dict:
   env = {k: v for k, v in os.environ.items() if not k.startswith('MALLOC_')}
   env['JAX_PLATFORMS'] = 'cpu'  # XLA:CPU's buffers, on a machine with a GPU too
   proc = subprocess.run(
-    [sys.executable, '-c', SCRIPT, mode], cwd=ROOT, env=env, capture_output=True, text=True,
+    [sys.executable, '-c', SCRIPT, mode, str(N)], cwd=ROOT, env=env, capture_output=True, text=True,
     timeout=300,
   )  # fmt: skip
   assert proc.returncode == 0, proc.stderr[-3000:]
