@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 
@@ -17,7 +18,7 @@ from conftest import ROOT
 from mllm import malloc
 
 SCRIPT = r'''
-import json, resource, sys
+import json, resource, sys, time
 from mllm import malloc
 kept = malloc.keep_freed_memory() if sys.argv[1] == 'keep' else False
 import jax, jax.numpy as jnp
@@ -26,9 +27,10 @@ N = int(sys.argv[2])
 def f(s):  # the loop's carry lives in XLA's temporary buffer
   return jax.lax.fori_loop(0, 2, lambda i, x: x * 1.0001 + i, jnp.full((N,), s)).sum()
 faults = []
-for _ in range(12):
+for _ in range(16):
   before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
   f(1.0).block_until_ready()
+  time.sleep(0.05)  # XLA frees the buffer just after the result is ready: let it
   faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 print('RESULT' + json.dumps({'kept': kept, 'faults': faults}))
 '''
@@ -53,10 +55,12 @@ def test_the_buffer_stays_mapped_where_glibcs_defaults_fault_it_in_at_every_call
   default, kept = faults_per_call('default'), faults_per_call('keep')
   assert not default['kept'] and kept['kept']
   # The first calls place the buffer (the heap grows to its high-water mark); from then on a
-  # kept buffer faults nothing, a default one all of its pages every call.
+  # default buffer faults all of its pages at every call, a kept one none at most calls. Not at
+  # every call: now and then small allocations have split the freed block and the heap grows
+  # by a buffer again (seen at 0-2 of 12 calls on a loaded 2-core machine).
   steady = slice(4, None)
-  assert sorted(default['faults'][steady])[4] >= 0.95 * BUFFER_PAGES, default
-  assert sorted(kept['faults'][steady])[4] <= 0.01 * BUFFER_PAGES, kept
+  assert min(default['faults'][steady]) >= 0.95 * BUFFER_PAGES, default
+  assert statistics.median(kept['faults'][steady]) <= 0.01 * BUFFER_PAGES, kept
 
 
 @pytest.mark.parametrize(
