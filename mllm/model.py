@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mllm.layers import initializers
 from mllm.layers.attention import ATTENTIONS, layer_period, layer_windows
 from mllm.layers.ffn import FFNS
 from mllm.layers.kv_cache import (
@@ -80,7 +81,7 @@ class MTPModule(nnx.Module):
       use_bias=False,
       dtype=jnp.dtype(cfg.dtype),
       param_dtype=jnp.dtype(cfg.param_dtype),
-      kernel_init=nnx.initializers.normal(weight_std(cfg, 'in', fan_in=2 * d)),
+      kernel_init=initializers.normal(weight_std(cfg, 'in', fan_in=2 * d)),
       rngs=rngs,
       kernel_metadata={'logical_axes': ('mtp_in', 'embed')},
     )
@@ -345,7 +346,7 @@ class Transformer(nnx.Module):
 
 def _table_init(cfg):
   """The initializer of the embedding and the head."""
-  return nnx.initializers.normal(weight_std(cfg, 'table'))
+  return initializers.normal(weight_std(cfg, 'table'))
 
 
 def make_stem(cfg, *, rngs: nnx.Rngs) -> dict[str, nnx.Module]:

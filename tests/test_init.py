@@ -1,6 +1,7 @@
 """Initialisation schemes (`model.init`, mllm/layers/parametrization.py): every parameter's empirical std
 against the scheme's formula, computed here independently in float64; the config refusals; every
-named config builds under every scheme."""
+named config builds under every scheme; the jitted normal initializer (mllm/layers/initializers.py)
+draws jax's values bit for bit, one program per shape."""
 
 from __future__ import annotations
 
@@ -195,3 +196,48 @@ def test_every_named_config_builds_under_every_scheme(name, scheme):
   cfg = mllm.load_config(str(CONFIGS / f'{name}.py'), {'model.init': scheme})
   abstract = nnx.eval_shape(lambda: mllm.build_model(cfg, rngs=nnx.Rngs(0)))
   assert nnx.state(abstract, nnx.Param)
+
+
+# --- mllm/layers/initializers.py: jax's normal initializer, one program per shape -----------------
+
+
+@pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])
+def test_the_jitted_normal_draws_jaxs_values_bit_for_bit_eagerly_and_in_a_trace(dtype):
+  import jax
+  import jax.numpy as jnp
+
+  from mllm.layers import initializers
+
+  key, std, dtype = jax.random.key(7), 0.0123, jnp.dtype(dtype)
+  for shape in [(48, 16), (5, 3, 8), (33,)]:
+    want = np.asarray(jax.nn.initializers.normal(std)(key, shape, dtype))  # jax's, eagerly
+    eager = np.asarray(initializers.normal(std)(key, shape, dtype))
+    traced = np.asarray(jax.jit(lambda k, s=shape: initializers.normal(std)(k, s, dtype))(key))
+    assert want.dtype == eager.dtype == traced.dtype == dtype
+    for got in (eager, traced):
+      np.testing.assert_array_equal(
+        got.view(np.uint16 if dtype.itemsize == 2 else np.uint32),
+        want.view(np.uint16 if dtype.itemsize == 2 else np.uint32),
+      )
+  # the draws are the std asked for (float64 over 10^5 values: a wrong scale shows)
+  big = np.asarray(initializers.normal(std)(key, (100_000,), jnp.float32), np.float64)
+  assert abs(big.std() / std - 1) < 0.01 and abs(big.mean()) < 0.01 * std
+
+
+def test_the_normal_initializer_compiles_one_program_per_new_shape():
+  import jax
+
+  from mllm.layers import initializers
+
+  keys = list(jax.random.split(jax.random.key(1)))  # indexed here: indexing builds programs too
+  programs = []
+  listener = lambda event, secs, **_: programs.append(event)  # noqa: E731
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:  # a shape and std no other test draws (a program in memory already would not count)
+    initializers.normal(0.0271)(keys[0], (7, 11, 3))
+    first = programs.count('/jax/core/compile/backend_compile_duration')
+    initializers.normal(0.0271)(keys[1], (7, 11, 3))  # the same shape and std: no new program
+    again = programs.count('/jax/core/compile/backend_compile_duration') - first
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  assert first == 1 and again == 0, (first, again)

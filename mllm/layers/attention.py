@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mllm.layers import resolved_head_dim
+from mllm.layers import initializers, resolved_head_dim
 from mllm.layers.kv_cache import CACHE_DIMS, LayerCache
 from mllm.layers.norms import RMSNorm
 from mllm.layers.parametrization import attention_scale, weight_std
@@ -84,7 +84,7 @@ def projection(cfg, spec, kernel_shape, axes, std, *, rngs, bias_shape=None) -> 
     bias_shape,
     dtype=jnp.dtype(cfg.dtype),
     param_dtype=jnp.dtype(cfg.param_dtype),
-    kernel_init=nnx.initializers.normal(std),
+    kernel_init=initializers.normal(std),
     rngs=rngs,
     kernel_metadata={'logical_axes': axes},
     bias_metadata={'logical_axes': axes[-len(bias_shape) :] if bias_shape else ()},

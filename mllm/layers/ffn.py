@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mllm.checks import integer, positive
+from mllm.layers import initializers
 from mllm.layers.parametrization import weight_std
 from mllm.variant_config import check_variant_keys, setting, settings_of
 
@@ -32,7 +33,7 @@ def _linear(d_in, d_out, axes, *, use_bias, std, dtype, param_dtype, rngs):
     use_bias=use_bias,
     dtype=dtype,
     param_dtype=param_dtype,
-    kernel_init=nnx.initializers.normal(std),
+    kernel_init=initializers.normal(std),
     rngs=rngs,
     kernel_metadata={'logical_axes': axes},
     bias_metadata={'logical_axes': axes[1:]},

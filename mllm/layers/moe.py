@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mllm.layers import initializers
 from mllm.layers.ffn import FFNS, hidden_dim
 from mllm.layers.moe_experts import (
   DISPATCHES,
@@ -84,7 +85,7 @@ def _check_choices(num_experts: int, top_k: int, router: str, dispatch: str, noi
 
 def _router_params(d_model: int, num_experts: int, init_std: float, noise: str, param_dtype, rngs):
   """The router's [d_model, E] matrix, and noisy top-k's noise matrix (else None)."""
-  init = nnx.initializers.normal(init_std)
+  init = initializers.normal(init_std)
   router = nnx.Param(
     init(rngs.params(), (d_model, num_experts), param_dtype), logical_axes=('embed', None)
   )

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mllm.layers import initializers
 from mllm.layers.ffn import FFNS
 from mllm.ops import mesh as on_mesh
 
@@ -47,7 +48,7 @@ class Experts(nnx.Module):
     self.dtype = dtype
 
     def weight(shape, std, axes):
-      init = nnx.initializers.normal(std)
+      init = initializers.normal(std)
       return nnx.Param(init(rngs.params(), shape, param_dtype), logical_axes=axes)
 
     e, d, f = num_experts, d_model, d_ff

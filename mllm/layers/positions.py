@@ -22,7 +22,7 @@ import numpy as np
 from flax import nnx, struct
 
 from mllm.checks import ConfigError, positive
-from mllm.layers import resolved_head_dim, rotary_head_dim
+from mllm.layers import initializers, resolved_head_dim, rotary_head_dim
 from mllm.layers.parametrization import weight_std
 from mllm.layers.rope import (
   ROPE_LAYOUTS,
@@ -184,7 +184,7 @@ class LearnedPositions(PositionScheme):
     return {'max_seq_len': m.max_seq_len}  # the table's size: a model of another size differs
 
   def __init__(self, cfg, *, rngs):
-    init = nnx.initializers.normal(weight_std(cfg, 'table'))
+    init = initializers.normal(weight_std(cfg, 'table'))
     self.max_positions = cfg.max_seq_len
     self.table = nnx.Param(
       init(rngs.params(), (cfg.max_seq_len, cfg.d_model), cfg.param_dtype),
@@ -375,7 +375,7 @@ class T5Positions(PositionScheme):
     self.num_buckets = settings.num_buckets
     self.max_distance = settings.max_distance
     # HF T5's initialization under every model.init: a bias per head, not a projection.
-    init = nnx.initializers.normal(cfg.d_model**-0.5)
+    init = initializers.normal(cfg.d_model**-0.5)
     self.table = nnx.Param(
       init(rngs.params(), (self.num_buckets, cfg.n_heads), cfg.param_dtype),
       logical_axes=('relpos_buckets', 'heads'),
@@ -394,7 +394,7 @@ class ShawTables(nnx.Module):
   """One layer's relative embeddings a^K, a^V ∈ R^{(2k+1) × head_dim}, shared by its heads."""
 
   def __init__(self, n_relative: int, head_dim: int, *, init_std: float, param_dtype, rngs):
-    init = nnx.initializers.normal(init_std)
+    init = initializers.normal(init_std)
     self.key = nnx.Param(
       init(rngs.params(), (n_relative, head_dim), param_dtype),
       logical_axes=('relpos_buckets', 'head_dim'),
