@@ -209,16 +209,14 @@ def test_the_jitted_normal_draws_jaxs_values_bit_for_bit_eagerly_and_in_a_trace(
   from mllm.layers import initializers
 
   key, std, dtype = jax.random.key(7), 0.0123, jnp.dtype(dtype)
+  bits = np.uint16 if dtype.itemsize == 2 else np.uint32
   for shape in [(48, 16), (5, 3, 8), (33,)]:
     want = np.asarray(jax.nn.initializers.normal(std)(key, shape, dtype))  # jax's, eagerly
     eager = np.asarray(initializers.normal(std)(key, shape, dtype))
     traced = np.asarray(jax.jit(lambda k, s=shape: initializers.normal(std)(k, s, dtype))(key))
     assert want.dtype == eager.dtype == traced.dtype == dtype
     for got in (eager, traced):
-      np.testing.assert_array_equal(
-        got.view(np.uint16 if dtype.itemsize == 2 else np.uint32),
-        want.view(np.uint16 if dtype.itemsize == 2 else np.uint32),
-      )
+      np.testing.assert_array_equal(got.view(bits), want.view(bits))
   # the draws are the std asked for (float64 over 10^5 values: a wrong scale shows)
   big = np.asarray(initializers.normal(std)(key, (100_000,), jnp.float32), np.float64)
   assert abs(big.std() / std - 1) < 0.01 and abs(big.mean()) < 0.01 * std
