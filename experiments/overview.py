@@ -18,7 +18,7 @@ import json
 import os
 import sys
 
-from experiments import provenance, report, report_notes, verdicts
+from experiments import provenance, report, report_notes, stability, verdicts
 from experiments.diagnosis import Evidence
 from experiments.suite import Suite, available, load_suite
 
@@ -41,10 +41,28 @@ def _known(suite: Suite, results: dict) -> dict:
 
 
 def project_family(loaded: list[tuple[Suite, dict]]) -> verdicts.Family:
-  """The family of every test of every suite in `loaded` together."""
-  return verdicts.Family(
-    sum('test' in r for suite, results in loaded for r in verdicts.measured_rows(suite, results))
+  """The family of every test of every suite in `loaded` together: the table rows' and the
+  stability claims'."""
+  rows = sum(
+    'test' in r for suite, results in loaded for r in verdicts.measured_rows(suite, results)
   )
+  return verdicts.Family(rows + sum(len(_claims(s, r)) for s, r in loaded))
+
+
+def _claims(suite: Suite, results: dict, family: verdicts.Family | None = None, out=None):
+  """The suite's tested stability claims (experiments/stability.py) under `family` (default:
+  the suite's claims alone)."""
+  if not suite.stability:
+    return []
+  evidence = Evidence(out, (suite.name, results))
+  found = stability.claims(
+    suite,
+    results,
+    report.vocab_size(suite, results),
+    evidence=evidence,
+    family=family.m if family else None,
+  )
+  return [c for c in found if c.test is not None]
 
 
 def tally(suite: Suite, results: dict, family: verdicts.Family | None = None, out=None) -> dict:
@@ -66,14 +84,24 @@ def tally(suite: Suite, results: dict, family: verdicts.Family | None = None, ou
     if row['judgement']:
       counts[row['judgement']] += 1
       notes[row['judgement']].append(f"`{suite.name}` {row['variant']}: {row['agreement']}")
+  claims = _claims(suite, results, family, out)
+  own_claims = {(c.variant, c.measure): c for c in _claims(suite, results, None, out)}
+  for claim in own_claims.values():
+    table_counts[claim.judgement] += 1
+  for claim in claims:
+    counts[claim.judgement] += 1
+    notes[claim.judgement].append(
+      f"`{suite.name}` {claim.variant}, {stability.MEASURES[claim.measure]}: {claim.cell}"
+    )
   return {
     'suite': suite.name,
     'protocol': protocol(results, suite),
     'seeds': results.get('seeds'),
     'rows': len(rows),
+    'claims': len(claims),
     'counts': counts,
     'table_counts': table_counts,
-    'tests': sum('test' in r for r in rows),
+    'tests': sum('test' in r for r in rows) + len(claims),
     'noise': _noise(rows, table_rows),
     'notes': notes,
     'changed': [
@@ -81,6 +109,12 @@ def tally(suite: Suite, results: dict, family: verdicts.Family | None = None, ou
       'project-wide'
       for r in rows
       if 'test' in r and own[r['variant']] != r['verdict']
+    ]
+    + [
+      f"`{suite.name}` {c.variant}, {stability.MEASURES[c.measure]}: "
+      f"{own_claims[c.variant, c.measure].judgement} in its table, {c.judgement} project-wide"
+      for c in claims
+      if own_claims[c.variant, c.measure].judgement != c.judgement
     ],
     'code_versions': len(provenance.by_version(results['runs'])),
     # Checked by experiments.reproduce to draw the same (one group): the rows pair as draws.
@@ -200,11 +234,12 @@ def markdown(tallies: list[dict], diagnoses: list[dict] = ()) -> str:
   lines = [
     '# Verdicts against the literature, every suite',
     '',
-    f'Of {sum(totals.values())} rows where the literature states a direction or a size (a '
-    "paper's number, or a stated expectation, against the row's reference), corrected over the "
-    f'whole project (Bonferroni over all {tests} tests of every suite at once, each suite\'s '
-    'noise pooled over its rows; simultaneous CIs and detectable effects at that family size): '
-    f'{_sentence(totals)}.',
+    f'Of {sum(totals.values())} rows and stability claims where the literature states a '
+    "direction or a size (a paper's number, or a stated expectation, against the row's "
+    'reference; a stability claim: a variant lowers a measure of the learning-rate sweep), '
+    f'corrected over the whole project (Bonferroni over all {tests} tests of every suite at '
+    "once, each suite's noise pooled over its rows; simultaneous CIs and detectable effects at "
+    f'that family size): {_sentence(totals)}.',
     '',
     f"Corrected over each suite's own table instead, as each results.md is: {_sentence(per_table)}.",
     '',
@@ -220,9 +255,12 @@ def markdown(tallies: list[dict], diagnoses: list[dict] = ()) -> str:
   for t in tallies:
     mixed = ' (checked: they pair)' if t['versions_pair'] else ' (mixed)'
     versions = str(t['code_versions']) + (mixed if t['code_versions'] > 1 else '')
+    claims = f" + {t['claims']} claims" if t.get('claims') else ''
     lines.append(
       f"| [`{t['suite']}`]({t['suite']}/results.md) | {t['protocol']} | {t['seeds']} "
-      f"| {t['rows']} | {versions} | " + ' | '.join(str(t['counts'][c]) for c in COLUMNS) + ' |'
+      f"| {t['rows']}{claims} | {versions} | "
+      + ' | '.join(str(t['counts'][c]) for c in COLUMNS)
+      + ' |'
     )
   lines += [
     '',

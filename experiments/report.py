@@ -134,11 +134,17 @@ def write(suite: Suite, results: dict, out: str) -> str:
   if suite.tokens_to_baseline:
     text += '\n'.join(speedup.lines(suite, results)) + '\n'
   if suite.stability:
-    vocab = resolve(suite, suite.baseline, results['preset'], 0).model.vocab_size
+    vocab = vocab_size(suite, results)
+    evidence = Evidence(out, (suite.name, results))
     text += '\n'.join(stability.lines(suite, results, vocab)) + '\n'
-    text += '\n'.join(stability.claim_lines(suite, results, vocab)) + '\n'
+    text += '\n'.join(stability.claim_lines(suite, results, vocab, evidence=evidence)) + '\n'
   text += ''.join(f'\n![{os.path.basename(p)}]({os.path.basename(p)})\n' for p in figures)
   path = os.path.join(folder, 'results.md')
   with open(path, 'w') as f:
     f.write(text)
   return path
+
+
+def vocab_size(suite: Suite, results: dict) -> int:
+  """The vocabulary the suite's runs trained with (the stability claims' L0 = ln V)."""
+  return resolve(suite, suite.baseline, results['preset'], 0).model.vocab_size

@@ -15,10 +15,12 @@ predictor's, which a small-init model starts at); a diverged rate counts L0.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 
+from experiments import stats
 from experiments.plots import finish, plt
 
 
@@ -101,39 +103,146 @@ def _at_top_rate(points_a: list[dict], points_b: list[dict], key: str):
   return None if not shared else (a[shared[-1]], b[shared[-1]], shared[-1])
 
 
-def claim_lines(suite, results: dict, vocab_size: int) -> list[str]:
-  """Each claim of `suite.stability_claims` read off the tuning points: the variant's measure
-  against the baseline's, 'agrees' where it is lower (one tuning seed per rate: no interval)."""
+# A claim's value against the baseline's, with the noise of each: the measure as the table runs
+# record it, and the scale its spread is measured on (the attention logit spans decades: logs).
+_NOISE_OF = {
+  'lr_sensitivity': ('eval_loss', 'eval loss', False),
+  'max_attention_logit': ('max_attention_logit', 'ln largest attention logit', True),
+  'abs_log_z': ('eval_log_z', 'log Z', False),
+}
+
+
+def noise(results: dict, measure: str) -> tuple[float, int]:
+  """(σ, df) of `measure` between seeds: the table runs' (each row at its best rate) spread
+  about their row's mean, pooled over the rows, on the scale the claim compares."""
+  key, _, logs = _NOISE_OF[measure]
+  by_row: dict[str, list[float]] = {}
+  for run in results.get('runs', ()):
+    value = run.get(key)
+    if value is None or not math.isfinite(value) or (logs and value <= 0):
+      continue
+    by_row.setdefault(run['variant'], []).append(math.log(value) if logs else value)
+  squares = sum(float(((np.asarray(v) - np.mean(v)) ** 2).sum()) for v in by_row.values())
+  df = sum(len(v) - 1 for v in by_row.values())
+  return (math.sqrt(squares / df), df) if df else (math.nan, 0)
+
+
+def sensitivity_se(sigma: float, rates: int, base_rates: int) -> float:
+  """The standard error of a difference of two LR sensitivities, each the mean of `rates`
+  independent losses of std σ minus their minimum: with the best rate fixed,
+  S = Σ_{i≠j} L_i / n − (1 − 1/n) L_j, so Var S = σ² (1 − 1/n); a capped or diverged rate
+  varies less, so this errs wide."""
+  return sigma * math.sqrt((1 - 1 / rates) + (1 - 1 / base_rates))
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+  variant: str
+  measure: str  # a key of MEASURES
+  ours: float
+  baseline: float
+  at: float | None  # the rate a one-rate measure is read at
+  test: stats.Contrast | None  # ours − baseline on the claim's scale; None: no noise measured
+  judgement: str  # a verdicts.CATEGORIES entry, or '' (not judged)
+  cell: str  # the judgement in words
+
+
+def claims(
+  suite, results: dict, vocab_size: int, *, evidence=None, family: int | None = None
+) -> list[Claim]:
+  """Each claim of `suite.stability_claims` read off the tuning points (one seed per rate): the
+  variant's measure against the baseline's, tested on the noise of that measure between the
+  table's seeds (`noise`; at each row's best rate, where high rates are likely noisier), at
+  α / m over `family` tests (default: the suite's claims). The paper says lower: 'agrees'
+  where the simultaneous CI of the difference is below zero, a contradiction (its diagnosis,
+  `suite.diagnoses['variant: measure']`, recomputed from `evidence`) where above, else 'no
+  difference detected'."""
+  from experiments import verdicts
+  from experiments.diagnosis import Evidence
+
   tuning = results.get('tuning') or {}
   base = tuning.get(suite.baseline.name)
   if not base:
     return []
+  evidence = evidence or Evidence(None, (suite.name, results))
   L0 = initial_loss(vocab_size)
+  read = []
+  for variant, measures in suite.stability_claims.items():
+    for measure in measures:
+      if variant not in tuning:
+        continue
+      mine = tuning[variant]['points']
+      if measure == 'lr_sensitivity':
+        got = (lr_sensitivity(mine, L0), lr_sensitivity(base['points'], L0), None)
+        if None in got[:2]:
+          continue
+      else:
+        key = 'eval_log_z' if measure == 'abs_log_z' else measure
+        got = _at_top_rate(mine, base['points'], key)
+        if got is None:
+          continue
+        if measure == 'abs_log_z':
+          got = (abs(got[0]), abs(got[1]), got[2])
+      read.append((variant, measure, mine, *got))
+  m = family or len(read)
   out = []
-  claims = [(v, m) for v, measures in suite.stability_claims.items() for m in measures]
-  for variant, measure in claims:
-    if variant not in tuning:
-      continue
-    mine = tuning[variant]['points']
-    if measure == 'lr_sensitivity':
-      got = (lr_sensitivity(mine, L0), lr_sensitivity(base['points'], L0), None)
-      if None in got[:2]:
-        continue
+  for variant, measure, mine, ours, theirs, at in read:
+    sigma, df = noise(results, measure)
+    logs = _NOISE_OF[measure][2]
+    test = None
+    if df and (not logs or min(ours, theirs) > 0):
+      if measure == 'lr_sensitivity':
+        n = lambda points: sum(bool(p['eval_loss']) for p in points)  # noqa: E731
+        se = sensitivity_se(sigma, n(mine), n(base['points']))
+      else:
+        se = sigma * math.sqrt(2)
+      diff = math.log(ours / theirs) if logs else ours - theirs
+      test = stats.Contrast(n=1, mean=diff, se=se, df=df, source='pooled', diff_std=math.nan)
+    if test is None:
+      judgement, cell = '', 'not judged: no table seeds to measure the noise'
+    elif not test.significant(m, verdicts.ALPHA):
+      seen = test.detectable(m, verdicts.ALPHA)
+      judgement, cell = 'no difference detected', f'no difference detected (could see ±{seen:.3f})'
+    elif test.mean < 0:
+      judgement, cell = 'agrees', 'agrees'
     else:
-      key = 'eval_log_z' if measure == 'abs_log_z' else measure
-      got = _at_top_rate(mine, base['points'], key)
-      if got is None:
-        continue
-      if measure == 'abs_log_z':
-        got = (abs(got[0]), abs(got[1]), got[2])
-    where = '' if got[2] is None else f' (at {got[2]:.3g})'
-    verdict = 'agrees' if got[0] < got[1] else 'contradicts'
+      judgement, cell = verdicts.contradiction(suite, f'{variant}: {measure}', evidence)
+    out.append(Claim(variant, measure, ours, theirs, at, test, judgement, cell))
+  return out
+
+
+def claim_lines(suite, results: dict, vocab_size: int, *, evidence=None) -> list[str]:
+  """results.md's list of the claims (`claims`), each with its difference, CI and judgement."""
+  found = claims(suite, results, vocab_size, evidence=evidence)
+  out = []
+  for c in found:
+    where = '' if c.at is None else f' (at {c.at:.3g})'
+    shown = ''
+    if c.test is not None:
+      low, high = c.test.ci(len(found), 0.05)
+      on = ' on a log scale' if c.measure == 'max_attention_logit' else ''
+      shown = f'; difference{on} {c.test.mean:+.3f} [{low:+.3f}, {high:+.3f}]'
     out.append(
-      f'- {variant}: {MEASURES[measure]}{where} {got[0]:.3f} against {suite.baseline.name}\'s '
-      f'{got[1]:.3f}: {verdict} (the paper: lower)'
+      f'- {c.variant}: {MEASURES[c.measure]}{where} {c.ours:.3f} against '
+      f"{suite.baseline.name}'s {c.baseline:.3f}{shown}: {c.cell} (the paper: lower)"
     )
   if out:
-    out = ['', "The paper's stability claims, read off the tuning seeds (no interval):"] + out
+    sigmas = ', '.join(
+      f'{_NOISE_OF[m][1]} σ {s:.4f} ({df} df)'
+      for m in dict.fromkeys(c.measure for c in found)
+      for s, df in [noise(results, m)]
+      if df
+    )
+    out = [
+      '',
+      "The paper's stability claims, read off the tuning seeds (one per rate) and tested on the "
+      "noise between the table's seeds at each row's best rate (pooled; high rates are likely "
+      'noisier, so a claim near its bound is weak): simultaneous 95% CIs over the '
+      f'{len(found)} claims (Bonferroni, t on the pooled df). Noise: {sigmas or "none measured"}; '
+      'an LR sensitivity difference has standard error σ·√((1 − 1/n) + (1 − 1/n′)) over n and '
+      "n′ rates, a one-rate value's σ·√2.",
+      '',
+    ] + out
   return out
 
 

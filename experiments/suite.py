@@ -139,11 +139,13 @@ class Suite:
 
     from experiments.diagnosis import Diagnosis
 
+    claims = {f'{v}: {m}' for v, measures in self.stability_claims.items() for m in measures}
     for name, diagnosis in {**self.diagnoses, **self.notes}.items():
-      if name not in names or not isinstance(diagnosis, Diagnosis):
+      if (name not in names and name not in claims) or not isinstance(diagnosis, Diagnosis):
         raise ValueError(
           f'suite {self.name!r}: diagnoses[{name!r}] = {diagnosis!r:.60}; allowed: a '
-          'Diagnosis (experiments/diagnosis.py) of one of its variants'
+          'Diagnosis (experiments/diagnosis.py) of one of its variants or of a stability '
+          "claim ('variant: measure')"
         )
 
   @property

@@ -212,10 +212,18 @@ def judge(suite: Suite, row: dict, rows: list[dict], evidence: Evidence) -> tupl
     if ratios[0] <= 1.0 <= ratios[1]:
       return 'agrees', f'agrees ({ratio})'
     return 'agrees in direction, not size', f'direction, not size: {ratio}'
-  diagnosis = suite.diagnoses.get(row['variant'])
+  return contradiction(suite, row['variant'], evidence)
+
+
+def contradiction(suite: Suite, key: str, evidence: Evidence) -> tuple[str, str]:
+  """(category, cell) of a result against the literature's direction: its diagnosis (the
+  suite's `diagnoses[key]`: a row's variant, or a stability claim's 'variant: measure')
+  recomputed from `evidence`; none yet, pending, not supported, diagnosed or unexplained."""
+  diagnosis = suite.diagnoses.get(key)
   if diagnosis is None:
     return 'contradicts, undiagnosed', 'contradicts (no diagnosis yet)'
-  finding = diagnosis.find(evidence, row['variant'])
+  variant = key.split(': ')[0]
+  finding = diagnosis.find(evidence, variant)
   if finding.pending:  # a diagnosis suite not run yet: no claim made, none contradicted
     return 'contradicts, undiagnosed', f'contradicts (diagnosis pending: {finding.text})'
   if not finding.supported:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 
+import numpy as np
 import pytest
 
 from experiments import speedup, stability
@@ -103,31 +104,136 @@ def test_the_transfer_line_fits_the_best_rates_slope_against_width():
   assert transfer.slope([64], [1e-3]) is None
 
 
-def test_each_claim_is_read_against_the_baseline_at_the_highest_rate_both_finished():
-  """qk_norm's LR sensitivity 0.1 against the baseline's 0.15 (agrees); its largest attention
-  logit at 1e-1 (the highest rate both finished) 5.0 against 9.0 (agrees); z_loss's LR
-  sensitivity 0.1 against 0.15 (agrees) and its |log Z| there 2.0 against 1.5 (contradicts)."""
-  suite = load_suite('stability')
-  results = {
-    'tuning': {
-      'baseline': {
-        'points': [_point(1e-3, [3.0], [7.5], [1.2]), _point(1e-1, [3.3], [9.0], [-1.5])]
-      },
-      'qk_norm': {'points': [_point(1e-3, [3.1], [4.0], [0.8]), _point(1e-1, [3.3], [5.0], [0.9])]},
-      'z_loss': {'points': [_point(1e-3, [3.0], [7.0], [0.1]), _point(1e-1, [3.2], [9.0], [2.0])]},
+# Table runs (each row at its best rate, 3 seeds): eval loss, log Z and largest attention logit.
+TABLE = {
+  'baseline': ([2.80, 2.81, 2.82], [8.50, 8.55, 8.60], [30.0, 33.0, 36.0]),
+  'qk_norm': ([2.85, 2.85, 2.87], [8.40, 8.50, 8.45], [10.0, 10.5, 11.0]),
+  'z_loss': ([2.80, 2.82, 2.81], [8.45, 8.40, 8.50], [35.0, 33.0, 34.0]),
+}
+
+
+def _stability_results(tuning: dict) -> dict:
+  runs = [
+    {
+      'variant': name,
+      'seed': s,
+      'eval_loss': loss[s],
+      'eval_log_z': z[s],
+      'max_attention_logit': a[s],
+      'params': 1000,
+      'active_params': 1000,
     }
+    for name, (loss, z, a) in TABLE.items()
+    for s in range(3)
+  ]
+  tuning = {name: {'edge': None, **t} for name, t in tuning.items()}
+  return {'preset': 'cpu', 'seeds': 3, 'runs': runs, 'tuning': tuning}
+
+
+CLAIM_TUNING = {
+  'baseline': {'points': [_point(1e-3, [3.0], [7.5], [1.2]), _point(1e-1, [3.3], [9.0], [-1.5])]},
+  'qk_norm': {'points': [_point(1e-3, [3.1], [4.0], [0.8]), _point(1e-1, [3.3], [5.0], [0.9])]},
+  'z_loss': {'points': [_point(1e-3, [3.0], [7.0], [0.1]), _point(1e-1, [3.2], [9.0], [2.0])]},
+}
+
+
+def test_each_claim_is_tested_on_the_table_seeds_noise_at_the_highest_rate_both_finished():
+  """qk_norm's LR sensitivity 0.1 against the baseline's 0.15, z_loss's the same; at 1e-1 (the
+  highest rate both finished) qk_norm's largest attention logit 5 against 9 (a log ratio) and
+  z_loss's |log Z| 2.0 against 1.5. Each difference's CI: t_{1−α/(2·4), df} · se, σ the table
+  seeds' spread pooled over rows (the mean of equal-n variances), se σ·√(1/2 + 1/2) for a
+  sensitivity over 2 rates each and σ·√2 for a one-rate value."""
+  from scipy import stats as sps
+
+  suite = load_suite('stability')
+  lines = stability.claim_lines(suite, _stability_results(CLAIM_TUNING), vocab_size=32)
+  text = '\n'.join(lines)
+  crit = sps.t.ppf(1 - 0.05 / 8, 6)  # 4 claims, 3 rows x 2 df
+  sigma = {k: math.sqrt(np.mean([np.var(TABLE[r][k], ddof=1) for r in TABLE])) for k in (0, 1)}
+  sigma[2] = math.sqrt(np.mean([np.var(np.log(TABLE[r][2]), ddof=1) for r in TABLE]))
+  for variant, measure, diff, se, judged in [
+    ('qk_norm', 'LR sensitivity', -0.05, sigma[0], 'agrees'),
+    ('qk_norm', 'largest attention logit', math.log(5 / 9), sigma[2] * math.sqrt(2), 'agrees'),
+    ('z_loss', 'LR sensitivity', -0.05, sigma[0], 'agrees'),
+    ('z_loss', '|log Z|', 0.5, sigma[1] * math.sqrt(2), 'contradicts (no diagnosis yet)'),
+  ]:
+    line = next(ln for ln in lines if ln.startswith(f'- {variant}: {measure}'))
+    ci = f'{diff:+.3f} [{diff - crit * se:+.3f}, {diff + crit * se:+.3f}]: {judged}'
+    assert ci in line, (line, ci)
+  assert "(at 0.1) 5.000 against baseline's 9.000; difference on a log scale" in text
+  assert 'simultaneous 95% CIs over the 4 claims' in text
+  assert f'eval loss σ {sigma[0]:.4f} (6 df)' in text
+
+
+def test_a_claim_within_the_noise_is_no_difference_and_a_contradiction_takes_its_diagnosis():
+  """z_loss's |log Z| 1.52 against 1.5 is inside its CI: no difference, with the smallest
+  difference it could see (noncentral t); at 2.0 it contradicts, and a diagnosis keyed
+  'z_loss: abs_log_z' judges it (here one that explains nothing: unexplained)."""
+  import dataclasses
+
+  from experiments.diagnosis import Diagnosis, Finding
+
+  suite = load_suite('stability')
+  near = {**CLAIM_TUNING}
+  near['z_loss'] = {
+    'points': [_point(1e-3, [3.0], [7.0], [0.1]), _point(1e-1, [3.2], [9.0], [1.52])]
   }
-  text = '\n'.join(stability.claim_lines(suite, results, vocab_size=32))
-  assert "- qk_norm: LR sensitivity 0.100 against baseline's 0.150: agrees" in text
-  assert (
-    "largest attention logit at the highest rate both finished (at 0.1) 5.000 against "
-    "baseline's 9.000: agrees" in text
+  found = {(c.variant, c.measure): c for c in stability.claims(suite, _stability_results(near), 32)}
+  within = found['z_loss', 'abs_log_z']
+  assert within.judgement == 'no difference detected'
+  sigma = math.sqrt(np.mean([np.var(TABLE[r][1], ddof=1) for r in TABLE]))
+  assert within.test.se == pytest.approx(sigma * math.sqrt(2))
+  assert within.cell == f'no difference detected (could see ±{within.test.detectable(4):.3f})'
+  said = Diagnosis('x', lambda e, v: Finding(True, 'ruled out: the decay'), explains=False)
+  diagnosed = dataclasses.replace(suite, diagnoses={**suite.diagnoses, 'z_loss: abs_log_z': said})
+  claim = next(
+    c
+    for c in stability.claims(diagnosed, _stability_results(CLAIM_TUNING), 32)
+    if c.measure == 'abs_log_z'
   )
-  assert "- z_loss: LR sensitivity 0.100 against baseline's 0.150: agrees" in text
-  assert (
-    "- z_loss: |log Z| at the highest rate both finished (at 0.1) 2.000 against baseline's "
-    '1.500: contradicts' in text
+  assert (claim.judgement, claim.cell) == (
+    'contradicts, unexplained',
+    'contradicts: ruled out: the decay',
   )
+  with pytest.raises(ValueError, match=r"diagnoses\['z_loss: max_attention_logit'\]"):
+    dataclasses.replace(suite, diagnoses={'z_loss: max_attention_logit': said})
+  no_seeds = {**_stability_results(CLAIM_TUNING), 'runs': []}
+  assert {c.cell for c in stability.claims(suite, no_seeds, 32)} == {
+    'not judged: no table seeds to measure the noise'
+  }
+
+
+def test_the_sensitivity_difference_spreads_as_its_standard_error_says():
+  """Simulated sweeps (7 rates, a clear optimum, Gaussian noise σ on each final loss): the
+  spread of the difference of two LR sensitivities matches sensitivity_se within 3%."""
+  rng = np.random.default_rng(0)
+  curve = np.array([0.5, 0.2, 0.0, 0.2, 0.6, 1.0, 1.5]) + 3.0
+  sigma = 0.01
+
+  def sensitivity():
+    losses = curve + sigma * rng.standard_normal(curve.size)
+    return stability.lr_sensitivity([_point(lr, [x]) for lr, x in enumerate(losses)], 6.0)
+
+  diffs = [sensitivity() - sensitivity() for _ in range(8000)]
+  assert np.std(diffs) == pytest.approx(stability.sensitivity_se(sigma, 7, 7), rel=0.03)
+
+
+def test_the_overview_counts_the_stability_claims_with_the_rows():
+  """The stability suite's 4 claims join its rows in the tally, the project family and the
+  table's 'rows' column."""
+  from experiments import overview, verdicts
+
+  suite = load_suite('stability')
+  results = _stability_results(CLAIM_TUNING)
+  rows = [r for r in verdicts.measured_rows(suite, results) if 'test' in r]
+  assert overview.project_family([(suite, results)]).m == len(rows) + 4
+  tally = overview.tally(suite, results)
+  assert tally['claims'] == 4 and tally['tests'] == len(rows) + 4
+  assert tally['counts']['contradicts, undiagnosed'] >= 1
+  assert any(
+    'z_loss, |log Z| at the highest rate' in n for n in tally['notes']['contradicts, undiagnosed']
+  )
+  assert f"| {len(suite.variants)} + 4 claims |" in overview.markdown([tally])
 
 
 def test_the_lr_column_shows_the_peak_a_row_ran_at_where_its_config_scaled_the_rate():
