@@ -18,7 +18,7 @@ import json
 import os
 import sys
 
-from experiments import provenance, report, report_notes, stability, verdicts
+from experiments import provenance, report, report_notes, stability, transfer, verdicts
 from experiments.diagnosis import Evidence
 from experiments.suite import Suite, available, load_suite
 
@@ -50,18 +50,17 @@ def project_family(loaded: list[tuple[Suite, dict]]) -> verdicts.Family:
 
 
 def _claims(suite: Suite, results: dict, family: verdicts.Family | None = None, out=None):
-  """The suite's tested stability claims (experiments/stability.py) under `family` (default:
-  the suite's claims alone)."""
-  if not suite.stability:
-    return []
+  """The suite's tested claims apart from its rows (a stability sweep's, experiments/stability.py;
+  a best rate's slope against width, experiments/transfer.py) under `family` (default: the
+  suite's claims alone)."""
   evidence = Evidence(out, (suite.name, results))
-  found = stability.claims(
-    suite,
-    results,
-    report.vocab_size(suite, results),
-    evidence=evidence,
-    family=family.m if family else None,
-  )
+  m = family.m if family else None
+  found = []
+  if suite.stability:
+    vocab = report.vocab_size(suite, results)
+    found += stability.claims(suite, results, vocab, evidence=evidence, family=m)
+  if suite.lr_transfer_expect:
+    found += transfer.claims(suite, results, evidence=evidence, family=m)
   return [c for c in found if c.test is not None]
 
 
@@ -85,14 +84,12 @@ def tally(suite: Suite, results: dict, family: verdicts.Family | None = None, ou
       counts[row['judgement']] += 1
       notes[row['judgement']].append(f"`{suite.name}` {row['variant']}: {row['agreement']}")
   claims = _claims(suite, results, family, out)
-  own_claims = {(c.variant, c.measure): c for c in _claims(suite, results, None, out)}
+  own_claims = {c.label: c for c in _claims(suite, results, None, out)}
   for claim in own_claims.values():
     table_counts[claim.judgement] += 1
   for claim in claims:
     counts[claim.judgement] += 1
-    notes[claim.judgement].append(
-      f"`{suite.name}` {claim.variant}, {stability.MEASURES[claim.measure]}: {claim.cell}"
-    )
+    notes[claim.judgement].append(f"`{suite.name}` {claim.label}: {claim.cell}")
   return {
     'suite': suite.name,
     'protocol': protocol(results, suite),
@@ -111,10 +108,10 @@ def tally(suite: Suite, results: dict, family: verdicts.Family | None = None, ou
       if 'test' in r and own[r['variant']] != r['verdict']
     ]
     + [
-      f"`{suite.name}` {c.variant}, {stability.MEASURES[c.measure]}: "
-      f"{own_claims[c.variant, c.measure].judgement} in its table, {c.judgement} project-wide"
+      f"`{suite.name}` {c.label}: {own_claims[c.label].judgement} in its table, {c.judgement} "
+      'project-wide'
       for c in claims
-      if own_claims[c.variant, c.measure].judgement != c.judgement
+      if own_claims[c.label].judgement != c.judgement
     ],
     'code_versions': len(provenance.by_version(results['runs'])),
     # Checked by experiments.reproduce to draw the same (one group): the rows pair as draws.

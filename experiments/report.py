@@ -131,6 +131,8 @@ def write(suite: Suite, results: dict, out: str) -> str:
   text = markdown(suite, results, rows)
   if suite.lr_transfer:
     text += '\n'.join(transfer.lines(suite, results)) + '\n'
+    evidence = Evidence(out, (suite.name, results))
+    text += '\n'.join(transfer.claim_lines(suite, results, evidence=evidence)) + '\n'
   if suite.tokens_to_baseline:
     text += '\n'.join(speedup.lines(suite, results)) + '\n'
   if suite.stability:

@@ -146,6 +146,10 @@ class Claim:
   judgement: str  # a verdicts.CATEGORIES entry, or '' (not judged)
   cell: str  # the judgement in words
 
+  @property
+  def label(self) -> str:
+    return f'{self.variant}, {MEASURES[self.measure]}'
+
 
 def claims(
   suite, results: dict, vocab_size: int, *, evidence=None, family: int | None = None

@@ -101,6 +101,9 @@ class Suite:
   # {family: {variant: width}}: each family's best rate against the width and its fitted slope
   # (experiments/transfer.py; Tensor Programs V, Fig. 1).
   lr_transfer: dict = dataclasses.field(default_factory=dict)
+  # {family: the paper's slope of log2(best rate) per doubling of the width}: a claim each,
+  # scored and counted (transfer.claims).
+  lr_transfer_expect: dict = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     names = [v.name for v in self.variants]
@@ -140,12 +143,18 @@ class Suite:
     from experiments.diagnosis import Diagnosis
 
     claims = {f'{v}: {m}' for v, measures in self.stability_claims.items() for m in measures}
+    claims |= {f'{family}: slope' for family in self.lr_transfer_expect}
+    if set(self.lr_transfer_expect) - set(self.lr_transfer):
+      raise ValueError(
+        f'suite {self.name!r}: lr_transfer_expect names {sorted(self.lr_transfer_expect)}; '
+        f'allowed: families of lr_transfer ({", ".join(self.lr_transfer) or "none"})'
+      )
     for name, diagnosis in {**self.diagnoses, **self.notes}.items():
       if (name not in names and name not in claims) or not isinstance(diagnosis, Diagnosis):
         raise ValueError(
           f'suite {self.name!r}: diagnoses[{name!r}] = {diagnosis!r:.60}; allowed: a '
-          'Diagnosis (experiments/diagnosis.py) of one of its variants or of a stability '
-          "claim ('variant: measure')"
+          'Diagnosis (experiments/diagnosis.py) of one of its variants, a stability claim '
+          "('variant: measure') or a transfer claim ('family: slope')"
         )
 
   @property

@@ -236,6 +236,73 @@ def test_the_overview_counts_the_stability_claims_with_the_rows():
   assert f"| {len(suite.variants)} + 4 claims |" in overview.markdown([tally])
 
 
+def _sweep(best_log2: float, low: int = -10, high: int = -6) -> list[dict]:
+  """A factor-2 grid of rates, 2^low to 2^high, whose final loss is a parabola in log2(rate)
+  with its minimum at `best_log2`."""
+  return [_point(2.0**x, [3.0 + 0.1 * (x - best_log2) ** 2]) for x in range(low, high + 1)]
+
+
+def test_a_rows_best_rate_is_the_vertex_of_the_parabola_through_its_best_grid_points():
+  from experiments import transfer
+
+  assert transfer.best_log2_rate(_sweep(-8.3)) == (pytest.approx(-8.3), False)
+  assert transfer.best_log2_rate(_sweep(-11.0)) == (-10.0, True)  # the grid's low edge
+
+
+def test_each_transfer_claim_is_the_slope_of_the_best_rates_with_its_least_squares_ci():
+  """Standard rows halving their best rate per doubling (with jitter): slope and CI as the
+  float64 formulas give them, within ±0.5 of −1 (agrees); µP rows doubling it: outside ±0.5 of
+  0 (contradicts); µP rows scattered: the CI reaches past the band (cannot resolve); a best rate
+  at an edge: not judged."""
+  from scipy import stats as sps
+
+  from experiments import overview, transfer
+
+  suite = load_suite('mup_transfer')
+  widths = (64, 128, 256, 512)
+  jitter = (0.05, -0.08, 0.02, 0.04)
+
+  def results(std_best, mup_best):
+    tuning = {
+      f'{kind}-d{w}': {'points': _sweep(best(i), -13, -5), 'edge': None, 'best_lr': 2.0 ** best(i)}
+      for kind, best in (('standard', std_best), ('mup', mup_best))
+      for i, w in enumerate(widths)
+    }
+    return {'preset': 'cpu', 'seeds': 3, 'runs': [], 'tuning': tuning}
+
+  falls = lambda i: -7.0 - i + jitter[i]  # noqa: E731
+  doubles = lambda i: -9.5 + i + jitter[i]  # noqa: E731
+  found = {c.family: c for c in transfer.claims(suite, results(falls, doubles))}
+  x = np.log2(widths)
+  y = np.array([falls(i) for i in range(4)])
+  slope = ((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum()
+  residual = y - y.mean() - slope * (x - x.mean())
+  se = math.sqrt((residual**2).sum() / 2 / ((x - x.mean()) ** 2).sum())
+  half = sps.t.ppf(1 - 0.05 / 4, 2) * se  # 2 claims
+  standard = found['standard']
+  assert (standard.test.mean, standard.test.se) == (pytest.approx(slope), pytest.approx(se))
+  assert standard.judgement == 'agrees' and slope - half >= -1.5 and slope + half <= -0.5
+  assert found['mup'].judgement == 'contradicts, undiagnosed'
+  text = '\n'.join(transfer.claim_lines(suite, results(falls, doubles)))
+  assert (
+    f'- standard: slope {slope:+.2f} [{slope - half:+.2f}, {slope + half:+.2f}] on 2 df;' in text
+  )
+  scattered = lambda i: -8.0 + (0.0, 0.9, -0.9, 0.3)[i]  # noqa: E731
+  found = {c.family: c for c in transfer.claims(suite, results(falls, scattered))}
+  assert found['mup'].judgement == 'cannot resolve at this power'
+  edge = lambda i: -14.0 if i == 0 else -8.0  # noqa: E731
+  found = {c.family: c for c in transfer.claims(suite, results(falls, edge))}
+  assert (found['mup'].judgement, found['mup'].cell) == (
+    '',
+    'not judged: a best rate at an edge of its grid',
+  )
+  tally = overview.tally(suite, results(falls, doubles))
+  assert tally['claims'] == 2 and tally['counts']['agrees'] == 1
+  assert any(
+    'mup, best rate against width' in n for n in tally['notes']['contradicts, undiagnosed']
+  )
+
+
 def test_the_lr_column_shows_the_peak_a_row_ran_at_where_its_config_scaled_the_rate():
   """unseen_width's default_config rows keep the standard parametrization's width rule: 3e-3
   given runs at 3e-3 · 256/96 = 8e-3; a row whose rate is given as it is shows it alone."""

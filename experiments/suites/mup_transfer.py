@@ -37,6 +37,9 @@ SUITE = Suite(
     for name, preset in PRESETS_CPU_GELU.items()
   },
   lr_transfer={kind: {f'{kind}-d{d}': d for d in WIDTHS} for kind in ('standard', 'mup')},
+  # TP5 Sec. 1 and Fig. 1: under Adam the standard parametrization's best rate scales as
+  # 1/width (halves per doubling); µP's stays put.
+  lr_transfer_expect={'standard': -1.0, 'mup': 0.0},
   paper_source='Yang et al. 2022 (Tensor Programs V), Fig. 1: under µP the best rate is flat '
   'across widths; under the standard parametrization it shifts',
 )
