@@ -18,7 +18,15 @@ import json
 import os
 import sys
 
-from experiments import provenance, report, report_notes, stability, transfer, verdicts
+from experiments import (
+  provenance,
+  report,
+  report_notes,
+  speedup,
+  stability,
+  transfer,
+  verdicts,
+)
 from experiments.diagnosis import Evidence
 from experiments.suite import Suite, available, load_suite
 
@@ -51,7 +59,8 @@ def project_family(loaded: list[tuple[Suite, dict]]) -> verdicts.Family:
 
 def _claims(suite: Suite, results: dict, family: verdicts.Family | None = None, out=None):
   """The suite's tested claims apart from its rows (a stability sweep's, experiments/stability.py;
-  a best rate's slope against width, experiments/transfer.py) under `family` (default: the
+  a best rate's slope against width, experiments/transfer.py; a speed-up in steps,
+  experiments/speedup.py) under `family` (default: the
   suite's claims alone)."""
   evidence = Evidence(out, (suite.name, results))
   m = family.m if family else None
@@ -61,6 +70,8 @@ def _claims(suite: Suite, results: dict, family: verdicts.Family | None = None, 
     found += stability.claims(suite, results, vocab, evidence=evidence, family=m)
   if suite.lr_transfer_expect:
     found += transfer.claims(suite, results, evidence=evidence, family=m)
+  if suite.tokens_to_baseline_expect:
+    found += speedup.claims(suite, results, evidence=evidence, family=m)
   return [c for c in found if c.test is not None]
 
 
@@ -231,9 +242,10 @@ def markdown(tallies: list[dict], diagnoses: list[dict] = ()) -> str:
   lines = [
     '# Verdicts against the literature, every suite',
     '',
-    f'Of {sum(totals.values())} rows and stability claims where the literature states a '
-    "direction or a size (a paper's number, or a stated expectation, against the row's "
-    'reference; a stability claim: a variant lowers a measure of the learning-rate sweep), '
+    f'Of {sum(totals.values())} rows and claims where the literature states a direction or a '
+    "size (a paper's number, or a stated expectation, against the row's reference; a claim: "
+    "what a paper says of a suite's sweep apart from its rows, e.g. a lower LR sensitivity, a "
+    'best rate flat across widths, fewer steps to the baseline\'s loss), '
     f'corrected over the whole project (Bonferroni over all {tests} tests of every suite at '
     "once, each suite's noise pooled over its rows; simultaneous CIs and detectable effects at "
     f'that family size): {_sentence(totals)}.',

@@ -135,6 +135,8 @@ def write(suite: Suite, results: dict, out: str) -> str:
     text += '\n'.join(transfer.claim_lines(suite, results, evidence=evidence)) + '\n'
   if suite.tokens_to_baseline:
     text += '\n'.join(speedup.lines(suite, results)) + '\n'
+    evidence = Evidence(out, (suite.name, results))
+    text += '\n'.join(speedup.claim_lines(suite, results, evidence=evidence)) + '\n'
   if suite.stability:
     vocab = vocab_size(suite, results)
     evidence = Evidence(out, (suite.name, results))

@@ -6,12 +6,19 @@ same seed reaches it at the first evaluation at or below it, interpolated linear
 between that evaluation and the one before. The ratio to the baseline's own steps is what
 modded-nanogpt's record history and "Muon is Scalable" (arXiv 2502.16982) report as a speed-up
 (there: Muon ~1.5x fewer tokens than tuned AdamW at 124M).
+
+A variant with a paper's ratio (`Suite.tokens_to_baseline_expect`) is a claim the overview
+counts (`claims`): the per-seed ratios' mean with its paired CI (t on n − 1 df, simultaneous over
+the suite's claims), judged against 1 (no speed-up) and the paper's ratio as a table row is.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
+
+from experiments import stats
 
 
 def steps_to_reach(curve: dict, target: float) -> float | None:
@@ -67,4 +74,88 @@ def lines(suite, results: dict) -> list[str]:
       f"Tokens to {baseline}'s final eval loss: {v.name} gets there in {summary}; by seed: "
       f'{shown} (interpolated between evaluations, `train.eval_every`).',
     ]
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+  variant: str
+  expected: float  # the paper's ratio of steps (below 1: sooner)
+  test: stats.Contrast | None  # the mean ratio − 1 over seeds, its own variance; None: not judged
+  judgement: str  # a verdicts.CATEGORIES entry, or '' (not judged)
+  cell: str
+
+  @property
+  def label(self) -> str:
+    return f"{self.variant}, steps to the baseline's final loss"
+
+
+def claims(suite, results: dict, *, evidence=None, family: int | None = None) -> list[Claim]:
+  """Each variant of `suite.tokens_to_baseline_expect`: its ratio's CI at α / m over `family`
+  tests (default: the suite's claims). 'agrees' where the CI lies below 1 and holds the paper's
+  ratio; 'agrees in direction, not size' where it lies below 1 without it; a contradiction (its
+  diagnosis, `suite.diagnoses['variant: steps']`, recomputed) where it lies above 1; where it
+  holds 1, "rules out the paper's effect" if it excludes the paper's ratio, else 'cannot
+  resolve at this power' or 'no difference detected' as the smallest difference it could see
+  (80% power) is larger than the paper's or not. A seed that never got there, or under two
+  seeds: not judged."""
+  from experiments import verdicts
+  from experiments.diagnosis import Evidence
+
+  evidence = evidence or Evidence(None, (suite.name, results))
+  read = []
+  for variant, expected in suite.tokens_to_baseline_expect.items():
+    by_seed = ratios(results, suite.baseline.name, variant)
+    values = list(by_seed.values())
+    why = (
+      'under two seeds'
+      if len(values) < 2
+      else 'a seed never reached the baseline\'s loss'
+      if None in values
+      else ''
+    )
+    read.append((variant, expected, values, why))
+  m = family or sum(not why for *_, why in read)
+  out = []
+  for variant, expected, values, why in read:
+    if why:
+      out.append(Claim(variant, expected, None, '', f'not judged: {why}'))
+      continue
+    mean, std = stats.mean_std(values)
+    n = len(values)
+    test = stats.Contrast(
+      n=n, mean=mean - 1.0, se=std / math.sqrt(n), df=n - 1, source='own', diff_std=std
+    )
+    low, high = (1.0 + x for x in test.ci(m, verdicts.ALPHA))
+    ci = f'{mean:.2f}x [{low:.2f}, {high:.2f}]'
+    if high < 1.0:
+      if low <= expected <= high:
+        judgement, cell = 'agrees', f'agrees ({ci} the steps)'
+      else:
+        judgement, cell = 'agrees in direction, not size', f'direction, not size: {ci} the steps'
+    elif low > 1.0:
+      judgement, cell = verdicts.contradiction(suite, f'{variant}: steps', evidence)
+    elif not low <= expected <= high:
+      judgement, cell = "rules out the paper's effect", f"rules out the paper's ratio: {ci}"
+    elif test.detectable(m, verdicts.ALPHA) > abs(expected - 1.0):
+      judgement, cell = 'cannot resolve at this power', f'cannot resolve: {ci}'
+    else:
+      judgement, cell = 'no difference detected', f'no difference detected: {ci}'
+    out.append(Claim(variant, expected, test, judgement, cell))
+  return out
+
+
+def claim_lines(suite, results: dict, *, evidence=None) -> list[str]:
+  """results.md's list of the speed-up claims (`claims`), each judged."""
+  found = claims(suite, results, evidence=evidence)
+  out = [f'- {c.variant}: {c.cell} (the paper: {c.expected:.2f}x)' for c in found]
+  if out:
+    judged = sum(c.test is not None for c in found)
+    out = [
+      '',
+      "The paper's speed-up, as the mean over seeds of the steps to the baseline's final loss "
+      'over its own, with a paired CI (t on n − 1 df) simultaneous over the '
+      f'{judged} judged claims:',
+      '',
+    ] + out
   return out

@@ -98,6 +98,9 @@ class Suite:
   # Each variant's steps to the baseline's final eval loss, seed by seed (experiments/speedup.py;
   # the runs evaluate during training).
   tokens_to_baseline: bool = False
+  # {variant: the paper's steps to the baseline's final loss over the baseline's}: a claim each,
+  # scored and counted (speedup.claims).
+  tokens_to_baseline_expect: dict = dataclasses.field(default_factory=dict)
   # {family: {variant: width}}: each family's best rate against the width and its fitted slope
   # (experiments/transfer.py; Tensor Programs V, Fig. 1).
   lr_transfer: dict = dataclasses.field(default_factory=dict)
@@ -144,6 +147,13 @@ class Suite:
 
     claims = {f'{v}: {m}' for v, measures in self.stability_claims.items() for m in measures}
     claims |= {f'{family}: slope' for family in self.lr_transfer_expect}
+    claims |= {f'{variant}: steps' for variant in self.tokens_to_baseline_expect}
+    if set(self.tokens_to_baseline_expect) - set(names[1:]):
+      raise ValueError(
+        f'suite {self.name!r}: tokens_to_baseline_expect names '
+        f'{sorted(self.tokens_to_baseline_expect)}; allowed: variants other than the baseline '
+        f'({", ".join(names[1:]) or "none"})'
+      )
     if set(self.lr_transfer_expect) - set(self.lr_transfer):
       raise ValueError(
         f'suite {self.name!r}: lr_transfer_expect names {sorted(self.lr_transfer_expect)}; '
@@ -153,8 +163,8 @@ class Suite:
       if (name not in names and name not in claims) or not isinstance(diagnosis, Diagnosis):
         raise ValueError(
           f'suite {self.name!r}: diagnoses[{name!r}] = {diagnosis!r:.60}; allowed: a '
-          'Diagnosis (experiments/diagnosis.py) of one of its variants, a stability claim '
-          "('variant: measure') or a transfer claim ('family: slope')"
+          'Diagnosis (experiments/diagnosis.py) of one of its variants or of a claim '
+          "('variant: measure', 'family: slope', 'variant: steps')"
         )
 
   @property
