@@ -261,8 +261,9 @@ def test_learned_bias_gradients_match_reference(impl):
 
 
 def test_shaw_relative_values_match_xla():
-  """Shaw's value term through blockwise: output vs float64 loops, table gradient vs autodiff of
-  'xla' (two independent paths)."""
+  """Shaw's value term through blockwise (a one-hot product per block) and 'xla' (a
+  scatter-add): both outputs vs float64 loops, every gradient of one vs the other's (two
+  independent paths)."""
   q, k, v = (
     jax.random.normal(key, (2, 30, 4, 16)) for key in jax.random.split(jax.random.key(7), 3)
   )
@@ -280,11 +281,12 @@ def test_shaw_relative_values_match_xla():
     g = jax.grad(functools.partial(loss, impl), argnums=(0, 1, 2, 3), has_aux=True)
     return jax.jit(g)(q, k, v, table)
 
-  (g_block, out_block), (g_xla, _) = grad('blockwise'), grad('xla')
+  (g_block, out_block), (g_xla, out_xla) = grad('blockwise'), grad('xla')
   want = attention_with_grads(q, k, v, causal=True, window=9)
   p_weights = _shaw_weights(q, k, window=9, index=np.asarray(index)[0], n_rel=5)
   want = want + np.einsum('bntr,rh->btnh', p_weights, np.asarray(table, np.float64))
   assert relative_error(out_block, want) < 1e-5
+  assert relative_error(out_xla, want) < 1e-5
   for a, b in zip(g_block, g_xla):
     assert relative_error(a, b) < 1e-5
 

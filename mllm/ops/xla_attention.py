@@ -110,10 +110,19 @@ def xla_attention(
 
 
 def _relative_values(probs_BKGTS, rel_values: RelativeValues):
-  """Shaw et al. 2018, Eq. 3's second term: sum_j p_ij a^V_ij, from the table of R embeddings."""
+  """Shaw et al. 2018, Eq. 3's second term: sum_j p_ij a^V_ij, from the table of R embeddings.
+
+  Each embedding's weight w_ir = sum_j p_ij [index_ij = r] is the adjoint of gathering column
+  index_ij of a [.., R] array: a scatter-add, whose own gradient is that gather. As a product
+  with a one-hot [B, T, S, R] (B·T matmuls of [N, S]·[S, R]) it took 6x as long on a CPU, the
+  cpu preset's Shaw step 1.7x RoPE's (benchmarks/results/train_step-cpu.md)."""
   n_rel = rel_values.table.shape[0]
-  onehot_BTSR = jax.nn.one_hot(rel_values.index, n_rel, dtype=jnp.float32)
-  weights_BKGTR = jnp.einsum('bkgts,btsr->bkgtr', probs_BKGTS, onehot_BTSR)
+  index_B11TS = rel_values.index[:, None, None]
+  zeros_BKGTR = jnp.zeros((*probs_BKGTS.shape[:-1], n_rel), jnp.float32)
+  _, scatter_add = jax.vjp(
+    lambda table_BKGTR: jnp.take_along_axis(table_BKGTR, index_B11TS, axis=-1), zeros_BKGTR
+  )
+  (weights_BKGTR,) = scatter_add(probs_BKGTS.astype(jnp.float32))
   return jnp.einsum('bkgtr,rh->btkgh', weights_BKGTR, rel_values.table.astype(jnp.float32))
 
 
