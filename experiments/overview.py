@@ -50,7 +50,7 @@ def _known(suite: Suite, results: dict) -> dict:
 
 def project_family(loaded: list[tuple[Suite, dict]]) -> verdicts.Family:
   """The family of every test of every suite in `loaded` together: the table rows' and the
-  stability claims'."""
+  claims'."""
   rows = sum(
     'test' in r for suite, results in loaded for r in verdicts.measured_rows(suite, results)
   )
@@ -60,8 +60,7 @@ def project_family(loaded: list[tuple[Suite, dict]]) -> verdicts.Family:
 def _claims(suite: Suite, results: dict, family: verdicts.Family | None = None, out=None):
   """The suite's tested claims apart from its rows (a stability sweep's, experiments/stability.py;
   a best rate's slope against width, experiments/transfer.py; a speed-up in steps,
-  experiments/speedup.py) under `family` (default: the
-  suite's claims alone)."""
+  experiments/speedup.py) under `family` (default: the suite's claims alone)."""
   evidence = Evidence(out, (suite.name, results))
   m = family.m if family else None
   found = []
