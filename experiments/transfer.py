@@ -89,13 +89,43 @@ class Claim:
     return f'{self.family}, best rate against width'
 
 
+def _judge(test: stats.Contrast, m: int, expected: float) -> tuple[str, str]:
+  """(category, cell) of a fitted slope against the paper's, as verdicts.judge reads a row, from
+  the slope's CI at α / m. A flat claim (0) is an equivalence test: 'agrees' with the CI inside
+  ±FLAT, 'contradicts' with it outside, else 'cannot resolve at this power'. A slope of e ≠ 0:
+  the CI beyond 0 on e's side 'agrees' if it holds e, else 'agrees in direction, not size'; on
+  the other side 'contradicts'; holding 0, "rules out the paper's effect" if it excludes e, else
+  'cannot resolve at this power' (could the test have seen e?) or 'no difference detected'."""
+  from experiments import verdicts
+
+  low, high = test.ci(m, verdicts.ALPHA)
+  if expected == 0:
+    if low >= -FLAT and high <= FLAT:
+      return 'agrees', f'agrees (within ±{FLAT})'
+    if high < -FLAT or low > FLAT:
+      return 'contradicts', 'contradicts'
+    return 'cannot resolve at this power', f'cannot resolve: the CI reaches past ±{FLAT}'
+  with_paper = (high < 0) if expected < 0 else (low > 0)  # the CI past 0 on the paper's side
+  against = (low > 0) if expected < 0 else (high < 0)
+  if with_paper:
+    if low <= expected <= high:
+      return 'agrees', 'agrees'
+    return 'agrees in direction, not size', 'direction, not size'
+  if against:
+    return 'contradicts', 'contradicts'
+  if not low <= expected <= high:
+    return "rules out the paper's effect", f"rules out the paper's {expected:+g}"
+  seen = test.detectable(m, verdicts.ALPHA)
+  if seen > abs(expected):
+    return 'cannot resolve at this power', f'cannot resolve: could see ±{seen:.2f}'
+  return 'no difference detected', f'no difference detected (could see ±{seen:.2f})'
+
+
 def claims(suite, results: dict, *, evidence=None, family: int | None = None) -> list[Claim]:
   """Each family of `suite.lr_transfer_expect`: its slope and CI at α / m over `family` tests
-  (default: the suite's claims), against the expected slope e with a band of ±FLAT: 'agrees'
-  where the CI lies inside [e − FLAT, e + FLAT]; for e ≠ 0, 'agrees in direction, not size'
-  where it excludes 0 on e's side; a contradiction (its diagnosis, `suite.diagnoses['family:
-  slope']`, recomputed from `evidence`) where it misses the band; else 'cannot resolve at this
-  power'. A family with a best rate at an edge, or under three widths, is not judged."""
+  (default: the suite's claims), judged against the paper's slope by `_judge`; a contradiction
+  takes its diagnosis (`suite.diagnoses['family: slope']`, recomputed from `evidence`). A family
+  with a best rate at an edge, or under three widths, is not judged."""
   from experiments import verdicts
   from experiments.diagnosis import Evidence
 
@@ -128,19 +158,9 @@ def claims(suite, results: dict, *, evidence=None, family: int | None = None) ->
     test = stats.Contrast(
       n=len(found), mean=fit.slope, se=fit.stderr, df=df, source='own', diff_std=math.nan
     )
-    low, high = test.ci(m, verdicts.ALPHA)
-    band = (expected - FLAT, expected + FLAT)
-    if band[0] <= low and high <= band[1]:
-      judgement, cell = 'agrees', f'agrees (within ±{FLAT} of {expected:+g})'
-    elif expected and (high < 0 if expected < 0 else low > 0):
-      judgement, cell = 'agrees in direction, not size', 'direction, not size'
-    elif high < band[0] or low > band[1]:
+    judgement, cell = _judge(test, m, expected)
+    if judgement == 'contradicts':
       judgement, cell = verdicts.contradiction(suite, f'{name}: slope', evidence)
-    else:
-      judgement, cell = (
-        'cannot resolve at this power',
-        'cannot resolve: the CI reaches past the band',
-      )
     out.append(Claim(name, expected, test, judgement, cell))
   return out
 
@@ -162,7 +182,8 @@ def claim_lines(suite, results: dict, *, evidence=None) -> list[str]:
       'The paper\'s claims (Tensor Programs V, Fig. 1): the slope of log2(best rate) against '
       'log2(width), each row\'s best rate interpolated (a parabola through its best grid point '
       'and neighbours), with its least-squares CI simultaneous over the '
-      f'{m} judged claims; it agrees within ±{FLAT} of the paper\'s slope.',
+      f'{m} judged claims; a flat slope agrees with the CI inside ±{FLAT}, a falling one with '
+      "the CI below 0 holding the paper's.",
       '',
     ] + out
   return out
