@@ -91,14 +91,11 @@ class Claim:
 
 
 def claims(suite, results: dict, *, evidence=None, family: int | None = None) -> list[Claim]:
-  """Each variant of `suite.tokens_to_baseline_expect`: its ratio's CI at α / m over `family`
-  tests (default: the suite's claims). 'agrees' where the CI lies below 1 and holds the paper's
-  ratio; 'agrees in direction, not size' where it lies below 1 without it; a contradiction (its
-  diagnosis, `suite.diagnoses['variant: steps']`, recomputed) where it lies above 1; where it
-  holds 1, "rules out the paper's effect" if it excludes the paper's ratio, else 'cannot
-  resolve at this power' or 'no difference detected' as the smallest difference it could see
-  (80% power) is larger than the paper's or not. A seed that never got there, or under two
-  seeds: not judged."""
+  """Each variant of `suite.tokens_to_baseline_expect`: its ratio − 1 and CI at α / m over
+  `family` tests (default: the suite's claims), judged against the paper's ratio − 1 as a row's
+  effect is (verdicts.judge_effect: below 1 holding the paper's ratio agrees); a contradiction
+  takes its diagnosis (`suite.diagnoses['variant: steps']`, recomputed). A seed that never got
+  there, or under two seeds: not judged."""
   from experiments import verdicts
   from experiments.diagnosis import Evidence
 
@@ -126,31 +123,25 @@ def claims(suite, results: dict, *, evidence=None, family: int | None = None) ->
     test = stats.Contrast(
       n=n, mean=mean - 1.0, se=std / math.sqrt(n), df=n - 1, source='own', diff_std=std
     )
-    low, high = (1.0 + x for x in test.ci(m, verdicts.ALPHA))
-    ci = f'{mean:.2f}x [{low:.2f}, {high:.2f}]'
-    if high < 1.0:
-      if low <= expected <= high:
-        judgement, cell = 'agrees', f'agrees ({ci} the steps)'
-      else:
-        judgement, cell = 'agrees in direction, not size', f'direction, not size: {ci} the steps'
-    elif low > 1.0:
+    judgement = cell = verdicts.judge_effect(test, m, expected - 1.0)
+    if judgement == 'contradicts':
       judgement, cell = verdicts.contradiction(suite, f'{variant}: steps', evidence)
-    elif not low <= expected <= high:
-      judgement, cell = "rules out the paper's effect", f"rules out the paper's ratio: {ci}"
-    elif test.detectable(m, verdicts.ALPHA) > abs(expected - 1.0):
-      judgement, cell = 'cannot resolve at this power', f'cannot resolve: {ci}'
-    else:
-      judgement, cell = 'no difference detected', f'no difference detected: {ci}'
     out.append(Claim(variant, expected, test, judgement, cell))
   return out
 
 
 def claim_lines(suite, results: dict, *, evidence=None) -> list[str]:
-  """results.md's list of the speed-up claims (`claims`), each judged."""
+  """results.md's list of the speed-up claims (`claims`), each with its ratio's CI, judged."""
   found = claims(suite, results, evidence=evidence)
-  out = [f'- {c.variant}: {c.cell} (the paper: {c.expected:.2f}x)' for c in found]
+  judged = sum(c.test is not None for c in found)
+  out = []
+  for c in found:
+    shown = ''
+    if c.test is not None:
+      low, high = (1.0 + x for x in c.test.ci(judged, 0.05))
+      shown = f' {1.0 + c.test.mean:.2f}x [{low:.2f}, {high:.2f}] the steps:'
+    out.append(f'- {c.variant}:{shown} {c.cell} (the paper: {c.expected:.2f}x)')
   if out:
-    judged = sum(c.test is not None for c in found)
     out = [
       '',
       "The paper's speed-up, as the mean over seeds of the steps to the baseline's final loss "

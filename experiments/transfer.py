@@ -90,35 +90,21 @@ class Claim:
 
 
 def _judge(test: stats.Contrast, m: int, expected: float) -> tuple[str, str]:
-  """(category, cell) of a fitted slope against the paper's, as verdicts.judge reads a row, from
-  the slope's CI at α / m. A flat claim (0) is an equivalence test: 'agrees' with the CI inside
-  ±FLAT, 'contradicts' with it outside, else 'cannot resolve at this power'. A slope of e ≠ 0:
-  the CI beyond 0 on e's side 'agrees' if it holds e, else 'agrees in direction, not size'; on
-  the other side 'contradicts'; holding 0, "rules out the paper's effect" if it excludes e, else
-  'cannot resolve at this power' (could the test have seen e?) or 'no difference detected'."""
+  """(category, cell) of a fitted slope against the paper's, from its CI at α / m. A flat claim
+  (0) is an equivalence test: 'agrees' with the CI inside ±FLAT, 'contradicts' with it outside,
+  else 'cannot resolve at this power'; a slope of e ≠ 0 is judged as a row's effect is
+  (verdicts.judge_effect)."""
   from experiments import verdicts
 
   low, high = test.ci(m, verdicts.ALPHA)
-  if expected == 0:
-    if low >= -FLAT and high <= FLAT:
-      return 'agrees', f'agrees (within ±{FLAT})'
-    if high < -FLAT or low > FLAT:
-      return 'contradicts', 'contradicts'
-    return 'cannot resolve at this power', f'cannot resolve: the CI reaches past ±{FLAT}'
-  with_paper = (high < 0) if expected < 0 else (low > 0)  # the CI past 0 on the paper's side
-  against = (low > 0) if expected < 0 else (high < 0)
-  if with_paper:
-    if low <= expected <= high:
-      return 'agrees', 'agrees'
-    return 'agrees in direction, not size', 'direction, not size'
-  if against:
+  if expected != 0:
+    category = verdicts.judge_effect(test, m, expected)
+    return category, category
+  if low >= -FLAT and high <= FLAT:
+    return 'agrees', f'agrees (within ±{FLAT})'
+  if high < -FLAT or low > FLAT:
     return 'contradicts', 'contradicts'
-  if not low <= expected <= high:
-    return "rules out the paper's effect", f"rules out the paper's {expected:+g}"
-  seen = test.detectable(m, verdicts.ALPHA)
-  if seen > abs(expected):
-    return 'cannot resolve at this power', f'cannot resolve: could see ±{seen:.2f}'
-  return 'no difference detected', f'no difference detected (could see ±{seen:.2f})'
+  return 'cannot resolve at this power', f'cannot resolve: the CI reaches past ±{FLAT}'
 
 
 def claims(suite, results: dict, *, evidence=None, family: int | None = None) -> list[Claim]:

@@ -215,6 +215,25 @@ def judge(suite: Suite, row: dict, rows: list[dict], evidence: Evidence) -> tupl
   return contradiction(suite, row['variant'], evidence)
 
 
+def judge_effect(test: stats.Contrast, m: int, expected: float) -> str:
+  """The category of a measured difference (`test`, at α/m) against the paper's non-zero one, as
+  `judge` reads a row: its CI beyond 0 on the paper's side 'agrees' where it holds the paper's
+  value, else 'agrees in direction, not size'; beyond 0 on the other side 'contradicts' (the
+  caller looks up its diagnosis with `contradiction`); holding 0, "rules out the paper's effect"
+  where it excludes the paper's value, 'cannot resolve at this power' where the smallest
+  difference it could see (80% power) is larger, else 'no difference detected'."""
+  low, high = test.ci(m, ALPHA)
+  if (high < 0) if expected < 0 else (low > 0):
+    return 'agrees' if low <= expected <= high else 'agrees in direction, not size'
+  if (low > 0) if expected < 0 else (high < 0):
+    return 'contradicts'
+  if not low <= expected <= high:
+    return "rules out the paper's effect"
+  if test.detectable(m, ALPHA) > abs(expected):
+    return 'cannot resolve at this power'
+  return 'no difference detected'
+
+
 def contradiction(suite: Suite, key: str, evidence: Evidence) -> tuple[str, str]:
   """(category, cell) of a result against the literature's direction: its diagnosis (the
   suite's `diagnoses[key]`: a row's variant, or a stability claim's 'variant: measure')

@@ -519,3 +519,20 @@ def test_a_note_recomputes_what_another_suite_found_of_a_row():
   assert next(r for r in rows if r['variant'] == 'level')['judgement'] == 'no difference detected'
   with pytest.raises(ValueError, match=r"diagnoses\['nope'\]"):
     dataclasses.replace(SUITE, notes={'nope': _says(True)})
+
+
+def test_an_effect_is_judged_against_the_papers_as_a_row_is():
+  """verdicts.judge_effect on differences of standard error 0.01 (1,000 df: the CI ±0.0196 at
+  one test) against a paper's −0.05: each category where its CI puts it."""
+
+  def judged(mean, expected=-0.05, se=0.01):
+    test = stats.Contrast(n=3, mean=mean, se=se, df=1000, source='own', diff_std=0.0)
+    return verdicts.judge_effect(test, 1, expected)
+
+  assert judged(-0.05) == 'agrees'
+  assert judged(-0.15) == 'agrees in direction, not size'
+  assert judged(+0.03) == 'contradicts'
+  assert judged(-0.01, expected=-0.2) == "rules out the paper's effect"
+  assert judged(-0.01, se=0.03) == 'cannot resolve at this power'  # CI ±0.059, could see 0.084
+  # CI [-0.037, +0.002] holds 0 and the paper's -0.035, which it could have seen (0.028):
+  assert judged(-0.0175, expected=-0.035) == 'no difference detected'

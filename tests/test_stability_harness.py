@@ -110,14 +110,18 @@ def test_the_speed_up_claim_is_the_mean_ratio_with_its_paired_ci_against_the_pap
   assert speedup.ratios(results(fast), 'adamw', 'muon') == pytest.approx(dict(enumerate(fast)))
   (claim,) = speedup.claims(suite, results(fast))
   half = sps.t.ppf(0.975, 2) * np.std(fast, ddof=1) / math.sqrt(3)
-  assert claim.judgement == 'agrees'
-  assert claim.cell == f'agrees (0.70x [{0.70 - half:.2f}, {0.70 + half:.2f}] the steps)'
+  assert claim.judgement == claim.cell == 'agrees'
+  low, high = claim.test.ci(1)
+  assert (1 + low, 1 + high) == (pytest.approx(0.70 - half), pytest.approx(0.70 + half))
   (claim,) = speedup.claims(suite, results([0.90, 0.86, 0.94]))
   assert claim.judgement == 'agrees in direction, not size'
   (claim,) = speedup.claims(suite, results([0.7, None, 0.7]))
   assert (claim.test, claim.cell) == (None, "not judged: a seed never reached the baseline's loss")
   text = '\n'.join(speedup.claim_lines(suite, results(fast)))
-  assert '- muon: agrees (0.70x' in text and '(the paper: 0.65x)' in text
+  shown = (
+    f'- muon: 0.70x [{0.70 - half:.2f}, {0.70 + half:.2f}] the steps: agrees (the paper: 0.65x)'
+  )
+  assert shown in text
 
 
 def test_the_transfer_line_fits_the_best_rates_slope_against_width():
