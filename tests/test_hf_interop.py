@@ -13,6 +13,7 @@ import json
 import math
 import os
 import shutil
+import zlib
 
 import jax.numpy as jnp
 import numpy as np
@@ -554,7 +555,8 @@ def test_a_bfloat16_checkpoint_round_trips_bitwise_in_bfloat16(tmp_path, importe
 
 def randomized(config, seed=0):
   """An mllm model of `config` with every parameter random (norm scales near 1, biases near 0
-  included, so a dropped or swapped tensor shows in the logits)."""
+  included, so a dropped or swapped tensor shows in the logits); the same in every process (a
+  CRC of each parameter's path, not Python's salted `hash`)."""
   import jax
   from flax import nnx
 
@@ -567,7 +569,7 @@ def randomized(config, seed=0):
   def noisy(path, x):
     scale = 1.0 if 'scale' in str(path[-1]) else 0.0
     return scale + 0.3 * jax.random.normal(
-      jax.random.fold_in(key, hash(str(path)) % 2**31), x.shape, x.dtype
+      jax.random.fold_in(key, zlib.crc32(str(path).encode()) % 2**31), x.shape, x.dtype
     )
 
   nnx.update(model, jax.tree.map_with_path(noisy, params))
