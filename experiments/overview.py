@@ -57,11 +57,11 @@ def project_family(loaded: list[tuple[Suite, dict]]) -> verdicts.Family:
   return verdicts.Family(rows + sum(len(_claims(s, r)) for s, r in loaded))
 
 
-def _claims(suite: Suite, results: dict, family: verdicts.Family | None = None, out=None):
+def _claims(suite: Suite, results: dict, family: verdicts.Family | None = None, evidence=None):
   """The suite's tested claims apart from its rows (a stability sweep's, experiments/stability.py;
   a best rate's slope against width, experiments/transfer.py; a speed-up in steps,
-  experiments/speedup.py) under `family` (default: the suite's claims alone)."""
-  evidence = Evidence(out, (suite.name, results))
+  experiments/speedup.py) under `family` (default: the suite's claims alone), their diagnoses
+  read from `evidence` (default: this suite's results alone)."""
   m = family.m if family else None
   found = []
   if suite.stability:
@@ -93,8 +93,8 @@ def tally(suite: Suite, results: dict, family: verdicts.Family | None = None, ou
     if row['judgement']:
       counts[row['judgement']] += 1
       notes[row['judgement']].append(f"`{suite.name}` {row['variant']}: {row['agreement']}")
-  claims = _claims(suite, results, family, out)
-  own_claims = {c.label: c for c in _claims(suite, results, None, out)}
+  claims = _claims(suite, results, family, evidence)
+  own_claims = {c.label: c for c in _claims(suite, results, None, evidence)}
   for claim in own_claims.values():
     table_counts[claim.judgement] += 1
   for claim in claims:

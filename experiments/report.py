@@ -119,7 +119,9 @@ def write(suite: Suite, results: dict, out: str) -> str:
   results = {**results, **({'reproduced': checks} if checks else {})}
   results = {**results, **({'tuned_elsewhere': elsewhere} if elsewhere else {})}
   results = {**results, **({'versions_pair': pairing} if pairing else {})}
-  rows = verdicts.summarize(suite, results, evidence=Evidence(out, (suite.name, results)))
+  # Every suite's results the diagnoses read, loaded once for the rows and the claims.
+  evidence = Evidence(out, (suite.name, results))
+  rows = verdicts.summarize(suite, results, evidence=evidence)
   _add_peak_rates(suite, results['preset'], rows)
   with open(os.path.join(folder, 'results.json'), 'w') as f:
     json.dump(results, f, indent=1)
@@ -131,15 +133,12 @@ def write(suite: Suite, results: dict, out: str) -> str:
   text = markdown(suite, results, rows)
   if suite.lr_transfer:
     text += '\n'.join(transfer.lines(suite, results)) + '\n'
-    evidence = Evidence(out, (suite.name, results))
     text += '\n'.join(transfer.claim_lines(suite, results, evidence=evidence)) + '\n'
   if suite.tokens_to_baseline:
     text += '\n'.join(speedup.lines(suite, results)) + '\n'
-    evidence = Evidence(out, (suite.name, results))
     text += '\n'.join(speedup.claim_lines(suite, results, evidence=evidence)) + '\n'
   if suite.stability:
     vocab = vocab_size(suite, results)
-    evidence = Evidence(out, (suite.name, results))
     text += '\n'.join(stability.lines(suite, results, vocab)) + '\n'
     text += '\n'.join(stability.claim_lines(suite, results, vocab, evidence=evidence)) + '\n'
   text += ''.join(f'\n![{os.path.basename(p)}]({os.path.basename(p)})\n' for p in figures)

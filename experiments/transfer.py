@@ -96,10 +96,10 @@ def _judge(test: stats.Contrast, m: int, expected: float) -> tuple[str, str]:
   (verdicts.judge_effect)."""
   from experiments import verdicts
 
-  low, high = test.ci(m, verdicts.ALPHA)
   if expected != 0:
     category = verdicts.judge_effect(test, m, expected)
     return category, category
+  low, high = test.ci(m, verdicts.ALPHA)
   if low >= -FLAT and high <= FLAT:
     return 'agrees', f'agrees (within ±{FLAT})'
   if high < -FLAT or low > FLAT:

@@ -236,8 +236,9 @@ def judge_effect(test: stats.Contrast, m: int, expected: float) -> str:
 
 def contradiction(suite: Suite, key: str, evidence: Evidence) -> tuple[str, str]:
   """(category, cell) of a result against the literature's direction: its diagnosis (the
-  suite's `diagnoses[key]`: a row's variant, or a stability claim's 'variant: measure')
-  recomputed from `evidence`; none yet, pending, not supported, diagnosed or unexplained."""
+  suite's `diagnoses[key]`: a row's variant, or a claim's 'variant: measure', 'family: slope' or
+  'variant: steps', found for the part before the colon) recomputed from `evidence`; none yet,
+  pending, not supported, diagnosed or unexplained."""
   diagnosis = suite.diagnoses.get(key)
   if diagnosis is None:
     return 'contradicts, undiagnosed', 'contradicts (no diagnosis yet)'
