@@ -95,34 +95,60 @@ def _tokens(run: dict, step: int) -> str:
   return f'{step * per_step / 1e6:.1f} M'
 
 
-def token_budget(suite: str, baseline: str) -> Diagnosis:
+def token_budget(suite: str, baseline: str, *, of: str | None = None) -> Diagnosis:
   """The gap is a token-budget effect: in `suite` (the rows trained longer, evaluated during
-  training) the variant's gap to `baseline` is still closing late in training: the slope of the
-  gap over the last half of the curve, fitted per seed, has a CI across seeds below zero
-  (stats.late_slope). A flat or growing gap fails it (at most at α/2 by simulation), whatever
-  its peak did earlier."""
+  training) the variant's gap to `baseline` is still closing late in training (the slope of the
+  gap over the last half of the curve, fitted per seed, has a CI across seeds below zero:
+  stats.late_slope), or, given `of` (the table of the contradiction, the same rows trained to the
+  end of a shorter schedule), it has closed: the per-seed gap shrank from `of`'s to `suite`'s end
+  (paired by seed, the shrink's CI above zero) and `suite`'s end gap has a CI reaching zero. A
+  flat or growing gap passes each at most at α/2, both at most at α (simulated in
+  tests/test_experiment_stats.py), whatever its peak did earlier."""
 
   def finds(evidence: Evidence, variant: str) -> Finding:
     gaps = _gaps_per_seed(evidence, suite, variant, baseline)
     run = next(iter(evidence.runs(suite, variant).values()))
     steps = next(iter(gaps.values()))[0]
-    mean_at = [stats.mean_std([g[i] for _, g in gaps.values()])[0] for i in range(len(steps))]
+    curves = {s: g for s, (_, g) in gaps.items()}
+    mean_at = [stats.mean_std([g[i] for g in curves.values()])[0] for i in range(len(steps))]
     test = stats.paired_test(
       [evidence.runs(suite, variant)[s]['eval_loss'] for s in gaps],
       [evidence.runs(suite, baseline)[s]['eval_loss'] for s in gaps],
     )
-    slope = stats.late_slope(steps, {s: g for s, (_, g) in gaps.items()})
+    slope = stats.late_slope(steps, curves)
+    closing, closed, since = slope.ci_high < 0, False, ''
+    if of is not None:
+      before, after = (
+        _gaps(evidence, of, variant, baseline),
+        _gaps(evidence, suite, variant, baseline),
+      )
+      seeds = sorted(set(before) & set(after))
+      if len(seeds) < 2:
+        raise MissingRuns(f'suites {of!r} and {suite!r} share fewer than 2 seeds of {variant!r}')
+      shrink = stats.paired_test([before[s] for s in seeds], [after[s] for s in seeds])
+      closed = shrink.ci_low > 0 and test.ci_low <= 0
+      since = (
+        f'; from {of} (a shorter schedule, run to its end) it shrank by {shrink.mean:+.3f} '
+        f'[{shrink.ci_low:+.3f}, {shrink.ci_high:+.3f}] on the {len(seeds)} seeds both share'
+      )
     per_m = 1e6 / (run['tokens'] / run['steps'])  # steps per million tokens
     peak = max(range(len(steps)), key=mean_at.__getitem__)
     text = (
       f'token budget ({suite}, {len(gaps)} seeds): the mean gap to {baseline} peaks at '
       f'{mean_at[peak]:+.3f} {_tokens(run, steps[peak])} tokens in and ends at {test.mean:+.3f} '
-      f'[{test.ci_low:+.3f}, {test.ci_high:+.3f}] at {_tokens(run, steps[-1])}; over the last '
-      f'half it changes by {slope.mean * per_m:+.3f} per M tokens '
+      f'[{test.ci_low:+.3f}, {test.ci_high:+.3f}] at {_tokens(run, steps[-1])}{since}; over the '
+      f'last half it changes by {slope.mean * per_m:+.3f} per M tokens '
       f'[{slope.ci_low * per_m:+.3f}, {slope.ci_high * per_m:+.3f}] (slope per seed, CI across '
-      'seeds)' + (', still closing' if slope.ci_high < 0 else ', not shown to be closing')
+      'seeds)'
+      + (
+        ', still closing'
+        if closing
+        else ', closed: no longer behind'
+        if closed
+        else ', not shown to be closing'
+      )
     )
-    return Finding(slope.ci_high < 0, text)
+    return Finding(closing or closed, text)
 
   return Diagnosis(f'{suite}: eval loss − {baseline} per seed along training', finds)
 

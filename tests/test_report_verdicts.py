@@ -260,8 +260,10 @@ def _tokens_suite(out: str, curves: dict, tuning: dict | None = None) -> None:
 
 def test_a_token_budget_diagnosis_recomputes_its_sentence_from_the_runs(tmp_path):
   """token_budget stands where the gap's slope over the last half (steps 2-4) is below zero on
-  every seed's fit and its CI across seeds too; a seed whose gap stops closing fails it, although
-  its gap peaked and came down (the old test, "shrinks after its peak", passed it)."""
+  every seed's fit and its CI across seeds too, or (given the table it diagnoses) where the gap
+  shrank from the table's to the longer run's end and that end gap's CI reaches zero; a seed whose
+  gap stops closing fails it, although its gap peaked and came down (the old test, "shrinks after
+  its peak", passed it), and so does a gap that shrank but stays behind."""
   out = str(tmp_path)
   base = [[3.0, 2.8, 2.6, 2.4]] * 3
   shrinking = [[3.2, 3.1, 2.8, 2.5], [3.3, 3.0, 2.75, 2.45], [3.2, 3.05, 2.7, 2.42]]
@@ -283,6 +285,42 @@ def test_a_token_budget_diagnosis_recomputes_its_sentence_from_the_runs(tmp_path
   _tokens_suite(out, {'base': base, 'late': stalled})
   again = diagnosis.token_budget('longer', baseline='base').find(Evidence(out), 'late')
   assert not again.supported and again.text.endswith('not shown to be closing')
+  # Closed: in 'shorter' (the table, its own schedule run to the end) 'late' trails by +0.05,
+  # +0.06, +0.04; in 'longer' it ends level (0.00, −0.01, +0.01) with no late slope. The shrink
+  # (+0.05, +0.07, +0.03) has a CI above zero and the end gap's CI reaches zero.
+  table = {
+    'runs': [
+      {'variant': v, 'seed': s, 'eval_loss': 3.0 + (g if v == 'late' else 0.0)}
+      for s, g in enumerate([0.05, 0.06, 0.04])
+      for v in ('base', 'late')
+    ]
+  }
+  os.makedirs(os.path.join(out, 'shorter'), exist_ok=True)
+  with open(os.path.join(out, 'shorter', 'results.json'), 'w') as f:
+    json.dump(table, f)
+  closed = [[3.2, 2.82, 2.59, 2.40], [3.22, 2.8, 2.61, 2.39], [3.18, 2.81, 2.6, 2.41]]
+  _tokens_suite(out, {'base': base, 'late': closed})
+  budget = diagnosis.token_budget('longer', baseline='base', of='shorter')
+  found = budget.find(Evidence(out), 'late')
+  shrink = stats.paired_test([0.05, 0.06, 0.04], [0.0, -0.01, 0.01])
+  assert found.supported and found.text.endswith('closed: no longer behind')
+  assert (
+    f'from shorter (a shorter schedule, run to its end) it shrank by {shrink.mean:+.3f} '
+    f'[{shrink.ci_low:+.3f}, {shrink.ci_high:+.3f}] on the 3 seeds both share'
+  ) in found.text
+  # Without `of` only the late slope counts: not shown to be closing.
+  alone = diagnosis.token_budget('longer', baseline='base').find(Evidence(out), 'late')
+  assert not alone.supported and 'shrank' not in alone.text
+  # Shrunk from the table's gap too, but 0.1 behind at the end: neither closing nor closed.
+  behind = [[3.3, 2.91, 2.7, 2.5], [3.32, 2.9, 2.71, 2.5], [3.28, 2.89, 2.7, 2.51]]
+  table['runs'] = [
+    {**r, 'eval_loss': r['eval_loss'] + 0.1 * (r['variant'] == 'late')} for r in table['runs']
+  ]
+  with open(os.path.join(out, 'shorter', 'results.json'), 'w') as f:
+    json.dump(table, f)
+  _tokens_suite(out, {'base': base, 'late': behind})
+  stays = budget.find(Evidence(out), 'late')
+  assert not stays.supported and stays.text.endswith('not shown to be closing')
   missing = diagnosis.token_budget('absent', baseline='base').find(Evidence(out), 'late')
   assert not missing.supported and missing.text.startswith("not recomputed: suite 'absent'")
   assert missing.pending and not again.pending

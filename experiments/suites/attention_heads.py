@@ -58,7 +58,9 @@ SUITE = Suite(
       not_ruled_out='the token budget (the gap is not shown to close late in training), the '
       'head count at this width (2 K/V heads of 16 dimensions)',
       rests_on='attention_heads and attention_heads_tokens: GQA-2 − MHA eval loss per seed',
-      leads=(diagnosis.token_budget('attention_heads_tokens', baseline='MHA'),),
+      leads=(
+        diagnosis.token_budget('attention_heads_tokens', baseline='MHA', of='attention_heads'),
+      ),
     ),
   },
   paper_source='MQA: Shazeer 2019 Table 1 (WMT14 EN-DE dev ln-ppl 1.424 MHA, 1.439 MQA); '

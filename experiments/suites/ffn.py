@@ -23,8 +23,8 @@ _PAPER = {
 # Bilinear's grows there, and neither ReLU's hidden width (ffn_width) nor dropping the weight
 # decay (ffn_decay) closes it. Recomputed on every report.
 _DIAGNOSES = {
-  'swish': diagnosis.token_budget('ffn_tokens', baseline='relu'),
-  'glu': diagnosis.token_budget('ffn_tokens', baseline='relu'),
+  'swish': diagnosis.token_budget('ffn_tokens', baseline='relu', of='ffn'),
+  'glu': diagnosis.token_budget('ffn_tokens', baseline='relu', of='ffn'),
   # At twice the width (ffn_d256) the gap is gone, but that suite changed three things at once
   # (the width, tokens per parameter 1.19 -> 0.31, the head size and the tuned rate): a lead,
   # not a diagnosis, until the width is tested with tokens per parameter held.

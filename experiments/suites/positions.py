@@ -20,7 +20,7 @@ _EXPECT = {'learned': 'same', 'none': 'worse'}
 # positions_tokens trains these rows 4x longer, evaluated every 250 steps: whether the absolute
 # schemes' gap to RoPE is a token-budget effect, recomputed from its runs at every report.
 _DIAGNOSES = {
-  kind: diagnosis.token_budget('positions_tokens', baseline='rope')
+  kind: diagnosis.token_budget('positions_tokens', baseline='rope', of='positions')
   for kind in ('learned', 'sinusoidal')
 }
 

@@ -57,7 +57,7 @@ SUITE = Suite(
   # At 1 M tokens QK-norm trails at its best rate (+0.05): stability_tokens trains these rows 4x
   # longer, evaluated every 250 steps; recomputed from its runs at every report.
   diagnoses={
-    kind: diagnosis.token_budget('stability_tokens', baseline='baseline')
+    kind: diagnosis.token_budget('stability_tokens', baseline='baseline', of='stability')
     for kind in ('qk_norm', 'qk_norm+z_loss')
   },
 )
