@@ -249,8 +249,21 @@ def _run_suite(
     'pending': pending,
     **({'tuning': tuning, 'tune_seeds': tuning_seeds(tune_seeds)} if tuning else {}),
     **({'lr_from': {'suite': suite.lr_from, 'rates': borrowed}} if borrowed else {}),
-    **({'reused_other_code': True} if execute['reuse_other_code'] else {}),
+    **({'reused_other_code': True} if _reused(suite, out, execute) else {}),
   }
+
+
+def _reused(suite: Suite, out: str, execute: dict) -> bool:
+  """Whether the table was continued with --reuse_other_code: this call's flag, or, for a report
+  (nothing runs), the record of the results.json it rewrites, so that a report made without the
+  flag keeps saying so."""
+  if execute['reuse_other_code']:
+    return True
+  path = os.path.join(out, suite.name, 'results.json')
+  if execute['run'] is not None or not os.path.exists(path):
+    return False
+  with open(path) as f:
+    return bool(json.load(f).get('reused_other_code'))
 
 
 def _table_plan(

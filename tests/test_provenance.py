@@ -146,6 +146,14 @@ def test_runs_of_other_code_stop_the_suite_unless_reused_and_the_report_says_so(
   text = report.markdown(SUITE, kept, verdicts.summarize(SUITE, kept))
   assert 'Provenance: 3 runs: code 000000000000' in text
   assert 'continued with --reuse_other_code' in text
+  # A report made later without the flag (nothing runs) keeps the record of the one it rewrites;
+  # a suite never continued that way does not gain it.
+  report.write(SUITE, kept, out)
+  again = run_suite(SUITE, SuiteRun(preset='tiny', seeds=1, out=out, progress=False), run=None)
+  assert again['reused_other_code'] and len(again['runs']) == 3
+  os.remove(os.path.join(out, SUITE.name, 'results.json'))
+  plain = run_suite(SUITE, SuiteRun(preset='tiny', seeds=1, out=out, progress=False), run=None)
+  assert 'reused_other_code' not in plain
   # A report reads whatever finished, and names each code version it mixes.
   fresh = provenance.current()
   mixed = {**kept, 'runs': [*kept['runs'][:2], {**kept['runs'][2], 'provenance': fresh}]}
