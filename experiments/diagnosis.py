@@ -95,6 +95,18 @@ def _tokens(run: dict, step: int) -> str:
   return f'{step * per_step / 1e6:.1f} M'
 
 
+def budget_rule(
+  slope: stats.PairedTest, end: stats.PairedTest, shrink: stats.PairedTest | None
+) -> tuple[bool, bool]:
+  """token_budget's rule, (still closing, closed): the late slope's CI below zero; or the shrink
+  from the table's gap (None without one) with its CI above zero and the end gap's CI reaching
+  zero. A function of the three tests alone, so the simulation in
+  tests/test_experiment_stats.py runs this rule and not a copy."""
+  closing = slope.ci_high < 0
+  closed = shrink is not None and shrink.ci_low > 0 and end.ci_low <= 0
+  return closing, closed
+
+
 def token_budget(suite: str, baseline: str, *, of: str | None = None) -> Diagnosis:
   """The gap is a token-budget effect: in `suite` (the rows trained longer, evaluated during
   training) the variant's gap to `baseline` is still closing late in training (the slope of the
@@ -116,21 +128,14 @@ def token_budget(suite: str, baseline: str, *, of: str | None = None) -> Diagnos
       [evidence.runs(suite, baseline)[s]['eval_loss'] for s in gaps],
     )
     slope = stats.late_slope(steps, curves)
-    closing, closed, since = slope.ci_high < 0, False, ''
+    shrink, since = None, ''
     if of is not None:
-      before, after = (
-        _gaps(evidence, of, variant, baseline),
-        _gaps(evidence, suite, variant, baseline),
-      )
-      seeds = sorted(set(before) & set(after))
-      if len(seeds) < 2:
-        raise MissingRuns(f'suites {of!r} and {suite!r} share fewer than 2 seeds of {variant!r}')
-      shrink = stats.paired_test([before[s] for s in seeds], [after[s] for s in seeds])
-      closed = shrink.ci_low > 0 and test.ci_low <= 0
+      shrink, pairs = _shrink(evidence, of, suite, variant, baseline)
       since = (
         f'; from {of} (a shorter schedule, run to its end) it shrank by {shrink.mean:+.3f} '
-        f'[{shrink.ci_low:+.3f}, {shrink.ci_high:+.3f}] on the {len(seeds)} seeds both share'
+        f'[{shrink.ci_low:+.3f}, {shrink.ci_high:+.3f}] on the {len(pairs)} seeds both share'
       )
+    closing, closed = budget_rule(slope, test, shrink)
     per_m = 1e6 / (run['tokens'] / run['steps'])  # steps per million tokens
     peak = max(range(len(steps)), key=mean_at.__getitem__)
     text = (
@@ -304,18 +309,14 @@ def closes_in(
     _, before_text = _final_gap(evidence, of, variant, baseline)
     after, after_text = _final_gap(evidence, suite, variant, baseline)
     inside, rates = _retuned(evidence, suite, variant, baseline)
-    gaps = {name: _gaps(evidence, name, variant, baseline) for name in (of, suite)}
-    seeds = sorted(set(gaps[of]) & set(gaps[suite]))
-    if len(seeds) < 2:
-      raise MissingRuns(f'suites {of!r} and {suite!r} share fewer than 2 seeds of {variant!r}')
-    shrink = stats.paired_test([gaps[of][s] for s in seeds], [gaps[suite][s] for s in seeds])
+    shrink, pairs = _shrink(evidence, of, suite, variant, baseline)
     excluded = [check(evidence, variant) for check in ruled_out]
     return Finding(
       inside and after.ci_low <= 0 < shrink.ci_low and all(f.supported for f in excluded),
       f'{cause}: the gap to {baseline} is {before_text} in {of} and {after_text} in {suite} '
       f'(both rates tuned again there: {rates}); it shrinks by {shrink.mean:+.3f} '
       f'[{shrink.ci_low:+.3f}, {shrink.ci_high:+.3f}] on the '
-      f'{len(seeds)} seeds both share, on {sum(gaps[of][s] > gaps[suite][s] for s in seeds)} of them'
+      f'{len(pairs)} seeds both share, on {sum(b > a for b, a in pairs.values())} of them'
       + (f". Ruled out first: {'; '.join(f.text for f in excluded)}" if excluded else ''),
     )
 
@@ -339,6 +340,18 @@ def _gaps(evidence: Evidence, suite: str, variant: str, baseline: str) -> dict[i
   return {
     s: runs[s]['eval_loss'] - base_runs[s]['eval_loss'] for s in sorted(set(runs) & set(base_runs))
   }
+
+
+def _shrink(evidence: Evidence, of: str, suite: str, variant: str, baseline: str):
+  """How far the variant's final gap to `baseline` shrank from suite `of` to `suite`: the paired
+  test of the per-seed gaps (same seed, same data order) and {seed: (gap in of, gap in suite)}
+  over the seeds both finished."""
+  before, after = (_gaps(evidence, name, variant, baseline) for name in (of, suite))
+  pairs = {s: (before[s], after[s]) for s in sorted(set(before) & set(after))}
+  if len(pairs) < 2:
+    raise MissingRuns(f'suites {of!r} and {suite!r} share fewer than 2 seeds of {variant!r}')
+  test = stats.paired_test([b for b, _ in pairs.values()], [a for _, a in pairs.values()])
+  return test, pairs
 
 
 def _final_gap(evidence: Evidence, suite: str, variant: str, baseline: str):

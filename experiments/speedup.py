@@ -132,13 +132,15 @@ def claims(suite, results: dict, *, evidence=None, family: int | None = None) ->
 
 def claim_lines(suite, results: dict, *, evidence=None) -> list[str]:
   """results.md's list of the speed-up claims (`claims`), each with its ratio's CI, judged."""
+  from experiments import verdicts
+
   found = claims(suite, results, evidence=evidence)
   judged = sum(c.test is not None for c in found)
   out = []
   for c in found:
     shown = ''
     if c.test is not None:
-      low, high = (1.0 + x for x in c.test.ci(judged, 0.05))
+      low, high = (1.0 + x for x in c.test.ci(judged, verdicts.ALPHA))
       shown = f' {1.0 + c.test.mean:.2f}x [{low:.2f}, {high:.2f}] the steps:'
     out.append(f'- {c.variant}:{shown} {c.cell} (the paper: {c.expected:.2f}x)')
   if out:

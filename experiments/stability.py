@@ -217,13 +217,15 @@ def claims(
 
 def claim_lines(suite, results: dict, vocab_size: int, *, evidence=None) -> list[str]:
   """results.md's list of the claims (`claims`), each with its difference, CI and judgement."""
+  from experiments import verdicts
+
   found = claims(suite, results, vocab_size, evidence=evidence)
   out = []
   for c in found:
     where = '' if c.at is None else f' (at {c.at:.3g})'
     shown = ''
     if c.test is not None:
-      low, high = c.test.ci(len(found), 0.05)
+      low, high = c.test.ci(len(found), verdicts.ALPHA)
       on = ' on a log scale' if c.measure == 'max_attention_logit' else ''
       shown = f'; difference{on} {c.test.mean:+.3f} [{low:+.3f}, {high:+.3f}]'
     out.append(

@@ -153,13 +153,15 @@ def claims(suite, results: dict, *, evidence=None, family: int | None = None) ->
 
 def claim_lines(suite, results: dict, *, evidence=None) -> list[str]:
   """results.md's list of the transfer claims (`claims`) with slope, CI and judgement."""
+  from experiments import verdicts
+
   found = claims(suite, results, evidence=evidence)
   m = sum(c.test is not None for c in found)
   out = []
   for c in found:
     shown = ''
     if c.test is not None:
-      low, high = c.test.ci(m, 0.05)
+      low, high = c.test.ci(m, verdicts.ALPHA)
       shown = f' {c.test.mean:+.2f} [{low:+.2f}, {high:+.2f}] on {c.test.df:g} df;'
     out.append(f'- {c.family}: slope{shown} {c.cell} (the paper: {c.expected:+g})')
   if out:

@@ -170,13 +170,15 @@ def _curves(slope: float, seeds: int, rng, level: float = 0.1) -> dict:
 
 
 def _token_budget(steps, curves: dict, table: dict) -> tuple[bool, bool]:
-  """diagnosis.token_budget's rule, (the late slope alone, the whole rule): the gap still closing
-  late, or shrunk from the table's gap per seed (`table`: the shorter run's end gap, paired by
-  seed) with the end gap's CI reaching zero."""
-  closing = stats.late_slope(steps, curves).ci_high < 0
+  """diagnosis.token_budget's rule (diagnosis.budget_rule) on simulated gaps, (the late slope
+  alone, the whole rule); `table`: the shorter run's end gap per seed, paired by seed."""
+  from experiments import diagnosis
+
+  slope = stats.late_slope(steps, curves)
   shrink = stats.paired_test([table[s] for s in curves], [g[-1] for g in curves.values()])
   end = stats.paired_test([g[-1] for g in curves.values()], [0.0] * len(curves))
-  return closing, closing or (shrink.ci_low > 0 and end.ci_low <= 0)
+  closing, closed = diagnosis.budget_rule(slope, end, shrink)
+  return closing, closing or closed
 
 
 @pytest.mark.parametrize('level,slope', [(0.0, 0.0), (0.1, 2e-5)])
