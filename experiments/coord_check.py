@@ -23,6 +23,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_OUT = os.path.join(ROOT, 'experiments', 'results', 'coord_check')
 BASE_D_MODEL = 64  # µP's base width: the narrowest model is the standard one
+HEAD_DIM = 16  # at every width: the heads grow in number
 
 
 def width_config(
@@ -37,13 +38,18 @@ def width_config(
       'model.parametrization.kind': parametrization,
       # One rate at every width: the standard parametrization's width rule off (µP's is its own).
       **(
-        {'model.parametrization.mup.base_d_model': BASE_D_MODEL}
+        {
+          'model.parametrization.mup.base_d_model': BASE_D_MODEL,
+          # The heads multiply, each of 16 at every width: the scores keep 1/√16 (the default,
+          # base_d_model / n_heads, is for heads that widen).
+          'model.parametrization.mup.base_head_dim': HEAD_DIM,
+        }
         if parametrization == 'mup'
         else {'model.parametrization.standard.lr_base_d_model': None}
       ),
       'model.d_model': d_model,
-      'model.n_heads': d_model // 16,
-      'model.n_kv_heads': d_model // 16,
+      'model.n_heads': d_model // HEAD_DIM,
+      'model.n_kv_heads': d_model // HEAD_DIM,
       'model.n_layers': n_layers,
       'model.vocab_size': 256,
       'model.max_seq_len': seq_len,

@@ -166,3 +166,23 @@ def test_the_standard_parametrization_scales_the_given_rate_by_its_base_width():
     ConfigError, match=r'^model\.parametrization\.standard\.lr_base_d_model=128: '
   ):
     mllm.load_config('configs/base.py:param=mup,lr_base_d_model=128')
+
+
+def test_mup_width_sweeps_keep_the_scores_scale_where_the_heads_multiply():
+  """mup_transfer and the coordinate check grow the width by adding heads of 16: each µP model's
+  scores scale is then 1/√16, the standard one's, at every width (Tensor Programs V's 1/d_head
+  changes only with the head's size). The setting's default, base_d_model / n_heads, would give
+  √(base / n_heads) / 16 (x2 at a quarter of the base width): the mistake this guards."""
+  from experiments import coord_check
+  from experiments.run import resolve
+  from experiments.suite import load_suite
+  from mllm.layers.parametrization import attention_scale
+
+  suite = load_suite('mup_transfer')
+  configs = [
+    resolve(suite, v, 'cpu', 0).model for v in suite.variants if v.name.startswith('mup-')
+  ] + [coord_check.width_config('mup', w, lr=1e-2).model for w in (32, 64, 1024)]
+  assert len(configs) == 8
+  for model in configs:
+    assert model.d_model // model.n_heads == 16
+    assert attention_scale(model, 16) == pytest.approx(16**-0.5), model.d_model

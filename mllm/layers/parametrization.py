@@ -17,7 +17,10 @@ parametrization in the sense of Yang et al.: init, multipliers and rates togethe
                 the output: logits × 1/m (the readout's multiplier; its rate is not scaled),
                   tied or untied;
                 attention: scores × √(base head dim) / d_head (1/d_head in the limit, instead
-                  of 1/√d_head).
+                  of 1/√d_head); the base head dim defaults to base_d_model / n_heads, right
+                  where the heads widen: a sweep that adds heads of a fixed size sets
+                  mup.base_head_dim to that size (or model.head_dim), else its scores' scale
+                  drifts as √(1 / n_heads).
               At d_model = base_d_model it is the standard parametrization exactly.
 
 Each is a class registered under its config name; one with settings declares them as a frozen
