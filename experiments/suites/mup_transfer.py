@@ -16,8 +16,10 @@ than the other's.
 The µP rows before 2026-12-01 left `mup.base_head_dim` at its default, base_d_model / n_heads,
 which assumes the heads widen; here they multiply, so those rows scaled the scores by
 √(128 / n_heads) / 16 instead of 1/√16: ×2 at d32, ×1.4 at d64, ×0.7 at d256, ×0.5 at d512
-(found when µP at d32 trailed the standard parametrization by +0.42). Every µP row was tuned and
-run again with base_head_dim 16; the old runs stay in the ledger under their own configs."""
+(found when µP at d32 trailed the standard parametrization by +0.42; with the fix, +0.29). Every
+µP row was tuned and run again with base_head_dim 16 (d128's runs came out identical, as they
+must); the old runs' ledger lines are in git at commit 69aef98, not in the ledger, which holds
+the suite's runs only."""
 
 from experiments.suite import Suite, Variant
 from experiments.suites._presets import PRESETS_CPU_GELU
@@ -49,7 +51,7 @@ def _variants():
 
 SUITE = Suite(
   name='mup_transfer',
-  description='best learning rate against width (64-512) under the standard parametrization and µP',
+  description='best learning rate against width (32-512) under the standard parametrization and µP',
   base='configs/base.py',
   variants=tuple(_variants()),
   presets={
