@@ -141,12 +141,9 @@ def _noise(rows: list[dict], table_rows: list[dict]) -> dict:
   return {
     'sigma': pool.sigma,
     'df': pool.df,
-    'tokens_per_param': next(
-      (
-        r['tokens'] / r['active_params'] for r in rows if r.get('tokens') and r.get('active_params')
-      ),
-      None,
-    ),
+    'tokens_per_param': [
+      r['tokens'] / r['active_params'] for r in rows if r.get('tokens') and r.get('active_params')
+    ],
     'project': max((r['detectable'] for r in pooled), default=None),
     'table': max((table[r['variant']]['detectable'] for r in pooled), default=None),
     'own': [
@@ -219,12 +216,8 @@ def _noise_rows(tallies: list[dict]) -> list[str]:
     noise = t['noise']
     if not noise:
       continue
-    per_param = '' if noise['tokens_per_param'] is None else f"{noise['tokens_per_param']:.2g}"
-    if (
-      noise['tokens_per_param'] is not None
-      and noise['tokens_per_param'] < report_notes.EARLY_TRAINING
-    ):
-      per_param += ' (early training)'
+    per_param = noise['tokens_per_param']
+    per_param = report_notes.tokens_per_param(per_param, short=True) if per_param else ''
     sigma = f"{noise['sigma']:.4f} ({noise['df']})" if noise['df'] else '—'
     own = ', '.join(f'{v} (±{p:.3g}, ±{q:.3g})' for v, p, q in noise['own'])
     seen = ['' if noise[k] is None else f'±{noise[k]:.3f}' for k in ('table', 'project')]

@@ -123,17 +123,27 @@ def _borrowed_line(suite: Suite, results: dict) -> str:
 
 
 def _budget(results: dict) -> str:
-  """', N tokens (early training: x tokens/param)' from the runs, where they say; below
-  EARLY_TRAINING tokens per parameter a table is marked as early training."""
+  """', N M training tokens (early training: x tokens/param)' from the runs, where they say."""
   runs = [r for r in results['runs'] if r.get('tokens') and r.get('active_params')]
   if not runs:
     return ''
   tokens = statistics.median(r['tokens'] for r in runs)
   per_param = [r['tokens'] / r['active_params'] for r in runs]
+  return f', {tokens / 1e6:.2g} M training tokens ({tokens_per_param(per_param)})'
+
+
+def tokens_per_param(per_param: list[float], *, short: bool = False) -> str:
+  """The span of training tokens per parameter, marked as early training where any row is below
+  EARLY_TRAINING: a table whose widths or budgets vary (mup_transfer 0.5-7.8) is early training
+  in its smaller-budget rows even where its largest is not."""
   low, high = min(per_param), max(per_param)
   span = f'{low:.2g}' if f'{low:.2g}' == f'{high:.2g}' else f'{low:.2g}-{high:.2g}'
-  early = 'early training: ' if high < EARLY_TRAINING else ''
-  return f', {tokens / 1e6:.2g} M training tokens ({early}{span} tokens/param)'
+  if high < EARLY_TRAINING:
+    return f'{span} (early training)' if short else f'early training: {span} tokens/param'
+  if low < EARLY_TRAINING:
+    below = f'early training below {EARLY_TRAINING:g}'
+    return f'{span} ({below})' if short else f'{span} tokens/param; rows {below}'
+  return span if short else f'{span} tokens/param'
 
 
 # Below this many training tokens per parameter a table is early training: its rankings may

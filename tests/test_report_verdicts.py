@@ -574,3 +574,14 @@ def test_an_effect_is_judged_against_the_papers_as_a_row_is():
   assert judged(-0.01, se=0.03) == 'cannot resolve at this power'  # CI ±0.059, could see 0.084
   # CI [-0.037, +0.002] holds 0 and the paper's -0.035, which it could have seen (0.028):
   assert judged(-0.0175, expected=-0.035) == 'no difference detected'
+
+
+def test_a_table_is_early_training_where_any_row_is_below_four_tokens_per_param():
+  """mup_transfer's widths span 0.5-7.8 tokens/param: its narrow rows are early training even
+  though its widest is not, so the mark follows the smallest row, not the first or the largest."""
+  assert report_notes.tokens_per_param([1.19, 1.2]) == 'early training: 1.2 tokens/param'
+  assert report_notes.tokens_per_param([7.8, 0.5, 2.0]) == (
+    '0.5-7.8 tokens/param; rows early training below 4'
+  )
+  assert report_notes.tokens_per_param([7.8, 0.5], short=True) == '0.5-7.8 (early training below 4)'
+  assert report_notes.tokens_per_param([4.8, 4.9], short=True) == '4.8-4.9'
