@@ -1,0 +1,31 @@
+"""Diagnosis of MLA's gap to MHA in `attention_2024` (+0.160 at 1 M tokens, on every seed and at
+every rate of its grid, where DeepSeek-V2 finds parity or better): the latent's rank. At the cpu
+preset MLA's defaults (d_c = 4·d_h = 64) make K^C and V, 128 numbers each per token, from one
+64-number latent, half the model's width. Here d_c = 128 = d_model, so the latent compresses
+neither below what the residual stream holds (and the cache grows from 72 to 136 numbers a layer).
+If MLA then reaches MHA, the latent's rank is what costs it at this width; if it stays behind, the
+rank is ruled out. Both rows' rates are tuned as `attention_2024` tunes them (MHA's runs are the
+same and are copied from there)."""
+
+import dataclasses
+
+from experiments.suite import Suite
+from experiments.suites import attention_2024
+
+SUITE = Suite(
+  name='attention_2024_mla_rank',
+  description="MHA vs MLA with a latent as wide as the model (d_c 128 against the default 64), "
+  'each at its own learning rate',
+  base=attention_2024.SUITE.base,
+  variants=tuple(
+    v
+    if v.name == 'mha'
+    else dataclasses.replace(v, overrides={**v.overrides, 'model.attention.mla.kv_lora_rank': 128})
+    for v in attention_2024.SUITE.variants
+    if v.name in ('mha', 'mla')
+  ),
+  presets=attention_2024.SUITE.presets,
+  extra_metrics=attention_2024.SUITE.extra_metrics,
+  diagnoses_of='attention_2024',
+  paper_source=attention_2024.SUITE.paper_source,
+)

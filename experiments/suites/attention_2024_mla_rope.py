@@ -1,0 +1,31 @@
+"""Diagnosis of MLA's gap to MHA in `attention_2024` (+0.160 at 1 M tokens, where DeepSeek-V2
+finds parity or better): the rotated dims. MLA keeps position only in its decoupled part, d_R
+dims of each query head against one key that all heads share (eq. 14); the defaults give d_R =
+d_h / 2 = 8 at the cpu preset, four rotation frequencies, where MHA rotates all 16 dims of each
+of its 8 heads' own keys. Here d_R = 16 = d_h. If MLA then reaches MHA, the position capacity of
+its small shared key is what costs it at this width; if it stays behind, that is ruled out. Both
+rows' rates are tuned as `attention_2024` tunes them (MHA's runs are the same and are copied from
+there)."""
+
+import dataclasses
+
+from experiments.suite import Suite
+from experiments.suites import attention_2024
+
+SUITE = Suite(
+  name='attention_2024_mla_rope',
+  description='MHA vs MLA with as many rotated dims as a head has (d_R 16 against the default 8), '
+  'each at its own learning rate',
+  base=attention_2024.SUITE.base,
+  variants=tuple(
+    v
+    if v.name == 'mha'
+    else dataclasses.replace(v, overrides={**v.overrides, 'model.attention.mla.rope_head_dim': 16})
+    for v in attention_2024.SUITE.variants
+    if v.name in ('mha', 'mla')
+  ),
+  presets=attention_2024.SUITE.presets,
+  extra_metrics=attention_2024.SUITE.extra_metrics,
+  diagnoses_of='attention_2024',
+  paper_source=attention_2024.SUITE.paper_source,
+)
