@@ -96,14 +96,15 @@ def _lr_cell(row: dict) -> str:
 def _add_peak_rates(suite: Suite, preset: str, rows: list[dict]) -> None:
   """Each row's peak rate (`peak_lr`), where its config scales the given rate (the standard
   parametrization's width rule: suites give theirs as they are, a row may keep the rule)."""
-  from mllm.train.optimizer import peak_learning_rate
+  from mllm.layers.parametrization import learning_rate_scale
 
   for row in rows:
     if row.get('lr') is None:
       continue
     variant = next(v for v in suite.variants if v.name == row['variant'])
-    config = resolve(suite, variant, preset, 0, {'train.learning_rate': row['lr']})
-    row['peak_lr'] = peak_learning_rate(config)
+    # The row's rate is the one its runs trained with, derived rates already applied (a variant
+    # that sets its rate from the config's, e.g. 4x, must not scale it a second time here).
+    row['peak_lr'] = row['lr'] * learning_rate_scale(resolve(suite, variant, preset, 0).model)
 
 
 def write(suite: Suite, results: dict, out: str) -> str:

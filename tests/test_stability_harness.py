@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from experiments import speedup, stability
+from experiments.run import resolve
 from experiments.suite import load_suite
 
 NAN = math.nan
@@ -357,3 +358,17 @@ def test_the_lr_column_shows_the_peak_a_row_ran_at_where_its_config_scaled_the_r
   assert rows[0]['peak_lr'] == pytest.approx(8e-3) and rows[1]['peak_lr'] == pytest.approx(8e-3)
   assert report._lr_cell(rows[0]) == '0.003 → 0.008'
   assert report._lr_cell(rows[1]) == '0.008'
+
+
+def test_a_rate_derived_from_the_config_is_not_scaled_again_in_the_lr_column():
+  """norms_2024's -4x rows set their rate to 4x the config's (`derived`); their runs record the
+  0.012 they trained at, which the column shows as it is (it once showed 0.012 → 0.048, the
+  derivation applied a second time)."""
+  from experiments import report
+
+  suite = load_suite('norms_2024')
+  rows = [{'variant': 'pre', 'lr': 3e-3}, {'variant': 'pre-4x', 'lr': 1.2e-2}]
+  report._add_peak_rates(suite, 'cpu', rows)
+  assert [r['peak_lr'] for r in rows] == pytest.approx([3e-3, 1.2e-2])
+  assert [report._lr_cell(r) for r in rows] == ['0.003', '0.012']
+  assert resolve(suite, suite.variants[3], 'cpu', 0).train.learning_rate == pytest.approx(1.2e-2)
