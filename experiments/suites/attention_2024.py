@@ -7,7 +7,8 @@ and multi-head latent attention (DeepSeek-V2, arXiv 2405.04434, Table 1 and sec.
 performance than MHA" at its scale with a cache of (d_c + d_R)·l numbers per token; at this
 scale its defaults, d_c = 4·d_h, d_R = d_h / 2, a full-rank query, hold 796,032 non-embedding
 parameters against MHA's 791,680 (+0.5%), and cache 1,152 bytes per token against MHA's 4,096:
-the claim tested is parity). Defined and planned; not run yet."""
+the claim tested is parity). Run 2026-12-01 (results.md); MLA's gap is diagnosed by
+attention_2024_mla_rank and attention_2024_mla_rope."""
 
 from experiments.suite import Suite, Variant
 from experiments.suites._presets import PRESETS_CPU_GELU

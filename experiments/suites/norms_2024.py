@@ -3,7 +3,7 @@
 al. 2025, arXiv 2502.02732: hidden-state variance flat with depth, better at high rates) and
 OLMo 2's norm on the sublayers' outputs (Team OLMo 2025, arXiv 2501.00656, sec. 3.2: fewer loss
 spikes). At the configured rate: no difference expected; at 4x, both ahead of Pre-LN at 4x.
-Defined and planned; not run yet."""
+Run 2026-12-01 (results.md); its contradictions are diagnosed by norms_2024_tuned."""
 
 from experiments.suite import Suite, Variant
 from experiments.suites._presets import PRESETS_CPU_GELU
