@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 
 import pytest
 
@@ -223,6 +224,18 @@ def _ledger_lines_since_version_2():
           yield name, entry
 
 
+def _variant_of_run(suite, run: str):
+  """The variant whose run folder `run` is: '{variant}-s{seed}-{hash}', or with '-lr{rate}'
+  before the seed for a tuning run. The whole rest must match, so 'pre-4x-s0-...' is pre-4x's,
+  not pre's."""
+  return next(
+    v
+    for v in sorted(suite.variants, key=lambda v: -len(v.name))
+    if run.startswith(f'{v.name}-')
+    and re.fullmatch(r'(lr.+-)?s\d+-[0-9a-f]+', run[len(v.name) + 1 :])
+  )
+
+
 def test_every_ledger_line_of_a_later_version_is_found_under_the_identities_computed_now():
   """A line names its run by the hash of the config version it was written in: the config
   rebuilt from the line's variant, seed and rate has that hash among its identities now."""
@@ -230,7 +243,7 @@ def test_every_ledger_line_of_a_later_version_is_found_under_the_identities_comp
   assert len(lines) >= 25  # ffn_4m's tuning runs (versions 1 and 3) at least
   for name, entry in lines:
     suite = load_suite(name)
-    variant = next(v for v in suite.variants if entry['run'].startswith(f'{v.name}-'))
+    variant = _variant_of_run(suite, entry['run'])
     rate = {'train.learning_rate': entry['result']['learning_rate']} if variant.tune else {}
     config = resolve(suite, variant, 'cpu', entry['seed'], rate)
     identities = {VERSION: config_hash(config), **older_hashes(config)}
@@ -293,3 +306,10 @@ def test_version_6_reads_an_older_config_at_the_rate_it_gave():
     mllm.load_config(as_config(upgrade(mup_v5), read_config(BASE))).model.parametrization.kind
     == 'mup'
   )
+
+
+def test_a_run_folder_names_its_variant_whole_where_one_name_begins_another():
+  norms, attention = load_suite('norms_2024'), load_suite('attention_2024')
+  assert _variant_of_run(norms, 'pre-4x-s0-97808bc9a41b').name == 'pre-4x'
+  assert _variant_of_run(norms, 'pre-s0-a46a6bb3536b').name == 'pre'
+  assert _variant_of_run(attention, 'mla-lr0.00075-s1000-96ccca57bc67').name == 'mla'
