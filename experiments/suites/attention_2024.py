@@ -10,6 +10,8 @@ parameters against MHA's 791,680 (+0.5%), and cache 1,152 bytes per token agains
 the claim tested is parity). Run 2026-12-01 (results.md); MLA's gap is diagnosed by
 attention_2024_mla_rank and attention_2024_mla_rope."""
 
+import dataclasses
+
 from experiments import diagnosis
 from experiments.suite import Suite, Variant
 from experiments.suites._presets import PRESETS_CPU_GELU
@@ -66,3 +68,20 @@ SUITE = Suite(
   'loss; modded-nanogpt −0.012 at 124M); gpt-oss / Xiao et al. 2024 (sinks: no loss change); '
   'DeepSeek-V2 (MLA: parity with MHA or better, at a fraction of its KV cache)',
 )
+
+
+def mla_diagnosis(name: str, description: str, mla_overrides: dict) -> Suite:
+  """A diagnosis suite of the MLA row: MHA as here and MLA with `mla_overrides`, both tuned as
+  this suite tunes them (MHA's runs are the same, so they are copied from here)."""
+  return dataclasses.replace(
+    SUITE,
+    name=name,
+    description=description,
+    variants=tuple(
+      v if v.name == 'mha' else dataclasses.replace(v, overrides={**v.overrides, **mla_overrides})
+      for v in SUITE.variants
+      if v.name in ('mha', 'mla')
+    ),
+    diagnoses={},
+    diagnoses_of=SUITE.name,
+  )

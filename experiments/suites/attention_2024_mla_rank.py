@@ -7,25 +7,11 @@ If MLA then reaches MHA, the latent's rank is what costs it at this width; if it
 rank is ruled out. Both rows' rates are tuned as `attention_2024` tunes them (MHA's runs are the
 same and are copied from there)."""
 
-import dataclasses
-
-from experiments.suite import Suite
 from experiments.suites import attention_2024
 
-SUITE = Suite(
-  name='attention_2024_mla_rank',
-  description="MHA vs MLA with a latent as wide as the model (d_c 128 against the default 64), "
+SUITE = attention_2024.mla_diagnosis(
+  'attention_2024_mla_rank',
+  "MHA vs MLA with a latent as wide as the model (d_c 128 against the default 64), "
   'each at its own learning rate',
-  base=attention_2024.SUITE.base,
-  variants=tuple(
-    v
-    if v.name == 'mha'
-    else dataclasses.replace(v, overrides={**v.overrides, 'model.attention.mla.kv_lora_rank': 128})
-    for v in attention_2024.SUITE.variants
-    if v.name in ('mha', 'mla')
-  ),
-  presets=attention_2024.SUITE.presets,
-  extra_metrics=attention_2024.SUITE.extra_metrics,
-  diagnoses_of='attention_2024',
-  paper_source=attention_2024.SUITE.paper_source,
+  {'model.attention.mla.kv_lora_rank': 128},
 )

@@ -7,25 +7,11 @@ its small shared key is what costs it at this width; if it stays behind, that is
 rows' rates are tuned as `attention_2024` tunes them (MHA's runs are the same and are copied from
 there)."""
 
-import dataclasses
-
-from experiments.suite import Suite
 from experiments.suites import attention_2024
 
-SUITE = Suite(
-  name='attention_2024_mla_rope',
-  description='MHA vs MLA with as many rotated dims as a head has (d_R 16 against the default 8), '
+SUITE = attention_2024.mla_diagnosis(
+  'attention_2024_mla_rope',
+  'MHA vs MLA with as many rotated dims as a head has (d_R 16 against the default 8), '
   'each at its own learning rate',
-  base=attention_2024.SUITE.base,
-  variants=tuple(
-    v
-    if v.name == 'mha'
-    else dataclasses.replace(v, overrides={**v.overrides, 'model.attention.mla.rope_head_dim': 16})
-    for v in attention_2024.SUITE.variants
-    if v.name in ('mha', 'mla')
-  ),
-  presets=attention_2024.SUITE.presets,
-  extra_metrics=attention_2024.SUITE.extra_metrics,
-  diagnoses_of='attention_2024',
-  paper_source=attention_2024.SUITE.paper_source,
+  {'model.attention.mla.rope_head_dim': 16},
 )
