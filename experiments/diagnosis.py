@@ -266,16 +266,27 @@ def rate_at_budget(suite: str, baseline: str) -> Callable[[Evidence, str], Findi
   return finds
 
 
-def stays_behind(suite: str, baseline: str, *, cause: str, where: str, retuned: bool = False):
+def stays_behind(
+  suite: str,
+  baseline: str,
+  *,
+  cause: str,
+  where: str,
+  retuned: bool = False,
+  as_variant: str | None = None,
+):
   """Ruled out, `cause`: in `suite`, which removes it (`where`, e.g. "at relu's hidden width"),
   the variant still stays behind the baseline (the paired CI above zero); with `retuned`, both
-  rows' rates were tuned again in `suite` and neither best sits at an edge of its grid."""
+  rows' rates were tuned again in `suite` and neither best sits at an edge of its grid.
+  `as_variant`: the row's name in `suite` where it is another's (the cause removed by a row of
+  its own, e.g. norms_2024_tuned's `olmo2`, the output norm with QK-norm)."""
 
   def finds(evidence: Evidence, variant: str) -> Finding:
-    test, gap = _final_gap(evidence, suite, variant, baseline)
+    there = as_variant or variant
+    test, gap = _final_gap(evidence, suite, there, baseline)
     inside, rates = True, ''
     if retuned:
-      inside, rates = _retuned(evidence, suite, variant, baseline)
+      inside, rates = _retuned(evidence, suite, there, baseline)
       rates = f'; rates tuned again there: {rates}'
     return Finding(
       inside and test.ci_low > 0, f'{cause} (in {suite} {where} the gap is {gap}{rates})'
@@ -323,6 +334,51 @@ def closes_in(
   return Diagnosis(f'{of} and {suite}: eval loss − {baseline} per seed', finds)
 
 
+def removed_at_the_same_rate(
+  suite: str,
+  *ruled_out: Callable[[Evidence, str], Finding],
+  as_variant: str,
+  of: str,
+  baseline: str,
+  cause: str,
+) -> Diagnosis:
+  """The gap is `cause`'s, for a claim made at a fixed rate (norms_2024's 4x rows, where tuning
+  again would change the question): `as_variant` in `suite` is the row with `cause` removed,
+  trained at the row's own rate in `of` on the same seeds (checked run by run: the same init and
+  data order), and against `of`'s baseline it is no longer behind (the paired CI reaches zero)
+  while the gap shrank from the row's (paired by seed, the shrink's CI above zero). `ruled_out`
+  as in closes_in."""
+
+  def finds(evidence: Evidence, variant: str) -> Finding:
+    rows, fixed = evidence.runs(of, variant), evidence.runs(suite, as_variant)
+    before = _gaps(evidence, of, variant, baseline)
+    after = _gaps(evidence, suite, as_variant, baseline, baseline_suite=of)
+    test, after_text = _gap_test(after, suite, as_variant)
+    _, before_text = _gap_test(before, of, variant)
+    shrink, pairs = _paired_shrink(before, after, of, suite, variant)
+    rates = sorted({rows[s]['learning_rate'] for s in pairs})
+    same_rate = all(
+      math.isclose(rows[s]['learning_rate'], fixed[s]['learning_rate']) for s in pairs
+    )
+    excluded = [check(evidence, variant) for check in ruled_out]
+    return Finding(
+      same_rate and test.ci_low <= 0 < shrink.ci_low and all(f.supported for f in excluded),
+      f'{cause}: the gap to {baseline} is {before_text} in {of} and, with it removed '
+      f'({as_variant} in {suite}, '
+      + (
+        f"at the same rate, {', '.join(f'{r:.3g}' for r in rates)}"
+        if same_rate
+        else 'not at the same rate'
+      )
+      + f'), {after_text}; it shrinks by {shrink.mean:+.3f} [{shrink.ci_low:+.3f}, '
+      f'{shrink.ci_high:+.3f}] on the {len(pairs)} seeds both share, on '
+      f'{sum(b > a for b, a in pairs.values())} of them'
+      + (f". Ruled out first: {'; '.join(f.text for f in excluded)}" if excluded else ''),
+    )
+
+  return Diagnosis(f'{of} and {suite}: eval loss − {of} {baseline} per seed', finds)
+
+
 def _retuned(evidence: Evidence, suite: str, variant: str, baseline: str) -> tuple[bool, str]:
   """Whether both rows' rates, tuned again in `suite`, are inside their grids, and
   '{baseline} best at x, {variant} at y, neither at an edge'."""
@@ -334,9 +390,13 @@ def _retuned(evidence: Evidence, suite: str, variant: str, baseline: str) -> tup
   )
 
 
-def _gaps(evidence: Evidence, suite: str, variant: str, baseline: str) -> dict[int, float]:
-  """{seed: variant − baseline final eval loss} over the seeds both rows finished in `suite`."""
-  runs, base_runs = evidence.runs(suite, variant), evidence.runs(suite, baseline)
+def _gaps(
+  evidence: Evidence, suite: str, variant: str, baseline: str, baseline_suite: str | None = None
+) -> dict[int, float]:
+  """{seed: variant − baseline final eval loss} over the seeds both rows finished, the variant
+  from `suite` and the baseline from `baseline_suite` (default: the same suite)."""
+  runs = evidence.runs(suite, variant)
+  base_runs = evidence.runs(baseline_suite or suite, baseline)
   return {
     s: runs[s]['eval_loss'] - base_runs[s]['eval_loss'] for s in sorted(set(runs) & set(base_runs))
   }
@@ -347,6 +407,11 @@ def _shrink(evidence: Evidence, of: str, suite: str, variant: str, baseline: str
   test of the per-seed gaps (same seed, same data order) and {seed: (gap in of, gap in suite)}
   over the seeds both finished."""
   before, after = (_gaps(evidence, name, variant, baseline) for name in (of, suite))
+  return _paired_shrink(before, after, of, suite, variant)
+
+
+def _paired_shrink(before: dict, after: dict, of: str, suite: str, variant: str):
+  """The paired test of the per-seed gaps `before` minus `after`, and {seed: (before, after)}."""
   pairs = {s: (before[s], after[s]) for s in sorted(set(before) & set(after))}
   if len(pairs) < 2:
     raise MissingRuns(f'suites {of!r} and {suite!r} share fewer than 2 seeds of {variant!r}')
@@ -356,7 +421,11 @@ def _shrink(evidence: Evidence, of: str, suite: str, variant: str, baseline: str
 
 def _final_gap(evidence: Evidence, suite: str, variant: str, baseline: str):
   """The paired test of variant − baseline eval loss in `suite`, and '+m [lo, hi] over n seeds'."""
-  gaps = _gaps(evidence, suite, variant, baseline)
+  return _gap_test(_gaps(evidence, suite, variant, baseline), suite, variant)
+
+
+def _gap_test(gaps: dict[int, float], suite: str, variant: str):
+  """The test of per-seed gaps against zero, and '+m [lo, hi] over n seeds'."""
   if len(gaps) < 2:
     raise MissingRuns(f'suite {suite!r}: fewer than 2 paired seeds of {variant!r}')
   test = stats.paired_test(list(gaps.values()), [0.0] * len(gaps))

@@ -500,6 +500,69 @@ def test_a_gap_that_closes_where_one_cause_changes_is_diagnosed_by_it(tmp_path):
   assert not diagnosed.find(Evidence(out), 'late').supported
 
 
+def _at_rates(out: str, suite: str, losses: dict, rates: dict, tuning: dict | None = None) -> None:
+  """A results.json for `suite`: {variant: [final eval loss per seed]}, each run at rates[variant]."""
+  runs = [
+    {'variant': name, 'seed': seed, 'eval_loss': loss, 'learning_rate': rates[name]}
+    for name, per_seed in losses.items()
+    for seed, loss in enumerate(per_seed)
+  ]
+  os.makedirs(os.path.join(out, suite), exist_ok=True)
+  with open(os.path.join(out, suite, 'results.json'), 'w') as f:
+    json.dump({'runs': runs, **({'tuning': tuning} if tuning else {})}, f)
+
+
+def test_a_cause_removed_by_another_row_at_the_same_rate_diagnoses_a_fixed_rate_claim(tmp_path):
+  """removed_at_the_same_rate (norms_2024's output-4x: the output norm without QK-norm at 4x the
+  rate, against olmo2 in norms_2024_tuned, which adds it): diagnosed where the row with the cause
+  removed, trained at the row's own rate on the same seeds, is level with the first suite's
+  baseline and the per-seed gap shrank; not where it still trails, where it was trained at another
+  rate, or where the shrink's CI reaches zero."""
+  out = str(tmp_path)
+  rates = {'base': 0.012, 'late': 0.012, 'fixed': 0.012}
+  _at_rates(out, 'table', {'base': [3.0, 3.1, 2.9], 'late': [3.5, 3.55, 3.45]}, rates)
+  _at_rates(out, 'other', {'fixed': [2.99, 3.11, 2.89]}, rates)
+  check = diagnosis.removed_at_the_same_rate(
+    'other', as_variant='fixed', of='table', baseline='base', cause='the missing norm'
+  )
+  finding = check.find(Evidence(out), 'late')
+  # Gaps +0.50, +0.45, +0.55 in table; −0.01, +0.01, −0.01 with `fixed` against table's base.
+  assert finding.supported and check.explains
+  assert finding.text.startswith(
+    'the missing norm: the gap to base is +0.500 [+0.376, +0.624] over 3 seeds in table and, '
+    'with it removed (fixed in other, at the same rate, 0.012), -0.003 ['
+  )
+  assert finding.text.endswith('on the 3 seeds both share, on 3 of them')
+  _at_rates(out, 'other', {'fixed': [3.09, 3.21, 2.99]}, rates)  # still +0.10 behind
+  assert not check.find(Evidence(out), 'late').supported
+  _at_rates(out, 'other', {'fixed': [2.99, 3.11, 2.89]}, {**rates, 'fixed': 0.003})
+  moved = check.find(Evidence(out), 'late')
+  assert not moved.supported and '(fixed in other, not at the same rate)' in moved.text
+  # Level afterwards but no clear shrink: the row was level in the table too, on one seed behind.
+  _at_rates(out, 'table', {'base': [3.0, 3.1, 2.9], 'late': [3.3, 3.1, 2.9]}, rates)
+  _at_rates(out, 'other', {'fixed': [2.99, 3.11, 2.89]}, rates)
+  assert not check.find(Evidence(out), 'late').supported
+
+
+def test_a_cause_ruled_out_by_another_rows_gap_reads_that_row(tmp_path):
+  """stays_behind(as_variant=...) (norms_2024's output row: with QK-norm, the olmo2 row, it still
+  trails): the gap read is `as_variant`'s in that suite, its rate tuned again there."""
+  out = str(tmp_path)
+  tuned = {name: {'best_lr': 6e-3, 'edge': None} for name in ('base', 'late', 'fixed')}
+  rates = {name: 6e-3 for name in tuned}
+  losses = {'base': [3.0, 3.1, 2.9], 'late': [3.6, 3.7, 3.5], 'fixed': [3.1, 3.21, 2.99]}
+  _at_rates(out, 'other', losses, rates, tuned)
+  check = diagnosis.stays_behind(
+    'other', 'base', cause='the norm alone', where='with it', retuned=True, as_variant='fixed'
+  )
+  finding = check(Evidence(out), 'late')
+  assert finding.supported
+  assert finding.text.startswith('the norm alone (in other with it the gap is +0.100 [')
+  assert finding.text.endswith('base best at 0.006, fixed at 0.006, neither at an edge)')
+  _at_rates(out, 'other', {**losses, 'fixed': [3.0, 3.11, 2.89]}, rates, tuned)  # level
+  assert not check(Evidence(out), 'late').supported
+
+
 def test_the_plan_sees_what_the_report_sees_and_names_the_seeds_for_a_target(capsys):
   """`python -m experiments plan ffn`: at the committed table's seeds each row could see what
   its results.md says (the same pooled σ and family), the seeds for 0.03 are the fewest whose

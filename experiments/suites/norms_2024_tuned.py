@@ -12,10 +12,24 @@ projections; `norms_2024`'s output rows, without it, end with attention logits o
 (3,049-3,200 at 4x) against Pre-LN's 27-30. `olmo2` is OLMo 2's block: the output norm and QK-norm
 over the whole projection, as transformers' Olmo2 has it."""
 
+from experiments import diagnosis
 from experiments.suite import Suite, Variant
 from experiments.suites import norms_2024
 
 _OLMO2 = {'model.attention.qk_norm': True, 'model.attention.qk_norm_over': 'projection'}
+
+# This table's own rows contradict too (each placement expected level with Pre-LN): what they rule
+# out and what they leave is what norms_2024's rows say (its _DIAGNOSES), their rates tuned here.
+_RATES = diagnosis.rates_tuned('norms_2024_tuned', 'pre')
+_DIAGNOSES = {
+  variant: diagnosis.unexplained(
+    _RATES,
+    *((norms_2024.QK_NORM_ALONE,) if variant == 'output' else ()),
+    not_ruled_out=norms_2024.NOT_RULED_OUT,
+    rests_on=f'norms_2024_tuned: {variant} − pre per seed',
+  )
+  for variant in ('sandwich', 'output', 'olmo2')
+}
 
 SUITE = Suite(
   name='norms_2024_tuned',
@@ -30,6 +44,7 @@ SUITE = Suite(
   ),
   presets=norms_2024.SUITE.presets,
   extra_metrics='layer_grad_norms',
+  diagnoses=_DIAGNOSES,
   diagnoses_of='norms_2024',
   paper_source=norms_2024.SUITE.paper_source,
 )
