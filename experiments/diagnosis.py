@@ -325,10 +325,7 @@ def closes_in(
     return Finding(
       inside and after.ci_low <= 0 < shrink.ci_low and all(f.supported for f in excluded),
       f'{cause}: the gap to {baseline} is {before_text} in {of} and {after_text} in {suite} '
-      f'(both rates tuned again there: {rates}); it shrinks by {shrink.mean:+.3f} '
-      f'[{shrink.ci_low:+.3f}, {shrink.ci_high:+.3f}] on the '
-      f'{len(pairs)} seeds both share, on {sum(b > a for b, a in pairs.values())} of them'
-      + (f". Ruled out first: {'; '.join(f.text for f in excluded)}" if excluded else ''),
+      f'(both rates tuned again there: {rates}); {_shrunk(shrink, pairs, excluded)}',
     )
 
   return Diagnosis(f'{of} and {suite}: eval loss − {baseline} per seed', finds)
@@ -370,13 +367,20 @@ def removed_at_the_same_rate(
         if same_rate
         else 'not at the same rate'
       )
-      + f'), {after_text}; it shrinks by {shrink.mean:+.3f} [{shrink.ci_low:+.3f}, '
-      f'{shrink.ci_high:+.3f}] on the {len(pairs)} seeds both share, on '
-      f'{sum(b > a for b, a in pairs.values())} of them'
-      + (f". Ruled out first: {'; '.join(f.text for f in excluded)}" if excluded else ''),
+      + f'), {after_text}; {_shrunk(shrink, pairs, excluded)}',
     )
 
   return Diagnosis(f'{of} and {suite}: eval loss − {of} {baseline} per seed', finds)
+
+
+def _shrunk(shrink: stats.PairedTest, pairs: dict, excluded: list[Finding]) -> str:
+  """'it shrinks by +m [lo, hi] on the n seeds both share, on k of them', and the causes ruled
+  out first (closes_in, removed_at_the_same_rate)."""
+  return (
+    f'it shrinks by {shrink.mean:+.3f} [{shrink.ci_low:+.3f}, {shrink.ci_high:+.3f}] on the '
+    f'{len(pairs)} seeds both share, on {sum(b > a for b, a in pairs.values())} of them'
+    + (f". Ruled out first: {'; '.join(f.text for f in excluded)}" if excluded else '')
+  )
 
 
 def _retuned(evidence: Evidence, suite: str, variant: str, baseline: str) -> tuple[bool, str]:

@@ -441,16 +441,24 @@ def test_a_cause_removed_and_rates_tuned_again_is_ruled_out_only_off_the_grids_e
   assert not Diagnosis('longer', check).find(Evidence(out), 'late').supported
 
 
-def _finals(out: str, suite: str, losses: dict, tuning: dict) -> None:
-  """A results.json for `suite` holding final eval losses {variant: [per seed]} and `tuning`."""
+def _finals(
+  out: str, suite: str, losses: dict, tuning: dict | None, rates: dict | None = None
+) -> None:
+  """A results.json for `suite` holding final eval losses {variant: [per seed]}, `tuning` (None:
+  none recorded) and, given `rates`, each run's learning rate, rates[variant]."""
   runs = [
-    {'variant': name, 'seed': seed, 'eval_loss': loss}
+    {
+      'variant': name,
+      'seed': seed,
+      'eval_loss': loss,
+      **({'learning_rate': rates[name]} if rates else {}),
+    }
     for name, per_seed in losses.items()
     for seed, loss in enumerate(per_seed)
   ]
   os.makedirs(os.path.join(out, suite), exist_ok=True)
   with open(os.path.join(out, suite, 'results.json'), 'w') as f:
-    json.dump({'runs': runs, 'tuning': tuning}, f)
+    json.dump({'runs': runs, **({'tuning': tuning} if tuning is not None else {})}, f)
 
 
 def test_a_gap_that_closes_where_one_cause_changes_is_diagnosed_by_it(tmp_path):
@@ -500,18 +508,6 @@ def test_a_gap_that_closes_where_one_cause_changes_is_diagnosed_by_it(tmp_path):
   assert not diagnosed.find(Evidence(out), 'late').supported
 
 
-def _at_rates(out: str, suite: str, losses: dict, rates: dict, tuning: dict | None = None) -> None:
-  """A results.json for `suite`: {variant: [final eval loss per seed]}, each run at rates[variant]."""
-  runs = [
-    {'variant': name, 'seed': seed, 'eval_loss': loss, 'learning_rate': rates[name]}
-    for name, per_seed in losses.items()
-    for seed, loss in enumerate(per_seed)
-  ]
-  os.makedirs(os.path.join(out, suite), exist_ok=True)
-  with open(os.path.join(out, suite, 'results.json'), 'w') as f:
-    json.dump({'runs': runs, **({'tuning': tuning} if tuning else {})}, f)
-
-
 def test_a_cause_removed_by_another_row_at_the_same_rate_diagnoses_a_fixed_rate_claim(tmp_path):
   """removed_at_the_same_rate (norms_2024's output-4x: the output norm without QK-norm at 4x the
   rate, against olmo2 in norms_2024_tuned, which adds it): diagnosed where the row with the cause
@@ -520,8 +516,8 @@ def test_a_cause_removed_by_another_row_at_the_same_rate_diagnoses_a_fixed_rate_
   rate, or where the shrink's CI reaches zero."""
   out = str(tmp_path)
   rates = {'base': 0.012, 'late': 0.012, 'fixed': 0.012}
-  _at_rates(out, 'table', {'base': [3.0, 3.1, 2.9], 'late': [3.5, 3.55, 3.45]}, rates)
-  _at_rates(out, 'other', {'fixed': [2.99, 3.11, 2.89]}, rates)
+  _finals(out, 'table', {'base': [3.0, 3.1, 2.9], 'late': [3.5, 3.55, 3.45]}, None, rates)
+  _finals(out, 'other', {'fixed': [2.99, 3.11, 2.89]}, None, rates)
   check = diagnosis.removed_at_the_same_rate(
     'other', as_variant='fixed', of='table', baseline='base', cause='the missing norm'
   )
@@ -533,14 +529,14 @@ def test_a_cause_removed_by_another_row_at_the_same_rate_diagnoses_a_fixed_rate_
     'with it removed (fixed in other, at the same rate, 0.012), -0.003 ['
   )
   assert finding.text.endswith('on the 3 seeds both share, on 3 of them')
-  _at_rates(out, 'other', {'fixed': [3.09, 3.21, 2.99]}, rates)  # still +0.10 behind
+  _finals(out, 'other', {'fixed': [3.09, 3.21, 2.99]}, None, rates)  # still +0.10 behind
   assert not check.find(Evidence(out), 'late').supported
-  _at_rates(out, 'other', {'fixed': [2.99, 3.11, 2.89]}, {**rates, 'fixed': 0.003})
+  _finals(out, 'other', {'fixed': [2.99, 3.11, 2.89]}, None, {**rates, 'fixed': 0.003})
   moved = check.find(Evidence(out), 'late')
   assert not moved.supported and '(fixed in other, not at the same rate)' in moved.text
   # Level afterwards but no clear shrink: the row was level in the table too, on one seed behind.
-  _at_rates(out, 'table', {'base': [3.0, 3.1, 2.9], 'late': [3.3, 3.1, 2.9]}, rates)
-  _at_rates(out, 'other', {'fixed': [2.99, 3.11, 2.89]}, rates)
+  _finals(out, 'table', {'base': [3.0, 3.1, 2.9], 'late': [3.3, 3.1, 2.9]}, None, rates)
+  _finals(out, 'other', {'fixed': [2.99, 3.11, 2.89]}, None, rates)
   assert not check.find(Evidence(out), 'late').supported
 
 
@@ -551,7 +547,7 @@ def test_a_cause_ruled_out_by_another_rows_gap_reads_that_row(tmp_path):
   tuned = {name: {'best_lr': 6e-3, 'edge': None} for name in ('base', 'late', 'fixed')}
   rates = {name: 6e-3 for name in tuned}
   losses = {'base': [3.0, 3.1, 2.9], 'late': [3.6, 3.7, 3.5], 'fixed': [3.1, 3.21, 2.99]}
-  _at_rates(out, 'other', losses, rates, tuned)
+  _finals(out, 'other', losses, tuned, rates)
   check = diagnosis.stays_behind(
     'other', 'base', cause='the norm alone', where='with it', retuned=True, as_variant='fixed'
   )
@@ -559,7 +555,7 @@ def test_a_cause_ruled_out_by_another_rows_gap_reads_that_row(tmp_path):
   assert finding.supported
   assert finding.text.startswith('the norm alone (in other with it the gap is +0.100 [')
   assert finding.text.endswith('base best at 0.006, fixed at 0.006, neither at an edge)')
-  _at_rates(out, 'other', {**losses, 'fixed': [3.0, 3.11, 2.89]}, rates, tuned)  # level
+  _finals(out, 'other', {**losses, 'fixed': [3.0, 3.11, 2.89]}, tuned, rates)  # level
   assert not check(Evidence(out), 'late').supported
 
 

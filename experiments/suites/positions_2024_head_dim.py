@@ -9,21 +9,17 @@ grow with the heads (as in `positions_head_dim`); the comparison is within this 
 by seed with `positions_2024`'s. Each row tunes its own rate. Evaluated at the training context
 only (the question is the trained model's loss, not extrapolation)."""
 
-import dataclasses
-
 from experiments.suite import Suite
 from experiments.suites import positions_2024
-from experiments.suites.positions_head_dim import HEADS
+from experiments.suites.positions_head_dim import with_wide_heads
 
 SUITE = Suite(
   name='positions_2024_head_dim',
   description='full RoPE vs partial RoPE (1/8, 1/4, 1/2 of each head) with 2 heads of 64 (not 8 '
   'of 16)',
   base=positions_2024.SUITE.base,
-  variants=tuple(
-    dataclasses.replace(v, overrides={**v.overrides, **HEADS})
-    for v in positions_2024.SUITE.variants
-    if v.name in ('rope', 'partial_1_8', 'partial_1_4', 'partial_1_2')
+  variants=with_wide_heads(
+    positions_2024.SUITE, ('rope', 'partial_1_8', 'partial_1_4', 'partial_1_2')
   ),
   presets=positions_2024.SUITE.presets,
   extra_metrics='decode',

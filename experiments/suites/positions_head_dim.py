@@ -10,20 +10,26 @@ this suite. Each variant tunes its own learning rate (the head layout may move i
 
 import dataclasses
 
-from experiments.suite import Suite
+from experiments.suite import Suite, Variant
 from experiments.suites import positions
 
 HEADS = {'model.n_heads': 2, 'model.n_kv_heads': 2}  # d_model 128: head_dim 64, MHA
+
+
+def with_wide_heads(donor: Suite, names: tuple[str, ...]) -> tuple[Variant, ...]:
+  """`donor`'s rows `names`, in its order, with 2 heads of 64 (HEADS) over their overrides."""
+  return tuple(
+    dataclasses.replace(v, overrides={**v.overrides, **HEADS})
+    for v in donor.variants
+    if v.name in names
+  )
+
 
 SUITE = Suite(
   name='positions_head_dim',
   description='RoPE vs none / learned / sinusoidal with 2 heads of 64 (not 8 of 16)',
   base=positions.SUITE.base,
-  variants=tuple(
-    dataclasses.replace(v, overrides={**v.overrides, **HEADS})
-    for v in positions.SUITE.variants
-    if v.name in ('rope', 'none', 'learned', 'sinusoidal')
-  ),
+  variants=with_wide_heads(positions.SUITE, ('rope', 'none', 'learned', 'sinusoidal')),
   presets=positions.SUITE.presets,
   paper_source=positions.SUITE.paper_source,
   diagnoses_of='positions',
