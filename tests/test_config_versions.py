@@ -246,10 +246,22 @@ def test_every_ledger_line_of_a_later_version_is_found_under_the_identities_comp
   for name, entry in lines:
     suite = load_suite(name)
     variant = _variant_of_run(suite, entry['run'])
-    rate = {'train.learning_rate': entry['result']['learning_rate']} if variant.tune else {}
-    config = resolve(suite, variant, 'cpu', entry['seed'], rate)
-    identities = {VERSION: config_hash(config), **older_hashes(config)}
+    identities = _identities(suite, variant, entry['seed'], entry['result']['learning_rate'])
     assert identities[entry.get(VERSION_KEY, 1)] == entry['hash'], (name, entry['run'])
+
+
+def _identities(suite, variant, seed: int, rate: float) -> dict:
+  """{version: hash} of the variant's run at `seed`: a starts_from run runs at its parent
+  chain's first variant's tuned rate and its hash folds in its parent's, version by version."""
+  by_name = {v.name: v for v in suite.variants}
+  root = variant
+  while root.starts_from:
+    root = by_name[root.starts_from]
+  config = resolve(suite, variant, 'cpu', seed, {'train.learning_rate': rate} if root.tune else {})
+  if not variant.starts_from:
+    return {VERSION: config_hash(config), **older_hashes(config)}
+  parent = _identities(suite, by_name[variant.starts_from], seed, rate)
+  return {VERSION: config_hash(config, parent[VERSION]), **older_hashes(config, parent)}
 
 
 def test_version_4_reads_an_older_config_as_adamw_and_writes_adamw_back_without_the_section():
