@@ -18,7 +18,7 @@ import mllm
 from experiments import provenance
 from experiments.run_files import ERRORS_LOG, RESULT, WORKER_LOG
 from experiments.suite import Suite, Variant
-from mllm.config_versions import VERSION, VERSION_KEY, written_in
+from mllm.config_versions import VERSION, VERSION_KEY, written_in, written_in_each
 from mllm.paths import RunDir
 
 
@@ -99,12 +99,10 @@ def older_hashes(config, parents: dict[int, str] | None = None) -> dict[int, str
   """{version: the identity each older config version gave the same config} (`parents`: a
   starts_from run's parent's, by version): how the runs a suite recorded before are found."""
   parents = parents or {}
-  tree = as_json(config)
-  out = {1: _v1_digest(tree, parents.get(1, ''))}
+  shapes = written_in_each(as_json(config))
+  out = {1: _v1_digest_of(shapes[1], parents.get(1, ''))}
   for version in range(2, VERSION):
-    out[version] = _digest(
-      {VERSION_KEY: version, **written_in(tree, version)}, parents.get(version, '')
-    )
+    out[version] = _digest({VERSION_KEY: version, **shapes[version]}, parents.get(version, ''))
   return out
 
 
@@ -115,7 +113,11 @@ def v1_hash(config, parent: str = '') -> str:
 
 
 def _v1_digest(tree: dict, parent: str) -> str:
-  tree = written_in(tree, 1)
+  return _v1_digest_of(written_in(tree, 1), parent)
+
+
+def _v1_digest_of(tree: dict, parent: str) -> str:
+  """The version 1 identity of a config already in version 1's shape (`tree`, changed here)."""
   for path, neutral in V1_ADDED_KEYS.items():
     *where, key = path.split('.')
     node = tree

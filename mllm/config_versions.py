@@ -286,6 +286,15 @@ def written_in(config: dict, version: int) -> dict:
   return config
 
 
+def written_in_each(config: dict) -> dict[int, dict]:
+  """{version: the config in that older version's shape} for every version before this one, in
+  one walk down (each shape is the one before it downgraded once)."""
+  shapes = {}
+  for step in range(VERSION, 1, -1):
+    config = shapes[step - 1] = DOWNGRADES[step](config)
+  return shapes
+
+
 def as_v1(config: dict) -> dict:
   """A config of this version (as JSON, every key present) in version 1's shape."""
   return written_in(config, 1)
