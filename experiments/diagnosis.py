@@ -212,9 +212,10 @@ def unexplained(
   def finds(evidence: Evidence, variant: str) -> Finding:
     found = [check(evidence, variant) for check in checks]
     opened = [lead.find(evidence, variant).text for lead in leads]
+    ruled_out = '; '.join(f.text for f in found) or 'nothing yet'
     return Finding(
       all(f.supported for f in found),
-      f"unexplained. Ruled out: {'; '.join(f.text for f in found)}. Not ruled out: {not_ruled_out}"
+      f'unexplained. Ruled out: {ruled_out}. Not ruled out: {not_ruled_out}'
       + (f". Leads, not a diagnosis: {'; '.join(opened)}" if opened else ''),
     )
 
@@ -293,6 +294,18 @@ def stays_behind(
     )
 
   return finds
+
+
+def elsewhere(suite: str, baseline: str, *, where: str, as_variant: str | None = None) -> Diagnosis:
+  """A lead, not a cause: the row's gap to `baseline` in `suite` (`where`: what differs there,
+  e.g. "with 64-dim heads"; `as_variant`: the row's name there where it is another's), reported
+  beside the row's own so that a reader sees whether it replicates."""
+
+  def finds(evidence: Evidence, variant: str) -> Finding:
+    _, gap = _final_gap(evidence, suite, as_variant or variant, baseline)
+    return Finding(True, f'{where} ({suite}) the gap to {baseline} is {gap}')
+
+  return Diagnosis(f'{suite}: eval loss − {baseline} per seed', finds)
 
 
 def width_ruled_out(suite: str, baseline: str) -> Callable[[Evidence, str], Finding]:

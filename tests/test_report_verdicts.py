@@ -397,6 +397,28 @@ def test_a_row_whose_seeds_spread_apart_is_named_with_each_seed():
   assert report_notes.spread_line(verdicts.summarize(SUITE, results())) == ''
 
 
+def test_an_unexplained_row_with_nothing_ruled_out_reports_its_replication_as_a_lead(tmp_path):
+  """elsewhere: the row's gap in another suite (under its name there, `as_variant`), recomputed
+  from that suite's runs, as a lead beside an unexplained row; with no check, nothing is ruled
+  out and the record stands (its leads cannot fail it)."""
+  out = str(tmp_path)
+  base = [[3.0, 2.8, 2.6, 2.40], [3.0, 2.8, 2.6, 2.42], [3.0, 2.8, 2.6, 2.41]]
+  behind = [[3.0, 2.9, 2.7, 2.50], [3.0, 2.9, 2.7, 2.53], [3.0, 2.9, 2.7, 2.50]]
+  _tokens_suite(out, {'base': base, 'wide': behind})
+  lead = diagnosis.elsewhere('longer', 'base', where='with wide heads', as_variant='wide')
+  # Gaps +0.10, +0.11, +0.09: mean +0.100, t(2) CI +0.100 ± 4.303 · 0.01 / √3.
+  want = 'with wide heads (longer) the gap to base is +0.100 [+0.075, +0.125] over 3 seeds'
+  assert lead.find(Evidence(out), 'narrow').text == want
+  row = diagnosis.unexplained(not_ruled_out='the head size', rests_on='longer', leads=(lead,))
+  finding = row.find(Evidence(out), 'narrow')
+  assert finding.supported and not row.explains
+  assert finding.text == (
+    f'unexplained. Ruled out: nothing yet. Not ruled out: the head size. Leads, not a '
+    f'diagnosis: {want}'
+  )
+  assert diagnosis.elsewhere('longer', 'base', where='there').find(Evidence(out), 'gone').pending
+
+
 def test_a_narrower_hidden_layer_is_ruled_out_only_where_the_wide_row_stays_behind(tmp_path):
   """width_ruled_out: at the baseline's width the paired gap's CI stays above zero; a gap whose
   CI reaches zero there does not rule the width out."""
