@@ -33,6 +33,7 @@ Version 8: `model.attention.kind` ('mha' before) and MLA's section `model.attent
 (False); the FFN kind `clamped_swiglu`'s section `model.ffn.clamped_swiglu` (and the experts'
 `model.ffn.moe.expert.clamped_swiglu`); YaRN's `truncate` (True before: the ramp's ends rounded).
 Version 9: YaRN's `attention_factor` (None before: the paper's 0.1·ln(s) + 1 on cos and sin).
+Version 10: `model.position.rope.frequencies`, partial RoPE's ('spread' before: GPT-NeoX's).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-VERSION = 9
+VERSION = 10
 VERSION_KEY = 'config_version'  # in a saved config.json, beside the config's own sections
 
 # Version 1's keys under `model.` and their version 2 places, except RoPE's scaling factor, whose
@@ -249,6 +250,9 @@ v7_to_v8, v8_as_v7 = _adding(
 # Version 9's key as every earlier version trained: YaRN's own factor on cos and sin.
 v8_to_v9, v9_as_v8 = _adding({'model.position.rope.scaling.yarn.attention_factor': None})
 
+# Version 10's key as every earlier version trained: partial RoPE's frequencies GPT-NeoX's.
+v9_to_v10, v10_as_v9 = _adding({'model.position.rope.frequencies': 'spread'})
+
 # version n → the function to version n + 1
 UPGRADES = {
   1: v1_to_v2,
@@ -259,6 +263,7 @@ UPGRADES = {
   6: v6_to_v7,
   7: v7_to_v8,
   8: v8_to_v9,
+  9: v9_to_v10,
 }
 
 
@@ -326,6 +331,7 @@ def _get(tree: dict, path: str) -> Any:
 
 
 DOWNGRADES = {
+  10: v10_as_v9,
   9: v9_as_v8,
   8: v8_as_v7,
   7: v7_as_v6,

@@ -538,6 +538,7 @@ ROPE_READS = [
   'model.position.rope.original_max_len',
   'model.position.rope.nope_every',
   'model.position.rope.fraction',
+  'model.position.rope.frequencies',
 ]
 YARN_READS = [
   f'model.position.rope.scaling.yarn.{k}'

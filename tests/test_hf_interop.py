@@ -720,6 +720,17 @@ def test_a_large_export_is_written_in_shards_that_import_the_same(tmp_path, impo
     ({'model.position.rope.layout': 'interleaved'}, r"model.position.rope.layout='interleaved'"),
     # Partial RoPE exports as StableLM, whose norm is LayerNorm.
     ({'model.position.rope.fraction': 0.5}, r"model.norm.kind='rmsnorm': .*StableLmForCausalLM"),
+    # p-RoPE: StableLM's partial_rotary_factor spreads its frequencies as GPT-NeoX does.
+    (
+      {
+        'model.position.rope.fraction': 0.5,
+        'model.position.rope.frequencies': 'highest',
+        'model.norm.kind': 'layernorm',
+        'model.norm.use_bias': True,
+        'model.attention.qkv_bias': True,
+      },
+      r"model.position.rope.frequencies='highest': .*StableLmForCausalLM.* 'spread'",
+    ),
     # Sandwich norms export as Gemma 2, which scales its embeddings by √d.
     (
       {'model.norm.placement': 'sandwich'},

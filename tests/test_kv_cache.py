@@ -233,10 +233,13 @@ def test_cache_writes_use_in_range_indices_and_skip_unwritten_slots(layer):
     dict(
       model__ffn__kind='moe', model__ffn__moe__num_experts=4, model__ffn__moe__capacity_factor=4.0
     ),
+    # p-RoPE: half of each head rotated at full RoPE's highest frequencies.
     dict(
       model__attention__qk_norm=True,
       model__norm__placement='post',
       model__attention__output_gate='elementwise',
+      model__position__rope__fraction=0.5,
+      model__position__rope__frequencies='highest',
     ),
     # Layer 1 global and without RoPE (the cache keeps every key: no rolling buffer), the value
     # residual, sinks.
@@ -260,7 +263,7 @@ def test_cache_writes_use_in_range_indices_and_skip_unwritten_slots(layer):
   ids=[
     'scan-layer_patterns-value_residual',
     'moe',
-    'qk_norm-post_ln-output_gate',
+    'qk_norm-post_ln-output_gate-p_rope',
     'layer_patterns-value_residual-sinks',
     'mla',
   ],

@@ -40,10 +40,11 @@ def _np_thetas(d, base=10000.0):
   return base ** (-2.0 * (i - 1) / d)
 
 
-def _np_rotation_matrix(m, d, layout, base=10000.0):
-  """The d×d block rotation R_{Θ,m}; for 'half' the 2-D planes are (i, i + d/2)."""
+def _np_rotation_matrix(m, d, layout, base=10000.0, thetas=None):
+  """The d×d block rotation R_{Θ,m}; for 'half' the 2-D planes are (i, i + d/2). `thetas`: the
+  d/2 frequencies (default θ_i = base^(−2i/d))."""
   R = np.zeros((d, d), np.float64)
-  for i, th in enumerate(_np_thetas(d, base)):
+  for i, th in enumerate(_np_thetas(d, base) if thetas is None else thetas):
     c, s = math.cos(m * th), math.sin(m * th)
     a, b = (2 * i, 2 * i + 1) if layout == 'interleaved' else (i, i + d // 2)
     R[a, a], R[a, b] = c, -s
@@ -51,14 +52,14 @@ def _np_rotation_matrix(m, d, layout, base=10000.0):
   return R
 
 
-def _np_rope(x, positions, layout, base=10000.0):
+def _np_rope(x, positions, layout, base=10000.0, thetas=None):
   """x [B, T, N, H] float64, positions [B, T]: out[b,t,n] = R_{pos[b,t]} x[b,t,n]."""
   x = np.asarray(x, np.float64)
   B, T, _N, H = x.shape
   out = np.empty_like(x)
   for b in range(B):
     for t in range(T):
-      R = _np_rotation_matrix(float(positions[b, t]), H, layout, base)
+      R = _np_rotation_matrix(float(positions[b, t]), H, layout, base, thetas)
       out[b, t] = x[b, t] @ R.T
   return out
 
@@ -667,6 +668,82 @@ def test_partial_rope_rotates_the_first_dims_with_their_own_frequencies(layout, 
   )
   np.testing.assert_allclose(got[..., :rotated], _np_rope(x[..., :rotated], pos, layout), atol=2e-5)
   np.testing.assert_array_equal(got[..., rotated:], x[..., rotated:].astype(np.float32))
+
+
+def _p_rope_scheme(fraction, layout, more='', **extra):
+  from conftest import tiny_config
+
+  from mllm.layers.positions import POSITIONS
+
+  cfg = tiny_config(
+    f'pos=rope,model.position.rope.fraction={fraction},model.position.rope.layout={layout},'
+    'model.position.rope.frequencies=highest' + (f',{more}' if more else ''),
+    model__d_model=64,
+    model__n_heads=4,
+    model__n_kv_heads=4,
+    **extra,
+  ).model
+  return POSITIONS['rope'].from_config(cfg, rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize('fraction,rotated', [(0.25, 4), (0.5, 8)])
+def test_p_rope_is_full_rope_with_its_lowest_frequencies_removed(fraction, rotated):
+  """p-RoPE (Barbero et al. 2024 §6): full RoPE of the head (θ_i = θ^(−2i/H)) with the lowest
+  (1 − f)·H/2 frequencies set to 0. Interleaved, its planes (2i, 2i + 1) are mllm's first r dims,
+  so the float64 rotation with those θ_i zeroed is the model's exactly; 'half' pairs (i, i + H/2),
+  the same rotation on a fixed permutation of the head (the first r/2 and the r/2 after H/2)."""
+  H = 16
+  thetas = 10000.0 ** (-np.arange(0, H, 2) / H)
+  thetas[rotated // 2 :] = 0.0  # the lowest frequencies removed: those planes never turn
+  rng = _rng(11)
+  x = rng.normal(size=(2, 5, 3, H))
+  pos = rng.integers(0, 60, size=(2, 5))
+
+  def model_rotates(layout, x):
+    context = _p_rope_scheme(fraction, layout).context(jnp.asarray(pos), jnp.asarray(pos))
+    return np.asarray(context.rotate(jnp.asarray(x, jnp.float32)))
+
+  got = model_rotates('interleaved', x)
+  np.testing.assert_allclose(got, _np_rope(x, pos, 'interleaved', thetas=thetas), atol=2e-5)
+  half = np.r_[0 : rotated // 2, H // 2 : H // 2 + rotated // 2]  # the paper's turning dims
+  order = np.r_[half, np.setdiff1d(np.arange(H), half)]  # ... first, as mllm rotates them
+  got = model_rotates('half', x[..., order])
+  np.testing.assert_allclose(got, _np_rope(x, pos, 'half', thetas=thetas)[..., order], atol=2e-5)
+  # The removed frequencies are the lowest: GPT-NeoX's spread (θ^(−2i/r)) is another rotation.
+  spread = _np_rope(x[..., :rotated], pos, 'interleaved')
+  assert np.abs(got[..., :rotated] - spread).max() > 0.1
+
+
+def test_p_rope_under_yarn_keeps_the_scaled_full_heads_highest_frequencies():
+  """With YaRN, p-RoPE's θ_i and cos/sin factor are full RoPE's scaled ones (those checked against
+  transformers), truncated: YaRN's ramp reads each wavelength against the whole head's."""
+  from mllm.layers.rope import rope_inverse_frequencies
+
+  yarn = 'model.position.rope.scaling.kind=yarn,model.position.rope.scaling.yarn.factor=4.0'
+  scheme = _p_rope_scheme(0.5, 'half', yarn, model__max_seq_len=64)
+  inv_freq, factor = rope_inverse_frequencies(16, 10000.0, scheme.scaling, 64)
+  assert factor > 1.0  # YaRN's temperature: the factor is in play
+  pos = np.arange(40)
+  context = scheme.context(jnp.asarray(pos)[None], jnp.asarray(pos)[None])
+  want = np.cos(pos[:, None] * inv_freq[None, :4]) * factor
+  np.testing.assert_allclose(np.asarray(context.cos)[0], want, atol=1e-5)
+  spread, _ = rope_inverse_frequencies(8, 10000.0, scheme.scaling, 64)
+  assert not np.allclose(spread, inv_freq[:4])  # an 8-dim head's scaled frequencies differ
+
+
+def test_p_rope_frequencies_are_refused_in_one_line_at_fraction_1():
+  from conftest import tiny_config
+
+  from mllm import ConfigError
+
+  with pytest.raises(
+    ConfigError,
+    match=r"^model\.position\.rope\.frequencies='highest': .*at fraction 1 every one is kept; "
+    r"allowed with model\.position\.rope\.fraction=1\.0: 'spread'$",
+  ):
+    tiny_config('pos=rope,model.position.rope.frequencies=highest')
+  with pytest.raises(ConfigError, match=r"^model\.position\.rope\.frequencies='low': "):
+    tiny_config('pos=rope,model.position.rope.fraction=0.5,model.position.rope.frequencies=low')
 
 
 def test_partial_rope_fraction_is_refused_in_one_line_where_it_rotates_an_odd_count():

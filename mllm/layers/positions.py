@@ -226,6 +226,10 @@ def rotating_layers(cfg) -> tuple[bool, ...]:
   return tuple(every is None or (i + 1) % every != 0 for i in range(cfg.n_layers))
 
 
+# Partial RoPE's frequencies (`position.rope.frequencies`), read where fraction < 1.
+PARTIAL_FREQUENCIES = ('spread', 'highest')
+
+
 def rotated_dims(head_dim: int, fraction: float) -> int:
   """The head dimensions partial RoPE rotates: the first int(fraction·head_dim), as GPT-NeoX's
   rotary_ndims and transformers' partial_rotary_factor count them."""
@@ -269,11 +273,25 @@ class RotaryPositions(PositionScheme):
       'rotary_pct, HF partial_rotary_factor; p-RoPE); the rest carry no position',
       _rotated_fraction,
     )
+    frequencies: str = setting(
+      'spread',
+      "partial RoPE's frequencies on its r rotated dims: spread, θ^(−2i/r) over the whole range "
+      "(GPT-NeoX, HF partial_rotary_factor) | highest, full RoPE's r/2 highest θ^(−2i/head_dim), "
+      'the lowest removed (p-RoPE, Barbero et al. 2024 §6)',
+      one_of_these(PARTIAL_FREQUENCIES, 'partial RoPE frequencies'),
+    )
 
   @classmethod
   def check(cls, m, p):
     rope = settings_of(cls, m.position)
     rope.scaling.settings.check(f'{p}.position.rope.scaling')
+    if rope.frequencies != 'spread' and rope.fraction == 1.0:
+      raise ConfigError(
+        f'{p}.position.rope.frequencies',
+        rope.frequencies,
+        "chooses which frequencies partial RoPE keeps; at fraction 1 every one is kept; allowed "
+        f"with {p}.position.rope.fraction=1.0: 'spread'",
+      )
     if m.attention.kind == 'mla':  # its own rotated part (mllm/layers/mla.py checks the rest)
       dims = rotary_head_dim(m)
       if dims % 2:
@@ -309,6 +327,8 @@ class RotaryPositions(PositionScheme):
     text = f'rope θ={rope.theta:g} {rope.layout}'
     if rope.fraction != 1.0:
       text += f' on {rope.fraction:g} of each head'
+      if rope.frequencies == 'highest':
+        text += ' (p-RoPE: its highest frequencies)'
     if rope.nope_every:
       text += f', none in every {rope.nope_every}th layer'
     if rope.scaling.kind != 'none':
@@ -318,6 +338,8 @@ class RotaryPositions(PositionScheme):
   def __init__(self, cfg, *, rngs):
     del rngs
     settings = settings_of(self, cfg.position)
+    # p-RoPE's r/2 frequencies are full RoPE's first (highest); GPT-NeoX's are those of an r-dim head.
+    self.frequency_dims = rotary_head_dim(cfg) if settings.frequencies == 'highest' else None
     self.rotated_dims = rotated_dims(rotary_head_dim(cfg), settings.fraction)
     self.theta = settings.theta
     self.layout = settings.layout
@@ -326,9 +348,14 @@ class RotaryPositions(PositionScheme):
 
   def context(self, q_positions_BT, kv_positions_BS):
     cos, sin = rope_angles(
-      q_positions_BT, self.rotated_dims, self.theta, self.scaling, self.original_max_len
+      q_positions_BT,
+      self.frequency_dims or self.rotated_dims,
+      self.theta,
+      self.scaling,
+      self.original_max_len,
     )
-    return PositionContext(cos=cos, sin=sin, layout=self.layout)
+    pairs = self.rotated_dims // 2
+    return PositionContext(cos=cos[..., :pairs], sin=sin[..., :pairs], layout=self.layout)
 
 
 class ALiBiPositions(PositionScheme):

@@ -474,6 +474,7 @@ def rope_math(m) -> dict[str, Any]:
     'position.rope.layout': rope.layout,
     'position.rope.scaling.kind': kind,
     'position.rope.fraction': float(rope.fraction),
+    'position.rope.frequencies': rope.frequencies,
     'position.rope.nope_every': rope.nope_every,
   }
   for field in _declared(cls):
