@@ -2,7 +2,9 @@
 rotating a fraction of each head (GPT-NeoX's rotary_pct; p-RoPE, Barbero et al. 2024, arXiv
 2410.06205: parity or better), and NoPE every 4th layer among RoPE ones (Llama 4's iRoPE, SmolLM3);
 each evaluated at the training context and, without training, at 4x it (NoPE layers: better
-length extrapolation). Defined and planned; not run yet."""
+length extrapolation). Run 2026-12-01/02 (3 seeds, 1 M tokens): the partial rows trail full
+RoPE, the more the fewer dims they rotate; their diagnoses are `positions_2024_head_dim` (the same
+fractions of 64-dim heads) and `positions_2024_p_rope` (p-RoPE's frequencies, not GPT-NeoX's)."""
 
 from experiments import diagnosis
 from experiments.suite import Suite, Variant
