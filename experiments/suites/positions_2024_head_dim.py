@@ -9,11 +9,37 @@ grow with the heads (as in `positions_head_dim`); the comparison is within this 
 by seed with `positions_2024`'s. Each row tunes its own rate. Each is also evaluated, without
 training, at 4x the training context, as in `positions_2024`, where partial 1/2 lost less than full
 RoPE there (−0.12 against the 'same' the suite expected): whether that holds at 64-dim heads is the
-independent check before any explanation."""
+independent check before any explanation. Run 2026-12-02 (3 seeds): the gaps do not close (1/2
++0.091, 1/4 +0.103, 1/8 +0.190, each CI above zero), so too few rotated dimensions alone is ruled
+out for `positions_2024`'s rows; at 4x the context 1/8 and 1/4 fall further behind full RoPE
+(+0.21, +0.33) and 1/2 is within noise: its −0.12 at head dim 16 does not replicate here."""
 
+from experiments import diagnosis
 from experiments.suite import Suite
 from experiments.suites import positions_2024
 from experiments.suites.positions_head_dim import with_wide_heads
+
+_WHERE = 'with 8 heads of 16'
+_DIAGNOSES = {
+  **{
+    name: diagnosis.unexplained(
+      diagnosis.rates_tuned('positions_2024_head_dim', 'rope'),
+      not_ruled_out="GPT-NeoX's frequency spacing on the rotated dims (positions_2024_p_rope tests "
+      "p-RoPE's at head dim 16), the token budget (1.2 tokens/param)",
+      rests_on='positions_2024_head_dim and positions_2024: eval loss − rope per seed',
+      leads=(diagnosis.elsewhere('positions_2024', 'rope', where=_WHERE),),
+    )
+    for name in ('partial_1_8', 'partial_1_4', 'partial_1_2')
+  },
+  **{
+    f'{name}-at_4x': diagnosis.unexplained(
+      not_ruled_out="the row's own gap at the training context, carried to 4x it",
+      rests_on='positions_2024_head_dim and positions_2024: eval loss − rope-at_4x per seed',
+      leads=(diagnosis.elsewhere('positions_2024', 'rope-at_4x', where=_WHERE),),
+    )
+    for name in ('partial_1_8', 'partial_1_4')
+  },
+}
 
 SUITE = Suite(
   name='positions_2024_head_dim',
@@ -31,5 +57,6 @@ SUITE = Suite(
   presets=positions_2024.SUITE.presets,
   extra_metrics='decode',
   paper_source=positions_2024.SUITE.paper_source,
+  diagnoses=_DIAGNOSES,
   diagnoses_of='positions_2024',
 )
