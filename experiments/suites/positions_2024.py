@@ -40,53 +40,61 @@ def _variant(name: str, overrides: dict, expect: str) -> tuple[Variant, Variant]
 
 # The partial rows' gaps grew as the rotated dims fell (2-8 at head dim 16). With 64-dim heads
 # (positions_2024_head_dim, run 2026-12-02) the same fractions rotate 8-32 and still trail full
-# RoPE by about as much at 1/2 and 1/4: too few rotated dims alone is ruled out. p-RoPE's
-# frequencies (positions_2024_p_rope) are the open lead. Recomputed on every report.
-
-
-def _partial(rotated_dims: str, not_ruled_out: str, leads: tuple = ()) -> diagnosis.Diagnosis:
-  return diagnosis.unexplained(
-    diagnosis.rates_tuned('positions_2024', 'rope'),
-    diagnosis.stays_behind(
-      'positions_2024_head_dim',
-      'rope',
-      cause='too few rotated dimensions alone',
-      where=f'with 2 heads of 64 (the fraction rotates {rotated_dims})',
-      retuned=True,
-    ),
-    not_ruled_out=not_ruled_out,
-    rests_on='positions_2024, positions_2024_head_dim'
-    + (' and positions_2024_p_rope' if leads else '')
-    + ': eval loss − rope per seed',
-    leads=leads,
-  )
-
-
-_P_ROPE_LEAD = diagnosis.elsewhere(
-  'positions_2024_p_rope', 'rope', where="at p-RoPE's frequencies (full RoPE's highest)"
+# RoPE: too few rotated dims alone is ruled out. At p-RoPE's frequencies (positions_2024_p_rope,
+# run 2026-12-02) 1/2 reaches full RoPE and 1/4 falls further behind. Recomputed on every report.
+_HEAD_DIM = diagnosis.stays_behind(
+  'positions_2024_head_dim',
+  'rope',
+  cause='too few rotated dimensions alone',
+  where='with 2 heads of 64 (the fraction rotates 4x the dims)',
+  retuned=True,
 )
 _DIAGNOSES = {
   # p-RoPE's 1/8 is GPT-NeoX's (one plane at θ^0 either way): no frequency lead.
-  'partial_1_8': _partial(
-    '8 dims, not 2', 'the token budget (1.2 tokens/param), the 7 of 8 planes without position'
+  'partial_1_8': diagnosis.unexplained(
+    diagnosis.rates_tuned('positions_2024', 'rope'),
+    _HEAD_DIM,
+    not_ruled_out='the token budget (1.2 tokens/param), the 7 of 8 planes without position',
+    rests_on='positions_2024 and positions_2024_head_dim: eval loss − rope per seed',
   ),
-  **{
-    name: _partial(
-      dims,
-      "GPT-NeoX's frequency spacing on the rotated dims (p-RoPE keeps full RoPE's highest "
-      'instead: the lead), the token budget (1.2 tokens/param)',
-      leads=(_P_ROPE_LEAD,),
-    )
-    for name, dims in (('partial_1_4', '16 dims, not 4'), ('partial_1_2', '32 dims, not 8'))
-  },
+  # p-RoPE's frequencies at 1/4 (1 and 0.32 rad/token) fall further behind: GPT-NeoX's spacing
+  # is not the cause there.
+  'partial_1_4': diagnosis.unexplained(
+    diagnosis.rates_tuned('positions_2024', 'rope'),
+    _HEAD_DIM,
+    diagnosis.stays_behind(
+      'positions_2024_p_rope',
+      'rope',
+      cause="GPT-NeoX's frequency spacing",
+      where="at p-RoPE's frequencies (full RoPE's two highest)",
+      retuned=True,
+    ),
+    not_ruled_out='the token budget (1.2 tokens/param), the 6 of 8 planes without position',
+    rests_on='positions_2024, positions_2024_head_dim and positions_2024_p_rope: eval loss − '
+    'rope per seed',
+  ),
+  # At 1/2, p-RoPE's four highest frequencies reach full RoPE (Barbero et al.'s parity).
+  'partial_1_2': diagnosis.closes_in(
+    'positions_2024_p_rope',
+    diagnosis.rates_tuned('positions_2024', 'rope'),
+    _HEAD_DIM,
+    of='positions_2024',
+    baseline='rope',
+    cause="GPT-NeoX's frequency spacing (its lowest three planes at 0.1-0.001 rad/token where "
+    "p-RoPE keeps full RoPE's highest)",
+  ),
 }
 # Partial 1/2 lost less than full RoPE at 4x the context, against the 'same' expected: does it
 # replicate with 64-dim heads? A lead, not an explanation.
 _DIAGNOSES['partial_1_2-at_4x'] = diagnosis.unexplained(
   not_ruled_out='which of the rotated frequencies carry the extrapolation, seed noise at 4x (the '
   "row's paired spread is 3x the pool's in positions_2024_head_dim)",
-  rests_on='positions_2024 and positions_2024_head_dim: eval loss − rope-at_4x per seed',
-  leads=(diagnosis.elsewhere('positions_2024_head_dim', 'rope-at_4x', where='with 2 heads of 64'),),
+  rests_on='positions_2024, positions_2024_head_dim and positions_2024_p_rope: eval loss − '
+  'rope-at_4x per seed',
+  leads=(
+    diagnosis.elsewhere('positions_2024_head_dim', 'rope-at_4x', where='with 2 heads of 64'),
+    diagnosis.elsewhere('positions_2024_p_rope', 'rope-at_4x', where="at p-RoPE's frequencies"),
+  ),
 )
 
 SUITE = Suite(

@@ -6,16 +6,40 @@ drops the lowest: at head dim 16, fraction 1/4 turns at 1 and 0.32 rad/token (GP
 0.01), fraction 1/2 at 1, 0.32, 0.1, 0.03 (GPT-NeoX: 1, 0.1, 0.01, 0.001). Fraction 1/8 is left
 out: one plane at θ^0 = 1 either way, the same network. If GPT-NeoX's frequencies are the cause,
 the partial rows reach full RoPE here; if they stay behind, that is ruled out. The rows keep
-their names (paired by name and seed with `positions_2024`'s); full RoPE's runs are the same and
-are copied from there. Each row tunes its own rate and is also evaluated, without training, at 4x
-the training context."""
+their names (paired by name and seed with `positions_2024`'s); full RoPE's runs are copied from an
+identical configuration's at this code (`ffn_2024`'s gelu row). Each row tunes its own rate and is
+also evaluated, without training, at 4x the training context. Run 2026-12-02 (3 seeds, 1 M tokens):
+p-RoPE 1/2 reaches full RoPE (+0.007 [−0.049, +0.063]; GPT-NeoX's 1/2: +0.075), so GPT-NeoX's
+spacing is the cause of `positions_2024`'s 1/2 gap; p-RoPE 1/4 falls further behind (+0.274,
+against +0.173), so it is not at 1/4. At 4x the context p-RoPE 1/4 loses less than full RoPE
+(−0.120) and 1/2 more (+0.071): neither as expected, both unexplained."""
 
 import dataclasses
 
+from experiments import diagnosis
 from experiments.suites import positions_2024
 
 P_ROPE = {'model.position.rope.frequencies': 'highest'}
 ROWS = ('partial_1_4', 'partial_1_2')
+_GPT_NEOX = "at GPT-NeoX's frequencies"
+_DIAGNOSES = {
+  'partial_1_4': diagnosis.unexplained(
+    diagnosis.rates_tuned('positions_2024_p_rope', 'rope'),
+    not_ruled_out="the token budget (1.2 tokens/param); the rotated planes' count at head dim 16 (2 "
+    "planes, both fast: 1 and 0.32 rad/token, none of full RoPE's slow ones)",
+    rests_on='positions_2024_p_rope and positions_2024: eval loss − rope per seed',
+    leads=(diagnosis.elsewhere('positions_2024', 'rope', where=_GPT_NEOX),),
+  ),
+  **{
+    f'{name}-at_4x': diagnosis.unexplained(
+      not_ruled_out='which of the rotated frequencies carry the extrapolation, and the gap at the '
+      'training context carried to 4x it',
+      rests_on='positions_2024_p_rope and positions_2024: eval loss − rope-at_4x per seed',
+      leads=(diagnosis.elsewhere('positions_2024', 'rope-at_4x', where=_GPT_NEOX),),
+    )
+    for name in ROWS
+  },
+}
 
 SUITE = dataclasses.replace(
   positions_2024.SUITE,
@@ -29,6 +53,6 @@ SUITE = dataclasses.replace(
     for v in positions_2024.SUITE.variants
     if v.name.removesuffix('-at_4x') in ('rope', *ROWS)
   ),
-  diagnoses={},
+  diagnoses=_DIAGNOSES,
   diagnoses_of=positions_2024.SUITE.name,
 )
