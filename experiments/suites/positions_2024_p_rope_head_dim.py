@@ -1,0 +1,25 @@
+"""Diagnosis of `positions_2024_p_rope`'s 1/4 row: p-RoPE with 2 heads of 64 instead of 8 of 16.
+At head dim 16, p-RoPE 1/4 rotates two planes, both fast (1 and 0.32 rad/token), and trailed
+full RoPE by +0.274 where 1/2 (four planes, down to 0.03) was level with it. Barbero et al.'s heads
+are 256 wide: 1/4 keeps 32 planes there. With 64-dim heads 1/4 rotates 8 planes (down to 0.1
+rad/token) and 1/2 rotates 16: if too few planes at head dim 16 are p-RoPE 1/4's cause, its gap
+closes here. Full RoPE's runs are `positions_2024_head_dim`'s (the same configuration, copied);
+each row tunes its own rate and is also evaluated, without training, at 4x the context."""
+
+from experiments.suite import Suite
+from experiments.suites import positions_2024_p_rope
+from experiments.suites.positions_head_dim import with_wide_heads
+
+SUITE = Suite(
+  name='positions_2024_p_rope_head_dim',
+  description="full RoPE vs p-RoPE (1/4, 1/2 of each head at full RoPE's highest frequencies) "
+  'with 2 heads of 64 (not 8 of 16), at the training context and at 4x it',
+  base=positions_2024_p_rope.SUITE.base,
+  variants=with_wide_heads(
+    positions_2024_p_rope.SUITE, tuple(v.name for v in positions_2024_p_rope.SUITE.variants)
+  ),
+  presets=positions_2024_p_rope.SUITE.presets,
+  extra_metrics='decode',
+  paper_source=positions_2024_p_rope.SUITE.paper_source,
+  diagnoses_of='positions_2024_p_rope',
+)
