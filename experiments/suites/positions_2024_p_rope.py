@@ -12,7 +12,9 @@ also evaluated, without training, at 4x the training context. Run 2026-12-02 (3 
 p-RoPE 1/2 reaches full RoPE (+0.007 [−0.049, +0.063]; GPT-NeoX's 1/2: +0.075), so GPT-NeoX's
 spacing is the cause of `positions_2024`'s 1/2 gap; p-RoPE 1/4 falls further behind (+0.274,
 against +0.173), so it is not at 1/4. At 4x the context p-RoPE 1/4 loses less than full RoPE
-(−0.120) and 1/2 more (+0.071): neither as expected, both unexplained."""
+(−0.120) and 1/2 more (+0.071): neither as expected, both unexplained. With 64-dim heads
+(`positions_2024_p_rope_head_dim`) p-RoPE 1/4 is within noise of full RoPE, +0.067 [−0.12, +0.26],
+its gap shrinking by +0.207 [−0.028, +0.442] per seed: a lead, not a diagnosis."""
 
 import dataclasses
 
@@ -23,12 +25,23 @@ P_ROPE = {'model.position.rope.frequencies': 'highest'}
 ROWS = ('partial_1_4', 'partial_1_2')
 _GPT_NEOX = "at GPT-NeoX's frequencies"
 _DIAGNOSES = {
+  # With 64-dim heads (8 planes down to 0.1 rad/token, not 2 fast ones) p-RoPE 1/4 is within
+  # noise of full RoPE, but that suite's seeds spread too far to show the gap shrank: a lead.
   'partial_1_4': diagnosis.unexplained(
     diagnosis.rates_tuned('positions_2024_p_rope', 'rope'),
     not_ruled_out="the token budget (1.2 tokens/param); the rotated planes' count at head dim 16 (2 "
     "planes, both fast: 1 and 0.32 rad/token, none of full RoPE's slow ones)",
-    rests_on='positions_2024_p_rope and positions_2024: eval loss − rope per seed',
-    leads=(diagnosis.elsewhere('positions_2024', 'rope', where=_GPT_NEOX),),
+    rests_on='positions_2024_p_rope, positions_2024 and positions_2024_p_rope_head_dim: eval loss '
+    '− rope per seed',
+    leads=(
+      diagnosis.elsewhere('positions_2024', 'rope', where=_GPT_NEOX),
+      diagnosis.closes_in(
+        'positions_2024_p_rope_head_dim',
+        of='positions_2024_p_rope',
+        baseline='rope',
+        cause='the rotated planes (8 with 64-dim heads, not 2)',
+      ),
+    ),
   ),
   **{
     f'{name}-at_4x': diagnosis.unexplained(
