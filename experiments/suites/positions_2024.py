@@ -83,19 +83,19 @@ _DIAGNOSES = {
     cause="GPT-NeoX's frequency spacing (its lowest three planes at 0.1-0.001 rad/token where "
     "p-RoPE keeps full RoPE's highest)",
   ),
-}
-# Partial 1/2 lost less than full RoPE at 4x the context, against the 'same' expected: does it
-# replicate with 64-dim heads? A lead, not an explanation.
-_DIAGNOSES['partial_1_2-at_4x'] = diagnosis.unexplained(
-  not_ruled_out='which of the rotated frequencies carry the extrapolation, seed noise at 4x (the '
-  "row's paired spread is 3x the pool's in positions_2024_head_dim)",
-  rests_on='positions_2024, positions_2024_head_dim and positions_2024_p_rope: eval loss − '
-  'rope-at_4x per seed',
-  leads=(
-    diagnosis.elsewhere('positions_2024_head_dim', 'rope-at_4x', where='with 2 heads of 64'),
-    diagnosis.elsewhere('positions_2024_p_rope', 'rope-at_4x', where="at p-RoPE's frequencies"),
+  # Partial 1/2 lost less than full RoPE at 4x the context, against the 'same' expected: does it
+  # replicate with 64-dim heads? A lead, not an explanation.
+  'partial_1_2-at_4x': diagnosis.unexplained(
+    not_ruled_out='which of the rotated frequencies carry the extrapolation, seed noise at 4x (the '
+    "row's paired spread is 3x the pool's in positions_2024_head_dim)",
+    rests_on='positions_2024, positions_2024_head_dim and positions_2024_p_rope: eval loss − '
+    'rope-at_4x per seed',
+    leads=(
+      diagnosis.elsewhere('positions_2024_head_dim', 'rope-at_4x', where='with 2 heads of 64'),
+      diagnosis.elsewhere('positions_2024_p_rope', 'rope-at_4x', where="at p-RoPE's frequencies"),
+    ),
   ),
-)
+}
 
 SUITE = Suite(
   name='positions_2024',

@@ -10,20 +10,19 @@ both within noise of full RoPE (p-RoPE's parity), at 4x too; but with 2 heads th
 (pooled σ 0.073, against 0.022 at head dim 16), so the 1/4 row's shrink from +0.274 is not
 resolved: a lead for `positions_2024_p_rope`'s 1/4 row."""
 
-from experiments.suite import Suite
+import dataclasses
+
 from experiments.suites import positions_2024_p_rope
 from experiments.suites.positions_head_dim import with_wide_heads
 
-SUITE = Suite(
+SUITE = dataclasses.replace(
+  positions_2024_p_rope.SUITE,
   name='positions_2024_p_rope_head_dim',
   description="full RoPE vs p-RoPE (1/4, 1/2 of each head at full RoPE's highest frequencies) "
   'with 2 heads of 64 (not 8 of 16), at the training context and at 4x it',
-  base=positions_2024_p_rope.SUITE.base,
   variants=with_wide_heads(
     positions_2024_p_rope.SUITE, tuple(v.name for v in positions_2024_p_rope.SUITE.variants)
   ),
-  presets=positions_2024_p_rope.SUITE.presets,
-  extra_metrics='decode',
-  paper_source=positions_2024_p_rope.SUITE.paper_source,
-  diagnoses_of='positions_2024_p_rope',
+  diagnoses={},
+  diagnoses_of=positions_2024_p_rope.SUITE.name,
 )
