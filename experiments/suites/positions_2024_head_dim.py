@@ -12,7 +12,9 @@ RoPE there (−0.12 against the 'same' the suite expected): whether that holds a
 independent check before any explanation. Run 2026-12-02 (3 seeds): the gaps do not close (1/2
 +0.091, 1/4 +0.103, 1/8 +0.190, each CI above zero), so too few rotated dimensions alone is ruled
 out for `positions_2024`'s rows; at 4x the context 1/8 and 1/4 fall further behind full RoPE
-(+0.21, +0.33) and 1/2 is within noise: its −0.12 at head dim 16 does not replicate here."""
+(+0.21, +0.33) and 1/2 is within noise: its −0.12 at head dim 16 does not replicate here. 1/2
+at p-RoPE's frequencies with these heads (`positions_2024_p_rope_head_dim`) is level with full
+RoPE (−0.029), a shrink of +0.120 [−0.083, +0.322] that 3 two-head seeds cannot resolve: a lead."""
 
 from experiments import diagnosis
 from experiments.suite import Suite
@@ -20,6 +22,16 @@ from experiments.suites import positions_2024
 from experiments.suites.positions_head_dim import with_wide_heads
 
 _WHERE = 'with 8 heads of 16'
+# 1/2 at p-RoPE's frequencies with the same 64-dim heads (positions_2024_p_rope_head_dim) is level
+# with full RoPE, but 2-head models spread too far across seeds for the shrink to pass: a lead.
+_P_ROPE_HERE = (
+  diagnosis.closes_in(
+    'positions_2024_p_rope_head_dim',
+    of='positions_2024_head_dim',
+    baseline='rope',
+    cause="GPT-NeoX's frequency spacing (p-RoPE's highest frequencies instead)",
+  ),
+)
 _DIAGNOSES = {
   **{
     name: diagnosis.unexplained(
@@ -27,7 +39,10 @@ _DIAGNOSES = {
       not_ruled_out="GPT-NeoX's frequency spacing on the rotated dims (positions_2024_p_rope tests "
       "p-RoPE's at head dim 16), the token budget (1.2 tokens/param)",
       rests_on='positions_2024_head_dim and positions_2024: eval loss − rope per seed',
-      leads=(diagnosis.elsewhere('positions_2024', 'rope', where=_WHERE),),
+      leads=(
+        diagnosis.elsewhere('positions_2024', 'rope', where=_WHERE),
+        *(_P_ROPE_HERE if name == 'partial_1_2' else ()),
+      ),
     )
     for name in ('partial_1_8', 'partial_1_4', 'partial_1_2')
   },
