@@ -10,12 +10,14 @@ set apart keeps its own paired std. Power is the noncentral t's at α 0.05 over 
 table's tests (stats.seeds_needed). Run time is the mean wall time of the runs measured (the
 planned suite's own where it has them, else the noise suite's), scaled by steps; tuning runs
 are counted as the suite's results recorded them (a suite not run yet: each tuned row's grid on
-its tuning seeds, a floor), scaled the same way.
+its tuning seeds, a floor), scaled the same way. Noise from a suite whose models differ in shape
+(SHAPE_KEYS: width, depth, heads, dtype, context, batch, corpus) is flagged, naming the keys.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -23,7 +25,22 @@ import statistics
 import sys
 
 from experiments import provenance, stats, verdicts
+from experiments.run import resolve
 from experiments.suite import Suite, load_suite
+
+# What sets a table's seed-to-seed spread besides its rows: where the noise suite's models differ
+# in one of these, its σ may not stand in (2 heads of 64 spread 3x as far as 8 of 16 here:
+# positions_2024_p_rope_head_dim's σ 0.073 against positions_2024_p_rope's 0.022).
+SHAPE_KEYS = (
+  'model.d_model',
+  'model.n_layers',
+  'model.n_heads',
+  'model.n_kv_heads',
+  'model.dtype',
+  'data.seq_len',
+  'data.batch_size',
+  'data.source',
+)
 
 
 def _results(out: str, name: str) -> dict | None:
@@ -49,6 +66,20 @@ def _tuning_runs(suite: Suite) -> int:
     return len(suite.retune_lr) * suite.retune_grid.points * suite.tune_seeds
   tuned = [v for v in suite.variants if v.tune and not v.starts_from]
   return len(tuned) * suite.lr_grid.points * suite.tune_seeds
+
+
+def _shape(suite: Suite, preset: str) -> dict:
+  """{key: value} of SHAPE_KEYS in the suite's baseline run at `preset`."""
+  config = resolve(suite, suite.reference(suite.variants[0]), preset, seed=0)
+  return {key: functools.reduce(getattr, key.split('.'), config) for key in SHAPE_KEYS}
+
+
+def _differences(suite: Suite, noise_suite: Suite, preset: str) -> list[str]:
+  """'key: noise suite's value there, this suite's here' for each shape key the two differ in."""
+  if noise_suite.name == suite.name or preset not in suite.presets:
+    return []
+  here, there = _shape(suite, preset), _shape(noise_suite, preset)
+  return [f'{k} {there[k]} there, {here[k]} here' for k in SHAPE_KEYS if here[k] != there[k]]
 
 
 def plan(suite: Suite, *, detect: float, out: str, noise_from: str = '', steps: int | None = None):
@@ -116,6 +147,7 @@ def plan(suite: Suite, *, detect: float, out: str, noise_from: str = '', steps: 
     # Where the runs it prices from were timed: another CPU (or sharing) changes every hour.
     'timed_on': provenance.by_host(timed),
     'this_host': provenance.host(),
+    'differs': _differences(suite, noise_suite, noisy.get('preset', 'cpu')),
     'rows': rows,
   }
 
@@ -125,6 +157,14 @@ def text(p: dict, detect: float) -> str:
     f"Plan for `{p['suite']}`: {len(p['rows'])} rows, {p['m']} tests at α 0.05 / {p['m']}, "
     f"{p['steps']} steps a run; noise from `{p['source']}` (pooled σ {p['sigma']:.4f} on "
     f"{p['df']} df). Target: a Δ of {detect:g} at 80% power.",
+    *(
+      [
+        f"Its models differ from this suite's ({'; '.join(p['differs'])}): that σ may not hold "
+        "here; this suite's own first seeds measure it.",
+      ]
+      if p.get('differs')
+      else []
+    ),
     '',
     f"| row | noise | σ | could see at {p['seeds_now']} seeds | seeds to see {detect:g} |",
     '|---|---|---:|---:|---:|',

@@ -620,6 +620,18 @@ def test_the_plan_sees_what_the_report_sees_and_names_the_seeds_for_a_target(cap
   assert (
     'Timed on: 2 runs on Other CPU, 8 cores: avx2; 1 run on ' in there and 'may differ' in there
   )
+  # Noise borrowed from a suite of other models is flagged: 8 heads of 16 there, 2 of 64 here.
+  assert found['differs'] == [] and 'Its models differ' not in printed
+  wide = plan.plan(
+    load_suite('positions_2024_p_rope_head_dim'),
+    detect=0.03,
+    out=out,
+    noise_from='positions_2024_p_rope',
+  )
+  assert wide['differs'] == ['model.n_heads 8 there, 2 here', 'model.n_kv_heads 8 there, 2 here']
+  assert "Its models differ from this suite's (model.n_heads 8 there, 2 here; " in plan.text(
+    wide, 0.03
+  )
   assert main(['plan', 'ffn', '--detect', '0']) == 2
   assert capsys.readouterr().err == 'error: --detect=0.0; allowed: a positive number of nats\n'
   assert main(['plan', 'ffn', '--noise_from', 'nope']) == 2
