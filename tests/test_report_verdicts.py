@@ -328,6 +328,17 @@ def test_a_token_budget_diagnosis_recomputes_its_sentence_from_the_runs(tmp_path
   ruled_out = diagnosis.budget_ruled_out('longer', baseline='base')(Evidence(out), 'late')
   # The gap a quarter in (step 1: mean of +0.2, +0.3, +0.1) against the end (+0.1, +0.05, +0.5).
   assert ruled_out.supported and '+0.200 1.0 M tokens in and +0.217 at 4.0 M' in ruled_out.text
+  assert 'not closing (at least half kept)' in ruled_out.text
+  # Ahead a quarter in (-0.1 on each seed), behind at the end: grown, so not closing either.
+  grown = [[2.9, 2.7, 2.6, 2.5], [2.9, 2.7, 2.6, 2.52], [2.9, 2.7, 2.6, 2.48]]
+  _tokens_suite(out, {'base': base, 'late': grown})
+  grew = diagnosis.budget_ruled_out('longer', baseline='base')(Evidence(out), 'late')
+  assert grew.supported and '-0.100 1.0 M tokens in' in grew.text
+  assert 'not closing (behind only later)' in grew.text
+  # Ahead a quarter in and still ahead at the end: nothing the budget could be ruled out for.
+  ahead = [[2.9, 2.7, 2.5, 2.3], [2.9, 2.7, 2.5, 2.32], [2.9, 2.7, 2.5, 2.28]]
+  _tokens_suite(out, {'base': base, 'late': ahead})
+  assert not diagnosis.budget_ruled_out('longer', baseline='base')(Evidence(out), 'late').supported
 
 
 def test_a_rate_tuned_for_fewer_tokens_is_ruled_out_only_where_the_retuned_gap_stays(tmp_path):

@@ -24,5 +24,16 @@ SUITE = headline_copy(
     # steps), not `ffn_tokens`' 3: its gap here at 4 M tokens is its own.
     'glu': diagnosis.token_budget('ffn_4m', baseline='relu'),
     'swiglu': ffn.SWIGLU_AT_4M,
+    # Both trail ReLU by more as training goes on; ffn_4m_init tests SwiGLU's cause on them.
+    **{
+      name: diagnosis.unexplained(
+        diagnosis.rates_tuned('ffn_4m', baseline='relu'),
+        diagnosis.budget_ruled_out('ffn_4m', baseline='relu'),
+        not_ruled_out="the fan_in initialisation (SwiGLU's cause; ffn_4m_init tests it), the "
+        'hidden width, the corpus (ffn_4m_kjv)',
+        rests_on=f'ffn_4m: {name} − relu per seed along training',
+      )
+      for name in ('geglu', 'reglu')
+    },
   },
 )
