@@ -7,8 +7,9 @@ hosts named (experiments/provenance.py's `host`).
 The noise is the pooled σ of a finished suite's table (its own results.json, or `--noise_from`'s:
 e.g. plan `ffn` at 4 M tokens with `ffn_tokens`'s noise and `--steps 2000`); a row that suite
 set apart keeps its own paired std. Power is the noncentral t's at α 0.05 over the planned
-table's tests (stats.seeds_needed). Run time is the mean wall time of the runs measured (the
-planned suite's own where it has them, else the noise suite's), scaled by steps; tuning runs
+table's tests (stats.seeds_needed). Run time is the mean wall time a step of the runs measured
+(the planned suite's own where it has them, else the noise suite's; of those, the ones timed on
+this machine where there are any, each host's pace printed), scaled by steps; tuning runs
 are counted as the suite's results recorded them (a suite not run yet: each tuned row's grid on
 its tuning seeds, a floor), scaled the same way. Noise from a suite whose models differ in shape
 (SHAPE_KEYS: width, depth, heads, dtype, context, batch, corpus) is flagged, naming the keys.
@@ -59,6 +60,10 @@ def _seconds_per_step(timed: list[dict]) -> float | None:
   return statistics.mean(r['wall_s'] / r['steps'] for r in timed) if timed else None
 
 
+def _host(run: dict) -> str:
+  return (run.get('provenance') or {}).get('host') or 'not recorded'
+
+
 def _tuning_runs(suite: Suite) -> int:
   """The fewest tuning runs a suite not run yet needs: each tuned row's grid on its tuning seeds
   (a grid widens past an edge, so this is a floor)."""
@@ -103,7 +108,10 @@ def plan(suite: Suite, *, detect: float, out: str, noise_from: str = '', steps: 
   run_steps = [r['steps'] for r in (own or noisy)['runs'] if r.get('steps')]
   steps = steps or (int(statistics.median(run_steps)) if run_steps else None)
   timed = _timed(own) or _timed(noisy)  # the planned suite's own runs where it has any
-  per_step = _seconds_per_step(timed)
+  # Another CPU's pace is not this one's (2,000 steps took 5-25 min on the 2-core EPYCs of
+  # 2026-11-30..12-02): runs timed on this host price the plan where there are any.
+  here = [r for r in timed if _host(r) == provenance.host()]
+  per_step = _seconds_per_step(here or timed)
   seeds_now = (own or {}).get('seeds') or suite.seeds
   rows = []
   for variant in suite.variants:
@@ -146,6 +154,9 @@ def plan(suite: Suite, *, detect: float, out: str, noise_from: str = '', steps: 
     'run_hours': run_hours,
     # Where the runs it prices from were timed: another CPU (or sharing) changes every hour.
     'timed_on': provenance.by_host(timed),
+    'pace': {
+      h: _seconds_per_step([r for r in timed if _host(r) == h]) for h in provenance.by_host(timed)
+    },
     'this_host': provenance.host(),
     'differs': _differences(suite, noise_suite, noisy.get('preset', 'cpu')),
     'rows': rows,
@@ -190,16 +201,19 @@ def text(p: dict, detect: float) -> str:
       f"{p['run_hours'] / 2:.1f} hours with --jobs=2 where they ran two at once); runs already "
       'finished at the same settings count against it.'
     )
-    hosts = p['timed_on']
+    hosts, pace = p['timed_on'], p.get('pace', {})
     lines.append(
       'Timed on: '
-      + provenance.hosts_phrase(hosts)
+      + '; '.join(
+        provenance.hosts_phrase({h: n})
+        + (f' ({pace[h]:.2f} s a step)' if pace.get(h) is not None else '')
+        for h, n in hosts.items()
+      )
       + '.'
       + (
-        ''
-        if set(hosts) == {p['this_host']}
-        else f" This machine is {p['this_host']}: its hours may differ (a cpu-preset suite run, two "
-        'jobs at once, took ~25 min on an AVX2-only 2-core EPYC, ~20 on an AVX-512 one).'
+        ' Priced at the pace of the runs on this machine.'
+        if p['this_host'] in hosts
+        else f" This machine is {p['this_host']}, on which none was timed: its hours may differ."
       )
     )
   return '\n'.join(lines) + '\n'

@@ -592,7 +592,7 @@ def test_a_cause_ruled_out_by_another_rows_gap_reads_that_row(tmp_path):
   assert not check(Evidence(out), 'late').supported
 
 
-def test_the_plan_sees_what_the_report_sees_and_names_the_seeds_for_a_target(capsys):
+def test_the_plan_sees_what_the_report_sees_and_names_the_seeds_for_a_target(capsys, tmp_path):
   """`python -m experiments plan ffn`: at the committed table's seeds each row could see what
   its results.md says (the same pooled σ and family), the seeds for 0.03 are the fewest whose
   power reaches 80%, and bad arguments get one line naming the key, the value and what is allowed."""
@@ -622,15 +622,36 @@ def test_the_plan_sees_what_the_report_sees_and_names_the_seeds_for_a_target(cap
   with open(os.path.join(out, 'ffn', 'results.json')) as f:
     timed = sum(1 for r in json.load(f)['runs'] if r.get('wall_s') and r.get('steps'))
   assert found['timed_on'] == {'not recorded': timed} and found['this_host'] == provenance.host()
-  assert f'Timed on: {timed} runs on a host not recorded. This machine is ' in printed
-  here = plan.text({**found, 'timed_on': {provenance.host(): 3}}, 0.03)
-  assert f'Timed on: 3 runs on {provenance.host()}.\n' in here and 'may differ' not in here
-  there = plan.text(
-    {**found, 'timed_on': {'Other CPU, 8 cores: avx2': 2, provenance.host(): 1}}, 0.03
-  )
+  pace = found['pace']['not recorded']
   assert (
-    'Timed on: 2 runs on Other CPU, 8 cores: avx2; 1 run on ' in there and 'may differ' in there
+    f'Timed on: {timed} runs on a host not recorded ({pace:.2f} s a step). This machine is '
+    in printed
   )
+  assert 'on which none was timed: its hours may differ.' in printed
+  here = plan.text({**found, 'timed_on': {provenance.host(): 3}, 'pace': {}}, 0.03)
+  assert f'Timed on: 3 runs on {provenance.host()}. Priced at the pace' in here
+  assert 'may differ' not in here
+  # Runs on this machine price the plan: another host's (here slower) runs do not count.
+  with open(os.path.join(out, 'ffn', 'results.json')) as f:
+    table = json.load(f)
+  moved, mine = [], 0  # one timed run on this machine at 0.15 s a step, the rest at 0.3
+  for run in table['runs']:
+    if run.get('wall_s') and run.get('steps'):
+      here = not mine
+      mine += here
+      run = {**run, 'wall_s': (0.15 if here else 0.3) * run['steps']}
+      host = provenance.host() if here else 'Other CPU, 8 cores: avx2'
+      run['provenance'] = {**(run.get('provenance') or {}), 'host': host}
+    moved.append(run)
+  (tmp_path / 'ffn').mkdir()
+  (tmp_path / 'ffn' / 'results.json').write_text(json.dumps({**table, 'runs': moved}))
+  mixed = plan.plan(suite, detect=0.03, out=str(tmp_path))
+  assert mixed['pace'] == pytest.approx({provenance.host(): 0.15, 'Other CPU, 8 cores: avx2': 0.3})
+  runs_needed = len(suite.variants) * mixed['need'] + mixed['tuning_runs']
+  assert mixed['run_hours'] == pytest.approx(0.15 * mixed['steps'] * runs_needed / 3600)
+  there = plan.text(mixed, 0.03)
+  assert f'runs on Other CPU, 8 cores: avx2 (0.30 s a step); 1 run on {provenance.host()}' in there
+  assert 'Priced at the pace of the runs on this machine.' in there and 'may differ' not in there
   # Noise borrowed from a suite of other models is flagged: 8 heads of 16 there, 2 of 64 here.
   assert found['differs'] == [] and 'Its models differ' not in printed
   wide = plan.plan(
