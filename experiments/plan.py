@@ -30,8 +30,8 @@ from experiments.run import resolve
 from experiments.suite import Suite, load_suite
 
 # What sets a table's seed-to-seed spread besides its rows: where the noise suite's models differ
-# in one of these, its σ may not stand in (2 heads of 64 spread 3x as far as 8 of 16 here:
-# positions_2024_p_rope_head_dim's σ 0.073 against positions_2024_p_rope's 0.022).
+# in one of these, its σ may not stand in (the three suites with 2 heads of 64 pooled σ 0.013,
+# 0.032 and 0.073, those with 8 of 16 0.021-0.023).
 SHAPE_KEYS = (
   'model.d_model',
   'model.n_layers',
