@@ -93,6 +93,107 @@ def pareto(suite, rows: list[dict], path: str) -> str | None:
   return finish(fig, ax, path, legend=False)
 
 
+# Each verdict category's colour (verdicts.CATEGORIES); the contradictions share red, and a row
+# the literature says nothing of is black.
+JUDGEMENT_COLOURS = {
+  'agrees': 'tab:green',
+  'agrees in direction, not size': 'tab:olive',
+  "rules out the paper's effect": 'tab:blue',
+  'no difference detected': 'tab:gray',
+  'cannot resolve at this power': 'tab:orange',
+  'contradicts': 'tab:red',
+  '': 'black',
+}
+CLIP = 3.0  # a CI half-width beyond CLIP x the rows' median is cut at the axis (a diverged seed's)
+
+
+def forest_rows(rows: list[dict], effects: dict[str, float | None]) -> list[dict]:
+  """What `deltas` draws, top row first: each tested row's label, Δ, simultaneous CI (cut to
+  Δ ± CLIP x the rows' median half-width, `clipped` saying which ends were cut), the smallest Δ
+  it could see, the paper's gap scaled to our reference (`effects`, None without one) and its
+  verdict category's colour."""
+  tested = [r for r in rows if r.get('test') is not None]
+  if not tested:
+    return []
+  widths = [(r['ci_all'][1] - r['ci_all'][0]) / 2 for r in tested]
+  cap = CLIP * float(np.median(widths))
+  reference = tested[0]['versus']
+  drawn = []
+  for row in tested:
+    mean, (low, high) = row['test'].mean, row['ci_all']
+    category = row.get('judgement', '')
+    drawn.append(
+      {
+        'label': row['variant'] + ('' if row['versus'] == reference else f" vs {row['versus']}"),
+        'mean': mean,
+        'low': max(low, mean - cap),
+        'high': min(high, mean + cap),
+        'clipped': (low < mean - cap, high > mean + cap),
+        'seen': row['detectable'],
+        'effect': effects.get(row['variant']),
+        'colour': JUDGEMENT_COLOURS[
+          'contradicts' if category.startswith('contradicts') else category
+        ],
+        'category': category,
+      }
+    )
+  return drawn
+
+
+def deltas(suite, rows: list[dict], path: str, effects: dict[str, float | None]) -> str | None:
+  """A forest plot of the table: each row's Δ to its reference with its simultaneous 95% CI,
+  coloured by its verdict against the literature; shaded, the smallest Δ the row could see (80%
+  power); ◇, the paper's gap scaled to our reference's loss where the paper gives one."""
+  drawn = forest_rows(rows, effects)
+  if not drawn:
+    return None
+  from matplotlib.lines import Line2D
+  from matplotlib.patches import Patch
+
+  fig, ax = plt.subplots(figsize=(7.5, 1.4 + 0.42 * len(drawn)))
+  span = max(max(abs(d['low']), abs(d['high']), abs(d['effect'] or 0.0)) for d in drawn) * 1.08
+  for i, d in enumerate(drawn):
+    y = len(drawn) - 1 - i
+    seen = min(d['seen'], span)
+    ax.fill_betweenx([y - 0.32, y + 0.32], -seen, seen, color='0.88', lw=0)
+    ax.errorbar(
+      d['mean'],
+      y,
+      xerr=[[d['mean'] - d['low']], [d['high'] - d['mean']]],
+      fmt='o',
+      color=d['colour'],
+      capsize=3,
+    )
+    for end, cut, marker in ((d['low'], d['clipped'][0], '<'), (d['high'], d['clipped'][1], '>')):
+      if cut:
+        ax.plot(end, y, marker, color=d['colour'], ms=6)
+    if d['effect'] is not None:
+      ax.plot(d['effect'], y, 'D', mfc='none', mec='black', ms=7)
+  ax.axvline(0.0, color='black', lw=0.8)
+  ax.set_yticks(range(len(drawn)), [d['label'] for d in reversed(drawn)], fontsize=8)
+  ax.set_xlim(-span, span)
+  ax.set(
+    xlabel=f'Δ {suite.metric} vs {rows[0]["variant"]} (lower is better)',
+    title=f'suite {suite.name}: Δ with simultaneous 95% CIs',
+  )
+  shown = dict.fromkeys(
+    'contradicts' if d['category'].startswith('contradicts') else d['category'] for d in drawn
+  )
+  handles = [
+    Line2D([], [], marker='o', ls='', color=JUDGEMENT_COLOURS[c], label=c or 'no paper claim')
+    for c in shown
+  ]
+  handles.append(Patch(color='0.88', label='could see (80% power)'))
+  if any(any(d['clipped']) for d in drawn):
+    handles.append(Line2D([], [], marker='>', ls='', color='black', label='CI cut here'))
+  if any(d['effect'] is not None for d in drawn):
+    handles.append(
+      Line2D([], [], marker='D', ls='', mfc='none', mec='black', label="the paper's gap")
+    )
+  ax.legend(handles=handles, fontsize=7, loc='best')
+  return finish(fig, ax, path, legend=False)
+
+
 def loss_vs_context(suite, results: dict, path: str) -> str | None:
   """Validation loss against evaluation context (k × the training context L, log axis): the mean
   over seeds with a min–max band. k = 1 is the run's own eval_loss when it has no loss_at_1L."""
@@ -265,8 +366,13 @@ def loss_vs_tokens(suite, results: dict, path: str) -> str | None:
   return finish(fig, ax, path)
 
 
-def write_all(suite, results: dict, rows: list[dict], folder: str) -> list[str]:
+def write_all(
+  suite, results: dict, rows: list[dict], folder: str, effects: dict | None = None
+) -> list[str]:
+  """Every figure the suite's runs can make, in results.md's order (`effects`: each row's
+  paper gap for the forest plot); the paths written."""
   made = [
+    deltas(suite, rows, os.path.join(folder, 'deltas.png'), effects or {}),
     loss_curves(suite, results, os.path.join(folder, 'loss_curves.png')),
     lr_sensitivity(suite, results, os.path.join(folder, 'lr_sensitivity.png')),
     loss_vs_context(suite, results, os.path.join(folder, 'loss_vs_context.png')),

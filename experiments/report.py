@@ -126,7 +126,8 @@ def write(suite: Suite, results: dict, out: str) -> str:
   _add_peak_rates(suite, results['preset'], rows)
   with open(os.path.join(folder, 'results.json'), 'w') as f:
     json.dump(results, f, indent=1)
-  figures = plots.write_all(suite, results, rows, folder)
+  effects = {r['variant']: verdicts.paper_effect(suite, r, rows) for r in rows}
+  figures = plots.write_all(suite, results, rows, folder, effects)
   if suite.stability:
     figures.append(stability.curves(suite, results, os.path.join(folder, 'stability.png')))
     figures = [f for f in figures if f]

@@ -401,7 +401,7 @@ def test_report_table_and_verdicts(finished):
   assert len(saved['runs']) == 6
   curve = saved['runs'][0]['curve']  # per-step train losses, as logged
   assert curve['step'] == list(range(1, PRESETS['tiny']['train.steps'] + 1))
-  for figure in ('loss_curves.png', 'pareto.png'):
+  for figure in ('deltas.png', 'loss_curves.png', 'pareto.png'):
     assert os.path.getsize(os.path.join(out, 'demo', figure)) > 1000
     assert f'![{figure}]({figure})' in text
   # TensorBoard: a run per (variant, seed) holding its curve, and the suite's layout.

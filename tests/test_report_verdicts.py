@@ -710,3 +710,44 @@ def test_a_table_is_early_training_where_any_row_is_below_four_tokens_per_param(
   )
   assert report_notes.tokens_per_param([7.8, 0.5], short=True) == '0.5-7.8 (early training below 4)'
   assert report_notes.tokens_per_param([4.8, 4.9], short=True) == '4.8-4.9'
+
+
+def test_the_forest_plot_draws_each_rows_delta_ci_and_the_papers_gap(tmp_path):
+  """plots.deltas (results.md's first figure): a row's point is its mean paired Δ (NumPy over the
+  seeds), its bar the simultaneous CI the table prints, cut only beyond CLIP x the rows' median
+  half-width (a 'noisy' row made to diverge here), its ◇ the paper's gap scaled to our reference,
+  its colour its verdict category's; rows against another reference say which."""
+  from experiments import plots
+
+  wild = {**LOSSES, 'noisy': [2.95, 9.0, 2.85]}  # one diverging seed: its own variance, a huge CI
+  table = hand_made_results(wild, suite='verdicts', preset='tiny', seeds=3)
+  rows = verdicts.summarize(SUITE, table)
+  effects = {r['variant']: verdicts.paper_effect(SUITE, r, rows) for r in rows}
+  drawn = {d['label']: d for d in plots.forest_rows(rows, effects)}
+  assert list(drawn) == [
+    f'{v.name} vs {v.versus}' if v.versus else v.name for v in SUITE.variants[1:]
+  ]
+  by_name = {r['variant']: r for r in rows}
+  widths = sorted((r['ci_all'][1] - r['ci_all'][0]) / 2 for r in rows if 'ci_all' in r)
+  cap = plots.CLIP * float(np.median(widths))
+  for name, losses in wild.items():
+    if name == 'base':
+      continue
+    label = 'versus_better vs better' if name == 'versus_better' else name
+    reference = wild['better'] if name == 'versus_better' else BASE
+    d = drawn[label]
+    assert d['mean'] == pytest.approx(np.mean(np.subtract(losses, reference)))
+    low, high = by_name[name]['ci_all']
+    assert d['low'] == pytest.approx(max(low, d['mean'] - cap))
+    assert d['high'] == pytest.approx(min(high, d['mean'] + cap))
+    assert d['clipped'] == (low < d['mean'] - cap, high > d['mean'] + cap)
+  assert drawn['noisy']['clipped'] == (True, True) and drawn['better']['clipped'] == (False, False)
+  # The paper's 5% of our reference's mean loss (3.0), lower: -0.15.
+  assert drawn['better']['effect'] == pytest.approx(-0.05 * np.mean(BASE))
+  assert drawn['expected']['effect'] is None  # a stated direction, no size
+  assert drawn['better']['colour'] == plots.JUDGEMENT_COLOURS['agrees']
+  assert drawn['worse_here']['colour'] == plots.JUDGEMENT_COLOURS['contradicts']
+  assert drawn['ruled_out']['colour'] == plots.JUDGEMENT_COLOURS["rules out the paper's effect"]
+  path = plots.deltas(SUITE, rows, str(tmp_path / 'deltas.png'), effects)
+  assert path and os.path.getsize(path) > 1000
+  assert plots.forest_rows([r for r in rows if r['variant'] == 'base'], {}) == []
