@@ -70,9 +70,11 @@ SUITE = Suite(
 )
 
 
-def mla_diagnosis(name: str, description: str, mla_overrides: dict) -> Suite:
+def mla_diagnosis(name: str, description: str, mla_overrides: dict, not_ruled_out: str) -> Suite:
   """A diagnosis suite of the MLA row: MHA as here and MLA with `mla_overrides`, both tuned as
-  this suite tunes them (MHA's runs are the same, so they are copied from here)."""
+  this suite tunes them (MHA's runs are the same, so they are copied from here). Where its MLA
+  row still trails MHA, the row is recorded unexplained too: the rate ruled out there, the causes
+  `not_ruled_out` left open, this suite's own gap beside it."""
   return dataclasses.replace(
     SUITE,
     name=name,
@@ -82,6 +84,13 @@ def mla_diagnosis(name: str, description: str, mla_overrides: dict) -> Suite:
       for v in SUITE.variants
       if v.name in ('mha', 'mla')
     ),
-    diagnoses={},
+    diagnoses={
+      'mla': diagnosis.unexplained(
+        diagnosis.rates_tuned(name, baseline='mha'),
+        not_ruled_out=not_ruled_out,
+        rests_on=f'{name} and {SUITE.name}: mla − mha per seed',
+        leads=(diagnosis.elsewhere(SUITE.name, 'mha', where="at MLA's defaults"),),
+      )
+    },
     diagnoses_of=SUITE.name,
   )

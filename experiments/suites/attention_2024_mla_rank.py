@@ -14,4 +14,6 @@ SUITE = attention_2024.mla_diagnosis(
   "MHA vs MLA with a latent as wide as the model (d_c 128 against the default 64), "
   'each at its own learning rate',
   {'model.attention.mla.kv_lora_rank': 128},
+  not_ruled_out="the rotated dims (d_R 8 here), the token budget (1.1 tokens/param), the weight "
+  "decay on the latent's two-matrix product",
 )

@@ -14,4 +14,6 @@ SUITE = attention_2024.mla_diagnosis(
   'MHA vs MLA with as many rotated dims as a head has (d_R 16 against the default 8), '
   'each at its own learning rate',
   {'model.attention.mla.rope_head_dim': 16},
+  not_ruled_out="the token budget (1.1 tokens/param), the weight decay on the latent's "
+  'two-matrix product',
 )
