@@ -136,8 +136,10 @@ def _noise(rows: list[dict], table_rows: list[dict]) -> dict:
   if not tested:
     return {}
   table = {r['variant']: r for r in table_rows}
-  pooled = [r for r in tested if r['test'].source == 'pooled']
-  pool = tested[0]['pool']
+  # The default noise family's pool; a row of another family (Variant.noise) is listed apart.
+  main = [r for r in tested if not r.get('noise')] or tested
+  pooled = [r for r in main if r['test'].source == 'pooled']
+  pool = main[0]['pool']
   return {
     'sigma': pool.sigma,
     'df': pool.df,
@@ -149,7 +151,7 @@ def _noise(rows: list[dict], table_rows: list[dict]) -> dict:
     'own': [
       (r['variant'], r['detectable'], table[r['variant']]['detectable'])
       for r in tested
-      if r['test'].source == 'own'
+      if r['test'].source == 'own' or r not in main
     ],
   }
 

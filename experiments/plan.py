@@ -102,7 +102,7 @@ def plan(suite: Suite, *, detect: float, out: str, noise_from: str = '', steps: 
   tested = [r for r in measured.values() if 'test' in r]
   if not tested:
     raise ValueError(f'suite {source!r} has no paired rows to measure noise from')
-  pool = tested[0]['pool']
+  pool = next((r['pool'] for r in tested if not r.get('noise')), tested[0]['pool'])
   names = [v.name for v in suite.variants]
   m = sum(1 for v in suite.variants if v is not suite.reference(v))
   run_steps = [r['steps'] for r in (own or noisy)['runs'] if r.get('steps')]
@@ -121,8 +121,10 @@ def plan(suite: Suite, *, detect: float, out: str, noise_from: str = '', steps: 
       continue
     row = measured.get(name, {})
     pooled = row.get('test') is None or row['test'].source == 'pooled'
-    sigma = pool.sigma if pooled else row['test'].diff_std
-    se, df = stats.planned_se(sigma, seeds_now, rows=len(names), pooled=pooled)
+    family = row.get('pool', pool)  # its noise family's (Variant.noise)
+    sigma = family.sigma if pooled else row['test'].diff_std
+    size = sum(1 for v in suite.variants if v.noise == variant.noise)  # the family's rows
+    se, df = stats.planned_se(sigma, seeds_now, rows=size, pooled=pooled)
     rows.append(
       {
         'variant': name,
@@ -130,7 +132,7 @@ def plan(suite: Suite, *, detect: float, out: str, noise_from: str = '', steps: 
         'sigma': sigma,
         'seen_now': stats.detectable_effect(se, df, alpha=verdicts.ALPHA / max(m, 1)),
         'seeds': stats.seeds_needed(
-          detect, sigma=sigma, rows=len(names), m=max(m, 1), alpha=verdicts.ALPHA, pooled=pooled
+          detect, sigma=sigma, rows=size, m=max(m, 1), alpha=verdicts.ALPHA, pooled=pooled
         ),
       }
     )

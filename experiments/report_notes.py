@@ -213,22 +213,31 @@ def spread_line(rows: list[dict]) -> str:
 
 
 def pool_line(rows: list[dict]) -> str:
-  """'Noise: ...': the pooled σ, its degrees of freedom, and the rows set apart with their own."""
+  """'Noise: ...': the pooled σ, its degrees of freedom, and the rows set apart with their own;
+  a noise family of its own (Variant.noise) gets its own pool, named."""
   tested = [r for r in rows if 'test' in r]
   if not tested:
     return ''
-  pool = tested[0]['pool']
-  line = 'Noise: '
-  if pool.df:
-    line += (
-      f'pooled residual σ {pool.sigma:.4f} on {pool.df} df over {len(pool.rows)} rows (a paired '
-      f'Δ\'s σ is √2 that: {pool.sigma * math.sqrt(2):.4f})'
-    )
-  else:
-    line += 'no residual degrees of freedom to pool (each row keeps its own variance)'
+  pools = {
+    r.get('noise', ''): r['pool'] for r in sorted(tested, key=lambda r: bool(r.get('noise')))
+  }
+  cells = []
+  for family, pool in pools.items():
+    where = f'rows {family} (pooled apart): ' if family else ''
+    if pool.df:
+      cells.append(
+        f'{where}pooled residual σ {pool.sigma:.4f} on {pool.df} df over {len(pool.rows)} rows '
+        f'(a paired Δ\'s σ is √2 that: {pool.sigma * math.sqrt(2):.4f})'
+      )
+    else:
+      cells.append(
+        f'{where}no residual degrees of freedom to pool (each row keeps its own variance)'
+      )
+  line = 'Noise: ' + '; '.join(cells)
   own = [r for r in tested if r['test'].source == 'own']
   if own:
-    line += '; own variance (set apart from the pool, or its reference is): ' + ', '.join(
+    across = ', or it is compared across two noise families' if len(pools) > 1 else ''
+    line += f'; own variance (set apart from the pool, or its reference is{across}): ' + ', '.join(
       f"{r['variant']} (paired std {r['test'].diff_std:.3f} on {r['test'].n - 1} df)" for r in own
     )
   return line + '.'

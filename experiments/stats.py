@@ -234,19 +234,37 @@ def pool_rows(table: Table, pairs: Sequence[tuple[str, str]], apart_alpha: float
 
 
 def contrasts(
-  table: Table, pairs: Sequence[tuple[str, str]], apart_alpha: float = APART_ALPHA
-) -> tuple[dict[str, Contrast], Pool]:
-  """Each (variant, reference) pair's Δ: from the pooled additive model, or for a row set apart
-  (or whose reference is), from its own paired differences. Pairs with fewer than 2 paired seeds
-  get none."""
-  pool, fitted = pool_rows(table, pairs, apart_alpha)
+  table: Table,
+  pairs: Sequence[tuple[str, str]],
+  apart_alpha: float = APART_ALPHA,
+  families: Mapping[str, str] | None = None,
+) -> tuple[dict[str, Contrast], dict[str, Pool]]:
+  """Each (variant, reference) pair's Δ: from its noise family's pooled additive model, or for a
+  row set apart (or whose reference is), from its own paired differences. `families` (row ->
+  family; default one family, '') keeps measurements of another kind apart: each family is
+  pooled on its own (e.g. losses at 4x the training context, which spread more across seeds
+  than those at it), and a pair across two families takes its own differences. Pairs with fewer
+  than 2 paired seeds get none. Returns the contrasts and each family's Pool (always one for
+  the default family '')."""
+  family = {row: (families or {}).get(row, '') for row in table}
+  fits = {}
+  for name in dict.fromkeys(['', *family.values()]):
+    rows = {r: v for r, v in table.items() if family[r] == name}
+    inside = [(v, r) for v, r in pairs if family.get(v) == name and family.get(r) == name]
+    fits[name] = pool_rows(rows, inside, apart_alpha)
   out = {}
   for variant, reference in pairs:
     diffs = _paired_diffs(table, variant, reference)
     if len(diffs) < 2:
       continue
     own_std = mean_std(diffs)[1]
-    if fitted is None or variant not in pool.rows or reference not in pool.rows:
+    pool, fitted = fits[family[variant]]
+    if (
+      fitted is None
+      or family[reference] != family[variant]
+      or variant not in pool.rows
+      or reference not in pool.rows
+    ):
       out[variant] = own_contrast(diffs)
       continue
     fit, rows, _ = fitted
@@ -264,7 +282,7 @@ def contrasts(
       'pooled',
       own_std,
     )
-  return out, pool
+  return out, {name: pool for name, (pool, _) in fits.items()}
 
 
 def verdict(contrast: Contrast, m: int, *, lower_is_better: bool = True, alpha: float = 0.05):

@@ -41,6 +41,10 @@ class Variant:
   # The row this one is compared with (its Δ, test and the literature's direction); '' : the
   # suite's baseline. E.g. direct fine-tuning against PI fine-tuning, as the PI paper compares.
   versus: str = ''
+  # Its noise family: rows measuring another kind of number (e.g. the loss at 4x the training
+  # context) name one, and each family's seed noise is pooled apart (stats.contrasts); a row
+  # compared across families uses its own paired differences.
+  noise: str = ''
 
 
 @dataclasses.dataclass(frozen=True)

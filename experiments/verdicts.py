@@ -134,11 +134,13 @@ def measured_rows(suite: Suite, results: dict) -> list[dict]:
     for row in rows
     if row['variant'] != row['versus'] and row['variant'] in table and row['versus'] in table
   ]
-  found, pool = stats.contrasts(table, pairs)
+  noise = {v.name: v.noise for v in suite.variants}
+  found, pools = stats.contrasts(table, pairs, families=noise)
   for row in rows:
     if row['variant'] in found:
       row['test'] = found[row['variant']]
-      row['pool'] = pool
+      row['pool'] = pools[noise[row['variant']]]
+      row['noise'] = noise[row['variant']]
       ref = table[row['versus']]
       row['seed_diffs'] = {
         s: v - ref[s] for s, v in sorted(table[row['variant']].items()) if s in ref

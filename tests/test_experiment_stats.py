@@ -50,7 +50,8 @@ def test_the_block_model_reproduces_montgomerys_anova():
   treatments' MS 178.17 / 3), and a contrast's standard error is √(2·MS_E / blocks)."""
   table = _table(GRAFT)
   pairs = [(name, '8500') for name in ('8700', '8900', '9100')]
-  found, pool = stats.contrasts(table, pairs)
+  found, pools = stats.contrasts(table, pairs)
+  pool = pools['']
   assert pool.df == 15 and pool.apart == ()
   assert pool.sigma**2 == pytest.approx(109.89 / 15, abs=5e-3)
   assert (178.17 / 3) / pool.sigma**2 == pytest.approx(8.11, abs=5e-3)
@@ -64,7 +65,8 @@ def test_the_block_model_reproduces_montgomerys_anova():
 def test_two_rows_pool_to_scipys_paired_t_test():
   """With one variant and its reference, the additive model is the paired t-test: the same t, p
   and 95% CI as scipy.stats.ttest_rel, on n − 1 df."""
-  found, pool = stats.contrasts(_table({'b': DRUG2, 'a': DRUG1}), [('a', 'b')])
+  found, pools = stats.contrasts(_table({'b': DRUG2, 'a': DRUG1}), [('a', 'b')])
+  pool = pools['']
   reference = sps.ttest_rel(DRUG1, DRUG2)
   contrast = found['a']
   assert pool.df == 9
@@ -92,7 +94,8 @@ def test_a_row_with_a_diverging_seed_keeps_its_own_variance():
   base = rng.normal(3.0, 0.05, 3)
   rows = {'base': base} | {f'r{i}': base + rng.normal(0.01 * i, SIGMA, 3) for i in range(6)}
   rows['stalled'] = base + np.array([0.02, 2.4, 0.03])
-  found, pool = stats.contrasts(_table(rows), [(r, 'base') for r in rows if r != 'base'])
+  found, pools = stats.contrasts(_table(rows), [(r, 'base') for r in rows if r != 'base'])
+  pool = pools['']
   assert pool.apart == ('stalled',) and 'stalled' not in pool.rows
   assert found['stalled'].source == 'own' and found['stalled'].df == 2
   own = stats.paired_test(rows['stalled'], base)
@@ -125,6 +128,39 @@ def test_null_rows_reject_at_most_alpha_over_the_family():
   rejected = _simulate([0.0] * 8, seeds=5, trials=600, seed=11, m=8)
   rate = rejected.any(axis=1).mean()
   assert rate <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / 600)
+
+
+def test_a_noisier_kind_of_measurement_is_pooled_apart():
+  """positions_2024's shape: 4 rows at the training context (paired std ~0.02) and, evaluated
+  at 4x it, 4 rows whose seeds spread 4x as far, each 4x row against the 4x reference, 3 seeds,
+  every row null. Pooled together, the quiet rows' σ narrows the 4x rows' CIs and they reject far
+  above α (the apart test, on 2 df, rarely catches them); pooled per family (Variant.noise) the
+  family-wise rate of the 4x rows stays at α; a pair across the two families takes its own
+  paired differences."""
+  rng = np.random.default_rng(5)
+  quiet, loud = SIGMA, 4 * SIGMA
+  names = [f'r{i}' for i in range(3)]
+  pairs = [(n, 'base') for n in names] + [(f'{n}-4x', 'base-4x') for n in names]
+  families = {n: '4x' for n in ('base-4x', *(f'{n}-4x' for n in names))}
+  together, apart, trials = [], [], 400
+  for _ in range(trials):
+    block = rng.normal(3.0, 0.05, 3)
+    rows = {n: block + rng.normal(0, quiet, 3) for n in ('base', *names)}
+    rows |= {f'{n}-4x': block + 0.5 + rng.normal(0, loud, 3) for n in ('base', *names)}
+    one, _ = stats.contrasts(_table(rows), pairs)
+    two, pools = stats.contrasts(_table(rows), pairs, families=families)
+    together.append(any(one[f'{n}-4x'].significant(6) for n in names))
+    apart.append(any(two[f'{n}-4x'].significant(6) for n in names))
+  slack = 3 * math.sqrt(0.05 * 0.95 / trials)
+  assert np.mean(together) > 0.05 + slack  # the single pool's false positives
+  assert np.mean(apart) <= 0.05 + slack
+  assert set(pools) == {'', '4x'} and pools['4x'].rows == ('base-4x', 'r0-4x', 'r1-4x', 'r2-4x')
+  assert pools['4x'].df == 6 and pools[''].df == 6  # (4 rows − 1)(3 seeds − 1) each
+  # Across families (the 4x reference against the training-context one): its own differences.
+  across, _ = stats.contrasts(_table(rows), [('base-4x', 'base')], families=families)
+  own = stats.paired_test(rows['base-4x'], rows['base'])
+  assert across['base-4x'].source == 'own'
+  assert across['base-4x'].ci() == pytest.approx((own.ci_low, own.ci_high))
 
 
 def test_power_at_the_detectable_effect_matches_the_formula():
@@ -246,7 +282,7 @@ def test_degenerate_and_bad_inputs():
     stats.paired_test([1.0, 2.0, 3.0], [1.0, 2.0])
   assert stats.mean_std([3.0]) == (3.0, 0.0)
   assert stats.mean_std([1.0, 2.0, 3.0]) == pytest.approx((2.0, 1.0))
-  found, pool = stats.contrasts({'a': {0: 1.0}, 'b': {0: 2.0}}, [('b', 'a')])
-  assert found == {} and pool.df == 0
-  found, pool = stats.contrasts({}, [])  # a suite whose every run failed
-  assert found == {} and pool.df == 0 and pool.rows == ()
+  found, pools = stats.contrasts({'a': {0: 1.0}, 'b': {0: 2.0}}, [('b', 'a')])
+  assert found == {} and pools[''].df == 0
+  found, pools = stats.contrasts({}, [])  # a suite whose every run failed
+  assert found == {} and pools[''].df == 0 and pools[''].rows == ()

@@ -751,3 +751,45 @@ def test_the_forest_plot_draws_each_rows_delta_ci_and_the_papers_gap(tmp_path):
   path = plots.deltas(SUITE, rows, str(tmp_path / 'deltas.png'), effects)
   assert path and os.path.getsize(path) > 1000
   assert plots.forest_rows([r for r in rows if r['variant'] == 'base'], {}) == []
+
+
+def test_rows_of_another_noise_family_pool_apart_and_the_report_says_so():
+  """Variant.noise: the 4x rows' pool is theirs alone (with two rows, the additive model is
+  their paired t-test: scipy's CI), the training-context rows' pool excludes them, a pair across
+  the families takes its own differences, and the noise line names both pools."""
+  losses = {
+    'base': [3.00, 3.10, 2.90, 3.05],
+    'a': [3.02, 3.11, 2.93, 3.06],
+    'b': [2.99, 3.12, 2.92, 3.03],
+    'base-4x': [3.50, 3.70, 3.40, 3.62],
+    'a-4x': [3.55, 3.62, 3.49, 3.60],
+  }
+  suite = Suite(
+    name='families',
+    description='noise families',
+    base='configs/base.py',
+    presets=PRESETS,
+    variants=(
+      Variant('base'),
+      Variant('a'),
+      Variant('b'),
+      Variant('base-4x', noise='at 4x'),
+      Variant('a-4x', noise='at 4x', versus='base-4x'),
+    ),
+  )
+  table = hand_made_results(losses, suite='families', preset='tiny', seeds=4)
+  rows = {r['variant']: r for r in verdicts.summarize(suite, table)}
+  loud = rows['a-4x']
+  reference = sps.ttest_rel(losses['a-4x'], losses['base-4x'])
+  assert loud['test'].source == 'pooled' and loud['pool'].rows == ('base-4x', 'a-4x')
+  assert loud['test'].ci() == pytest.approx(tuple(reference.confidence_interval()))
+  assert rows['a']['pool'].rows == ('base', 'a', 'b') and rows['a']['pool'].df == 6
+  assert rows['base-4x']['test'].source == 'own'  # against 'base': across the two families
+  own = stats.paired_test(losses['base-4x'], losses['base'])
+  assert rows['base-4x']['test'].ci() == pytest.approx((own.ci_low, own.ci_high))
+  line = report_notes.pool_line(list(rows.values()))
+  assert line.startswith(
+    f"Noise: pooled residual σ {rows['a']['pool'].sigma:.4f} on 6 df over 3 rows"
+  )
+  assert f"; rows at 4x (pooled apart): pooled residual σ {loud['pool'].sigma:.4f} on 3 df" in line
+  assert 'or it is compared across two noise families): base-4x (paired std' in line

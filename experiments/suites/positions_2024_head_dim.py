@@ -11,8 +11,9 @@ training, at 4x the training context, as in `positions_2024`, where partial 1/2 
 RoPE there (−0.12 against the 'same' the suite expected): whether that holds at 64-dim heads is the
 independent check before any explanation. Run 2026-12-02 (3 seeds): the gaps do not close (1/2
 +0.091, 1/4 +0.103, 1/8 +0.190, each CI above zero), so too few rotated dimensions alone is ruled
-out for `positions_2024`'s rows; at 4x the context 1/8 and 1/4 fall further behind full RoPE
-(+0.21, +0.33) and 1/2 is within noise: its −0.12 at head dim 16 does not replicate here. 1/2
+out for `positions_2024`'s rows; at 4x the context (those rows pooled apart) 1/4 falls further
+behind full RoPE (+0.33), 1/8 (+0.21) and 1/2 are within noise: 1/2's −0.12 at head dim 16 does
+not replicate here. 1/2
 at p-RoPE's frequencies with these heads (`positions_2024_p_rope_head_dim`) is level with full
 RoPE (−0.029), a shrink of +0.120 [−0.083, +0.322] that 3 two-head seeds cannot resolve: a lead."""
 

@@ -9,11 +9,12 @@ the partial rows reach full RoPE here; if they stay behind, that is ruled out. T
 their names (paired by name and seed with `positions_2024`'s); full RoPE's runs are copied from an
 identical configuration's at this code (`ffn_2024`'s gelu row). Each row tunes its own rate and is
 also evaluated, without training, at 4x the training context. Run 2026-12-02 (3 seeds, 1 M tokens):
-p-RoPE 1/2 reaches full RoPE (+0.007 [−0.049, +0.063]; GPT-NeoX's 1/2: +0.075), so GPT-NeoX's
+p-RoPE 1/2 reaches full RoPE (+0.007 [−0.021, +0.035]; GPT-NeoX's 1/2: +0.075), so GPT-NeoX's
 spacing is the cause of `positions_2024`'s 1/2 gap; p-RoPE 1/4 falls further behind (+0.274,
 against +0.173), so it is not at 1/4. At 4x the context p-RoPE 1/4 loses less than full RoPE
-(−0.120) and 1/2 more (+0.071): neither as expected, both unexplained. With 64-dim heads
-(`positions_2024_p_rope_head_dim`) p-RoPE 1/4 is within noise of full RoPE, +0.067 [−0.12, +0.26],
+(−0.120) and 1/2 more (+0.071), both within noise since the 4x rows are pooled apart
+(2026-12-02: their seeds spread 4x as far as the 1x rows' here). With 64-dim heads
+(`positions_2024_p_rope_head_dim`) p-RoPE 1/4 is within noise of full RoPE, +0.067 [−0.14, +0.28],
 its gap shrinking by +0.207 [−0.028, +0.442] per seed: a lead, not a diagnosis."""
 
 import dataclasses

@@ -5,9 +5,9 @@ are 256 wide: 1/4 keeps 32 planes there. With 64-dim heads 1/4 rotates 8 planes 
 rad/token) and 1/2 rotates 16: if too few planes at head dim 16 are p-RoPE 1/4's cause, its gap
 closes here. Full RoPE's runs are `positions_2024_head_dim`'s (the same configuration, copied);
 each row tunes its own rate and is also evaluated, without training, at 4x the context. Run
-2026-12-02 (3 seeds, 1 M tokens): 1/4 +0.067 [−0.123, +0.257] and 1/2 −0.029 [−0.218, +0.161],
+2026-12-02 (3 seeds, 1 M tokens): 1/4 +0.067 [−0.144, +0.278] and 1/2 −0.029 [−0.240, +0.182],
 both within noise of full RoPE (p-RoPE's parity), at 4x too; but with 2 heads the seeds spread
-(pooled σ 0.073, against 0.022 at head dim 16), so the 1/4 row's shrink from +0.274 is not
+(pooled σ 0.056 at the training context, against 0.007 at head dim 16), so the 1/4 row's shrink from +0.274 is not
 resolved: a lead for `positions_2024_p_rope`'s 1/4 row."""
 
 import dataclasses
