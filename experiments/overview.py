@@ -272,7 +272,8 @@ def markdown(tallies: list[dict], diagnoses: list[dict] = ()) -> str:
     'move): the smallest Δ a row detects with 80% power (noncentral t) at '
     "its table's level (0.05 / its tests) and at the project's (0.05 / "
     f'{tests}), from the pooled σ; a row set apart from the pool (its own paired differences '
-    'spread far beyond it) is listed with its own.',
+    'spread far beyond it), or of another noise family (pooled apart: e.g. losses at 4x the '
+    'trained context), is listed with its own.',
     '',
     *_noise_rows(tallies),
   ]
