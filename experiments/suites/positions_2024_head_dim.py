@@ -25,14 +25,16 @@ from experiments.suites.positions_head_dim import with_wide_heads
 _WHERE = 'with 8 heads of 16'
 # 1/2 at p-RoPE's frequencies with the same 64-dim heads (positions_2024_p_rope_head_dim) is level
 # with full RoPE, but 2-head models spread too far across seeds for the shrink to pass: a lead.
-_P_ROPE_HERE = (
-  diagnosis.closes_in(
-    'positions_2024_p_rope_head_dim',
-    of='positions_2024_head_dim',
-    baseline='rope',
-    cause="GPT-NeoX's frequency spacing (p-RoPE's highest frequencies instead)",
+_MORE_LEADS = {
+  'partial_1_2': (
+    diagnosis.closes_in(
+      'positions_2024_p_rope_head_dim',
+      of='positions_2024_head_dim',
+      baseline='rope',
+      cause="GPT-NeoX's frequency spacing (p-RoPE's highest frequencies instead)",
+    ),
   ),
-)
+}
 _DIAGNOSES = {
   **{
     name: diagnosis.unexplained(
@@ -42,7 +44,7 @@ _DIAGNOSES = {
       rests_on='positions_2024_head_dim and positions_2024: eval loss − rope per seed',
       leads=(
         diagnosis.elsewhere('positions_2024', 'rope', where=_WHERE),
-        *(_P_ROPE_HERE if name == 'partial_1_2' else ()),
+        *_MORE_LEADS.get(name, ()),
       ),
     )
     for name in ('partial_1_8', 'partial_1_4', 'partial_1_2')
