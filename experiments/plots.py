@@ -9,6 +9,8 @@ import matplotlib
 matplotlib.use('Agg')  # files only, no display
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
 
 def finish(fig, ax, path: str, legend: bool = True) -> str:
@@ -147,9 +149,6 @@ def deltas(suite, rows: list[dict], path: str, effects: dict[str, float | None])
   drawn = forest_rows(rows, effects)
   if not drawn:
     return None
-  from matplotlib.lines import Line2D
-  from matplotlib.patches import Patch
-
   fig, ax = plt.subplots(figsize=(7.5, 1.4 + 0.42 * len(drawn)))
   span = max(max(abs(d['low']), abs(d['high']), abs(d['effect'] or 0.0)) for d in drawn) * 1.08
   for i, d in enumerate(drawn):
