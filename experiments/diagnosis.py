@@ -138,6 +138,10 @@ def token_budget(suite: str, baseline: str, *, of: str | None = None) -> Diagnos
     closing, closed = budget_rule(slope, test, shrink)
     per_m = 1e6 / (run['tokens'] / run['steps'])  # steps per million tokens
     peak = max(range(len(steps)), key=mean_at.__getitem__)
+    # How far "still closing" is from closed: a slowly closing gap passes the rule as a fast one
+    # does, so the text says how many more tokens the mean late slope needs to reach zero.
+    trained_m = run['tokens'] / 1e6
+    to_close = test.mean / (-slope.mean * per_m) if closing and test.mean > 0 else None
     text = (
       f'token budget ({suite}, {len(gaps)} seeds): the mean gap to {baseline} peaks at '
       f'{mean_at[peak]:+.3f} {_tokens(run, steps[peak])} tokens in and ends at {test.mean:+.3f} '
@@ -146,7 +150,10 @@ def token_budget(suite: str, baseline: str, *, of: str | None = None) -> Diagnos
       f'[{slope.ci_low * per_m:+.3f}, {slope.ci_high * per_m:+.3f}] (slope per seed, CI across '
       'seeds)'
       + (
-        ', still closing'
+        f', still closing (at that slope, level after about {to_close:.1f} M more tokens, '
+        f'{to_close / trained_m:.1f}x this run)'
+        if to_close is not None
+        else ', still closing'
         if closing
         else ', closed: no longer behind'
         if closed
