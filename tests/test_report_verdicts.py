@@ -281,8 +281,9 @@ def test_a_token_budget_diagnosis_recomputes_its_sentence_from_the_runs(tmp_path
   ) in finding.text
   # End gap +0.0567 over a mean slope of −0.0967 per M tokens: level 0.59 M tokens later, 0.15x
   # the 4 M this run trained.
-  assert finding.text.endswith('still closing (at that slope, level after about 0.6 M more '
-                               'tokens, 0.1x this run)')
+  assert finding.text.endswith(
+    'still closing (at that slope, level after about 0.6 M more tokens, 0.1x this run)'
+  )
   # Seed 2's gap peaks first (+0.50), falls to +0.10, then grows again late: +0.15, +0.20.
   stalled = [shrinking[0], shrinking[1], [3.5, 2.9, 2.75, 2.6]]
   _tokens_suite(out, {'base': base, 'late': stalled})
