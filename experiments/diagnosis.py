@@ -110,12 +110,14 @@ def budget_rule(
 def token_budget(suite: str, baseline: str, *, of: str | None = None) -> Diagnosis:
   """The gap is a token-budget effect: in `suite` (the rows trained longer, evaluated during
   training) the variant's gap to `baseline` is still closing late in training (the slope of the
-  gap over the last half of the curve, fitted per seed, has a CI across seeds below zero:
-  stats.late_slope), or, given `of` (the table of the contradiction, the same rows trained to the
-  end of a shorter schedule), it has closed: the per-seed gap shrank from `of`'s to `suite`'s end
-  (paired by seed, the shrink's CI above zero) and `suite`'s end gap has a CI reaching zero. A
-  flat or growing gap passes each at most at α/2, both at most at α (simulated in
-  tests/test_experiment_stats.py), whatever its peak did earlier."""
+  gap over the last half of the curve, fitted per seed, has a CI across seeds on the side of
+  zero opposite the end gap: stats.late_slope), or, given `of` (the table of the contradiction,
+  the same rows trained to the end of a shorter schedule), it has closed: the per-seed gap
+  shrank toward zero from `of`'s to `suite`'s end (paired by seed, the shrink's CI beyond zero)
+  and `suite`'s end gap has a CI reaching zero. A row ahead of `baseline` is read as one behind
+  with the signs turned (its lead, not its loss, must shrink). A flat or growing gap passes each
+  at most at α/2, both at most at α (simulated in tests/test_experiment_stats.py), whatever its
+  peak did earlier."""
 
   def finds(evidence: Evidence, variant: str) -> Finding:
     gaps = _gaps_per_seed(evidence, suite, variant, baseline)
@@ -123,25 +125,34 @@ def token_budget(suite: str, baseline: str, *, of: str | None = None) -> Diagnos
     steps = next(iter(gaps.values()))[0]
     curves = {s: g for s, (_, g) in gaps.items()}
     mean_at = [stats.mean_std([g[i] for g in curves.values()])[0] for i in range(len(steps))]
-    test = stats.paired_test(
-      [evidence.runs(suite, variant)[s]['eval_loss'] for s in gaps],
-      [evidence.runs(suite, baseline)[s]['eval_loss'] for s in gaps],
-    )
+    ours = [evidence.runs(suite, variant)[s]['eval_loss'] for s in gaps]
+    theirs = [evidence.runs(suite, baseline)[s]['eval_loss'] for s in gaps]
+    test = stats.paired_test(ours, theirs)
     slope = stats.late_slope(steps, curves)
+    # The rule reads the gap as "behind": a row ahead (in `of`'s table where given, else at
+    # `suite`'s end) has its curves, end and shrink negated.
+    sign = -1.0 if test.mean < 0 else 1.0
     shrink, since = None, ''
     if of is not None:
       shrink, pairs = _shrink(evidence, of, suite, variant, baseline)
+      sign = -1.0 if stats.mean_std([b for b, _ in pairs.values()])[0] < 0 else 1.0
       since = (
         f'; from {of} (a shorter schedule, run to its end) it shrank by {shrink.mean:+.3f} '
         f'[{shrink.ci_low:+.3f}, {shrink.ci_high:+.3f}] on the {len(pairs)} seeds both share'
       )
-    closing, closed = budget_rule(slope, test, shrink)
+      if sign < 0:
+        shrink = stats.paired_test([a for _, a in pairs.values()], [b for b, _ in pairs.values()])
+    if sign < 0:
+      rule_slope = stats.late_slope(steps, {s: [-x for x in g] for s, g in curves.items()})
+      closing, closed = budget_rule(rule_slope, stats.paired_test(theirs, ours), shrink)
+    else:
+      closing, closed = budget_rule(slope, test, shrink)
     per_m = 1e6 / (run['tokens'] / run['steps'])  # steps per million tokens
-    peak = max(range(len(steps)), key=mean_at.__getitem__)
+    peak = max(range(len(steps)), key=lambda i: sign * mean_at[i])
     # How far "still closing" is from closed: a slowly closing gap passes the rule as a fast one
     # does, so the text says how many more tokens the mean late slope needs to reach zero.
     trained_m = run['tokens'] / 1e6
-    to_close = test.mean / (-slope.mean * per_m) if closing and test.mean > 0 else None
+    to_close = -test.mean / (slope.mean * per_m) if closing and test.mean != 0 else None
     text = (
       f'token budget ({suite}, {len(gaps)} seeds): the mean gap to {baseline} peaks at '
       f'{mean_at[peak]:+.3f} {_tokens(run, steps[peak])} tokens in and ends at {test.mean:+.3f} '
@@ -155,7 +166,7 @@ def token_budget(suite: str, baseline: str, *, of: str | None = None) -> Diagnos
         if to_close is not None
         else ', still closing'
         if closing
-        else ', closed: no longer behind'
+        else f", closed: no longer {'behind' if sign > 0 else 'ahead'}"
         if closed
         else ', not shown to be closing'
       )

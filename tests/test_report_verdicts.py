@@ -345,6 +345,29 @@ def test_a_token_budget_diagnosis_recomputes_its_sentence_from_the_runs(tmp_path
   assert not diagnosis.budget_ruled_out('longer', baseline='base')(Evidence(out), 'late').supported
 
 
+def test_a_row_ahead_is_closing_only_where_its_lead_shrinks(tmp_path):
+  """A row that leads its baseline (shaw ahead of rope in positions_4m) is a token-budget effect
+  only where its lead shrinks: its late slope's CI above zero. A lead that widens (a slope below
+  zero, which for a row behind would be closing) fails the rule."""
+  out = str(tmp_path)
+  base = [[3.0, 2.8, 2.6, 2.4]] * 3
+  # Gaps −0.3, −0.2, −0.1 | −0.2, −0.15, −0.05 | −0.25, −0.1, −0.02 at steps 2-4: the mirror
+  # image of the shrinking row above, slopes +0.100, +0.075, +0.115 per step.
+  shrinking = [[2.8, 2.5, 2.4, 2.3], [2.7, 2.6, 2.45, 2.35], [2.8, 2.55, 2.5, 2.38]]
+  _tokens_suite(out, {'base': base, 'lead': shrinking})
+  found = diagnosis.token_budget('longer', baseline='base').find(Evidence(out), 'lead')
+  test = stats.paired_test([0.1, 0.075, 0.115], [0.0] * 3)
+  assert found.supported
+  assert 'peaks at -0.250 2.0 M tokens in and ends at -0.057' in found.text
+  assert f'changes by {test.mean:+.3f} per M tokens [{test.ci_low:+.3f}' in found.text
+  assert found.text.endswith('level after about 0.6 M more tokens, 0.1x this run)')
+  # The lead widens: −0.15, −0.2, −0.3 and the like, slopes below zero.
+  widening = [[2.9, 2.65, 2.4, 2.1], [2.9, 2.6, 2.42, 2.12], [2.88, 2.66, 2.38, 2.08]]
+  _tokens_suite(out, {'base': base, 'lead': widening})
+  again = diagnosis.token_budget('longer', baseline='base').find(Evidence(out), 'lead')
+  assert not again.supported and again.text.endswith('not shown to be closing')
+
+
 def test_a_rate_tuned_for_fewer_tokens_is_ruled_out_only_where_the_retuned_gap_stays(tmp_path):
   """rate_at_budget: both rows re-tuned at the longer budget, neither best at an edge, and the
   paired gap's CI at those rates above zero; an edge or a CI reaching zero does not rule it out."""
